@@ -1,0 +1,124 @@
+// Elementwise kernels over flat f32 arrays, one thread per element.
+// The grid is 2-D (x * y workgroups of 256) so arrays longer than
+// 65535 * 256 elements fit; `flat_index` undoes it.
+
+struct Params {
+    len: u32,
+    cols: u32,   // add_bias: the row length
+    alpha: f32,
+    beta: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * 256u + lid;
+}
+
+// ---- one buffer ----
+
+@group(0) @binding(1) var<storage, read_write> x_rw: array<f32>;
+
+// x = alpha
+@compute @workgroup_size(256)
+fn fill(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { x_rw[i] = p.alpha; }
+}
+
+// x = alpha * x
+@compute @workgroup_size(256)
+fn scale(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { x_rw[i] = p.alpha * x_rw[i]; }
+}
+
+// ---- input x, output y ----
+
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+// y = alpha * x + beta * y  (beta = 0 copies: y is not read then)
+@compute @workgroup_size(256)
+fn axpby(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        var out = p.alpha * x[i];
+        if (p.beta != 0.0) { out += p.beta * y[i]; }
+        y[i] = out;
+    }
+}
+
+// y[r, c] += x[c] for a row-major y of `cols` columns (x is the bias).
+@compute @workgroup_size(256)
+fn add_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { y[i] += x[i % p.cols]; }
+}
+
+// GELU, tanh approximation (as GPT-2): y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))).
+const GELU_S: f32 = 0.7978845608028654; // sqrt(2 / pi)
+
+// tanh that stays finite for large |u| on every backend.
+fn stable_tanh(u: f32) -> f32 {
+    let e = exp(-2.0 * abs(u));
+    return sign(u) * (1.0 - e) / (1.0 + e);
+}
+
+@compute @workgroup_size(256)
+fn gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let v = x[i];
+        y[i] = 0.5 * v * (1.0 + stable_tanh(GELU_S * (v + 0.044715 * v * v * v)));
+    }
+}
+
+// ---- inputs x, dy; output dx ----
+
+@group(0) @binding(2) var<storage, read> dy: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dx: array<f32>;
+
+// dx = dy * gelu'(x)  (+ dx when beta = 1: the input's gradient accumulates)
+@compute @workgroup_size(256)
+fn gelu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let v = x[i];
+        let u = GELU_S * (v + 0.044715 * v * v * v);
+        let t = stable_tanh(u);
+        let du = GELU_S * (1.0 + 3.0 * 0.044715 * v * v);
+        let grad = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du;
+        var out = dy[i] * grad;
+        if (p.beta != 0.0) { out += p.beta * dx[i]; }
+        dx[i] = out;
+    }
+}
+
+// ---- inputs a, b; output out ----
+
+@group(0) @binding(1) var<storage, read> lhs: array<f32>;
+@group(0) @binding(2) var<storage, read> rhs: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+// out = alpha * lhs + beta * rhs
+@compute @workgroup_size(256)
+fn add(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { out[i] = p.alpha * lhs[i] + p.beta * rhs[i]; }
+}
+
+// out = alpha * lhs * rhs
+@compute @workgroup_size(256)
+fn mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { out[i] = p.alpha * lhs[i] * rhs[i]; }
+}

@@ -1,0 +1,165 @@
+// Batched matrix multiply: C[b] = alpha * op(A[b]) * op(B[b]) (+ C[b] when accumulating).
+//
+// op(A) is m x k: A is stored row-major as [m, k], or as [k, m] when TRANS_A.
+// op(B) is k x n: B is stored row-major as [k, n], or as [n, k] when TRANS_B.
+// A batch stride of 0 broadcasts a matrix (a weight shared by every batch item).
+// The batch index is workgroup_id.z.
+//
+// Two variants compute the same thing:
+// - `matmul_registers`: each thread owns a 4x4 block of C and reads A and B
+//   straight from storage. Fastest on CPU-type adapters (lavapipe), where
+//   workgroup barriers are expensive.
+// - `matmul_shared`: a 128x128 tile of C per workgroup, staged through
+//   workgroup memory in k-slices of 8, 8x8 results per thread. For real GPUs.
+
+struct Params {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,     // bit 0: TRANS_A, bit 1: TRANS_B, bit 2: ACCUMULATE
+    stride_a: u32,  // elements between consecutive batch items, 0 = shared
+    stride_b: u32,
+    stride_c: u32,
+    alpha: f32,
+}
+
+const TRANS_A: u32 = 1u;
+const TRANS_B: u32 = 2u;
+const ACCUMULATE: u32 = 4u;
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> a: array<f32>;
+@group(0) @binding(2) var<storage, read> b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c: array<f32>;
+
+// op(A)[row, kk] of batch item `batch`, 0 outside the matrix.
+fn load_a(batch: u32, row: u32, kk: u32) -> f32 {
+    if (row >= p.m || kk >= p.k) {
+        return 0.0;
+    }
+    let base = batch * p.stride_a;
+    if ((p.flags & TRANS_A) != 0u) {
+        return a[base + kk * p.m + row];
+    }
+    return a[base + row * p.k + kk];
+}
+
+// op(B)[kk, col] of batch item `batch`, 0 outside the matrix.
+fn load_b(batch: u32, kk: u32, col: u32) -> f32 {
+    if (kk >= p.k || col >= p.n) {
+        return 0.0;
+    }
+    let base = batch * p.stride_b;
+    if ((p.flags & TRANS_B) != 0u) {
+        return b[base + col * p.k + kk];
+    }
+    return b[base + kk * p.n + col];
+}
+
+fn store_c(batch: u32, row: u32, col: u32, value: f32) {
+    if (row >= p.m || col >= p.n) {
+        return;
+    }
+    let i = batch * p.stride_c + row * p.n + col;
+    var out = p.alpha * value;
+    if ((p.flags & ACCUMULATE) != 0u) {
+        out += c[i];
+    }
+    c[i] = out;
+}
+
+// ---- register-tiled variant: workgroup 16x16 threads, 64x64 tile of C ----
+
+@compute @workgroup_size(16, 16, 1)
+fn matmul_registers(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let batch = wid.z;
+    let row0 = wid.y * 64u + lid.y * 4u;
+    let col0 = wid.x * 64u + lid.x * 4u;
+    var acc: array<array<f32, 4>, 4>;
+    for (var kk = 0u; kk < p.k; kk += 1u) {
+        var av: array<f32, 4>;
+        var bv: array<f32, 4>;
+        for (var i = 0u; i < 4u; i += 1u) {
+            av[i] = load_a(batch, row0 + i, kk);
+            bv[i] = load_b(batch, kk, col0 + i);
+        }
+        for (var i = 0u; i < 4u; i += 1u) {
+            for (var j = 0u; j < 4u; j += 1u) {
+                acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+            }
+        }
+    }
+    for (var i = 0u; i < 4u; i += 1u) {
+        for (var j = 0u; j < 4u; j += 1u) {
+            store_c(batch, row0 + i, col0 + j, acc[i][j]);
+        }
+    }
+}
+
+// ---- shared-memory variant: 256 threads, 128x128 tile of C, k-slices of 8 ----
+
+const TILE: u32 = 128u;
+const SLICE: u32 = 8u;
+
+// Stored k-major so the inner loop reads consecutive rows/columns.
+var<workgroup> tile_a: array<f32, 1024>; // [SLICE][TILE]
+var<workgroup> tile_b: array<f32, 1024>; // [SLICE][TILE]
+
+@compute @workgroup_size(256, 1, 1)
+fn matmul_shared(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let batch = wid.z;
+    let tile_row = wid.y * TILE;
+    let tile_col = wid.x * TILE;
+    // This thread's 8x8 block inside the tile: rows ty*8.., columns tx*8..
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var acc: array<array<f32, 8>, 8>;
+    for (var k0 = 0u; k0 < p.k; k0 += SLICE) {
+        // Each thread stages 4 elements of each 128x8 slice. Neighbouring
+        // threads take neighbouring addresses of the stored layout, so the
+        // index that is contiguous in memory varies fastest.
+        for (var e = 0u; e < 4u; e += 1u) {
+            let idx = li + e * 256u; // 0..1024
+            let k_fast_r = idx / SLICE;
+            let k_fast_k = idx % SLICE;
+            let r_fast_r = idx % TILE;
+            let r_fast_k = idx / TILE;
+            if ((p.flags & TRANS_A) != 0u) {
+                tile_a[r_fast_k * TILE + r_fast_r] = load_a(batch, tile_row + r_fast_r, k0 + r_fast_k);
+            } else {
+                tile_a[k_fast_k * TILE + k_fast_r] = load_a(batch, tile_row + k_fast_r, k0 + k_fast_k);
+            }
+            if ((p.flags & TRANS_B) != 0u) {
+                tile_b[k_fast_k * TILE + k_fast_r] = load_b(batch, k0 + k_fast_k, tile_col + k_fast_r);
+            } else {
+                tile_b[r_fast_k * TILE + r_fast_r] = load_b(batch, k0 + r_fast_k, tile_col + r_fast_r);
+            }
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < SLICE; kk += 1u) {
+            var av: array<f32, 8>;
+            var bv: array<f32, 8>;
+            for (var i = 0u; i < 8u; i += 1u) {
+                av[i] = tile_a[kk * TILE + ty * 8u + i];
+                bv[i] = tile_b[kk * TILE + tx * 8u + i];
+            }
+            for (var i = 0u; i < 8u; i += 1u) {
+                for (var j = 0u; j < 8u; j += 1u) {
+                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 8u; i += 1u) {
+        for (var j = 0u; j < 8u; j += 1u) {
+            store_c(batch, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
+        }
+    }
+}

@@ -1,0 +1,342 @@
+//! The one set of ops that model, objective and training code is written
+//! against. Two backends implement it: [`crate::cpu::CpuBackend`] (plain
+//! Rust, the reference) and [`crate::gpu::GpuBackend`] (wgpu + WGSL).
+//!
+//! Conventions, as in llm.c: tensors are flat f32 buffers with explicit
+//! dimensions passed to each op; matrices are row-major; outputs are
+//! `&mut` and preallocated, so a training step allocates nothing. An op
+//! with an `accumulate` flag adds to its output instead of overwriting it
+//! (gradients of a tensor used twice add up).
+//!
+//! On the GPU an op only records a dispatch; work runs when something is
+//! read back (`to_vec`) or [`Backend::flush`] is called.
+
+use crate::index::{TokenIndex, VocabSubsets};
+
+/// A buffer that knows its element count.
+pub trait Storage {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> Storage for Vec<T> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+}
+
+/// Which kind of backend an op set is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Cpu,
+    Gpu,
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Gpu => "gpu",
+        })
+    }
+}
+
+/// Shape of a (batched) matrix multiply
+/// `C[i] = alpha * op(A[i]) * op(B[i]) (+ C[i] if accumulate)`.
+/// op(A) is m x k (A stored [m, k], or [k, m] if `trans_a`); op(B) is k x n
+/// (B stored [k, n], or [n, k] if `trans_b`). A stride of 0 shares one matrix
+/// across the batch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Matmul {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub accumulate: bool,
+    pub alpha: f32,
+    pub stride_a: usize,
+    pub stride_b: usize,
+    pub stride_c: usize,
+}
+
+impl Matmul {
+    /// One product of an m x k and a k x n matrix.
+    pub fn new(m: usize, n: usize, k: usize) -> Self {
+        Self::batched(1, m, n, k)
+    }
+
+    /// `batch` independent products, matrices packed one after another.
+    pub fn batched(batch: usize, m: usize, n: usize, k: usize) -> Self {
+        Matmul {
+            batch,
+            m,
+            n,
+            k,
+            trans_a: false,
+            trans_b: false,
+            accumulate: false,
+            alpha: 1.0,
+            stride_a: m * k,
+            stride_b: k * n,
+            stride_c: m * n,
+        }
+    }
+
+    pub fn trans_a(mut self) -> Self {
+        self.trans_a = true;
+        self
+    }
+
+    pub fn trans_b(mut self) -> Self {
+        self.trans_b = true;
+        self
+    }
+
+    pub fn accumulate(mut self) -> Self {
+        self.accumulate = true;
+        self
+    }
+
+    pub fn alpha(mut self, alpha: f32) -> Self {
+        self.alpha = alpha;
+        self
+    }
+
+    /// Every batch item uses the same B (a weight).
+    pub fn shared_b(mut self) -> Self {
+        self.stride_b = 0;
+        self
+    }
+
+    pub fn flops(&self) -> f64 {
+        2.0 * (self.batch * self.m * self.n * self.k) as f64
+    }
+
+    /// Elements each operand must hold.
+    pub fn required_lens(&self) -> (usize, usize, usize) {
+        let last = self.batch.saturating_sub(1);
+        (
+            last * self.stride_a + self.m * self.k,
+            last * self.stride_b + self.k * self.n,
+            last * self.stride_c + self.m * self.n,
+        )
+    }
+}
+
+/// A full reduction of a tensor to one value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    Sum,
+    Mean,
+    Max,
+    SumSquares,
+}
+
+/// Rows of a row-wise softmax, grouped as `[batch, heads, q_len]` so that
+/// attention masks can be applied: a causal mask (key j visible to query q
+/// when j <= q) and a key padding mask (`[batch, cols]`, nonzero = real).
+/// A plain softmax is `SoftmaxRows::plain(rows, cols)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftmaxRows {
+    pub rows: usize,
+    pub cols: usize,
+    pub q_len: usize,
+    pub heads: usize,
+    pub causal: bool,
+}
+
+impl SoftmaxRows {
+    pub fn plain(rows: usize, cols: usize) -> Self {
+        SoftmaxRows { rows, cols, q_len: rows.max(1), heads: 1, causal: false }
+    }
+}
+
+/// Where attention heads sit in a token-major tensor: element e of head h of
+/// token t of item b is at `(b * seq + t) * row_stride + col_offset + h * head_dim + e`.
+/// The head-major side is `[batch, heads, seq, head_dim]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadLayout {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub row_stride: usize,
+    pub col_offset: usize,
+}
+
+impl HeadLayout {
+    pub fn len(&self) -> usize {
+        self.batch * self.seq * self.heads * self.head_dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One AdamW update's hyper-parameters for one tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWStep {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// The step number, from 1 (bias corrections use it).
+    pub t: u64,
+    /// Clip to this global gradient norm; 0 = no clipping.
+    pub max_norm: f32,
+}
+
+impl AdamWStep {
+    pub fn bias_corrections(&self) -> (f32, f32) {
+        let t = self.t as i32;
+        (1.0 - self.beta1.powi(t), 1.0 - self.beta2.powi(t))
+    }
+}
+
+/// The ops. See the module documentation for conventions; each method's
+/// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
+pub trait Backend {
+    /// f32 storage.
+    type Tensor: Storage;
+    /// u32 storage (token ids, masks, index arrays).
+    type Ids: Storage;
+
+    fn kind(&self) -> BackendKind;
+    /// What runs the ops: the adapter's name, or the CPU's.
+    fn adapter_name(&self) -> String;
+
+    // ---- memory ----
+    fn zeros(&self, len: usize) -> Self::Tensor;
+    fn tensor(&self, data: &[f32]) -> Self::Tensor;
+    fn ids(&self, data: &[u32]) -> Self::Ids;
+    fn write(&self, dst: &mut Self::Tensor, data: &[f32]);
+    fn to_vec(&self, src: &Self::Tensor) -> Vec<f32>;
+    fn ids_to_vec(&self, src: &Self::Ids) -> Vec<u32>;
+    /// Run everything recorded so far and wait for it.
+    fn flush(&self);
+
+    // ---- elementwise ----
+    fn fill(&self, x: &mut Self::Tensor, value: f32);
+    fn scale(&self, x: &mut Self::Tensor, alpha: f32);
+    /// y = alpha * x + beta * y (beta = 0: a copy; y is not read).
+    fn axpby(&self, alpha: f32, x: &Self::Tensor, beta: f32, y: &mut Self::Tensor);
+    /// out = alpha * a + beta * b
+    fn add(&self, alpha: f32, a: &Self::Tensor, beta: f32, b: &Self::Tensor, out: &mut Self::Tensor);
+    /// out = alpha * a * b
+    fn mul(&self, alpha: f32, a: &Self::Tensor, b: &Self::Tensor, out: &mut Self::Tensor);
+    /// y[r, c] += bias[c] for a row-major y with `bias.len()` columns.
+    fn add_bias(&self, y: &mut Self::Tensor, bias: &Self::Tensor);
+    /// GELU, tanh approximation.
+    fn gelu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
+    fn gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor, accumulate: bool);
+
+    // ---- matmul ----
+    fn matmul(&self, a: &Self::Tensor, b: &Self::Tensor, c: &mut Self::Tensor, shape: &Matmul);
+
+    // ---- reductions ----
+    /// out[out_index] = the reduction of all of x.
+    fn reduce(&self, x: &Self::Tensor, op: Reduce, out: &mut Self::Tensor, out_index: usize);
+    /// out[c] (+)= sum over rows of x[r, c]: the bias gradient.
+    fn column_sum(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor, accumulate: bool);
+
+    // ---- layer norm ----
+    /// y = (x - mean) * rstd * gamma + beta per row; saves mean and rstd per row.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        gamma: &Self::Tensor,
+        beta: &Self::Tensor,
+        y: &mut Self::Tensor,
+        mean: &mut Self::Tensor,
+        rstd: &mut Self::Tensor,
+        cols: usize,
+        eps: f32,
+    );
+    /// dx (+)= d/dx; dgamma += d/dgamma; dbeta += d/dbeta.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward(
+        &self,
+        dy: &Self::Tensor,
+        x: &Self::Tensor,
+        gamma: &Self::Tensor,
+        mean: &Self::Tensor,
+        rstd: &Self::Tensor,
+        dx: &mut Self::Tensor,
+        dgamma: &mut Self::Tensor,
+        dbeta: &mut Self::Tensor,
+        cols: usize,
+        accumulate_dx: bool,
+    );
+
+    // ---- softmax (with attention masks) ----
+    fn softmax(&self, x: &Self::Tensor, y: &mut Self::Tensor, rows: &SoftmaxRows, key_mask: Option<&Self::Ids>);
+    /// dx (+)= y * (dy - sum(dy * y)) per row of `cols`.
+    fn softmax_backward(&self, y: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor, cols: usize, accumulate: bool);
+
+    // ---- attention head layout ----
+    /// Token-major (strided) to head-major.
+    fn to_heads(&self, src: &Self::Tensor, dst: &mut Self::Tensor, layout: &HeadLayout);
+    /// Head-major to token-major (strided), optionally adding.
+    fn from_heads(&self, src: &Self::Tensor, dst: &mut Self::Tensor, layout: &HeadLayout, accumulate: bool);
+
+    // ---- embeddings ----
+    /// out[i, :] (+)= table[ids[i], :]
+    fn embedding(&self, table: &Self::Tensor, ids: &TokenIndex<Self>, out: &mut Self::Tensor, dim: usize, accumulate: bool)
+    where
+        Self: Sized;
+    /// dtable[v, :] += sum of dout[i, :] over the i with ids[i] = v, in order of i.
+    fn embedding_backward(&self, dout: &Self::Tensor, ids: &TokenIndex<Self>, dtable: &mut Self::Tensor, dim: usize)
+    where
+        Self: Sized;
+
+    // ---- log-probabilities of given tokens ----
+    /// logp[r] = log softmax over row r's allowed tokens, at targets[r];
+    /// lse[r] = the log-sum-exp it used. See `shaders/logprob.wgsl`.
+    #[allow(clippy::too_many_arguments)]
+    fn log_softmax_gather(
+        &self,
+        logits: &Self::Tensor,
+        targets: &Self::Ids,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        logp: &mut Self::Tensor,
+        lse: &mut Self::Tensor,
+    ) where
+        Self: Sized;
+    /// dlogits (+)= dlogp[r] * (onehot(targets[r]) - softmax over allowed tokens).
+    #[allow(clippy::too_many_arguments)]
+    fn log_softmax_gather_backward(
+        &self,
+        logits: &Self::Tensor,
+        targets: &Self::Ids,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        lse: &Self::Tensor,
+        dlogp: &Self::Tensor,
+        dlogits: &mut Self::Tensor,
+        accumulate: bool,
+    ) where
+        Self: Sized;
+
+    // ---- optimiser ----
+    /// One AdamW update of `param` in place; `grad_sumsq[0]` holds the
+    /// squared global gradient norm used for clipping.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        param: &mut Self::Tensor,
+        grad: &Self::Tensor,
+        m: &mut Self::Tensor,
+        v: &mut Self::Tensor,
+        grad_sumsq: &Self::Tensor,
+        step: &AdamWStep,
+    );
+}

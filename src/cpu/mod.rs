@@ -1,0 +1,225 @@
+//! The CPU backend: plain Rust, the reference every GPU kernel is checked
+//! against, and the fallback where no GPU exists. Each file here is the twin
+//! of the `shaders/` file of the same name.
+
+mod adamw;
+mod elementwise;
+mod embedding;
+mod heads;
+mod layernorm;
+mod logprob;
+mod matmul;
+mod reduce;
+mod softmax;
+
+use crate::backend::{AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows};
+use crate::index::{TokenIndex, VocabSubsets};
+
+#[derive(Clone, Debug, Default)]
+pub struct CpuBackend;
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        CpuBackend
+    }
+}
+
+/// The processor's model name, as the kernel reports it.
+pub fn cpu_model_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+fn subsets(s: &VocabSubsets<CpuBackend>) -> logprob::Subsets<'_> {
+    logprob::Subsets { row_subset: &s.row_subset, bits: &s.bits, words: s.words }
+}
+
+impl Backend for CpuBackend {
+    type Tensor = Vec<f32>;
+    type Ids = Vec<u32>;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn adapter_name(&self) -> String {
+        format!("{} ({} threads)", cpu_model_name(), rayon::current_num_threads())
+    }
+
+    fn zeros(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn tensor(&self, data: &[f32]) -> Vec<f32> {
+        data.to_vec()
+    }
+
+    fn ids(&self, data: &[u32]) -> Vec<u32> {
+        data.to_vec()
+    }
+
+    fn write(&self, dst: &mut Vec<f32>, data: &[f32]) {
+        assert_eq!(dst.len(), data.len(), "write: length mismatch");
+        dst.copy_from_slice(data);
+    }
+
+    fn to_vec(&self, src: &Vec<f32>) -> Vec<f32> {
+        src.clone()
+    }
+
+    fn ids_to_vec(&self, src: &Vec<u32>) -> Vec<u32> {
+        src.clone()
+    }
+
+    fn flush(&self) {}
+
+    fn fill(&self, x: &mut Vec<f32>, value: f32) {
+        x.fill(value);
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, alpha: f32) {
+        x.iter_mut().for_each(|v| *v *= alpha);
+    }
+
+    fn axpby(&self, alpha: f32, x: &Vec<f32>, beta: f32, y: &mut Vec<f32>) {
+        for (yi, &xi) in y.iter_mut().zip(x) {
+            *yi = if beta == 0.0 { alpha * xi } else { alpha * xi + beta * *yi };
+        }
+    }
+
+    fn add(&self, alpha: f32, a: &Vec<f32>, beta: f32, b: &Vec<f32>, out: &mut Vec<f32>) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = alpha * x + beta * y;
+        }
+    }
+
+    fn mul(&self, alpha: f32, a: &Vec<f32>, b: &Vec<f32>, out: &mut Vec<f32>) {
+        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+            *o = alpha * x * y;
+        }
+    }
+
+    fn add_bias(&self, y: &mut Vec<f32>, bias: &Vec<f32>) {
+        elementwise::add_bias(y, bias);
+    }
+
+    fn gelu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        elementwise::gelu(x, y);
+    }
+
+    fn gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, accumulate: bool) {
+        elementwise::gelu_backward(x, dy, dx, accumulate);
+    }
+
+    fn matmul(&self, a: &Vec<f32>, b: &Vec<f32>, c: &mut Vec<f32>, shape: &Matmul) {
+        matmul::matmul(a, b, c, shape);
+    }
+
+    fn reduce(&self, x: &Vec<f32>, op: Reduce, out: &mut Vec<f32>, out_index: usize) {
+        out[out_index] = reduce::reduce(x, op);
+    }
+
+    fn column_sum(&self, x: &Vec<f32>, rows: usize, cols: usize, out: &mut Vec<f32>, accumulate: bool) {
+        reduce::column_sum(x, rows, cols, out, accumulate);
+    }
+
+    fn layer_norm(
+        &self,
+        x: &Vec<f32>,
+        gamma: &Vec<f32>,
+        beta: &Vec<f32>,
+        y: &mut Vec<f32>,
+        mean: &mut Vec<f32>,
+        rstd: &mut Vec<f32>,
+        cols: usize,
+        eps: f32,
+    ) {
+        layernorm::forward(x, gamma, beta, layernorm::LayerNormOut { y, mean, rstd }, cols, eps);
+    }
+
+    fn layer_norm_backward(
+        &self,
+        dy: &Vec<f32>,
+        x: &Vec<f32>,
+        gamma: &Vec<f32>,
+        mean: &Vec<f32>,
+        rstd: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        dgamma: &mut Vec<f32>,
+        dbeta: &mut Vec<f32>,
+        cols: usize,
+        accumulate_dx: bool,
+    ) {
+        let grads = layernorm::LayerNormGrads { dx, dgamma, dbeta };
+        layernorm::backward(dy, x, gamma, mean, rstd, grads, cols, accumulate_dx);
+    }
+
+    fn softmax(&self, x: &Vec<f32>, y: &mut Vec<f32>, rows: &SoftmaxRows, key_mask: Option<&Vec<u32>>) {
+        softmax::forward(x, y, rows, key_mask.map(|m| m.as_slice()));
+    }
+
+    fn softmax_backward(&self, y: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, cols: usize, accumulate: bool) {
+        softmax::backward(y, dy, dx, cols, accumulate);
+    }
+
+    fn to_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout) {
+        heads::to_heads(src, dst, layout);
+    }
+
+    fn from_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout, accumulate: bool) {
+        heads::from_heads(src, dst, layout, accumulate);
+    }
+
+    fn embedding(&self, table: &Vec<f32>, ids: &TokenIndex<Self>, out: &mut Vec<f32>, dim: usize, accumulate: bool) {
+        embedding::forward(table, &ids.ids, out, dim, accumulate);
+    }
+
+    fn embedding_backward(&self, dout: &Vec<f32>, ids: &TokenIndex<Self>, dtable: &mut Vec<f32>, dim: usize) {
+        embedding::backward(dout, &ids.unique, &ids.offsets, &ids.order, dtable, dim);
+    }
+
+    fn log_softmax_gather(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<u32>,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        logp: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+    ) {
+        logprob::forward(logits, targets, &self::subsets(subsets), vocab, logp, lse);
+    }
+
+    fn log_softmax_gather_backward(
+        &self,
+        logits: &Vec<f32>,
+        targets: &Vec<u32>,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        lse: &Vec<f32>,
+        dlogp: &Vec<f32>,
+        dlogits: &mut Vec<f32>,
+        accumulate: bool,
+    ) {
+        logprob::backward(logits, targets, &self::subsets(subsets), vocab, lse, dlogp, dlogits, accumulate);
+    }
+
+    fn adamw(
+        &self,
+        param: &mut Vec<f32>,
+        grad: &Vec<f32>,
+        m: &mut Vec<f32>,
+        v: &mut Vec<f32>,
+        grad_sumsq: &Vec<f32>,
+        step: &AdamWStep,
+    ) {
+        adamw::step(param, grad, m, v, grad_sumsq[0], step);
+    }
+}

@@ -1,0 +1,405 @@
+//! The GPU backend: wgpu + the WGSL kernels in `shaders/`.
+//!
+//! Ops record dispatches into one command encoder and, until something
+//! needs a copy, one compute pass. Each dispatch's parameters go into a CPU
+//! arena that is uploaded in one write just before the encoder is submitted,
+//! so recording a training step touches the queue once. Work is submitted
+//! when a result is read back or [`Backend::flush`] is called.
+
+pub mod adapter;
+mod ops;
+
+use anyhow::{Context, Result};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+use wgpu::util::DeviceExt;
+
+/// A GPU buffer and its element count (f32 or u32; at least one element
+/// is allocated because wgpu cannot bind an empty buffer).
+pub struct GpuBuffer {
+    buffer: wgpu::Buffer,
+    len: usize,
+}
+
+/// f32 storage on the GPU.
+pub struct GpuTensor(GpuBuffer);
+/// u32 storage on the GPU.
+pub struct GpuIds(GpuBuffer);
+
+impl crate::backend::Storage for GpuTensor {
+    fn len(&self) -> usize {
+        self.0.len
+    }
+}
+
+impl crate::backend::Storage for GpuIds {
+    fn len(&self) -> usize {
+        self.0.len
+    }
+}
+
+/// Which matmul kernel runs (both compute the same thing; see `shaders/matmul.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// Register tiles only: best on software adapters (lavapipe).
+    Registers,
+    /// Workgroup-memory tiles: best on real GPUs.
+    Shared,
+}
+
+struct Pipeline {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
+/// Bytes of dispatch parameters one submission may hold.
+const PARAMS_ARENA_BYTES: u64 = 1 << 20;
+
+/// The open encoder and pass, and the parameters of the dispatches in them.
+struct Recorder {
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    params: Vec<u8>,
+    params_buffer: wgpu::Buffer,
+}
+
+pub struct GpuBackend {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    features: wgpu::Features,
+    matmul_kernel: Cell<MatmulKernel>,
+    modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
+    pipelines: RefCell<HashMap<(&'static str, &'static str), Rc<Pipeline>>>,
+    recorder: RefCell<Recorder>,
+}
+
+impl GpuBackend {
+    /// Opens a device on `adapter` with its best limits, and timestamp
+    /// queries where it has them.
+    pub fn new(adapter: &wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("captune"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .with_context(|| format!("could not open a device on adapter '{}'", info.name))?;
+        let params_buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dispatch params"),
+            size: PARAMS_ARENA_BYTES,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let matmul_kernel =
+            if adapter::is_hardware(&info) { MatmulKernel::Shared } else { MatmulKernel::Registers };
+        Ok(GpuBackend {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            matmul_kernel: Cell::new(matmul_kernel),
+            modules: RefCell::default(),
+            pipelines: RefCell::default(),
+            recorder: RefCell::new(Recorder { encoder: None, pass: None, params: Vec::new(), params_buffer }),
+        })
+    }
+
+    /// The best adapter on the backends `CAPTUNE_WGPU_BACKEND` allows,
+    /// hardware or software.
+    pub fn best_available() -> Result<Self> {
+        let backends = adapter::backends_from_env()?;
+        let adapter = adapter::adapters(backends).into_iter().next().context(
+            "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu: `apt-get install mesa-vulkan-drivers` \
+             gives the software adapter lavapipe), or use --device cpu",
+        )?;
+        Self::new(&adapter)
+    }
+
+    pub fn info(&self) -> &wgpu::AdapterInfo {
+        &self.info
+    }
+
+    pub fn matmul_kernel(&self) -> MatmulKernel {
+        self.matmul_kernel.get()
+    }
+
+    /// Chooses the matmul kernel (tests run both; the default suits the adapter).
+    pub fn set_matmul_kernel(&self, kernel: MatmulKernel) {
+        self.matmul_kernel.set(kernel);
+    }
+
+    pub fn has_timestamps(&self) -> bool {
+        self.features.contains(wgpu::Features::TIMESTAMP_QUERY)
+    }
+
+    // ---- buffers ----
+
+    fn buffer_from_bytes(&self, bytes: &[u8], len: usize) -> GpuBuffer {
+        let padded;
+        let contents = if bytes.is_empty() {
+            padded = [0u8; 4];
+            &padded[..]
+        } else {
+            bytes
+        };
+        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        });
+        GpuBuffer { buffer, len }
+    }
+
+    fn new_tensor(&self, data: &[f32]) -> GpuTensor {
+        GpuTensor(self.buffer_from_bytes(bytemuck::cast_slice(data), data.len()))
+    }
+
+    fn new_ids(&self, data: &[u32]) -> GpuIds {
+        GpuIds(self.buffer_from_bytes(bytemuck::cast_slice(data), data.len()))
+    }
+
+    /// A zeroed scratch tensor for a multi-pass kernel. Dropping it right
+    /// after recording is fine: wgpu keeps it alive until the GPU is done.
+    fn scratch(&self, len: usize) -> GpuTensor {
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("scratch"),
+            size: (len.max(1) * 4) as u64,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        GpuTensor(GpuBuffer { buffer, len })
+    }
+
+    fn read_bytes(&self, src: &GpuBuffer) -> Vec<u8> {
+        let size = (src.len * 4) as u64;
+        if size == 0 {
+            return Vec::new();
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.with_encoder(|encoder| encoder.copy_buffer_to_buffer(&src.buffer, 0, &staging, 0, size));
+        self.submit();
+        self.map_read(&staging)
+    }
+
+    fn map_read(&self, staging: &wgpu::Buffer) -> Vec<u8> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |result| {
+            let _ = tx.send(result);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost while waiting for a readback");
+        rx.recv().expect("map callback dropped").expect("mapping a readback buffer failed");
+        let bytes = staging.get_mapped_range(..).expect("readback buffer is mapped").to_vec();
+        staging.unmap();
+        bytes
+    }
+
+    fn write_bytes(&self, dst: &GpuBuffer, bytes: &[u8]) {
+        // Queue writes run before the next submission's commands, so what is
+        // already recorded must be submitted first to keep program order.
+        self.submit();
+        if !bytes.is_empty() {
+            self.queue.write_buffer(&dst.buffer, 0, bytes);
+        }
+    }
+
+    // ---- recording ----
+
+    fn pipeline(&self, shader: &'static str, entry: &'static str) -> Rc<Pipeline> {
+        if let Some(p) = self.pipelines.borrow().get(&(shader, entry)) {
+            return p.clone();
+        }
+        let mut modules = self.modules.borrow_mut();
+        let module = modules.entry(shader).or_insert_with(|| {
+            self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader),
+                source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
+            })
+        });
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: None,
+            module,
+            entry_point: Some(entry),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let layout = pipeline.get_bind_group_layout(0);
+        let p = Rc::new(Pipeline { pipeline, layout });
+        self.pipelines.borrow_mut().insert((shader, entry), p.clone());
+        p
+    }
+
+    /// Records one dispatch of `shader`'s `entry`: binding 0 is `params`,
+    /// bindings 1.. are `buffers` in order.
+    fn dispatch<P: bytemuck::Pod>(
+        &self,
+        shader: &'static str,
+        entry: &'static str,
+        params: &P,
+        buffers: &[&GpuBuffer],
+        groups: [u32; 3],
+    ) {
+        if groups.contains(&0) {
+            return;
+        }
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        assert!(groups.iter().all(|&g| g <= max), "{shader}/{entry}: grid {groups:?} exceeds {max} per dimension");
+        let pipeline = self.pipeline(shader, entry);
+        let bytes = bytemuck::bytes_of(params);
+        let align = self.limits.min_uniform_buffer_offset_alignment.max(16) as usize;
+        if self.recorder.borrow().params.len() + align + bytes.len() > PARAMS_ARENA_BYTES as usize {
+            self.submit();
+        }
+        let mut rec = self.recorder.borrow_mut();
+        let offset = rec.params.len().next_multiple_of(align);
+        rec.params.resize(offset, 0);
+        rec.params.extend_from_slice(bytes);
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &rec.params_buffer,
+                offset: offset as u64,
+                size: wgpu::BufferSize::new(bytes.len() as u64),
+            }),
+        }];
+        for (i, b) in buffers.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.buffer.as_entire_binding() });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(entry),
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        let pass = Self::open_pass(&self.device, &mut rec, None);
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+
+    /// A 2-D grid of `workgroups` workgroups; kernels flatten it back.
+    fn grid(&self, workgroups: usize) -> [u32; 3] {
+        let max = self.limits.max_compute_workgroups_per_dimension as usize;
+        let x = workgroups.min(max);
+        [x as u32, workgroups.div_ceil(x.max(1)) as u32, 1]
+    }
+
+    /// The grid for one thread per element, 256 threads per workgroup.
+    fn grid_for(&self, elements: usize) -> [u32; 3] {
+        self.grid(elements.div_ceil(256))
+    }
+
+    fn open_pass<'r>(
+        device: &wgpu::Device,
+        rec: &'r mut Recorder,
+        timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
+    ) -> &'r mut wgpu::ComputePass<'static> {
+        if rec.pass.is_none() {
+            let encoder = rec
+                .encoder
+                .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default()));
+            let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("captune"),
+                timestamp_writes: timestamps,
+            });
+            rec.pass = Some(pass.forget_lifetime());
+        }
+        rec.pass.as_mut().expect("pass was just opened")
+    }
+
+    /// Ends the open pass and hands the encoder to `f` (for copies).
+    fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let mut rec = self.recorder.borrow_mut();
+        rec.pass = None;
+        let encoder = rec
+            .encoder
+            .get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default()));
+        f(encoder);
+    }
+
+    /// Submits everything recorded, with its parameters.
+    fn submit(&self) {
+        let mut rec = self.recorder.borrow_mut();
+        rec.pass = None;
+        if let Some(encoder) = rec.encoder.take() {
+            if !rec.params.is_empty() {
+                self.queue.write_buffer(&rec.params_buffer, 0, &rec.params);
+            }
+            self.queue.submit([encoder.finish()]);
+        }
+        rec.params.clear();
+    }
+
+    fn wait(&self) {
+        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost");
+    }
+
+    /// Runs `f` (which records ops) and returns the GPU time it took:
+    /// from timestamp queries around one compute pass where the adapter has
+    /// them, else wall-clock time from submission to completion.
+    pub fn time(&self, f: impl FnOnce()) -> Duration {
+        self.submit();
+        self.wait();
+        if !self.has_timestamps() {
+            let start = Instant::now();
+            f();
+            self.submit();
+            self.wait();
+            return start.elapsed();
+        }
+        let queries = self.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("timing"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolved = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("timestamps readback"),
+            size: 16,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        {
+            let mut rec = self.recorder.borrow_mut();
+            Self::open_pass(
+                &self.device,
+                &mut rec,
+                Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &queries,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            );
+        }
+        f();
+        self.with_encoder(|encoder| {
+            encoder.resolve_query_set(&queries, 0..2, &resolved, 0);
+            encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 16);
+        });
+        self.submit();
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging));
+        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.queue.get_timestamp_period() as f64;
+        Duration::from_nanos(ns as u64)
+    }
+}
+
+pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
+    format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
+}

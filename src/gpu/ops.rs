@@ -1,0 +1,448 @@
+//! `Backend` for the GPU: each op fills its kernel's parameter block (laid
+//! out as the `Params` struct of its `shaders/*.wgsl` file) and records the
+//! dispatch.
+
+use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
+use crate::backend::{AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage};
+use crate::index::{TokenIndex, VocabSubsets};
+use bytemuck::{Pod, Zeroable};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ElementwiseParams {
+    len: u32,
+    cols: u32,
+    alpha: f32,
+    beta: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    flags: u32,
+    stride_a: u32,
+    stride_b: u32,
+    stride_c: u32,
+    alpha: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct ReduceParams {
+    len: u32,
+    cols: u32,
+    chunk: u32,
+    op: u32,
+    out_index: u32,
+    accumulate: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct LayerNormParams {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    accumulate: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SoftmaxParams {
+    rows: u32,
+    cols: u32,
+    q_len: u32,
+    heads: u32,
+    causal: u32,
+    use_mask: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct HeadsParams {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    head_dim: u32,
+    row_stride: u32,
+    col_offset: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct EmbeddingParams {
+    len: u32,
+    dim: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct LogprobParams {
+    rows: u32,
+    vocab: u32,
+    words: u32,
+    accumulate: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AdamWParams {
+    len: u32,
+    lr: f32,
+    beta1: f32,
+    beta2: f32,
+    eps: f32,
+    weight_decay: f32,
+    bias_correction1: f32,
+    bias_correction2: f32,
+    max_norm: f32,
+    _pad: [u32; 3],
+}
+
+/// Rows per block of the two-pass column reductions (ROW_BLOCK in the shaders).
+const ROW_BLOCK: usize = 64;
+/// Partials a full reduction's first pass produces at most.
+const MAX_PARTIALS: usize = 1024;
+
+fn u(x: usize) -> u32 {
+    u32::try_from(x).expect("size exceeds u32: the WGSL kernels index with u32")
+}
+
+impl GpuBackend {
+    fn elementwise(&self, entry: &'static str, len: usize, cols: usize, alpha: f32, beta: f32, bufs: &[&super::GpuBuffer]) {
+        let params = ElementwiseParams { len: u(len), cols: u(cols), alpha, beta };
+        self.dispatch("elementwise", entry, &params, bufs, self.grid_for(len));
+    }
+
+    /// out[c] (+)= sum over `rows` rows of x[r, c], in two passes when the
+    /// rows span more than one block.
+    fn column_sum_into(&self, x: &GpuTensor, rows: usize, cols: usize, out: &GpuTensor, accumulate: bool) {
+        let blocks = rows.div_ceil(ROW_BLOCK);
+        let col_groups = cols.div_ceil(256) as u32;
+        let sum = |src: &GpuTensor, rows: usize| {
+            let params = ReduceParams { len: u(rows), cols: u(cols), accumulate: accumulate as u32, ..Default::default() };
+            self.dispatch("reduce", "column_sum", &params, &[&src.0, &out.0], [col_groups, 1, 1]);
+        };
+        if blocks <= 1 {
+            sum(x, rows);
+            return;
+        }
+        let partials = self.scratch(blocks * cols);
+        let params = ReduceParams { len: u(rows), cols: u(cols), ..Default::default() };
+        self.dispatch("reduce", "column_partials", &params, &[&x.0, &partials.0], [col_groups, u(blocks), 1]);
+        sum(&partials, blocks);
+    }
+}
+
+impl Backend for GpuBackend {
+    type Tensor = GpuTensor;
+    type Ids = GpuIds;
+
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gpu
+    }
+
+    fn adapter_name(&self) -> String {
+        describe(&self.info)
+    }
+
+    fn zeros(&self, len: usize) -> GpuTensor {
+        self.new_tensor(&vec![0.0; len])
+    }
+
+    fn tensor(&self, data: &[f32]) -> GpuTensor {
+        self.new_tensor(data)
+    }
+
+    fn ids(&self, data: &[u32]) -> GpuIds {
+        self.new_ids(data)
+    }
+
+    fn write(&self, dst: &mut GpuTensor, data: &[f32]) {
+        assert_eq!(dst.len(), data.len(), "write: length mismatch");
+        self.write_bytes(&dst.0, bytemuck::cast_slice(data));
+    }
+
+    fn to_vec(&self, src: &GpuTensor) -> Vec<f32> {
+        bytemuck::pod_collect_to_vec(&self.read_bytes(&src.0))
+    }
+
+    fn ids_to_vec(&self, src: &GpuIds) -> Vec<u32> {
+        bytemuck::pod_collect_to_vec(&self.read_bytes(&src.0))
+    }
+
+    fn flush(&self) {
+        self.submit();
+        self.wait();
+    }
+
+    fn fill(&self, x: &mut GpuTensor, value: f32) {
+        self.elementwise("fill", x.len(), 0, value, 0.0, &[&x.0]);
+    }
+
+    fn scale(&self, x: &mut GpuTensor, alpha: f32) {
+        self.elementwise("scale", x.len(), 0, alpha, 0.0, &[&x.0]);
+    }
+
+    fn axpby(&self, alpha: f32, x: &GpuTensor, beta: f32, y: &mut GpuTensor) {
+        assert_eq!(x.len(), y.len(), "axpby: length mismatch");
+        self.elementwise("axpby", y.len(), 0, alpha, beta, &[&x.0, &y.0]);
+    }
+
+    fn add(&self, alpha: f32, a: &GpuTensor, beta: f32, b: &GpuTensor, out: &mut GpuTensor) {
+        assert!(a.len() == out.len() && b.len() == out.len(), "add: length mismatch");
+        self.elementwise("add", out.len(), 0, alpha, beta, &[&a.0, &b.0, &out.0]);
+    }
+
+    fn mul(&self, alpha: f32, a: &GpuTensor, b: &GpuTensor, out: &mut GpuTensor) {
+        assert!(a.len() == out.len() && b.len() == out.len(), "mul: length mismatch");
+        self.elementwise("mul", out.len(), 0, alpha, 0.0, &[&a.0, &b.0, &out.0]);
+    }
+
+    fn add_bias(&self, y: &mut GpuTensor, bias: &GpuTensor) {
+        assert_eq!(y.len() % bias.len().max(1), 0, "add_bias: rows are not whole");
+        self.elementwise("add_bias", y.len(), bias.len(), 0.0, 0.0, &[&bias.0, &y.0]);
+    }
+
+    fn gelu(&self, x: &GpuTensor, y: &mut GpuTensor) {
+        self.elementwise("gelu", y.len(), 0, 0.0, 0.0, &[&x.0, &y.0]);
+    }
+
+    fn gelu_backward(&self, x: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor, accumulate: bool) {
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        self.elementwise("gelu_backward", dx.len(), 0, 0.0, beta, &[&x.0, &dy.0, &dx.0]);
+    }
+
+    fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {
+        let (len_a, len_b, len_c) = s.required_lens();
+        assert!(a.len() >= len_a && b.len() >= len_b && c.len() >= len_c, "matmul: operands too short for {s:?}");
+        let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2;
+        let params = MatmulParams {
+            m: u(s.m),
+            n: u(s.n),
+            k: u(s.k),
+            flags,
+            stride_a: u(s.stride_a),
+            stride_b: u(s.stride_b),
+            stride_c: u(s.stride_c),
+            alpha: s.alpha,
+        };
+        let (entry, tile) = match self.matmul_kernel() {
+            MatmulKernel::Registers => ("matmul_registers", 64),
+            MatmulKernel::Shared => ("matmul_shared", 128),
+        };
+        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
+        self.dispatch("matmul", entry, &params, &[&a.0, &b.0, &c.0], groups);
+    }
+
+    fn reduce(&self, x: &GpuTensor, op: Reduce, out: &mut GpuTensor, out_index: usize) {
+        assert!(out_index < out.len(), "reduce: out_index {out_index} outside an output of {}", out.len());
+        let n = x.len();
+        let chunk = n.div_ceil(MAX_PARTIALS).next_multiple_of(256).max(256);
+        let parts = n.div_ceil(chunk).max(1);
+        let partials = self.scratch(parts);
+        let (first_op, final_op) = match op {
+            Reduce::Sum | Reduce::Mean => (0, 0),
+            Reduce::Max => (1, 1),
+            Reduce::SumSquares => (2, 0),
+        };
+        let params = ReduceParams { len: u(n), chunk: u(chunk), op: first_op, ..Default::default() };
+        self.dispatch("reduce", "reduce_partials", &params, &[&x.0, &partials.0], self.grid(parts));
+        let scale = if op == Reduce::Mean { 1.0 / n.max(1) as f32 } else { 1.0 };
+        let params = ReduceParams { len: u(parts), op: final_op, out_index: u(out_index), scale, ..Default::default() };
+        self.dispatch("reduce", "reduce_final", &params, &[&partials.0, &out.0], [1, 1, 1]);
+    }
+
+    fn column_sum(&self, x: &GpuTensor, rows: usize, cols: usize, out: &mut GpuTensor, accumulate: bool) {
+        assert!(x.len() >= rows * cols && out.len() >= cols, "column_sum: shapes do not fit");
+        self.column_sum_into(x, rows, cols, out, accumulate);
+    }
+
+    fn layer_norm(
+        &self,
+        x: &GpuTensor,
+        gamma: &GpuTensor,
+        beta: &GpuTensor,
+        y: &mut GpuTensor,
+        mean: &mut GpuTensor,
+        rstd: &mut GpuTensor,
+        cols: usize,
+        eps: f32,
+    ) {
+        let rows = x.len() / cols;
+        let params = LayerNormParams { rows: u(rows), cols: u(cols), eps, accumulate: 0 };
+        let bufs = [&x.0, &gamma.0, &beta.0, &y.0, &mean.0, &rstd.0];
+        self.dispatch("layernorm", "layer_norm_forward", &params, &bufs, self.grid(rows));
+    }
+
+    fn layer_norm_backward(
+        &self,
+        dy: &GpuTensor,
+        x: &GpuTensor,
+        gamma: &GpuTensor,
+        mean: &GpuTensor,
+        rstd: &GpuTensor,
+        dx: &mut GpuTensor,
+        dgamma: &mut GpuTensor,
+        dbeta: &mut GpuTensor,
+        cols: usize,
+        accumulate_dx: bool,
+    ) {
+        let rows = x.len() / cols;
+        let params = LayerNormParams { rows: u(rows), cols: u(cols), eps: 0.0, accumulate: accumulate_dx as u32 };
+        let bufs = [&dy.0, &x.0, &gamma.0, &mean.0, &rstd.0, &dx.0];
+        self.dispatch("layernorm", "layer_norm_backward", &params, &bufs, self.grid(rows));
+        let blocks = rows.div_ceil(ROW_BLOCK);
+        let dgamma_partial = self.scratch(blocks * cols);
+        let dbeta_partial = self.scratch(blocks * cols);
+        let bufs = [&dy.0, &x.0, &mean.0, &rstd.0, &dgamma_partial.0, &dbeta_partial.0];
+        let groups = [u(cols.div_ceil(256)), u(blocks), 1];
+        self.dispatch("layernorm", "layer_norm_param_partials", &params, &bufs, groups);
+        self.column_sum_into(&dgamma_partial, blocks, cols, dgamma, true);
+        self.column_sum_into(&dbeta_partial, blocks, cols, dbeta, true);
+    }
+
+    fn softmax(&self, x: &GpuTensor, y: &mut GpuTensor, r: &SoftmaxRows, key_mask: Option<&GpuIds>) {
+        let params = SoftmaxParams {
+            rows: u(r.rows),
+            cols: u(r.cols),
+            q_len: u(r.q_len),
+            heads: u(r.heads),
+            causal: r.causal as u32,
+            use_mask: key_mask.is_some() as u32,
+            accumulate: 0,
+            _pad: 0,
+        };
+        let no_mask;
+        let mask = match key_mask {
+            Some(m) => &m.0,
+            None => {
+                no_mask = self.new_ids(&[1]);
+                &no_mask.0
+            }
+        };
+        self.dispatch("softmax", "softmax_forward", &params, &[&x.0, mask, &y.0], self.grid(r.rows));
+    }
+
+    fn softmax_backward(&self, y: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor, cols: usize, accumulate: bool) {
+        let rows = y.len() / cols;
+        let params = SoftmaxParams {
+            rows: u(rows),
+            cols: u(cols),
+            q_len: u(rows.max(1)),
+            heads: 1,
+            causal: 0,
+            use_mask: 0,
+            accumulate: accumulate as u32,
+            _pad: 0,
+        };
+        self.dispatch("softmax", "softmax_backward", &params, &[&y.0, &dy.0, &dx.0], self.grid(rows));
+    }
+
+    fn to_heads(&self, src: &GpuTensor, dst: &mut GpuTensor, l: &HeadLayout) {
+        let params = heads_params(l, false);
+        self.dispatch("heads", "to_heads", &params, &[&src.0, &dst.0], self.grid_for(l.len()));
+    }
+
+    fn from_heads(&self, src: &GpuTensor, dst: &mut GpuTensor, l: &HeadLayout, accumulate: bool) {
+        let params = heads_params(l, accumulate);
+        self.dispatch("heads", "from_heads", &params, &[&src.0, &dst.0], self.grid_for(l.len()));
+    }
+
+    fn embedding(&self, table: &GpuTensor, ids: &TokenIndex<Self>, out: &mut GpuTensor, dim: usize, accumulate: bool) {
+        let len = ids.len() * dim;
+        let params = EmbeddingParams { len: u(len), dim: u(dim), accumulate: accumulate as u32, _pad: 0 };
+        self.dispatch("embedding", "embedding_forward", &params, &[&table.0, &ids.ids.0, &out.0], self.grid_for(len));
+    }
+
+    fn embedding_backward(&self, dout: &GpuTensor, ids: &TokenIndex<Self>, dtable: &mut GpuTensor, dim: usize) {
+        let len = ids.unique_len() * dim;
+        let params = EmbeddingParams { len: u(len), dim: u(dim), accumulate: 1, _pad: 0 };
+        let bufs = [&dout.0, &ids.unique.0, &ids.offsets.0, &ids.order.0, &dtable.0];
+        self.dispatch("embedding", "embedding_backward", &params, &bufs, self.grid_for(len));
+    }
+
+    fn log_softmax_gather(
+        &self,
+        logits: &GpuTensor,
+        targets: &GpuIds,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        logp: &mut GpuTensor,
+        lse: &mut GpuTensor,
+    ) {
+        let rows = targets.len();
+        let params = LogprobParams { rows: u(rows), vocab: u(vocab), words: u(subsets.words), accumulate: 0 };
+        let bufs = [&logits.0, &targets.0, &subsets.row_subset.0, &subsets.bits.0, &logp.0, &lse.0];
+        self.dispatch("logprob", "log_softmax_gather", &params, &bufs, self.grid(rows));
+    }
+
+    fn log_softmax_gather_backward(
+        &self,
+        logits: &GpuTensor,
+        targets: &GpuIds,
+        subsets: &VocabSubsets<Self>,
+        vocab: usize,
+        lse: &GpuTensor,
+        dlogp: &GpuTensor,
+        dlogits: &mut GpuTensor,
+        accumulate: bool,
+    ) {
+        let rows = targets.len();
+        let params =
+            LogprobParams { rows: u(rows), vocab: u(vocab), words: u(subsets.words), accumulate: accumulate as u32 };
+        let bufs =
+            [&logits.0, &targets.0, &subsets.row_subset.0, &subsets.bits.0, &lse.0, &dlogp.0, &dlogits.0];
+        self.dispatch("logprob", "log_softmax_gather_backward", &params, &bufs, self.grid_for(rows * vocab));
+    }
+
+    fn adamw(
+        &self,
+        param: &mut GpuTensor,
+        grad: &GpuTensor,
+        m: &mut GpuTensor,
+        v: &mut GpuTensor,
+        grad_sumsq: &GpuTensor,
+        s: &AdamWStep,
+    ) {
+        let (bc1, bc2) = s.bias_corrections();
+        let params = AdamWParams {
+            len: u(param.len()),
+            lr: s.lr,
+            beta1: s.beta1,
+            beta2: s.beta2,
+            eps: s.eps,
+            weight_decay: s.weight_decay,
+            bias_correction1: bc1,
+            bias_correction2: bc2,
+            max_norm: s.max_norm,
+            _pad: [0; 3],
+        };
+        let bufs = [&grad.0, &grad_sumsq.0, &param.0, &m.0, &v.0];
+        self.dispatch("adamw", "adamw_step", &params, &bufs, self.grid_for(param.len()));
+    }
+}
+
+fn heads_params(l: &HeadLayout, accumulate: bool) -> HeadsParams {
+    HeadsParams {
+        batch: u(l.batch),
+        seq: u(l.seq),
+        heads: u(l.heads),
+        head_dim: u(l.head_dim),
+        row_stride: u(l.row_stride),
+        col_offset: u(l.col_offset),
+        accumulate: accumulate as u32,
+        _pad: 0,
+    }
+}

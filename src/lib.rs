@@ -1,0 +1,12 @@
+//! captune: train and inspect image-caption decoders on WGSL compute
+//! shaders (wgpu) or the CPU reference backend.
+
+pub mod backend;
+pub mod bench;
+pub mod cpu;
+pub mod device;
+pub mod gpu;
+pub mod index;
+pub mod ops;
+pub mod optim;
+pub mod shaders;

@@ -1,0 +1,66 @@
+//! Token-level cross-entropy: `scale` times the weighted mean over rows of
+//! -log p(target), where p is a softmax over the full vocabulary or over a
+//! per-row subset (SMILE). Row weights are 0 for padding. The loss stays on
+//! the device; read it only when logging.
+
+use crate::backend::{Backend, Reduce};
+use crate::index::VocabSubsets;
+
+pub struct CrossEntropy<B: Backend> {
+    pub rows: usize,
+    pub vocab: usize,
+    /// log p(target) per row.
+    pub logp: B::Tensor,
+    lse: B::Tensor,
+    /// d loss / d logp[r] = -scale * weight[r] / sum(weights).
+    coef: B::Tensor,
+    weighted: B::Tensor,
+    /// The loss, one element.
+    pub loss: B::Tensor,
+}
+
+impl<B: Backend> CrossEntropy<B> {
+    pub fn new(b: &B, rows: usize, vocab: usize) -> Self {
+        CrossEntropy {
+            rows,
+            vocab,
+            logp: b.zeros(rows),
+            lse: b.zeros(rows),
+            coef: b.zeros(rows),
+            weighted: b.zeros(rows),
+            loss: b.zeros(1),
+        }
+    }
+
+    /// Sets the row weights (0 = ignore the row) and the loss scale.
+    pub fn set_weights(&mut self, b: &B, weights: &[f32], scale: f32) {
+        assert_eq!(weights.len(), self.rows, "one weight per row");
+        let total: f32 = weights.iter().sum();
+        let norm = if total > 0.0 { scale / total } else { 0.0 };
+        let coef: Vec<f32> = weights.iter().map(|w| -w * norm).collect();
+        b.write(&mut self.coef, &coef);
+    }
+
+    pub fn forward(&mut self, b: &B, logits: &B::Tensor, targets: &B::Ids, subsets: &VocabSubsets<B>) {
+        b.log_softmax_gather(logits, targets, subsets, self.vocab, &mut self.logp, &mut self.lse);
+        b.mul(1.0, &self.coef, &self.logp, &mut self.weighted);
+        b.reduce(&self.weighted, Reduce::Sum, &mut self.loss, 0);
+    }
+
+    /// dlogits (+)= d loss / d logits. Call after `forward` on the same logits.
+    pub fn backward(
+        &self,
+        b: &B,
+        logits: &B::Tensor,
+        targets: &B::Ids,
+        subsets: &VocabSubsets<B>,
+        dlogits: &mut B::Tensor,
+        accumulate: bool,
+    ) {
+        b.log_softmax_gather_backward(logits, targets, subsets, self.vocab, &self.lse, &self.coef, dlogits, accumulate);
+    }
+
+    pub fn read_loss(&self, b: &B) -> f32 {
+        b.to_vec(&self.loss)[0]
+    }
+}

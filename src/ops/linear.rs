@@ -1,0 +1,43 @@
+//! A linear layer y = x W + b, W stored [inputs, outputs].
+
+use crate::backend::{Backend, Matmul};
+
+/// Dimensions of a linear layer applied to `rows` rows.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear {
+    pub rows: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+}
+
+impl Linear {
+    pub fn forward<B: Backend>(&self, b: &B, x: &B::Tensor, w: &B::Tensor, bias: Option<&B::Tensor>, y: &mut B::Tensor) {
+        b.matmul(x, w, y, &Matmul::new(self.rows, self.outputs, self.inputs));
+        if let Some(bias) = bias {
+            b.add_bias(y, bias);
+        }
+    }
+
+    /// dW += x^T dy; dbias += column sums of dy; dx (+)= dy W^T when asked for.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
+        &self,
+        b: &B,
+        dy: &B::Tensor,
+        x: &B::Tensor,
+        w: &B::Tensor,
+        dw: &mut B::Tensor,
+        dbias: Option<&mut B::Tensor>,
+        dx: Option<(&mut B::Tensor, bool)>,
+    ) {
+        b.matmul(x, dy, dw, &Matmul::new(self.inputs, self.outputs, self.rows).trans_a().accumulate());
+        if let Some(dbias) = dbias {
+            b.column_sum(dy, self.rows, self.outputs, dbias, true);
+        }
+        if let Some((dx, accumulate)) = dx {
+            let mut shape = Matmul::new(self.rows, self.inputs, self.outputs).trans_b();
+            shape.accumulate = accumulate;
+            b.matmul(dy, w, dx, &shape);
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! Composite ops written once against [`Backend`](crate::backend::Backend):
+//! each is a readable sequence of kernel calls, forward then backward.
+
+pub mod attention;
+pub mod cross_entropy;
+pub mod linear;

@@ -1,0 +1,80 @@
+//! AdamW with decoupled weight decay and global-norm gradient clipping,
+//! entirely on the device: the squared norm of every gradient is reduced
+//! into a slot, the slots into one total, and the update kernel reads the
+//! total to clip. Nothing is read back unless the norm is logged.
+
+use crate::backend::{AdamWStep, Backend, Reduce};
+
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct AdamWConfig {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this; None = no clipping.
+    pub max_grad_norm: Option<f32>,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, max_grad_norm: Some(1.0) }
+    }
+}
+
+pub struct AdamW<B: Backend> {
+    pub config: AdamWConfig,
+    step: u64,
+    /// Whether each parameter decays (biases and norms usually do not).
+    decays: Vec<bool>,
+    m: Vec<B::Tensor>,
+    v: Vec<B::Tensor>,
+    norm_slots: B::Tensor,
+    grad_sumsq: B::Tensor,
+}
+
+impl<B: Backend> AdamW<B> {
+    /// `params[i]` = (element count, whether weight decay applies).
+    pub fn new(b: &B, config: AdamWConfig, params: &[(usize, bool)]) -> Self {
+        AdamW {
+            config,
+            step: 0,
+            decays: params.iter().map(|p| p.1).collect(),
+            m: params.iter().map(|p| b.zeros(p.0)).collect(),
+            v: params.iter().map(|p| b.zeros(p.0)).collect(),
+            norm_slots: b.zeros(params.len()),
+            grad_sumsq: b.zeros(1),
+        }
+    }
+
+    pub fn steps_taken(&self) -> u64 {
+        self.step
+    }
+
+    /// Updates every parameter from its gradient (same order as in `new`).
+    pub fn step(&mut self, b: &B, params: &mut [&mut B::Tensor], grads: &[&B::Tensor]) {
+        assert!(params.len() == self.m.len() && grads.len() == self.m.len(), "AdamW: one gradient per parameter");
+        self.step += 1;
+        for (i, g) in grads.iter().enumerate() {
+            b.reduce(g, Reduce::SumSquares, &mut self.norm_slots, i);
+        }
+        b.reduce(&self.norm_slots, Reduce::Sum, &mut self.grad_sumsq, 0);
+        for i in 0..params.len() {
+            let s = AdamWStep {
+                lr: self.config.lr,
+                beta1: self.config.beta1,
+                beta2: self.config.beta2,
+                eps: self.config.eps,
+                weight_decay: if self.decays[i] { self.config.weight_decay } else { 0.0 },
+                t: self.step,
+                max_norm: self.config.max_grad_norm.unwrap_or(0.0),
+            };
+            b.adamw(params[i], grads[i], &mut self.m[i], &mut self.v[i], &self.grad_sumsq, &s);
+        }
+    }
+
+    /// The global gradient norm of the last step, before clipping (reads back).
+    pub fn last_grad_norm(&self, b: &B) -> f32 {
+        b.to_vec(&self.grad_sumsq)[0].sqrt()
+    }
+}
