@@ -28,9 +28,9 @@ const NEG_INF: f32 = -3.402823e38;
 @group(0) @binding(4) var<storage, read> masks: array<u32>;
 
 fn allowed(row: u32, j: u32) -> bool {
-    let set = mask_rows[row];
-    if (set == FULL || j == targets[row]) { return true; }
-    return ((masks[set * p.words + j / 32u] >> (j % 32u)) & 1u) != 0u;
+    let subset = mask_rows[row];
+    if (subset == FULL || j == targets[row]) { return true; }
+    return ((masks[subset * p.words + j / 32u] >> (j % 32u)) & 1u) != 0u;
 }
 
 var<workgroup> scratch: array<f32, 256>;

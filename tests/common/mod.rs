@@ -1,0 +1,45 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use captune::gpu::GpuBackend;
+use rand::{Rng, SeedableRng};
+
+/// The GPU backend on the best adapter (lavapipe in CI). A machine without
+/// any adapter fails these tests with the fix, unless CAPTUNE_SKIP_GPU_TESTS=1
+/// says to skip them (then a line says so).
+pub fn gpu() -> Option<GpuBackend> {
+    match GpuBackend::best_available() {
+        Ok(b) => Some(b),
+        Err(e) if std::env::var("CAPTUNE_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
+            eprintln!("SKIPPED: GPU test, no adapter ({e:#}); CAPTUNE_SKIP_GPU_TESTS=1 is set");
+            None
+        }
+        Err(e) => panic!("{e:#}\n(set CAPTUNE_SKIP_GPU_TESTS=1 to skip GPU tests on a machine without Vulkan)"),
+    }
+}
+
+pub fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+pub fn random_ids(len: usize, below: u32, seed: u64) -> Vec<u32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(0..below)).collect()
+}
+
+/// Asserts |a - b| <= atol + rtol * |b| elementwise, naming the worst element.
+#[track_caller]
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let mut worst: Option<(usize, f32)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let excess = (g - w).abs() - (atol + rtol * w.abs());
+        if !(excess <= 0.0) && worst.is_none_or(|(_, e)| excess > e || excess.is_nan()) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, _)) = worst {
+        panic!("{what}: element {i} is {} but should be {} (rtol {rtol}, atol {atol})", got[i], want[i]);
+    }
+}

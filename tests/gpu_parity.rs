@@ -1,0 +1,335 @@
+//! Every GPU kernel against its CPU twin on random inputs, with sizes that
+//! are not multiples of any tile or workgroup, and batch 1.
+//! Each case is a generic function run on both backends.
+
+mod common;
+
+use captune::backend::{AdamWStep, Backend, HeadLayout, Matmul, Reduce, SoftmaxRows};
+use captune::cpu::CpuBackend;
+use captune::gpu::MatmulKernel;
+use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
+use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::cross_entropy::CrossEntropy;
+use common::{assert_close, gpu, random, random_ids};
+
+/// Runs `case` on both backends and compares each output it returns.
+macro_rules! parity {
+    ($case:ident, $rtol:expr, $atol:expr) => {{
+        let Some(g) = gpu() else { return };
+        let want = $case(&CpuBackend::new());
+        let got = $case(&g);
+        assert_eq!(got.len(), want.len());
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("{} output {i}", stringify!($case)), got, want, $rtol, $atol);
+        }
+    }};
+}
+
+// ---- matmul ----
+
+/// Every transpose combination, accumulate, alpha, shared B, batch 1 and 3,
+/// odd sizes that straddle 64- and 128-wide tiles.
+fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for &(batch, m, n, k) in &[(1, 1, 1, 1), (1, 37, 53, 29), (3, 65, 130, 67), (1, 129, 7, 300)] {
+        for trans_a in [false, true] {
+            for trans_b in [false, true] {
+                let mut s = Matmul::batched(batch, m, n, k).alpha(0.75);
+                s.trans_a = trans_a;
+                s.trans_b = trans_b;
+                let a = b.tensor(&random(batch * m * k, 1));
+                let w = b.tensor(&random(batch * k * n, 2));
+                let mut c = b.tensor(&random(batch * m * n, 3));
+                b.matmul(&a, &w, &mut c, &s);
+                b.matmul(&a, &w, &mut c, &s.accumulate());
+                outs.push(b.to_vec(&c));
+                if batch > 1 {
+                    let mut c = b.zeros(batch * m * n);
+                    b.matmul(&a, &w, &mut c, &s.shared_b());
+                    outs.push(b.to_vec(&c));
+                }
+            }
+        }
+    }
+    outs
+}
+
+#[test]
+fn matmul_registers_kernel_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    g.set_matmul_kernel(MatmulKernel::Registers);
+    let (want, got) = (matmul_cases(&CpuBackend::new()), matmul_cases(&g));
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("matmul case {i}"), got, want, 1e-4, 1e-4);
+    }
+}
+
+#[test]
+fn matmul_shared_kernel_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    g.set_matmul_kernel(MatmulKernel::Shared);
+    let (want, got) = (matmul_cases(&CpuBackend::new()), matmul_cases(&g));
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("matmul case {i}"), got, want, 1e-4, 1e-4);
+    }
+}
+
+// ---- elementwise ----
+
+fn elementwise_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let n = 1000 * 3 + 7;
+    let x = b.tensor(&random(n, 1).iter().map(|v| v * 4.0).collect::<Vec<_>>());
+    let y0 = random(n, 2);
+    let mut outs = Vec::new();
+    let mut y = b.tensor(&y0);
+    b.fill(&mut y, 0.25);
+    outs.push(b.to_vec(&y));
+    let mut y = b.tensor(&y0);
+    b.scale(&mut y, -1.5);
+    outs.push(b.to_vec(&y));
+    for beta in [0.0, 0.3] {
+        let mut y = b.tensor(&y0);
+        b.axpby(2.0, &x, beta, &mut y);
+        outs.push(b.to_vec(&y));
+    }
+    let mut out = b.zeros(n);
+    b.add(0.5, &x, -2.0, &b.tensor(&y0), &mut out);
+    outs.push(b.to_vec(&out));
+    b.mul(3.0, &x, &b.tensor(&y0), &mut out);
+    outs.push(b.to_vec(&out));
+    let mut y = b.tensor(&y0[..n - 1]); // 3006 = 6 rows of 501 columns
+    b.add_bias(&mut y, &b.tensor(&random(501, 5)));
+    outs.push(b.to_vec(&y));
+    let mut g = b.zeros(n);
+    b.gelu(&x, &mut g);
+    outs.push(b.to_vec(&g));
+    for accumulate in [false, true] {
+        let mut dx = b.tensor(&y0);
+        b.gelu_backward(&x, &b.tensor(&random(n, 6)), &mut dx, accumulate);
+        outs.push(b.to_vec(&dx));
+    }
+    outs
+}
+
+#[test]
+fn elementwise_kernels_match_cpu() {
+    parity!(elementwise_cases, 1e-5, 1e-5);
+}
+
+// ---- reductions ----
+
+fn reduce_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for &n in &[1usize, 1000, 300_001] {
+        let x = b.tensor(&random(n, n as u64));
+        let mut out = b.tensor(&[7.0; 4]);
+        for (i, op) in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::SumSquares].into_iter().enumerate() {
+            b.reduce(&x, op, &mut out, i);
+        }
+        outs.push(b.to_vec(&out));
+    }
+    for &(rows, cols) in &[(1usize, 5usize), (37, 300), (200, 33)] {
+        let x = b.tensor(&random(rows * cols, 9));
+        let mut out = b.tensor(&random(cols, 10));
+        b.column_sum(&x, rows, cols, &mut out, true);
+        outs.push(b.to_vec(&out));
+        b.column_sum(&x, rows, cols, &mut out, false);
+        outs.push(b.to_vec(&out));
+    }
+    outs
+}
+
+#[test]
+fn reductions_match_cpu() {
+    parity!(reduce_cases, 1e-4, 1e-3);
+}
+
+// ---- layer norm ----
+
+fn layer_norm_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for &(rows, cols) in &[(1usize, 33usize), (70, 300)] {
+        let x = b.tensor(&random(rows * cols, 1).iter().map(|v| 3.0 * v + 1.0).collect::<Vec<_>>());
+        let gamma = b.tensor(&random(cols, 2));
+        let beta = b.tensor(&random(cols, 3));
+        let (mut y, mut mean, mut rstd) = (b.zeros(rows * cols), b.zeros(rows), b.zeros(rows));
+        b.layer_norm(&x, &gamma, &beta, &mut y, &mut mean, &mut rstd, cols, 1e-5);
+        let dy = b.tensor(&random(rows * cols, 4));
+        let mut dx = b.tensor(&random(rows * cols, 5));
+        let (mut dgamma, mut dbeta) = (b.tensor(&random(cols, 6)), b.tensor(&random(cols, 7)));
+        b.layer_norm_backward(&dy, &x, &gamma, &mean, &rstd, &mut dx, &mut dgamma, &mut dbeta, cols, true);
+        outs.extend([y, mean, rstd, dx, dgamma, dbeta].iter().map(|t| b.to_vec(t)));
+    }
+    outs
+}
+
+#[test]
+fn layer_norm_matches_cpu() {
+    parity!(layer_norm_cases, 1e-4, 1e-4);
+}
+
+// ---- softmax and attention masks ----
+
+fn softmax_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    // Plain, wider than a workgroup.
+    let (rows, cols) = (5, 300);
+    let x = b.tensor(&random(rows * cols, 1).iter().map(|v| 5.0 * v).collect::<Vec<_>>());
+    let mut y = b.zeros(rows * cols);
+    b.softmax(&x, &mut y, &SoftmaxRows::plain(rows, cols), None);
+    let mut dx = b.zeros(rows * cols);
+    b.softmax_backward(&y, &b.tensor(&random(rows * cols, 2)), &mut dx, cols, false);
+    outs.extend([b.to_vec(&y), b.to_vec(&dx)]);
+    // Attention rows: batch 2, heads 3, 7 queries and keys, causal and padded.
+    let (batch, heads, t) = (2, 3, 7);
+    let mask = b.ids(&[1, 1, 1, 1, 1, 0, 0, /* item 2 */ 1, 1, 1, 1, 1, 1, 1]);
+    let x = b.tensor(&random(batch * heads * t * t, 3));
+    for causal in [false, true] {
+        let rows = SoftmaxRows { rows: batch * heads * t, cols: t, q_len: t, heads, causal };
+        let mut y = b.zeros(batch * heads * t * t);
+        b.softmax(&x, &mut y, &rows, Some(&mask));
+        outs.push(b.to_vec(&y));
+    }
+    outs
+}
+
+#[test]
+fn softmax_matches_cpu() {
+    parity!(softmax_cases, 1e-5, 1e-6);
+}
+
+// ---- head layout ----
+
+fn heads_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let l = HeadLayout { batch: 2, seq: 5, heads: 3, head_dim: 4, row_stride: 36, col_offset: 12 };
+    let src = b.tensor(&random(2 * 5 * 36, 1));
+    let mut heads = b.zeros(l.len());
+    b.to_heads(&src, &mut heads, &l);
+    let mut back = b.tensor(&random(2 * 5 * 36, 2));
+    b.from_heads(&heads, &mut back, &l, true);
+    vec![b.to_vec(&heads), b.to_vec(&back)]
+}
+
+#[test]
+fn head_layout_matches_cpu() {
+    parity!(heads_cases, 0.0, 0.0);
+}
+
+// ---- embeddings ----
+
+fn embedding_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (vocab, dim, n) = (50, 37, 300); // many repeated ids
+    let ids = TokenIndex::new(b, &random_ids(n, vocab as u32, 1), vocab).unwrap();
+    let table = b.tensor(&random(vocab * dim, 2));
+    let mut out = b.tensor(&random(n * dim, 3));
+    b.embedding(&table, &ids, &mut out, dim, true);
+    let mut dtable = b.tensor(&random(vocab * dim, 4));
+    b.embedding_backward(&b.tensor(&random(n * dim, 5)), &ids, &mut dtable, dim);
+    vec![b.to_vec(&out), b.to_vec(&dtable)]
+}
+
+#[test]
+fn embedding_matches_cpu() {
+    parity!(embedding_cases, 1e-5, 1e-5);
+}
+
+// ---- log-probabilities over full and subset vocabularies ----
+
+fn logprob_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, vocab) = (9, 301);
+    let targets_host = random_ids(rows, vocab as u32, 1);
+    let targets = b.ids(&targets_host);
+    let logits = b.tensor(&random(rows * vocab, 2).iter().map(|v| 4.0 * v).collect::<Vec<_>>());
+    let sets = vec![random_ids(12, vocab as u32, 3), vec![0, 1, 2, 300]];
+    let row_subset = [0, 0, FULL_VOCAB, 1, 1, 1, FULL_VOCAB, 0, 1];
+    let mut outs = Vec::new();
+    for subsets in [VocabSubsets::full(b, rows), VocabSubsets::new(b, vocab, &sets, &row_subset).unwrap()] {
+        let (mut logp, mut lse) = (b.zeros(rows), b.zeros(rows));
+        b.log_softmax_gather(&logits, &targets, &subsets, vocab, &mut logp, &mut lse);
+        let mut dlogits = b.tensor(&random(rows * vocab, 4));
+        let dlogp = b.tensor(&random(rows, 5));
+        b.log_softmax_gather_backward(&logits, &targets, &subsets, vocab, &lse, &dlogp, &mut dlogits, true);
+        outs.extend([b.to_vec(&logp), b.to_vec(&lse), b.to_vec(&dlogits)]);
+    }
+    outs
+}
+
+#[test]
+fn log_softmax_gather_matches_cpu() {
+    parity!(logprob_cases, 1e-5, 1e-5);
+}
+
+// ---- optimiser ----
+
+fn adamw_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let n = 1031;
+    let mut outs = Vec::new();
+    for (max_norm, sumsq) in [(0.0, 9.0), (1.0, 9.0), (1.0, 0.25)] {
+        let (mut p, mut m, mut v) = (b.tensor(&random(n, 1)), b.tensor(&random(n, 2)), b.zeros(n));
+        b.write(&mut v, &random(n, 3).iter().map(|x| x.abs()).collect::<Vec<_>>());
+        let step = AdamWStep { lr: 0.01, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, max_norm };
+        b.adamw(&mut p, &b.tensor(&random(n, 4)), &mut m, &mut v, &b.tensor(&[sumsq]), &step);
+        outs.extend([b.to_vec(&p), b.to_vec(&m), b.to_vec(&v)]);
+    }
+    outs
+}
+
+#[test]
+fn adamw_matches_cpu() {
+    parity!(adamw_cases, 1e-5, 1e-6);
+}
+
+// ---- composites built from the kernels ----
+
+fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for causal in [true, false] {
+        let shape = AttentionShape { batch: 2, seq: 6, heads: 2, head_dim: 5, causal };
+        let c = shape.channels();
+        let mask = b.ids(&[1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
+        let qkv = b.tensor(&random(2 * 6 * 3 * c, 1));
+        let mut attn = Attention::new(b, shape);
+        let mut out = b.zeros(2 * 6 * c);
+        attn.forward(b, &qkv, Some(&mask), &mut out);
+        let mut dqkv = b.zeros(2 * 6 * 3 * c);
+        attn.backward(b, &b.tensor(&random(2 * 6 * c, 2)), &mut dqkv);
+        outs.extend([b.to_vec(&out), b.to_vec(&dqkv)]);
+    }
+    outs
+}
+
+#[test]
+fn attention_matches_cpu() {
+    parity!(attention_cases, 1e-4, 1e-5);
+}
+
+fn cross_entropy_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, vocab) = (7, 97);
+    let targets = b.ids(&random_ids(rows, vocab as u32, 1));
+    let logits = b.tensor(&random(rows * vocab, 2));
+    let sets = vec![vec![3, 5, 8, 13], vec![1, 2, 3]];
+    let subsets = VocabSubsets::new(b, vocab, &sets, &[FULL_VOCAB, 0, 0, 0, 1, 1, 1]).unwrap();
+    let mut ce = CrossEntropy::new(b, rows, vocab);
+    ce.set_weights(b, &[1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0], 0.5);
+    ce.forward(b, &logits, &targets, &subsets);
+    let mut dlogits = b.zeros(rows * vocab);
+    ce.backward(b, &logits, &targets, &subsets, &mut dlogits, false);
+    vec![b.to_vec(&ce.loss), b.to_vec(&ce.logp), b.to_vec(&dlogits)]
+}
+
+#[test]
+fn cross_entropy_matches_cpu() {
+    parity!(cross_entropy_cases, 1e-5, 1e-6);
+}
+
+#[test]
+fn recorded_work_runs_in_program_order_around_writes() {
+    // A write after recorded (unsubmitted) reads must not overtake them.
+    let Some(g) = gpu() else { return };
+    let mut x = g.tensor(&[1.0, 2.0, 3.0]);
+    let mut y = g.zeros(3);
+    g.axpby(1.0, &x, 0.0, &mut y); // y = x, recorded
+    g.write(&mut x, &[10.0, 20.0, 30.0]);
+    g.axpby(1.0, &x, 1.0, &mut y); // y += new x
+    assert_eq!(g.to_vec(&y), vec![11.0, 22.0, 33.0]);
+}
