@@ -1,0 +1,213 @@
+//! Finite-difference checks of every CPU backward. The loss is
+//! L = sum(output * r) for a fixed random r, so the backward is fed dy = r.
+//! Central differences in f32 with the loss summed in f64.
+
+mod common;
+
+use captune::backend::{Backend, Matmul, SoftmaxRows};
+use captune::cpu::CpuBackend;
+use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
+use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::cross_entropy::CrossEntropy;
+use captune::ops::linear::Linear;
+use common::{random, random_ids};
+
+const EPS: f32 = 1e-2;
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// Compares `analytic` with central differences of `loss` at up to 48 coordinates of `x`.
+#[track_caller]
+fn check(what: &str, x: &[f32], analytic: &[f32], mut loss: impl FnMut(&[f32]) -> f64) {
+    assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
+    let step = (x.len() / 48).max(1);
+    let mut x = x.to_vec();
+    for i in (0..x.len()).step_by(step) {
+        let orig = x[i];
+        x[i] = orig + EPS;
+        let up = loss(&x);
+        x[i] = orig - EPS;
+        let down = loss(&x);
+        x[i] = orig;
+        let numeric = ((up - down) / (2.0 * EPS as f64)) as f32;
+        let tol = 2e-3 + 2e-2 * numeric.abs();
+        assert!(
+            (numeric - analytic[i]).abs() <= tol,
+            "{what}: d/dx[{i}] is {} analytically but {numeric} numerically",
+            analytic[i]
+        );
+    }
+}
+
+#[test]
+fn linear_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let l = Linear { rows: 5, inputs: 7, outputs: 3 };
+    let (x, w, bias) = (random(35, 1), random(21, 2), random(3, 3));
+    let r = random(15, 4);
+    let forward = |x: &[f32], w: &[f32], bias: &[f32]| {
+        let mut y = vec![0.0; 15];
+        l.forward(&b, &x.to_vec(), &w.to_vec(), Some(&bias.to_vec()), &mut y);
+        dot(&y, &r)
+    };
+    let (mut dw, mut dbias, mut dx) = (vec![0.0; 21], vec![0.0; 3], vec![0.0; 35]);
+    l.backward(&b, &r, &x, &w, &mut dw, Some(&mut dbias), Some((&mut dx, false)));
+    check("linear dx", &x, &dx, |x| forward(x, &w, &bias));
+    check("linear dW", &w, &dw, |w| forward(&x, w, &bias));
+    check("linear dbias", &bias, &dbias, |bias| forward(&x, &w, bias));
+}
+
+#[test]
+fn transposed_and_batched_matmul_backward_matches_finite_differences() {
+    // C = A^T B^T per batch item; dA = (dC^T B^T)... expressed with the same op.
+    let b = CpuBackend::new();
+    let (batch, m, n, k) = (2, 3, 4, 5);
+    let s = Matmul::batched(batch, m, n, k).trans_a().trans_b();
+    let (a, w, r) = (random(batch * k * m, 1), random(batch * n * k, 2), random(batch * m * n, 3));
+    let forward = |a: &[f32], w: &[f32]| {
+        let mut c = vec![0.0; batch * m * n];
+        b.matmul(&a.to_vec(), &w.to_vec(), &mut c, &s);
+        dot(&c, &r)
+    };
+    // A stored [k, m]: dA = op(B) dC^T... = B^T-as-stored times dC^T: dA[k, m] = B^T[k, n] dC^T[n, m].
+    let mut da = vec![0.0; batch * k * m];
+    b.matmul(&w, &r, &mut da, &Matmul::batched(batch, k, m, n).trans_a().trans_b());
+    // B stored [n, k]: dB[n, k] = dC^T[n, m] A^T[m, k].
+    let mut dw = vec![0.0; batch * n * k];
+    b.matmul(&r, &a, &mut dw, &Matmul::batched(batch, n, k, m).trans_a().trans_b());
+    check("matmul dA", &a, &da, |a| forward(a, &w));
+    check("matmul dB", &w, &dw, |w| forward(&a, w));
+}
+
+#[test]
+fn gelu_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let x: Vec<f32> = random(64, 1).iter().map(|v| 3.0 * v).collect();
+    let r = random(64, 2);
+    let mut dx = vec![0.0; 64];
+    b.gelu_backward(&x, &r, &mut dx, false);
+    check("gelu", &x, &dx, |x| {
+        let mut y = vec![0.0; 64];
+        b.gelu(&x.to_vec(), &mut y);
+        dot(&y, &r)
+    });
+}
+
+#[test]
+fn layer_norm_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (rows, cols) = (4, 9);
+    let x: Vec<f32> = random(rows * cols, 1).iter().map(|v| 2.0 * v + 0.5).collect();
+    let (gamma, beta, r) = (random(cols, 2), random(cols, 3), random(rows * cols, 4));
+    let forward = |x: &[f32], gamma: &[f32], beta: &[f32]| {
+        let (mut y, mut mean, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
+        b.layer_norm(&x.to_vec(), &gamma.to_vec(), &beta.to_vec(), &mut y, &mut mean, &mut rstd, cols, 1e-5);
+        (dot(&y, &r), mean, rstd)
+    };
+    let (_, mean, rstd) = forward(&x, &gamma, &beta);
+    let (mut dx, mut dgamma, mut dbeta) = (vec![0.0; rows * cols], vec![0.0; cols], vec![0.0; cols]);
+    b.layer_norm_backward(&r, &x, &gamma, &mean, &rstd, &mut dx, &mut dgamma, &mut dbeta, cols, false);
+    check("layer norm dx", &x, &dx, |x| forward(x, &gamma, &beta).0);
+    check("layer norm dgamma", &gamma, &dgamma, |g| forward(&x, g, &beta).0);
+    check("layer norm dbeta", &beta, &dbeta, |bt| forward(&x, &gamma, bt).0);
+}
+
+#[test]
+fn masked_softmax_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (heads, t) = (2, 5);
+    let rows = SoftmaxRows { rows: heads * t, cols: t, q_len: t, heads, causal: true };
+    let mask = vec![1, 1, 1, 1, 0];
+    let x = random(heads * t * t, 1);
+    let r = random(heads * t * t, 2);
+    let forward = |x: &[f32]| {
+        let mut y = vec![0.0; x.len()];
+        b.softmax(&x.to_vec(), &mut y, &rows, Some(&mask));
+        y
+    };
+    let y = forward(&x);
+    let mut dx = vec![0.0; x.len()];
+    b.softmax_backward(&y, &r, &mut dx, t, false);
+    check("softmax", &x, &dx, |x| dot(&forward(x), &r));
+}
+
+#[test]
+fn attention_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    for causal in [true, false] {
+        let shape = AttentionShape { batch: 2, seq: 4, heads: 2, head_dim: 3, causal };
+        let c = shape.channels();
+        let mask = vec![1, 1, 1, 0, 1, 1, 1, 1];
+        let qkv = random(2 * 4 * 3 * c, 1);
+        let r = random(2 * 4 * c, 2);
+        let forward = |qkv: &[f32]| {
+            let mut attn = Attention::new(&b, shape);
+            let mut out = vec![0.0; 2 * 4 * c];
+            attn.forward(&b, &qkv.to_vec(), Some(&mask), &mut out);
+            (dot(&out, &r), attn)
+        };
+        let (_, mut attn) = forward(&qkv);
+        let mut dqkv = vec![0.0; qkv.len()];
+        attn.backward(&b, &r, &mut dqkv);
+        check(&format!("attention (causal {causal}) dqkv"), &qkv, &dqkv, |x| forward(x).0);
+    }
+}
+
+#[test]
+fn embedding_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (vocab, dim) = (6, 4);
+    let ids = TokenIndex::new(&b, &[3, 1, 3, 3, 0], vocab).unwrap();
+    let table = random(vocab * dim, 1);
+    let r = random(5 * dim, 2);
+    let mut dtable = vec![0.0; vocab * dim];
+    b.embedding_backward(&r, &ids, &mut dtable, dim);
+    check("embedding", &table, &dtable, |t| {
+        let mut out = vec![0.0; 5 * dim];
+        b.embedding(&t.to_vec(), &ids, &mut out, dim, false);
+        dot(&out, &r)
+    });
+}
+
+#[test]
+fn log_softmax_gather_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (rows, vocab) = (4, 11);
+    let targets = random_ids(rows, vocab as u32, 1);
+    let sets = vec![vec![0, 2, 4, 6], vec![1, 9]];
+    let subsets = VocabSubsets::new(&b, vocab, &sets, &[0, FULL_VOCAB, 1, 0]).unwrap();
+    let logits = random(rows * vocab, 2);
+    let r = random(rows, 3);
+    let forward = |z: &[f32]| {
+        let (mut logp, mut lse) = (vec![0.0; rows], vec![0.0; rows]);
+        b.log_softmax_gather(&z.to_vec(), &targets, &subsets, vocab, &mut logp, &mut lse);
+        (dot(&logp, &r), lse)
+    };
+    let (_, lse) = forward(&logits);
+    let mut dz = vec![0.0; rows * vocab];
+    b.log_softmax_gather_backward(&logits, &targets, &subsets, vocab, &lse, &r, &mut dz, false);
+    check("log-softmax gather", &logits, &dz, |z| forward(z).0);
+}
+
+#[test]
+fn cross_entropy_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (rows, vocab) = (5, 13);
+    let targets = random_ids(rows, vocab as u32, 1);
+    let subsets = VocabSubsets::new(&b, vocab, &[vec![1, 2, 3, 5, 8]], &[0, 0, FULL_VOCAB, 0, 0]).unwrap();
+    let logits = random(rows * vocab, 2);
+    let mut ce = CrossEntropy::new(&b, rows, vocab);
+    ce.set_weights(&b, &[1.0, 1.0, 1.0, 1.0, 0.0], 1.0);
+    let loss = |z: &[f32], ce: &mut CrossEntropy<CpuBackend>| {
+        ce.forward(&b, &z.to_vec(), &targets, &subsets);
+        ce.read_loss(&b) as f64
+    };
+    loss(&logits, &mut ce);
+    let mut dz = vec![0.0; rows * vocab];
+    ce.backward(&b, &logits, &targets, &subsets, &mut dz, false);
+    let mut probe = CrossEntropy::new(&b, rows, vocab);
+    probe.set_weights(&b, &[1.0, 1.0, 1.0, 1.0, 0.0], 1.0);
+    check("cross-entropy", &logits, &dz, |z| loss(z, &mut probe));
+}
