@@ -12,7 +12,7 @@ struct Params {
     head_dim: u32,
     row_stride: u32,
     col_offset: u32,
-    accumulate: u32, // from_heads: 1 = add to the token-major destination
+    accumulate: u32, // heads_to_tokens: 1 = add to the token-major destination
     _pad: u32,
 }
 
@@ -34,7 +34,7 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 }
 
 @compute @workgroup_size(256)
-fn to_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn tokens_to_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.batch * p.heads * p.seq * p.head_dim) {
@@ -43,7 +43,7 @@ fn to_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
 }
 
 @compute @workgroup_size(256)
-fn from_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn heads_to_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.batch * p.heads * p.seq * p.head_dim) {

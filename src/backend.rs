@@ -152,7 +152,13 @@ pub struct SoftmaxRows {
 
 impl SoftmaxRows {
     pub fn plain(rows: usize, cols: usize) -> Self {
-        SoftmaxRows { rows, cols, q_len: rows.max(1), heads: 1, causal: false }
+        SoftmaxRows {
+            rows,
+            cols,
+            q_len: rows.max(1),
+            heads: 1,
+            causal: false,
+        }
     }
 }
 
@@ -228,14 +234,27 @@ pub trait Backend {
     /// y = alpha * x + beta * y (beta = 0: a copy; y is not read).
     fn axpby(&self, alpha: f32, x: &Self::Tensor, beta: f32, y: &mut Self::Tensor);
     /// out = alpha * a + beta * b
-    fn add(&self, alpha: f32, a: &Self::Tensor, beta: f32, b: &Self::Tensor, out: &mut Self::Tensor);
+    fn add(
+        &self,
+        alpha: f32,
+        a: &Self::Tensor,
+        beta: f32,
+        b: &Self::Tensor,
+        out: &mut Self::Tensor,
+    );
     /// out = alpha * a * b
     fn mul(&self, alpha: f32, a: &Self::Tensor, b: &Self::Tensor, out: &mut Self::Tensor);
     /// y[r, c] += bias[c] for a row-major y with `bias.len()` columns.
     fn add_bias(&self, y: &mut Self::Tensor, bias: &Self::Tensor);
     /// GELU, tanh approximation.
     fn gelu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
-    fn gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor, accumulate: bool);
+    fn gelu_backward(
+        &self,
+        x: &Self::Tensor,
+        dy: &Self::Tensor,
+        dx: &mut Self::Tensor,
+        accumulate: bool,
+    );
 
     // ---- matmul ----
     fn matmul(&self, a: &Self::Tensor, b: &Self::Tensor, c: &mut Self::Tensor, shape: &Matmul);
@@ -244,7 +263,14 @@ pub trait Backend {
     /// out[out_index] = the reduction of all of x.
     fn reduce(&self, x: &Self::Tensor, op: Reduce, out: &mut Self::Tensor, out_index: usize);
     /// out[c] (+)= sum over rows of x[r, c]: the bias gradient.
-    fn column_sum(&self, x: &Self::Tensor, rows: usize, cols: usize, out: &mut Self::Tensor, accumulate: bool);
+    fn column_sum(
+        &self,
+        x: &Self::Tensor,
+        rows: usize,
+        cols: usize,
+        out: &mut Self::Tensor,
+        accumulate: bool,
+    );
 
     // ---- layer norm ----
     /// y = (x - mean) * rstd * gamma + beta per row; saves mean and rstd per row.
@@ -277,24 +303,54 @@ pub trait Backend {
     );
 
     // ---- softmax (with attention masks) ----
-    fn softmax(&self, x: &Self::Tensor, y: &mut Self::Tensor, rows: &SoftmaxRows, key_mask: Option<&Self::Ids>);
+    fn softmax(
+        &self,
+        x: &Self::Tensor,
+        y: &mut Self::Tensor,
+        rows: &SoftmaxRows,
+        key_mask: Option<&Self::Ids>,
+    );
     /// dx (+)= y * (dy - sum(dy * y)) per row of `cols`.
-    fn softmax_backward(&self, y: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor, cols: usize, accumulate: bool);
+    fn softmax_backward(
+        &self,
+        y: &Self::Tensor,
+        dy: &Self::Tensor,
+        dx: &mut Self::Tensor,
+        cols: usize,
+        accumulate: bool,
+    );
 
     // ---- attention head layout ----
     /// Token-major (strided) to head-major.
-    fn to_heads(&self, src: &Self::Tensor, dst: &mut Self::Tensor, layout: &HeadLayout);
+    fn tokens_to_heads(&self, src: &Self::Tensor, dst: &mut Self::Tensor, layout: &HeadLayout);
     /// Head-major to token-major (strided), optionally adding.
-    fn from_heads(&self, src: &Self::Tensor, dst: &mut Self::Tensor, layout: &HeadLayout, accumulate: bool);
+    fn heads_to_tokens(
+        &self,
+        src: &Self::Tensor,
+        dst: &mut Self::Tensor,
+        layout: &HeadLayout,
+        accumulate: bool,
+    );
 
     // ---- embeddings ----
     /// out[i, :] (+)= table[ids[i], :]
-    fn embedding(&self, table: &Self::Tensor, ids: &TokenIndex<Self>, out: &mut Self::Tensor, dim: usize, accumulate: bool)
-    where
+    fn embedding(
+        &self,
+        table: &Self::Tensor,
+        ids: &TokenIndex<Self>,
+        out: &mut Self::Tensor,
+        dim: usize,
+        accumulate: bool,
+    ) where
         Self: Sized;
     /// dtable[v, :] += sum of dout[i, :] over the i with ids[i] = v, in order of i.
-    fn embedding_backward(&self, dout: &Self::Tensor, ids: &TokenIndex<Self>, dtable: &mut Self::Tensor, dim: usize)
-    where
+    fn embedding_backward(
+        &self,
+        dout: &Self::Tensor,
+        ids: &TokenIndex<Self>,
+        dtable: &mut Self::Tensor,
+        dim: usize,
+    ) where
         Self: Sized;
 
     // ---- log-probabilities of given tokens ----

@@ -39,7 +39,14 @@ impl std::fmt::Display for BenchRecord {
             (_, Some(g)) => format!("{g:9.1} GB/s"),
             _ => String::new(),
         };
-        write!(f, "{:<4} {:<8} {:<16} {rate}  ({:.3} ms)", self.backend, self.op, shape, self.seconds * 1e3)
+        write!(
+            f,
+            "{:<4} {:<8} {:<16} {rate}  ({:.3} ms)",
+            self.backend,
+            self.op,
+            shape,
+            self.seconds * 1e3
+        )
     }
 }
 
@@ -73,7 +80,9 @@ impl Timer for GpuBackend {
 fn seconds_per_op<B: Timer>(b: &B, f: &mut dyn FnMut()) -> f64 {
     let once = b.time_reps(1, f).as_secs_f64().max(1e-7);
     let reps = ((0.1 / once) as usize).clamp(1, 200);
-    let mut samples: Vec<f64> = (0..5).map(|_| b.time_reps(reps, f).as_secs_f64() / reps as f64).collect();
+    let mut samples: Vec<f64> = (0..5)
+        .map(|_| b.time_reps(reps, f).as_secs_f64() / reps as f64)
+        .collect();
     samples.sort_by(f64::total_cmp);
     samples[2]
 }
@@ -85,7 +94,12 @@ fn random(len: usize, seed: u64) -> Vec<f32> {
 
 /// Square matmuls of each size, then one elementwise op (y = a x + b y over
 /// `elementwise_len` floats: 12 bytes per element moved).
-pub fn kernels<B: Timer>(b: &B, sizes: &[usize], elementwise_len: usize, mut report: impl FnMut(&BenchRecord)) {
+pub fn kernels<B: Timer>(
+    b: &B,
+    sizes: &[usize],
+    elementwise_len: usize,
+    mut report: impl FnMut(&BenchRecord),
+) {
     let adapter = b.adapter_name();
     for &size in sizes {
         let x = b.tensor(&random(size * size, 1));

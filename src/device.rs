@@ -17,6 +17,7 @@ pub enum DeviceChoice {
 
 /// Either backend, chosen at run time. Generic code runs on it through
 /// [`with_backend!`](crate::with_backend).
+#[allow(clippy::large_enum_variant)] // one per process: boxing would only add a deref
 pub enum AnyBackend {
     Cpu(CpuBackend),
     Gpu(GpuBackend),
@@ -48,10 +49,17 @@ pub fn select(choice: DeviceChoice) -> Result<Selection> {
                 bail!(no_adapter_message(backends));
             };
             let info = found.get_info();
-            let kind = if adapter::is_hardware(&info) { "hardware" } else { "software" };
+            let kind = if adapter::is_hardware(&info) {
+                "hardware"
+            } else {
+                "software"
+            };
             let backend = GpuBackend::new(&found)?;
             Ok(Selection {
-                reason: format!("--device gpu: best adapter is {kind}: {}", crate::gpu::describe(&info)),
+                reason: format!(
+                    "--device gpu: best adapter is {kind}: {}",
+                    crate::gpu::describe(&info)
+                ),
                 backend: AnyBackend::Gpu(backend),
             })
         }
@@ -65,7 +73,10 @@ pub fn select(choice: DeviceChoice) -> Result<Selection> {
                             reason: format!("hardware GPU found: {}", crate::gpu::describe(&info)),
                             backend: AnyBackend::Gpu(backend),
                         }),
-                        Err(e) => Ok(cpu(format!("hardware GPU {} could not be opened ({e:#})", info.name))),
+                        Err(e) => Ok(cpu(format!(
+                            "hardware GPU {} could not be opened ({e:#})",
+                            info.name
+                        ))),
                     }
                 }
                 None => match found.first() {
@@ -82,7 +93,10 @@ pub fn select(choice: DeviceChoice) -> Result<Selection> {
 }
 
 fn cpu(reason: String) -> Selection {
-    Selection { backend: AnyBackend::Cpu(CpuBackend::new()), reason }
+    Selection {
+        backend: AnyBackend::Cpu(CpuBackend::new()),
+        reason,
+    }
 }
 
 fn no_adapter_message(backends: wgpu::Backends) -> String {

@@ -10,14 +10,26 @@ pub const FULL_VOCAB: u32 = u32::MAX;
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum IndexError {
     #[error("token id {id} at position {position} is outside the vocabulary of {vocab} tokens")]
-    TokenOutOfRange { id: u32, position: usize, vocab: usize },
+    TokenOutOfRange {
+        id: u32,
+        position: usize,
+        vocab: usize,
+    },
     #[error("row {row} names vocabulary subset {subset}, but only {count} subsets were given")]
-    NoSuchSubset { row: usize, subset: u32, count: usize },
+    NoSuchSubset {
+        row: usize,
+        subset: u32,
+        count: usize,
+    },
 }
 
 fn check_ids(ids: &[u32], vocab: usize) -> Result<(), IndexError> {
     match ids.iter().position(|&id| id as usize >= vocab) {
-        Some(position) => Err(IndexError::TokenOutOfRange { id: ids[position], position, vocab }),
+        Some(position) => Err(IndexError::TokenOutOfRange {
+            id: ids[position],
+            position,
+            vocab,
+        }),
         None => Ok(()),
     }
 }
@@ -87,12 +99,21 @@ pub struct VocabSubsets<B: Backend> {
 impl<B: Backend> VocabSubsets<B> {
     /// Every row over the whole vocabulary (plain cross-entropy).
     pub fn full(backend: &B, rows: usize) -> Self {
-        VocabSubsets { row_subset: backend.ids(&vec![FULL_VOCAB; rows]), bits: backend.ids(&[0]), words: 1 }
+        VocabSubsets {
+            row_subset: backend.ids(&vec![FULL_VOCAB; rows]),
+            bits: backend.ids(&[0]),
+            words: 1,
+        }
     }
 
     /// `subsets[s]` lists the token ids of subset s; `row_subset[r]` picks a
     /// subset for row r, or is [`FULL_VOCAB`].
-    pub fn new(backend: &B, vocab: usize, subsets: &[Vec<u32>], row_subset: &[u32]) -> Result<Self, IndexError> {
+    pub fn new(
+        backend: &B,
+        vocab: usize,
+        subsets: &[Vec<u32>],
+        row_subset: &[u32],
+    ) -> Result<Self, IndexError> {
         let words = vocab.div_ceil(32).max(1);
         let mut bits = vec![0u32; (subsets.len() * words).max(1)];
         for (s, ids) in subsets.iter().enumerate() {
@@ -103,19 +124,84 @@ impl<B: Backend> VocabSubsets<B> {
         }
         for (row, &subset) in row_subset.iter().enumerate() {
             if subset != FULL_VOCAB && subset as usize >= subsets.len() {
-                return Err(IndexError::NoSuchSubset { row, subset, count: subsets.len() });
+                return Err(IndexError::NoSuchSubset {
+                    row,
+                    subset,
+                    count: subsets.len(),
+                });
             }
         }
-        Ok(VocabSubsets { row_subset: backend.ids(row_subset), bits: backend.ids(&bits), words })
+        Ok(VocabSubsets {
+            row_subset: backend.ids(row_subset),
+            bits: backend.ids(&bits),
+            words,
+        })
     }
 }
 
 /// Whether token j takes part in row r's softmax (the CPU twin of
 /// `allowed` in `shaders/logprob.wgsl`).
-pub fn allowed(row_subset: &[u32], bits: &[u32], words: usize, targets: &[u32], row: usize, j: usize) -> bool {
+pub fn allowed(
+    row_subset: &[u32],
+    bits: &[u32],
+    words: usize,
+    targets: &[u32],
+    row: usize,
+    j: usize,
+) -> bool {
     let set = row_subset[row];
     if set == FULL_VOCAB || j == targets[row] as usize {
         return true;
     }
     (bits[set as usize * words + j / 32] >> (j % 32)) & 1 != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::CpuBackend;
+
+    #[test]
+    fn token_index_groups_positions_by_id_in_order() {
+        let idx = TokenIndex::new(&CpuBackend, &[4, 1, 4, 0, 1, 4], 5).unwrap();
+        assert_eq!(idx.unique, vec![0, 1, 4]);
+        assert_eq!(idx.offsets, vec![0, 1, 3, 6]);
+        assert_eq!(idx.order, vec![3, 1, 4, 0, 2, 5]);
+        assert_eq!((idx.len(), idx.unique_len()), (6, 3));
+    }
+
+    #[test]
+    fn out_of_range_tokens_and_subsets_are_named() {
+        let err = TokenIndex::new(&CpuBackend, &[1, 7], 5).err().unwrap();
+        assert_eq!(
+            err,
+            IndexError::TokenOutOfRange {
+                id: 7,
+                position: 1,
+                vocab: 5
+            }
+        );
+        assert!(err.to_string().contains("token id 7 at position 1"));
+        let err = VocabSubsets::new(&CpuBackend, 5, &[vec![1]], &[0, 3])
+            .err()
+            .unwrap();
+        assert_eq!(
+            err,
+            IndexError::NoSuchSubset {
+                row: 1,
+                subset: 3,
+                count: 1
+            }
+        );
+    }
+
+    #[test]
+    fn subsets_always_admit_the_target() {
+        let s = VocabSubsets::new(&CpuBackend, 40, &[vec![2, 33]], &[0, FULL_VOCAB]).unwrap();
+        let targets = [5, 6];
+        let ok = |row, j| allowed(&s.row_subset, &s.bits, s.words, &targets, row, j);
+        assert!(ok(0, 2) && ok(0, 33) && ok(0, 5));
+        assert!(!ok(0, 6) && !ok(0, 32));
+        assert!((0..40).all(|j| ok(1, j)));
+    }
 }

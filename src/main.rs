@@ -12,7 +12,13 @@ struct Cli {
     /// What runs the ops: auto (a hardware GPU if there is one, else the CPU),
     /// gpu (any GPU adapter, software ones included) or cpu. `bench` takes a
     /// comma-separated list, e.g. cpu,gpu.
-    #[arg(long, global = true, env = "CAPTUNE_DEVICE", value_delimiter = ',', default_value = "auto")]
+    #[arg(
+        long,
+        global = true,
+        env = "CAPTUNE_DEVICE",
+        value_delimiter = ',',
+        default_value = "auto"
+    )]
     device: Vec<DeviceChoice>,
 
     #[command(subcommand)]
@@ -61,14 +67,24 @@ fn main() {
 fn single_device(devices: &[DeviceChoice]) -> Result<DeviceChoice> {
     match devices {
         [one] => Ok(*one),
-        _ => bail!("--device takes one of auto, gpu, cpu for this command (got {} values)", devices.len()),
+        _ => bail!(
+            "--device takes one of auto, gpu, cpu for this command (got {} values)",
+            devices.len()
+        ),
     }
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { json } => info(single_device(&cli.device)?, json),
-        Command::Bench { what: BenchCommand::Kernels { json, sizes, elementwise_len } } => {
+        Command::Bench {
+            what:
+                BenchCommand::Kernels {
+                    json,
+                    sizes,
+                    elementwise_len,
+                },
+        } => {
             let mut records = Vec::new();
             for &choice in &cli.device {
                 let selection = device::select(choice)?;
@@ -94,9 +110,12 @@ fn run(cli: Cli) -> Result<()> {
 
 fn info(choice: DeviceChoice, json: bool) -> Result<()> {
     let selection = device::select(choice)?;
-    let reports: Vec<AdapterReport> =
-        adapter::adapters(adapter::backends_from_env()?).iter().map(AdapterReport::new).collect();
-    let (kind, name) = captune::with_backend!(&selection.backend, b => (b.kind(), b.adapter_name()));
+    let reports: Vec<AdapterReport> = adapter::adapters(adapter::backends_from_env()?)
+        .iter()
+        .map(AdapterReport::new)
+        .collect();
+    let (kind, name) =
+        captune::with_backend!(&selection.backend, b => (b.kind(), b.adapter_name()));
     if json {
         let value = serde_json::json!({
             "backend": kind,
@@ -110,9 +129,15 @@ fn info(choice: DeviceChoice, json: bool) -> Result<()> {
     }
     println!("captune {}", env!("CARGO_PKG_VERSION"));
     println!("{selection}");
-    println!("CPU: {} ({} threads)", captune::cpu::cpu_model_name(), rayon::current_num_threads());
+    println!(
+        "CPU: {} ({} threads)",
+        captune::cpu::cpu_model_name(),
+        rayon::current_num_threads()
+    );
     if reports.is_empty() {
-        println!("GPU adapters: none (install a Vulkan driver, e.g. mesa-vulkan-drivers, for the GPU backend)");
+        println!(
+            "GPU adapters: none (install a Vulkan driver, e.g. mesa-vulkan-drivers, for the GPU backend)"
+        );
     }
     for (i, r) in reports.iter().enumerate() {
         println!("GPU adapter {i}:\n{r}");

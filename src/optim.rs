@@ -18,7 +18,14 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { lr: 1e-3, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01, max_grad_norm: Some(1.0) }
+        AdamWConfig {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: Some(1.0),
+        }
     }
 }
 
@@ -53,7 +60,10 @@ impl<B: Backend> AdamW<B> {
 
     /// Updates every parameter from its gradient (same order as in `new`).
     pub fn step(&mut self, b: &B, params: &mut [&mut B::Tensor], grads: &[&B::Tensor]) {
-        assert!(params.len() == self.m.len() && grads.len() == self.m.len(), "AdamW: one gradient per parameter");
+        assert!(
+            params.len() == self.m.len() && grads.len() == self.m.len(),
+            "AdamW: one gradient per parameter"
+        );
         self.step += 1;
         for (i, g) in grads.iter().enumerate() {
             b.reduce(g, Reduce::SumSquares, &mut self.norm_slots, i);
@@ -65,11 +75,22 @@ impl<B: Backend> AdamW<B> {
                 beta1: self.config.beta1,
                 beta2: self.config.beta2,
                 eps: self.config.eps,
-                weight_decay: if self.decays[i] { self.config.weight_decay } else { 0.0 },
+                weight_decay: if self.decays[i] {
+                    self.config.weight_decay
+                } else {
+                    0.0
+                },
                 t: self.step,
                 max_norm: self.config.max_grad_norm.unwrap_or(0.0),
             };
-            b.adamw(params[i], grads[i], &mut self.m[i], &mut self.v[i], &self.grad_sumsq, &s);
+            b.adamw(
+                params[i],
+                grads[i],
+                &mut self.m[i],
+                &mut self.v[i],
+                &self.grad_sumsq,
+                &s,
+            );
         }
     }
 

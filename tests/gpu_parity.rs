@@ -20,7 +20,13 @@ macro_rules! parity {
         let got = $case(&g);
         assert_eq!(got.len(), want.len());
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-            assert_close(&format!("{} output {i}", stringify!($case)), got, want, $rtol, $atol);
+            assert_close(
+                &format!("{} output {i}", stringify!($case)),
+                got,
+                want,
+                $rtol,
+                $atol,
+            );
         }
     }};
 }
@@ -31,7 +37,12 @@ macro_rules! parity {
 /// odd sizes that straddle 64- and 128-wide tiles.
 fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
-    for &(batch, m, n, k) in &[(1, 1, 1, 1), (1, 37, 53, 29), (3, 65, 130, 67), (1, 129, 7, 300)] {
+    for &(batch, m, n, k) in &[
+        (1, 1, 1, 1),
+        (1, 37, 53, 29),
+        (3, 65, 130, 67),
+        (1, 129, 7, 300),
+    ] {
         for trans_a in [false, true] {
             for trans_b in [false, true] {
                 let mut s = Matmul::batched(batch, m, n, k).alpha(0.75);
@@ -123,7 +134,10 @@ fn reduce_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     for &n in &[1usize, 1000, 300_001] {
         let x = b.tensor(&random(n, n as u64));
         let mut out = b.tensor(&[7.0; 4]);
-        for (i, op) in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::SumSquares].into_iter().enumerate() {
+        for (i, op) in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::SumSquares]
+            .into_iter()
+            .enumerate()
+        {
             b.reduce(&x, op, &mut out, i);
         }
         outs.push(b.to_vec(&out));
@@ -149,7 +163,12 @@ fn reductions_match_cpu() {
 fn layer_norm_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     for &(rows, cols) in &[(1usize, 33usize), (70, 300)] {
-        let x = b.tensor(&random(rows * cols, 1).iter().map(|v| 3.0 * v + 1.0).collect::<Vec<_>>());
+        let x = b.tensor(
+            &random(rows * cols, 1)
+                .iter()
+                .map(|v| 3.0 * v + 1.0)
+                .collect::<Vec<_>>(),
+        );
         let gamma = b.tensor(&random(cols, 2));
         let beta = b.tensor(&random(cols, 3));
         let (mut y, mut mean, mut rstd) = (b.zeros(rows * cols), b.zeros(rows), b.zeros(rows));
@@ -157,8 +176,23 @@ fn layer_norm_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
         let dy = b.tensor(&random(rows * cols, 4));
         let mut dx = b.tensor(&random(rows * cols, 5));
         let (mut dgamma, mut dbeta) = (b.tensor(&random(cols, 6)), b.tensor(&random(cols, 7)));
-        b.layer_norm_backward(&dy, &x, &gamma, &mean, &rstd, &mut dx, &mut dgamma, &mut dbeta, cols, true);
-        outs.extend([y, mean, rstd, dx, dgamma, dbeta].iter().map(|t| b.to_vec(t)));
+        b.layer_norm_backward(
+            &dy,
+            &x,
+            &gamma,
+            &mean,
+            &rstd,
+            &mut dx,
+            &mut dgamma,
+            &mut dbeta,
+            cols,
+            true,
+        );
+        outs.extend(
+            [y, mean, rstd, dx, dgamma, dbeta]
+                .iter()
+                .map(|t| b.to_vec(t)),
+        );
     }
     outs
 }
@@ -174,7 +208,12 @@ fn softmax_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     // Plain, wider than a workgroup.
     let (rows, cols) = (5, 300);
-    let x = b.tensor(&random(rows * cols, 1).iter().map(|v| 5.0 * v).collect::<Vec<_>>());
+    let x = b.tensor(
+        &random(rows * cols, 1)
+            .iter()
+            .map(|v| 5.0 * v)
+            .collect::<Vec<_>>(),
+    );
     let mut y = b.zeros(rows * cols);
     b.softmax(&x, &mut y, &SoftmaxRows::plain(rows, cols), None);
     let mut dx = b.zeros(rows * cols);
@@ -185,7 +224,13 @@ fn softmax_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mask = b.ids(&[1, 1, 1, 1, 1, 0, 0, /* item 2 */ 1, 1, 1, 1, 1, 1, 1]);
     let x = b.tensor(&random(batch * heads * t * t, 3));
     for causal in [false, true] {
-        let rows = SoftmaxRows { rows: batch * heads * t, cols: t, q_len: t, heads, causal };
+        let rows = SoftmaxRows {
+            rows: batch * heads * t,
+            cols: t,
+            q_len: t,
+            heads,
+            causal,
+        };
         let mut y = b.zeros(batch * heads * t * t);
         b.softmax(&x, &mut y, &rows, Some(&mask));
         outs.push(b.to_vec(&y));
@@ -201,12 +246,19 @@ fn softmax_matches_cpu() {
 // ---- head layout ----
 
 fn heads_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
-    let l = HeadLayout { batch: 2, seq: 5, heads: 3, head_dim: 4, row_stride: 36, col_offset: 12 };
+    let l = HeadLayout {
+        batch: 2,
+        seq: 5,
+        heads: 3,
+        head_dim: 4,
+        row_stride: 36,
+        col_offset: 12,
+    };
     let src = b.tensor(&random(2 * 5 * 36, 1));
     let mut heads = b.zeros(l.len());
-    b.to_heads(&src, &mut heads, &l);
+    b.tokens_to_heads(&src, &mut heads, &l);
     let mut back = b.tensor(&random(2 * 5 * 36, 2));
-    b.from_heads(&heads, &mut back, &l, true);
+    b.heads_to_tokens(&heads, &mut back, &l, true);
     vec![b.to_vec(&heads), b.to_vec(&back)]
 }
 
@@ -239,16 +291,33 @@ fn logprob_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let (rows, vocab) = (9, 301);
     let targets_host = random_ids(rows, vocab as u32, 1);
     let targets = b.ids(&targets_host);
-    let logits = b.tensor(&random(rows * vocab, 2).iter().map(|v| 4.0 * v).collect::<Vec<_>>());
+    let logits = b.tensor(
+        &random(rows * vocab, 2)
+            .iter()
+            .map(|v| 4.0 * v)
+            .collect::<Vec<_>>(),
+    );
     let sets = vec![random_ids(12, vocab as u32, 3), vec![0, 1, 2, 300]];
     let row_subset = [0, 0, FULL_VOCAB, 1, 1, 1, FULL_VOCAB, 0, 1];
     let mut outs = Vec::new();
-    for subsets in [VocabSubsets::full(b, rows), VocabSubsets::new(b, vocab, &sets, &row_subset).unwrap()] {
+    for subsets in [
+        VocabSubsets::full(b, rows),
+        VocabSubsets::new(b, vocab, &sets, &row_subset).unwrap(),
+    ] {
         let (mut logp, mut lse) = (b.zeros(rows), b.zeros(rows));
         b.log_softmax_gather(&logits, &targets, &subsets, vocab, &mut logp, &mut lse);
         let mut dlogits = b.tensor(&random(rows * vocab, 4));
         let dlogp = b.tensor(&random(rows, 5));
-        b.log_softmax_gather_backward(&logits, &targets, &subsets, vocab, &lse, &dlogp, &mut dlogits, true);
+        b.log_softmax_gather_backward(
+            &logits,
+            &targets,
+            &subsets,
+            vocab,
+            &lse,
+            &dlogp,
+            &mut dlogits,
+            true,
+        );
         outs.extend([b.to_vec(&logp), b.to_vec(&lse), b.to_vec(&dlogits)]);
     }
     outs
@@ -266,9 +335,27 @@ fn adamw_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     for (max_norm, sumsq) in [(0.0, 9.0), (1.0, 9.0), (1.0, 0.25)] {
         let (mut p, mut m, mut v) = (b.tensor(&random(n, 1)), b.tensor(&random(n, 2)), b.zeros(n));
-        b.write(&mut v, &random(n, 3).iter().map(|x| x.abs()).collect::<Vec<_>>());
-        let step = AdamWStep { lr: 0.01, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, t: 3, max_norm };
-        b.adamw(&mut p, &b.tensor(&random(n, 4)), &mut m, &mut v, &b.tensor(&[sumsq]), &step);
+        b.write(
+            &mut v,
+            &random(n, 3).iter().map(|x| x.abs()).collect::<Vec<_>>(),
+        );
+        let step = AdamWStep {
+            lr: 0.01,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            t: 3,
+            max_norm,
+        };
+        b.adamw(
+            &mut p,
+            &b.tensor(&random(n, 4)),
+            &mut m,
+            &mut v,
+            &b.tensor(&[sumsq]),
+            &step,
+        );
         outs.extend([b.to_vec(&p), b.to_vec(&m), b.to_vec(&v)]);
     }
     outs
@@ -284,7 +371,13 @@ fn adamw_matches_cpu() {
 fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     for causal in [true, false] {
-        let shape = AttentionShape { batch: 2, seq: 6, heads: 2, head_dim: 5, causal };
+        let shape = AttentionShape {
+            batch: 2,
+            seq: 6,
+            heads: 2,
+            head_dim: 5,
+            causal,
+        };
         let c = shape.channels();
         let mask = b.ids(&[1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
         let qkv = b.tensor(&random(2 * 6 * 3 * c, 1));

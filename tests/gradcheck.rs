@@ -44,7 +44,11 @@ fn check(what: &str, x: &[f32], analytic: &[f32], mut loss: impl FnMut(&[f32]) -
 #[test]
 fn linear_backward_matches_finite_differences() {
     let b = CpuBackend::new();
-    let l = Linear { rows: 5, inputs: 7, outputs: 3 };
+    let l = Linear {
+        rows: 5,
+        inputs: 7,
+        outputs: 3,
+    };
     let (x, w, bias) = (random(35, 1), random(21, 2), random(3, 3));
     let r = random(15, 4);
     let forward = |x: &[f32], w: &[f32], bias: &[f32]| {
@@ -53,7 +57,15 @@ fn linear_backward_matches_finite_differences() {
         dot(&y, &r)
     };
     let (mut dw, mut dbias, mut dx) = (vec![0.0; 21], vec![0.0; 3], vec![0.0; 35]);
-    l.backward(&b, &r, &x, &w, &mut dw, Some(&mut dbias), Some((&mut dx, false)));
+    l.backward(
+        &b,
+        &r,
+        &x,
+        &w,
+        &mut dw,
+        Some(&mut dbias),
+        Some((&mut dx, false)),
+    );
     check("linear dx", &x, &dx, |x| forward(x, &w, &bias));
     check("linear dW", &w, &dw, |w| forward(&x, w, &bias));
     check("linear dbias", &bias, &dbias, |bias| forward(&x, &w, bias));
@@ -65,7 +77,11 @@ fn transposed_and_batched_matmul_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (batch, m, n, k) = (2, 3, 4, 5);
     let s = Matmul::batched(batch, m, n, k).trans_a().trans_b();
-    let (a, w, r) = (random(batch * k * m, 1), random(batch * n * k, 2), random(batch * m * n, 3));
+    let (a, w, r) = (
+        random(batch * k * m, 1),
+        random(batch * n * k, 2),
+        random(batch * m * n, 3),
+    );
     let forward = |a: &[f32], w: &[f32]| {
         let mut c = vec![0.0; batch * m * n];
         b.matmul(&a.to_vec(), &w.to_vec(), &mut c, &s);
@@ -73,10 +89,20 @@ fn transposed_and_batched_matmul_backward_matches_finite_differences() {
     };
     // A stored [k, m]: dA = op(B) dC^T... = B^T-as-stored times dC^T: dA[k, m] = B^T[k, n] dC^T[n, m].
     let mut da = vec![0.0; batch * k * m];
-    b.matmul(&w, &r, &mut da, &Matmul::batched(batch, k, m, n).trans_a().trans_b());
+    b.matmul(
+        &w,
+        &r,
+        &mut da,
+        &Matmul::batched(batch, k, m, n).trans_a().trans_b(),
+    );
     // B stored [n, k]: dB[n, k] = dC^T[n, m] A^T[m, k].
     let mut dw = vec![0.0; batch * n * k];
-    b.matmul(&r, &a, &mut dw, &Matmul::batched(batch, n, k, m).trans_a().trans_b());
+    b.matmul(
+        &r,
+        &a,
+        &mut dw,
+        &Matmul::batched(batch, n, k, m).trans_a().trans_b(),
+    );
     check("matmul dA", &a, &da, |a| forward(a, &w));
     check("matmul dB", &w, &dw, |w| forward(&a, w));
 }
@@ -99,26 +125,61 @@ fn gelu_backward_matches_finite_differences() {
 fn layer_norm_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (rows, cols) = (4, 9);
-    let x: Vec<f32> = random(rows * cols, 1).iter().map(|v| 2.0 * v + 0.5).collect();
+    let x: Vec<f32> = random(rows * cols, 1)
+        .iter()
+        .map(|v| 2.0 * v + 0.5)
+        .collect();
     let (gamma, beta, r) = (random(cols, 2), random(cols, 3), random(rows * cols, 4));
     let forward = |x: &[f32], gamma: &[f32], beta: &[f32]| {
-        let (mut y, mut mean, mut rstd) = (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
-        b.layer_norm(&x.to_vec(), &gamma.to_vec(), &beta.to_vec(), &mut y, &mut mean, &mut rstd, cols, 1e-5);
+        let (mut y, mut mean, mut rstd) =
+            (vec![0.0; rows * cols], vec![0.0; rows], vec![0.0; rows]);
+        b.layer_norm(
+            &x.to_vec(),
+            &gamma.to_vec(),
+            &beta.to_vec(),
+            &mut y,
+            &mut mean,
+            &mut rstd,
+            cols,
+            1e-5,
+        );
         (dot(&y, &r), mean, rstd)
     };
     let (_, mean, rstd) = forward(&x, &gamma, &beta);
-    let (mut dx, mut dgamma, mut dbeta) = (vec![0.0; rows * cols], vec![0.0; cols], vec![0.0; cols]);
-    b.layer_norm_backward(&r, &x, &gamma, &mean, &rstd, &mut dx, &mut dgamma, &mut dbeta, cols, false);
+    let (mut dx, mut dgamma, mut dbeta) =
+        (vec![0.0; rows * cols], vec![0.0; cols], vec![0.0; cols]);
+    b.layer_norm_backward(
+        &r,
+        &x,
+        &gamma,
+        &mean,
+        &rstd,
+        &mut dx,
+        &mut dgamma,
+        &mut dbeta,
+        cols,
+        false,
+    );
     check("layer norm dx", &x, &dx, |x| forward(x, &gamma, &beta).0);
-    check("layer norm dgamma", &gamma, &dgamma, |g| forward(&x, g, &beta).0);
-    check("layer norm dbeta", &beta, &dbeta, |bt| forward(&x, &gamma, bt).0);
+    check("layer norm dgamma", &gamma, &dgamma, |g| {
+        forward(&x, g, &beta).0
+    });
+    check("layer norm dbeta", &beta, &dbeta, |bt| {
+        forward(&x, &gamma, bt).0
+    });
 }
 
 #[test]
 fn masked_softmax_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (heads, t) = (2, 5);
-    let rows = SoftmaxRows { rows: heads * t, cols: t, q_len: t, heads, causal: true };
+    let rows = SoftmaxRows {
+        rows: heads * t,
+        cols: t,
+        q_len: t,
+        heads,
+        causal: true,
+    };
     let mask = vec![1, 1, 1, 1, 0];
     let x = random(heads * t * t, 1);
     let r = random(heads * t * t, 2);
@@ -137,7 +198,13 @@ fn masked_softmax_backward_matches_finite_differences() {
 fn attention_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     for causal in [true, false] {
-        let shape = AttentionShape { batch: 2, seq: 4, heads: 2, head_dim: 3, causal };
+        let shape = AttentionShape {
+            batch: 2,
+            seq: 4,
+            heads: 2,
+            head_dim: 3,
+            causal,
+        };
         let c = shape.channels();
         let mask = vec![1, 1, 1, 0, 1, 1, 1, 1];
         let qkv = random(2 * 4 * 3 * c, 1);
@@ -151,7 +218,12 @@ fn attention_backward_matches_finite_differences() {
         let (_, mut attn) = forward(&qkv);
         let mut dqkv = vec![0.0; qkv.len()];
         attn.backward(&b, &r, &mut dqkv);
-        check(&format!("attention (causal {causal}) dqkv"), &qkv, &dqkv, |x| forward(x).0);
+        check(
+            &format!("attention (causal {causal}) dqkv"),
+            &qkv,
+            &dqkv,
+            |x| forward(x).0,
+        );
     }
 }
 
@@ -196,7 +268,8 @@ fn cross_entropy_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (rows, vocab) = (5, 13);
     let targets = random_ids(rows, vocab as u32, 1);
-    let subsets = VocabSubsets::new(&b, vocab, &[vec![1, 2, 3, 5, 8]], &[0, 0, FULL_VOCAB, 0, 0]).unwrap();
+    let subsets =
+        VocabSubsets::new(&b, vocab, &[vec![1, 2, 3, 5, 8]], &[0, 0, FULL_VOCAB, 0, 0]).unwrap();
     let logits = random(rows * vocab, 2);
     let mut ce = CrossEntropy::new(&b, rows, vocab);
     ce.set_weights(&b, &[1.0, 1.0, 1.0, 1.0, 0.0], 1.0);

@@ -43,16 +43,20 @@ pub fn backward(
     cols: usize,
     accumulate_dx: bool,
 ) {
-    grads.dx.par_chunks_mut(cols).enumerate().for_each(|(r, dx)| {
-        let (dy, x) = (&dy[r * cols..(r + 1) * cols], &x[r * cols..(r + 1) * cols]);
-        let xhat = |c: usize| (x[c] - mean[r]) * rstd[r];
-        let mean_g = (0..cols).map(|c| dy[c] * gamma[c]).sum::<f32>() / cols as f32;
-        let mean_gx = (0..cols).map(|c| dy[c] * gamma[c] * xhat(c)).sum::<f32>() / cols as f32;
-        for c in 0..cols {
-            let v = rstd[r] * (dy[c] * gamma[c] - mean_g - xhat(c) * mean_gx);
-            dx[c] = if accumulate_dx { dx[c] + v } else { v };
-        }
-    });
+    grads
+        .dx
+        .par_chunks_mut(cols)
+        .enumerate()
+        .for_each(|(r, dx)| {
+            let (dy, x) = (&dy[r * cols..(r + 1) * cols], &x[r * cols..(r + 1) * cols]);
+            let xhat = |c: usize| (x[c] - mean[r]) * rstd[r];
+            let mean_g = (0..cols).map(|c| dy[c] * gamma[c]).sum::<f32>() / cols as f32;
+            let mean_gx = (0..cols).map(|c| dy[c] * gamma[c] * xhat(c)).sum::<f32>() / cols as f32;
+            for c in 0..cols {
+                let v = rstd[r] * (dy[c] * gamma[c] - mean_g - xhat(c) * mean_gx);
+                dx[c] = if accumulate_dx { dx[c] + v } else { v };
+            }
+        });
     for (r, dy) in dy.chunks(cols).enumerate() {
         for c in 0..cols {
             grads.dgamma[c] += dy[c] * (x[r * cols + c] - mean[r]) * rstd[r];

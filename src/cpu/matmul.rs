@@ -10,7 +10,10 @@ const PARALLEL_MIN_MACS: usize = 1 << 18;
 
 pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
     let (len_a, len_b, len_c) = s.required_lens();
-    assert!(a.len() >= len_a && b.len() >= len_b && c.len() >= len_c, "matmul: operands too short for {s:?}");
+    assert!(
+        a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
+        "matmul: operands too short for {s:?}"
+    );
     if s.batch == 0 || s.m == 0 || s.n == 0 {
         return;
     }
@@ -19,9 +22,17 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
     if s.batch > 1 && macs < PARALLEL_MIN_MACS {
         // Many small products (attention heads): one thread each.
         assert!(s.stride_c >= s.m * s.n, "matmul: batch items of C overlap");
-        c.par_chunks_mut(s.stride_c).enumerate().for_each(|(i, ci)| {
-            product(&a[i * s.stride_a..], &b[i * s.stride_b..], ci, s, Parallelism::None)
-        });
+        c.par_chunks_mut(s.stride_c)
+            .enumerate()
+            .for_each(|(i, ci)| {
+                product(
+                    &a[i * s.stride_a..],
+                    &b[i * s.stride_b..],
+                    ci,
+                    s,
+                    Parallelism::None,
+                )
+            });
     } else {
         let par = if macs >= PARALLEL_MIN_MACS {
             Parallelism::Rayon(rayon::current_num_threads())
@@ -29,7 +40,13 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
             Parallelism::None
         };
         for i in 0..s.batch {
-            product(&a[i * s.stride_a..], &b[i * s.stride_b..], &mut c[i * s.stride_c..], s, par);
+            product(
+                &a[i * s.stride_a..],
+                &b[i * s.stride_b..],
+                &mut c[i * s.stride_c..],
+                s,
+                par,
+            );
         }
     }
 }

@@ -38,7 +38,11 @@ pub fn cpu_model_name() -> String {
 }
 
 fn subsets(s: &VocabSubsets<CpuBackend>) -> logprob::Subsets<'_> {
-    logprob::Subsets { row_subset: &s.row_subset, bits: &s.bits, words: s.words }
+    logprob::Subsets {
+        row_subset: &s.row_subset,
+        bits: &s.bits,
+        words: s.words,
+    }
 }
 
 impl Backend for CpuBackend {
@@ -50,7 +54,11 @@ impl Backend for CpuBackend {
     }
 
     fn adapter_name(&self) -> String {
-        format!("{} ({} threads)", cpu_model_name(), rayon::current_num_threads())
+        format!(
+            "{} ({} threads)",
+            cpu_model_name(),
+            rayon::current_num_threads()
+        )
     }
 
     fn zeros(&self, len: usize) -> Vec<f32> {
@@ -90,7 +98,11 @@ impl Backend for CpuBackend {
 
     fn axpby(&self, alpha: f32, x: &Vec<f32>, beta: f32, y: &mut Vec<f32>) {
         for (yi, &xi) in y.iter_mut().zip(x) {
-            *yi = if beta == 0.0 { alpha * xi } else { alpha * xi + beta * *yi };
+            *yi = if beta == 0.0 {
+                alpha * xi
+            } else {
+                alpha * xi + beta * *yi
+            };
         }
     }
 
@@ -126,7 +138,14 @@ impl Backend for CpuBackend {
         out[out_index] = reduce::reduce(x, op);
     }
 
-    fn column_sum(&self, x: &Vec<f32>, rows: usize, cols: usize, out: &mut Vec<f32>, accumulate: bool) {
+    fn column_sum(
+        &self,
+        x: &Vec<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut Vec<f32>,
+        accumulate: bool,
+    ) {
         reduce::column_sum(x, rows, cols, out, accumulate);
     }
 
@@ -141,7 +160,14 @@ impl Backend for CpuBackend {
         cols: usize,
         eps: f32,
     ) {
-        layernorm::forward(x, gamma, beta, layernorm::LayerNormOut { y, mean, rstd }, cols, eps);
+        layernorm::forward(
+            x,
+            gamma,
+            beta,
+            layernorm::LayerNormOut { y, mean, rstd },
+            cols,
+            eps,
+        );
     }
 
     fn layer_norm_backward(
@@ -161,27 +187,59 @@ impl Backend for CpuBackend {
         layernorm::backward(dy, x, gamma, mean, rstd, grads, cols, accumulate_dx);
     }
 
-    fn softmax(&self, x: &Vec<f32>, y: &mut Vec<f32>, rows: &SoftmaxRows, key_mask: Option<&Vec<u32>>) {
+    fn softmax(
+        &self,
+        x: &Vec<f32>,
+        y: &mut Vec<f32>,
+        rows: &SoftmaxRows,
+        key_mask: Option<&Vec<u32>>,
+    ) {
         softmax::forward(x, y, rows, key_mask.map(|m| m.as_slice()));
     }
 
-    fn softmax_backward(&self, y: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, cols: usize, accumulate: bool) {
+    fn softmax_backward(
+        &self,
+        y: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        cols: usize,
+        accumulate: bool,
+    ) {
         softmax::backward(y, dy, dx, cols, accumulate);
     }
 
-    fn to_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout) {
-        heads::to_heads(src, dst, layout);
+    fn tokens_to_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout) {
+        heads::tokens_to_heads(src, dst, layout);
     }
 
-    fn from_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout, accumulate: bool) {
-        heads::from_heads(src, dst, layout, accumulate);
+    fn heads_to_tokens(
+        &self,
+        src: &Vec<f32>,
+        dst: &mut Vec<f32>,
+        layout: &HeadLayout,
+        accumulate: bool,
+    ) {
+        heads::heads_to_tokens(src, dst, layout, accumulate);
     }
 
-    fn embedding(&self, table: &Vec<f32>, ids: &TokenIndex<Self>, out: &mut Vec<f32>, dim: usize, accumulate: bool) {
+    fn embedding(
+        &self,
+        table: &Vec<f32>,
+        ids: &TokenIndex<Self>,
+        out: &mut Vec<f32>,
+        dim: usize,
+        accumulate: bool,
+    ) {
         embedding::forward(table, &ids.ids, out, dim, accumulate);
     }
 
-    fn embedding_backward(&self, dout: &Vec<f32>, ids: &TokenIndex<Self>, dtable: &mut Vec<f32>, dim: usize) {
+    fn embedding_backward(
+        &self,
+        dout: &Vec<f32>,
+        ids: &TokenIndex<Self>,
+        dtable: &mut Vec<f32>,
+        dim: usize,
+    ) {
         embedding::backward(dout, &ids.unique, &ids.offsets, &ids.order, dtable, dim);
     }
 
@@ -208,7 +266,16 @@ impl Backend for CpuBackend {
         dlogits: &mut Vec<f32>,
         accumulate: bool,
     ) {
-        logprob::backward(logits, targets, &self::subsets(subsets), vocab, lse, dlogp, dlogits, accumulate);
+        logprob::backward(
+            logits,
+            targets,
+            &self::subsets(subsets),
+            vocab,
+            lse,
+            dlogp,
+            dlogits,
+            accumulate,
+        );
     }
 
     fn adamw(

@@ -18,17 +18,25 @@ pub fn backends_from_env() -> Result<wgpu::Backends> {
 
 pub fn parse_backends(value: &str) -> Result<wgpu::Backends> {
     let mut backends = wgpu::Backends::empty();
-    for name in value.split(',').map(|s| s.trim().to_ascii_lowercase()).filter(|s| !s.is_empty()) {
+    for name in value
+        .split(',')
+        .map(|s| s.trim().to_ascii_lowercase())
+        .filter(|s| !s.is_empty())
+    {
         backends |= match name.as_str() {
             "vulkan" | "vk" => wgpu::Backends::VULKAN,
             "metal" | "mtl" => wgpu::Backends::METAL,
             "dx12" | "d3d12" => wgpu::Backends::DX12,
             "gl" | "gles" | "opengl" => wgpu::Backends::GL,
-            other => bail!("{BACKEND_ENV}={value}: unknown wgpu backend '{other}'; use vulkan, metal, dx12 or gl"),
+            other => bail!(
+                "{BACKEND_ENV}={value}: unknown wgpu backend '{other}'; use vulkan, metal, dx12 or gl"
+            ),
         };
     }
     if backends.is_empty() {
-        bail!("{BACKEND_ENV} is set but names no backend; use vulkan, metal, dx12 or gl, or unset it");
+        bail!(
+            "{BACKEND_ENV} is set but names no backend; use vulkan, metal, dx12 or gl, or unset it"
+        );
     }
     Ok(backends)
 }
@@ -44,7 +52,10 @@ pub fn adapters(backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
     let mut found = pollster::block_on(instance.enumerate_adapters(backends));
     found.sort_by_key(|a| {
         let info = a.get_info();
-        (type_rank(info.device_type), info.backend != wgpu::Backend::Vulkan)
+        (
+            type_rank(info.device_type),
+            info.backend != wgpu::Backend::Vulkan,
+        )
     });
     found
 }
@@ -104,10 +115,12 @@ impl AdapterReport {
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             max_compute_workgroups_per_dimension: limits.max_compute_workgroups_per_dimension,
             subgroups,
-            subgroup_size_range: subgroups.then_some((info.subgroup_min_size, info.subgroup_max_size)),
+            subgroup_size_range: subgroups
+                .then_some((info.subgroup_min_size, info.subgroup_max_size)),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
-            timestamp_query_inside_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            timestamp_query_inside_passes: features
+                .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
         }
     }
 }
@@ -120,22 +133,72 @@ impl std::fmt::Display for AdapterReport {
         writeln!(f, "  backend:        {}", self.backend)?;
         writeln!(f, "  device type:    {}", self.device_type)?;
         writeln!(f, "  driver:         {} {}", self.driver, self.driver_info)?;
-        writeln!(f, "  storage buffers per stage:   {}", self.max_storage_buffers_per_shader_stage)?;
-        writeln!(f, "  storage binding size:        {:.0} MiB", mib(self.max_storage_buffer_binding_size))?;
-        writeln!(f, "  max buffer size:             {:.0} MiB", mib(self.max_buffer_size))?;
-        writeln!(f, "  workgroup storage:           {} KiB", self.max_compute_workgroup_storage_size / 1024)?;
-        writeln!(f, "  invocations per workgroup:   {}", self.max_compute_invocations_per_workgroup)?;
-        writeln!(f, "  workgroups per dimension:    {}", self.max_compute_workgroups_per_dimension)?;
+        writeln!(
+            f,
+            "  storage buffers per stage:   {}",
+            self.max_storage_buffers_per_shader_stage
+        )?;
+        writeln!(
+            f,
+            "  storage binding size:        {:.0} MiB",
+            mib(self.max_storage_buffer_binding_size)
+        )?;
+        writeln!(
+            f,
+            "  max buffer size:             {:.0} MiB",
+            mib(self.max_buffer_size)
+        )?;
+        writeln!(
+            f,
+            "  workgroup storage:           {} KiB",
+            self.max_compute_workgroup_storage_size / 1024
+        )?;
+        writeln!(
+            f,
+            "  invocations per workgroup:   {}",
+            self.max_compute_invocations_per_workgroup
+        )?;
+        writeln!(
+            f,
+            "  workgroups per dimension:    {}",
+            self.max_compute_workgroups_per_dimension
+        )?;
         match self.subgroup_size_range {
             Some((lo, hi)) => writeln!(f, "  subgroups:                   yes (size {lo}..={hi})")?,
             None => writeln!(f, "  subgroups:                   no")?,
         }
-        writeln!(f, "  shader f16:                  {}", yes_no(self.shader_f16))?;
+        writeln!(
+            f,
+            "  shader f16:                  {}",
+            yes_no(self.shader_f16)
+        )?;
         write!(
             f,
             "  timestamp queries:           {} (inside passes: {})",
             yes_no(self.timestamp_query),
             yes_no(self.timestamp_query_inside_passes)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_names_parse_and_combine() {
+        assert_eq!(parse_backends("vulkan").unwrap(), wgpu::Backends::VULKAN);
+        assert_eq!(
+            parse_backends("Metal, dx12").unwrap(),
+            wgpu::Backends::METAL | wgpu::Backends::DX12
+        );
+        assert_eq!(parse_backends("gl").unwrap(), wgpu::Backends::GL);
+        assert!(parse_backends("").is_err());
+        assert!(
+            parse_backends("cuda")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown wgpu backend 'cuda'")
+        );
     }
 }

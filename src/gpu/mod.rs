@@ -97,8 +97,11 @@ impl GpuBackend {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let matmul_kernel =
-            if adapter::is_hardware(&info) { MatmulKernel::Shared } else { MatmulKernel::Registers };
+        let matmul_kernel = if adapter::is_hardware(&info) {
+            MatmulKernel::Shared
+        } else {
+            MatmulKernel::Registers
+        };
         Ok(GpuBackend {
             device,
             queue,
@@ -108,7 +111,12 @@ impl GpuBackend {
             matmul_kernel: Cell::new(matmul_kernel),
             modules: RefCell::default(),
             pipelines: RefCell::default(),
-            recorder: RefCell::new(Recorder { encoder: None, pass: None, params: Vec::new(), params_buffer }),
+            recorder: RefCell::new(Recorder {
+                encoder: None,
+                pass: None,
+                params: Vec::new(),
+                params_buffer,
+            }),
         })
     }
 
@@ -150,11 +158,15 @@ impl GpuBackend {
         } else {
             bytes
         };
-        let buffer = self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: None,
-            contents,
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-        });
+        let buffer = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+            });
         GpuBuffer { buffer, len }
     }
 
@@ -189,7 +201,9 @@ impl GpuBackend {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        self.with_encoder(|encoder| encoder.copy_buffer_to_buffer(&src.buffer, 0, &staging, 0, size));
+        self.with_encoder(|encoder| {
+            encoder.copy_buffer_to_buffer(&src.buffer, 0, &staging, 0, size)
+        });
         self.submit();
         self.map_read(&staging)
     }
@@ -199,9 +213,16 @@ impl GpuBackend {
         staging.map_async(wgpu::MapMode::Read, .., move |result| {
             let _ = tx.send(result);
         });
-        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost while waiting for a readback");
-        rx.recv().expect("map callback dropped").expect("mapping a readback buffer failed");
-        let bytes = staging.get_mapped_range(..).expect("readback buffer is mapped").to_vec();
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("GPU device lost while waiting for a readback");
+        rx.recv()
+            .expect("map callback dropped")
+            .expect("mapping a readback buffer failed");
+        let bytes = staging
+            .get_mapped_range(..)
+            .expect("readback buffer is mapped")
+            .to_vec();
         staging.unmap();
         bytes
     }
@@ -223,22 +244,27 @@ impl GpuBackend {
         }
         let mut modules = self.modules.borrow_mut();
         let module = modules.entry(shader).or_insert_with(|| {
-            self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(shader),
-                source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
-            })
+            self.device
+                .create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(shader),
+                    source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
+                })
         });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module,
-            entry_point: Some(entry),
-            compilation_options: Default::default(),
-            cache: None,
-        });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module,
+                entry_point: Some(entry),
+                compilation_options: Default::default(),
+                cache: None,
+            });
         let layout = pipeline.get_bind_group_layout(0);
         let p = Rc::new(Pipeline { pipeline, layout });
-        self.pipelines.borrow_mut().insert((shader, entry), p.clone());
+        self.pipelines
+            .borrow_mut()
+            .insert((shader, entry), p.clone());
         p
     }
 
@@ -256,7 +282,10 @@ impl GpuBackend {
             return;
         }
         let max = self.limits.max_compute_workgroups_per_dimension;
-        assert!(groups.iter().all(|&g| g <= max), "{shader}/{entry}: grid {groups:?} exceeds {max} per dimension");
+        assert!(
+            groups.iter().all(|&g| g <= max),
+            "{shader}/{entry}: grid {groups:?} exceeds {max} per dimension"
+        );
         let pipeline = self.pipeline(shader, entry);
         let bytes = bytemuck::bytes_of(params);
         let align = self.limits.min_uniform_buffer_offset_alignment.max(16) as usize;
@@ -276,7 +305,10 @@ impl GpuBackend {
             }),
         }];
         for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.buffer.as_entire_binding() });
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: b.buffer.as_entire_binding(),
+            });
         }
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
@@ -307,9 +339,9 @@ impl GpuBackend {
         timestamps: Option<wgpu::ComputePassTimestampWrites<'_>>,
     ) -> &'r mut wgpu::ComputePass<'static> {
         if rec.pass.is_none() {
-            let encoder = rec
-                .encoder
-                .get_or_insert_with(|| device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default()));
+            let encoder = rec.encoder.get_or_insert_with(|| {
+                device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+            });
             let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("captune"),
                 timestamp_writes: timestamps,
@@ -323,9 +355,10 @@ impl GpuBackend {
     fn with_encoder(&self, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
         let mut rec = self.recorder.borrow_mut();
         rec.pass = None;
-        let encoder = rec
-            .encoder
-            .get_or_insert_with(|| self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor::default()));
+        let encoder = rec.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+        });
         f(encoder);
     }
 
@@ -343,7 +376,9 @@ impl GpuBackend {
     }
 
     fn wait(&self) {
-        self.device.poll(wgpu::PollType::wait_indefinitely()).expect("GPU device lost");
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("GPU device lost");
     }
 
     /// Runs `f` (which records ops) and returns the GPU time it took:
@@ -395,7 +430,8 @@ impl GpuBackend {
         });
         self.submit();
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging));
-        let ns = ticks[1].saturating_sub(ticks[0]) as f64 * self.queue.get_timestamp_period() as f64;
+        let ns =
+            ticks[1].saturating_sub(ticks[0]) as f64 * self.queue.get_timestamp_period() as f64;
         Duration::from_nanos(ns as u64)
     }
 }

@@ -3,7 +3,9 @@
 //! dispatch.
 
 use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
-use crate::backend::{AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage};
+use crate::backend::{
+    AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage,
+};
 use crate::index::{TokenIndex, VocabSubsets};
 use bytemuck::{Pod, Zeroable};
 
@@ -120,27 +122,68 @@ fn u(x: usize) -> u32 {
 }
 
 impl GpuBackend {
-    fn elementwise(&self, entry: &'static str, len: usize, cols: usize, alpha: f32, beta: f32, bufs: &[&super::GpuBuffer]) {
-        let params = ElementwiseParams { len: u(len), cols: u(cols), alpha, beta };
+    fn elementwise(
+        &self,
+        entry: &'static str,
+        len: usize,
+        cols: usize,
+        alpha: f32,
+        beta: f32,
+        bufs: &[&super::GpuBuffer],
+    ) {
+        let params = ElementwiseParams {
+            len: u(len),
+            cols: u(cols),
+            alpha,
+            beta,
+        };
         self.dispatch("elementwise", entry, &params, bufs, self.grid_for(len));
     }
 
     /// out[c] (+)= sum over `rows` rows of x[r, c], in two passes when the
     /// rows span more than one block.
-    fn column_sum_into(&self, x: &GpuTensor, rows: usize, cols: usize, out: &GpuTensor, accumulate: bool) {
+    fn column_sum_into(
+        &self,
+        x: &GpuTensor,
+        rows: usize,
+        cols: usize,
+        out: &GpuTensor,
+        accumulate: bool,
+    ) {
         let blocks = rows.div_ceil(ROW_BLOCK);
         let col_groups = cols.div_ceil(256) as u32;
         let sum = |src: &GpuTensor, rows: usize| {
-            let params = ReduceParams { len: u(rows), cols: u(cols), accumulate: accumulate as u32, ..Default::default() };
-            self.dispatch("reduce", "column_sum", &params, &[&src.0, &out.0], [col_groups, 1, 1]);
+            let params = ReduceParams {
+                len: u(rows),
+                cols: u(cols),
+                accumulate: accumulate as u32,
+                ..Default::default()
+            };
+            self.dispatch(
+                "reduce",
+                "column_sum",
+                &params,
+                &[&src.0, &out.0],
+                [col_groups, 1, 1],
+            );
         };
         if blocks <= 1 {
             sum(x, rows);
             return;
         }
         let partials = self.scratch(blocks * cols);
-        let params = ReduceParams { len: u(rows), cols: u(cols), ..Default::default() };
-        self.dispatch("reduce", "column_partials", &params, &[&x.0, &partials.0], [col_groups, u(blocks), 1]);
+        let params = ReduceParams {
+            len: u(rows),
+            cols: u(cols),
+            ..Default::default()
+        };
+        self.dispatch(
+            "reduce",
+            "column_partials",
+            &params,
+            &[&x.0, &partials.0],
+            [col_groups, u(blocks), 1],
+        );
         sum(&partials, blocks);
     }
 }
@@ -201,17 +244,27 @@ impl Backend for GpuBackend {
     }
 
     fn add(&self, alpha: f32, a: &GpuTensor, beta: f32, b: &GpuTensor, out: &mut GpuTensor) {
-        assert!(a.len() == out.len() && b.len() == out.len(), "add: length mismatch");
+        assert!(
+            a.len() == out.len() && b.len() == out.len(),
+            "add: length mismatch"
+        );
         self.elementwise("add", out.len(), 0, alpha, beta, &[&a.0, &b.0, &out.0]);
     }
 
     fn mul(&self, alpha: f32, a: &GpuTensor, b: &GpuTensor, out: &mut GpuTensor) {
-        assert!(a.len() == out.len() && b.len() == out.len(), "mul: length mismatch");
+        assert!(
+            a.len() == out.len() && b.len() == out.len(),
+            "mul: length mismatch"
+        );
         self.elementwise("mul", out.len(), 0, alpha, 0.0, &[&a.0, &b.0, &out.0]);
     }
 
     fn add_bias(&self, y: &mut GpuTensor, bias: &GpuTensor) {
-        assert_eq!(y.len() % bias.len().max(1), 0, "add_bias: rows are not whole");
+        assert_eq!(
+            y.len() % bias.len().max(1),
+            0,
+            "add_bias: rows are not whole"
+        );
         self.elementwise("add_bias", y.len(), bias.len(), 0.0, 0.0, &[&bias.0, &y.0]);
     }
 
@@ -221,12 +274,22 @@ impl Backend for GpuBackend {
 
     fn gelu_backward(&self, x: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor, accumulate: bool) {
         let beta = if accumulate { 1.0 } else { 0.0 };
-        self.elementwise("gelu_backward", dx.len(), 0, 0.0, beta, &[&x.0, &dy.0, &dx.0]);
+        self.elementwise(
+            "gelu_backward",
+            dx.len(),
+            0,
+            0.0,
+            beta,
+            &[&x.0, &dy.0, &dx.0],
+        );
     }
 
     fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {
         let (len_a, len_b, len_c) = s.required_lens();
-        assert!(a.len() >= len_a && b.len() >= len_b && c.len() >= len_c, "matmul: operands too short for {s:?}");
+        assert!(
+            a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
+            "matmul: operands too short for {s:?}"
+        );
         let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2;
         let params = MatmulParams {
             m: u(s.m),
@@ -247,7 +310,11 @@ impl Backend for GpuBackend {
     }
 
     fn reduce(&self, x: &GpuTensor, op: Reduce, out: &mut GpuTensor, out_index: usize) {
-        assert!(out_index < out.len(), "reduce: out_index {out_index} outside an output of {}", out.len());
+        assert!(
+            out_index < out.len(),
+            "reduce: out_index {out_index} outside an output of {}",
+            out.len()
+        );
         let n = x.len();
         let chunk = n.div_ceil(MAX_PARTIALS).next_multiple_of(256).max(256);
         let parts = n.div_ceil(chunk).max(1);
@@ -257,15 +324,52 @@ impl Backend for GpuBackend {
             Reduce::Max => (1, 1),
             Reduce::SumSquares => (2, 0),
         };
-        let params = ReduceParams { len: u(n), chunk: u(chunk), op: first_op, ..Default::default() };
-        self.dispatch("reduce", "reduce_partials", &params, &[&x.0, &partials.0], self.grid(parts));
-        let scale = if op == Reduce::Mean { 1.0 / n.max(1) as f32 } else { 1.0 };
-        let params = ReduceParams { len: u(parts), op: final_op, out_index: u(out_index), scale, ..Default::default() };
-        self.dispatch("reduce", "reduce_final", &params, &[&partials.0, &out.0], [1, 1, 1]);
+        let params = ReduceParams {
+            len: u(n),
+            chunk: u(chunk),
+            op: first_op,
+            ..Default::default()
+        };
+        self.dispatch(
+            "reduce",
+            "reduce_partials",
+            &params,
+            &[&x.0, &partials.0],
+            self.grid(parts),
+        );
+        let scale = if op == Reduce::Mean {
+            1.0 / n.max(1) as f32
+        } else {
+            1.0
+        };
+        let params = ReduceParams {
+            len: u(parts),
+            op: final_op,
+            out_index: u(out_index),
+            scale,
+            ..Default::default()
+        };
+        self.dispatch(
+            "reduce",
+            "reduce_final",
+            &params,
+            &[&partials.0, &out.0],
+            [1, 1, 1],
+        );
     }
 
-    fn column_sum(&self, x: &GpuTensor, rows: usize, cols: usize, out: &mut GpuTensor, accumulate: bool) {
-        assert!(x.len() >= rows * cols && out.len() >= cols, "column_sum: shapes do not fit");
+    fn column_sum(
+        &self,
+        x: &GpuTensor,
+        rows: usize,
+        cols: usize,
+        out: &mut GpuTensor,
+        accumulate: bool,
+    ) {
+        assert!(
+            x.len() >= rows * cols && out.len() >= cols,
+            "column_sum: shapes do not fit"
+        );
         self.column_sum_into(x, rows, cols, out, accumulate);
     }
 
@@ -281,9 +385,20 @@ impl Backend for GpuBackend {
         eps: f32,
     ) {
         let rows = x.len() / cols;
-        let params = LayerNormParams { rows: u(rows), cols: u(cols), eps, accumulate: 0 };
+        let params = LayerNormParams {
+            rows: u(rows),
+            cols: u(cols),
+            eps,
+            accumulate: 0,
+        };
         let bufs = [&x.0, &gamma.0, &beta.0, &y.0, &mean.0, &rstd.0];
-        self.dispatch("layernorm", "layer_norm_forward", &params, &bufs, self.grid(rows));
+        self.dispatch(
+            "layernorm",
+            "layer_norm_forward",
+            &params,
+            &bufs,
+            self.grid(rows),
+        );
     }
 
     fn layer_norm_backward(
@@ -300,20 +415,50 @@ impl Backend for GpuBackend {
         accumulate_dx: bool,
     ) {
         let rows = x.len() / cols;
-        let params = LayerNormParams { rows: u(rows), cols: u(cols), eps: 0.0, accumulate: accumulate_dx as u32 };
+        let params = LayerNormParams {
+            rows: u(rows),
+            cols: u(cols),
+            eps: 0.0,
+            accumulate: accumulate_dx as u32,
+        };
         let bufs = [&dy.0, &x.0, &gamma.0, &mean.0, &rstd.0, &dx.0];
-        self.dispatch("layernorm", "layer_norm_backward", &params, &bufs, self.grid(rows));
+        self.dispatch(
+            "layernorm",
+            "layer_norm_backward",
+            &params,
+            &bufs,
+            self.grid(rows),
+        );
         let blocks = rows.div_ceil(ROW_BLOCK);
         let dgamma_partial = self.scratch(blocks * cols);
         let dbeta_partial = self.scratch(blocks * cols);
-        let bufs = [&dy.0, &x.0, &mean.0, &rstd.0, &dgamma_partial.0, &dbeta_partial.0];
+        let bufs = [
+            &dy.0,
+            &x.0,
+            &mean.0,
+            &rstd.0,
+            &dgamma_partial.0,
+            &dbeta_partial.0,
+        ];
         let groups = [u(cols.div_ceil(256)), u(blocks), 1];
-        self.dispatch("layernorm", "layer_norm_param_partials", &params, &bufs, groups);
+        self.dispatch(
+            "layernorm",
+            "layer_norm_param_partials",
+            &params,
+            &bufs,
+            groups,
+        );
         self.column_sum_into(&dgamma_partial, blocks, cols, dgamma, true);
         self.column_sum_into(&dbeta_partial, blocks, cols, dbeta, true);
     }
 
-    fn softmax(&self, x: &GpuTensor, y: &mut GpuTensor, r: &SoftmaxRows, key_mask: Option<&GpuIds>) {
+    fn softmax(
+        &self,
+        x: &GpuTensor,
+        y: &mut GpuTensor,
+        r: &SoftmaxRows,
+        key_mask: Option<&GpuIds>,
+    ) {
         let params = SoftmaxParams {
             rows: u(r.rows),
             cols: u(r.cols),
@@ -332,10 +477,23 @@ impl Backend for GpuBackend {
                 &no_mask.0
             }
         };
-        self.dispatch("softmax", "softmax_forward", &params, &[&x.0, mask, &y.0], self.grid(r.rows));
+        self.dispatch(
+            "softmax",
+            "softmax_forward",
+            &params,
+            &[&x.0, mask, &y.0],
+            self.grid(r.rows),
+        );
     }
 
-    fn softmax_backward(&self, y: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor, cols: usize, accumulate: bool) {
+    fn softmax_backward(
+        &self,
+        y: &GpuTensor,
+        dy: &GpuTensor,
+        dx: &mut GpuTensor,
+        cols: usize,
+        accumulate: bool,
+    ) {
         let rows = y.len() / cols;
         let params = SoftmaxParams {
             rows: u(rows),
@@ -347,30 +505,95 @@ impl Backend for GpuBackend {
             accumulate: accumulate as u32,
             _pad: 0,
         };
-        self.dispatch("softmax", "softmax_backward", &params, &[&y.0, &dy.0, &dx.0], self.grid(rows));
+        self.dispatch(
+            "softmax",
+            "softmax_backward",
+            &params,
+            &[&y.0, &dy.0, &dx.0],
+            self.grid(rows),
+        );
     }
 
-    fn to_heads(&self, src: &GpuTensor, dst: &mut GpuTensor, l: &HeadLayout) {
+    fn tokens_to_heads(&self, src: &GpuTensor, dst: &mut GpuTensor, l: &HeadLayout) {
         let params = heads_params(l, false);
-        self.dispatch("heads", "to_heads", &params, &[&src.0, &dst.0], self.grid_for(l.len()));
+        self.dispatch(
+            "heads",
+            "tokens_to_heads",
+            &params,
+            &[&src.0, &dst.0],
+            self.grid_for(l.len()),
+        );
     }
 
-    fn from_heads(&self, src: &GpuTensor, dst: &mut GpuTensor, l: &HeadLayout, accumulate: bool) {
+    fn heads_to_tokens(
+        &self,
+        src: &GpuTensor,
+        dst: &mut GpuTensor,
+        l: &HeadLayout,
+        accumulate: bool,
+    ) {
         let params = heads_params(l, accumulate);
-        self.dispatch("heads", "from_heads", &params, &[&src.0, &dst.0], self.grid_for(l.len()));
+        self.dispatch(
+            "heads",
+            "heads_to_tokens",
+            &params,
+            &[&src.0, &dst.0],
+            self.grid_for(l.len()),
+        );
     }
 
-    fn embedding(&self, table: &GpuTensor, ids: &TokenIndex<Self>, out: &mut GpuTensor, dim: usize, accumulate: bool) {
+    fn embedding(
+        &self,
+        table: &GpuTensor,
+        ids: &TokenIndex<Self>,
+        out: &mut GpuTensor,
+        dim: usize,
+        accumulate: bool,
+    ) {
         let len = ids.len() * dim;
-        let params = EmbeddingParams { len: u(len), dim: u(dim), accumulate: accumulate as u32, _pad: 0 };
-        self.dispatch("embedding", "embedding_forward", &params, &[&table.0, &ids.ids.0, &out.0], self.grid_for(len));
+        let params = EmbeddingParams {
+            len: u(len),
+            dim: u(dim),
+            accumulate: accumulate as u32,
+            _pad: 0,
+        };
+        self.dispatch(
+            "embedding",
+            "embedding_forward",
+            &params,
+            &[&table.0, &ids.ids.0, &out.0],
+            self.grid_for(len),
+        );
     }
 
-    fn embedding_backward(&self, dout: &GpuTensor, ids: &TokenIndex<Self>, dtable: &mut GpuTensor, dim: usize) {
+    fn embedding_backward(
+        &self,
+        dout: &GpuTensor,
+        ids: &TokenIndex<Self>,
+        dtable: &mut GpuTensor,
+        dim: usize,
+    ) {
         let len = ids.unique_len() * dim;
-        let params = EmbeddingParams { len: u(len), dim: u(dim), accumulate: 1, _pad: 0 };
-        let bufs = [&dout.0, &ids.unique.0, &ids.offsets.0, &ids.order.0, &dtable.0];
-        self.dispatch("embedding", "embedding_backward", &params, &bufs, self.grid_for(len));
+        let params = EmbeddingParams {
+            len: u(len),
+            dim: u(dim),
+            accumulate: 1,
+            _pad: 0,
+        };
+        let bufs = [
+            &dout.0,
+            &ids.unique.0,
+            &ids.offsets.0,
+            &ids.order.0,
+            &dtable.0,
+        ];
+        self.dispatch(
+            "embedding",
+            "embedding_backward",
+            &params,
+            &bufs,
+            self.grid_for(len),
+        );
     }
 
     fn log_softmax_gather(
@@ -383,9 +606,27 @@ impl Backend for GpuBackend {
         lse: &mut GpuTensor,
     ) {
         let rows = targets.len();
-        let params = LogprobParams { rows: u(rows), vocab: u(vocab), words: u(subsets.words), accumulate: 0 };
-        let bufs = [&logits.0, &targets.0, &subsets.row_subset.0, &subsets.bits.0, &logp.0, &lse.0];
-        self.dispatch("logprob", "log_softmax_gather", &params, &bufs, self.grid(rows));
+        let params = LogprobParams {
+            rows: u(rows),
+            vocab: u(vocab),
+            words: u(subsets.words),
+            accumulate: 0,
+        };
+        let bufs = [
+            &logits.0,
+            &targets.0,
+            &subsets.row_subset.0,
+            &subsets.bits.0,
+            &logp.0,
+            &lse.0,
+        ];
+        self.dispatch(
+            "logprob",
+            "log_softmax_gather",
+            &params,
+            &bufs,
+            self.grid(rows),
+        );
     }
 
     fn log_softmax_gather_backward(
@@ -400,11 +641,28 @@ impl Backend for GpuBackend {
         accumulate: bool,
     ) {
         let rows = targets.len();
-        let params =
-            LogprobParams { rows: u(rows), vocab: u(vocab), words: u(subsets.words), accumulate: accumulate as u32 };
-        let bufs =
-            [&logits.0, &targets.0, &subsets.row_subset.0, &subsets.bits.0, &lse.0, &dlogp.0, &dlogits.0];
-        self.dispatch("logprob", "log_softmax_gather_backward", &params, &bufs, self.grid_for(rows * vocab));
+        let params = LogprobParams {
+            rows: u(rows),
+            vocab: u(vocab),
+            words: u(subsets.words),
+            accumulate: accumulate as u32,
+        };
+        let bufs = [
+            &logits.0,
+            &targets.0,
+            &subsets.row_subset.0,
+            &subsets.bits.0,
+            &lse.0,
+            &dlogp.0,
+            &dlogits.0,
+        ];
+        self.dispatch(
+            "logprob",
+            "log_softmax_gather_backward",
+            &params,
+            &bufs,
+            self.grid_for(rows * vocab),
+        );
     }
 
     fn adamw(
@@ -430,7 +688,13 @@ impl Backend for GpuBackend {
             _pad: [0; 3],
         };
         let bufs = [&grad.0, &grad_sumsq.0, &param.0, &m.0, &v.0];
-        self.dispatch("adamw", "adamw_step", &params, &bufs, self.grid_for(param.len()));
+        self.dispatch(
+            "adamw",
+            "adamw_step",
+            &params,
+            &bufs,
+            self.grid_for(param.len()),
+        );
     }
 }
 

@@ -32,7 +32,11 @@ impl AttentionShape {
     }
 
     fn output(&self) -> HeadLayout {
-        HeadLayout { row_stride: self.channels(), col_offset: 0, ..self.qkv_part(0) }
+        HeadLayout {
+            row_stride: self.channels(),
+            col_offset: 0,
+            ..self.qkv_part(0)
+        }
     }
 
     fn scale(&self) -> f32 {
@@ -83,17 +87,39 @@ impl<B: Backend> Attention<B> {
     }
 
     /// out[batch, seq, channels] = attention(qkv).
-    pub fn forward(&mut self, b: &B, qkv: &B::Tensor, key_mask: Option<&B::Ids>, out: &mut B::Tensor) {
+    pub fn forward(
+        &mut self,
+        b: &B,
+        qkv: &B::Tensor,
+        key_mask: Option<&B::Ids>,
+        out: &mut B::Tensor,
+    ) {
         let s = self.shape;
         let (t, d) = (s.seq, s.head_dim);
-        b.to_heads(qkv, &mut self.q, &s.qkv_part(0));
-        b.to_heads(qkv, &mut self.k, &s.qkv_part(1));
-        b.to_heads(qkv, &mut self.v, &s.qkv_part(2));
-        b.matmul(&self.q, &self.k, &mut self.scores, &s.per_head(t, t, d).trans_b().alpha(s.scale()));
-        let rows = SoftmaxRows { rows: s.batch * s.heads * t, cols: t, q_len: t, heads: s.heads, causal: s.causal };
+        b.tokens_to_heads(qkv, &mut self.q, &s.qkv_part(0));
+        b.tokens_to_heads(qkv, &mut self.k, &s.qkv_part(1));
+        b.tokens_to_heads(qkv, &mut self.v, &s.qkv_part(2));
+        b.matmul(
+            &self.q,
+            &self.k,
+            &mut self.scores,
+            &s.per_head(t, t, d).trans_b().alpha(s.scale()),
+        );
+        let rows = SoftmaxRows {
+            rows: s.batch * s.heads * t,
+            cols: t,
+            q_len: t,
+            heads: s.heads,
+            causal: s.causal,
+        };
         b.softmax(&self.scores, &mut self.probs, &rows, key_mask);
-        b.matmul(&self.probs, &self.v, &mut self.heads_out, &s.per_head(t, d, t));
-        b.from_heads(&self.heads_out, out, &s.output(), false);
+        b.matmul(
+            &self.probs,
+            &self.v,
+            &mut self.heads_out,
+            &s.per_head(t, d, t),
+        );
+        b.heads_to_tokens(&self.heads_out, out, &s.output(), false);
     }
 
     /// dqkv = the gradient of the loss w.r.t. qkv, given dout (overwrites dqkv).
@@ -101,15 +127,35 @@ impl<B: Backend> Attention<B> {
         let s = self.shape;
         let (t, d) = (s.seq, s.head_dim);
         let dheads = &mut self.heads_out;
-        b.to_heads(dout, dheads, &s.output());
-        b.matmul(dheads, &self.v, &mut self.dprobs, &s.per_head(t, t, d).trans_b());
-        b.matmul(&self.probs, dheads, &mut self.dv, &s.per_head(t, d, t).trans_a());
+        b.tokens_to_heads(dout, dheads, &s.output());
+        b.matmul(
+            dheads,
+            &self.v,
+            &mut self.dprobs,
+            &s.per_head(t, t, d).trans_b(),
+        );
+        b.matmul(
+            &self.probs,
+            dheads,
+            &mut self.dv,
+            &s.per_head(t, d, t).trans_a(),
+        );
         let dscores = &mut self.scores;
         b.softmax_backward(&self.probs, &self.dprobs, dscores, t, false);
-        b.matmul(dscores, &self.k, &mut self.dq, &s.per_head(t, d, t).alpha(s.scale()));
-        b.matmul(dscores, &self.q, &mut self.dk, &s.per_head(t, d, t).trans_a().alpha(s.scale()));
-        b.from_heads(&self.dq, dqkv, &s.qkv_part(0), false);
-        b.from_heads(&self.dk, dqkv, &s.qkv_part(1), false);
-        b.from_heads(&self.dv, dqkv, &s.qkv_part(2), false);
+        b.matmul(
+            dscores,
+            &self.k,
+            &mut self.dq,
+            &s.per_head(t, d, t).alpha(s.scale()),
+        );
+        b.matmul(
+            dscores,
+            &self.q,
+            &mut self.dk,
+            &s.per_head(t, d, t).trans_a().alpha(s.scale()),
+        );
+        b.heads_to_tokens(&self.dq, dqkv, &s.qkv_part(0), false);
+        b.heads_to_tokens(&self.dk, dqkv, &s.qkv_part(1), false);
+        b.heads_to_tokens(&self.dv, dqkv, &s.qkv_part(2), false);
     }
 }

@@ -41,8 +41,21 @@ impl<B: Backend> CrossEntropy<B> {
         b.write(&mut self.coef, &coef);
     }
 
-    pub fn forward(&mut self, b: &B, logits: &B::Tensor, targets: &B::Ids, subsets: &VocabSubsets<B>) {
-        b.log_softmax_gather(logits, targets, subsets, self.vocab, &mut self.logp, &mut self.lse);
+    pub fn forward(
+        &mut self,
+        b: &B,
+        logits: &B::Tensor,
+        targets: &B::Ids,
+        subsets: &VocabSubsets<B>,
+    ) {
+        b.log_softmax_gather(
+            logits,
+            targets,
+            subsets,
+            self.vocab,
+            &mut self.logp,
+            &mut self.lse,
+        );
         b.mul(1.0, &self.coef, &self.logp, &mut self.weighted);
         b.reduce(&self.weighted, Reduce::Sum, &mut self.loss, 0);
     }
@@ -57,7 +70,9 @@ impl<B: Backend> CrossEntropy<B> {
         dlogits: &mut B::Tensor,
         accumulate: bool,
     ) {
-        b.log_softmax_gather_backward(logits, targets, subsets, self.vocab, &self.lse, &self.coef, dlogits, accumulate);
+        b.log_softmax_gather_backward(
+            logits, targets, subsets, self.vocab, &self.lse, &self.coef, dlogits, accumulate,
+        );
     }
 
     pub fn read_loss(&self, b: &B) -> f32 {

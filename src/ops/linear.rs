@@ -11,7 +11,14 @@ pub struct Linear {
 }
 
 impl Linear {
-    pub fn forward<B: Backend>(&self, b: &B, x: &B::Tensor, w: &B::Tensor, bias: Option<&B::Tensor>, y: &mut B::Tensor) {
+    pub fn forward<B: Backend>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        w: &B::Tensor,
+        bias: Option<&B::Tensor>,
+        y: &mut B::Tensor,
+    ) {
         b.matmul(x, w, y, &Matmul::new(self.rows, self.outputs, self.inputs));
         if let Some(bias) = bias {
             b.add_bias(y, bias);
@@ -30,7 +37,14 @@ impl Linear {
         dbias: Option<&mut B::Tensor>,
         dx: Option<(&mut B::Tensor, bool)>,
     ) {
-        b.matmul(x, dy, dw, &Matmul::new(self.inputs, self.outputs, self.rows).trans_a().accumulate());
+        b.matmul(
+            x,
+            dy,
+            dw,
+            &Matmul::new(self.inputs, self.outputs, self.rows)
+                .trans_a()
+                .accumulate(),
+        );
         if let Some(dbias) = dbias {
             b.column_sum(dy, self.rows, self.outputs, dbias, true);
         }

@@ -14,7 +14,9 @@ pub fn gpu() -> Option<GpuBackend> {
             eprintln!("SKIPPED: GPU test, no adapter ({e:#}); CAPTUNE_SKIP_GPU_TESTS=1 is set");
             None
         }
-        Err(e) => panic!("{e:#}\n(set CAPTUNE_SKIP_GPU_TESTS=1 to skip GPU tests on a machine without Vulkan)"),
+        Err(e) => panic!(
+            "{e:#}\n(set CAPTUNE_SKIP_GPU_TESTS=1 to skip GPU tests on a machine without Vulkan)"
+        ),
     }
 }
 
@@ -35,11 +37,15 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32)
     let mut worst: Option<(usize, f32)> = None;
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let excess = (g - w).abs() - (atol + rtol * w.abs());
-        if !(excess <= 0.0) && worst.is_none_or(|(_, e)| excess > e || excess.is_nan()) {
+        let fails = excess.is_nan() || excess > 0.0;
+        if fails && worst.is_none_or(|(_, e)| excess > e || excess.is_nan()) {
             worst = Some((i, excess));
         }
     }
     if let Some((i, _)) = worst {
-        panic!("{what}: element {i} is {} but should be {} (rtol {rtol}, atol {atol})", got[i], want[i]);
+        panic!(
+            "{what}: element {i} is {} but should be {} (rtol {rtol}, atol {atol})",
+            got[i], want[i]
+        );
     }
 }

@@ -1,0 +1,129 @@
+//! The `captune` binary: device selection, its errors, `info` and `bench kernels --json`.
+
+use std::process::{Command, Output};
+
+fn captune(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_captune"));
+    cmd.args(args)
+        .env_remove("CAPTUNE_DEVICE")
+        .env_remove("CAPTUNE_WGPU_BACKEND");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("the captune binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn cpu_device_is_chosen_when_asked_for_and_explained() {
+    let out = captune(&["--device", "cpu", "info"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("backend: cpu"), "{stdout}");
+    assert!(stdout.contains("why: --device cpu"), "{stdout}");
+}
+
+#[test]
+fn device_can_come_from_the_environment() {
+    let out = captune(&["info", "--json"], &[("CAPTUNE_DEVICE", "cpu")]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["backend"], "cpu");
+}
+
+#[test]
+fn auto_says_which_backend_it_chose_and_why() {
+    let out = captune(&["info", "--json"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let adapters = info["adapters"].as_array().unwrap();
+    let hardware = adapters
+        .iter()
+        .any(|a| a["device_type"] != "Cpu" && a["device_type"] != "Other");
+    assert_eq!(
+        info["backend"],
+        if hardware { "gpu" } else { "cpu" },
+        "{info}"
+    );
+    assert!(!info["reason"].as_str().unwrap().is_empty());
+    for a in adapters {
+        for key in [
+            "name",
+            "backend",
+            "driver",
+            "max_storage_buffers_per_shader_stage",
+            "timestamp_query",
+        ] {
+            assert!(a.get(key).is_some(), "adapter report lacks {key}: {a}");
+        }
+    }
+}
+
+#[test]
+fn gpu_without_an_adapter_is_a_clear_error_with_the_fix() {
+    // No DX12 on Linux, so no adapter can be found on it.
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let out = captune(
+        &["--device", "gpu", "info"],
+        &[("CAPTUNE_WGPU_BACKEND", "dx12")],
+    );
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("no GPU adapter found"), "{stderr}");
+    assert!(stderr.contains("mesa-vulkan-drivers"), "{stderr}");
+    assert!(stderr.contains("--device cpu"), "{stderr}");
+}
+
+#[test]
+fn unknown_wgpu_backend_names_the_valid_ones() {
+    let out = captune(&["info"], &[("CAPTUNE_WGPU_BACKEND", "cuda")]);
+    assert!(!out.status.success());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("CAPTUNE_WGPU_BACKEND=cuda")
+            && stderr.contains("vulkan, metal, dx12 or gl"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bench_kernels_json_has_the_documented_records() {
+    let gpu_ok = captune(&["--device", "gpu", "info"], &[]).status.success();
+    let devices = if gpu_ok { "cpu,gpu" } else { "cpu" };
+    let out = captune(
+        &[
+            "--device",
+            devices,
+            "bench",
+            "kernels",
+            "--json",
+            "--sizes",
+            "64,96",
+            "--elementwise-len",
+            "10000",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let backends: Vec<&str> = devices.split(',').collect();
+    assert_eq!(records.len(), 3 * backends.len(), "{records:?}");
+    for r in &records {
+        assert!(backends.contains(&r["backend"].as_str().unwrap()), "{r}");
+        assert!(!r["adapter"].as_str().unwrap().is_empty());
+        match r["op"].as_str().unwrap() {
+            "matmul" => {
+                assert_eq!(r["m"], r["n"]);
+                assert_eq!(r["n"], r["k"]);
+                assert!(r["gflops"].as_f64().unwrap() > 0.0, "{r}");
+            }
+            "axpby" => assert!(r["gbps"].as_f64().unwrap() > 0.0, "{r}"),
+            other => panic!("unexpected op {other}"),
+        }
+    }
+}
