@@ -30,7 +30,7 @@ struct Params {
 @compute @workgroup_size(256)
 fn adamw_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
               @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.y * nwg.x + wid.x) * 256u + lid;
+    let i = flat_index(wid, nwg, lid);
     if (i >= p.len) { return; }
     var clip = 1.0;
     if (p.max_norm > 0.0) {

@@ -1,6 +1,5 @@
-// Elementwise kernels over flat f32 arrays, one thread per element.
-// The grid is 2-D (x * y workgroups of 256) so arrays longer than
-// 65535 * 256 elements fit; `flat_index` undoes it.
+// Elementwise kernels over flat f32 arrays, one thread per element, on a
+// 2-D grid (see `flat_index` in prelude.wgsl).
 
 struct Params {
     len: u32,
@@ -10,10 +9,6 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-
-fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.y * nwg.x + wid.x) * 256u + lid;
-}
 
 // ---- one buffer ----
 

@@ -15,10 +15,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 
-fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.y * nwg.x + wid.x) * 256u + lid;
-}
-
 @group(0) @binding(1) var<storage, read> table: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;

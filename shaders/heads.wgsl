@@ -29,10 +29,6 @@ fn token_major_index(i: u32) -> u32 {
     return (b * p.seq + t) * p.row_stride + p.col_offset + h * p.head_dim + e;
 }
 
-fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
-    return (wid.y * nwg.x + wid.x) * 256u + lid;
-}
-
 @compute @workgroup_size(256)
 fn tokens_to_heads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {

@@ -9,24 +9,9 @@ struct Params {
     accumulate: u32, // backward: 1 = add dx to the existing gradient
 }
 
-const WG: u32 = 256u;
 const ROW_BLOCK: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: Params;
-
-var<workgroup> scratch: array<f32, 256>;
-
-fn row_sum(lid: u32, v: f32) -> f32 {
-    scratch[lid] = v;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (lid < stride) { scratch[lid] += scratch[lid + stride]; }
-    }
-    workgroupBarrier();
-    let total = scratch[0];
-    workgroupBarrier(); // scratch is reused by the next call
-    return total;
-}
 
 // ---- forward ----
 
@@ -40,18 +25,18 @@ fn row_sum(lid: u32, v: f32) -> f32 {
 @compute @workgroup_size(256)
 fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = wid.y * nwg.x + wid.x;
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; } // uniform across the workgroup
     let base = row * p.cols;
     var s = 0.0;
     for (var c = lid; c < p.cols; c += WG) { s += x[base + c]; }
-    let mean = row_sum(lid, s) / f32(p.cols);
+    let mean = workgroup_reduce(lid, s, false) / f32(p.cols);
     var sq = 0.0;
     for (var c = lid; c < p.cols; c += WG) {
         let d = x[base + c] - mean;
         sq += d * d;
     }
-    let rstd = inverseSqrt(row_sum(lid, sq) / f32(p.cols) + p.eps);
+    let rstd = inverseSqrt(workgroup_reduce(lid, sq, false) / f32(p.cols) + p.eps);
     for (var c = lid; c < p.cols; c += WG) {
         y[base + c] = (x[base + c] - mean) * rstd * gamma[c] + beta[c];
     }
@@ -74,7 +59,7 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 @compute @workgroup_size(256)
 fn layer_norm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                        @builtin(local_invocation_index) lid: u32) {
-    let row = wid.y * nwg.x + wid.x;
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; }
     let base = row * p.cols;
     let mean = mean_b[row];
@@ -87,8 +72,8 @@ fn layer_norm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
         sg += g;
         sgx += g * xhat;
     }
-    let mean_g = row_sum(lid, sg) / f32(p.cols);
-    let mean_gx = row_sum(lid, sgx) / f32(p.cols);
+    let mean_g = workgroup_reduce(lid, sg, false) / f32(p.cols);
+    let mean_gx = workgroup_reduce(lid, sgx, false) / f32(p.cols);
     for (var c = lid; c < p.cols; c += WG) {
         let g = dy_b[base + c] * gamma_b[c];
         let xhat = (x_b[base + c] - mean) * rstd;

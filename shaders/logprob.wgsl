@@ -18,8 +18,6 @@ struct Params {
 }
 
 const FULL: u32 = 0xffffffffu;
-const WG: u32 = 256u;
-const NEG_INF: f32 = -3.402823e38;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
@@ -33,26 +31,6 @@ fn allowed(row: u32, j: u32) -> bool {
     return ((masks[subset * p.words + j / 32u] >> (j % 32u)) & 1u) != 0u;
 }
 
-var<workgroup> scratch: array<f32, 256>;
-
-fn row_reduce(lid: u32, v: f32, take_max: bool) -> f32 {
-    scratch[lid] = v;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            if (take_max) {
-                scratch[lid] = max(scratch[lid], scratch[lid + stride]);
-            } else {
-                scratch[lid] += scratch[lid + stride];
-            }
-        }
-    }
-    workgroupBarrier();
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
-
 // ---- forward: one workgroup per row ----
 
 @group(0) @binding(5) var<storage, read_write> logp: array<f32>;
@@ -61,19 +39,19 @@ fn row_reduce(lid: u32, v: f32, take_max: bool) -> f32 {
 @compute @workgroup_size(256)
 fn log_softmax_gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = wid.y * nwg.x + wid.x;
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; }
     let base = row * p.vocab;
     var m = NEG_INF;
     for (var j = lid; j < p.vocab; j += WG) {
         if (allowed(row, j)) { m = max(m, logits[base + j]); }
     }
-    m = row_reduce(lid, m, true);
+    m = workgroup_reduce(lid, m, true);
     var s = 0.0;
     for (var j = lid; j < p.vocab; j += WG) {
         if (allowed(row, j)) { s += exp(logits[base + j] - m); }
     }
-    s = row_reduce(lid, s, false);
+    s = workgroup_reduce(lid, s, false);
     if (lid == 0u) {
         let lse = m + log(s);
         lse_out[row] = lse;
@@ -90,7 +68,7 @@ fn log_softmax_gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 @compute @workgroup_size(256)
 fn log_softmax_gather_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                @builtin(local_invocation_index) lid: u32) {
-    let i = (wid.y * nwg.x + wid.x) * 256u + lid;
+    let i = flat_index(wid, nwg, lid);
     if (i >= p.rows * p.vocab) { return; }
     let row = i / p.vocab;
     let j = i % p.vocab;

@@ -21,14 +21,11 @@ struct Params {
 const OP_SUM: u32 = 0u;
 const OP_MAX: u32 = 1u;
 const OP_SUMSQ: u32 = 2u;
-const WG: u32 = 256u;
 const ROW_BLOCK: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
-
-var<workgroup> scratch: array<f32, 256>;
 
 fn identity() -> f32 {
     if (p.op == OP_MAX) { return -3.402823e38; }
@@ -40,21 +37,10 @@ fn combine(acc: f32, v: f32) -> f32 {
     return acc + v;
 }
 
-// Tree-reduce `scratch` within the workgroup; the result lands in scratch[0].
-fn workgroup_reduce(lid: u32) {
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            scratch[lid] = combine(scratch[lid], scratch[lid + stride]);
-        }
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(256)
 fn reduce_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let group = wid.y * nwg.x + wid.x;
+    let group = workgroup_index(wid, nwg);
     let start = group * p.chunk;
     let end = min(start + p.chunk, p.len);
     var acc = identity();
@@ -63,9 +49,8 @@ fn reduce_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         if (p.op == OP_SUMSQ) { v = v * v; }
         acc = combine(acc, v);
     }
-    scratch[lid] = acc;
-    workgroup_reduce(lid);
-    if (lid == 0u) { out[group] = scratch[0]; }
+    let total = workgroup_reduce(lid, acc, p.op == OP_MAX);
+    if (lid == 0u) { out[group] = total; }
 }
 
 @compute @workgroup_size(256)
@@ -74,10 +59,9 @@ fn reduce_final(@builtin(local_invocation_index) lid: u32) {
     for (var i = lid; i < p.len; i += WG) {
         acc = combine(acc, x[i]);
     }
-    scratch[lid] = acc;
-    workgroup_reduce(lid);
+    let total = workgroup_reduce(lid, acc, p.op == OP_MAX);
     if (lid == 0u) {
-        var v = scratch[0] * p.scale;
+        var v = total * p.scale;
         if (p.accumulate != 0u) { v += out[p.out_index]; }
         out[p.out_index] = v;
     }

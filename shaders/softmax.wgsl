@@ -18,34 +18,8 @@ struct Params {
     _pad: u32,
 }
 
-const WG: u32 = 256u;
-const NEG_INF: f32 = -3.402823e38;
 
 @group(0) @binding(0) var<uniform> p: Params;
-
-var<workgroup> scratch: array<f32, 256>;
-
-fn row_reduce(lid: u32, v: f32, take_max: bool) -> f32 {
-    scratch[lid] = v;
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        workgroupBarrier();
-        if (lid < stride) {
-            if (take_max) {
-                scratch[lid] = max(scratch[lid], scratch[lid + stride]);
-            } else {
-                scratch[lid] += scratch[lid + stride];
-            }
-        }
-    }
-    workgroupBarrier();
-    let total = scratch[0];
-    workgroupBarrier();
-    return total;
-}
-
-fn row_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wid.y * nwg.x + wid.x;
-}
 
 // ---- forward ----
 
@@ -66,19 +40,19 @@ fn allowed(row: u32, col: u32) -> bool {
 @compute @workgroup_size(256)
 fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wid, nwg);
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; }
     let base = row * p.cols;
     var m = NEG_INF;
     for (var c = lid; c < p.cols; c += WG) {
         if (allowed(row, c)) { m = max(m, x[base + c]); }
     }
-    m = row_reduce(lid, m, true);
+    m = workgroup_reduce(lid, m, true);
     var s = 0.0;
     for (var c = lid; c < p.cols; c += WG) {
         if (allowed(row, c)) { s += exp(x[base + c] - m); }
     }
-    s = row_reduce(lid, s, false);
+    s = workgroup_reduce(lid, s, false);
     for (var c = lid; c < p.cols; c += WG) {
         var v = 0.0;
         if (allowed(row, c)) { v = exp(x[base + c] - m) / s; }
@@ -95,12 +69,12 @@ fn softmax_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 @compute @workgroup_size(256)
 fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
-    let row = row_index(wid, nwg);
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; }
     let base = row * p.cols;
     var s = 0.0;
     for (var c = lid; c < p.cols; c += WG) { s += dy[base + c] * y_b[base + c]; }
-    s = row_reduce(lid, s, false);
+    s = workgroup_reduce(lid, s, false);
     for (var c = lid; c < p.cols; c += WG) {
         var v = y_b[base + c] * (dy[base + c] - s);
         if (p.accumulate != 0u) { v += dx[base + c]; }

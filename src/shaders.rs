@@ -1,20 +1,37 @@
 //! The WGSL kernel families, embedded in the binary. One file per family in
-//! `shaders/`; `tests/shaders_validate.rs` checks that this list and the
-//! folder agree and that naga accepts every file.
+//! `shaders/`, each with `shaders/prelude.wgsl` (shared helpers) prepended,
+//! since WGSL has no imports. `tests/shaders_validate.rs` checks that this
+//! list and the folder agree and that naga accepts every family.
+
+/// `(family, prelude + shaders/<family>.wgsl)`.
+macro_rules! family {
+    ($name:literal) => {
+        (
+            $name,
+            concat!(
+                include_str!("../shaders/prelude.wgsl"),
+                include_str!(concat!("../shaders/", $name, ".wgsl"))
+            ),
+        )
+    };
+}
 
 pub const SHADERS: &[(&str, &str)] = &[
-    ("adamw", include_str!("../shaders/adamw.wgsl")),
-    ("elementwise", include_str!("../shaders/elementwise.wgsl")),
-    ("embedding", include_str!("../shaders/embedding.wgsl")),
-    ("heads", include_str!("../shaders/heads.wgsl")),
-    ("layernorm", include_str!("../shaders/layernorm.wgsl")),
-    ("logprob", include_str!("../shaders/logprob.wgsl")),
-    ("matmul", include_str!("../shaders/matmul.wgsl")),
-    ("reduce", include_str!("../shaders/reduce.wgsl")),
-    ("softmax", include_str!("../shaders/softmax.wgsl")),
+    family!("adamw"),
+    family!("elementwise"),
+    family!("embedding"),
+    family!("heads"),
+    family!("layernorm"),
+    family!("logprob"),
+    family!("matmul"),
+    family!("reduce"),
+    family!("softmax"),
 ];
 
-/// The source of the family `name`.
+/// The file every family's source starts with.
+pub const PRELUDE: &str = include_str!("../shaders/prelude.wgsl");
+
+/// The source of the family `name`, prelude included.
 pub fn source(name: &str) -> &'static str {
     SHADERS
         .iter()

@@ -3,45 +3,66 @@
 
 use std::path::Path;
 
+fn validate(name: &str, source: &str) -> naga::Module {
+    let module = naga::front::wgsl::parse_str(source)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+    let mut validator = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    );
+    validator
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+    module
+}
+
+/// Every `shaders/*.wgsl` file but the prelude: the kernel families.
+fn family_files() -> Vec<std::path::PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("wgsl"))
+        .filter(|p| p.file_stem().and_then(|s| s.to_str()) != Some("prelude"))
+        .collect();
+    files.sort();
+    files
+}
+
 #[test]
 fn every_shader_file_validates_with_naga() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
-    let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("wgsl") {
-            continue;
-        }
-        let source = std::fs::read_to_string(&path).unwrap();
-        let module = naga::front::wgsl::parse_str(&source)
-            .unwrap_or_else(|e| panic!("{}: {}", path.display(), e.emit_to_string(&source)));
-        let mut validator = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        );
-        validator
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{}: {}", path.display(), e.emit_to_string(&source)));
+    let prelude = validate("shaders/prelude.wgsl", captune::shaders::PRELUDE);
+    assert!(
+        prelude.entry_points.is_empty(),
+        "the prelude must not define kernels"
+    );
+    for path in family_files() {
+        let source =
+            captune::shaders::PRELUDE.to_string() + &std::fs::read_to_string(&path).unwrap();
+        let module = validate(&format!("{} (after the prelude)", path.display()), &source);
         assert!(
             !module.entry_points.is_empty(),
             "{}: no entry points",
             path.display()
         );
-        checked += 1;
     }
-    assert_eq!(
-        checked,
-        captune::shaders::SHADERS.len(),
-        "validated files vs embedded shader families"
-    );
 }
 
 #[test]
 fn embedded_shaders_are_the_files_on_disk() {
+    let names: Vec<String> = family_files()
+        .iter()
+        .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let embedded: Vec<&str> = captune::shaders::SHADERS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        names, embedded,
+        "shaders/ and src/shaders.rs list different families"
+    );
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
     for (name, source) in captune::shaders::SHADERS {
-        let on_disk = std::fs::read_to_string(dir.join(format!("{name}.wgsl")))
-            .unwrap_or_else(|e| panic!("shaders/{name}.wgsl: {e}"));
+        let on_disk = captune::shaders::PRELUDE.to_string()
+            + &std::fs::read_to_string(dir.join(format!("{name}.wgsl"))).unwrap();
         assert_eq!(
             &on_disk, source,
             "shaders/{name}.wgsl differs from the embedded copy"
