@@ -75,6 +75,8 @@ pub struct GpuBackend {
     modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: RefCell<HashMap<(&'static str, &'static str), Rc<Pipeline>>>,
     recorder: RefCell<Recorder>,
+    /// Bound in place of a key mask when a softmax has none.
+    no_mask: GpuIds,
 }
 
 impl GpuBackend {
@@ -102,6 +104,14 @@ impl GpuBackend {
         } else {
             MatmulKernel::Registers
         };
+        let no_mask = GpuIds(GpuBuffer {
+            buffer: device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("no key mask"),
+                contents: &[1, 0, 0, 0],
+                usage: wgpu::BufferUsages::STORAGE,
+            }),
+            len: 1,
+        });
         Ok(GpuBackend {
             device,
             queue,
@@ -117,6 +127,7 @@ impl GpuBackend {
                 params: Vec::new(),
                 params_buffer,
             }),
+            no_mask,
         })
     }
 

@@ -469,14 +469,7 @@ impl Backend for GpuBackend {
             accumulate: 0,
             _pad: 0,
         };
-        let no_mask;
-        let mask = match key_mask {
-            Some(m) => &m.0,
-            None => {
-                no_mask = self.new_ids(&[1]);
-                &no_mask.0
-            }
-        };
+        let mask = &key_mask.unwrap_or(&self.no_mask).0;
         self.dispatch(
             "softmax",
             "softmax_forward",
