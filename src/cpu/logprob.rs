@@ -1,5 +1,6 @@
 //! CPU twins of `shaders/logprob.wgsl`.
 
+use super::softmax::masked_max_and_sum;
 use crate::index::allowed;
 use rayon::prelude::*;
 
@@ -24,14 +25,7 @@ pub fn forward(
         .for_each(|(r, (logp, lse))| {
             let z = &logits[r * vocab..(r + 1) * vocab];
             let ok = |j: usize| allowed(s.row_subset, s.bits, s.words, targets, r, j);
-            let max = (0..vocab)
-                .filter(|&j| ok(j))
-                .map(|j| z[j])
-                .fold(f32::MIN, f32::max);
-            let sum: f32 = (0..vocab)
-                .filter(|&j| ok(j))
-                .map(|j| (z[j] - max).exp())
-                .sum();
+            let (max, sum) = masked_max_and_sum(z, ok);
             *lse = max + sum.ln();
             *logp = z[targets[r] as usize] - *lse;
         });

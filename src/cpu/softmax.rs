@@ -3,6 +3,20 @@
 use crate::backend::SoftmaxRows;
 use rayon::prelude::*;
 
+/// The largest allowed entry of `x`, and the sum of exp(entry - largest)
+/// over the allowed entries: the two passes of a stable (log-)softmax.
+pub(super) fn masked_max_and_sum(x: &[f32], allowed: impl Fn(usize) -> bool) -> (f32, f32) {
+    let max = (0..x.len())
+        .filter(|&j| allowed(j))
+        .map(|j| x[j])
+        .fold(f32::MIN, f32::max);
+    let sum = (0..x.len())
+        .filter(|&j| allowed(j))
+        .map(|j| (x[j] - max).exp())
+        .sum();
+    (max, sum)
+}
+
 pub fn forward(x: &[f32], y: &mut [f32], rows: &SoftmaxRows, key_mask: Option<&[u32]>) {
     let cols = rows.cols;
     y[..rows.rows * cols]
@@ -15,14 +29,7 @@ pub fn forward(x: &[f32], y: &mut [f32], rows: &SoftmaxRows, key_mask: Option<&[
             let allowed = |j: usize| {
                 (!rows.causal || j <= q) && key_mask.is_none_or(|m| m[b * cols + j] != 0)
             };
-            let max = (0..cols)
-                .filter(|&j| allowed(j))
-                .map(|j| x[j])
-                .fold(f32::MIN, f32::max);
-            let sum: f32 = (0..cols)
-                .filter(|&j| allowed(j))
-                .map(|j| (x[j] - max).exp())
-                .sum();
+            let (max, sum) = masked_max_and_sum(x, allowed);
             for j in 0..cols {
                 y[j] = if allowed(j) {
                     (x[j] - max).exp() / sum
