@@ -28,7 +28,7 @@ const ROW_BLOCK: u32 = 64u;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
 
 fn identity() -> f32 {
-    if (p.op == OP_MAX) { return -3.402823e38; }
+    if (p.op == OP_MAX) { return NEG_INF; }
     return 0.0;
 }
 

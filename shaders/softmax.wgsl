@@ -18,7 +18,6 @@ struct Params {
     _pad: u32,
 }
 
-
 @group(0) @binding(0) var<uniform> p: Params;
 
 // ---- forward ----

@@ -2,7 +2,7 @@
 
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, adapter};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
 pub enum DeviceChoice {
@@ -45,16 +45,13 @@ pub fn select(choice: DeviceChoice) -> Result<Selection> {
     match choice {
         DeviceChoice::Cpu => Ok(cpu("--device cpu was asked for".into())),
         DeviceChoice::Gpu => {
-            let Some(found) = adapter::adapters(backends).into_iter().next() else {
-                bail!(no_adapter_message(backends));
-            };
-            let info = found.get_info();
+            let backend = GpuBackend::best_available().context("--device gpu")?;
+            let info = backend.info().clone();
             let kind = if adapter::is_hardware(&info) {
                 "hardware"
             } else {
                 "software"
             };
-            let backend = GpuBackend::new(&found)?;
             Ok(Selection {
                 reason: format!(
                     "--device gpu: best adapter is {kind}: {}",
@@ -97,15 +94,6 @@ fn cpu(reason: String) -> Selection {
         backend: AnyBackend::Cpu(CpuBackend::new()),
         reason,
     }
-}
-
-fn no_adapter_message(backends: wgpu::Backends) -> String {
-    format!(
-        "--device gpu: no GPU adapter found on wgpu backends {backends:?}.\n\
-         Fix: install a Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers` for the \
-         software adapter lavapipe, or your GPU vendor's driver), check {} if it is set, or use --device cpu.",
-        adapter::BACKEND_ENV
-    )
 }
 
 impl std::fmt::Display for Selection {

@@ -54,10 +54,6 @@ impl<B: Backend> AdamW<B> {
         }
     }
 
-    pub fn steps_taken(&self) -> u64 {
-        self.step
-    }
-
     /// Updates every parameter from its gradient (same order as in `new`).
     pub fn step(&mut self, b: &B, params: &mut [&mut B::Tensor], grads: &[&B::Tensor]) {
         assert!(

@@ -135,10 +135,14 @@ impl GpuBackend {
     /// hardware or software.
     pub fn best_available() -> Result<Self> {
         let backends = adapter::backends_from_env()?;
-        let adapter = adapter::adapters(backends).into_iter().next().context(
-            "no GPU adapter found: install a Vulkan driver (on Debian/Ubuntu: `apt-get install mesa-vulkan-drivers` \
-             gives the software adapter lavapipe), or use --device cpu",
-        )?;
+        let adapter = adapter::adapters(backends).into_iter().next().with_context(|| {
+            format!(
+                "no GPU adapter found on wgpu backends {backends:?}.\n\
+                 Fix: install a Vulkan driver (Debian/Ubuntu: `sudo apt-get install mesa-vulkan-drivers` for the \
+                 software adapter lavapipe, or your GPU vendor's driver), check {} if it is set, or use --device cpu.",
+                adapter::BACKEND_ENV
+            )
+        })?;
         Self::new(&adapter)
     }
 
