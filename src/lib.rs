@@ -4,9 +4,11 @@
 pub mod backend;
 pub mod bench;
 pub mod cpu;
+pub mod data;
 pub mod device;
 pub mod gpu;
 pub mod index;
 pub mod ops;
 pub mod optim;
 pub mod shaders;
+pub mod tensorfile;

@@ -1,0 +1,144 @@
+//! Karpathy split files (`dataset_coco.json`, `dataset_flickr8k.json`,
+//! `dataset_flickr30k.json`): `{"images": [{"filename", "filepath"?,
+//! "imgid", "cocoid"?, "split", "sentences": [{"raw", ...}]}]}`. The shapes
+//! world writes the same layout, with each image's `scene` added.
+
+use super::{Dataset, Item, LoadReport, Split, caption, shapes::Scene};
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+#[derive(Deserialize)]
+struct Entry {
+    filename: String,
+    #[serde(default)]
+    filepath: Option<String>,
+    #[serde(default)]
+    imgid: Option<serde_json::Value>,
+    #[serde(default)]
+    cocoid: Option<serde_json::Value>,
+    split: String,
+    sentences: Vec<Sentence>,
+    #[serde(default)]
+    scene: Option<Scene>,
+}
+
+#[derive(Deserialize)]
+struct Sentence {
+    raw: String,
+}
+
+/// Reads a JSON file, naming the file and the line and column of a syntax error.
+pub fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: malformed JSON at line {} column {}: {e}; fix or re-download the file",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })
+}
+
+fn id_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Loads a Karpathy split file; images are looked for in `images`
+/// (default: the `images` folder beside the file), under `filepath` when
+/// an entry has one.
+pub fn load(path: &Path, images: Option<&Path>) -> Result<Dataset> {
+    let json = read_json(path)?;
+    let Some(entries) = json.get("images").and_then(|v| v.as_array()) else {
+        bail!(
+            "{}: no \"images\" array: this is not a Karpathy split file (for COCO annotation files use coco:PATH)",
+            path.display()
+        );
+    };
+    let image_dir: PathBuf = match images {
+        Some(dir) => dir.to_path_buf(),
+        None => path.parent().unwrap_or(Path::new(".")).join("images"),
+    };
+    let name = json
+        .get("dataset")
+        .and_then(|v| v.as_str())
+        .unwrap_or("karpathy")
+        .to_string();
+    let mut report = LoadReport::default();
+    let mut items = Vec::with_capacity(entries.len());
+    for (k, value) in entries.iter().enumerate() {
+        let entry: Entry = match Entry::deserialize(value) {
+            Ok(e) => e,
+            Err(e) => {
+                report.skip_item(format!("{}: images[{k}]: {e}; skipped", path.display()));
+                continue;
+            }
+        };
+        let id = entry
+            .cocoid
+            .as_ref()
+            .or(entry.imgid.as_ref())
+            .map(id_text)
+            .unwrap_or_else(|| entry.filename.clone());
+        let label = format!("images[{k}] (id {id}, {})", entry.filename);
+        let Some(split) = Split::parse(&entry.split) else {
+            report.skip_item(format!(
+                "{}: {label}: unknown split {:?} (expected train, restval, val or test); skipped",
+                path.display(),
+                entry.split
+            ));
+            continue;
+        };
+        let image = resolve(&image_dir, entry.filepath.as_deref(), &entry.filename);
+        if !image.is_file() {
+            report.skip_item(format!(
+                "{}: {label}: image {} not found (pass the image folder with --images); skipped",
+                path.display(),
+                image.display()
+            ));
+            continue;
+        }
+        let captions: Vec<_> = entry
+            .sentences
+            .iter()
+            .filter_map(|s| caption(&s.raw, path, &label, &mut report))
+            .collect();
+        if captions.is_empty() {
+            report.skip_item(format!(
+                "{}: {label}: no caption with a token; skipped",
+                path.display()
+            ));
+            continue;
+        }
+        items.push(Item {
+            id,
+            split,
+            image,
+            captions,
+            scene: entry.scene,
+        });
+    }
+    if items.is_empty() {
+        bail!("{}: no usable image ({})", path.display(), report);
+    }
+    Ok(Dataset {
+        name,
+        items,
+        report,
+    })
+}
+
+fn resolve(dir: &Path, filepath: Option<&str>, filename: &str) -> PathBuf {
+    if let Some(sub) = filepath {
+        let nested = dir.join(sub).join(filename);
+        if nested.is_file() {
+            return nested;
+        }
+    }
+    dir.join(filename)
+}

@@ -1,0 +1,382 @@
+//! Facts: what a caption states about a shapes-world scene, checked
+//! exactly against the scene.
+//!
+//! A scene's facts are, per object, its shape, colour, size, fill and
+//! position (cell), plus the scene's object count and its background.
+//! A caption is parsed into noun phrases ("two small striped red circles in
+//! the top left corner"), counts ("three shapes"), a background ("on a gray
+//! background") and relations ("below it", "to the left of a blue star").
+//! Each object a noun phrase speaks of is aligned with the scene object
+//! that agrees with it most (each scene object used once where possible);
+//! every attribute the phrase states is then one stated fact, true when the
+//! aligned object has it. A count of a kind ("two red circles") and a
+//! relation are stated facts of their own.
+//!
+//! Fact precision = stated facts that hold / stated facts; fact recall =
+//! scene facts some true stated fact covers / scene facts.
+
+use super::lexicon::{self, RegionWord};
+use super::scene::{Background, Cell, Colour, Fill, Object, Scene, Shape, Size};
+use crate::data::tokenize::ptb_tokenize;
+use std::collections::HashSet;
+
+/// The attributes a noun phrase gives (None = not stated).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Description {
+    pub shape: Option<Shape>,
+    pub colour: Option<Colour>,
+    pub size: Option<Size>,
+    pub fill: Option<Fill>,
+    pub cell: Option<Cell>,
+}
+
+impl Description {
+    fn agreements(&self, o: &Object) -> (usize, usize) {
+        let checks = [
+            self.shape.map(|s| s == o.shape),
+            self.colour.map(|c| c == o.colour),
+            self.size.map(|s| s == o.size),
+            self.fill.map(|f| f == o.fill),
+            self.cell.map(|c| c == o.cell),
+        ];
+        let stated = checks.iter().flatten().count();
+        let agree = checks.iter().flatten().filter(|&&ok| ok).count();
+        (agree, stated)
+    }
+
+    fn matches(&self, o: &Object) -> bool {
+        let (agree, stated) = self.agreements(o);
+        agree == stated
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relation {
+    LeftOf,
+    RightOf,
+    Above,
+    Below,
+}
+
+impl Relation {
+    fn holds(self, a: Cell, b: Cell) -> bool {
+        match self {
+            Relation::LeftOf => a.col < b.col,
+            Relation::RightOf => a.col > b.col,
+            Relation::Above => a.row < b.row,
+            Relation::Below => a.row > b.row,
+        }
+    }
+}
+
+/// One noun phrase: how many objects it speaks of and what it says of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Phrase {
+    pub description: Description,
+    /// A number word ("two", "single"), if any.
+    pub number: Option<u8>,
+    pub plural: bool,
+    /// "shape", "objects": no shape stated.
+    pub generic: bool,
+}
+
+impl Phrase {
+    /// How many scene objects the phrase is aligned with.
+    fn instances(&self) -> usize {
+        match self.number {
+            Some(n) => n as usize,
+            None if self.plural => 2,
+            None => 1,
+        }
+    }
+
+    /// "three shapes": a statement about the whole scene, not an object.
+    fn is_total_count(&self) -> bool {
+        self.generic && self.description == Description::default()
+    }
+}
+
+/// What a caption states, before it is checked against a scene.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Statements {
+    pub phrases: Vec<Phrase>,
+    pub background: Option<Background>,
+    /// (subject phrase, relation, object phrase), indices into `phrases`.
+    pub relations: Vec<(usize, Relation, usize)>,
+}
+
+/// Parses a caption (any case or punctuation) into what it states.
+pub fn parse(caption: &str) -> Statements {
+    let tokens = ptb_tokenize(caption);
+    let words: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut out = Statements::default();
+    // A relation seen whose object phrase is still to come.
+    let mut pending: Option<(usize, Relation)> = None;
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        let next = words.get(i + 1).copied();
+        if let (Some(bg), Some("background")) = (lexicon::parse_background(w), next) {
+            out.background = Some(bg);
+            i += 2;
+            continue;
+        }
+        if let Some((relation, len)) = relation_at(&words[i..]) {
+            if let Some(subject) = out.phrases.len().checked_sub(1) {
+                pending = Some((subject, relation));
+            }
+            i += len;
+            continue;
+        }
+        if matches!(w, "it" | "that" | "this")
+            && let Some((subject, relation)) = pending.take()
+            && subject > 0
+        {
+            out.relations.push((subject, relation, subject - 1));
+            i += 1;
+            continue;
+        }
+        if lexicon::region_word(w).is_some() {
+            let (cell, len) = region_at(&words[i..]);
+            if let Some(last) = out.phrases.last_mut()
+                && last.description.cell.is_none()
+                && !last.generic
+            {
+                last.description.cell = Some(cell);
+            }
+            i += len;
+            continue;
+        }
+        if let Some((phrase, len)) = phrase_at(&words[i..]) {
+            out.phrases.push(phrase);
+            if let Some((subject, relation)) = pending.take() {
+                out.relations
+                    .push((subject, relation, out.phrases.len() - 1));
+            }
+            i += len;
+            continue;
+        }
+        i += 1;
+    }
+    out
+}
+
+fn relation_at(words: &[&str]) -> Option<(Relation, usize)> {
+    match words {
+        ["to", "the", "left", "of", ..] => Some((Relation::LeftOf, 4)),
+        ["to", "the", "right", "of", ..] => Some((Relation::RightOf, 4)),
+        ["left", "of", ..] => Some((Relation::LeftOf, 2)),
+        ["right", "of", ..] => Some((Relation::RightOf, 2)),
+        ["above" | "over", ..] => Some((Relation::Above, 1)),
+        ["below" | "under" | "beneath" | "underneath", ..] => Some((Relation::Below, 1)),
+        _ => None,
+    }
+}
+
+/// A run of position words ("top left corner"): a row alone means its
+/// middle column, a column alone its middle row.
+fn region_at(words: &[&str]) -> (Cell, usize) {
+    let (mut row, mut col) = (None, None);
+    let mut len = 0;
+    for w in words {
+        match lexicon::region_word(w) {
+            Some(RegionWord::Row(r)) => row = Some(r),
+            Some(RegionWord::Col(c)) => col = Some(c),
+            Some(RegionWord::Centre) => {}
+            None if matches!(*w, "corner" | "side" | "hand" | "-") => {}
+            None => break,
+        }
+        len += 1;
+    }
+    (
+        Cell {
+            row: row.unwrap_or(1),
+            col: col.unwrap_or(1),
+        },
+        len,
+    )
+}
+
+/// [article | number] attributes* noun. Attributes with no noun after them
+/// state nothing.
+fn phrase_at(words: &[&str]) -> Option<(Phrase, usize)> {
+    let mut i = 0;
+    let mut number = None;
+    if let Some(&w) = words.first() {
+        if let Some(n) = lexicon::parse_number(w) {
+            number = Some(n);
+            i += 1;
+        } else if matches!(w, "a" | "an") {
+            i += 1;
+        }
+    }
+    let mut d = Description::default();
+    while let Some(&w) = words.get(i) {
+        if let Some(c) = lexicon::parse_colour(w) {
+            d.colour = Some(c);
+        } else if let Some(s) = lexicon::parse_size(w) {
+            d.size = Some(s);
+        } else if let Some(f) = lexicon::parse_fill(w) {
+            d.fill = Some(f);
+        } else {
+            break;
+        }
+        i += 1;
+    }
+    let noun = *words.get(i)?;
+    let (generic, plural) = if let Some((shape, plural)) = lexicon::parse_shape(noun) {
+        d.shape = Some(shape);
+        (false, plural)
+    } else {
+        (true, lexicon::parse_generic(noun)?)
+    };
+    Some((
+        Phrase {
+            description: d,
+            number,
+            plural,
+            generic,
+        },
+        i + 1,
+    ))
+}
+
+/// One scene fact: an attribute of object `i`, the count, or the background.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SceneFact {
+    Shape(usize),
+    Colour(usize),
+    Size(usize),
+    Fill(usize),
+    Cell(usize),
+    Count,
+    Background,
+}
+
+pub fn scene_facts(scene: &Scene) -> Vec<SceneFact> {
+    let mut facts: Vec<SceneFact> = (0..scene.objects.len())
+        .flat_map(|i| {
+            [
+                SceneFact::Shape(i),
+                SceneFact::Colour(i),
+                SceneFact::Size(i),
+                SceneFact::Fill(i),
+                SceneFact::Cell(i),
+            ]
+        })
+        .collect();
+    facts.extend([SceneFact::Count, SceneFact::Background]);
+    facts
+}
+
+/// A caption's stated facts checked against one scene.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checked {
+    pub stated: usize,
+    pub true_stated: usize,
+    pub covered: HashSet<SceneFact>,
+    pub scene_facts: usize,
+}
+
+impl Checked {
+    /// Stated facts that hold / stated facts (1 when nothing is stated).
+    pub fn precision(&self) -> f64 {
+        if self.stated == 0 {
+            1.0
+        } else {
+            self.true_stated as f64 / self.stated as f64
+        }
+    }
+
+    pub fn recall(&self) -> f64 {
+        self.covered.len() as f64 / self.scene_facts as f64
+    }
+
+    /// Every stated fact holds.
+    pub fn consistent(&self) -> bool {
+        self.true_stated == self.stated
+    }
+}
+
+impl Statements {
+    pub fn check(&self, scene: &Scene) -> Checked {
+        let mut c = Checked {
+            stated: 0,
+            true_stated: 0,
+            covered: HashSet::new(),
+            scene_facts: scene_facts(scene).len(),
+        };
+        let state = |c: &mut Checked, holds: bool, covers: Option<SceneFact>| {
+            c.stated += 1;
+            if holds {
+                c.true_stated += 1;
+                c.covered.extend(covers);
+            }
+        };
+        if let Some(bg) = self.background {
+            state(&mut c, bg == scene.background, Some(SceneFact::Background));
+        }
+        let mut used = vec![false; scene.objects.len()];
+        // The scene object each phrase's first instance was aligned with.
+        let mut anchor: Vec<Option<usize>> = Vec::with_capacity(self.phrases.len());
+        for p in &self.phrases {
+            let d = &p.description;
+            if p.is_total_count() {
+                let n = p.number.map(usize::from);
+                if let Some(n) = n {
+                    state(&mut c, n == scene.objects.len(), Some(SceneFact::Count));
+                }
+                anchor.push(None);
+                continue;
+            }
+            if let Some(n) = p.number.filter(|&n| n >= 2) {
+                let count = scene.objects.iter().filter(|o| d.matches(o)).count();
+                state(&mut c, count == n as usize, None);
+            }
+            let mut first = None;
+            for _ in 0..p.instances() {
+                let Some(i) = align(d, &scene.objects, &used) else {
+                    break;
+                };
+                used[i] = true;
+                first.get_or_insert(i);
+                let o = &scene.objects[i];
+                let attributes = [
+                    (d.shape.map(|s| s == o.shape), SceneFact::Shape(i)),
+                    (d.colour.map(|x| x == o.colour), SceneFact::Colour(i)),
+                    (d.size.map(|s| s == o.size), SceneFact::Size(i)),
+                    (d.fill.map(|f| f == o.fill), SceneFact::Fill(i)),
+                    (d.cell.map(|x| x == o.cell), SceneFact::Cell(i)),
+                ];
+                for (holds, fact) in attributes {
+                    if let Some(holds) = holds {
+                        state(&mut c, holds, Some(fact));
+                    }
+                }
+            }
+            anchor.push(first);
+        }
+        for &(a, relation, b) in &self.relations {
+            let holds = match (anchor[a], anchor[b]) {
+                (Some(a), Some(b)) => relation.holds(scene.objects[a].cell, scene.objects[b].cell),
+                _ => false,
+            };
+            state(&mut c, holds, None);
+        }
+        c
+    }
+}
+
+/// An unused object if any is left, the one agreeing with `d` on the most
+/// stated attributes, then the earliest; None for an empty scene.
+fn align(d: &Description, objects: &[Object], used: &[bool]) -> Option<usize> {
+    (0..objects.len()).max_by_key(|&i| {
+        let (agree, _) = d.agreements(&objects[i]);
+        (!used[i], agree, std::cmp::Reverse(i))
+    })
+}
+
+/// Parses `caption` and checks it against `scene`.
+pub fn check(caption: &str, scene: &Scene) -> Checked {
+    parse(caption).check(scene)
+}

@@ -1,0 +1,217 @@
+//! The shapes world: the embedded default data set. Scenes, their pictures
+//! and their reference captions come from a seeded generator; a data set
+//! is written once in the Karpathy layout (PNG images and a split file
+//! with each scene added) and read back like any Karpathy data set.
+
+pub mod captions;
+pub mod facts;
+pub mod lexicon;
+pub mod render;
+pub mod scene;
+pub mod stats;
+
+pub use captions::Verbosity;
+pub use scene::Scene;
+
+use super::{Dataset, Split};
+use anyhow::{Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// Bump when the generator's output changes, so stale caches are not reused.
+const GENERATOR_VERSION: u32 = 1;
+pub const REFERENCES: usize = 5;
+pub const SPLIT_FILE: &str = "dataset_shapes.json";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::Args)]
+pub struct ShapesConfig {
+    /// Seed of the shapes-world generator.
+    #[arg(long = "shapes-seed", default_value_t = 0)]
+    pub seed: u64,
+    /// Image side in pixels.
+    #[arg(long = "shapes-size", default_value_t = 64)]
+    pub image_size: u32,
+    #[arg(long = "shapes-train", default_value_t = 20_000)]
+    pub train: usize,
+    #[arg(long = "shapes-val", default_value_t = 1_000)]
+    pub val: usize,
+    #[arg(long = "shapes-test", default_value_t = 1_000)]
+    pub test: usize,
+}
+
+impl Default for ShapesConfig {
+    fn default() -> Self {
+        ShapesConfig {
+            seed: 0,
+            image_size: 64,
+            train: 20_000,
+            val: 1_000,
+            test: 1_000,
+        }
+    }
+}
+
+impl ShapesConfig {
+    pub fn count(&self, split: Split) -> usize {
+        match split {
+            Split::Train => self.train,
+            Split::Val => self.val,
+            Split::Test => self.test,
+        }
+    }
+
+    /// The cache folder's name: every setting that changes the output.
+    fn cache_name(&self) -> String {
+        format!(
+            "shapes-v{GENERATOR_VERSION}-seed{}-{}px-{}-{}-{}",
+            self.seed, self.image_size, self.train, self.val, self.test
+        )
+    }
+}
+
+/// One generated image: its scene and references.
+#[derive(Clone, Debug)]
+pub struct Generated {
+    pub scene: Scene,
+    pub references: Vec<(Verbosity, String)>,
+}
+
+/// The RNG of image `index` of `split`: independent of every other image.
+fn rng_for(seed: u64, split: Split, index: usize) -> ChaCha8Rng {
+    let split_code = Split::ALL.iter().position(|&s| s == split).unwrap() as u64;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(split_code << 40 | index as u64);
+    rng
+}
+
+pub fn generate(seed: u64, split: Split, index: usize) -> Generated {
+    let mut rng = rng_for(seed, split, index);
+    let scene = Scene::random(&mut rng);
+    let references = captions::references(&mut rng, &scene, REFERENCES);
+    Generated { scene, references }
+}
+
+#[derive(Serialize)]
+struct SentenceOut<'a> {
+    raw: &'a str,
+    tokens: Vec<String>,
+    verbosity: Verbosity,
+}
+
+#[derive(Serialize)]
+struct ImageOut<'a> {
+    filename: String,
+    filepath: &'static str,
+    imgid: usize,
+    split: &'static str,
+    sentences: Vec<SentenceOut<'a>>,
+    scene: &'a Scene,
+}
+
+/// Writes the data set into `dir`: `images/<split>/<imgid>.png` and
+/// `dataset_shapes.json`. Everything goes to a temporary folder beside
+/// `dir`, renamed into place at the end, so a half-written data set is
+/// never read.
+pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
+    let parent = dir.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)
+        .with_context(|| format!("cannot create {}", parent.display()))?;
+    let tmp = parent.join(format!(
+        ".{}.tmp-{}",
+        dir.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default(),
+        std::process::id()
+    ));
+    if tmp.exists() {
+        std::fs::remove_dir_all(&tmp)?;
+    }
+    let mut entries = Vec::new();
+    let mut generated = Vec::new();
+    for split in Split::ALL {
+        std::fs::create_dir_all(tmp.join("images").join(split.name()))?;
+        let start = generated.len();
+        generated.extend(
+            (0..config.count(split))
+                .into_par_iter()
+                .map(|i| generate(config.seed, split, i))
+                .collect::<Vec<_>>(),
+        );
+        generated[start..]
+            .par_iter()
+            .enumerate()
+            .try_for_each(|(i, g)| -> Result<()> {
+                let file = tmp
+                    .join("images")
+                    .join(split.name())
+                    .join(format!("{i:05}.png"));
+                render::render(&g.scene, config.image_size)
+                    .save(&file)
+                    .with_context(|| format!("cannot write {}", file.display()))
+            })?;
+        entries.extend((0..config.count(split)).map(|i| (split, i, start + i)));
+    }
+    let images: Vec<ImageOut> = entries
+        .iter()
+        .enumerate()
+        .map(|(imgid, &(split, i, g))| ImageOut {
+            filename: format!("{i:05}.png"),
+            filepath: split.name(),
+            imgid,
+            split: split.name(),
+            sentences: generated[g]
+                .references
+                .iter()
+                .map(|(v, raw)| SentenceOut {
+                    raw,
+                    tokens: super::tokenize::ptb_tokenize(raw),
+                    verbosity: *v,
+                })
+                .collect(),
+            scene: &generated[g].scene,
+        })
+        .collect();
+    let json = serde_json::json!({
+        "dataset": "shapes",
+        "generator": config,
+        "images": images,
+    });
+    let file = tmp.join(SPLIT_FILE);
+    std::fs::write(&file, serde_json::to_vec(&json)?)
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    if dir.exists() {
+        std::fs::remove_dir_all(dir)
+            .with_context(|| format!("cannot replace {}", dir.display()))?;
+    }
+    std::fs::rename(&tmp, dir)
+        .with_context(|| format!("cannot move the data set into {}", dir.display()))?;
+    Ok(())
+}
+
+/// Where generated data sets are cached: `$CAPTUNE_CACHE`, else
+/// `$XDG_CACHE_HOME/captune`, else `~/.cache/captune`.
+pub fn cache_root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAPTUNE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("captune");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("captune")
+}
+
+/// The data set for `config`, generated into the cache on first use.
+pub fn load(config: &ShapesConfig) -> Result<Dataset> {
+    let dir = cache_root().join(config.cache_name());
+    if !dir.join(SPLIT_FILE).is_file() {
+        eprintln!("generating the shapes world into {} (once)", dir.display());
+        write(config, &dir)?;
+    }
+    let mut data = super::karpathy::load(&dir.join(SPLIT_FILE), None)?;
+    data.name = "shapes".into();
+    Ok(data)
+}

@@ -1,0 +1,116 @@
+//! A shapes-world scene: a background and 1-4 objects on a 3x3 grid, each
+//! with a shape, colour, size and fill. Scenes are drawn from a seeded RNG
+//! per image, so image i of a split never depends on the others.
+
+use rand::Rng;
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+
+macro_rules! attribute {
+    ($(#[$doc:meta])* $name:ident { $($variant:ident = $word:literal),+ $(,)? }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "lowercase")]
+        pub enum $name { $($variant),+ }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The word a caption uses by default.
+            pub fn word(self) -> &'static str {
+                match self { $($name::$variant => $word),+ }
+            }
+        }
+    };
+}
+
+attribute!(Shape {
+    Circle = "circle",
+    Square = "square",
+    Triangle = "triangle",
+    Star = "star",
+    Cross = "cross",
+    Diamond = "diamond",
+});
+
+attribute!(Colour {
+    Red = "red",
+    Green = "green",
+    Blue = "blue",
+    Yellow = "yellow",
+    Purple = "purple",
+    Orange = "orange",
+    Pink = "pink",
+    Brown = "brown",
+});
+
+attribute!(Size { Small = "small", Big = "big" });
+
+attribute!(Fill {
+    Solid = "solid",
+    Striped = "striped",
+    Outline = "outlined",
+});
+
+attribute!(Background {
+    White = "white",
+    Gray = "gray",
+    Black = "black",
+});
+
+/// A grid cell: row 0 is the top, column 0 the left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Cell {
+    pub row: u8,
+    pub col: u8,
+}
+
+pub const GRID: u8 = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Object {
+    pub shape: Shape,
+    pub colour: Colour,
+    pub size: Size,
+    pub fill: Fill,
+    pub cell: Cell,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scene {
+    pub background: Background,
+    pub objects: Vec<Object>,
+}
+
+pub const MAX_OBJECTS: usize = 4;
+
+fn pick<T: Copy>(rng: &mut impl Rng, items: &[T]) -> T {
+    items[rng.random_range(0..items.len())]
+}
+
+impl Scene {
+    /// 1-4 objects (uniform), in distinct cells, listed in reading order.
+    pub fn random(rng: &mut impl Rng) -> Scene {
+        let count = rng.random_range(1..=MAX_OBJECTS);
+        let mut cells: Vec<Cell> = (0..GRID)
+            .flat_map(|row| (0..GRID).map(move |col| Cell { row, col }))
+            .collect();
+        cells.shuffle(rng);
+        let mut cells = cells[..count].to_vec();
+        cells.sort_by_key(|c| (c.row, c.col));
+        let objects = cells
+            .into_iter()
+            .map(|cell| Object {
+                shape: pick(rng, Shape::ALL),
+                colour: pick(rng, Colour::ALL),
+                size: pick(rng, Size::ALL),
+                fill: pick(rng, Fill::ALL),
+                cell,
+            })
+            .collect();
+        Scene {
+            background: pick(rng, Background::ALL),
+            objects,
+        }
+    }
+}
