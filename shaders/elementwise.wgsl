@@ -117,3 +117,27 @@ fn mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) { out[i] = p.alpha * lhs[i] * rhs[i]; }
 }
+
+// ---- a learned scalar ----
+
+@group(0) @binding(3) var<storage, read> scalar: array<f32>;
+
+// y = exp(scalar[0]) * x + beta * y: logits scaled by a learned log-temperature.
+@compute @workgroup_size(256)
+fn scale_by_exp(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        var out = exp(scalar[0]) * x[i];
+        if (p.beta != 0.0) { out += p.beta * y[i]; }
+        y[i] = out;
+    }
+}
+
+// x = clamp(x, alpha, beta)
+@compute @workgroup_size(256)
+fn clamp_values(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) { x_rw[i] = clamp(x_rw[i], p.alpha, p.beta); }
+}

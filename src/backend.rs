@@ -256,6 +256,17 @@ pub trait Backend {
         accumulate: bool,
     );
 
+    /// y (+)= exp(log_scale[0]) * x: scaling by a learned log-temperature.
+    fn scale_by_exp(
+        &self,
+        log_scale: &Self::Tensor,
+        x: &Self::Tensor,
+        y: &mut Self::Tensor,
+        accumulate: bool,
+    );
+    /// x = clamp(x, lo, hi)
+    fn clamp(&self, x: &mut Self::Tensor, lo: f32, hi: f32);
+
     // ---- matmul ----
     fn matmul(&self, a: &Self::Tensor, b: &Self::Tensor, c: &mut Self::Tensor, shape: &Matmul);
 
@@ -300,6 +311,37 @@ pub trait Backend {
         dbeta: &mut Self::Tensor,
         cols: usize,
         accumulate_dx: bool,
+    );
+
+    // ---- row normalisation and pooling ----
+    /// y = x / max(||x||, 1e-12) per row of `cols`; saves the norm per row.
+    fn l2_normalize(
+        &self,
+        x: &Self::Tensor,
+        y: &mut Self::Tensor,
+        norm: &mut Self::Tensor,
+        cols: usize,
+    );
+    /// dx (+)= (dy - y * dot(y, dy)) / norm per row.
+    fn l2_normalize_backward(
+        &self,
+        y: &Self::Tensor,
+        norm: &Self::Tensor,
+        dy: &Self::Tensor,
+        dx: &mut Self::Tensor,
+        cols: usize,
+        accumulate: bool,
+    );
+    /// y[g, c] = mean of x[r, c] over the `group` rows of group g.
+    fn mean_pool(&self, x: &Self::Tensor, y: &mut Self::Tensor, group: usize, cols: usize);
+    /// dx[r, c] (+)= dy[r / group, c] / group
+    fn mean_pool_backward(
+        &self,
+        dy: &Self::Tensor,
+        dx: &mut Self::Tensor,
+        group: usize,
+        cols: usize,
+        accumulate: bool,
     );
 
     // ---- softmax (with attention masks) ----

@@ -1,9 +1,17 @@
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::bench;
+use captune::data::Split;
+use captune::data::shapes::{self, ShapesConfig};
+use captune::data::source::DataSource;
 use captune::device::{self, DeviceChoice};
 use captune::gpu::adapter::{self, AdapterReport};
+use captune::model::transformer::TransformerConfig;
+use captune::retriever::train::{Prepared, TrainOptions};
+use captune::retriever::{Checkpoint, RetrieverConfig, model::Retriever};
 use clap::{Parser, Subcommand};
+use std::collections::HashMap;
+use std::path::PathBuf;
 
 /// Train and inspect image-caption decoders on WGSL compute shaders (wgpu) or the CPU.
 #[derive(Parser)]
@@ -33,10 +41,125 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Data sets: write the shapes world for a person to look at.
+    Data {
+        #[command(subcommand)]
+        what: DataCommand,
+    },
+    /// The CLIP-like retriever: train it, evaluate its recall.
+    Retriever {
+        #[command(subcommand)]
+        what: RetrieverCommand,
+    },
+    /// Write a data set's image embeddings (a features file) with a trained retriever.
+    Embed {
+        #[command(flatten)]
+        data: DataArgs,
+        /// The retriever checkpoint.
+        #[arg(long)]
+        checkpoint: PathBuf,
+        /// Output features file (safetensors).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
         what: BenchCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Generate the shapes world into DIR (PNG images and dataset_shapes.json) and print its caption mix.
+    Shapes {
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        config: ShapesConfig,
+    },
+}
+
+#[derive(clap::Args)]
+struct DataArgs {
+    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO captions file).
+    #[arg(long, default_value = "shapes")]
+    data: DataSource,
+    /// The image folder (default for Karpathy files: `images` beside the file).
+    #[arg(long)]
+    images: Option<PathBuf>,
+    #[command(flatten)]
+    shapes: ShapesConfig,
+}
+
+impl DataArgs {
+    fn load(&self) -> Result<captune::data::Dataset> {
+        self.data.load(self.images.as_deref(), &self.shapes)
+    }
+}
+
+#[derive(Subcommand)]
+enum RetrieverCommand {
+    /// Train a retriever from scratch (or from --init) and write a checkpoint after every epoch.
+    Train {
+        #[command(flatten)]
+        data: DataArgs,
+        /// Checkpoint to write (safetensors, config and vocabulary in its metadata).
+        #[arg(long, default_value = "retriever.safetensors")]
+        out: PathBuf,
+        /// Start from this checkpoint's weights, config and vocabulary.
+        #[arg(long)]
+        init: Option<PathBuf>,
+        #[arg(long, default_value_t = 10)]
+        epochs: usize,
+        #[arg(long, default_value_t = 128)]
+        batch: usize,
+        #[arg(long, default_value_t = 1e-3)]
+        lr: f32,
+        #[arg(long, default_value_t = 0.1)]
+        weight_decay: f32,
+        #[arg(long, default_value_t = 200)]
+        warmup: usize,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Images are resized to this square size.
+        #[arg(long, default_value_t = 64)]
+        image_size: u32,
+        #[arg(long, default_value_t = 8)]
+        patch: u32,
+        #[arg(long, default_value_t = 96)]
+        width: usize,
+        #[arg(long, default_value_t = 3)]
+        image_layers: usize,
+        #[arg(long, default_value_t = 2)]
+        text_layers: usize,
+        #[arg(long, default_value_t = 4)]
+        heads: usize,
+        #[arg(long, default_value_t = 128)]
+        embed_dim: usize,
+        /// Text positions, <bos> and <eos> included; longer captions are truncated.
+        #[arg(long, default_value_t = 40)]
+        max_len: usize,
+        /// Words seen fewer times in the training captions become <unk>.
+        #[arg(long, default_value_t = captune::data::vocab::DEFAULT_MIN_COUNT)]
+        min_count: usize,
+        /// Skip the validation recall after each epoch.
+        #[arg(long)]
+        no_eval: bool,
+    },
+    /// Image-to-text and text-to-image recall at 1, 5 and 10 on a split.
+    Eval {
+        #[command(flatten)]
+        data: DataArgs,
+        #[arg(long)]
+        checkpoint: PathBuf,
+        #[arg(long, value_enum, default_value = "val")]
+        split: Split,
+        #[arg(long, default_value_t = 128)]
+        batch: usize,
+        /// Print a JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -77,6 +200,23 @@ fn single_device(devices: &[DeviceChoice]) -> Result<DeviceChoice> {
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { json } => info(single_device(&cli.device)?, json),
+        Command::Data {
+            what: DataCommand::Shapes { out, config },
+        } => data_shapes(&out, &config),
+        Command::Retriever { what } => {
+            let selection = device::select(single_device(&cli.device)?)?;
+            eprintln!("{selection}");
+            captune::with_backend!(&selection.backend, b => retriever(b, what))
+        }
+        Command::Embed {
+            data,
+            checkpoint,
+            out,
+        } => {
+            let selection = device::select(single_device(&cli.device)?)?;
+            eprintln!("{selection}");
+            captune::with_backend!(&selection.backend, b => embed(b, &data, &checkpoint, &out))
+        }
         Command::Bench {
             what:
                 BenchCommand::Kernels {
@@ -142,5 +282,161 @@ fn info(choice: DeviceChoice, json: bool) -> Result<()> {
     for (i, r) in reports.iter().enumerate() {
         println!("GPU adapter {i}:\n{r}");
     }
+    Ok(())
+}
+
+fn data_shapes(out: &std::path::Path, config: &ShapesConfig) -> Result<()> {
+    shapes::write(config, out)?;
+    let val: Vec<_> = (0..config.val)
+        .map(|i| shapes::generate(config.seed, Split::Val, i))
+        .collect();
+    let stats = shapes::stats::split_stats(&val);
+    println!(
+        "wrote {} images to {} ({} train, {} val, {} test); caption mix of the val split:",
+        config.train + config.val + config.test,
+        out.display(),
+        config.train,
+        config.val,
+        config.test
+    );
+    println!("{}", serde_json::to_string_pretty(&stats)?);
+    Ok(())
+}
+
+fn retriever<B: Backend>(b: &B, what: RetrieverCommand) -> Result<()> {
+    match what {
+        RetrieverCommand::Train {
+            data,
+            out,
+            init,
+            epochs,
+            batch,
+            lr,
+            weight_decay,
+            warmup,
+            seed,
+            image_size,
+            patch,
+            width,
+            image_layers,
+            text_layers,
+            heads,
+            embed_dim,
+            max_len,
+            min_count,
+            no_eval,
+        } => {
+            let dataset = data.load()?;
+            let mut ck = match &init {
+                Some(path) => Checkpoint::load(b, path, batch)?,
+                None => {
+                    let vocab = captune::retriever::train::vocab_for(&dataset, min_count)?;
+                    let tower = |layers, causal| TransformerConfig {
+                        width,
+                        layers,
+                        heads,
+                        causal,
+                    };
+                    let config = RetrieverConfig {
+                        image_size,
+                        patch,
+                        image: tower(image_layers, false),
+                        text: tower(text_layers, true),
+                        max_len,
+                        vocab_size: vocab.len(),
+                        embed_dim,
+                    };
+                    Checkpoint {
+                        model: Retriever::new(b, config, batch, seed)?,
+                        vocab,
+                    }
+                }
+            };
+            let prep = Prepared::new(dataset, ck.model.config.image_size)?;
+            eprintln!(
+                "{}: {} images ({} train), vocabulary {} words, {} parameters",
+                prep.data.name,
+                prep.data.items.len(),
+                prep.items(Split::Train).len(),
+                ck.vocab.len(),
+                ck.model.params.count()
+            );
+            let options = TrainOptions {
+                epochs,
+                lr,
+                weight_decay,
+                warmup,
+                seed,
+                checkpoint: out.clone(),
+                eval_each_epoch: !no_eval,
+                log_every: 10,
+            };
+            let metadata = HashMap::from([
+                ("dataset".to_string(), prep.data.name.clone()),
+                (
+                    "train_options".to_string(),
+                    serde_json::to_string(&options)?,
+                ),
+            ]);
+            captune::retriever::train::train(b, &mut ck, &prep, &options, &metadata, |r| {
+                let val = r.val.map(|v| format!(" | val {v}")).unwrap_or_default();
+                eprintln!(
+                    "epoch {} loss {:.3} in-batch acc {:.2} {:.1}s{val}",
+                    r.epoch, r.mean_loss, r.mean_in_batch_accuracy, r.seconds
+                );
+            })?;
+            eprintln!("checkpoint: {}", out.display());
+            Ok(())
+        }
+        RetrieverCommand::Eval {
+            data,
+            checkpoint,
+            split,
+            batch,
+            json,
+        } => {
+            let mut ck = Checkpoint::load(b, &checkpoint, batch)?;
+            let prep = Prepared::new(data.load()?, ck.model.config.image_size)?;
+            let recall = prep.evaluate(b, &mut ck, split)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&recall)?);
+            } else {
+                println!("{} {}: {recall}", prep.data.name, split.name());
+            }
+            Ok(())
+        }
+    }
+}
+
+fn embed<B: Backend>(
+    b: &B,
+    data: &DataArgs,
+    checkpoint: &std::path::Path,
+    out: &std::path::Path,
+) -> Result<()> {
+    let mut ck = Checkpoint::load(b, checkpoint, 128)?;
+    let prep = Prepared::new(data.load()?, ck.model.config.image_size)?;
+    let all: Vec<usize> = (0..prep.data.items.len()).collect();
+    let embeddings = captune::retriever::eval::embed_images(b, &mut ck.model, &prep.images, &all)?;
+    let features = captune::data::features::Features {
+        source: out.to_path_buf(),
+        ids: prep.data.items.iter().map(|i| i.id.clone()).collect(),
+        dim: ck.model.config.embed_dim,
+        embeddings,
+    };
+    let metadata = HashMap::from([
+        (
+            "encoder".to_string(),
+            format!("captune retriever {}", checkpoint.display()),
+        ),
+        ("dataset".to_string(), prep.data.name.clone()),
+    ]);
+    features.save(out, metadata)?;
+    println!(
+        "wrote {} embeddings of {} dimensions to {}",
+        features.ids.len(),
+        features.dim,
+        out.display()
+    );
     Ok(())
 }

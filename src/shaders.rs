@@ -24,6 +24,8 @@ pub const SHADERS: &[(&str, &str)] = &[
     family!("layernorm"),
     family!("logprob"),
     family!("matmul"),
+    family!("normalize"),
+    family!("pool"),
     family!("reduce"),
     family!("softmax"),
 ];

@@ -9,6 +9,7 @@ use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
 use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
 use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
 use common::{assert_close, gpu, random, random_ids};
 
@@ -413,6 +414,59 @@ fn cross_entropy_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn cross_entropy_matches_cpu() {
     parity!(cross_entropy_cases, 1e-5, 1e-6);
+}
+
+fn rows_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, cols, group) = (12, 37, 4);
+    let x = b.tensor(&random(rows * cols, 1));
+    let dy = b.tensor(&random(rows * cols, 2));
+    let (mut y, mut norm, mut dx) = (
+        b.zeros(rows * cols),
+        b.zeros(rows),
+        b.tensor(&random(rows * cols, 3)),
+    );
+    b.l2_normalize(&x, &mut y, &mut norm, cols);
+    b.l2_normalize_backward(&y, &norm, &dy, &mut dx, cols, true);
+    let mut pooled = b.zeros(rows / group * cols);
+    b.mean_pool(&x, &mut pooled, group, cols);
+    let mut dpool = b.tensor(&random(rows * cols, 4));
+    b.mean_pool_backward(&pooled, &mut dpool, group, cols, true);
+    let log_scale = b.tensor(&[0.7]);
+    let mut scaled = b.tensor(&random(rows * cols, 5));
+    b.scale_by_exp(&log_scale, &x, &mut scaled, true);
+    let mut clamped = b.tensor(&random(rows * cols, 6));
+    b.clamp(&mut clamped, -0.25, 0.5);
+    [&y, &norm, &dx, &pooled, &dpool, &scaled, &clamped]
+        .iter()
+        .map(|t| b.to_vec(t))
+        .collect()
+}
+
+#[test]
+fn normalize_pool_scale_and_clamp_match_cpu() {
+    parity!(rows_cases, 1e-5, 1e-6);
+}
+
+fn contrastive_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (n, d) = (9, 13);
+    let (image, text, log_scale) = (
+        b.tensor(&random(n * d, 1)),
+        b.tensor(&random(n * d, 2)),
+        b.tensor(&[2.0]),
+    );
+    let mut loss = Contrastive::new(b, n, d);
+    loss.forward(b, &image, &text, &log_scale);
+    let (mut di, mut dt, mut ds) = (b.zeros(n * d), b.zeros(n * d), b.zeros(1));
+    loss.backward(b, &log_scale, &mut di, &mut dt, &mut ds);
+    [&loss.loss, &di, &dt, &ds]
+        .iter()
+        .map(|t| b.to_vec(t))
+        .collect()
+}
+
+#[test]
+fn contrastive_loss_matches_cpu() {
+    parity!(contrastive_cases, 1e-4, 1e-6);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use captune::backend::{Backend, Matmul, SoftmaxRows};
 use captune::cpu::CpuBackend;
 use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
 use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::linear::Linear;
 use common::{random, random_ids};
@@ -283,4 +284,55 @@ fn cross_entropy_backward_matches_finite_differences() {
     let mut probe = CrossEntropy::new(&b, rows, vocab);
     probe.set_weights(&b, &[1.0, 1.0, 1.0, 1.0, 0.0], 1.0);
     check("cross-entropy", &logits, &dz, |z| loss(z, &mut probe));
+}
+
+#[test]
+fn l2_normalize_and_mean_pool_backward_match_finite_differences() {
+    let b = CpuBackend::new();
+    let (rows, cols, group) = (6, 5, 3);
+    let x = random(rows * cols, 1);
+    let r = random(rows * cols, 2);
+    let normalized = |x: &[f32]| {
+        let (mut y, mut n) = (vec![0.0; rows * cols], vec![0.0; rows]);
+        b.l2_normalize(&x.to_vec(), &mut y, &mut n, cols);
+        (y, n)
+    };
+    let (y, norm) = normalized(&x);
+    let mut dx = vec![0.0; rows * cols];
+    b.l2_normalize_backward(&y, &norm, &r, &mut dx, cols, false);
+    check("l2_normalize", &x, &dx, |x| dot(&normalized(x).0, &r));
+
+    let rp = random(rows / group * cols, 3);
+    let mut dx = vec![0.0; rows * cols];
+    b.mean_pool_backward(&rp, &mut dx, group, cols, false);
+    check("mean_pool", &x, &dx, |x| {
+        let mut y = vec![0.0; rows / group * cols];
+        b.mean_pool(&x.to_vec(), &mut y, group, cols);
+        dot(&y, &rp)
+    });
+}
+
+#[test]
+fn contrastive_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let (n, d) = (5, 4);
+    let (image, text, log_scale) = (random(n * d, 1), random(n * d, 2), vec![1.5f32]);
+    let loss_of = |image: &[f32], text: &[f32], s: &[f32]| {
+        let mut l = Contrastive::new(&b, n, d);
+        l.forward(&b, &image.to_vec(), &text.to_vec(), &s.to_vec());
+        l.read_loss(&b) as f64
+    };
+    let mut l = Contrastive::new(&b, n, d);
+    l.forward(&b, &image, &text, &log_scale);
+    let (mut di, mut dt, mut ds) = (vec![0.0; n * d], vec![0.0; n * d], vec![0.0; 1]);
+    l.backward(&b, &log_scale, &mut di, &mut dt, &mut ds);
+    check("contrastive d_image", &image, &di, |x| {
+        loss_of(x, &text, &log_scale)
+    });
+    check("contrastive d_text", &text, &dt, |x| {
+        loss_of(&image, x, &log_scale)
+    });
+    check("contrastive d_log_scale", &log_scale, &ds, |s| {
+        loss_of(&image, &text, s)
+    });
 }

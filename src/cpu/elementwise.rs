@@ -24,3 +24,14 @@ pub fn add_bias(y: &mut [f32], bias: &[f32]) {
         }
     }
 }
+
+pub fn scale_by_exp(log_scale: f32, x: &[f32], y: &mut [f32], accumulate: bool) {
+    let scale = log_scale.exp();
+    for (yi, &xi) in y.iter_mut().zip(x) {
+        *yi = if accumulate {
+            *yi + scale * xi
+        } else {
+            scale * xi
+        };
+    }
+}

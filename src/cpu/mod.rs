@@ -9,6 +9,8 @@ mod heads;
 mod layernorm;
 mod logprob;
 mod matmul;
+mod normalize;
+mod pool;
 mod reduce;
 mod softmax;
 
@@ -128,6 +130,45 @@ impl Backend for CpuBackend {
 
     fn gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, accumulate: bool) {
         elementwise::gelu_backward(x, dy, dx, accumulate);
+    }
+
+    fn scale_by_exp(&self, log_scale: &Vec<f32>, x: &Vec<f32>, y: &mut Vec<f32>, accumulate: bool) {
+        elementwise::scale_by_exp(log_scale[0], x, y, accumulate);
+    }
+
+    fn clamp(&self, x: &mut Vec<f32>, lo: f32, hi: f32) {
+        x.iter_mut().for_each(|v| *v = v.clamp(lo, hi));
+    }
+
+    fn l2_normalize(&self, x: &Vec<f32>, y: &mut Vec<f32>, norm: &mut Vec<f32>, cols: usize) {
+        normalize::forward(x, y, norm, cols);
+    }
+
+    fn l2_normalize_backward(
+        &self,
+        y: &Vec<f32>,
+        norm: &Vec<f32>,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        normalize::backward(y, norm, dy, dx, cols, accumulate);
+    }
+
+    fn mean_pool(&self, x: &Vec<f32>, y: &mut Vec<f32>, group: usize, cols: usize) {
+        pool::mean_pool(x, y, group, cols);
+    }
+
+    fn mean_pool_backward(
+        &self,
+        dy: &Vec<f32>,
+        dx: &mut Vec<f32>,
+        group: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        pool::mean_pool_backward(dy, dx, group, cols, accumulate);
     }
 
     fn matmul(&self, a: &Vec<f32>, b: &Vec<f32>, c: &mut Vec<f32>, shape: &Matmul) {

@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+#[derive(Debug)]
 pub struct Features {
     pub source: PathBuf,
     pub ids: Vec<String>,

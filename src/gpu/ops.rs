@@ -112,6 +112,24 @@ struct AdamWParams {
     _pad: [u32; 3],
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct NormalizeParams {
+    rows: u32,
+    cols: u32,
+    accumulate: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct PoolParams {
+    len: u32,
+    cols: u32,
+    group: u32,
+    accumulate: u32,
+}
+
 /// Rows per block of the two-pass column reductions (ROW_BLOCK in the shaders).
 const ROW_BLOCK: usize = 64;
 /// Partials a full reduction's first pass produces at most.
@@ -282,6 +300,106 @@ impl Backend for GpuBackend {
             beta,
             &[&x.0, &dy.0, &dx.0],
         );
+    }
+
+    fn scale_by_exp(
+        &self,
+        log_scale: &GpuTensor,
+        x: &GpuTensor,
+        y: &mut GpuTensor,
+        accumulate: bool,
+    ) {
+        let beta = if accumulate { 1.0 } else { 0.0 };
+        self.elementwise(
+            "scale_by_exp",
+            y.len(),
+            0,
+            0.0,
+            beta,
+            &[&x.0, &y.0, &log_scale.0],
+        );
+    }
+
+    fn clamp(&self, x: &mut GpuTensor, lo: f32, hi: f32) {
+        self.elementwise("clamp_values", x.len(), 0, lo, hi, &[&x.0]);
+    }
+
+    fn l2_normalize(&self, x: &GpuTensor, y: &mut GpuTensor, norm: &mut GpuTensor, cols: usize) {
+        let rows = x.len() / cols;
+        let params = NormalizeParams {
+            rows: u(rows),
+            cols: u(cols),
+            accumulate: 0,
+            _pad: 0,
+        };
+        let bufs = [&x.0, &y.0, &norm.0];
+        self.dispatch(
+            "normalize",
+            "l2_normalize_forward",
+            &params,
+            &bufs,
+            self.grid(rows),
+        );
+    }
+
+    fn l2_normalize_backward(
+        &self,
+        y: &GpuTensor,
+        norm: &GpuTensor,
+        dy: &GpuTensor,
+        dx: &mut GpuTensor,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let rows = y.len() / cols;
+        let params = NormalizeParams {
+            rows: u(rows),
+            cols: u(cols),
+            accumulate: accumulate as u32,
+            _pad: 0,
+        };
+        let bufs = [&y.0, &norm.0, &dy.0, &dx.0];
+        self.dispatch(
+            "normalize",
+            "l2_normalize_backward",
+            &params,
+            &bufs,
+            self.grid(rows),
+        );
+    }
+
+    fn mean_pool(&self, x: &GpuTensor, y: &mut GpuTensor, group: usize, cols: usize) {
+        let params = PoolParams {
+            len: u(y.len()),
+            cols: u(cols),
+            group: u(group),
+            accumulate: 0,
+        };
+        self.dispatch(
+            "pool",
+            "mean_pool",
+            &params,
+            &[&x.0, &y.0],
+            self.grid_for(y.len()),
+        );
+    }
+
+    fn mean_pool_backward(
+        &self,
+        dy: &GpuTensor,
+        dx: &mut GpuTensor,
+        group: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let params = PoolParams {
+            len: u(dx.len()),
+            cols: u(cols),
+            group: u(group),
+            accumulate: accumulate as u32,
+        };
+        let grid = self.grid_for(dx.len());
+        self.dispatch("pool", "mean_pool_backward", &params, &[&dy.0, &dx.0], grid);
     }
 
     fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {

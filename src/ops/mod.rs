@@ -2,5 +2,6 @@
 //! each is a readable sequence of kernel calls, forward then backward.
 
 pub mod attention;
+pub mod contrastive;
 pub mod cross_entropy;
 pub mod linear;

@@ -29,16 +29,16 @@ pub const SPLIT_FILE: &str = "dataset_shapes.json";
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::Args)]
 pub struct ShapesConfig {
     /// Seed of the shapes-world generator.
-    #[arg(long = "shapes-seed", default_value_t = 0)]
+    #[arg(id = "shapes_seed", long = "shapes-seed", default_value_t = 0)]
     pub seed: u64,
     /// Image side in pixels.
-    #[arg(long = "shapes-size", default_value_t = 64)]
+    #[arg(id = "shapes_size", long = "shapes-size", default_value_t = 64)]
     pub image_size: u32,
-    #[arg(long = "shapes-train", default_value_t = 20_000)]
+    #[arg(id = "shapes_train", long = "shapes-train", default_value_t = 20_000)]
     pub train: usize,
-    #[arg(long = "shapes-val", default_value_t = 1_000)]
+    #[arg(id = "shapes_val", long = "shapes-val", default_value_t = 1_000)]
     pub val: usize,
-    #[arg(long = "shapes-test", default_value_t = 1_000)]
+    #[arg(id = "shapes_test", long = "shapes-test", default_value_t = 1_000)]
     pub test: usize,
 }
 

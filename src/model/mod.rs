@@ -1,0 +1,6 @@
+//! Models written once against the ops: parameters, layers, the shared
+//! transformer, and the retriever built from them.
+
+pub mod layers;
+pub mod params;
+pub mod transformer;

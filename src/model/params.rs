@@ -1,0 +1,152 @@
+//! A model's parameters and their gradients, by name: layers hold a
+//! [`ParamId`], the optimiser and checkpoints see the whole list.
+
+use crate::backend::Backend;
+use crate::tensorfile;
+use anyhow::{Result, bail};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use std::collections::HashMap;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParamId(pub(crate) usize);
+
+#[derive(Clone, Copy, Debug)]
+pub enum Init {
+    Normal(f32),
+    Const(f32),
+}
+
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    /// Weight decay applies (matrices), or not (biases, norms, embeddings' scale).
+    pub decay: bool,
+}
+
+impl ParamSpec {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+pub struct Params<B: Backend> {
+    pub specs: Vec<ParamSpec>,
+    pub values: Vec<B::Tensor>,
+    pub grads: Vec<B::Tensor>,
+    /// Initial values come from here, on the host, so every backend starts
+    /// from the same numbers.
+    rng: ChaCha8Rng,
+}
+
+impl<B: Backend> Params<B> {
+    pub fn new(seed: u64) -> Self {
+        Params {
+            specs: Vec::new(),
+            values: Vec::new(),
+            grads: Vec::new(),
+            rng: ChaCha8Rng::seed_from_u64(seed),
+        }
+    }
+
+    pub fn add(
+        &mut self,
+        b: &B,
+        name: String,
+        shape: &[usize],
+        init: Init,
+        decay: bool,
+    ) -> ParamId {
+        let spec = ParamSpec {
+            name,
+            shape: shape.to_vec(),
+            decay,
+        };
+        let data: Vec<f32> = match init {
+            Init::Normal(std) => {
+                let normal = Normal::new(0.0, std).expect("a positive standard deviation");
+                (0..spec.len())
+                    .map(|_| normal.sample(&mut self.rng))
+                    .collect()
+            }
+            Init::Const(v) => vec![v; spec.len()],
+        };
+        self.values.push(b.tensor(&data));
+        self.grads.push(b.zeros(spec.len()));
+        self.specs.push(spec);
+        ParamId(self.specs.len() - 1)
+    }
+
+    pub fn value(&self, id: ParamId) -> &B::Tensor {
+        &self.values[id.0]
+    }
+
+    pub fn value_mut(&mut self, id: ParamId) -> &mut B::Tensor {
+        &mut self.values[id.0]
+    }
+
+    pub fn grad(&mut self, id: ParamId) -> &mut B::Tensor {
+        &mut self.grads[id.0]
+    }
+
+    /// The values, and two distinct gradients (a layer's weight and bias),
+    /// borrowed at once by a backward pass.
+    pub fn for_backward(&mut self, a: ParamId, b: ParamId) -> (&[B::Tensor], [&mut B::Tensor; 2]) {
+        let grads = self
+            .grads
+            .get_disjoint_mut([a.0, b.0])
+            .expect("two distinct parameters");
+        (&self.values, grads)
+    }
+
+    pub fn zero_grads(&mut self, b: &B) {
+        for g in &mut self.grads {
+            b.fill(g, 0.0);
+        }
+    }
+
+    /// (element count, decays) per parameter, for the optimiser.
+    pub fn optimizer_layout(&self) -> Vec<(usize, bool)> {
+        self.specs.iter().map(|s| (s.len(), s.decay)).collect()
+    }
+
+    pub fn count(&self) -> usize {
+        self.specs.iter().map(ParamSpec::len).sum()
+    }
+
+    pub fn save(&self, b: &B, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
+        let data: Vec<Vec<f32>> = self.values.iter().map(|v| b.to_vec(v)).collect();
+        let tensors: Vec<(&str, Vec<usize>, &[f32])> = self
+            .specs
+            .iter()
+            .zip(&data)
+            .map(|(s, d)| (s.name.as_str(), s.shape.clone(), d.as_slice()))
+            .collect();
+        tensorfile::write(path, &tensors, metadata)
+    }
+
+    /// Overwrites every parameter from a checkpoint, which must hold each
+    /// by name with the same shape.
+    pub fn load(&mut self, b: &B, path: &Path, file: &mut tensorfile::TensorFile) -> Result<()> {
+        for (spec, value) in self.specs.iter().zip(&mut self.values) {
+            let t = file.take(&spec.name, path)?;
+            if t.shape != spec.shape {
+                bail!(
+                    "{}: tensor {:?} has shape {:?} but the model expects {:?}; the checkpoint's config does not match",
+                    path.display(),
+                    spec.name,
+                    t.shape,
+                    spec.shape
+                );
+            }
+            b.write(value, &t.data);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,135 @@
+//! Retrieval recall: embed a split's images and captions, rank by cosine.
+
+use super::model::{Retriever, TextBatch};
+use super::patchify;
+use crate::backend::{Backend, Matmul};
+use crate::cpu::CpuBackend;
+use crate::data::Caption;
+use crate::data::images::Images;
+use crate::data::vocab::Vocab;
+use anyhow::Result;
+use serde::Serialize;
+
+/// Recall at 1, 5 and 10 in both directions, fractions in [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Recall {
+    pub t2i_r1: f64,
+    pub t2i_r5: f64,
+    pub t2i_r10: f64,
+    pub i2t_r1: f64,
+    pub i2t_r5: f64,
+    pub i2t_r10: f64,
+}
+
+fn normalize_rows(x: &mut [f32], dim: usize) {
+    for row in x.chunks_mut(dim) {
+        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
+        row.iter_mut().for_each(|v| *v /= n);
+    }
+}
+
+/// Runs `encode` over `count` items in batches of the model's size (the
+/// last one padded by repeating its final item) and returns the unit-norm
+/// embeddings `[count, embed_dim]`.
+fn embed_in_batches<B: Backend>(
+    model: &mut Retriever<B>,
+    count: usize,
+    mut encode: impl FnMut(&mut Retriever<B>, &[usize]) -> Result<Vec<f32>>,
+) -> Result<Vec<f32>> {
+    let (batch, dim) = (model.batch, model.config.embed_dim);
+    let mut out = Vec::with_capacity(count * dim);
+    for start in (0..count).step_by(batch) {
+        let real = batch.min(count - start);
+        let indices: Vec<usize> = (0..batch).map(|k| start + k.min(real - 1)).collect();
+        let e = encode(model, &indices)?;
+        out.extend_from_slice(&e[..real * dim]);
+    }
+    normalize_rows(&mut out, dim);
+    Ok(out)
+}
+
+pub fn embed_images<B: Backend>(
+    b: &B,
+    model: &mut Retriever<B>,
+    images: &Images,
+    items: &[usize],
+) -> Result<Vec<f32>> {
+    let config = model.config;
+    embed_in_batches(model, items.len(), |m, idx| {
+        let chosen: Vec<usize> = idx.iter().map(|&k| items[k]).collect();
+        m.encode_images(b, &patchify(&config, images, &chosen));
+        Ok(b.to_vec(&m.image_embeddings))
+    })
+}
+
+pub fn embed_captions<B: Backend>(
+    b: &B,
+    model: &mut Retriever<B>,
+    vocab: &Vocab,
+    captions: &[&Caption],
+) -> Result<Vec<f32>> {
+    let config = model.config;
+    embed_in_batches(model, captions.len(), |m, idx| {
+        let ids: Vec<Vec<u32>> = idx
+            .iter()
+            .map(|&k| vocab.encode(&captions[k].tokens, config.max_len))
+            .collect();
+        let batch = TextBatch::new(b, &config, &ids)?;
+        m.encode_texts(b, &batch);
+        Ok(b.to_vec(&m.text_embeddings))
+    })
+}
+
+/// `caption_image[j]` is the image (row of `images`) caption j describes.
+pub fn recall(images: &[f32], captions: &[f32], dim: usize, caption_image: &[usize]) -> Recall {
+    let (n, m) = (images.len() / dim, captions.len() / dim);
+    assert_eq!(m, caption_image.len());
+    let mut sim = vec![0.0; n * m];
+    CpuBackend::new().matmul(
+        &images.to_vec(),
+        &captions.to_vec(),
+        &mut sim,
+        &Matmul::new(n, m, dim).trans_b(),
+    );
+    // Rank = how many candidates score strictly higher than the true one.
+    let mut t2i = [0usize; 3];
+    for (j, &i) in caption_image.iter().enumerate() {
+        let s = sim[i * m + j];
+        let rank = (0..n).filter(|&k| sim[k * m + j] > s).count();
+        for (hits, k) in t2i.iter_mut().zip([1, 5, 10]) {
+            *hits += usize::from(rank < k);
+        }
+    }
+    let mut i2t = [0usize; 3];
+    for i in 0..n {
+        let row = &sim[i * m..(i + 1) * m];
+        let best = (0..m)
+            .filter(|&j| caption_image[j] == i)
+            .map(|j| row.iter().filter(|&&v| v > row[j]).count())
+            .min()
+            .unwrap_or(usize::MAX);
+        for (hits, k) in i2t.iter_mut().zip([1, 5, 10]) {
+            *hits += usize::from(best < k);
+        }
+    }
+    let t = |h: usize| h as f64 / m.max(1) as f64;
+    let i = |h: usize| h as f64 / n.max(1) as f64;
+    Recall {
+        t2i_r1: t(t2i[0]),
+        t2i_r5: t(t2i[1]),
+        t2i_r10: t(t2i[2]),
+        i2t_r1: i(i2t[0]),
+        i2t_r5: i(i2t[1]),
+        i2t_r10: i(i2t[2]),
+    }
+}
+
+impl std::fmt::Display for Recall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "text->image R@1 {:.3} R@5 {:.3} R@10 {:.3} | image->text R@1 {:.3} R@5 {:.3} R@10 {:.3}",
+            self.t2i_r1, self.t2i_r5, self.t2i_r10, self.i2t_r1, self.i2t_r5, self.i2t_r10
+        )
+    }
+}

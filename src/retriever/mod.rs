@@ -1,0 +1,145 @@
+//! The CLIP-like retriever: its configuration, model, training, evaluation
+//! and checkpoints.
+
+pub mod eval;
+pub mod model;
+pub mod train;
+
+use crate::backend::Backend;
+use crate::data::images::Images;
+use crate::data::vocab::Vocab;
+use crate::model::transformer::TransformerConfig;
+use crate::tensorfile;
+use anyhow::{Context, Result, bail};
+use model::Retriever;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::Path;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetrieverConfig {
+    pub image_size: u32,
+    pub patch: u32,
+    pub image: TransformerConfig,
+    pub text: TransformerConfig,
+    /// Token positions of the text tower, <bos> and <eos> included.
+    pub max_len: usize,
+    pub vocab_size: usize,
+    pub embed_dim: usize,
+}
+
+impl RetrieverConfig {
+    pub fn patches_per_image(&self) -> usize {
+        let side = (self.image_size / self.patch) as usize;
+        side * side
+    }
+
+    /// Floats per patch: RGB values of a patch x patch square.
+    pub fn patch_dim(&self) -> usize {
+        (3 * self.patch * self.patch) as usize
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.patch == 0 || self.image_size % self.patch != 0 {
+            bail!(
+                "image size {} is not a multiple of the patch size {}",
+                self.image_size,
+                self.patch
+            );
+        }
+        for (tower, t) in [("image", &self.image), ("text", &self.text)] {
+            if t.heads == 0 || t.width % t.heads != 0 {
+                bail!(
+                    "{tower} tower: width {} is not a multiple of heads {}",
+                    t.width,
+                    t.heads
+                );
+            }
+        }
+        if self.max_len < 3 {
+            bail!(
+                "max_len {} leaves no room for a token between <bos> and <eos>",
+                self.max_len
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Cuts images into patches, `[batch, patches, patch_dim]`, each value
+/// scaled from a byte to about [-2, 2] ((v / 255 - 0.5) / 0.25).
+pub fn patchify(config: &RetrieverConfig, images: &Images, indices: &[usize]) -> Vec<f32> {
+    assert_eq!(
+        images.size, config.image_size,
+        "images are loaded at the model's size"
+    );
+    let (size, p) = (config.image_size as usize, config.patch as usize);
+    let side = size / p;
+    let mut out =
+        Vec::with_capacity(indices.len() * config.patches_per_image() * config.patch_dim());
+    for &i in indices {
+        let img = images.image(i);
+        for py in 0..side {
+            for px in 0..side {
+                for y in py * p..(py + 1) * p {
+                    let row = &img[(y * size + px * p) * 3..(y * size + (px + 1) * p) * 3];
+                    out.extend(row.iter().map(|&v| (v as f32 / 255.0 - 0.5) * 4.0));
+                }
+            }
+        }
+    }
+    out
+}
+
+const CONFIG_KEY: &str = "retriever_config";
+const VOCAB_KEY: &str = "vocab";
+
+/// A trained retriever with its vocabulary, as a checkpoint holds them.
+pub struct Checkpoint<B: Backend> {
+    pub model: Retriever<B>,
+    pub vocab: Vocab,
+}
+
+impl<B: Backend> Checkpoint<B> {
+    /// Writes the weights, with the config and vocabulary in the metadata.
+    pub fn save(&self, b: &B, path: &Path, mut metadata: HashMap<String, String>) -> Result<()> {
+        metadata.insert(
+            CONFIG_KEY.into(),
+            serde_json::to_string(&self.model.config)?,
+        );
+        metadata.insert(VOCAB_KEY.into(), serde_json::to_string(self.vocab.words())?);
+        metadata.insert("format".into(), "captune retriever".into());
+        self.model.params.save(b, path, metadata)
+    }
+
+    /// Loads a checkpoint into a model built for batches of `batch`.
+    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+        let mut file = tensorfile::read(path)?;
+        let config: RetrieverConfig = serde_json::from_str(file.meta(CONFIG_KEY, path)?)
+            .with_context(|| {
+                format!(
+                    "{}: metadata {CONFIG_KEY:?} is not a retriever config",
+                    path.display()
+                )
+            })?;
+        let words: Vec<String> =
+            serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
+                format!(
+                    "{}: metadata {VOCAB_KEY:?} is not a word list",
+                    path.display()
+                )
+            })?;
+        let vocab = Vocab::from_words(words);
+        if vocab.len() != config.vocab_size {
+            bail!(
+                "{}: the vocabulary has {} words but the config says {}",
+                path.display(),
+                vocab.len(),
+                config.vocab_size
+            );
+        }
+        let mut model = Retriever::new(b, config, batch, 0)?;
+        model.params.load(b, path, &mut file)?;
+        Ok(Checkpoint { model, vocab })
+    }
+}

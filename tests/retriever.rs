@@ -1,0 +1,202 @@
+//! The retriever on a tiny shapes world: training lowers the loss and
+//! raises in-batch accuracy, one step agrees between GPU and CPU, and
+//! checkpoints and features files round-trip.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::cpu::CpuBackend;
+use captune::data::features::Features;
+use captune::data::karpathy;
+use captune::data::shapes::{self, ShapesConfig};
+use captune::data::{Dataset, Split};
+use captune::model::transformer::TransformerConfig;
+use captune::optim::{AdamW, AdamWConfig};
+use captune::retriever::model::{Retriever, TextBatch};
+use captune::retriever::train::{self, Prepared, TrainOptions};
+use captune::retriever::{Checkpoint, RetrieverConfig, patchify};
+use common::{assert_close, gpu};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("captune-retriever-{}-{name}", std::process::id()))
+}
+
+/// A 32-pixel shapes world: 64 train, 16 val, 16 test images (written once per test binary).
+fn tiny_world() -> Dataset {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = temp("world");
+        let config = ShapesConfig {
+            seed: 5,
+            image_size: 32,
+            train: 64,
+            val: 16,
+            test: 16,
+        };
+        shapes::write(&config, &dir).unwrap();
+        dir
+    });
+    karpathy::load(&dir.join(shapes::SPLIT_FILE), None).unwrap()
+}
+
+fn tiny_config(vocab_size: usize) -> RetrieverConfig {
+    let tower = |causal| TransformerConfig {
+        width: 32,
+        layers: 1,
+        heads: 2,
+        causal,
+    };
+    RetrieverConfig {
+        image_size: 32,
+        patch: 8,
+        image: tower(false),
+        text: tower(true),
+        max_len: 24,
+        vocab_size,
+        embed_dim: 32,
+    }
+}
+
+fn tiny_checkpoint<B: Backend>(b: &B, data: &Dataset, batch: usize) -> Checkpoint<B> {
+    let vocab = train::vocab_for(data, 1).unwrap();
+    let model = Retriever::new(b, tiny_config(vocab.len()), batch, 11).unwrap();
+    Checkpoint { model, vocab }
+}
+
+#[test]
+fn training_lowers_the_loss_and_raises_in_batch_accuracy() {
+    let b = CpuBackend::new();
+    let data = tiny_world();
+    let mut ck = tiny_checkpoint(&b, &data, 16);
+    let prep = Prepared::new(data, 32).unwrap();
+    let options = TrainOptions {
+        epochs: 60,
+        lr: 3e-3,
+        weight_decay: 0.0,
+        warmup: 10,
+        seed: 1,
+        checkpoint: temp("train.safetensors"),
+        eval_each_epoch: false,
+        log_every: 1,
+    };
+    let records = train::train(&b, &mut ck, &prep, &options, &HashMap::new(), |_| {}).unwrap();
+    let (first, last) = (&records[0], records.last().unwrap());
+    assert!(
+        last.mean_loss < 0.5 * first.mean_loss,
+        "loss {} -> {}",
+        first.mean_loss,
+        last.mean_loss
+    );
+    assert!(
+        last.mean_in_batch_accuracy >= 0.3
+            && last.mean_in_batch_accuracy > 2.0 * first.mean_in_batch_accuracy,
+        "in-batch accuracy {} -> {}",
+        first.mean_in_batch_accuracy,
+        last.mean_in_batch_accuracy
+    );
+
+    // The checkpoint written after the last epoch reloads to the same recall.
+    let recall = prep.evaluate(&b, &mut ck, Split::Train).unwrap();
+    let mut reloaded = Checkpoint::load(&b, &options.checkpoint, 16).unwrap();
+    assert_eq!(reloaded.vocab, ck.vocab);
+    assert_eq!(
+        prep.evaluate(&b, &mut reloaded, Split::Train).unwrap(),
+        recall
+    );
+    assert!(
+        recall.t2i_r10 > 10.0 / 64.0,
+        "above chance on the training images: {recall:?}"
+    );
+    std::fs::remove_file(&options.checkpoint).unwrap();
+}
+
+/// One step from the same weights: (loss, accuracy, every gradient, every updated value).
+fn one_step<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let data = tiny_world();
+    let mut ck = tiny_checkpoint(b, &data, 8);
+    let prep = Prepared::new(data, 32).unwrap();
+    let items: Vec<usize> = prep.items(Split::Train)[..8].to_vec();
+    let config = ck.model.config;
+    let ids: Vec<Vec<u32>> = items
+        .iter()
+        .map(|&i| {
+            ck.vocab
+                .encode(&prep.data.items[i].captions[0].tokens, config.max_len)
+        })
+        .collect();
+    let texts = TextBatch::new(b, &config, &ids).unwrap();
+    ck.model
+        .forward_backward(b, &patchify(&config, &prep.images, &items), &texts);
+    let mut out = vec![vec![ck.model.loss.read_loss(b)]];
+    out.extend(ck.model.params.grads.iter().map(|g| b.to_vec(g)));
+    let params = &mut ck.model.params;
+    let mut opt = AdamW::new(b, AdamWConfig::default(), &params.optimizer_layout());
+    let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
+    let grads: Vec<&B::Tensor> = params.grads.iter().collect();
+    opt.step(b, &mut values, &grads);
+    out.extend(params.values.iter().map(|v| b.to_vec(v)));
+    out
+}
+
+#[test]
+fn one_training_step_gives_the_same_numbers_on_gpu_and_cpu() {
+    let Some(g) = gpu() else { return };
+    let want = one_step(&CpuBackend::new());
+    let got = one_step(&g);
+    assert_eq!(got.len(), want.len());
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("output {i}"), got, want, 2e-3, 2e-5);
+    }
+}
+
+#[test]
+fn features_round_trip_through_safetensors_and_npy() {
+    let features = Features {
+        source: temp("f.safetensors"),
+        ids: vec!["a".into(), "b".into(), "c".into()],
+        dim: 2,
+        embeddings: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+    };
+    let path = temp("f.safetensors");
+    features.save(&path, HashMap::new()).unwrap();
+    let back = Features::load(&path, None).unwrap();
+    assert_eq!(
+        (back.ids.clone(), back.dim, back.embeddings.clone()),
+        (features.ids.clone(), 2, features.embeddings.clone())
+    );
+    let err = back.expect_dim(3).unwrap_err().to_string();
+    assert!(
+        err.contains("f.safetensors") && err.contains("2 dimensions") && err.contains("3"),
+        "{err}"
+    );
+
+    // .npy (numpy's format 1.0 header, float32 little-endian, C order) with an ids file.
+    let npy = temp("f.npy");
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 2), }";
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(std::iter::repeat_n(b' ', pad));
+    bytes.push(b'\n');
+    bytes.extend(features.embeddings.iter().flat_map(|v| v.to_le_bytes()));
+    std::fs::write(&npy, bytes).unwrap();
+    let ids = temp("ids.txt");
+    std::fs::write(&ids, "a\nb\nc\n").unwrap();
+    let back = Features::load(&npy, Some(&ids)).unwrap();
+    assert_eq!(
+        (back.ids, back.embeddings),
+        (features.ids, features.embeddings)
+    );
+    let err = Features::load(&npy, None).unwrap_err().to_string();
+    assert!(err.contains("--ids"), "{err}");
+    std::fs::write(&ids, "a\nb\n").unwrap();
+    let err = Features::load(&npy, Some(&ids)).unwrap_err().to_string();
+    assert!(err.contains("3 embeddings but 2 image ids"), "{err}");
+    for f in [path, npy, ids] {
+        std::fs::remove_file(f).unwrap();
+    }
+}
