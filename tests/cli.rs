@@ -127,3 +127,133 @@ fn bench_kernels_json_has_the_documented_records() {
         }
     }
 }
+
+/// `data shapes`, then `retriever train`, `retriever eval --json` and
+/// `embed` on a tiny shapes world in a private cache.
+#[test]
+fn shapes_data_retriever_train_eval_and_embed_from_the_command_line() {
+    let dir = std::env::temp_dir().join(format!("captune-cli-{}", std::process::id()));
+    let cache = dir.join("cache");
+    let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
+    let shapes: &[&str] = &[
+        "--shapes-size",
+        "32",
+        "--shapes-train",
+        "48",
+        "--shapes-val",
+        "16",
+        "--shapes-test",
+        "16",
+    ];
+
+    let out_dir = dir.join("look");
+    let mut args = vec!["data", "shapes", "--out", out_dir.to_str().unwrap()];
+    args.extend(shapes);
+    let out = captune(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        out_dir.join("dataset_shapes.json").is_file()
+            && out_dir.join("images/test/00015.png").is_file()
+    );
+    assert!(
+        text(&out.stdout).contains("\"oracle_t2i_r1\""),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let ckpt = dir.join("r.safetensors");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "retriever",
+        "train",
+        "--data",
+        "shapes",
+        "--out",
+        ckpt.to_str().unwrap(),
+        "--epochs",
+        "2",
+        "--batch",
+        "16",
+        "--image-size",
+        "32",
+        "--width",
+        "32",
+        "--image-layers",
+        "1",
+        "--text-layers",
+        "1",
+        "--heads",
+        "2",
+        "--embed-dim",
+        "16",
+        "--warmup",
+        "2",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("epoch 2 loss"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "retriever",
+        "eval",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--split",
+        "test",
+        "--json",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let recall: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10"] {
+        let v = recall[key].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=1.0).contains(&v), "{key} = {v}");
+    }
+    assert!(recall["t2i_r1"].as_f64() <= recall["t2i_r10"].as_f64());
+
+    let features = dir.join("f.safetensors");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "embed",
+        "--checkpoint",
+        ckpt.to_str().unwrap(),
+        "--out",
+        features.to_str().unwrap(),
+    ];
+    args.extend(shapes);
+    let out = captune(&args, &env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let f = captune::data::features::Features::load(&features, None).unwrap();
+    assert_eq!((f.ids.len(), f.dim), (80, 16));
+
+    // A checkpoint that is not one: the file is named.
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "retriever",
+            "eval",
+            "--checkpoint",
+            features.to_str().unwrap(),
+        ],
+        &env,
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("f.safetensors")
+            && text(&out.stderr).contains("retriever_config"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
