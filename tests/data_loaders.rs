@@ -60,7 +60,7 @@ fn flickr8k_loads_with_its_splits_tokens_and_vocabulary() {
 
     let vocab = Vocab::build(&data, 5);
     assert!((2000..4000).contains(&vocab.len()), "{} words", vocab.len());
-    assert_eq!(vocab.id("dog") > UNK, true);
+    assert!(vocab.id("dog") > UNK);
     let caption = &data.items[0].captions[0];
     let ids = vocab.encode(&caption.tokens, 6);
     assert_eq!(

@@ -204,7 +204,7 @@ impl<B: Backend> Transformer<B> {
         seq: usize,
     ) -> Self {
         assert!(
-            config.width % config.heads == 0,
+            config.width.is_multiple_of(config.heads),
             "width must be a multiple of heads"
         );
         let rows = batch * seq;

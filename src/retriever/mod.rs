@@ -40,7 +40,7 @@ impl RetrieverConfig {
     }
 
     pub fn validate(&self) -> Result<()> {
-        if self.patch == 0 || self.image_size % self.patch != 0 {
+        if self.patch == 0 || !self.image_size.is_multiple_of(self.patch) {
             bail!(
                 "image size {} is not a multiple of the patch size {}",
                 self.image_size,

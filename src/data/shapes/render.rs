@@ -82,7 +82,7 @@ fn inside(shape: Shape, dx: f32, dy: f32) -> bool {
 /// against its ten vertices.
 fn inside_star(dx: f32, dy: f32) -> bool {
     let vertex = |k: usize| {
-        let r = if k % 2 == 0 { 1.0 } else { 0.45 };
+        let r = if k.is_multiple_of(2) { 1.0 } else { 0.45 };
         let angle = -std::f32::consts::FRAC_PI_2 + k as f32 * std::f32::consts::PI / 5.0;
         (r * angle.cos(), r * angle.sin())
     };
