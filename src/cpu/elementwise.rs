@@ -9,11 +9,13 @@ const GELU_S: f32 = 0.797_884_6; // sqrt(2 / pi)
 const CHUNK: usize = 1 << 14;
 
 pub fn gelu(x: &[f32], y: &mut [f32]) {
-    y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(y, x)| {
-        for (yi, &v) in y.iter_mut().zip(x) {
-            *yi = 0.5 * v * (1.0 + (GELU_S * (v + 0.044715 * v * v * v)).tanh());
-        }
-    });
+    y.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(y, x)| {
+            for (yi, &v) in y.iter_mut().zip(x) {
+                *yi = 0.5 * v * (1.0 + (GELU_S * (v + 0.044715 * v * v * v)).tanh());
+            }
+        });
 }
 
 pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
