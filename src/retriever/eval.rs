@@ -21,13 +21,6 @@ pub struct Recall {
     pub i2t_r10: f64,
 }
 
-fn normalize_rows(x: &mut [f32], dim: usize) {
-    for row in x.chunks_mut(dim) {
-        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-12);
-        row.iter_mut().for_each(|v| *v /= n);
-    }
-}
-
 /// Runs `encode` over `count` items in batches of the model's size (the
 /// last one padded by repeating its final item) and returns the unit-norm
 /// embeddings `[count, embed_dim]`.
@@ -44,8 +37,10 @@ fn embed_in_batches<B: Backend>(
         let e = encode(model, &indices)?;
         out.extend_from_slice(&e[..real * dim]);
     }
-    normalize_rows(&mut out, dim);
-    Ok(out)
+    // The same normalisation the loss applies, on the host copy.
+    let (mut unit, mut norms) = (vec![0.0; out.len()], vec![0.0; out.len() / dim]);
+    CpuBackend::new().l2_normalize(&out, &mut unit, &mut norms, dim);
+    Ok(unit)
 }
 
 pub fn embed_images<B: Backend>(
