@@ -167,6 +167,22 @@ fn features_round_trip_through_safetensors_and_npy() {
         (back.ids.clone(), back.dim, back.embeddings.clone()),
         (features.ids.clone(), 2, features.embeddings.clone())
     );
+    // Aligning with a data set keeps its items that have an embedding, in item order.
+    let mut data = tiny_world();
+    data.items.truncate(3);
+    data.items[0].id = "c".into();
+    data.items[1].id = "a".into();
+    data.items[2].id = "zzz".into();
+    assert_eq!(back.align(&mut data), vec![5.0, 6.0, 1.0, 2.0]);
+    assert_eq!(data.items.len(), 2);
+    assert_eq!(data.report.skipped_items, 1);
+    assert!(
+        data.report
+            .to_string()
+            .contains("no embedding for image zzz"),
+        "{}",
+        data.report
+    );
     let err = back.expect_dim(3).unwrap_err().to_string();
     assert!(
         err.contains("f.safetensors") && err.contains("2 dimensions") && err.contains("3"),
