@@ -3,6 +3,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod captioner;
 pub mod cpu;
 pub mod data;
 pub mod device;

@@ -14,6 +14,9 @@ pub struct CrossEntropy<B: Backend> {
     lse: B::Tensor,
     /// d loss / d logp[r] = -scale * weight[r] / sum(weights).
     coef: B::Tensor,
+    host_coef: Vec<f32>,
+    /// What `backward` propagates: `coef` times the gradient scale.
+    d_coef: B::Tensor,
     weighted: B::Tensor,
     /// The loss, one element.
     pub loss: B::Tensor,
@@ -27,6 +30,8 @@ impl<B: Backend> CrossEntropy<B> {
             logp: b.zeros(rows),
             lse: b.zeros(rows),
             coef: b.zeros(rows),
+            host_coef: vec![0.0; rows],
+            d_coef: b.zeros(rows),
             weighted: b.zeros(rows),
             loss: b.zeros(1),
         }
@@ -37,8 +42,16 @@ impl<B: Backend> CrossEntropy<B> {
         assert_eq!(weights.len(), self.rows, "one weight per row");
         let total: f32 = weights.iter().sum();
         let norm = if total > 0.0 { scale / total } else { 0.0 };
-        let coef: Vec<f32> = weights.iter().map(|w| -w * norm).collect();
-        b.write(&mut self.coef, &coef);
+        self.host_coef = weights.iter().map(|w| -w * norm).collect();
+        b.write(&mut self.coef, &self.host_coef);
+        b.write(&mut self.d_coef, &self.host_coef);
+    }
+
+    /// Scales what `backward` propagates, not the loss: for a weighted sum
+    /// of losses whose parts are still reported on their own scale.
+    pub fn set_gradient_scale(&mut self, b: &B, factor: f32) {
+        let d: Vec<f32> = self.host_coef.iter().map(|c| c * factor).collect();
+        b.write(&mut self.d_coef, &d);
     }
 
     pub fn forward(
@@ -71,7 +84,14 @@ impl<B: Backend> CrossEntropy<B> {
         accumulate: bool,
     ) {
         b.log_softmax_gather_backward(
-            logits, targets, subsets, self.vocab, &self.lse, &self.coef, dlogits, accumulate,
+            logits,
+            targets,
+            subsets,
+            self.vocab,
+            &self.lse,
+            &self.d_coef,
+            dlogits,
+            accumulate,
         );
     }
 

@@ -1,0 +1,247 @@
+//! The captioner (ClipCap-style): a mapper from a frozen image embedding
+//! to `prefix_len` prefix vectors, then a causal pre-LN decoder over
+//! `[prefix ; <bos> caption]` with learned positions and an output layer
+//! tied to the token embedding. Its configuration, vocabulary and
+//! checkpoints live here; the network in `model`, the training losses in
+//! `objective`, caption generation in `decode`.
+
+pub mod decode;
+pub mod model;
+pub mod objective;
+
+use crate::backend::Backend;
+use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+use crate::data::{Dataset, Split};
+use crate::model::transformer::TransformerConfig;
+use crate::tensorfile;
+use anyhow::{Context, Result, bail};
+use model::Captioner;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+
+/// The network's shape. `embed_dim` and `vocab_size` come from the data
+/// (the features file and the vocabulary) when a run starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptionerConfig {
+    /// Size of the image embedding the mapper reads.
+    pub embed_dim: usize,
+    /// Number of prefix vectors k.
+    pub prefix_len: usize,
+    /// Hidden size of the mapper MLP.
+    pub mapper_hidden: usize,
+    pub decoder: TransformerConfig,
+    /// Caption positions, <bos> and <eos> included (as `Vocab::encode` counts).
+    pub max_len: usize,
+    pub vocab_size: usize,
+}
+
+impl CaptionerConfig {
+    /// Decoder positions fed with tokens: <bos> and the words, not <eos>.
+    pub fn token_positions(&self) -> usize {
+        self.max_len - 1
+    }
+
+    /// Decoder sequence length: the prefix, then the token positions.
+    pub fn seq_len(&self) -> usize {
+        self.prefix_len + self.token_positions()
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let d = &self.decoder;
+        if d.width == 0 || d.heads == 0 || !d.width.is_multiple_of(d.heads) {
+            bail!(
+                "decoder width {} must be a positive multiple of heads {}",
+                d.width,
+                d.heads
+            );
+        }
+        if !d.causal {
+            bail!("the caption decoder must be causal");
+        }
+        if self.max_len < 3 {
+            bail!(
+                "max_len {} leaves no room for <bos>, a word and <eos>",
+                self.max_len
+            );
+        }
+        if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
+            bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// The caption vocabulary: the data set's words, then one reserved
+/// alternative id (`##word`) for each word that begins a training
+/// caption. First-token shifting (SMILE section 3.3) trains step 0
+/// towards the alternative; decoding maps it back to the word.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CaptionVocab {
+    pub words: Vocab,
+    /// Ids below this are words; from it on, alternatives.
+    first_alternative: u32,
+    /// alternative id - first_alternative -> word id, and back.
+    alternative_word: Vec<u32>,
+    word_alternative: HashMap<u32, u32>,
+}
+
+const ALTERNATIVE_MARK: &str = "##";
+
+impl CaptionVocab {
+    /// Words seen `min_count` times in the training captions, plus the
+    /// alternatives of every word that begins one of them.
+    pub fn build(data: &Dataset, min_count: usize) -> Result<CaptionVocab> {
+        let base = Vocab::build(data, min_count);
+        if base.words().is_empty() {
+            bail!(
+                "{}: no word occurs {min_count} times in the training captions; lower --min-count",
+                data.name
+            );
+        }
+        let firsts: BTreeSet<u32> = data
+            .split(Split::Train)
+            .flat_map(|item| &item.captions)
+            .filter_map(|c| c.tokens.first())
+            .map(|w| base.id(w))
+            .filter(|&id| id > UNK)
+            .collect();
+        let mut words = base.words().to_vec();
+        for &id in &firsts {
+            words.push(format!("{ALTERNATIVE_MARK}{}", base.word(id)));
+        }
+        Ok(CaptionVocab::from_words(words))
+    }
+
+    /// From the stored word list (alternatives last, marked `##`).
+    pub fn from_words(words: Vec<String>) -> CaptionVocab {
+        let words = Vocab::from_words(words);
+        let first_alternative = (0..words.len() as u32)
+            .find(|&id| words.word(id).starts_with(ALTERNATIVE_MARK))
+            .unwrap_or(words.len() as u32);
+        let alternative_word: Vec<u32> = (first_alternative..words.len() as u32)
+            .map(|id| words.id(&words.word(id)[ALTERNATIVE_MARK.len()..]))
+            .collect();
+        let word_alternative = alternative_word
+            .iter()
+            .enumerate()
+            .map(|(i, &w)| (w, first_alternative + i as u32))
+            .collect();
+        CaptionVocab {
+            words,
+            first_alternative,
+            alternative_word,
+            word_alternative,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.words.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.words.is_empty()
+    }
+
+    /// The reserved alternative of a word, if it has one.
+    pub fn alternative(&self, id: u32) -> Option<u32> {
+        self.word_alternative.get(&id).copied()
+    }
+
+    /// The word an id stands for: itself, or the word of an alternative.
+    pub fn canonical(&self, id: u32) -> u32 {
+        if id >= self.first_alternative {
+            self.alternative_word[(id - self.first_alternative) as usize]
+        } else {
+            id
+        }
+    }
+
+    /// `<bos> words <eos>`, at most `max_len` ids.
+    pub fn encode(&self, tokens: &[String], max_len: usize) -> Vec<u32> {
+        self.words.encode(tokens, max_len)
+    }
+
+    /// The words of generated ids, up to the first <eos>.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let words: Vec<u32> = ids
+            .iter()
+            .take_while(|&&id| id != EOS)
+            .filter(|&&id| id != BOS)
+            .map(|&id| self.canonical(id))
+            .collect();
+        self.words.decode(&words)
+    }
+}
+
+const CONFIG_KEY: &str = "captioner_config";
+const VOCAB_KEY: &str = "vocab";
+
+/// A captioner with its vocabulary, as a checkpoint holds them.
+pub struct Checkpoint<B: Backend> {
+    pub model: Captioner<B>,
+    pub vocab: CaptionVocab,
+}
+
+impl<B: Backend> Checkpoint<B> {
+    /// Writes the weights (atomically), with the config and vocabulary in
+    /// the metadata.
+    pub fn save(&self, b: &B, path: &Path, mut metadata: HashMap<String, String>) -> Result<()> {
+        metadata.insert(
+            CONFIG_KEY.into(),
+            serde_json::to_string(&self.model.config)?,
+        );
+        metadata.insert(
+            VOCAB_KEY.into(),
+            serde_json::to_string(self.vocab.words.words())?,
+        );
+        metadata.insert("format".into(), "captune captioner".into());
+        self.model.params.save(b, path, metadata)
+    }
+
+    /// Loads a checkpoint into a model built for batches of `batch`.
+    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+        let mut file = tensorfile::read(path)?;
+        let config: CaptionerConfig = serde_json::from_str(file.meta(CONFIG_KEY, path)?)
+            .with_context(|| {
+                format!(
+                    "{}: metadata {CONFIG_KEY:?} is not a captioner config; is this a captioner checkpoint?",
+                    path.display()
+                )
+            })?;
+        let words: Vec<String> =
+            serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
+                format!(
+                    "{}: metadata {VOCAB_KEY:?} is not a word list",
+                    path.display()
+                )
+            })?;
+        let vocab = CaptionVocab::from_words(words);
+        if vocab.len() != config.vocab_size {
+            bail!(
+                "{}: the vocabulary has {} words but the config says {}",
+                path.display(),
+                vocab.len(),
+                config.vocab_size
+            );
+        }
+        let mut model = Captioner::new(b, config, batch, 0)?;
+        model.params.load(b, path, &mut file)?;
+        Ok(Checkpoint { model, vocab })
+    }
+
+    /// A second model with the same weights for batches of `batch`
+    /// (decoding and evaluation use other batch sizes than training).
+    pub fn with_batch(&self, b: &B, batch: usize) -> Result<Captioner<B>> {
+        let mut model = Captioner::new(b, self.model.config, batch, 0)?;
+        for (dst, src) in model
+            .params
+            .values
+            .iter_mut()
+            .zip(&self.model.params.values)
+        {
+            b.write(dst, &b.to_vec(src));
+        }
+        Ok(model)
+    }
+}

@@ -1,0 +1,324 @@
+//! Token-level training objectives (spec section 2): MLE, SMILE and its
+//! ablations. Each is a cross-entropy over a per-row vocabulary subset
+//! (`VocabSubsets`): the whole vocabulary for MLE, the target sequence's
+//! own tokens for SMILE, ten random ids for random subsetting, the
+//! complement of the sequence's tokens for reverse subsetting (the label
+//! always takes part). Every batch also reports the plain MLE and SMILE
+//! losses, whichever objective trains, so runs can be compared.
+
+use super::CaptionVocab;
+use crate::backend::Backend;
+use crate::data::vocab::PAD;
+use crate::index::{FULL_VOCAB, VocabSubsets};
+use crate::ops::cross_entropy::CrossEntropy;
+use anyhow::Result;
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObjectiveKind {
+    /// Cross-entropy over the full vocabulary.
+    Mle,
+    /// Cross-entropy over the unique tokens of the target sequence.
+    Smile,
+    /// Ablation: over 10 random ids plus the label, drawn per step.
+    SmileRandom,
+    /// Ablation: over the complement of the sequence's tokens, plus the label.
+    SmileReverse,
+}
+
+/// How step 0 of a subset objective is trained (SMILE section 3.3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum FirstToken {
+    /// Step 0 uses the full vocabulary.
+    Mle,
+    /// Step 0's label becomes the word's reserved alternative id.
+    Shift,
+    /// Step 0 is subset like every other step.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Objective {
+    pub kind: ObjectiveKind,
+    pub first_token: FirstToken,
+    /// lambda in lambda * MLE + (1 - lambda) * subset loss; ignored by `mle`.
+    pub mle_weight: f32,
+}
+
+impl Objective {
+    pub fn mle() -> Self {
+        Objective {
+            kind: ObjectiveKind::Mle,
+            first_token: FirstToken::Mle,
+            mle_weight: 0.0,
+        }
+    }
+
+    pub fn smile() -> Self {
+        Objective {
+            kind: ObjectiveKind::Smile,
+            ..Objective::mle()
+        }
+    }
+
+    /// Whether the subset term is exactly the standard SMILE loss (which is
+    /// computed anyway for the log).
+    fn term_is_standard_smile(&self) -> bool {
+        self.kind == ObjectiveKind::Smile && self.first_token == FirstToken::Mle
+    }
+
+    pub fn describe(&self) -> String {
+        match self.kind {
+            ObjectiveKind::Mle => "mle".into(),
+            _ => format!(
+                "{} (first token: {}, mle weight {})",
+                serde_json::to_value(self.kind)
+                    .expect("serialisable")
+                    .as_str()
+                    .unwrap_or_default(),
+                serde_json::to_value(self.first_token)
+                    .expect("serialisable")
+                    .as_str()
+                    .unwrap_or_default(),
+                self.mle_weight
+            ),
+        }
+    }
+}
+
+/// Ids drawn per step by random subsetting.
+pub const RANDOM_SUBSET_SIZE: usize = 10;
+
+/// One batch's subsets as host data: `row_subset[r]` indexes `subsets` or
+/// is [`FULL_VOCAB`]; `targets` are the labels the loss uses (shifted at
+/// step 0 under first-token shifting).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubsetPlan {
+    pub targets: Vec<u32>,
+    pub subsets: Vec<Vec<u32>>,
+    pub row_subset: Vec<u32>,
+}
+
+/// Plans the subsets of `kind` for `[batch, steps]` targets (PAD after
+/// <eos>). `rng` draws random subsets.
+pub fn plan(
+    kind: ObjectiveKind,
+    first_token: FirstToken,
+    vocab: &CaptionVocab,
+    targets: &[u32],
+    steps: usize,
+    rng: &mut impl Rng,
+) -> SubsetPlan {
+    let mut targets = targets.to_vec();
+    if first_token == FirstToken::Shift && kind != ObjectiveKind::Mle {
+        for seq in targets.chunks_mut(steps) {
+            if let Some(alt) = vocab.alternative(seq[0]) {
+                seq[0] = alt;
+            }
+        }
+    }
+    let v = vocab.len() as u32;
+    let mut subsets = Vec::new();
+    let mut row_subset = vec![FULL_VOCAB; targets.len()];
+    for (s, seq) in targets.chunks(steps).enumerate() {
+        let own: BTreeSet<u32> = seq.iter().copied().filter(|&id| id != PAD).collect();
+        let rows = s * steps..(s + 1) * steps;
+        match kind {
+            ObjectiveKind::Mle => continue,
+            ObjectiveKind::Smile | ObjectiveKind::SmileReverse => {
+                let subset: Vec<u32> = if kind == ObjectiveKind::Smile {
+                    own.into_iter().collect()
+                } else {
+                    (0..v).filter(|id| !own.contains(id)).collect()
+                };
+                row_subset[rows].fill(subsets.len() as u32);
+                subsets.push(subset);
+            }
+            ObjectiveKind::SmileRandom => {
+                for (t, &label) in seq.iter().enumerate() {
+                    if label == PAD {
+                        continue;
+                    }
+                    let mut drawn = BTreeSet::new();
+                    while drawn.len() < RANDOM_SUBSET_SIZE.min(v as usize - 1) {
+                        let id = rng.random_range(0..v);
+                        if id != label {
+                            drawn.insert(id);
+                        }
+                    }
+                    row_subset[s * steps + t] = subsets.len() as u32;
+                    subsets.push(drawn.into_iter().collect());
+                }
+            }
+        }
+        if first_token == FirstToken::Mle {
+            row_subset[s * steps] = FULL_VOCAB;
+        }
+    }
+    SubsetPlan {
+        targets,
+        subsets,
+        row_subset,
+    }
+}
+
+/// A batch's targets on the device, for every loss `Losses` computes.
+pub struct BatchTargets<B: Backend> {
+    /// The true next tokens, PAD where there is none.
+    pub targets: B::Ids,
+    pub weights: Vec<f32>,
+    full: VocabSubsets<B>,
+    smile: VocabSubsets<B>,
+    /// The objective's own labels and subsets, where they differ from
+    /// both plain MLE and standard SMILE.
+    term: Option<(B::Ids, VocabSubsets<B>)>,
+}
+
+impl<B: Backend> BatchTargets<B> {
+    pub fn new(
+        b: &B,
+        objective: &Objective,
+        vocab: &CaptionVocab,
+        targets: &[u32],
+        steps: usize,
+        rng: &mut impl Rng,
+    ) -> Result<Self> {
+        let v = vocab.len();
+        let weights = targets
+            .iter()
+            .map(|&id| if id == PAD { 0.0 } else { 1.0 })
+            .collect();
+        let device_plan = |p: &SubsetPlan| -> Result<(B::Ids, VocabSubsets<B>)> {
+            Ok((
+                b.ids(&p.targets),
+                VocabSubsets::new(b, v, &p.subsets, &p.row_subset)?,
+            ))
+        };
+        let standard = plan(
+            ObjectiveKind::Smile,
+            FirstToken::Mle,
+            vocab,
+            targets,
+            steps,
+            rng,
+        );
+        let term = match objective.kind {
+            ObjectiveKind::Mle => None,
+            _ if objective.term_is_standard_smile() => None,
+            kind => Some(device_plan(&plan(
+                kind,
+                objective.first_token,
+                vocab,
+                targets,
+                steps,
+                rng,
+            ))?),
+        };
+        Ok(BatchTargets {
+            targets: b.ids(targets),
+            weights,
+            full: VocabSubsets::full(b, targets.len()),
+            smile: device_plan(&standard)?.1,
+            term,
+        })
+    }
+}
+
+/// The losses of one batch: plain MLE and standard SMILE always, and the
+/// objective's own term when it is neither.
+pub struct Losses<B: Backend> {
+    pub objective: Objective,
+    mle: CrossEntropy<B>,
+    smile: CrossEntropy<B>,
+    term: CrossEntropy<B>,
+    pub d_logits: B::Tensor,
+}
+
+/// Loss values read back for the log.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct LossValues {
+    /// What the objective minimises.
+    pub loss: f32,
+    pub mle: f32,
+    pub smile: f32,
+}
+
+impl<B: Backend> Losses<B> {
+    pub fn new(b: &B, objective: Objective, rows: usize, vocab: usize) -> Self {
+        Losses {
+            objective,
+            mle: CrossEntropy::new(b, rows, vocab),
+            smile: CrossEntropy::new(b, rows, vocab),
+            term: CrossEntropy::new(b, rows, vocab),
+            d_logits: b.zeros(rows * vocab),
+        }
+    }
+
+    /// (lambda for MLE, 1 - lambda for the subset term).
+    fn mix(&self) -> (f32, f32) {
+        match self.objective.kind {
+            ObjectiveKind::Mle => (1.0, 0.0),
+            _ => (self.objective.mle_weight, 1.0 - self.objective.mle_weight),
+        }
+    }
+
+    /// Every loss on `logits`, then `d_logits` = the objective's gradient.
+    pub fn forward_backward(&mut self, b: &B, logits: &B::Tensor, t: &BatchTargets<B>) {
+        let (lambda, rest) = self.mix();
+        for ce in [&mut self.mle, &mut self.smile, &mut self.term] {
+            ce.set_weights(b, &t.weights, 1.0);
+        }
+        self.mle.forward(b, logits, &t.targets, &t.full);
+        self.smile.forward(b, logits, &t.targets, &t.smile);
+        if let Some((targets, subsets)) = &t.term {
+            self.term.forward(b, logits, targets, subsets);
+        }
+        b.fill(&mut self.d_logits, 0.0);
+        if lambda > 0.0 {
+            self.mle.set_gradient_scale(b, lambda);
+            self.mle
+                .backward(b, logits, &t.targets, &t.full, &mut self.d_logits, true);
+        }
+        if rest > 0.0 {
+            match &t.term {
+                Some((targets, subsets)) => {
+                    self.term.set_gradient_scale(b, rest);
+                    self.term
+                        .backward(b, logits, targets, subsets, &mut self.d_logits, true);
+                }
+                None => {
+                    self.smile.set_gradient_scale(b, rest);
+                    self.smile
+                        .backward(b, logits, &t.targets, &t.smile, &mut self.d_logits, true);
+                }
+            }
+        }
+    }
+
+    /// Reads the losses back (this waits for the device).
+    pub fn read(&self, b: &B, t: &BatchTargets<B>) -> LossValues {
+        let mle = self.mle.read_loss(b);
+        let smile = self.smile.read_loss(b);
+        let term = if t.term.is_some() {
+            self.term.read_loss(b)
+        } else {
+            smile
+        };
+        let (lambda, rest) = self.mix();
+        LossValues {
+            loss: lambda * mle + rest * term,
+            mle,
+            smile,
+        }
+    }
+
+    /// log p(target) per row under the full vocabulary and under the
+    /// standard SMILE subset (for `inspect`).
+    pub fn row_logprobs(&self, b: &B) -> (Vec<f32>, Vec<f32>) {
+        (b.to_vec(&self.mle.logp), b.to_vec(&self.smile.logp))
+    }
+}

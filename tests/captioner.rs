@@ -1,0 +1,358 @@
+//! The captioner's objectives and network: SMILE against the paper's
+//! Algorithm 1 computed by hand, the subset plans of the ablations,
+//! finite-difference gradients through the whole network, and one
+//! training step per objective agreeing between GPU and CPU.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::objective::{
+    self, BatchTargets, FirstToken, Losses, Objective, ObjectiveKind, RANDOM_SUBSET_SIZE,
+};
+use captune::captioner::{CaptionVocab, CaptionerConfig};
+use captune::cpu::CpuBackend;
+use captune::data::vocab::{EOS, PAD};
+use captune::index::FULL_VOCAB;
+use captune::model::transformer::TransformerConfig;
+use common::{assert_close, gpu, random};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// Ten ids: four specials, five words, and the alternative of "a" (id 9).
+fn small_vocab() -> CaptionVocab {
+    let words = ["a", "red", "circle", "blue", "square", "##a"];
+    CaptionVocab::from_words(words.iter().map(|w| w.to_string()).collect())
+}
+
+const STEPS: usize = 4;
+/// "a red circle <eos>", "blue square <eos> <pad>"
+const TARGETS: [u32; 8] = [4, 5, 6, EOS, 7, 8, EOS, PAD];
+
+/// -log(exp(z[y]) / sum over allowed j of exp(z[j])) in f64, the allowed
+/// set given as a mask: Algorithm 1's masked fill with -inf, then
+/// cross-entropy.
+fn masked_nll(z: &[f32], y: u32, allowed: impl Fn(usize) -> bool) -> f64 {
+    let masked: Vec<f64> = z
+        .iter()
+        .enumerate()
+        .map(|(j, &v)| {
+            if allowed(j) {
+                v as f64
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
+        .collect();
+    let max = masked.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = max + masked.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+    lse - masked[y as usize]
+}
+
+/// The loss of Algorithm 1 over the two sequences, by hand.
+fn smile_by_hand(z: &[f32], v: usize, targets: &[u32], first: FirstToken) -> f64 {
+    let (mut sum, mut count) = (0.0, 0);
+    for (s, seq) in targets.chunks(STEPS).enumerate() {
+        let subset: Vec<u32> = seq.iter().copied().filter(|&id| id != PAD).collect();
+        for (t, &y) in seq.iter().enumerate() {
+            if y == PAD {
+                continue;
+            }
+            let row = &z[(s * STEPS + t) * v..(s * STEPS + t + 1) * v];
+            sum += if t == 0 && first == FirstToken::Mle {
+                masked_nll(row, y, |_| true)
+            } else {
+                masked_nll(row, y, |j| subset.contains(&(j as u32)))
+            };
+            count += 1;
+        }
+    }
+    sum / count as f64
+}
+
+fn mle_by_hand(z: &[f32], v: usize) -> f64 {
+    let real: Vec<(usize, u32)> = TARGETS
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|&(_, y)| y != PAD)
+        .collect();
+    real.iter()
+        .map(|&(r, y)| masked_nll(&z[r * v..(r + 1) * v], y, |_| true))
+        .sum::<f64>()
+        / real.len() as f64
+}
+
+/// The losses `Losses` reports and its d_logits, for one objective.
+fn losses_of<B: Backend>(b: &B, objective: Objective, z: &[f32]) -> (f32, f32, f32, Vec<f32>) {
+    let vocab = small_vocab();
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let t = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+    let mut losses = Losses::new(b, objective, TARGETS.len(), vocab.len());
+    let logits = b.tensor(z);
+    losses.forward_backward(b, &logits, &t);
+    let v = losses.read(b, &t);
+    (v.loss, v.mle, v.smile, b.to_vec(&losses.d_logits))
+}
+
+#[test]
+fn smile_matches_algorithm_1_computed_by_hand() {
+    let b = CpuBackend::new();
+    let v = small_vocab().len();
+    let z: Vec<f32> = random(TARGETS.len() * v, 7)
+        .iter()
+        .map(|x| 3.0 * x)
+        .collect();
+    let smile = smile_by_hand(&z, v, &TARGETS, FirstToken::Mle);
+    let mle = mle_by_hand(&z, v);
+    assert!((smile - mle).abs() > 0.1, "the subset must change the loss");
+
+    let (loss, got_mle, got_smile, _) = losses_of(&b, Objective::smile(), &z);
+    assert!(
+        (got_smile as f64 - smile).abs() < 1e-5,
+        "{got_smile} vs {smile}"
+    );
+    assert!((got_mle as f64 - mle).abs() < 1e-5, "{got_mle} vs {mle}");
+    assert_eq!(loss, got_smile);
+
+    // No initial restriction: step 0 is subset too.
+    let none = Objective {
+        first_token: FirstToken::None,
+        ..Objective::smile()
+    };
+    let want = smile_by_hand(&z, v, &TARGETS, FirstToken::None);
+    let (loss, _, reported_smile, _) = losses_of(&b, none, &z);
+    assert!((loss as f64 - want).abs() < 1e-5, "{loss} vs {want}");
+    assert_eq!(
+        reported_smile, got_smile,
+        "the logged SMILE loss is the standard one"
+    );
+
+    // Shifting: "a" becomes its alternative (id 9) at step 0 and joins the
+    // subset; "blue" has no alternative and stays.
+    let shift = Objective {
+        first_token: FirstToken::Shift,
+        ..Objective::smile()
+    };
+    let mut shifted = TARGETS;
+    shifted[0] = 9;
+    let want = smile_by_hand(&z, v, &shifted, FirstToken::None);
+    let (loss, _, _, _) = losses_of(&b, shift, &z);
+    assert!((loss as f64 - want).abs() < 1e-5, "{loss} vs {want}");
+
+    // Mixing: lambda * MLE + (1 - lambda) * SMILE, gradient included.
+    let mixed = Objective {
+        mle_weight: 0.3,
+        ..Objective::smile()
+    };
+    let (loss, _, _, d) = losses_of(&b, mixed, &z);
+    let want = 0.3 * mle + 0.7 * smile;
+    assert!((loss as f64 - want).abs() < 1e-5, "{loss} vs {want}");
+    let eps = 1e-3f32;
+    for i in (0..z.len()).step_by(3) {
+        let mut up = z.clone();
+        up[i] += eps;
+        let mut down = z.clone();
+        down[i] -= eps;
+        let f = |z: &[f32]| {
+            0.3 * mle_by_hand(z, v) + 0.7 * smile_by_hand(z, v, &TARGETS, FirstToken::Mle)
+        };
+        let numeric = ((f(&up) - f(&down)) / (2.0 * eps as f64)) as f32;
+        assert!(
+            (numeric - d[i]).abs() < 1e-3,
+            "d loss / d z[{i}]: {} analytically, {numeric} numerically",
+            d[i]
+        );
+    }
+}
+
+#[test]
+fn ablation_plans_random_and_reverse_subsets() {
+    let vocab = small_vocab();
+    let v = vocab.len() as u32;
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let random = objective::plan(
+        ObjectiveKind::SmileRandom,
+        FirstToken::Mle,
+        &vocab,
+        &TARGETS,
+        STEPS,
+        &mut rng,
+    );
+    for (r, &y) in TARGETS.iter().enumerate() {
+        let set = random.row_subset[r];
+        if y == PAD || r % STEPS == 0 {
+            assert_eq!(
+                set, FULL_VOCAB,
+                "row {r}: padding and step 0 use the full vocabulary"
+            );
+            continue;
+        }
+        let ids = &random.subsets[set as usize];
+        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1);
+        assert_eq!(ids.len(), want, "row {r}: distinct random ids");
+        assert!(!ids.contains(&y), "row {r}: the label is added, not drawn");
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+    }
+    let distinct: std::collections::BTreeSet<_> = random
+        .row_subset
+        .iter()
+        .filter(|&&s| s != FULL_VOCAB)
+        .collect();
+    assert_eq!(
+        distinct.len(),
+        5,
+        "each real row after step 0 draws its own subset"
+    );
+
+    let reverse = objective::plan(
+        ObjectiveKind::SmileReverse,
+        FirstToken::None,
+        &vocab,
+        &TARGETS,
+        STEPS,
+        &mut rng,
+    );
+    assert_eq!(reverse.subsets.len(), 2, "one subset per sequence");
+    assert_eq!(reverse.subsets[0], vec![0, 1, 3, 7, 8, 9]);
+    assert_eq!(reverse.subsets[1], vec![0, 1, 3, 4, 5, 6, 9]);
+    assert_eq!(reverse.row_subset, vec![0, 0, 0, 0, 1, 1, 1, 1]);
+}
+
+fn tiny_config(vocab: usize) -> CaptionerConfig {
+    CaptionerConfig {
+        embed_dim: 6,
+        prefix_len: 2,
+        mapper_hidden: 10,
+        decoder: TransformerConfig {
+            width: 8,
+            layers: 2,
+            heads: 2,
+            causal: true,
+        },
+        max_len: STEPS + 1,
+        vocab_size: vocab,
+    }
+}
+
+/// `<bos>` then the targets shifted right: the decoder's inputs.
+fn inputs_of(targets: &[u32]) -> Vec<Vec<u32>> {
+    targets
+        .chunks(STEPS)
+        .map(|seq| {
+            std::iter::once(captune::data::vocab::BOS)
+                .chain(seq.iter().copied().take_while(|&id| id != PAD))
+                .collect()
+        })
+        .collect()
+}
+
+/// One forward and backward; returns the losses, the logits and every
+/// parameter gradient.
+fn step<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    objective: Objective,
+    features: &[f32],
+) -> (Vec<f32>, Vec<Vec<f32>>) {
+    let vocab = small_vocab();
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let targets = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+    let inputs = TokenInputs::new(b, &model.config, &inputs_of(&TARGETS)).unwrap();
+    let mut losses = Losses::new(b, objective, model.rows(), vocab.len());
+    model.forward(b, features, &inputs);
+    losses.forward_backward(b, &model.logits, &targets);
+    model.params.zero_grads(b);
+    model.backward(b, &inputs, &losses.d_logits);
+    let v = losses.read(b, &targets);
+    let mut outs = vec![vec![v.loss, v.mle, v.smile], b.to_vec(&model.logits)];
+    outs.extend(model.params.grads.iter().map(|g| b.to_vec(g)));
+    (outs[0].clone(), outs[1..].to_vec())
+}
+
+#[test]
+fn captioner_gradients_match_finite_differences() {
+    let b = CpuBackend::new();
+    let config = tiny_config(small_vocab().len());
+    let mut model = Captioner::new(&b, config, 2, 5).unwrap();
+    // Larger weights than the initialisation, so every path matters.
+    for (i, value) in model.params.values.iter_mut().enumerate() {
+        let scaled: Vec<f32> = random(value.len(), 100 + i as u64)
+            .iter()
+            .map(|x| 0.5 * x)
+            .collect();
+        b.write(value, &scaled);
+    }
+    let features = random(2 * config.embed_dim, 9);
+    let objective = Objective {
+        mle_weight: 0.5,
+        ..Objective::smile()
+    };
+    let (_, outs) = step(&b, &mut model, objective, &features);
+    let grads = &outs[1..];
+    let eps = 1e-2f32;
+    for (p, grad) in grads.iter().enumerate() {
+        let name = model.params.specs[p].name.clone();
+        let len = grad.len();
+        for i in (0..len).step_by((len / 6).max(1)) {
+            let original = b.to_vec(&model.params.values[p]);
+            let mut at = |delta: f32| {
+                let mut x = original.clone();
+                x[i] += delta;
+                b.write(&mut model.params.values[p], &x);
+                let (losses, _) = step(&b, &mut model, objective, &features);
+                losses[0] as f64
+            };
+            let numeric = ((at(eps) - at(-eps)) / (2.0 * eps as f64)) as f32;
+            b.write(&mut model.params.values[p], &original);
+            let tol = 3e-3 + 3e-2 * numeric.abs();
+            assert!(
+                (numeric - grad[i]).abs() <= tol,
+                "{name}[{i}]: {} analytically, {numeric} numerically",
+                grad[i]
+            );
+        }
+    }
+}
+
+#[test]
+fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let config = tiny_config(small_vocab().len());
+    let features = random(2 * config.embed_dim, 4);
+    for kind in [
+        ObjectiveKind::Mle,
+        ObjectiveKind::Smile,
+        ObjectiveKind::SmileRandom,
+        ObjectiveKind::SmileReverse,
+    ] {
+        for first_token in [FirstToken::Mle, FirstToken::Shift] {
+            let objective = Objective {
+                kind,
+                first_token,
+                mle_weight: 0.25,
+            };
+            let mut on_cpu = Captioner::new(&c, config, 2, 8).unwrap();
+            let mut on_gpu = Captioner::new(&g, config, 2, 8).unwrap();
+            let (want_losses, want) = step(&c, &mut on_cpu, objective, &features);
+            let (got_losses, got) = step(&g, &mut on_gpu, objective, &features);
+            let what = format!("{kind:?}, first token {first_token:?}");
+            assert_close(
+                &format!("{what}: losses"),
+                &got_losses,
+                &want_losses,
+                1e-4,
+                1e-5,
+            );
+            for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+                let name = if i == 0 {
+                    "logits".to_string()
+                } else {
+                    on_cpu.params.specs[i - 1].name.clone()
+                };
+                assert_close(&format!("{what}: {name}"), got, want, 1e-3, 1e-5);
+            }
+        }
+    }
+}
