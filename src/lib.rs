@@ -9,6 +9,7 @@ pub mod data;
 pub mod device;
 pub mod gpu;
 pub mod index;
+pub mod metrics;
 pub mod model;
 pub mod ops;
 pub mod optim;

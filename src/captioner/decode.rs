@@ -395,7 +395,7 @@ fn beam_rows<B: Backend>(
     }
     let mut out = Vec::with_capacity(images * n_best);
     for (i, mut done) in finished.into_iter().enumerate() {
-        done.extend(live[i].drain(..));
+        done.append(&mut live[i]);
         done.sort_by(|x, y| y.1.total_cmp(&x.1));
         for k in 0..n_best {
             let (ids, score) = done
