@@ -3,13 +3,14 @@ use captune::backend::Backend;
 use captune::bench;
 use captune::data::Split;
 use captune::data::shapes::{self, ShapesConfig};
-use captune::data::source::DataSource;
 use captune::device::{self, DeviceChoice};
 use captune::gpu::adapter::{self, AdapterReport};
-use captune::model::transformer::TransformerConfig;
 use captune::retriever::train::{Prepared, TrainOptions};
-use captune::retriever::{Checkpoint, RetrieverConfig, model::Retriever};
+use captune::retriever::Checkpoint;
 use clap::{Parser, Subcommand};
+use cli::DataArgs;
+
+mod cli;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -62,6 +63,18 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Train a captioner (MLE, SMILE and its ablations) into a run folder.
+    Train(Box<cli::captioner::TrainArgs>),
+    /// Caption a split and compute every metric; writes COCO-format results.
+    Eval(Box<cli::captioner::EvalArgs>),
+    /// Score any COCO-format results file against a split's references (pycocoevalcap's BLEU, CIDEr-D, ROUGE-L).
+    Score(cli::captioner::ScoreArgs),
+    /// Caption image files.
+    Caption(cli::captioner::CaptionArgs),
+    /// Per token: MLE and SMILE loss, the label's probability over the vocabulary and the subset, top-5 of each.
+    Inspect(Box<cli::captioner::InspectArgs>),
+    /// The shapes world end to end: retriever, MLE, then SMILE, and a table comparing them.
+    Demo(cli::demo::DemoArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -78,24 +91,6 @@ enum DataCommand {
         #[command(flatten)]
         config: ShapesConfig,
     },
-}
-
-#[derive(clap::Args)]
-struct DataArgs {
-    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO captions file).
-    #[arg(long, default_value = "shapes")]
-    data: DataSource,
-    /// The image folder (default for Karpathy files: `images` beside the file).
-    #[arg(long)]
-    images: Option<PathBuf>,
-    #[command(flatten)]
-    shapes: ShapesConfig,
-}
-
-impl DataArgs {
-    fn load(&self) -> Result<captune::data::Dataset> {
-        self.data.load(self.images.as_deref(), &self.shapes)
-    }
 }
 
 #[derive(Subcommand)]
@@ -122,27 +117,8 @@ enum RetrieverCommand {
         warmup: usize,
         #[arg(long, default_value_t = 0)]
         seed: u64,
-        /// Images are resized to this square size.
-        #[arg(long, default_value_t = 64)]
-        image_size: u32,
-        #[arg(long, default_value_t = 8)]
-        patch: u32,
-        #[arg(long, default_value_t = 96)]
-        width: usize,
-        #[arg(long, default_value_t = 3)]
-        image_layers: usize,
-        #[arg(long, default_value_t = 2)]
-        text_layers: usize,
-        #[arg(long, default_value_t = 4)]
-        heads: usize,
-        #[arg(long, default_value_t = 128)]
-        embed_dim: usize,
-        /// Text positions, <bos> and <eos> included; longer captions are truncated.
-        #[arg(long, default_value_t = 40)]
-        max_len: usize,
-        /// Words seen fewer times in the training captions become <unk>.
-        #[arg(long, default_value_t = captune::data::vocab::DEFAULT_MIN_COUNT)]
-        min_count: usize,
+        #[command(flatten)]
+        shape: cli::RetrieverShape,
         /// Skip the validation recall after each epoch.
         #[arg(long)]
         no_eval: bool,
@@ -177,6 +153,15 @@ enum BenchCommand {
         #[arg(long, default_value_t = 1 << 24)]
         elementwise_len: usize,
     },
+}
+
+/// Runs `$body` with `$b` bound to the backend `--device` selects.
+macro_rules! on_device {
+    ($devices:expr, $b:ident => $body:expr) => {{
+        let selection = device::select(single_device($devices)?)?;
+        eprintln!("{selection}");
+        captune::with_backend!(&selection.backend, $b => $body)
+    }};
 }
 
 fn main() {
@@ -217,6 +202,12 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("{selection}");
             captune::with_backend!(&selection.backend, b => embed(b, &data, &checkpoint, &out))
         }
+        Command::Train(args) => on_device!(&cli.device, b => cli::captioner::train(b, &args, None).map(|_| ())),
+        Command::Eval(args) => on_device!(&cli.device, b => cli::captioner::eval(b, &args)),
+        Command::Score(args) => cli::captioner::score(&args),
+        Command::Caption(args) => on_device!(&cli.device, b => cli::captioner::caption(b, &args)),
+        Command::Inspect(args) => on_device!(&cli.device, b => cli::captioner::inspect(b, &args)),
+        Command::Demo(args) => on_device!(&cli.device, b => cli::demo::demo(b, &args)),
         Command::Bench {
             what:
                 BenchCommand::Kernels {
@@ -315,42 +306,13 @@ fn retriever<B: Backend>(b: &B, what: RetrieverCommand) -> Result<()> {
             weight_decay,
             warmup,
             seed,
-            image_size,
-            patch,
-            width,
-            image_layers,
-            text_layers,
-            heads,
-            embed_dim,
-            max_len,
-            min_count,
+            shape,
             no_eval,
         } => {
             let dataset = data.load()?;
             let mut ck = match &init {
                 Some(path) => Checkpoint::load(b, path, batch)?,
-                None => {
-                    let vocab = captune::retriever::train::vocab_for(&dataset, min_count)?;
-                    let tower = |layers, causal| TransformerConfig {
-                        width,
-                        layers,
-                        heads,
-                        causal,
-                    };
-                    let config = RetrieverConfig {
-                        image_size,
-                        patch,
-                        image: tower(image_layers, false),
-                        text: tower(text_layers, true),
-                        max_len,
-                        vocab_size: vocab.len(),
-                        embed_dim,
-                    };
-                    Checkpoint {
-                        model: Retriever::new(b, config, batch, seed)?,
-                        vocab,
-                    }
-                }
+                None => shape.new_retriever(b, &dataset, batch, seed)?,
             };
             let prep = Prepared::new(dataset, ck.model.config.image_size)?;
             eprintln!(

@@ -94,4 +94,19 @@ impl<B: Backend> AdamW<B> {
     pub fn last_grad_norm(&self, b: &B) -> f32 {
         b.to_vec(&self.grad_sumsq)[0].sqrt()
     }
+
+    /// The step count and both moments of every parameter (for resuming).
+    pub fn state(&self, b: &B) -> (u64, Vec<Vec<f32>>, Vec<Vec<f32>>) {
+        let read = |ts: &[B::Tensor]| ts.iter().map(|t| b.to_vec(t)).collect();
+        (self.step, read(&self.m), read(&self.v))
+    }
+
+    /// Restores what `state` returned.
+    pub fn restore(&mut self, b: &B, step: u64, m: &[Vec<f32>], v: &[Vec<f32>]) {
+        assert!(m.len() == self.m.len() && v.len() == self.v.len(), "one moment per parameter");
+        self.step = step;
+        for (dst, src) in self.m.iter_mut().zip(m).chain(self.v.iter_mut().zip(v)) {
+            b.write(dst, src);
+        }
+    }
 }

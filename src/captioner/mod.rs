@@ -6,8 +6,12 @@
 //! `objective`, caption generation in `decode`.
 
 pub mod decode;
+pub mod evaluate;
+pub mod inspect;
 pub mod model;
 pub mod objective;
+pub mod run;
+pub mod train;
 
 use crate::backend::Backend;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};

@@ -1,0 +1,109 @@
+//! Why a loss punishes a caption, token by token (the SMILE paper's
+//! Figure 5): for each position, the MLE loss (softmax over the whole
+//! vocabulary) and the SMILE loss (over the caption's own tokens; step 0
+//! over the whole vocabulary, as first-token MLE trains it), the label's
+//! probability under each, and the top-5 predictions of each.
+
+use super::CaptionVocab;
+use super::model::{Captioner, TokenInputs};
+use crate::backend::Backend;
+use crate::data::vocab::PAD;
+use crate::index::TokenIndex;
+use anyhow::{Result, bail};
+use serde::Serialize;
+use std::collections::BTreeSet;
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Prediction {
+    pub token: String,
+    pub probability: f32,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct TokenScore {
+    /// The label at this position.
+    pub token: String,
+    pub mle_loss: f32,
+    pub smile_loss: f32,
+    /// The label's probability over the full vocabulary.
+    pub p_full: f32,
+    /// The label's probability over the caption's own tokens.
+    pub p_subset: f32,
+    pub top5_full: Vec<Prediction>,
+    pub top5_subset: Vec<Prediction>,
+}
+
+/// Scores `ids` (`<bos> .. <eos>`) as a caption of the image with
+/// embedding `features`, using row 0 of the model's batch.
+pub fn score_caption<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    features: &[f32],
+    ids: &[u32],
+) -> Result<Vec<TokenScore>> {
+    let c = model.config;
+    if ids.len() < 2 || ids.len() > c.max_len {
+        bail!(
+            "a caption to score has 1 to {} words; this one has {}",
+            c.max_len - 2,
+            ids.len().saturating_sub(2)
+        );
+    }
+    let mut rows_features = features.to_vec();
+    rows_features.resize(model.batch * c.embed_dim, 0.0);
+    let mut sequences = vec![vec![PAD]; model.batch];
+    sequences[0] = ids[..ids.len() - 1].to_vec();
+    let inputs = TokenInputs::new(b, &c, &sequences)?;
+    model.forward(b, &rows_features, &inputs);
+    let steps = ids.len() - 1;
+    let rows = TokenIndex::new(b, &(0..steps as u32).collect::<Vec<_>>(), model.rows())?;
+    let mut gathered = b.zeros(steps * c.vocab_size);
+    b.embedding(&model.logits, &rows, &mut gathered, c.vocab_size, false);
+    let logits = b.to_vec(&gathered);
+    let labels = &ids[1..];
+    let subset: BTreeSet<u32> = labels.iter().copied().collect();
+    let top5 = |z: &[f64], allowed: &dyn Fn(usize) -> bool| -> Vec<Prediction> {
+        let mut order: Vec<usize> = (0..z.len()).filter(|&j| allowed(j)).collect();
+        order.sort_by(|&x, &y| z[y].total_cmp(&z[x]).then(x.cmp(&y)));
+        order
+            .iter()
+            .take(5)
+            .map(|&j| Prediction {
+                token: vocab.words.word(j as u32).to_string(),
+                probability: z[j].exp() as f32,
+            })
+            .collect()
+    };
+    let mut out = Vec::with_capacity(steps);
+    for (t, &label) in labels.iter().enumerate() {
+        let z: Vec<f64> = logits[t * c.vocab_size..(t + 1) * c.vocab_size]
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let full = log_softmax_over(&z, |_| true);
+        let in_subset = |j: usize| subset.contains(&(j as u32));
+        let sub = log_softmax_over(&z, in_subset);
+        let y = label as usize;
+        out.push(TokenScore {
+            token: vocab.words.word(label).to_string(),
+            mle_loss: -full[y] as f32,
+            smile_loss: if t == 0 { -full[y] } else { -sub[y] } as f32,
+            p_full: full[y].exp() as f32,
+            p_subset: sub[y].exp() as f32,
+            top5_full: top5(&full, &|_| true),
+            top5_subset: top5(&sub, &in_subset),
+        });
+    }
+    Ok(out)
+}
+
+/// log softmax over the allowed entries (others: -inf).
+fn log_softmax_over(z: &[f64], allowed: impl Fn(usize) -> bool) -> Vec<f64> {
+    let max = (0..z.len()).filter(|&j| allowed(j)).map(|j| z[j]).fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = (0..z.len()).filter(|&j| allowed(j)).map(|j| (z[j] - max).exp()).sum();
+    let lse = max + sum.ln();
+    (0..z.len())
+        .map(|j| if allowed(j) { z[j] - lse } else { f64::NEG_INFINITY })
+        .collect()
+}

@@ -1,0 +1,147 @@
+//! A training run's configuration, read from TOML: the network's shape
+//! (`[model]`) and the training settings (`[train]`). Presets live in
+//! `assets/presets/`; `captune train --config FILE` reads any other file
+//! of the same form.
+
+use super::CaptionerConfig;
+use super::objective::{FirstToken, Objective, ObjectiveKind};
+use crate::model::transformer::TransformerConfig;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    pub prefix_len: usize,
+    pub mapper_hidden: usize,
+    pub width: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// Caption positions, <bos> and <eos> included.
+    pub max_len: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    pub objective: ObjectiveKind,
+    pub first_token: FirstToken,
+    pub mle_weight: f32,
+    /// Passes over the training images, one random reference each.
+    pub epochs: usize,
+    pub batch: usize,
+    pub lr: f32,
+    pub warmup: usize,
+    pub weight_decay: f32,
+    /// A word enters the vocabulary when the training captions use it this often.
+    pub min_count: usize,
+    /// Read the losses back and write a log line every this many steps.
+    pub log_every: usize,
+    /// Validation images whose captions (with per-token losses) are logged each epoch.
+    pub sample_images: usize,
+    /// Validation images scored each epoch (0: none).
+    pub eval_images: usize,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    pub model: ModelSection,
+    pub train: TrainSection,
+}
+
+pub const PRESETS: [(&str, &str); 3] = [
+    ("tiny", include_str!("../../assets/presets/tiny.toml")),
+    ("shapes", include_str!("../../assets/presets/shapes.toml")),
+    ("flickr8k", include_str!("../../assets/presets/flickr8k.toml")),
+];
+
+impl RunConfig {
+    pub fn preset(name: &str) -> Result<RunConfig> {
+        let Some((_, text)) = PRESETS.iter().find(|(n, _)| *n == name) else {
+            let names: Vec<&str> = PRESETS.iter().map(|p| p.0).collect();
+            bail!("no preset {name:?}; the presets are {}", names.join(", "));
+        };
+        RunConfig::parse(text, &format!("preset {name}"))
+    }
+
+    pub fn load(path: &Path) -> Result<RunConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("{}: cannot read the run config", path.display()))?;
+        RunConfig::parse(&text, &path.display().to_string())
+    }
+
+    /// `origin` names the file in errors (toml's messages give line and column).
+    pub fn parse(text: &str, origin: &str) -> Result<RunConfig> {
+        let config: RunConfig = toml::from_str(text).map_err(|e| {
+            anyhow::anyhow!("{origin}: {e}; see assets/presets/shapes.toml for every field")
+        })?;
+        config.check(origin)?;
+        Ok(config)
+    }
+
+    fn check(&self, origin: &str) -> Result<()> {
+        let t = &self.train;
+        if t.batch == 0 || t.epochs == 0 {
+            bail!("{origin}: [train] batch and epochs must be positive");
+        }
+        if !(0.0..=1.0).contains(&t.mle_weight) {
+            bail!("{origin}: [train] mle_weight {} must lie in [0, 1]", t.mle_weight);
+        }
+        if !(t.lr > 0.0) {
+            bail!("{origin}: [train] lr must be positive");
+        }
+        Ok(())
+    }
+
+    pub fn objective(&self) -> Objective {
+        Objective {
+            kind: self.train.objective,
+            first_token: self.train.first_token,
+            mle_weight: self.train.mle_weight,
+        }
+    }
+
+    /// The network for image embeddings of `embed_dim` and `vocab_size` ids.
+    pub fn captioner(&self, embed_dim: usize, vocab_size: usize) -> CaptionerConfig {
+        let m = &self.model;
+        CaptionerConfig {
+            embed_dim,
+            prefix_len: m.prefix_len,
+            mapper_hidden: m.mapper_hidden,
+            decoder: TransformerConfig {
+                width: m.width,
+                layers: m.layers,
+                heads: m.heads,
+                causal: true,
+            },
+            max_len: m.max_len,
+            vocab_size,
+        }
+    }
+
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a run config serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_parse_and_bad_fields_are_named() {
+        for (name, _) in PRESETS {
+            let c = RunConfig::preset(name).unwrap();
+            assert_eq!(RunConfig::parse(&c.to_toml(), "round trip").unwrap(), c);
+        }
+        let text = include_str!("../../assets/presets/tiny.toml").replace("heads = 2", "heads = \"two\"");
+        let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(err.contains("my.toml") && err.contains("heads") && err.contains("line"), "{err}");
+        let text = include_str!("../../assets/presets/tiny.toml").replace("mle_weight = 0.0", "mle_weight = 2.0");
+        let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(err.contains("mle_weight 2 must lie in [0, 1]"), "{err}");
+    }
+}

@@ -1,0 +1,177 @@
+//! `captune demo`: the SMILE paper's effect on the shapes world, end to
+//! end. Get the retriever (the one kept in assets/, or train one), embed
+//! the images, train the captioner with MLE, continue with SMILE, and
+//! compare the two on the test images.
+
+use super::DataArgs;
+use super::captioner::{self, FeatureArgs, SHAPES_RETRIEVER, TrainArgs, caption_data};
+use anyhow::Result;
+use captune::backend::Backend;
+use captune::captioner::decode::Decoding;
+use captune::captioner::evaluate::CaptionMetrics;
+use captune::captioner::objective::ObjectiveKind;
+use captune::captioner::train::{self as captioner_train, CaptionData};
+use captune::data::Split;
+use captune::data::shapes::ShapesConfig;
+use captune::data::source::DataSource;
+use captune::retriever::train::Prepared;
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct DemoArgs {
+    /// Write {"retriever": {...}, "mle": {...}, "smile": {...}} here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Where the two runs go.
+    #[arg(long, default_value = "runs/demo")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 3)]
+    pub mle_epochs: usize,
+    #[arg(long, default_value_t = 1)]
+    pub smile_epochs: usize,
+    /// Test images scored.
+    #[arg(long, default_value_t = 500)]
+    pub eval_images: usize,
+    /// The captioner preset.
+    #[arg(long, default_value = "shapes")]
+    pub preset: String,
+    #[command(flatten)]
+    pub shapes: ShapesConfig,
+}
+
+/// The demo table's rows: (label, metric key, digits).
+const ROWS: [(&str, &str, usize); 9] = [
+    ("mean length", "mean_length", 2),
+    ("lexical diversity", "lexical_diversity", 0),
+    ("self-retrieval R@1", "self_retrieval_r1", 3),
+    ("self-retrieval R@5", "self_retrieval_r5", 3),
+    ("CLIPScore-style", "clipscore", 2),
+    ("fact precision", "fact_precision", 3),
+    ("fact recall", "fact_recall", 3),
+    ("BLEU-4", "BLEU-4", 3),
+    ("CIDEr-D", "CIDEr-D", 3),
+];
+
+pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
+    let data_args = DataArgs {
+        data: DataSource::Shapes,
+        images: None,
+        shapes: args.shapes.clone(),
+    };
+    eprintln!("[1/5] the retriever");
+    let retriever_path = get_retriever(b, &data_args, &args.out)?;
+    let features = FeatureArgs {
+        features: None,
+        features_ids: None,
+        retriever: Some(retriever_path.clone()),
+    };
+    eprintln!("[2/5] embedding the shapes world with {}", retriever_path.display());
+    let (data, retriever) = caption_data(b, &data_args, &features)?;
+    let mut retriever = retriever.expect("the demo always has its retriever");
+    let retriever_recall = {
+        let prep = Prepared::new(data_args.load()?, retriever.model.config.image_size)?;
+        prep.evaluate(b, &mut retriever, Split::Val)?
+    };
+    eprintln!("retriever on val: {retriever_recall}");
+    let stage = |objective: ObjectiveKind, epochs: usize, init: Option<PathBuf>| TrainArgs {
+        data: data_args.clone(),
+        features: features.clone(),
+        preset: Some(args.preset.clone()),
+        config: None,
+        objective: Some(objective),
+        first_token: None,
+        mle_weight: None,
+        epochs: Some(epochs),
+        lr: None,
+        init,
+        out: args.out.join(match objective {
+            ObjectiveKind::Mle => "mle",
+            _ => "smile",
+        }),
+        resume: false,
+    };
+    eprintln!("[3/5] training the captioner with MLE");
+    let mle_args = stage(ObjectiveKind::Mle, args.mle_epochs, None);
+    let mle = captioner::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
+    eprintln!("[4/5] continuing with SMILE");
+    let smile_args = stage(ObjectiveKind::Smile, args.smile_epochs, Some(mle_args.out.join("checkpoint.safetensors")));
+    let smile = captioner::train(b, &smile_args, Some((&data, Some(&mut retriever))))?;
+    eprintln!("[5/5] scoring {} test images", args.eval_images);
+    let test: Vec<usize> = data.items(Split::Test).into_iter().take(args.eval_images).collect();
+    let mut scored = Vec::new();
+    for ck in [&mle, &smile] {
+        let metrics = captioner_train::evaluate_items(b, ck, &data, &test, &Decoding::Greedy, Some(&mut retriever))?;
+        let examples = captioner_train::caption_items(b, ck, &data, &test[..3.min(test.len())], &Decoding::Greedy)?;
+        scored.push((metrics, examples));
+    }
+    print_table(&data, &test, &scored)?;
+    if let Some(path) = &args.json {
+        let pick = |m: &CaptionMetrics| -> Result<serde_json::Value> {
+            let all = serde_json::to_value(m)?;
+            Ok(ROWS.iter().map(|(_, key, _)| (key.to_string(), all[key].clone())).collect())
+        };
+        let out = json!({
+            "retriever": retriever_recall,
+            "mle": pick(&scored[0].0)?,
+            "smile": pick(&scored[1].0)?,
+        });
+        captune::tensorfile::write_atomic(path, serde_json::to_string_pretty(&out)?.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The kept retriever, or a short training run of one when it is absent.
+fn get_retriever<B: Backend>(b: &B, data: &DataArgs, out: &std::path::Path) -> Result<PathBuf> {
+    let kept = PathBuf::from(SHAPES_RETRIEVER);
+    if kept.exists() {
+        return Ok(kept);
+    }
+    let path = out.join("retriever.safetensors");
+    if path.exists() {
+        eprintln!("using {} from an earlier demo", path.display());
+        return Ok(path);
+    }
+    eprintln!(
+        "{} is absent: training a small retriever for 2 epochs (the kept one trains far longer; see the README)",
+        kept.display()
+    );
+    std::fs::create_dir_all(out)?;
+    let dataset = data.load()?;
+    let mut ck = super::RetrieverShape::default().new_retriever(b, &dataset, 128, 0)?;
+    let prep = Prepared::new(dataset, ck.model.config.image_size)?;
+    let options = captune::retriever::train::TrainOptions {
+        epochs: 2,
+        lr: 1e-3,
+        weight_decay: 0.1,
+        warmup: 200,
+        seed: 0,
+        checkpoint: path.clone(),
+        eval_each_epoch: false,
+        log_every: 10,
+    };
+    captune::retriever::train::train(b, &mut ck, &prep, &options, &Default::default(), |r| {
+        eprintln!("retriever epoch {} loss {:.3}", r.epoch, r.mean_loss)
+    })?;
+    Ok(path)
+}
+
+fn print_table(data: &CaptionData, test: &[usize], scored: &[(CaptionMetrics, Vec<Vec<String>>)]) -> Result<()> {
+    println!("\n{:<22}{:>12}{:>12}", "", "MLE", "SMILE");
+    let values: Vec<serde_json::Value> = scored.iter().map(|s| serde_json::to_value(&s.0)).collect::<Result<_, _>>()?;
+    for (label, key, digits) in ROWS {
+        let cell = |v: &serde_json::Value| match v[key].as_f64() {
+            Some(x) => format!("{x:>12.digits$}"),
+            None => format!("{:>12}", "-"),
+        };
+        println!("{label:<22}{}{}", cell(&values[0]), cell(&values[1]));
+    }
+    for (k, &i) in test.iter().take(3).enumerate() {
+        let item = &data.data.items[i];
+        println!("\nimage {} (reference: {})", item.id, item.captions[0].raw);
+        println!("  MLE:   {}", scored[0].1[k][0]);
+        println!("  SMILE: {}", scored[1].1[k][0]);
+    }
+    Ok(())
+}

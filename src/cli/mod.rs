@@ -1,0 +1,103 @@
+//! Command-line plumbing shared by the commands, and the captioner's and
+//! the demo's commands.
+
+pub mod captioner;
+pub mod demo;
+
+use anyhow::Result;
+use captune::data::shapes::ShapesConfig;
+use captune::data::source::DataSource;
+use std::path::PathBuf;
+
+#[derive(clap::Args, Clone)]
+pub struct DataArgs {
+    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO captions file).
+    #[arg(long, default_value = "shapes")]
+    pub data: DataSource,
+    /// The image folder (default for Karpathy files: `images` beside the file).
+    #[arg(long)]
+    pub images: Option<PathBuf>,
+    #[command(flatten)]
+    pub shapes: ShapesConfig,
+}
+
+impl DataArgs {
+    pub fn load(&self) -> Result<captune::data::Dataset> {
+        self.data.load(self.images.as_deref(), &self.shapes)
+    }
+
+    pub fn is_shapes(&self) -> bool {
+        matches!(self.data, DataSource::Shapes)
+    }
+}
+
+/// The retriever's shape for a new one (`retriever train` without --init,
+/// and the demo's fallback).
+#[derive(clap::Args, Clone)]
+pub struct RetrieverShape {
+    /// Images are resized to this square size.
+    #[arg(long, default_value_t = 64)]
+    pub image_size: u32,
+    #[arg(long, default_value_t = 8)]
+    pub patch: u32,
+    #[arg(long, default_value_t = 96)]
+    pub width: usize,
+    #[arg(long, default_value_t = 3)]
+    pub image_layers: usize,
+    #[arg(long, default_value_t = 2)]
+    pub text_layers: usize,
+    #[arg(long, default_value_t = 4)]
+    pub heads: usize,
+    #[arg(long, default_value_t = 128)]
+    pub embed_dim: usize,
+    /// Text positions, <bos> and <eos> included; longer captions are truncated.
+    #[arg(long, default_value_t = 40)]
+    pub max_len: usize,
+    /// Words seen fewer times in the training captions become <unk>.
+    #[arg(long, default_value_t = captune::data::vocab::DEFAULT_MIN_COUNT)]
+    pub min_count: usize,
+}
+
+impl Default for RetrieverShape {
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Defaults {
+            #[command(flatten)]
+            shape: RetrieverShape,
+        }
+        <Defaults as clap::Parser>::parse_from(["defaults"]).shape
+    }
+}
+
+impl RetrieverShape {
+    /// A retriever with fresh weights and a vocabulary from `data`.
+    pub fn new_retriever<B: captune::backend::Backend>(
+        &self,
+        b: &B,
+        data: &captune::data::Dataset,
+        batch: usize,
+        seed: u64,
+    ) -> Result<captune::retriever::Checkpoint<B>> {
+        use captune::model::transformer::TransformerConfig;
+        let vocab = captune::retriever::train::vocab_for(data, self.min_count)?;
+        let tower = |layers, causal| TransformerConfig {
+            width: self.width,
+            layers,
+            heads: self.heads,
+            causal,
+        };
+        let config = captune::retriever::RetrieverConfig {
+            image_size: self.image_size,
+            patch: self.patch,
+            image: tower(self.image_layers, false),
+            text: tower(self.text_layers, true),
+            max_len: self.max_len,
+            vocab_size: vocab.len(),
+            embed_dim: self.embed_dim,
+        };
+        Ok(captune::retriever::Checkpoint {
+            model: captune::retriever::model::Retriever::new(b, config, batch, seed)?,
+            vocab,
+        })
+    }
+}
