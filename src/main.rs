@@ -5,8 +5,8 @@ use captune::data::Split;
 use captune::data::shapes::{self, ShapesConfig};
 use captune::device::{self, DeviceChoice};
 use captune::gpu::adapter::{self, AdapterReport};
-use captune::retriever::train::{Prepared, TrainOptions};
 use captune::retriever::Checkpoint;
+use captune::retriever::train::{Prepared, TrainOptions};
 use clap::{Parser, Subcommand};
 use cli::DataArgs;
 
@@ -202,7 +202,9 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("{selection}");
             captune::with_backend!(&selection.backend, b => embed(b, &data, &checkpoint, &out))
         }
-        Command::Train(args) => on_device!(&cli.device, b => cli::captioner::train(b, &args, None).map(|_| ())),
+        Command::Train(args) => {
+            on_device!(&cli.device, b => cli::captioner::train(b, &args, None).map(|_| ()))
+        }
         Command::Eval(args) => on_device!(&cli.device, b => cli::captioner::eval(b, &args)),
         Command::Score(args) => cli::captioner::score(&args),
         Command::Caption(args) => on_device!(&cli.device, b => cli::captioner::caption(b, &args)),

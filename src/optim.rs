@@ -103,7 +103,10 @@ impl<B: Backend> AdamW<B> {
 
     /// Restores what `state` returned.
     pub fn restore(&mut self, b: &B, step: u64, m: &[Vec<f32>], v: &[Vec<f32>]) {
-        assert!(m.len() == self.m.len() && v.len() == self.v.len(), "one moment per parameter");
+        assert!(
+            m.len() == self.m.len() && v.len() == self.v.len(),
+            "one moment per parameter"
+        );
         self.step = step;
         for (dst, src) in self.m.iter_mut().zip(m).chain(self.v.iter_mut().zip(v)) {
             b.write(dst, src);

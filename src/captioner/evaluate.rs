@@ -99,16 +99,29 @@ fn relevance<B: Backend>(
     let dim = ck.model.config.embed_dim;
     let as_caption = |tokens: &Vec<String>| Caption {
         raw: tokens.join(" "),
-        tokens: if tokens.is_empty() { vec!["<unk>".into()] } else { tokens.clone() },
+        tokens: if tokens.is_empty() {
+            vec!["<unk>".into()]
+        } else {
+            tokens.clone()
+        },
     };
     let generated: Vec<Caption> = captions.iter().map(as_caption).collect();
-    let text = embed_captions(b, &mut ck.model, &ck.vocab, &generated.iter().collect::<Vec<_>>())?;
+    let text = embed_captions(
+        b,
+        &mut ck.model,
+        &ck.vocab,
+        &generated.iter().collect::<Vec<_>>(),
+    )?;
     let images = judge.image_embeddings;
     let n = items.len();
     let r = recall(images, &text, dim, &(0..n).collect::<Vec<_>>());
     (m.self_retrieval_r1, m.self_retrieval_r5) = (Some(r.t2i_r1), Some(r.t2i_r5));
     let cos = |i: usize, t: &[f32]| -> f64 {
-        images[i * dim..(i + 1) * dim].iter().zip(t).map(|(&a, &b)| a as f64 * b as f64).sum()
+        images[i * dim..(i + 1) * dim]
+            .iter()
+            .zip(t)
+            .map(|(&a, &b)| a as f64 * b as f64)
+            .sum()
     };
     let row = |j: usize| &text[j * dim..(j + 1) * dim];
     // P@1 among 100: the target against 99 other images drawn at random.

@@ -100,10 +100,22 @@ pub fn score_caption<B: Backend>(
 
 /// log softmax over the allowed entries (others: -inf).
 fn log_softmax_over(z: &[f64], allowed: impl Fn(usize) -> bool) -> Vec<f64> {
-    let max = (0..z.len()).filter(|&j| allowed(j)).map(|j| z[j]).fold(f64::NEG_INFINITY, f64::max);
-    let sum: f64 = (0..z.len()).filter(|&j| allowed(j)).map(|j| (z[j] - max).exp()).sum();
+    let max = (0..z.len())
+        .filter(|&j| allowed(j))
+        .map(|j| z[j])
+        .fold(f64::NEG_INFINITY, f64::max);
+    let sum: f64 = (0..z.len())
+        .filter(|&j| allowed(j))
+        .map(|j| (z[j] - max).exp())
+        .sum();
     let lse = max + sum.ln();
     (0..z.len())
-        .map(|j| if allowed(j) { z[j] - lse } else { f64::NEG_INFINITY })
+        .map(|j| {
+            if allowed(j) {
+                z[j] - lse
+            } else {
+                f64::NEG_INFINITY
+            }
+        })
         .collect()
 }

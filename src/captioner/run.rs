@@ -55,7 +55,10 @@ pub struct RunConfig {
 pub const PRESETS: [(&str, &str); 3] = [
     ("tiny", include_str!("../../assets/presets/tiny.toml")),
     ("shapes", include_str!("../../assets/presets/shapes.toml")),
-    ("flickr8k", include_str!("../../assets/presets/flickr8k.toml")),
+    (
+        "flickr8k",
+        include_str!("../../assets/presets/flickr8k.toml"),
+    ),
 ];
 
 impl RunConfig {
@@ -88,7 +91,10 @@ impl RunConfig {
             bail!("{origin}: [train] batch and epochs must be positive");
         }
         if !(0.0..=1.0).contains(&t.mle_weight) {
-            bail!("{origin}: [train] mle_weight {} must lie in [0, 1]", t.mle_weight);
+            bail!(
+                "{origin}: [train] mle_weight {} must lie in [0, 1]",
+                t.mle_weight
+            );
         }
         if !(t.lr > 0.0) {
             bail!("{origin}: [train] lr must be positive");
@@ -137,10 +143,15 @@ mod tests {
             let c = RunConfig::preset(name).unwrap();
             assert_eq!(RunConfig::parse(&c.to_toml(), "round trip").unwrap(), c);
         }
-        let text = include_str!("../../assets/presets/tiny.toml").replace("heads = 2", "heads = \"two\"");
+        let text =
+            include_str!("../../assets/presets/tiny.toml").replace("heads = 2", "heads = \"two\"");
         let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
-        assert!(err.contains("my.toml") && err.contains("heads") && err.contains("line"), "{err}");
-        let text = include_str!("../../assets/presets/tiny.toml").replace("mle_weight = 0.0", "mle_weight = 2.0");
+        assert!(
+            err.contains("my.toml") && err.contains("heads") && err.contains("line"),
+            "{err}"
+        );
+        let text = include_str!("../../assets/presets/tiny.toml")
+            .replace("mle_weight = 0.0", "mle_weight = 2.0");
         let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
         assert!(err.contains("mle_weight 2 must lie in [0, 1]"), "{err}");
     }

@@ -13,13 +13,13 @@
 //!   as the uninterrupted run would have: batch order and random subsets
 //!   are drawn from generators seeded by epoch and step.
 
+use super::Checkpoint;
 use super::decode::{Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
 use super::model::TokenInputs;
 use super::objective::{BatchTargets, LossValues, Losses, Objective};
 use super::run::RunConfig;
-use super::Checkpoint;
 use crate::backend::Backend;
 use crate::data::vocab::PAD;
 use crate::data::{Dataset, Split};
@@ -54,7 +54,11 @@ impl CaptionData {
     pub fn features_of(&self, items: &[usize]) -> Vec<f32> {
         items
             .iter()
-            .flat_map(|&i| self.features[i * self.dim..(i + 1) * self.dim].iter().copied())
+            .flat_map(|&i| {
+                self.features[i * self.dim..(i + 1) * self.dim]
+                    .iter()
+                    .copied()
+            })
             .collect()
     }
 }
@@ -118,6 +122,15 @@ pub enum Event<'a> {
     Metrics(&'a EpochMetrics),
 }
 
+/// The caller's answer to an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    /// End training now. The run folder keeps the last epoch's checkpoint;
+    /// `--resume` continues from there.
+    Stop,
+}
+
 fn learning_rate(config: &RunConfig, step: usize, total: usize) -> f32 {
     let (lr, warmup) = (config.train.lr, config.train.warmup);
     if step < warmup {
@@ -151,7 +164,7 @@ pub fn train<B: Backend>(
     run: &RunFolder,
     resume: bool,
     mut retriever: Option<&mut RetrieverCheckpoint<B>>,
-    mut on_event: impl FnMut(Event<'_>),
+    mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
     let t = &config.train;
     let objective: Objective = config.objective();
@@ -263,7 +276,10 @@ pub fn train<B: Backend>(
                     values.mle,
                     values.smile
                 ));
-                bar.suspend(|| on_event(Event::Log(&line)));
+                if bar.suspend(|| on_event(Event::Log(&line))) == Flow::Stop {
+                    bar.abandon();
+                    return Ok(());
+                }
             }
         }
         ck.save(b, &run.checkpoint(), HashMap::new())?;
@@ -271,17 +287,30 @@ pub fn train<B: Backend>(
         for &i in &sample_items {
             let sample = sample_caption(b, ck, data, i, epoch + 1)?;
             run.append("samples.jsonl", &sample)?;
-            bar.suspend(|| on_event(Event::Sample(&sample)));
+            if bar.suspend(|| on_event(Event::Sample(&sample))) == Flow::Stop {
+                bar.abandon();
+                return Ok(());
+            }
         }
         if !eval_items.is_empty() {
-            let metrics = evaluate_items(b, ck, data, &eval_items, &Decoding::Greedy, retriever.as_deref_mut())?;
+            let metrics = evaluate_items(
+                b,
+                ck,
+                data,
+                &eval_items,
+                &Decoding::Greedy,
+                retriever.as_deref_mut(),
+            )?;
             let record = EpochMetrics {
                 epoch: epoch + 1,
                 step,
                 metrics,
             };
             run.append("metrics.jsonl", &record)?;
-            bar.suspend(|| on_event(Event::Metrics(&record)));
+            if bar.suspend(|| on_event(Event::Metrics(&record))) == Flow::Stop {
+                bar.abandon();
+                return Ok(());
+            }
         }
         since = Instant::now();
         tokens = 0;
@@ -368,7 +397,13 @@ pub fn caption_items<B: Backend>(
     Ok(out)
 }
 
-fn save_optimizer<B: Backend>(b: &B, opt: &AdamW<B>, path: &Path, step: usize, epoch: usize) -> Result<()> {
+fn save_optimizer<B: Backend>(
+    b: &B,
+    opt: &AdamW<B>,
+    path: &Path,
+    step: usize,
+    epoch: usize,
+) -> Result<()> {
     let (t, m, v) = opt.state(b);
     let names: Vec<String> = (0..m.len())
         .flat_map(|i| [format!("m.{i}"), format!("v.{i}")])
@@ -389,14 +424,21 @@ fn save_optimizer<B: Backend>(b: &B, opt: &AdamW<B>, path: &Path, step: usize, e
 /// (step, epochs done) after restoring the moments.
 fn load_optimizer<B: Backend>(b: &B, opt: &mut AdamW<B>, path: &Path) -> Result<(usize, usize)> {
     let mut file = tensorfile::read(path).with_context(|| {
-        format!("{}: no optimizer state to resume from; was the run folder written by `captune train`?", path.display())
+        format!(
+            "{}: no optimizer state to resume from; was the run folder written by `captune train`?",
+            path.display()
+        )
     })?;
     let number = |file: &tensorfile::TensorFile, key: &str| -> Result<u64> {
         file.meta(key, path)?
             .parse()
             .with_context(|| format!("{}: metadata {key:?} is not a number", path.display()))
     };
-    let (step, epoch, t) = (number(&file, STEP_KEY)?, number(&file, EPOCH_KEY)?, number(&file, "adamw_step")?);
+    let (step, epoch, t) = (
+        number(&file, STEP_KEY)?,
+        number(&file, EPOCH_KEY)?,
+        number(&file, "adamw_step")?,
+    );
     let count = opt.state(b).1.len();
     let (mut m, mut v) = (Vec::new(), Vec::new());
     for i in 0..count {

@@ -9,7 +9,7 @@ use captune::captioner::inspect::score_caption;
 use captune::captioner::model::Captioner;
 use captune::captioner::objective::{FirstToken, ObjectiveKind};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{self, CaptionData, Event, RunFolder};
+use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::data::features::Features;
 use captune::data::tokenize::ptb_tokenize;
@@ -41,7 +41,8 @@ pub struct FeatureArgs {
 impl FeatureArgs {
     fn retriever_path(&self, data: &DataArgs) -> Option<PathBuf> {
         self.retriever.clone().or_else(|| {
-            (data.is_shapes() && Path::new(SHAPES_RETRIEVER).exists()).then(|| SHAPES_RETRIEVER.into())
+            (data.is_shapes() && Path::new(SHAPES_RETRIEVER).exists())
+                .then(|| SHAPES_RETRIEVER.into())
         })
     }
 }
@@ -66,10 +67,16 @@ pub fn caption_data<B: Backend>(
             (f.align(&mut dataset), f.dim)
         }
         (None, Some(r)) => {
-            eprintln!("embedding {} images with the retriever", dataset.items.len());
+            eprintln!(
+                "embedding {} images with the retriever",
+                dataset.items.len()
+            );
             let images = images::load(&mut dataset, r.model.config.image_size)?;
             let all: Vec<usize> = (0..dataset.items.len()).collect();
-            (embed_images(b, &mut r.model, &images, &all)?, r.model.config.embed_dim)
+            (
+                embed_images(b, &mut r.model, &images, &all)?,
+                r.model.config.embed_dim,
+            )
         }
         (None, None) => bail!(
             "no image embeddings: give --features FILE (from `captune embed` or another encoder) or --retriever CHECKPOINT"
@@ -198,11 +205,27 @@ pub fn train<B: Backend>(
         ck.vocab.len(),
         config.objective().describe()
     );
-    train::train(b, &mut ck, data, &config, &run, args.resume, retriever, |e| match e {
-        Event::Log(_) => {}
-        Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
-        Event::Metrics(m) => eprintln!("epoch {} val: {}", m.epoch, serde_json::to_string(&m.metrics).unwrap_or_default()),
-    })?;
+    train::train(
+        b,
+        &mut ck,
+        data,
+        &config,
+        &run,
+        args.resume,
+        retriever,
+        |e| {
+            match e {
+                Event::Log(_) => {}
+                Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
+                Event::Metrics(m) => eprintln!(
+                    "epoch {} val: {}",
+                    m.epoch,
+                    serde_json::to_string(&m.metrics).unwrap_or_default()
+                ),
+            }
+            Flow::Continue
+        },
+    )?;
     eprintln!("run folder: {}", run.dir.display());
     Ok(ck)
 }
@@ -236,7 +259,11 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
     let items = data.items(args.split);
     if items.is_empty() {
-        bail!("{}: the {} split is empty", data.data.name, args.split.name());
+        bail!(
+            "{}: the {} split is empty",
+            data.data.name,
+            args.split.name()
+        );
     }
     let captions = train::caption_items(b, &ck, &data, &items, &args.decode)?;
     let results: Vec<serde_json::Value> = items
@@ -244,7 +271,8 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         .zip(&captions)
         .flat_map(|(&i, caps)| {
             let id = &data.data.items[i].id;
-            caps.iter().map(move |c| serde_json::json!({"image_id": id, "caption": c}))
+            caps.iter()
+                .map(move |c| serde_json::json!({"image_id": id, "caption": c}))
         })
         .collect();
     let path = args.results.clone().unwrap_or_else(|| {
@@ -255,7 +283,11 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     let chosen: Vec<&Item> = items.iter().map(|&i| &data.data.items[i]).collect();
     let tokens: Vec<Vec<Vec<String>>> = captions
         .iter()
-        .map(|caps| caps.iter().map(|c| c.split_whitespace().map(str::to_string).collect()).collect())
+        .map(|caps| {
+            caps.iter()
+                .map(|c| c.split_whitespace().map(str::to_string).collect())
+                .collect()
+        })
         .collect();
     let image_embeddings = data.features_of(&items);
     let judge = retriever.as_mut().map(|r| Judge {
@@ -299,14 +331,14 @@ pub struct ScoreArgs {
 /// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L).
 pub fn score(args: &ScoreArgs) -> Result<()> {
     let data = args.data.load()?;
-    let by_id: HashMap<&str, &Item> = data
-        .split(args.split)
-        .map(|i| (i.id.as_str(), i))
-        .collect();
+    let by_id: HashMap<&str, &Item> = data.split(args.split).map(|i| (i.id.as_str(), i)).collect();
     let text = std::fs::read_to_string(&args.results)
         .with_context(|| format!("{}: cannot read the results", args.results.display()))?;
     let results: Vec<serde_json::Value> = serde_json::from_str(&text).with_context(|| {
-        format!("{}: not a JSON list of {{\"image_id\", \"caption\"}}", args.results.display())
+        format!(
+            "{}: not a JSON list of {{\"image_id\", \"caption\"}}",
+            args.results.display()
+        )
     })?;
     let (mut candidates, mut references) = (Vec::new(), Vec::new());
     let mut seen = std::collections::HashSet::new();
@@ -317,7 +349,10 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
             _ => bail!("{}: entry {k} has no image_id", args.results.display()),
         };
         let Some(caption) = r["caption"].as_str() else {
-            bail!("{}: entry {k} (image {id}) has no caption string", args.results.display());
+            bail!(
+                "{}: entry {k} (image {id}) has no caption string",
+                args.results.display()
+            );
         };
         let Some(item) = by_id.get(id.as_str()) else {
             bail!(
@@ -328,16 +363,29 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
             );
         };
         if !seen.insert(id.clone()) {
-            bail!("{}: entry {k}: image {id} appears twice; give one caption per image", args.results.display());
+            bail!(
+                "{}: entry {k}: image {id} appears twice; give one caption per image",
+                args.results.display()
+            );
         }
         candidates.push(ptb_tokenize(caption));
-        references.push(item.captions.iter().map(|c| c.tokens.clone()).collect::<Vec<_>>());
+        references.push(
+            item.captions
+                .iter()
+                .map(|c| c.tokens.clone())
+                .collect::<Vec<_>>(),
+        );
     }
     let scores = coco_scores(&candidates, &references);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);
     } else {
-        println!("{} images of {} {}", candidates.len(), data.name, args.split.name());
+        println!(
+            "{} images of {} {}",
+            candidates.len(),
+            data.name,
+            args.split.name()
+        );
         print_metrics(&scores)?;
     }
     Ok(())
@@ -416,7 +464,9 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         bail!("{}: no image with id {:?}", data.data.name, args.image);
     };
     let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
-    let ids = ck.vocab.encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
+    let ids = ck
+        .vocab
+        .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
     let mut model = ck.with_batch(b, 1)?;
     let scores = score_caption(b, &mut model, &ck.vocab, &data.features_of(&[i]), &ids)?;
     if args.json {
@@ -428,7 +478,10 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         "token", "MLE", "SMILE", "p full", "p sub", "top-5 full"
     );
     let top = |p: &[captune::captioner::inspect::Prediction]| {
-        p.iter().map(|x| format!("{} {:.2}", x.token, x.probability)).collect::<Vec<_>>().join(", ")
+        p.iter()
+            .map(|x| format!("{} {:.2}", x.token, x.probability))
+            .collect::<Vec<_>>()
+            .join(", ")
     };
     for s in &scores {
         println!(

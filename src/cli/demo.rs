@@ -66,7 +66,10 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         features_ids: None,
         retriever: Some(retriever_path.clone()),
     };
-    eprintln!("[2/5] embedding the shapes world with {}", retriever_path.display());
+    eprintln!(
+        "[2/5] embedding the shapes world with {}",
+        retriever_path.display()
+    );
     let (data, retriever) = caption_data(b, &data_args, &features)?;
     let mut retriever = retriever.expect("the demo always has its retriever");
     let retriever_recall = {
@@ -95,21 +98,45 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
     let mle_args = stage(ObjectiveKind::Mle, args.mle_epochs, None);
     let mle = captioner::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[4/5] continuing with SMILE");
-    let smile_args = stage(ObjectiveKind::Smile, args.smile_epochs, Some(mle_args.out.join("checkpoint.safetensors")));
+    let smile_args = stage(
+        ObjectiveKind::Smile,
+        args.smile_epochs,
+        Some(mle_args.out.join("checkpoint.safetensors")),
+    );
     let smile = captioner::train(b, &smile_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[5/5] scoring {} test images", args.eval_images);
-    let test: Vec<usize> = data.items(Split::Test).into_iter().take(args.eval_images).collect();
+    let test: Vec<usize> = data
+        .items(Split::Test)
+        .into_iter()
+        .take(args.eval_images)
+        .collect();
     let mut scored = Vec::new();
     for ck in [&mle, &smile] {
-        let metrics = captioner_train::evaluate_items(b, ck, &data, &test, &Decoding::Greedy, Some(&mut retriever))?;
-        let examples = captioner_train::caption_items(b, ck, &data, &test[..3.min(test.len())], &Decoding::Greedy)?;
+        let metrics = captioner_train::evaluate_items(
+            b,
+            ck,
+            &data,
+            &test,
+            &Decoding::Greedy,
+            Some(&mut retriever),
+        )?;
+        let examples = captioner_train::caption_items(
+            b,
+            ck,
+            &data,
+            &test[..3.min(test.len())],
+            &Decoding::Greedy,
+        )?;
         scored.push((metrics, examples));
     }
     print_table(&data, &test, &scored)?;
     if let Some(path) = &args.json {
         let pick = |m: &CaptionMetrics| -> Result<serde_json::Value> {
             let all = serde_json::to_value(m)?;
-            Ok(ROWS.iter().map(|(_, key, _)| (key.to_string(), all[key].clone())).collect())
+            Ok(ROWS
+                .iter()
+                .map(|(_, key, _)| (key.to_string(), all[key].clone()))
+                .collect())
         };
         let out = json!({
             "retriever": retriever_recall,
@@ -157,9 +184,16 @@ fn get_retriever<B: Backend>(b: &B, data: &DataArgs, out: &std::path::Path) -> R
     Ok(path)
 }
 
-fn print_table(data: &CaptionData, test: &[usize], scored: &[(CaptionMetrics, Vec<Vec<String>>)]) -> Result<()> {
+fn print_table(
+    data: &CaptionData,
+    test: &[usize],
+    scored: &[(CaptionMetrics, Vec<Vec<String>>)],
+) -> Result<()> {
     println!("\n{:<22}{:>12}{:>12}", "", "MLE", "SMILE");
-    let values: Vec<serde_json::Value> = scored.iter().map(|s| serde_json::to_value(&s.0)).collect::<Result<_, _>>()?;
+    let values: Vec<serde_json::Value> = scored
+        .iter()
+        .map(|s| serde_json::to_value(&s.0))
+        .collect::<Result<_, _>>()?;
     for (label, key, digits) in ROWS {
         let cell = |v: &serde_json::Value| match v[key].as_f64() {
             Some(x) => format!("{x:>12.digits$}"),

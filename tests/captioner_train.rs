@@ -1,0 +1,348 @@
+//! Captioner training and decoding on a tiny shapes world: training lowers
+//! the loss and writes the run folder, an interrupted and resumed run
+//! gives the same numbers as an uninterrupted one, and greedy and beam
+//! decoding agree between GPU and CPU and with teacher forcing.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::captioner::decode::{Decoding, Generated, generate};
+use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
+use captune::captioner::run::RunConfig;
+use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
+use captune::captioner::{CaptionVocab, Checkpoint};
+use captune::cpu::CpuBackend;
+use captune::data::karpathy;
+use captune::data::shapes::{self, ShapesConfig};
+use captune::data::vocab::{BOS, EOS, PAD};
+use captune::tensorfile;
+use common::{gpu, random};
+use rand::SeedableRng;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("captune-captioner-{}-{name}", std::process::id()))
+}
+
+const DIM: usize = 8;
+
+/// A 32-pixel world (96 train, 16 val, 16 test) with a random embedding per image.
+fn tiny_data() -> CaptionData {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = temp("world");
+        let config = ShapesConfig {
+            seed: 9,
+            image_size: 32,
+            train: 96,
+            val: 16,
+            test: 16,
+        };
+        shapes::write(&config, &dir).unwrap();
+        dir
+    });
+    let data = karpathy::load(&dir.join(shapes::SPLIT_FILE), None).unwrap();
+    let features = random(data.items.len() * DIM, 3);
+    CaptionData {
+        data,
+        features,
+        dim: DIM,
+    }
+}
+
+fn tiny_run(epochs: usize) -> RunConfig {
+    let mut c = RunConfig::preset("tiny").unwrap();
+    c.train.epochs = epochs;
+    c.train.eval_images = 4;
+    c.train.sample_images = 1;
+    c.train.log_every = 1;
+    c
+}
+
+fn new_checkpoint<B: Backend>(b: &B, data: &CaptionData, run: &RunConfig) -> Checkpoint<B> {
+    let vocab = CaptionVocab::build(&data.data, run.train.min_count).unwrap();
+    let config = run.captioner(DIM, vocab.len());
+    Checkpoint {
+        model: Captioner::new(b, config, run.train.batch, 4).unwrap(),
+        vocab,
+    }
+}
+
+fn log_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("log.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn training_writes_the_run_folder_and_lowers_the_loss() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    let run = tiny_run(6);
+    let mut ck = new_checkpoint(&b, &data, &run);
+    let folder = RunFolder { dir: temp("run") };
+    train::train(&b, &mut ck, &data, &run, &folder, false, None, |_| {
+        Flow::Continue
+    })
+    .unwrap();
+    let log = log_lines(&folder.dir);
+    assert_eq!(log.len(), 6 * (96 / 16));
+    for line in &log {
+        for key in [
+            "step",
+            "objective",
+            "loss",
+            "mle",
+            "smile",
+            "lr",
+            "grad_norm",
+            "tokens_per_s",
+        ] {
+            assert!(!line[key].is_null(), "log line lacks {key}: {line}");
+        }
+    }
+    let mean_mle = |lines: &[serde_json::Value]| {
+        lines.iter().map(|l| l["mle"].as_f64().unwrap()).sum::<f64>() / lines.len() as f64
+    };
+    let (first, last) = (mean_mle(&log[..6]), mean_mle(&log[log.len() - 6..]));
+    assert!(last < 0.8 * first, "MLE loss, first epoch {first} -> last epoch {last}");
+    let samples = std::fs::read_to_string(folder.dir.join("samples.jsonl")).unwrap();
+    let sample: serde_json::Value = serde_json::from_str(samples.lines().last().unwrap()).unwrap();
+    assert!(!sample["tokens"].as_array().unwrap().is_empty(), "{sample}");
+    let metrics = std::fs::read_to_string(folder.dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 6);
+    let reloaded = RunConfig::load(&folder.dir.join("config.toml")).unwrap();
+    assert_eq!(reloaded, run);
+}
+
+#[test]
+fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    let mut run = tiny_run(3);
+    run.train.objective = ObjectiveKind::SmileRandom;
+    run.train.mle_weight = 0.2;
+    let whole = RunFolder { dir: temp("whole") };
+    let mut ck = new_checkpoint(&b, &data, &run);
+    train::train(&b, &mut ck, &data, &run, &whole, false, None, |_| {
+        Flow::Continue
+    })
+    .unwrap();
+
+    let parts = RunFolder { dir: temp("parts") };
+    let mut ck = new_checkpoint(&b, &data, &run);
+    train::train(&b, &mut ck, &data, &run, &parts, false, None, |e| match e {
+        Event::Metrics(m) if m.epoch == 1 => Flow::Stop,
+        _ => Flow::Continue,
+    })
+    .unwrap();
+    let mut ck = Checkpoint::load(&b, &parts.checkpoint(), run.train.batch).unwrap();
+    train::train(&b, &mut ck, &data, &run, &parts, true, None, |_| {
+        Flow::Continue
+    })
+    .unwrap();
+
+    let strip = |mut v: serde_json::Value| {
+        v.as_object_mut().unwrap().remove("tokens_per_s");
+        v
+    };
+    let a: Vec<_> = log_lines(&whole.dir).into_iter().map(strip).collect();
+    let b_lines: Vec<_> = log_lines(&parts.dir).into_iter().map(strip).collect();
+    assert_eq!(a, b_lines, "the same log, line for line");
+    let mut x = tensorfile::read(&whole.checkpoint()).unwrap();
+    let mut y = tensorfile::read(&parts.checkpoint()).unwrap();
+    for spec in &ck.model.params.specs {
+        let (p, q) = (
+            x.take(&spec.name, &whole.checkpoint()).unwrap(),
+            y.take(&spec.name, &parts.checkpoint()).unwrap(),
+        );
+        assert_eq!(p.data, q.data, "{} differs after resuming", spec.name);
+    }
+}
+
+/// A model trained for a few epochs, so its predictions are decided.
+fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
+    let c = CpuBackend::new();
+    let data = tiny_data();
+    let run = tiny_run(8);
+    let mut ck = new_checkpoint(&c, &data, &run);
+    let folder = RunFolder {
+        dir: temp("decode"),
+    };
+    train::train(&c, &mut ck, &data, &run, &folder, false, None, |_| {
+        Flow::Continue
+    })
+    .unwrap();
+    (ck, data, folder.checkpoint())
+}
+
+/// log p of `g`'s ids under teacher forcing, summed.
+fn teacher_forced_logprob<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    features: &[f32],
+    g: &Generated,
+) -> f32 {
+    let c = model.config;
+    let steps = c.token_positions();
+    let mut seq = vec![BOS];
+    seq.extend(&g.ids);
+    let mut targets = vec![PAD; model.batch * steps];
+    targets[..g.ids.len()].copy_from_slice(&g.ids);
+    let inputs =
+        TokenInputs::new(b, &c, &vec![seq[..seq.len() - 1].to_vec(); model.batch]).unwrap();
+    let mut rows_features = features.to_vec();
+    rows_features.resize(model.batch * c.embed_dim, 0.0);
+    model.forward(b, &rows_features, &inputs);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let t = BatchTargets::new(b, &Objective::mle(), vocab, &targets, steps, &mut rng).unwrap();
+    let mut losses = Losses::new(b, Objective::mle(), model.rows(), c.vocab_size);
+    losses.forward_backward(b, &model.logits, &t);
+    losses.row_logprobs(b).0[..g.ids.len()].iter().sum()
+}
+
+#[test]
+fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
+    let c = CpuBackend::new();
+    let (ck, data, path) = trained();
+    let items = data.items(captune::data::Split::Val);
+    let features = data.features_of(&items[..6]);
+    let mut model = ck.with_batch(&c, 6).unwrap();
+    let greedy = generate(&c, &mut model, &features, &Decoding::Greedy).unwrap();
+    assert_eq!(greedy.len(), 6);
+    assert!(
+        greedy.iter().any(|g| g.ids.len() > 2),
+        "the trained model says something"
+    );
+    assert!(greedy.iter().all(|g| g.ids.last() == Some(&EOS) || g.ids.len() == ck.model.config.token_positions()));
+
+    // Beam of width 1 is greedy; so is sampling from the top token only.
+    let beam1 = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::Beam {
+            width: 1,
+            n_best: 1,
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        beam1.iter().map(|g| &g.ids).collect::<Vec<_>>(),
+        greedy.iter().map(|g| &g.ids).collect::<Vec<_>>()
+    );
+    let top1 = Decoding::parse("sample:2:k=1,seed=5").unwrap();
+    let sampled = generate(&c, &mut model, &features, &top1).unwrap();
+    for (k, s) in sampled.iter().enumerate() {
+        assert_eq!(s.ids, greedy[k / 2].ids, "top-1 sampling is greedy");
+    }
+    let free = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::parse("sample:3:t=1.5,seed=2").unwrap(),
+    )
+    .unwrap();
+    assert_eq!(free.len(), 18);
+    assert!(
+        free.iter()
+            .map(|g| &g.ids)
+            .collect::<std::collections::HashSet<_>>()
+            .len()
+            > 6,
+        "sampling varies"
+    );
+
+    // Beam: n best in order, each at least as likely as greedy's caption
+    // for the best, and every reported log-probability is the teacher-forced one.
+    let beam = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::Beam {
+            width: 4,
+            n_best: 2,
+        },
+    )
+    .unwrap();
+    assert_eq!(beam.len(), 12);
+    let mut one = ck.with_batch(&c, 1).unwrap();
+    for (k, g) in beam.iter().enumerate() {
+        let image = k / 2;
+        assert_eq!(g.image, image);
+        if k % 2 == 1 {
+            assert!(beam[k - 1].logprob >= g.logprob);
+        } else {
+            assert!(
+                g.logprob >= greedy[image].logprob - 1e-4,
+                "beam {} < greedy {}",
+                g.logprob,
+                greedy[image].logprob
+            );
+        }
+        let f = &features[image * DIM..(image + 1) * DIM];
+        let forced = teacher_forced_logprob(&c, &mut one, &ck.vocab, f, g);
+        assert!(
+            (forced - g.logprob).abs() < 1e-3,
+            "decoded {} vs forced {forced}",
+            g.logprob
+        );
+    }
+
+    let Some(g) = gpu() else { return };
+    let on_gpu = Checkpoint::load(&g, &path, 6).unwrap();
+    let mut gpu_model = on_gpu.with_batch(&g, 6).unwrap();
+    for decoding in [
+        Decoding::Greedy,
+        Decoding::Beam {
+            width: 3,
+            n_best: 2,
+        },
+    ] {
+        let want = generate(&c, &mut model, &features, &decoding).unwrap();
+        let got = generate(&g, &mut gpu_model, &features, &decoding).unwrap();
+        let ids = |v: &[Generated]| v.iter().map(|x| x.ids.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(&got),
+            ids(&want),
+            "{decoding:?}: GPU and CPU captions differ"
+        );
+    }
+}
+
+#[test]
+fn decoding_strings_parse_or_say_what_is_expected() {
+    assert_eq!(Decoding::parse("greedy").unwrap(), Decoding::Greedy);
+    assert_eq!(
+        Decoding::parse("beam:5").unwrap(),
+        Decoding::Beam {
+            width: 5,
+            n_best: 1
+        }
+    );
+    assert_eq!(
+        Decoding::parse("sample:5:t=0.7,k=40,p=0.9,seed=3").unwrap(),
+        Decoding::Sample {
+            n: 5,
+            temperature: 0.7,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 3
+        }
+    );
+    for (bad, says) in [
+        ("beam:0", "positive whole number"),
+        ("beam:2:3", "cannot exceed"),
+        ("sample:2:q=1", "is not t=, k=, p= or seed="),
+        ("sample:2:t=0", "temperature must be positive"),
+        ("nucleus", "expected greedy, beam:W"),
+    ] {
+        let err = Decoding::parse(bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}
