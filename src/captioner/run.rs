@@ -96,7 +96,7 @@ impl RunConfig {
                 t.mle_weight
             );
         }
-        if !(t.lr > 0.0) {
+        if t.lr.is_nan() || t.lr <= 0.0 {
             bail!("{origin}: [train] lr must be positive");
         }
         Ok(())

@@ -57,7 +57,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
     let data_args = DataArgs {
         data: DataSource::Shapes,
         images: None,
-        shapes: args.shapes.clone(),
+        shapes: args.shapes,
     };
     eprintln!("[1/5] the retriever");
     let retriever_path = get_retriever(b, &data_args, &args.out)?;

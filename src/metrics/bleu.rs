@@ -58,9 +58,9 @@ impl BleuStats {
         };
         let mut product = 1.0;
         let mut out = [0.0; MAX_N];
-        for n in 0..MAX_N {
+        for (n, score) in out.iter_mut().enumerate() {
             product *= (self.matches[n] + TINY) / (self.guesses[n] + SMALL);
-            out[n] = product.powf(1.0 / (n + 1) as f64) * penalty;
+            *score = product.powf(1.0 / (n + 1) as f64) * penalty;
         }
         out
     }

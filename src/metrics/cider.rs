@@ -79,7 +79,7 @@ impl CiderD {
             let reference = self.tf_idf(&count_ngrams(r, N));
             let delta = cand.length - reference.length;
             let penalty = (-(delta * delta) / (2.0 * SIGMA * SIGMA)).exp();
-            for n in 0..N {
+            for (n, total) in sum.iter_mut().enumerate() {
                 let mut value: f64 = cand.vectors[n]
                     .iter()
                     .map(|(gram, &w)| {
@@ -90,7 +90,7 @@ impl CiderD {
                 if cand.norms[n] != 0.0 && reference.norms[n] != 0.0 {
                     value /= cand.norms[n] * reference.norms[n];
                 }
-                sum[n] += value * penalty;
+                *total += value * penalty;
             }
         }
         let mean_over_n = sum.iter().sum::<f64>() / N as f64;
