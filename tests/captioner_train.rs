@@ -106,10 +106,17 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
         }
     }
     let mean_mle = |lines: &[serde_json::Value]| {
-        lines.iter().map(|l| l["mle"].as_f64().unwrap()).sum::<f64>() / lines.len() as f64
+        lines
+            .iter()
+            .map(|l| l["mle"].as_f64().unwrap())
+            .sum::<f64>()
+            / lines.len() as f64
     };
     let (first, last) = (mean_mle(&log[..6]), mean_mle(&log[log.len() - 6..]));
-    assert!(last < 0.8 * first, "MLE loss, first epoch {first} -> last epoch {last}");
+    assert!(
+        last < 0.8 * first,
+        "MLE loss, first epoch {first} -> last epoch {last}"
+    );
     let samples = std::fs::read_to_string(folder.dir.join("samples.jsonl")).unwrap();
     let sample: serde_json::Value = serde_json::from_str(samples.lines().last().unwrap()).unwrap();
     assert!(!sample["tokens"].as_array().unwrap().is_empty(), "{sample}");

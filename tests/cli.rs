@@ -255,5 +255,202 @@ fn shapes_data_retriever_train_eval_and_embed_from_the_command_line() {
         "{}",
         text(&out.stderr)
     );
+    captioner_commands(&dir, &ckpt, &out_dir, shapes, &env);
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `train`, `eval`, `score`, `inspect` and `caption` with the retriever
+/// `retriever` on the same tiny world (`look` holds its Karpathy file).
+fn captioner_commands(
+    dir: &std::path::Path,
+    retriever: &std::path::Path,
+    look: &std::path::Path,
+    shapes: &[&str],
+    env: &[(&str, &str)],
+) {
+    let run = dir.join("run");
+    let r = retriever.to_str().unwrap();
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "train",
+        "--preset",
+        "tiny",
+        "--retriever",
+        r,
+        "--epochs",
+        "2",
+        "--objective",
+        "smile",
+        "--mle-weight",
+        "0.1",
+        "--out",
+        run.to_str().unwrap(),
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("epoch 2 val"),
+        "{}",
+        text(&out.stderr)
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        config.contains("objective = \"smile\"") && config.contains("mle_weight = 0.1"),
+        "{config}"
+    );
+
+    let ck = run.join("checkpoint.safetensors");
+    let results = dir.join("results.json");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        r,
+        "--split",
+        "test",
+        "--results",
+        results.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let metrics: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "BLEU-1",
+        "BLEU-4",
+        "CIDEr-D",
+        "ROUGE-L",
+        "mean_length",
+        "lexical_diversity",
+        "self_retrieval_r1",
+        "self_retrieval_r5",
+        "p1_among_100",
+        "clipscore",
+        "refcompare",
+        "fact_precision",
+        "fact_recall",
+    ] {
+        assert!(
+            metrics[key].is_number(),
+            "eval --json lacks {key}: {metrics}"
+        );
+    }
+    let written: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(written.len(), 16);
+    assert!(written[0]["image_id"].is_string() && written[0]["caption"].is_string());
+
+    // Scoring eval's own results reproduces eval's reference-based scores.
+    let data = format!("karpathy:{}", look.join("dataset_shapes.json").display());
+    let out = captune(
+        &[
+            "score",
+            "--data",
+            &data,
+            "--split",
+            "test",
+            "--results",
+            results.to_str().unwrap(),
+            "--json",
+        ],
+        env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let scores: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr-D", "ROUGE-L"] {
+        let (s, e) = (
+            scores[key].as_f64().unwrap(),
+            metrics[key].as_f64().unwrap(),
+        );
+        assert!((s - e).abs() < 1e-9, "{key}: score {s}, eval {e}");
+    }
+    // A results file naming an image outside the split is refused by name.
+    let bad = dir.join("bad.json");
+    std::fs::write(
+        &bad,
+        r#"[{"image_id": "no-such-image", "caption": "a circle"}]"#,
+    )
+    .unwrap();
+    let out = captune(
+        &["score", "--data", &data, "--results", bad.to_str().unwrap()],
+        env,
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no-such-image"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let image = written[0]["image_id"].as_str().unwrap();
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "inspect",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        r,
+        "--image",
+        image,
+        "--caption",
+        "A red circle.",
+        "--json",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let tokens: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let labels: Vec<&str> = tokens
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["a", "red", "circle", "<eos>"]);
+    for t in &tokens {
+        let (p_full, p_sub) = (
+            t["p_full"].as_f64().unwrap(),
+            t["p_subset"].as_f64().unwrap(),
+        );
+        assert!(
+            p_sub >= p_full - 1e-6,
+            "a subset never lowers the label's probability: {t}"
+        );
+        assert_eq!(t["top5_full"].as_array().unwrap().len(), 5);
+        assert!(
+            t["top5_subset"].as_array().unwrap().len() <= 4,
+            "the subset has 4 tokens"
+        );
+    }
+
+    let png = look.join("images/test/00000.png");
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "caption",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--retriever",
+            r,
+            png.to_str().unwrap(),
+        ],
+        env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    assert!(
+        line.starts_with(png.to_str().unwrap())
+            && line
+                .trim_end()
+                .split('\t')
+                .nth(1)
+                .is_some_and(|c| !c.is_empty()),
+        "{line}"
+    );
 }
