@@ -454,3 +454,72 @@ fn captioner_commands(
         "{line}"
     );
 }
+
+/// `demo` on a tiny world with the tiny preset: the table, three images'
+/// captions, and the JSON file with every documented key.
+#[test]
+fn demo_prints_the_comparison_and_writes_its_json() {
+    let dir = std::env::temp_dir().join(format!("captune-demo-{}", std::process::id()));
+    let cache = dir.join("cache");
+    let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
+    let json = dir.join("demo.json");
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "demo",
+            "--preset",
+            "tiny",
+            "--mle-epochs",
+            "1",
+            "--smile-epochs",
+            "1",
+            "--eval-images",
+            "16",
+            "--out",
+            dir.join("runs").to_str().unwrap(),
+            "--json",
+            json.to_str().unwrap(),
+            "--shapes-size",
+            "32",
+            "--shapes-train",
+            "48",
+            "--shapes-val",
+            "16",
+            "--shapes-test",
+            "16",
+        ],
+        &env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("MLE") && stdout.contains("SMILE") && stdout.contains("fact recall"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("\nimage ").count(), 3, "{stdout}");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    for key in ["t2i_r1", "t2i_r5", "t2i_r10", "i2t_r1", "i2t_r5", "i2t_r10"] {
+        assert!(
+            v["retriever"][key].is_number(),
+            "retriever lacks {key}: {v}"
+        );
+    }
+    for side in ["mle", "smile"] {
+        for key in [
+            "mean_length",
+            "lexical_diversity",
+            "self_retrieval_r1",
+            "self_retrieval_r5",
+            "clipscore",
+            "fact_precision",
+            "fact_recall",
+            "BLEU-4",
+            "CIDEr-D",
+        ] {
+            assert!(v[side][key].is_number(), "{side} lacks {key}: {v}");
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

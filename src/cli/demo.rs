@@ -166,7 +166,9 @@ fn get_retriever<B: Backend>(b: &B, data: &DataArgs, out: &std::path::Path) -> R
     );
     std::fs::create_dir_all(out)?;
     let dataset = data.load()?;
-    let mut ck = super::RetrieverShape::default().new_retriever(b, &dataset, 128, 0)?;
+    let train_images = dataset.split(Split::Train).count();
+    let batch = 128.min(train_images).max(1);
+    let mut ck = super::RetrieverShape::default().new_retriever(b, &dataset, batch, 0)?;
     let prep = Prepared::new(dataset, ck.model.config.image_size)?;
     let options = captune::retriever::train::TrainOptions {
         epochs: 2,
