@@ -1,6 +1,8 @@
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::bench;
+use captune::captioner::bench::train_throughput;
+use captune::captioner::objective::{Objective, ObjectiveKind};
 use captune::data::Split;
 use captune::data::shapes::{self, ShapesConfig};
 use captune::device::{self, DeviceChoice};
@@ -153,6 +155,21 @@ enum BenchCommand {
         #[arg(long, default_value_t = 1 << 24)]
         elementwise_len: usize,
     },
+    /// Captioner training throughput (tokens/s) of a preset on each backend asked for.
+    Train {
+        /// Print a JSON array of records instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "shapes")]
+        preset: String,
+        /// Objectives to time.
+        #[arg(long, value_enum, value_delimiter = ',', default_value = "mle,smile")]
+        objectives: Vec<ObjectiveKind>,
+        #[arg(long, default_value_t = 20)]
+        steps: usize,
+        #[arg(long, default_value_t = 3)]
+        warmup: usize,
+    },
 }
 
 /// Runs `$body` with `$b` bound to the backend `--device` selects.
@@ -232,6 +249,41 @@ fn run(cli: Cli) -> Result<()> {
                         records.push(r.clone());
                     })
                 });
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&records)?);
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Train {
+                    json,
+                    preset,
+                    objectives,
+                    steps,
+                    warmup,
+                },
+        } => {
+            let mut records = Vec::new();
+            for &choice in &cli.device {
+                let selection = device::select(choice)?;
+                if !json {
+                    println!("{selection}");
+                }
+                for &kind in &objectives {
+                    let objective = Objective {
+                        kind,
+                        ..Objective::mle()
+                    };
+                    let r = captune::with_backend!(&selection.backend, b => {
+                        train_throughput(b, &preset, objective, warmup, steps)
+                    })?;
+                    if !json {
+                        println!("{r}");
+                    }
+                    records.push(r);
+                }
             }
             if json {
                 println!("{}", serde_json::to_string_pretty(&records)?);

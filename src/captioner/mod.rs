@@ -5,6 +5,7 @@
 //! checkpoints live here; the network in `model`, the training losses in
 //! `objective`, caption generation in `decode`.
 
+pub mod bench;
 pub mod decode;
 pub mod evaluate;
 pub mod inspect;
