@@ -96,7 +96,6 @@ fn relevance<B: Backend>(
     m: &mut CaptionMetrics,
 ) -> Result<()> {
     let ck = judge.retriever;
-    let dim = ck.model.config.embed_dim;
     let as_caption = |tokens: &Vec<String>| Caption {
         raw: tokens.join(" "),
         tokens: if tokens.is_empty() {
@@ -112,10 +111,46 @@ fn relevance<B: Backend>(
         &ck.vocab,
         &generated.iter().collect::<Vec<_>>(),
     )?;
-    let images = judge.image_embeddings;
-    let n = items.len();
-    let r = recall(images, &text, dim, &(0..n).collect::<Vec<_>>());
-    (m.self_retrieval_r1, m.self_retrieval_r5) = (Some(r.t2i_r1), Some(r.t2i_r5));
+    let references: Vec<&Caption> = items.iter().flat_map(|i| &i.captions).collect();
+    let reference_text = embed_captions(b, &mut ck.model, &ck.vocab, &references)?;
+    let counts: Vec<usize> = items.iter().map(|i| i.captions.len()).collect();
+    let r = retrieval_scores(
+        judge.image_embeddings,
+        &text,
+        &reference_text,
+        &counts,
+        ck.model.config.embed_dim,
+    );
+    m.self_retrieval_r1 = Some(r.r1);
+    m.self_retrieval_r5 = Some(r.r5);
+    m.p1_among_100 = Some(r.p1_among_100);
+    m.clipscore = Some(r.clipscore);
+    m.refcompare = Some(r.refcompare);
+    Ok(())
+}
+
+/// The retriever-based scores of captions, from unit embeddings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetrievalScores {
+    pub r1: f64,
+    pub r5: f64,
+    pub p1_among_100: f64,
+    pub clipscore: f64,
+    pub refcompare: f64,
+}
+
+/// `images` and `captions` are `[n, dim]` (caption j describes image j);
+/// `references` holds image j's `reference_counts[j]` reference embeddings
+/// in image order.
+pub fn retrieval_scores(
+    images: &[f32],
+    captions: &[f32],
+    references: &[f32],
+    reference_counts: &[usize],
+    dim: usize,
+) -> RetrievalScores {
+    let n = images.len() / dim;
+    let r = recall(images, captions, dim, &(0..n).collect::<Vec<_>>());
     let cos = |i: usize, t: &[f32]| -> f64 {
         images[i * dim..(i + 1) * dim]
             .iter()
@@ -123,32 +158,64 @@ fn relevance<B: Backend>(
             .map(|(&a, &b)| a as f64 * b as f64)
             .sum()
     };
-    let row = |j: usize| &text[j * dim..(j + 1) * dim];
+    let caption = |j: usize| &captions[j * dim..(j + 1) * dim];
     // P@1 among 100: the target against 99 other images drawn at random.
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let mut hits = 0usize;
     for j in 0..n {
         let mut others: Vec<usize> = (0..n).filter(|&k| k != j).collect();
         others.shuffle(&mut rng);
-        let s = cos(j, row(j));
-        hits += usize::from(others.iter().take(99).all(|&k| cos(k, row(j)) < s));
+        let s = cos(j, caption(j));
+        hits += usize::from(others.iter().take(99).all(|&k| cos(k, caption(j)) < s));
     }
-    m.p1_among_100 = Some(hits as f64 / n.max(1) as f64);
-    // CLIPScore-style relevance and RefCompare against the references.
-    let references: Vec<&Caption> = items.iter().flat_map(|i| &i.captions).collect();
-    let ref_text = embed_captions(b, &mut ck.model, &ck.vocab, &references)?;
-    let (mut clip, mut better, mut k) = (0.0, 0.0, 0);
-    for (j, item) in items.iter().enumerate() {
-        let s = cos(j, row(j));
+    let (mut clip, mut better, mut first) = (0.0, 0.0, 0);
+    for (j, &count) in reference_counts.iter().enumerate() {
+        let s = cos(j, caption(j));
         clip += 100.0 * 2.5 * s.max(0.0);
-        let refs = item.captions.len();
-        let lower = (0..refs)
-            .filter(|&r| cos(j, &ref_text[(k + r) * dim..(k + r + 1) * dim]) < s)
+        let lower = (first..first + count)
+            .filter(|&k| cos(j, &references[k * dim..(k + 1) * dim]) < s)
             .count();
-        better += lower as f64 / refs.max(1) as f64;
-        k += refs;
+        better += lower as f64 / count.max(1) as f64;
+        first += count;
     }
-    m.clipscore = Some(clip / n.max(1) as f64);
-    m.refcompare = Some(better / n.max(1) as f64);
-    Ok(())
+    let n = n.max(1) as f64;
+    RetrievalScores {
+        r1: r.t2i_r1,
+        r5: r.t2i_r5,
+        p1_among_100: hits as f64 / n,
+        clipscore: clip / n,
+        refcompare: better / n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retrieval_scores_on_hand_made_embeddings() {
+        // Three images on the axes; caption 0 and 1 point at their own
+        // image, caption 2 points at image 0.
+        let images = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0];
+        let s = 0.6f32;
+        let c = 0.8f32;
+        let captions = [1.0, 0.0, 0.0, 0.0, c, s, c, 0.0, s];
+        // Image 0's references: one exact (cos 1), one at cos 0.5. Image 1:
+        // one at cos 0.9. Image 2: two at cos 0.
+        let references = [
+            1.0, 0.0, 0.0, 0.5, 0.866, 0.0, 0.0, 0.9, 0.436, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0,
+        ];
+        let r = retrieval_scores(&images, &captions, &references, &[2, 1, 2], 3);
+        assert!((r.r1 - 2.0 / 3.0).abs() < 1e-12, "{r:?}");
+        assert!((r.r5 - 1.0).abs() < 1e-12);
+        assert!((r.p1_among_100 - 2.0 / 3.0).abs() < 1e-12);
+        // cos per caption: 1, 0.8, 0.6 -> 250, 200, 150.
+        assert!((r.clipscore - 200.0).abs() < 1e-4, "{r:?}");
+        // Image 0: 1 of 2 references below 1 (the exact one ties); image 1:
+        // 0.9 > 0.8, none; image 2: both at 0 < 0.6.
+        assert!(
+            (r.refcompare - (0.5 + 0.0 + 1.0) / 3.0).abs() < 1e-12,
+            "{r:?}"
+        );
+    }
 }
