@@ -346,6 +346,36 @@ fn captioner_commands(
     assert_eq!(written.len(), 16);
     assert!(written[0]["image_id"].is_string() && written[0]["caption"].is_string());
 
+    // Five samples per image: the diversity metrics appear.
+    let sample_results = dir.join("samples.json");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--split",
+        "test",
+        "--decode",
+        "sample:5:t=1.2,seed=3",
+        "--results",
+        sample_results.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend(shapes);
+    args.extend(["--retriever", r]);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sampled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["div1", "div2", "mbleu4"] {
+        let v = sampled[key].as_f64().unwrap_or(-1.0);
+        assert!((0.0..=1.0).contains(&v), "{key} = {v}: {sampled}");
+    }
+    assert!(
+        metrics["div1"].is_null(),
+        "one greedy caption per image has no diversity"
+    );
+
     // Scoring eval's own results reproduces eval's reference-based scores.
     let data = format!("karpathy:{}", look.join("dataset_shapes.json").display());
     let out = captune(
