@@ -124,6 +124,7 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
     assert_eq!(metrics.lines().count(), 6);
     let reloaded = RunConfig::load(&folder.dir.join("config.toml")).unwrap();
     assert_eq!(reloaded, run);
+    std::fs::remove_dir_all(&folder.dir).unwrap();
 }
 
 #[test]
@@ -169,6 +170,8 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         );
         assert_eq!(p.data, q.data, "{} differs after resuming", spec.name);
     }
+    std::fs::remove_dir_all(&whole.dir).unwrap();
+    std::fs::remove_dir_all(&parts.dir).unwrap();
 }
 
 /// A model trained for a few epochs, so its predictions are decided.
@@ -301,7 +304,10 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         );
     }
 
-    let Some(g) = gpu() else { return };
+    let Some(g) = gpu() else {
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+        return;
+    };
     let on_gpu = Checkpoint::load(&g, &path, 6).unwrap();
     let mut gpu_model = on_gpu.with_batch(&g, 6).unwrap();
     for decoding in [
@@ -320,6 +326,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             "{decoding:?}: GPU and CPU captions differ"
         );
     }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 
 #[test]
