@@ -181,6 +181,13 @@ pub fn train<B: Backend>(
     }
     let per_epoch = train_items.len() / t.batch;
     let total = per_epoch * t.epochs;
+    if t.warmup >= total {
+        eprintln!(
+            "warning: [train] warmup ({} steps) is not shorter than the run ({total} steps); \
+             the learning rate never reaches {}",
+            t.warmup, t.lr
+        );
+    }
     let mut opt = AdamW::new(
         b,
         AdamWConfig {
