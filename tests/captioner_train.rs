@@ -223,7 +223,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     let items = data.items(captune::data::Split::Val);
     let features = data.features_of(&items[..6]);
     let mut model = ck.with_batch(&c, 6).unwrap();
-    let greedy = generate(&c, &mut model, &features, &Decoding::Greedy).unwrap();
+    let greedy = generate(&c, &mut model, &features, &Decoding::Greedy, None).unwrap();
     assert_eq!(greedy.len(), 6);
     assert!(
         greedy.iter().any(|g| g.ids.len() > 2),
@@ -240,6 +240,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             width: 1,
             n_best: 1,
         },
+        None,
     )
     .unwrap();
     assert_eq!(
@@ -247,7 +248,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         greedy.iter().map(|g| &g.ids).collect::<Vec<_>>()
     );
     let top1 = Decoding::parse("sample:2:k=1,seed=5").unwrap();
-    let sampled = generate(&c, &mut model, &features, &top1).unwrap();
+    let sampled = generate(&c, &mut model, &features, &top1, None).unwrap();
     for (k, s) in sampled.iter().enumerate() {
         assert_eq!(s.ids, greedy[k / 2].ids, "top-1 sampling is greedy");
     }
@@ -256,6 +257,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         &mut model,
         &features,
         &Decoding::parse("sample:3:t=1.5,seed=2").unwrap(),
+        None,
     )
     .unwrap();
     assert_eq!(free.len(), 18);
@@ -268,6 +270,17 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         "sampling varies"
     );
 
+    // A word limit cuts every caption, <eos> or not.
+    let short = generate(&c, &mut model, &features, &Decoding::Greedy, Some(2)).unwrap();
+    for (s, g) in short.iter().zip(&greedy) {
+        assert!(s.ids.len() <= 3, "{:?}", s.ids);
+        assert_eq!(
+            s.ids[..],
+            g.ids[..s.ids.len()],
+            "a prefix of the unlimited caption"
+        );
+    }
+
     // Beam: n best in order, each at least as likely as greedy's caption
     // for the best, and every reported log-probability is the teacher-forced one.
     let beam = generate(
@@ -278,6 +291,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             width: 4,
             n_best: 2,
         },
+        None,
     )
     .unwrap();
     assert_eq!(beam.len(), 12);
@@ -317,8 +331,8 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             n_best: 2,
         },
     ] {
-        let want = generate(&c, &mut model, &features, &decoding).unwrap();
-        let got = generate(&g, &mut gpu_model, &features, &decoding).unwrap();
+        let want = generate(&c, &mut model, &features, &decoding, None).unwrap();
+        let got = generate(&g, &mut gpu_model, &features, &decoding, None).unwrap();
         let ids = |v: &[Generated]| v.iter().map(|x| x.ids.clone()).collect::<Vec<_>>();
         assert_eq!(
             ids(&got),

@@ -4,8 +4,8 @@
 //! position on the device and reads back only that row per caption;
 //! token choice happens on the host, identically for both backends.
 
+use super::CaptionVocab;
 use super::model::{Captioner, TokenInputs};
-use super::{CaptionVocab, CaptionerConfig};
 use crate::backend::Backend;
 use crate::data::vocab::{BOS, EOS};
 use crate::index::TokenIndex;
@@ -186,15 +186,19 @@ fn argmax(x: &[f32]) -> usize {
 }
 
 /// Captions for every image of `features` (`[n, embed_dim]`), in image
-/// order, `decoding.per_image()` each. The model's batch size sets how
-/// many sequences run at once.
+/// order, `decoding.per_image()` each, of at most `max_words` words (and
+/// the model's maximum length). The model's batch size sets how many
+/// sequences run at once.
 pub fn generate<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
     features: &[f32],
     decoding: &Decoding,
+    max_words: Option<usize>,
 ) -> Result<Vec<Generated>> {
     let c = model.config;
+    // Steps: the words, then <eos>.
+    let steps = max_words.map_or(c.token_positions(), |w| (w + 1).min(c.token_positions()));
     let d = c.embed_dim;
     assert!(
         features.len().is_multiple_of(d),
@@ -235,7 +239,7 @@ pub fn generate<B: Backend>(
             .collect();
         let generated = match *decoding {
             Decoding::Greedy | Decoding::Sample { .. } => {
-                sample_rows(b, &mut stepper, &rows_features, decoding, &mut rng, &c)?
+                sample_rows(b, &mut stepper, &rows_features, decoding, &mut rng, steps)?
             }
             Decoding::Beam { width, n_best } => beam_rows(
                 b,
@@ -244,7 +248,7 @@ pub fn generate<B: Backend>(
                 width,
                 n_best,
                 chunk.len(),
-                &c,
+                steps,
             )?,
         };
         let keep = chunk.len() * decoding.per_image();
@@ -266,13 +270,13 @@ fn sample_rows<B: Backend>(
     features: &[f32],
     decoding: &Decoding,
     rng: &mut ChaCha8Rng,
-    c: &CaptionerConfig,
+    steps: usize,
 ) -> Result<Vec<(Vec<u32>, f32)>> {
     let rows = stepper.model.batch;
     let mut seqs = vec![vec![BOS]; rows];
     let mut logprob = vec![0.0f32; rows];
     let mut done = vec![false; rows];
-    for _ in 0..c.token_positions() {
+    for _ in 0..steps {
         let logp = stepper.step(b, features, &seqs)?;
         for r in 0..rows {
             if done[r] {
@@ -342,14 +346,14 @@ fn beam_rows<B: Backend>(
     width: usize,
     n_best: usize,
     images: usize,
-    c: &CaptionerConfig,
+    steps: usize,
 ) -> Result<Vec<(Vec<u32>, f32)>> {
     let rows = stepper.model.batch;
     // Live beams per image: (ids from <bos>, score). At the start one beam
     // per image; the other rows idle on <bos>.
     let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![BOS], 0.0)]; images];
     let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
-    for step in 0..c.token_positions() {
+    for step in 0..steps {
         if live.iter().all(Vec::is_empty) {
             break;
         }
@@ -360,7 +364,7 @@ fn beam_rows<B: Backend>(
             }
         }
         let logp = stepper.step(b, features, &seqs)?;
-        let last_step = step + 1 == c.token_positions();
+        let last_step = step + 1 == steps;
         for i in 0..images {
             let mut candidates: Vec<(f32, usize, usize)> = Vec::new();
             for (k, (_, score)) in live[i].iter().enumerate() {

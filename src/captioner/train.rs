@@ -336,7 +336,7 @@ pub fn sample_caption<B: Backend>(
 ) -> Result<Sample> {
     let mut model = ck.with_batch(b, 1)?;
     let features = data.features_of(&[i]);
-    let generated = generate(b, &mut model, &features, &Decoding::Greedy)?;
+    let generated = generate(b, &mut model, &features, &Decoding::Greedy, None)?;
     let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
         .chain(generated[0].ids.iter().copied())
         .collect();
@@ -358,7 +358,7 @@ pub fn evaluate_items<B: Backend>(
     decoding: &Decoding,
     retriever: Option<&mut RetrieverCheckpoint<B>>,
 ) -> Result<CaptionMetrics> {
-    let generated = caption_items(b, ck, data, items, decoding)?;
+    let generated = caption_items(b, ck, data, items, decoding, None)?;
     let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
     let tokens: Vec<Vec<Vec<String>>> = generated
         .iter()
@@ -388,6 +388,7 @@ pub fn caption_items<B: Backend>(
     data: &CaptionData,
     items: &[usize],
     decoding: &Decoding,
+    max_words: Option<usize>,
 ) -> Result<Vec<Vec<String>>> {
     let per_row = match *decoding {
         Decoding::Greedy => 1,
@@ -396,7 +397,7 @@ pub fn caption_items<B: Backend>(
     };
     let batch = (64 / per_row).max(1) * per_row;
     let mut model = ck.with_batch(b, batch)?;
-    let generated = generate(b, &mut model, &data.features_of(items), decoding)?;
+    let generated = generate(b, &mut model, &data.features_of(items), decoding, max_words)?;
     let mut out = vec![Vec::new(); items.len()];
     for g in generated {
         out[g.image].push(g.text(&ck.vocab));

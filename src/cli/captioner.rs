@@ -243,6 +243,9 @@ pub struct EvalArgs {
     /// greedy, beam:W, beam:W:N, sample:N or sample:N:t=..,k=..,p=..,seed=..
     #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
     pub decode: Decoding,
+    /// Stop captions after this many words (default: the model's maximum).
+    #[arg(long)]
+    pub max_words: Option<usize>,
     /// Where to write the COCO-format results (default: beside the checkpoint).
     #[arg(long)]
     pub results: Option<PathBuf>,
@@ -265,7 +268,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
             args.split.name()
         );
     }
-    let captions = train::caption_items(b, &ck, &data, &items, &args.decode)?;
+    let captions = train::caption_items(b, &ck, &data, &items, &args.decode, args.max_words)?;
     let results: Vec<serde_json::Value> = items
         .iter()
         .zip(&captions)
@@ -400,6 +403,9 @@ pub struct CaptionArgs {
     pub retriever: PathBuf,
     #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
     pub decode: Decoding,
+    /// Stop captions after this many words (default: the model's maximum).
+    #[arg(long)]
+    pub max_words: Option<usize>,
     /// Image files.
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
@@ -434,7 +440,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         _ => 1,
     });
     let mut model = ck.with_batch(b, per_row.max(8))?;
-    for g in generate(b, &mut model, &features, &args.decode)? {
+    for g in generate(b, &mut model, &features, &args.decode, args.max_words)? {
         println!("{}\t{}", data.items[g.image].id, g.text(&ck.vocab));
     }
     Ok(())

@@ -126,6 +126,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             &data,
             &test[..3.min(test.len())],
             &Decoding::Greedy,
+            None,
         )?;
         scored.push((metrics, examples));
     }
