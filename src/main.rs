@@ -234,27 +234,12 @@ fn run(cli: Cli) -> Result<()> {
                     sizes,
                     elementwise_len,
                 },
-        } => {
-            let mut records = Vec::new();
-            for &choice in &cli.device {
-                let selection = device::select(choice)?;
-                if !json {
-                    println!("{selection}");
-                }
-                captune::with_backend!(&selection.backend, b => {
-                    bench::kernels(b, &sizes, elementwise_len, |r| {
-                        if !json {
-                            println!("{r}");
-                        }
-                        records.push(r.clone());
-                    })
-                });
-            }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&records)?);
-            }
+        } => bench_each(&cli.device, json, |selection, emit| {
+            captune::with_backend!(&selection.backend, b => {
+                bench::kernels(b, &sizes, elementwise_len, |r| emit(r.clone()))
+            });
             Ok(())
-        }
+        }),
         Command::Bench {
             what:
                 BenchCommand::Train {
@@ -264,33 +249,45 @@ fn run(cli: Cli) -> Result<()> {
                     steps,
                     warmup,
                 },
-        } => {
-            let mut records = Vec::new();
-            for &choice in &cli.device {
-                let selection = device::select(choice)?;
-                if !json {
-                    println!("{selection}");
-                }
-                for &kind in &objectives {
-                    let objective = Objective {
-                        kind,
-                        ..Objective::mle()
-                    };
-                    let r = captune::with_backend!(&selection.backend, b => {
-                        train_throughput(b, &preset, objective, warmup, steps)
-                    })?;
-                    if !json {
-                        println!("{r}");
-                    }
-                    records.push(r);
-                }
-            }
-            if json {
-                println!("{}", serde_json::to_string_pretty(&records)?);
+        } => bench_each(&cli.device, json, |selection, emit| {
+            for &kind in &objectives {
+                let objective = Objective {
+                    kind,
+                    ..Objective::mle()
+                };
+                emit(captune::with_backend!(&selection.backend, b => {
+                    train_throughput(b, &preset, objective, warmup, steps)
+                })?);
             }
             Ok(())
-        }
+        }),
     }
+}
+
+/// Runs a benchmark on each device asked for, printing records as they
+/// come, or one JSON array at the end.
+fn bench_each<R: serde::Serialize + std::fmt::Display>(
+    devices: &[DeviceChoice],
+    json: bool,
+    mut run: impl FnMut(&device::Selection, &mut dyn FnMut(R)) -> Result<()>,
+) -> Result<()> {
+    let mut records = Vec::new();
+    for &choice in devices {
+        let selection = device::select(choice)?;
+        if !json {
+            println!("{selection}");
+        }
+        run(&selection, &mut |r| {
+            if !json {
+                println!("{r}");
+            }
+            records.push(r);
+        })?;
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&records)?);
+    }
+    Ok(())
 }
 
 fn info(choice: DeviceChoice, json: bool) -> Result<()> {

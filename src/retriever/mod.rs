@@ -8,9 +8,9 @@ pub mod train;
 use crate::backend::Backend;
 use crate::data::images::Images;
 use crate::data::vocab::Vocab;
+use crate::model::checkpoint;
 use crate::model::transformer::TransformerConfig;
-use crate::tensorfile;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use model::Retriever;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -91,8 +91,10 @@ pub fn patchify(config: &RetrieverConfig, images: &Images, indices: &[usize]) ->
     out
 }
 
-const CONFIG_KEY: &str = "retriever_config";
-const VOCAB_KEY: &str = "vocab";
+const KIND: checkpoint::Kind = checkpoint::Kind {
+    format: "captune retriever",
+    config_key: "retriever_config",
+};
 
 /// A trained retriever with its vocabulary, as a checkpoint holds them.
 pub struct Checkpoint<B: Backend> {
@@ -101,43 +103,26 @@ pub struct Checkpoint<B: Backend> {
 }
 
 impl<B: Backend> Checkpoint<B> {
-    /// Writes the weights, with the config and vocabulary in the metadata.
-    pub fn save(&self, b: &B, path: &Path, mut metadata: HashMap<String, String>) -> Result<()> {
-        metadata.insert(
-            CONFIG_KEY.into(),
-            serde_json::to_string(&self.model.config)?,
-        );
-        metadata.insert(VOCAB_KEY.into(), serde_json::to_string(self.vocab.words())?);
-        metadata.insert("format".into(), "captune retriever".into());
-        self.model.params.save(b, path, metadata)
+    /// Writes the weights (atomically), with the config and vocabulary in
+    /// the metadata.
+    pub fn save(&self, b: &B, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
+        let m = &self.model;
+        checkpoint::save(
+            b,
+            &KIND,
+            &m.params,
+            &m.config,
+            self.vocab.words(),
+            path,
+            metadata,
+        )
     }
 
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
-        let mut file = tensorfile::read(path)?;
-        let config: RetrieverConfig = serde_json::from_str(file.meta(CONFIG_KEY, path)?)
-            .with_context(|| {
-                format!(
-                    "{}: metadata {CONFIG_KEY:?} is not a retriever config",
-                    path.display()
-                )
-            })?;
-        let words: Vec<String> =
-            serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
-                format!(
-                    "{}: metadata {VOCAB_KEY:?} is not a word list",
-                    path.display()
-                )
-            })?;
+        let (config, words, mut file) = checkpoint::read::<RetrieverConfig>(&KIND, path)?;
         let vocab = Vocab::from_words(words);
-        if vocab.len() != config.vocab_size {
-            bail!(
-                "{}: the vocabulary has {} words but the config says {}",
-                path.display(),
-                vocab.len(),
-                config.vocab_size
-            );
-        }
+        checkpoint::check_vocab(path, vocab.len(), config.vocab_size)?;
         let mut model = Retriever::new(b, config, batch, 0)?;
         model.params.load(b, path, &mut file)?;
         Ok(Checkpoint { model, vocab })

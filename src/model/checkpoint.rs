@@ -1,0 +1,69 @@
+//! What both models' checkpoints share: the weights by name, with the
+//! model's config (JSON) and its word list in the safetensors metadata.
+
+use super::params::Params;
+use crate::backend::Backend;
+use crate::tensorfile::{self, TensorFile};
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::path::Path;
+
+const VOCAB_KEY: &str = "vocab";
+
+/// Which model a checkpoint holds: its `format` value and the metadata
+/// key of its config.
+pub struct Kind {
+    pub format: &'static str,
+    pub config_key: &'static str,
+}
+
+/// Writes `params` (atomically) with `config`, `words` and `metadata`.
+pub fn save<B: Backend>(
+    b: &B,
+    kind: &Kind,
+    params: &Params<B>,
+    config: &impl Serialize,
+    words: &[String],
+    path: &Path,
+    mut metadata: HashMap<String, String>,
+) -> Result<()> {
+    metadata.insert(kind.config_key.into(), serde_json::to_string(config)?);
+    metadata.insert(VOCAB_KEY.into(), serde_json::to_string(words)?);
+    metadata.insert("format".into(), kind.format.into());
+    params.save(b, path, metadata)
+}
+
+/// Reads a checkpoint's config and word list; the file stays open for
+/// `Params::load`.
+pub fn read<C: DeserializeOwned>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
+    let file = tensorfile::read(path)?;
+    let config: C = serde_json::from_str(file.meta(kind.config_key, path)?).with_context(|| {
+        format!(
+            "{}: metadata {:?} is not a {} config",
+            path.display(),
+            kind.config_key,
+            kind.format
+        )
+    })?;
+    let words: Vec<String> =
+        serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
+            format!(
+                "{}: metadata {VOCAB_KEY:?} is not a word list",
+                path.display()
+            )
+        })?;
+    Ok((config, words, file))
+}
+
+/// The error for a vocabulary whose size differs from the config's.
+pub fn check_vocab(path: &Path, ids: usize, config_vocab: usize) -> Result<()> {
+    if ids != config_vocab {
+        bail!(
+            "{}: the vocabulary has {ids} words but the config says {config_vocab}",
+            path.display()
+        );
+    }
+    Ok(())
+}
