@@ -231,3 +231,52 @@ impl<B: Backend> Checkpoint<B> {
         Ok(model)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{Caption, Item};
+
+    fn item(split: Split, captions: &[&str]) -> Item {
+        Item {
+            id: format!("{split:?}"),
+            split,
+            image: Default::default(),
+            captions: captions
+                .iter()
+                .map(|c| Caption {
+                    raw: c.to_string(),
+                    tokens: c.split(' ').map(str::to_string).collect(),
+                })
+                .collect(),
+            scene: None,
+        }
+    }
+
+    #[test]
+    fn words_that_begin_captions_get_an_alternative_that_decodes_back() {
+        let data = Dataset {
+            name: "toy".into(),
+            items: vec![
+                item(
+                    Split::Train,
+                    &["a red circle", "two red circles", "a circle"],
+                ),
+                item(Split::Val, &["three circles"]),
+            ],
+            report: Default::default(),
+        };
+        let v = CaptionVocab::build(&data, 1).unwrap();
+        // 4 specials, 5 training words, alternatives of "a" and "two" only.
+        assert_eq!(v.len(), 4 + 5 + 2);
+        let (a, two, red) = (v.words.id("a"), v.words.id("two"), v.words.id("red"));
+        let alt_a = v.alternative(a).unwrap();
+        assert_eq!(v.words.word(alt_a), "##a");
+        assert!(v.alternative(two).is_some() && v.alternative(red).is_none());
+        assert_eq!(v.canonical(alt_a), a);
+        assert_eq!(v.canonical(red), red);
+        assert_eq!(v.decode(&[alt_a, red, EOS, red]), "a red");
+        // The stored word list rebuilds the same vocabulary.
+        assert_eq!(CaptionVocab::from_words(v.words.words().to_vec()), v);
+    }
+}
