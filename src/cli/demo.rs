@@ -30,6 +30,13 @@ pub struct DemoArgs {
     pub mle_epochs: usize,
     #[arg(long, default_value_t = 1)]
     pub smile_epochs: usize,
+    /// The SMILE stage's learning rate (it fine-tunes the MLE model).
+    #[arg(long, default_value_t = 5e-4)]
+    pub smile_lr: f32,
+    /// lambda of the SMILE stage: lambda * MLE + (1 - lambda) * SMILE; the
+    /// paper's best self-retrieval came with 0.01.
+    #[arg(long, default_value_t = 0.01)]
+    pub smile_mle_weight: f32,
     /// Test images scored.
     #[arg(long, default_value_t = 500)]
     pub eval_images: usize,
@@ -77,22 +84,22 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         prep.evaluate(b, &mut retriever, Split::Val)?
     };
     eprintln!("retriever on val: {retriever_recall}");
-    let stage = |objective: ObjectiveKind, epochs: usize, init: Option<PathBuf>| TrainArgs {
-        data: data_args.clone(),
-        features: features.clone(),
-        preset: Some(args.preset.clone()),
-        config: None,
-        objective: Some(objective),
-        first_token: None,
-        mle_weight: None,
-        epochs: Some(epochs),
-        lr: None,
-        init,
-        out: args.out.join(match objective {
-            ObjectiveKind::Mle => "mle",
-            _ => "smile",
-        }),
-        resume: false,
+    let stage = |objective: ObjectiveKind, epochs: usize, init: Option<PathBuf>| {
+        let smile = objective != ObjectiveKind::Mle;
+        TrainArgs {
+            data: data_args.clone(),
+            features: features.clone(),
+            preset: Some(args.preset.clone()),
+            config: None,
+            objective: Some(objective),
+            first_token: None,
+            mle_weight: smile.then_some(args.smile_mle_weight),
+            epochs: Some(epochs),
+            lr: smile.then_some(args.smile_lr),
+            init,
+            out: args.out.join(if smile { "smile" } else { "mle" }),
+            resume: false,
+        }
     };
     eprintln!("[3/5] training the captioner with MLE");
     let mle_args = stage(ObjectiveKind::Mle, args.mle_epochs, None);
