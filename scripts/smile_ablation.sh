@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 common="--features $OUT/features.safetensors --retriever $RETRIEVER"
 "$BIN" eval --checkpoint "$MLE" $common --split test --json --results "$OUT/mle-results.json" > "$OUT/mle.json"
 for objective in smile smile-random smile-reverse; do
-    "$BIN" train --preset shapes --objective "$objective" --mle-weight 0.01 --lr 5e-4 --epochs 1 \
+    "$BIN" train --preset shapes --objective "$objective" --mle-weight 0.1 --lr 5e-4 --epochs 1 \
         --init "$MLE" $common --out "$OUT/$objective"
     "$BIN" eval --checkpoint "$OUT/$objective/checkpoint.safetensors" $common --split test --json \
         --results "$OUT/$objective-results.json" > "$OUT/$objective.json"
