@@ -29,6 +29,16 @@ impl Default for AdamWConfig {
     }
 }
 
+/// Linear warm-up over `warmup` steps to `peak`, then cosine decay to 0
+/// at step `total`.
+pub fn warmup_cosine(peak: f32, warmup: usize, step: usize, total: usize) -> f32 {
+    if step < warmup {
+        return peak * (step + 1) as f32 / warmup as f32;
+    }
+    let progress = (step - warmup) as f32 / (total - warmup).max(1) as f32;
+    peak * 0.5 * (1.0 + (std::f32::consts::PI * progress.min(1.0)).cos())
+}
+
 pub struct AdamW<B: Backend> {
     pub config: AdamWConfig,
     step: u64,

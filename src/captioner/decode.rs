@@ -109,6 +109,16 @@ impl Decoding {
         }
     }
 
+    /// Sequences decoded at once per image: the beam's width, the number
+    /// of samples, or 1.
+    pub fn rows_per_image(&self) -> usize {
+        match *self {
+            Decoding::Greedy => 1,
+            Decoding::Beam { width, .. } => width,
+            Decoding::Sample { n, .. } => n,
+        }
+    }
+
     /// Captions produced per image.
     pub fn per_image(&self) -> usize {
         match *self {
@@ -205,11 +215,7 @@ pub fn generate<B: Backend>(
         "features are [n, embed_dim]"
     );
     let images = features.len() / d;
-    let per_row = match *decoding {
-        Decoding::Greedy => 1,
-        Decoding::Beam { width, .. } => width,
-        Decoding::Sample { n, .. } => n,
-    };
+    let per_row = decoding.rows_per_image();
     let batch = model.batch;
     if per_row > batch {
         bail!(

@@ -23,7 +23,7 @@ use super::run::RunConfig;
 use crate::backend::Backend;
 use crate::data::vocab::PAD;
 use crate::data::{Dataset, Split};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::tensorfile;
 use anyhow::{Context, Result, bail};
@@ -131,15 +131,6 @@ pub enum Flow {
     Stop,
 }
 
-fn learning_rate(config: &RunConfig, step: usize, total: usize) -> f32 {
-    let (lr, warmup) = (config.train.lr, config.train.warmup);
-    if step < warmup {
-        return lr * (step + 1) as f32 / warmup as f32;
-    }
-    let progress = (step - warmup) as f32 / (total - warmup).max(1) as f32;
-    lr * 0.5 * (1.0 + (std::f32::consts::PI * progress.min(1.0)).cos())
-}
-
 /// Teacher-forcing targets `[batch, steps]`: each sequence's ids after <bos>.
 fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
     let mut t = vec![PAD; sequences.len() * steps];
@@ -244,7 +235,7 @@ pub fn train<B: Backend>(
             losses.forward_backward(b, &ck.model.logits, &batch_targets);
             ck.model.params.zero_grads(b);
             ck.model.backward(b, &inputs, &losses.d_logits);
-            opt.config.lr = learning_rate(config, step, total);
+            opt.config.lr = warmup_cosine(t.lr, t.warmup, step, total);
             let params = &mut ck.model.params;
             let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
             let grads: Vec<&B::Tensor> = params.grads.iter().collect();
@@ -359,22 +350,29 @@ pub fn evaluate_items<B: Backend>(
     retriever: Option<&mut RetrieverCheckpoint<B>>,
 ) -> Result<CaptionMetrics> {
     let generated = caption_items(b, ck, data, items, decoding, None)?;
+    score_captions(b, data, items, &generated, retriever)
+}
+
+/// Every metric of `captions[k]` (the captions of item `items[k]`), with
+/// the retriever's when one is given.
+pub fn score_captions<B: Backend>(
+    b: &B,
+    data: &CaptionData,
+    items: &[usize],
+    captions: &[Vec<String>],
+    retriever: Option<&mut RetrieverCheckpoint<B>>,
+) -> Result<CaptionMetrics> {
     let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
-    let tokens: Vec<Vec<Vec<String>>> = generated
+    let tokens: Vec<Vec<Vec<String>>> = captions
         .iter()
         .map(|g| g.iter().map(|c| words(c)).collect())
         .collect();
-    match retriever {
-        Some(r) => {
-            let image_embeddings = data.features_of(items);
-            let judge = Judge {
-                retriever: r,
-                image_embeddings: &image_embeddings,
-            };
-            evaluate(b, &chosen, &tokens, Some(judge))
-        }
-        None => evaluate(b, &chosen, &tokens, None),
-    }
+    let image_embeddings = data.features_of(items);
+    let judge = retriever.map(|r| Judge {
+        retriever: r,
+        image_embeddings: &image_embeddings,
+    });
+    evaluate(b, &chosen, &tokens, judge)
 }
 
 fn words(caption: &str) -> Vec<String> {
@@ -390,11 +388,7 @@ pub fn caption_items<B: Backend>(
     decoding: &Decoding,
     max_words: Option<usize>,
 ) -> Result<Vec<Vec<String>>> {
-    let per_row = match *decoding {
-        Decoding::Greedy => 1,
-        Decoding::Beam { width, .. } => width,
-        Decoding::Sample { n, .. } => n,
-    };
+    let per_row = decoding.rows_per_image();
     let batch = (64 / per_row).max(1) * per_row;
     let mut model = ck.with_batch(b, batch)?;
     let generated = generate(b, &mut model, &data.features_of(items), decoding, max_words)?;

@@ -4,7 +4,6 @@ use super::DataArgs;
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::{Decoding, generate};
-use captune::captioner::evaluate::{Judge, evaluate};
 use captune::captioner::inspect::score_caption;
 use captune::captioner::model::Captioner;
 use captune::captioner::objective::{FirstToken, ObjectiveKind};
@@ -283,21 +282,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
             .with_file_name(format!("results-{}.json", args.split.name()))
     });
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
-    let chosen: Vec<&Item> = items.iter().map(|&i| &data.data.items[i]).collect();
-    let tokens: Vec<Vec<Vec<String>>> = captions
-        .iter()
-        .map(|caps| {
-            caps.iter()
-                .map(|c| c.split_whitespace().map(str::to_string).collect())
-                .collect()
-        })
-        .collect();
-    let image_embeddings = data.features_of(&items);
-    let judge = retriever.as_mut().map(|r| Judge {
-        retriever: r,
-        image_embeddings: &image_embeddings,
-    });
-    let metrics = evaluate(b, &chosen, &tokens, judge)?;
+    let metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&metrics)?);
     } else {
@@ -435,11 +420,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let all: Vec<usize> = (0..data.items.len()).collect();
     let features = embed_images(b, &mut retriever.model, &images, &all)?;
     let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
-    let per_row = args.decode.per_image().max(match args.decode {
-        Decoding::Beam { width, .. } => width,
-        _ => 1,
-    });
-    let mut model = ck.with_batch(b, per_row.max(8))?;
+    let mut model = ck.with_batch(b, args.decode.rows_per_image().max(8))?;
     for g in generate(b, &mut model, &features, &args.decode, args.max_words)? {
         println!("{}\t{}", data.items[g.image].id, g.text(&ck.vocab));
     }

@@ -9,7 +9,7 @@ use crate::backend::Backend;
 use crate::data::images::{self, Images};
 use crate::data::vocab::Vocab;
 use crate::data::{Caption, Dataset, Split};
-use crate::optim::{AdamW, AdamWConfig};
+use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use anyhow::{Result, bail};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -94,14 +94,6 @@ pub struct EpochRecord {
     pub val: Option<Recall>,
 }
 
-fn learning_rate(o: &TrainOptions, step: usize, total: usize) -> f32 {
-    if step < o.warmup {
-        return o.lr * (step + 1) as f32 / o.warmup as f32;
-    }
-    let progress = (step - o.warmup) as f32 / (total - o.warmup).max(1) as f32;
-    o.lr * 0.5 * (1.0 + (std::f32::consts::PI * progress.min(1.0)).cos())
-}
-
 /// Trains `ck.model` on the training split; `on_epoch` sees each epoch's record.
 pub fn train<B: Backend>(
     b: &B,
@@ -164,7 +156,7 @@ pub fn train<B: Backend>(
             let texts = TextBatch::new(b, &config, &ids)?;
             let patches = patchify(&config, &prep.images, chunk);
             ck.model.forward_backward(b, &patches, &texts);
-            opt.config.lr = learning_rate(o, step, total);
+            opt.config.lr = warmup_cosine(o.lr, o.warmup, step, total);
             let params = &mut ck.model.params;
             let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
             let grads: Vec<&B::Tensor> = params.grads.iter().collect();
