@@ -24,6 +24,20 @@ if ! has_vulkan_driver; then
     fi
 fi
 
+# The desktop app's window test runs the real window on a virtual X server.
+if ! command -v Xvfb >/dev/null; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "test.sh: installing xvfb for the desktop app's window test"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xvfb libxkbcommon-x11-0 \
+            libxcursor1 libxrandr2 libxi6 >/dev/null
+    else
+        echo "test.sh: no Xvfb and cannot install it (needs root and apt-get); install xvfb," >&2
+        echo "  or run with CAPTUNE_SKIP_WINDOW_TEST=1 to skip the window test." >&2
+        [ "${CAPTUNE_SKIP_WINDOW_TEST:-0}" = 1 ] || exit 1
+    fi
+fi
+
 # Mesa's window-system code warns on every device open without this.
 if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     export XDG_RUNTIME_DIR

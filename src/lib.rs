@@ -1,6 +1,7 @@
 //! captune: train and inspect image-caption decoders on WGSL compute
 //! shaders (wgpu) or the CPU reference backend.
 
+pub mod app;
 pub mod backend;
 pub mod bench;
 pub mod captioner;

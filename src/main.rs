@@ -77,6 +77,8 @@ enum Command {
     Inspect(Box<cli::captioner::InspectArgs>),
     /// The shapes world end to end: retriever, MLE, then SMILE, and a table comparing them.
     Demo(cli::demo::DemoArgs),
+    /// The desktop app: train and watch live, follow a run folder, or inspect a checkpoint per token.
+    App(Box<cli::app::AppArgs>),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -227,6 +229,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Caption(args) => on_device!(&cli.device, b => cli::captioner::caption(b, &args)),
         Command::Inspect(args) => on_device!(&cli.device, b => cli::captioner::inspect(b, &args)),
         Command::Demo(args) => on_device!(&cli.device, b => cli::demo::demo(b, &args)),
+        Command::App(args) => cli::app::run(single_device(&cli.device)?, &args),
         Command::Bench {
             what:
                 BenchCommand::Kernels {

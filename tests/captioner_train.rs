@@ -13,44 +13,17 @@ use captune::captioner::run::RunConfig;
 use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
-use captune::data::karpathy;
-use captune::data::shapes::{self, ShapesConfig};
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::tensorfile;
-use common::{gpu, random};
+use common::{TINY_DIM, gpu, tiny_data};
 use rand::SeedableRng;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 fn temp(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("captune-captioner-{}-{name}", std::process::id()))
 }
 
-const DIM: usize = 8;
-
-/// A 32-pixel world (96 train, 16 val, 16 test) with a random embedding per image.
-fn tiny_data() -> CaptionData {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    let dir = DIR.get_or_init(|| {
-        let dir = temp("world");
-        let config = ShapesConfig {
-            seed: 9,
-            image_size: 32,
-            train: 96,
-            val: 16,
-            test: 16,
-        };
-        shapes::write(&config, &dir).unwrap();
-        dir
-    });
-    let data = karpathy::load(&dir.join(shapes::SPLIT_FILE), None).unwrap();
-    let features = random(data.items.len() * DIM, 3);
-    CaptionData {
-        data,
-        features,
-        dim: DIM,
-    }
-}
+const DIM: usize = TINY_DIM;
 
 fn tiny_run(epochs: usize) -> RunConfig {
     let mut c = RunConfig::preset("tiny").unwrap();

@@ -10,16 +10,16 @@ use crate::backend::Backend;
 use crate::data::vocab::PAD;
 use crate::index::TokenIndex;
 use anyhow::{Result, bail};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Prediction {
     pub token: String,
     pub probability: f32,
 }
 
-#[derive(Clone, Debug, Serialize, PartialEq)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TokenScore {
     /// The label at this position.
     pub token: String,

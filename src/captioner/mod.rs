@@ -15,6 +15,7 @@ pub mod run;
 pub mod train;
 
 use crate::backend::Backend;
+use crate::cpu::CpuBackend;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint;
@@ -219,16 +220,30 @@ impl<B: Backend> Checkpoint<B> {
     /// A second model with the same weights for batches of `batch`
     /// (decoding and evaluation use other batch sizes than training).
     pub fn with_batch(&self, b: &B, batch: usize) -> Result<Captioner<B>> {
-        let mut model = Captioner::new(b, self.model.config, batch, 0)?;
+        self.model_on(b, b, batch)
+    }
+
+    /// The same weights in a model on backend `to`, for batches of `batch`.
+    pub fn model_on<C: Backend>(&self, b: &B, to: &C, batch: usize) -> Result<Captioner<C>> {
+        let mut model = Captioner::new(to, self.model.config, batch, 0)?;
         for (dst, src) in model
             .params
             .values
             .iter_mut()
             .zip(&self.model.params.values)
         {
-            b.write(dst, &b.to_vec(src));
+            to.write(dst, &b.to_vec(src));
         }
         Ok(model)
+    }
+
+    /// A copy on the CPU backend with batch 1, for scoring single
+    /// captions away from the training device (the desktop app's inspector).
+    pub fn to_cpu(&self, b: &B) -> Result<Checkpoint<CpuBackend>> {
+        Ok(Checkpoint {
+            model: self.model_on(b, &CpuBackend::new(), 1)?,
+            vocab: self.vocab.clone(),
+        })
     }
 }
 

@@ -13,16 +13,18 @@
 //!   as the uninterrupted run would have: batch order and random subsets
 //!   are drawn from generators seeded by epoch and step.
 
-use super::Checkpoint;
 use super::decode::{Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
+use super::model::Captioner;
 use super::model::TokenInputs;
 use super::objective::{BatchTargets, LossValues, Losses, Objective};
 use super::run::RunConfig;
+use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
 use crate::data::vocab::PAD;
 use crate::data::{Dataset, Split};
+use crate::metrics::diversity::diversity;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::tensorfile;
@@ -102,9 +104,13 @@ pub struct LogLine {
 #[derive(Clone, Debug, Serialize)]
 pub struct Sample {
     pub epoch: usize,
+    pub step: usize,
     pub image_id: String,
+    /// The greedy caption, scored token by token.
     pub caption: String,
     pub tokens: Vec<TokenScore>,
+    /// Sampled captions (temperature 1).
+    pub samples: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -143,9 +149,357 @@ fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
 const STEP_KEY: &str = "step";
 const EPOCH_KEY: &str = "epoch";
 
-/// Trains `ck` on the training split and writes the run folder. `resume`
-/// continues from the folder's optimizer state. The retriever, when
-/// given, adds its metrics to the per-epoch validation.
+/// Stochastic captions per image: in each sample record, and for the
+/// per-epoch Div-1, Div-2 and mBLEU-4 (spec section 4: 5 per image).
+pub const SAMPLES_PER_IMAGE: usize = 5;
+/// Validation images whose samples give the per-epoch diversity figures
+/// (the first of the evaluated images; sampling all of them would double
+/// the evaluation time).
+const DIVERSITY_IMAGES: usize = 100;
+
+/// A captioner with fresh weights and a vocabulary from `data`'s training
+/// captions, shaped by `config`.
+pub fn fresh_checkpoint<B: Backend>(
+    b: &B,
+    data: &CaptionData,
+    config: &RunConfig,
+) -> Result<Checkpoint<B>> {
+    let vocab = CaptionVocab::build(&data.data, config.train.min_count)?;
+    let model_config = config.captioner(data.dim, vocab.len());
+    Ok(Checkpoint {
+        model: Captioner::new(b, model_config, config.train.batch, config.train.seed)?,
+        vocab,
+    })
+}
+
+/// A training run in progress: the optimizer, the objective's buffers and
+/// the position in the run. [`train`] drives it to the end; the desktop
+/// app steps it from its own thread and may change the objective and the
+/// learning rate between steps.
+pub struct Trainer<'d, B: Backend> {
+    pub ck: &'d mut Checkpoint<B>,
+    data: &'d CaptionData,
+    retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+    config: RunConfig,
+    run: RunFolder,
+    opt: AdamW<B>,
+    losses: Losses<B>,
+    train_items: Vec<usize>,
+    sample_items: Vec<usize>,
+    eval_items: Vec<usize>,
+    total: usize,
+    step: usize,
+    /// Epochs completed.
+    epoch: usize,
+    /// This epoch's image order and the batches of it done so far.
+    order: Vec<usize>,
+    batches_done: usize,
+    /// Draws this epoch's order, then each batch's references.
+    rng: ChaCha8Rng,
+    since: Instant,
+    tokens: usize,
+}
+
+impl<'d, B: Backend> Trainer<'d, B> {
+    /// Prepares the run folder (or, with `resume`, restores the optimizer
+    /// from it). The retriever, when given, adds its metrics to the
+    /// per-epoch validation.
+    pub fn new(
+        b: &B,
+        ck: &'d mut Checkpoint<B>,
+        data: &'d CaptionData,
+        config: &RunConfig,
+        run: RunFolder,
+        resume: bool,
+        retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+    ) -> Result<Self> {
+        let t = &config.train;
+        let train_items = data.items(Split::Train);
+        if train_items.len() < t.batch {
+            bail!(
+                "{}: {} training images, fewer than one batch of {}; lower [train] batch",
+                data.data.name,
+                train_items.len(),
+                t.batch
+            );
+        }
+        let total = train_items.len() / t.batch * t.epochs;
+        if t.warmup >= total {
+            eprintln!(
+                "warning: [train] warmup ({} steps) is not shorter than the run ({total} steps); \
+                 the learning rate never reaches {}",
+                t.warmup, t.lr
+            );
+        }
+        let mut opt = AdamW::new(
+            b,
+            AdamWConfig {
+                lr: t.lr,
+                weight_decay: t.weight_decay,
+                ..AdamWConfig::default()
+            },
+            &ck.model.params.optimizer_layout(),
+        );
+        std::fs::create_dir_all(&run.dir)
+            .with_context(|| format!("{}: cannot create the run folder", run.dir.display()))?;
+        let (step, epoch) = if resume {
+            load_optimizer(b, &mut opt, &run.optimizer())?
+        } else {
+            tensorfile::write_atomic(&run.dir.join("config.toml"), config.to_toml().as_bytes())?;
+            for f in ["log.jsonl", "samples.jsonl", "metrics.jsonl"] {
+                let _ = std::fs::remove_file(run.dir.join(f));
+            }
+            (0, 0)
+        };
+        let val_items = data.items(Split::Val);
+        let losses = Losses::new(
+            b,
+            config.objective(),
+            ck.model.rows(),
+            ck.model.config.vocab_size,
+        );
+        Ok(Trainer {
+            ck,
+            data,
+            retriever,
+            config: config.clone(),
+            run,
+            opt,
+            losses,
+            train_items,
+            sample_items: val_items.iter().copied().take(t.sample_images).collect(),
+            eval_items: val_items.iter().copied().take(t.eval_images).collect(),
+            total,
+            step,
+            epoch,
+            order: Vec::new(),
+            batches_done: 0,
+            rng: ChaCha8Rng::seed_from_u64(0),
+            since: Instant::now(),
+            tokens: 0,
+        })
+    }
+
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
+    pub fn total_steps(&self) -> usize {
+        self.total
+    }
+
+    pub fn finished(&self) -> bool {
+        self.step >= self.total
+    }
+
+    pub fn config(&self) -> &RunConfig {
+        &self.config
+    }
+
+    pub fn run_folder(&self) -> &RunFolder {
+        &self.run
+    }
+
+    /// Trains on with `objective` (and `lr` as the schedule's peak) from
+    /// the next batch; the run folder's config.toml records the change,
+    /// so `--resume` continues with it.
+    pub fn set_objective(&mut self, b: &B, objective: Objective, lr: f32) -> Result<()> {
+        let t = &mut self.config.train;
+        (t.objective, t.first_token, t.mle_weight, t.lr) = (
+            objective.kind,
+            objective.first_token,
+            objective.mle_weight,
+            lr,
+        );
+        self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
+        self.losses = Losses::new(
+            b,
+            objective,
+            self.ck.model.rows(),
+            self.ck.model.config.vocab_size,
+        );
+        tensorfile::write_atomic(
+            &self.run.dir.join("config.toml"),
+            self.config.to_toml().as_bytes(),
+        )
+    }
+
+    /// Trains one batch; at the end of an epoch also writes the
+    /// checkpoint, the samples and the validation metrics.
+    pub fn train_batch(
+        &mut self,
+        b: &B,
+        mut on_event: impl FnMut(Event<'_>) -> Flow,
+    ) -> Result<Flow> {
+        let t = self.config.train.clone();
+        let c = self.ck.model.config;
+        let steps = c.token_positions();
+        if self.batches_done == 0 {
+            self.rng =
+                ChaCha8Rng::seed_from_u64(t.seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
+            self.order = self.train_items.clone();
+            self.order.shuffle(&mut self.rng);
+        }
+        let chunk = &self.order[self.batches_done * t.batch..(self.batches_done + 1) * t.batch];
+        let sequences: Vec<Vec<u32>> = chunk
+            .iter()
+            .map(|&i| {
+                let caps = &self.data.data.items[i].captions;
+                self.ck.vocab.encode(
+                    &caps[self.rng.random_range(0..caps.len())].tokens,
+                    c.max_len,
+                )
+            })
+            .collect();
+        let features = self.data.features_of(chunk);
+        let targets = targets_of(&sequences, steps);
+        self.tokens += targets.iter().filter(|&&id| id != PAD).count();
+        let objective = self.config.objective();
+        let mut subset_rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(self.step as u64));
+        let batch_targets = BatchTargets::new(
+            b,
+            &objective,
+            &self.ck.vocab,
+            &targets,
+            steps,
+            &mut subset_rng,
+        )?;
+        let inputs = TokenInputs::new(b, &c, &sequences)?;
+        let model = &mut self.ck.model;
+        model.forward(b, &features, &inputs);
+        self.losses
+            .forward_backward(b, &model.logits, &batch_targets);
+        model.params.zero_grads(b);
+        model.backward(b, &inputs, &self.losses.d_logits);
+        self.opt.config.lr = warmup_cosine(t.lr, t.warmup, self.step, self.total);
+        let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
+        let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
+        self.opt.step(b, &mut values, &grads);
+        self.step += 1;
+        self.batches_done += 1;
+        if self.step.is_multiple_of(t.log_every.max(1)) || self.step == self.total {
+            let values = self.losses.read(b, &batch_targets);
+            if !values.loss.is_finite() {
+                bail!(
+                    "the loss became {} at step {} (epoch {}); the last good checkpoint is {} \
+                     (end of epoch {}); resume from it with `captune train --resume {}` after \
+                     lowering lr in its config.toml",
+                    values.loss,
+                    self.step,
+                    self.epoch + 1,
+                    self.run.checkpoint().display(),
+                    self.epoch,
+                    self.run.dir.display()
+                );
+            }
+            let line = LogLine {
+                step: self.step,
+                epoch: self.epoch + 1,
+                objective: objective.describe(),
+                losses: values,
+                lr: self.opt.config.lr,
+                grad_norm: self.opt.last_grad_norm(b),
+                tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
+            };
+            (self.since, self.tokens) = (Instant::now(), 0);
+            self.run.append("log.jsonl", &line)?;
+            if on_event(Event::Log(&line)) == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+        }
+        if self.batches_done == self.train_items.len() / t.batch {
+            return self.end_epoch(b, on_event);
+        }
+        Ok(Flow::Continue)
+    }
+
+    fn end_epoch(&mut self, b: &B, mut on_event: impl FnMut(Event<'_>) -> Flow) -> Result<Flow> {
+        self.epoch += 1;
+        self.batches_done = 0;
+        self.ck.save(b, &self.run.checkpoint(), HashMap::new())?;
+        save_optimizer(b, &self.opt, &self.run.optimizer(), self.step, self.epoch)?;
+        if self.write_samples(b, &mut on_event)? == Flow::Stop {
+            return Ok(Flow::Stop);
+        }
+        if !self.eval_items.is_empty() {
+            let mut metrics = evaluate_items(
+                b,
+                self.ck,
+                self.data,
+                &self.eval_items,
+                &Decoding::Greedy,
+                self.retriever.as_deref_mut(),
+            )?;
+            let diverse = &self.eval_items[..self.eval_items.len().min(DIVERSITY_IMAGES)];
+            let sampled =
+                caption_items(b, self.ck, self.data, diverse, &sampling(self.step), None)?;
+            let sets: Vec<Vec<Vec<String>>> = sampled
+                .iter()
+                .map(|g| g.iter().map(|c| words(c)).collect())
+                .collect();
+            let d = diversity(&sets);
+            (metrics.div1, metrics.div2, metrics.mbleu4) =
+                (Some(d.div1), Some(d.div2), Some(d.mbleu4));
+            let record = EpochMetrics {
+                epoch: self.epoch,
+                step: self.step,
+                metrics,
+            };
+            self.run.append("metrics.jsonl", &record)?;
+            if on_event(Event::Metrics(&record)) == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+        }
+        (self.since, self.tokens) = (Instant::now(), 0);
+        Ok(Flow::Continue)
+    }
+
+    /// Captions the fixed validation images now (greedy with per-token
+    /// losses, and samples) into `samples.jsonl`.
+    pub fn write_samples(
+        &mut self,
+        b: &B,
+        mut on_event: impl FnMut(Event<'_>) -> Flow,
+    ) -> Result<Flow> {
+        for k in 0..self.sample_items.len() {
+            let sample = sample_caption(
+                b,
+                self.ck,
+                self.data,
+                self.sample_items[k],
+                self.epoch,
+                self.step,
+            )?;
+            self.run.append("samples.jsonl", &sample)?;
+            if on_event(Event::Sample(&sample)) == Flow::Stop {
+                return Ok(Flow::Stop);
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Writes the model now (atomically) to `path`.
+    pub fn save(&self, b: &B, path: &Path) -> Result<()> {
+        self.ck.save(b, path, HashMap::new())
+    }
+}
+
+/// The samples' decoding: temperature 1 over the full vocabulary, seeded
+/// by the step so that a resumed run draws the same ones.
+fn sampling(step: usize) -> Decoding {
+    Decoding::Sample {
+        n: SAMPLES_PER_IMAGE,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: step as u64,
+    }
+}
+
+/// Trains `ck` on the training split to the end of the run, writing the
+/// run folder, with a progress bar. `resume` continues from the folder's
+/// optimizer state. The retriever, when given, adds its metrics to the
+/// per-epoch validation.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: Backend>(
     b: &B,
@@ -154,176 +508,56 @@ pub fn train<B: Backend>(
     config: &RunConfig,
     run: &RunFolder,
     resume: bool,
-    mut retriever: Option<&mut RetrieverCheckpoint<B>>,
+    retriever: Option<&mut RetrieverCheckpoint<B>>,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
-    let t = &config.train;
-    let objective: Objective = config.objective();
-    let c = ck.model.config;
-    let steps = c.token_positions();
-    let train_items = data.items(Split::Train);
-    if train_items.len() < t.batch {
-        bail!(
-            "{}: {} training images, fewer than one batch of {}; lower [train] batch",
-            data.data.name,
-            train_items.len(),
-            t.batch
-        );
-    }
-    let per_epoch = train_items.len() / t.batch;
-    let total = per_epoch * t.epochs;
-    if t.warmup >= total {
-        eprintln!(
-            "warning: [train] warmup ({} steps) is not shorter than the run ({total} steps); \
-             the learning rate never reaches {}",
-            t.warmup, t.lr
-        );
-    }
-    let mut opt = AdamW::new(
-        b,
-        AdamWConfig {
-            lr: t.lr,
-            weight_decay: t.weight_decay,
-            ..AdamWConfig::default()
-        },
-        &ck.model.params.optimizer_layout(),
-    );
-    std::fs::create_dir_all(&run.dir)
-        .with_context(|| format!("{}: cannot create the run folder", run.dir.display()))?;
-    let (mut step, first_epoch) = if resume {
-        load_optimizer(b, &mut opt, &run.optimizer())?
-    } else {
-        tensorfile::write_atomic(&run.dir.join("config.toml"), config.to_toml().as_bytes())?;
-        for f in ["log.jsonl", "samples.jsonl", "metrics.jsonl"] {
-            let _ = std::fs::remove_file(run.dir.join(f));
-        }
-        (0, 0)
+    let run = RunFolder {
+        dir: run.dir.clone(),
     };
-    let val_items = data.items(Split::Val);
-    let sample_items: Vec<usize> = val_items.iter().copied().take(t.sample_images).collect();
-    let eval_items: Vec<usize> = val_items.iter().copied().take(t.eval_images).collect();
-    let mut losses = Losses::new(b, objective, ck.model.rows(), c.vocab_size);
-    let bar = indicatif::ProgressBar::new(total as u64);
+    let mut trainer = Trainer::new(b, ck, data, config, run, resume, retriever)?;
+    let bar = indicatif::ProgressBar::new(trainer.total_steps() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{bar:30} {pos}/{len} steps {elapsed_precise} (eta {eta}) {msg}",
         )
         .expect("a valid template"),
     );
-    bar.set_position(step as u64);
-    let (mut since, mut tokens) = (Instant::now(), 0usize);
-    for epoch in first_epoch..t.epochs {
-        let mut rng = ChaCha8Rng::seed_from_u64(t.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9));
-        let mut order = train_items.clone();
-        order.shuffle(&mut rng);
-        for chunk in order.chunks_exact(t.batch) {
-            let sequences: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|&i| {
-                    let caps = &data.data.items[i].captions;
-                    ck.vocab
-                        .encode(&caps[rng.random_range(0..caps.len())].tokens, c.max_len)
-                })
-                .collect();
-            let targets = targets_of(&sequences, steps);
-            tokens += targets.iter().filter(|&&id| id != PAD).count();
-            let mut subset_rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(step as u64));
-            let batch_targets =
-                BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut subset_rng)?;
-            let inputs = TokenInputs::new(b, &c, &sequences)?;
-            ck.model.forward(b, &data.features_of(chunk), &inputs);
-            losses.forward_backward(b, &ck.model.logits, &batch_targets);
-            ck.model.params.zero_grads(b);
-            ck.model.backward(b, &inputs, &losses.d_logits);
-            opt.config.lr = warmup_cosine(t.lr, t.warmup, step, total);
-            let params = &mut ck.model.params;
-            let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
-            let grads: Vec<&B::Tensor> = params.grads.iter().collect();
-            opt.step(b, &mut values, &grads);
-            step += 1;
-            bar.inc(1);
-            if step % t.log_every.max(1) == 0 || step == total {
-                let values = losses.read(b, &batch_targets);
-                if !values.loss.is_finite() {
-                    bar.abandon();
-                    bail!(
-                        "the loss became {} at step {step} (epoch {}); the last good checkpoint is {} \
-                         (end of epoch {epoch}); resume from it with `captune train --resume {}` after \
-                         lowering lr in its config.toml",
-                        values.loss,
-                        epoch + 1,
-                        run.checkpoint().display(),
-                        run.dir.display()
-                    );
-                }
-                let line = LogLine {
-                    step,
-                    epoch: epoch + 1,
-                    objective: objective.describe(),
-                    losses: values,
-                    lr: opt.config.lr,
-                    grad_norm: opt.last_grad_norm(b),
-                    tokens_per_s: tokens as f64 / since.elapsed().as_secs_f64(),
-                };
-                (since, tokens) = (Instant::now(), 0);
-                run.append("log.jsonl", &line)?;
+    while !trainer.finished() {
+        let flow = trainer.train_batch(b, |e| {
+            if let Event::Log(l) = e {
                 bar.set_message(format!(
                     "epoch {} loss {:.3} (mle {:.3} smile {:.3})",
-                    epoch + 1,
-                    values.loss,
-                    values.mle,
-                    values.smile
+                    l.epoch, l.losses.loss, l.losses.mle, l.losses.smile
                 ));
-                if bar.suspend(|| on_event(Event::Log(&line))) == Flow::Stop {
-                    bar.abandon();
-                    return Ok(());
-                }
             }
-        }
-        ck.save(b, &run.checkpoint(), HashMap::new())?;
-        save_optimizer(b, &opt, &run.optimizer(), step, epoch + 1)?;
-        for &i in &sample_items {
-            let sample = sample_caption(b, ck, data, i, epoch + 1)?;
-            run.append("samples.jsonl", &sample)?;
-            if bar.suspend(|| on_event(Event::Sample(&sample))) == Flow::Stop {
+            bar.suspend(|| on_event(e))
+        });
+        bar.set_position(trainer.step() as u64);
+        match flow {
+            Ok(Flow::Continue) => {}
+            Ok(Flow::Stop) => {
                 bar.abandon();
                 return Ok(());
             }
-        }
-        if !eval_items.is_empty() {
-            let metrics = evaluate_items(
-                b,
-                ck,
-                data,
-                &eval_items,
-                &Decoding::Greedy,
-                retriever.as_deref_mut(),
-            )?;
-            let record = EpochMetrics {
-                epoch: epoch + 1,
-                step,
-                metrics,
-            };
-            run.append("metrics.jsonl", &record)?;
-            if bar.suspend(|| on_event(Event::Metrics(&record))) == Flow::Stop {
+            Err(e) => {
                 bar.abandon();
-                return Ok(());
+                return Err(e);
             }
         }
-        since = Instant::now();
-        tokens = 0;
     }
     bar.finish();
     Ok(())
 }
 
-/// The greedy caption of item `i` with its per-token losses.
+/// The greedy caption of item `i` with its per-token losses, and
+/// [`SAMPLES_PER_IMAGE`] sampled captions.
 pub fn sample_caption<B: Backend>(
     b: &B,
     ck: &Checkpoint<B>,
     data: &CaptionData,
     i: usize,
     epoch: usize,
+    step: usize,
 ) -> Result<Sample> {
     let mut model = ck.with_batch(b, 1)?;
     let features = data.features_of(&[i]);
@@ -333,9 +567,11 @@ pub fn sample_caption<B: Backend>(
         .collect();
     Ok(Sample {
         epoch,
+        step,
         image_id: data.data.items[i].id.clone(),
         caption: generated[0].text(&ck.vocab),
         tokens: score_caption(b, &mut model, &ck.vocab, &features, &ids)?,
+        samples: caption_items(b, ck, data, &[i], &sampling(step), None)?.remove(0),
     })
 }
 

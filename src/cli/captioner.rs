@@ -3,13 +3,12 @@
 use super::DataArgs;
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
+use captune::captioner::Checkpoint;
 use captune::captioner::decode::{Decoding, generate};
 use captune::captioner::inspect::score_caption;
-use captune::captioner::model::Captioner;
 use captune::captioner::objective::{FirstToken, ObjectiveKind};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
-use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::data::features::Features;
 use captune::data::tokenize::ptb_tokenize;
 use captune::data::{Dataset, Item, Split, images};
@@ -38,7 +37,7 @@ pub struct FeatureArgs {
 }
 
 impl FeatureArgs {
-    fn retriever_path(&self, data: &DataArgs) -> Option<PathBuf> {
+    pub fn retriever_path(&self, data: &DataArgs) -> Option<PathBuf> {
         self.retriever.clone().or_else(|| {
             (data.is_shapes() && Path::new(SHAPES_RETRIEVER).exists())
                 .then(|| SHAPES_RETRIEVER.into())
@@ -182,12 +181,7 @@ pub fn train<B: Backend>(
     } else if let Some(init) = &args.init {
         Checkpoint::load(b, init, batch)?
     } else {
-        let vocab = CaptionVocab::build(&data.data, config.train.min_count)?;
-        let model_config = config.captioner(data.dim, vocab.len());
-        Checkpoint {
-            model: Captioner::new(b, model_config, batch, config.train.seed)?,
-            vocab,
-        }
+        train::fresh_checkpoint(b, data, &config)?
     };
     if ck.model.config.embed_dim != data.dim {
         bail!(

@@ -1,6 +1,7 @@
 //! Command-line plumbing shared by the commands, and the captioner's and
 //! the demo's commands.
 
+pub mod app;
 pub mod captioner;
 pub mod demo;
 

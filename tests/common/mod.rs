@@ -1,8 +1,13 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use captune::captioner::train::CaptionData;
+use captune::data::karpathy;
+use captune::data::shapes::{self, ShapesConfig};
 use captune::gpu::GpuBackend;
 use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// The GPU backend on the best adapter (lavapipe in CI). A machine without
 /// any adapter fails these tests with the fix, unless CAPTUNE_SKIP_GPU_TESTS=1
@@ -47,5 +52,33 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32)
             "{what}: element {i} is {} but should be {} (rtol {rtol}, atol {atol})",
             got[i], want[i]
         );
+    }
+}
+
+/// The embedding width of [`tiny_data`].
+pub const TINY_DIM: usize = 8;
+
+/// A 32-pixel shapes world (96 train, 16 val, 16 test images) with a
+/// random embedding per image, written once per test binary.
+pub fn tiny_data() -> CaptionData {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("captune-tiny-world-{}", std::process::id()));
+        let config = ShapesConfig {
+            seed: 9,
+            image_size: 32,
+            train: 96,
+            val: 16,
+            test: 16,
+        };
+        shapes::write(&config, &dir).unwrap();
+        dir
+    });
+    let data = karpathy::load(&dir.join(shapes::SPLIT_FILE), None).unwrap();
+    let features = random(data.items.len() * TINY_DIM, 3);
+    CaptionData {
+        data,
+        features,
+        dim: TINY_DIM,
     }
 }

@@ -1,0 +1,469 @@
+//! The desktop app (`captune app`): a live view of caption training and a
+//! per-token inspector of why MLE and SMILE punish a caption.
+//!
+//! Three sources feed the same panels: a run trained inside the app (a
+//! background thread, [`live`]), a headless run folder followed as it
+//! grows ([`follow`]), or a checkpoint opened for inspection only. Either
+//! way the panels read a run folder's files into a [`History`], and a
+//! worker thread scores captions on a CPU copy of the model
+//! ([`scorer`]), so the UI thread never waits on training or on the GPU.
+
+pub mod follow;
+pub mod history;
+pub mod live;
+mod panels;
+pub mod scorer;
+mod thumbnails;
+pub mod window;
+
+use crate::captioner::inspect::TokenScore;
+use crate::captioner::objective::{FirstToken, Objective, ObjectiveKind};
+use crate::captioner::run::RunConfig;
+use crate::captioner::train::CaptionData;
+use crate::data::Split;
+use crate::device::DeviceChoice;
+use follow::RunFiles;
+use history::History;
+use live::{Command, LiveRun, LiveSetup, State};
+use scorer::{Asker, Scorer};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use thumbnails::Thumbnails;
+
+/// How often the run folder is read while a run is followed or trained.
+const POLL: Duration = Duration::from_millis(250);
+
+/// Training inside the app: the knobs start from `config`.
+pub struct TrainSetup {
+    pub device: DeviceChoice,
+    pub config: RunConfig,
+    pub out: PathBuf,
+    pub init: Option<PathBuf>,
+    pub retriever: Option<PathBuf>,
+    /// Start at once instead of waiting for the Start button.
+    pub autostart: bool,
+}
+
+pub enum Source {
+    Train(TrainSetup),
+    /// A run folder written by `captune train` (or by the app).
+    Follow(PathBuf),
+    /// A captioner checkpoint, for the per-token views only.
+    Checkpoint(PathBuf),
+}
+
+/// The panels, one shown at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tab {
+    Losses,
+    PerToken,
+    Samples,
+    Metrics,
+    Inspector,
+}
+
+impl Tab {
+    pub const ALL: [Tab; 5] = [
+        Tab::Losses,
+        Tab::PerToken,
+        Tab::Samples,
+        Tab::Metrics,
+        Tab::Inspector,
+    ];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Losses => "Loss curves",
+            Tab::PerToken => "Per-token view",
+            Tab::Samples => "Samples",
+            Tab::Metrics => "Metrics over time",
+            Tab::Inspector => "Inspector",
+        }
+    }
+
+    /// `losses`, `per-token`, `samples`, `metrics` or `inspector`.
+    pub fn parse(name: &str) -> Option<Tab> {
+        Tab::ALL.into_iter().find(|t| t.key() == name)
+    }
+
+    pub fn key(self) -> &'static str {
+        match self {
+            Tab::Losses => "losses",
+            Tab::PerToken => "per-token",
+            Tab::Samples => "samples",
+            Tab::Metrics => "metrics",
+            Tab::Inspector => "inspector",
+        }
+    }
+}
+
+/// The training settings the UI edits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Knobs {
+    pub objective: ObjectiveKind,
+    pub first_token: FirstToken,
+    pub mle_weight: f32,
+    pub lr: f32,
+    pub batch: usize,
+    pub epochs: usize,
+}
+
+impl Knobs {
+    fn of(config: &RunConfig) -> Knobs {
+        let t = &config.train;
+        Knobs {
+            objective: t.objective,
+            first_token: t.first_token,
+            mle_weight: t.mle_weight,
+            lr: t.lr,
+            batch: t.batch,
+            epochs: t.epochs,
+        }
+    }
+
+    pub fn objective(&self) -> Objective {
+        Objective {
+            kind: self.objective,
+            first_token: self.first_token,
+            mle_weight: self.mle_weight,
+        }
+    }
+}
+
+/// A combo box over an option's command-line names (`smile-random`...).
+fn choice<T: clap::ValueEnum + PartialEq + Copy>(ui: &mut egui::Ui, label: &str, value: &mut T) {
+    let name = |v: &T| {
+        v.to_possible_value()
+            .map_or(String::new(), |p| p.get_name().to_string())
+    };
+    egui::ComboBox::from_label(label)
+        .selected_text(name(value))
+        .show_ui(ui, |ui| {
+            for v in T::value_variants() {
+                ui.selectable_value(value, *v, name(v));
+            }
+        });
+}
+
+/// The image and caption the per-token view shows: a validation image and
+/// one of its captions (references first, then the newest samples).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PerTokenChoice {
+    /// Index into the validation images.
+    pub image: usize,
+    pub caption: usize,
+}
+
+/// The inspector's image and the caption typed for it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InspectorInput {
+    pub image: usize,
+    pub text: String,
+}
+
+pub struct CaptuneApp {
+    data: Arc<CaptionData>,
+    /// The validation images' item indices.
+    val: Vec<usize>,
+    train: Option<TrainSetup>,
+    pub knobs: Knobs,
+    live: Option<LiveRun>,
+    files: Option<RunFiles>,
+    pub history: History,
+    last_poll: Option<Instant>,
+    /// A problem reading the followed run folder, shown until it goes away.
+    problem: Option<String>,
+    scorer: Scorer,
+    pub tab: Tab,
+    thumbnails: Thumbnails,
+    pub per_token: PerTokenChoice,
+    pub inspector: InspectorInput,
+}
+
+impl CaptuneApp {
+    pub fn new(ctx: &egui::Context, data: Arc<CaptionData>, source: Source) -> CaptuneApp {
+        let mut val = data.items(Split::Val);
+        if val.is_empty() {
+            val = (0..data.data.items.len()).collect();
+        }
+        let repaint = ctx.clone();
+        let scorer = Scorer::start(Arc::clone(&data), move || repaint.request_repaint());
+        let inspector = InspectorInput {
+            image: 0,
+            text: val
+                .first()
+                .and_then(|&i| data.data.items[i].captions.first())
+                .map(|c| c.raw.clone())
+                .unwrap_or_default(),
+        };
+        let mut app = CaptuneApp {
+            knobs: Knobs::of(&RunConfig::preset("shapes").expect("the shapes preset parses")),
+            data,
+            val,
+            train: None,
+            live: None,
+            files: None,
+            history: History::default(),
+            last_poll: None,
+            problem: None,
+            scorer,
+            tab: Tab::Losses,
+            thumbnails: Thumbnails::default(),
+            per_token: PerTokenChoice::default(),
+            inspector,
+        };
+        match source {
+            Source::Train(setup) => {
+                app.knobs = Knobs::of(&setup.config);
+                let autostart = setup.autostart;
+                app.train = Some(setup);
+                if autostart {
+                    app.start_training(ctx);
+                }
+            }
+            Source::Follow(dir) => app.files = Some(RunFiles::new(&dir)),
+            Source::Checkpoint(path) => {
+                app.scorer.load(path);
+                app.tab = Tab::Inspector;
+            }
+        }
+        app
+    }
+
+    /// The live run's status, when one was started.
+    pub fn live_status(&self) -> Option<live::LiveStatus> {
+        self.live.as_ref().map(LiveRun::status)
+    }
+
+    /// The per-token scores a panel shows, once the scorer has answered
+    /// its newest request.
+    pub fn scored(&self, asker: Asker) -> Option<&[TokenScore]> {
+        if !self.scorer.is_current(asker) {
+            return None;
+        }
+        self.scorer
+            .answer(asker)?
+            .result
+            .as_ref()
+            .ok()
+            .map(Vec::as_slice)
+    }
+
+    /// Whether a run is training or followed (the app then keeps polling).
+    fn is_active(&self) -> bool {
+        self.files.is_some()
+    }
+
+    fn start_training(&mut self, ctx: &egui::Context) {
+        let Some(setup) = &self.train else {
+            return;
+        };
+        let mut config = setup.config.clone();
+        let k = &self.knobs;
+        let t = &mut config.train;
+        (
+            t.objective,
+            t.first_token,
+            t.mle_weight,
+            t.lr,
+            t.batch,
+            t.epochs,
+        ) = (
+            k.objective,
+            k.first_token,
+            k.mle_weight,
+            k.lr,
+            k.batch,
+            k.epochs,
+        );
+        let repaint = ctx.clone();
+        let run = LiveRun::start(
+            LiveSetup {
+                device: setup.device,
+                data: Arc::clone(&self.data),
+                retriever: setup.retriever.clone(),
+                config,
+                out: setup.out.clone(),
+                init: setup.init.clone(),
+            },
+            self.scorer.sink(),
+            move || repaint.request_repaint(),
+        );
+        self.history = History::default();
+        self.files = Some(RunFiles::new(&run.dir));
+        self.live = Some(run);
+    }
+
+    /// Reads what the run folder gained and what the scorer finished.
+    fn refresh(&mut self, ctx: &egui::Context) {
+        self.scorer.collect();
+        if !self.is_active() {
+            return;
+        }
+        if self.last_poll.is_some_and(|t| t.elapsed() < POLL) {
+            ctx.request_repaint_after(POLL);
+            return;
+        }
+        self.last_poll = Some(Instant::now());
+        let files = self.files.as_mut().expect("active");
+        self.problem = files
+            .poll(&mut self.history)
+            .err()
+            .map(|e| format!("{e:#}"));
+        // A live run hands its models over directly; a followed one writes checkpoints.
+        if self.live.is_none()
+            && let Some(path) = files.new_checkpoint()
+        {
+            self.scorer.load(path);
+        }
+        ctx.request_repaint_after(POLL);
+    }
+
+    /// Draws the whole app into `ui` (the window's, or a test harness's).
+    pub fn show(&mut self, ui: &mut egui::Ui) {
+        let ctx = ui.ctx().clone();
+        self.refresh(&ctx);
+        egui::Panel::top("captune-tabs").show(ui, |ui| {
+            ui.horizontal_wrapped(|ui| {
+                ui.strong("captune");
+                ui.label(self.source_line());
+                ui.separator();
+                for tab in Tab::ALL {
+                    ui.selectable_value(&mut self.tab, tab, tab.title());
+                }
+            });
+            if let Some(problem) = &self.problem {
+                ui.colored_label(ui.visuals().error_fg_color, problem);
+            }
+        });
+        if self.train.is_some() {
+            egui::Panel::left("captune-training")
+                .default_size(230.0)
+                .show(ui, |ui| self.training_controls(ui));
+        }
+        egui::CentralPanel::default_margins().show(ui, |ui| match self.tab {
+            Tab::Losses => panels::losses(ui, &self.history),
+            Tab::Metrics => panels::metrics(ui, &self.history),
+            Tab::Samples => panels::samples(ui, &self.data, &self.history, &mut self.thumbnails),
+            Tab::PerToken => panels::per_token(
+                ui,
+                &self.data,
+                &self.val,
+                &self.history,
+                &mut self.per_token,
+                &mut self.scorer,
+                &mut self.thumbnails,
+            ),
+            Tab::Inspector => panels::inspector(
+                ui,
+                &self.data,
+                &self.val,
+                &mut self.inspector,
+                &mut self.scorer,
+                &mut self.thumbnails,
+            ),
+        });
+    }
+
+    fn source_line(&self) -> String {
+        let data = &self.data.data.name;
+        match (&self.live, &self.files, &self.scorer.model) {
+            (Some(run), _, _) => {
+                let s = run.status();
+                format!(
+                    "{data} | training in the app ({}) | {:?} | step {}/{} | {}",
+                    run.dir.display(),
+                    s.state,
+                    s.step,
+                    s.total,
+                    s.objective
+                )
+            }
+            (None, Some(files), _) => format!(
+                "{data} | following {} | {} log lines",
+                files.dir().display(),
+                self.history.losses.len()
+            ),
+            (None, None, Some(model)) => format!("{data} | checkpoint: {model}"),
+            (None, None, None) if self.train.is_some() => format!("{data} | not started"),
+            (None, None, None) => format!("{data} | loading the checkpoint"),
+        }
+    }
+
+    fn training_controls(&mut self, ui: &mut egui::Ui) {
+        let status = self.live_status();
+        let running = status
+            .as_ref()
+            .is_some_and(|s| matches!(s.state, State::Starting | State::Running | State::Paused));
+        ui.heading("Training");
+        let k = &mut self.knobs;
+        choice(ui, "objective", &mut k.objective);
+        choice(ui, "first token", &mut k.first_token);
+        ui.add(egui::Slider::new(&mut k.mle_weight, 0.0..=1.0).text("lambda (MLE weight)"));
+        ui.add(
+            egui::Slider::new(&mut k.lr, 1e-5..=1e-2)
+                .logarithmic(true)
+                .text("learning rate"),
+        );
+        ui.add_enabled(
+            !running,
+            egui::Slider::new(&mut k.batch, 4..=512)
+                .logarithmic(true)
+                .text("batch"),
+        );
+        ui.add_enabled(
+            !running,
+            egui::Slider::new(&mut k.epochs, 1..=50).text("epochs"),
+        );
+        ui.separator();
+        let ctx = ui.ctx().clone();
+        match (&self.live, status) {
+            (Some(run), Some(s)) if running => {
+                ui.horizontal(|ui| {
+                    if s.state == State::Paused {
+                        if ui.button("Resume").clicked() {
+                            run.send(Command::Resume);
+                        }
+                    } else if ui.button("Pause").clicked() {
+                        run.send(Command::Pause);
+                    }
+                    if ui.button("Stop").clicked() {
+                        run.send(Command::Stop);
+                    }
+                    if ui.button("Save checkpoint").clicked() {
+                        run.send(Command::Save);
+                    }
+                });
+                if ui
+                    .button("Apply objective")
+                    .on_hover_text("Train on with the objective, lambda, first-token mode and learning rate above")
+                    .clicked()
+                {
+                    run.send(Command::Switch {
+                        objective: self.knobs.objective(),
+                        lr: self.knobs.lr,
+                    });
+                }
+                ui.label(format!("step {} of {}", s.step, s.total));
+                ui.add(egui::ProgressBar::new(
+                    s.step as f32 / s.total.max(1) as f32,
+                ));
+                ui.label(&s.backend);
+                ui.label(&s.note);
+            }
+            (_, status) => {
+                if let Some(s) = status {
+                    let text = match &s.state {
+                        State::Failed(why) => format!("failed: {why}"),
+                        other => format!("{other:?} at step {}", s.step),
+                    };
+                    ui.label(text);
+                }
+                if ui.button("Start").clicked() {
+                    self.start_training(&ctx);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! Per-token scoring off the UI thread. A worker holds a CPU copy of the
+//! captioner (a single caption is a few small matrix products, and the
+//! training device stays free) and answers the newest request of each
+//! asker, so typing never queues up stale work. A new model (a live
+//! run's snapshot, or a followed run's rewritten checkpoint) rescores the
+//! last requests.
+
+use crate::captioner::Checkpoint;
+use crate::captioner::inspect::{TokenScore, score_caption};
+use crate::captioner::model::Captioner;
+use crate::captioner::train::CaptionData;
+use crate::cpu::CpuBackend;
+use crate::data::tokenize::ptb_tokenize;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+
+/// Which panel asked: each keeps only its newest answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Asker {
+    PerToken,
+    Inspector,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub asker: Asker,
+    /// The data set's item index.
+    pub item: usize,
+    pub caption: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Scored {
+    pub request: Request,
+    pub result: Result<Vec<TokenScore>, String>,
+}
+
+enum Message {
+    Model(Box<Checkpoint<CpuBackend>>),
+    Load(PathBuf),
+    Score(Request),
+}
+
+/// The UI side: send requests and models, collect answers without waiting.
+pub struct Scorer {
+    to_worker: Sender<Message>,
+    from_worker: Receiver<Scored>,
+    answers: HashMap<Asker, Scored>,
+    asked: HashMap<Asker, Request>,
+    model_note: Receiver<String>,
+    /// What the worker last said about its model ("step 1200", or an error).
+    pub model: Option<String>,
+}
+
+/// Hands models to the scorer from any thread (the live trainer's).
+#[derive(Clone)]
+pub struct ModelSink(Sender<Message>);
+
+impl ModelSink {
+    pub fn send(&self, model: Checkpoint<CpuBackend>) {
+        let _ = self.0.send(Message::Model(Box::new(model)));
+    }
+}
+
+impl Scorer {
+    /// Starts the worker; `repaint` is called after each answer.
+    pub fn start(data: Arc<CaptionData>, repaint: impl Fn() + Send + 'static) -> Scorer {
+        let (to_worker, inbox) = channel();
+        let (outbox, from_worker) = channel();
+        let (note_out, model_note) = channel();
+        std::thread::Builder::new()
+            .name("captune-scorer".into())
+            .spawn(move || work(&data, &inbox, &outbox, &note_out, &repaint))
+            .expect("a thread for the scorer");
+        Scorer {
+            to_worker,
+            from_worker,
+            answers: HashMap::new(),
+            asked: HashMap::new(),
+            model_note,
+            model: None,
+        }
+    }
+
+    pub fn sink(&self) -> ModelSink {
+        ModelSink(self.to_worker.clone())
+    }
+
+    /// Loads a checkpoint file (in the worker).
+    pub fn load(&self, path: PathBuf) {
+        let _ = self.to_worker.send(Message::Load(path));
+    }
+
+    /// Asks for a score unless the same request is already asked.
+    pub fn ask(&mut self, request: Request) {
+        if self.asked.get(&request.asker) == Some(&request) {
+            return;
+        }
+        self.asked.insert(request.asker, request.clone());
+        let _ = self.to_worker.send(Message::Score(request));
+    }
+
+    /// Takes in finished answers; call once per frame.
+    pub fn collect(&mut self) {
+        for scored in self.from_worker.try_iter() {
+            self.answers.insert(scored.request.asker, scored);
+        }
+        if let Some(note) = self.model_note.try_iter().last() {
+            self.model = Some(note);
+        }
+    }
+
+    /// The newest answer for `asker` (possibly for an older request while
+    /// the newest is being scored).
+    pub fn answer(&self, asker: Asker) -> Option<&Scored> {
+        self.answers.get(&asker)
+    }
+
+    /// Whether the answer shown is for the newest request.
+    pub fn is_current(&self, asker: Asker) -> bool {
+        match (self.answers.get(&asker), self.asked.get(&asker)) {
+            (Some(a), Some(r)) => &a.request == r,
+            _ => false,
+        }
+    }
+}
+
+fn work(
+    data: &CaptionData,
+    inbox: &Receiver<Message>,
+    outbox: &Sender<Scored>,
+    notes: &Sender<String>,
+    repaint: &dyn Fn(),
+) {
+    let cpu = CpuBackend::new();
+    let mut model: Option<(Checkpoint<CpuBackend>, Captioner<CpuBackend>)> = None;
+    let mut latest: HashMap<Asker, Request> = HashMap::new();
+    while let Ok(first) = inbox.recv() {
+        // Everything waiting: keep the newest model and each asker's newest request.
+        let mut rescore_all = false;
+        let mut fresh = Vec::new();
+        for message in std::iter::once(first).chain(inbox.try_iter()) {
+            match message {
+                Message::Score(r) => {
+                    fresh.push(r.asker);
+                    latest.insert(r.asker, r);
+                }
+                Message::Model(ck) => {
+                    model = install(&cpu, *ck, notes);
+                    rescore_all = true;
+                }
+                Message::Load(path) => {
+                    match Checkpoint::load(&cpu, &path, 1) {
+                        Ok(ck) => model = install(&cpu, ck, notes),
+                        Err(e) => {
+                            let _ = notes.send(format!("{e:#}"));
+                        }
+                    }
+                    rescore_all = true;
+                }
+            }
+        }
+        let due: Vec<Request> = latest
+            .values()
+            .filter(|r| rescore_all || fresh.contains(&r.asker))
+            .cloned()
+            .collect();
+        for request in due {
+            let result = match model.as_mut() {
+                None => Err("no model yet: it arrives after the first epoch".to_string()),
+                Some((ck, m)) => score(&cpu, ck, m, data, &request),
+            };
+            if outbox.send(Scored { request, result }).is_err() {
+                return;
+            }
+        }
+        repaint();
+    }
+}
+
+fn install(
+    cpu: &CpuBackend,
+    ck: Checkpoint<CpuBackend>,
+    notes: &Sender<String>,
+) -> Option<(Checkpoint<CpuBackend>, Captioner<CpuBackend>)> {
+    match ck.with_batch(cpu, 1) {
+        Ok(m) => {
+            let _ = notes.send(format!(
+                "{} parameters, {} words",
+                ck.model.params.count(),
+                ck.vocab.len()
+            ));
+            Some((ck, m))
+        }
+        Err(e) => {
+            let _ = notes.send(format!("{e:#}"));
+            None
+        }
+    }
+}
+
+fn score(
+    cpu: &CpuBackend,
+    ck: &Checkpoint<CpuBackend>,
+    model: &mut Captioner<CpuBackend>,
+    data: &CaptionData,
+    request: &Request,
+) -> Result<Vec<TokenScore>, String> {
+    if ck.model.config.embed_dim != data.dim {
+        return Err(format!(
+            "the captioner reads {}-dimensional image embeddings but the data's features have {}",
+            ck.model.config.embed_dim, data.dim
+        ));
+    }
+    let ids = ck
+        .vocab
+        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
+    score_caption(
+        cpu,
+        model,
+        &ck.vocab,
+        &data.features_of(&[request.item]),
+        &ids,
+    )
+    .map_err(|e| format!("{e:#}"))
+}

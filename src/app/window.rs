@@ -1,0 +1,175 @@
+//! The app in a native window (eframe, wgpu renderer), with what scripts
+//! need to check it headless: a screenshot after N frames, and frame-time
+//! and memory figures written as JSON.
+
+use super::{CaptuneApp, Source, Tab};
+use crate::captioner::train::CaptionData;
+use anyhow::{Context, Result, anyhow};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[derive(Clone, Debug, Default)]
+pub struct WindowOptions {
+    pub tab: Option<Tab>,
+    /// After `frames` frames, save the window's pixels here (PNG) and close.
+    pub screenshot: Option<PathBuf>,
+    /// Close after this many frames (drawn continuously, to measure).
+    pub frames: Option<usize>,
+    /// Write frame times and peak memory here (JSON) on closing.
+    pub stats: Option<PathBuf>,
+    pub size: Option<[f32; 2]>,
+}
+
+/// What `--stats` writes.
+#[derive(Debug, Serialize)]
+pub struct FrameStats {
+    pub frames: usize,
+    pub mean_frame_ms: f64,
+    pub p95_frame_ms: f64,
+    pub max_frame_ms: f64,
+    pub frames_per_s: f64,
+    /// Peak resident memory of the process (VmHWM), when the OS tells.
+    pub peak_memory_mib: Option<f64>,
+    pub training_step: Option<usize>,
+}
+
+struct Window {
+    app: CaptuneApp,
+    options: WindowOptions,
+    frame_ms: Vec<f64>,
+    last: Option<Instant>,
+    shot: Arc<Mutex<Option<Result<(), String>>>>,
+    shot_asked: bool,
+    /// Where the statistics go when eframe drops the app.
+    out: Arc<Mutex<Option<FrameStats>>>,
+}
+
+/// Opens the window and runs until it is closed.
+pub fn run(data: Arc<CaptionData>, source: Source, options: WindowOptions) -> Result<()> {
+    let size = options.size.unwrap_or([1280.0, 800.0]);
+    let native = eframe::NativeOptions {
+        viewport: egui::ViewportBuilder::default()
+            .with_title("captune")
+            .with_inner_size(size),
+        renderer: eframe::Renderer::Wgpu,
+        ..Default::default()
+    };
+    let stats = options.stats.clone();
+    let result: Arc<Mutex<Option<FrameStats>>> = Arc::default();
+    let out = Arc::clone(&result);
+    let shot: Arc<Mutex<Option<Result<(), String>>>> = Arc::default();
+    let shot_seen = Arc::clone(&shot);
+    eframe::run_native(
+        "captune",
+        native,
+        Box::new(move |cc| {
+            let mut app = CaptuneApp::new(&cc.egui_ctx, data, source);
+            if let Some(tab) = options.tab {
+                app.tab = tab;
+            }
+            Ok(Box::new(Window {
+                app,
+                options,
+                frame_ms: Vec::new(),
+                last: None,
+                shot: shot_seen,
+                shot_asked: false,
+                out,
+            }))
+        }),
+    )
+    .map_err(|e| {
+        anyhow!(
+            "cannot open the window: {e}; `captune app` needs a display (X11 or Wayland) and a \
+             GPU or software Vulkan/GL driver (Debian: apt-get install mesa-vulkan-drivers)"
+        )
+    })?;
+    if let Some(Err(e)) = shot.lock().expect("screenshot lock").take() {
+        return Err(anyhow!(e));
+    }
+    if let (Some(path), Some(s)) = (stats, result.lock().expect("stats lock").take()) {
+        std::fs::write(&path, serde_json::to_string_pretty(&s)? + "\n")
+            .with_context(|| format!("{}: cannot write the frame statistics", path.display()))?;
+    }
+    Ok(())
+}
+
+impl Drop for Window {
+    fn drop(&mut self) {
+        *self.out.lock().expect("stats lock") = Some(self.stats());
+    }
+}
+
+impl eframe::App for Window {
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.frame(ui);
+    }
+}
+
+impl Window {
+    fn frame(&mut self, ui: &mut egui::Ui) {
+        let now = Instant::now();
+        if let Some(last) = self.last.replace(now) {
+            self.frame_ms
+                .push(now.duration_since(last).as_secs_f64() * 1000.0);
+        }
+        self.app.show(ui);
+        let ctx = ui.ctx().clone();
+        let Some(frames) = self.options.frames else {
+            return;
+        };
+        // Measuring: draw continuously, as a busy user would make it.
+        ctx.request_repaint();
+        if self.frame_ms.len() < frames {
+            return;
+        }
+        match (&self.options.screenshot, self.shot_asked) {
+            (Some(path), false) => {
+                self.shot_asked = true;
+                let (path, done, repaint) = (path.clone(), Arc::clone(&self.shot), ctx.clone());
+                ctx.request_screenshot(move |image| {
+                    let saved = save_png(&image, &path);
+                    *done.lock().expect("screenshot lock") = Some(saved);
+                    repaint.request_repaint();
+                });
+            }
+            (Some(_), true) if self.shot.lock().expect("screenshot lock").is_none() => {}
+            _ => ctx.send_viewport_cmd(egui::ViewportCommand::Close),
+        }
+    }
+
+    fn stats(&self) -> FrameStats {
+        let mut sorted = self.frame_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let mean = sorted.iter().sum::<f64>() / n.max(1) as f64;
+        FrameStats {
+            frames: n,
+            mean_frame_ms: mean,
+            p95_frame_ms: sorted.get(n * 95 / 100).copied().unwrap_or(0.0),
+            max_frame_ms: sorted.last().copied().unwrap_or(0.0),
+            frames_per_s: if mean > 0.0 { 1000.0 / mean } else { 0.0 },
+            peak_memory_mib: peak_memory_mib(),
+            training_step: self.app.live_status().map(|s| s.step),
+        }
+    }
+}
+
+fn save_png(image: &egui::ColorImage, path: &PathBuf) -> Result<(), String> {
+    let [w, h] = image.size;
+    let bytes: Vec<u8> = image.pixels.iter().flat_map(|c| c.to_array()).collect();
+    image::RgbaImage::from_raw(w as u32, h as u32, bytes)
+        .ok_or_else(|| "the screenshot has the wrong size".to_string())?
+        .save(path)
+        .map_err(|e| format!("{}: cannot write the screenshot: {e}", path.display()))
+}
+
+/// The process's peak resident set (Linux `VmHWM`), in MiB.
+pub fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

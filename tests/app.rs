@@ -1,0 +1,258 @@
+//! The desktop app driven through egui_kittest: a run trained in the app
+//! fills the loss curves and switches objective; the inspector rescores
+//! as you type; a followed run folder fills every panel. Snapshot images
+//! of the panels are kept in tests/snapshots/ (rendered by wgpu; lavapipe
+//! in CI). `UPDATE_SNAPSHOTS=1` rewrites them.
+
+mod common;
+
+use captune::app::history::RecordFile;
+use captune::app::live::State;
+use captune::app::{CaptuneApp, Source, Tab, TrainSetup};
+use captune::captioner::objective::ObjectiveKind;
+use captune::captioner::run::RunConfig;
+use captune::captioner::train::fresh_checkpoint;
+use captune::cpu::CpuBackend;
+use captune::device::DeviceChoice;
+use common::tiny_data;
+use egui::accesskit::Role;
+use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A fresh folder; its name has no process id, as the snapshots show it.
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("captune-app-test-{name}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn harness(source: Source) -> Harness<'static, CaptuneApp> {
+    let app = CaptuneApp::new(&egui::Context::default(), Arc::new(tiny_data()), source);
+    Harness::builder()
+        .with_size(egui::vec2(1100.0, 720.0))
+        .build_ui_state(|ui, app: &mut CaptuneApp| app.show(ui), app)
+}
+
+/// Steps the UI (in real time: the app polls files and threads) until
+/// `done` holds; fails after two minutes.
+fn step_until(h: &mut Harness<'_, CaptuneApp>, what: &str, done: impl Fn(&CaptuneApp) -> bool) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "waited two minutes for {what}; live run: {:?}",
+            h.state().live_status()
+        );
+        std::thread::sleep(Duration::from_millis(30));
+        h.step();
+    }
+    h.run();
+}
+
+fn tiny_config() -> RunConfig {
+    let mut c = RunConfig::preset("tiny").unwrap();
+    c.train.epochs = 8;
+    c.train.log_every = 1;
+    c.train.sample_images = 2;
+    c.train.eval_images = 4;
+    c
+}
+
+#[test]
+fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
+    let out = temp("live");
+    let mut h = harness(Source::Train(TrainSetup {
+        device: DeviceChoice::Cpu,
+        config: tiny_config(),
+        out: out.clone(),
+        init: None,
+        retriever: None,
+        autostart: false,
+    }));
+    h.run();
+    h.get_by_label("Start").click();
+    step_until(&mut h, "five loss points", |a| a.history.losses.len() >= 5);
+    // The curves keep gaining points while it trains.
+    let seen = h.state().history.losses.len();
+    step_until(&mut h, "more loss points", |a| {
+        a.history.losses.len() > seen + 3
+    });
+    assert_eq!(
+        h.query_all_by_label_contains(": MLE ").count(),
+        1,
+        "the newest losses"
+    );
+
+    h.get_by_label("Pause").click();
+    step_until(&mut h, "the pause", |a| {
+        a.live_status().unwrap().state == State::Paused
+    });
+    let paused_at = h.state().live_status().unwrap().step;
+    std::thread::sleep(Duration::from_millis(300));
+    h.run();
+    assert_eq!(
+        h.state().live_status().unwrap().step,
+        paused_at,
+        "a paused run trains no further"
+    );
+
+    h.state_mut().knobs.objective = ObjectiveKind::Smile;
+    h.run();
+    // One click per frame, as a person clicks.
+    for button in ["Apply objective", "Save checkpoint", "Resume"] {
+        h.get_by_label(button).click_accesskit();
+        h.run();
+    }
+    step_until(&mut h, "the end of the run", |a| {
+        a.live_status().unwrap().state == State::Finished
+    });
+    step_until(&mut h, "the last log lines", |a| {
+        a.history.losses.last().map(|p| p.step) == Some(a.live_status().unwrap().total)
+    });
+    let objectives: Vec<String> = h
+        .state()
+        .history
+        .switches
+        .iter()
+        .map(|s| s.objective.clone())
+        .collect();
+    assert_eq!(objectives.len(), 2, "{objectives:?}");
+    assert!(objectives[0].starts_with("mle") && objectives[1].starts_with("smile"));
+    assert!(h.state().history.switches[1].step > paused_at);
+    let saved = out.join(format!("step-{paused_at}.safetensors"));
+    assert!(
+        saved.exists(),
+        "{} missing; the folder has {:?}",
+        saved.display(),
+        std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect::<Vec<_>>()
+    );
+    // The run folder records the switch for `captune train --resume`.
+    let config = RunConfig::load(&out.join("config.toml")).unwrap();
+    assert_eq!(config.train.objective, ObjectiveKind::Smile);
+    assert!(!h.state().history.metrics.is_empty() && !h.state().history.samples.is_empty());
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+fn tiny_checkpoint(path: &Path) {
+    let cpu = CpuBackend::new();
+    let ck = fresh_checkpoint(&cpu, &tiny_data(), &tiny_config()).unwrap();
+    ck.save(&cpu, path, HashMap::new()).unwrap();
+}
+
+#[test]
+fn the_inspector_rescores_the_caption_as_it_is_typed() {
+    let dir = temp("inspect");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.safetensors");
+    tiny_checkpoint(&path);
+    let mut h = harness(Source::Checkpoint(path));
+    assert_eq!(h.state().tab, Tab::Inspector);
+    let tokens = |a: &CaptuneApp| -> Option<Vec<String>> {
+        a.scored(captune::app::scorer::Asker::Inspector)
+            .map(|t| t.iter().map(|s| s.token.clone()).collect())
+    };
+    step_until(&mut h, "the reference's scores", |a| tokens(a).is_some());
+    let before = tokens(h.state()).unwrap();
+
+    h.get_by_role(Role::TextInput).focus();
+    h.run();
+    h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
+    h.get_by_role(Role::TextInput).type_text("a green circle");
+    h.run();
+    assert_eq!(h.state().inspector.text, "a green circle");
+    step_until(&mut h, "the typed caption's scores", |a| {
+        tokens(a).is_some_and(|t| t != before)
+    });
+    assert_eq!(
+        tokens(h.state()).unwrap(),
+        ["a", "green", "circle", "<eos>"]
+    );
+    assert!(
+        h.query_by_label("green").is_some(),
+        "the table lists the typed words"
+    );
+    h.snapshot("inspector");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn log_line(step: usize, objective: &str, mle: f64, smile: f64) -> String {
+    format!(
+        r#"{{"step":{step},"epoch":1,"objective":"{objective}","loss":{mle},"mle":{mle},"smile":{smile},"lr":0.001,"grad_norm":1.0,"tokens_per_s":1000.0}}"#
+    )
+}
+
+fn append(dir: &Path, file: RecordFile, lines: &[String]) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(file.file_name()))
+        .unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+}
+
+#[test]
+fn following_a_run_folder_fills_every_panel_as_it_grows() {
+    let dir = temp("follow");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lines: Vec<String> = (1..=10)
+        .map(|s| log_line(s * 10, "mle", 4.0 / s as f64, 2.0 / s as f64))
+        .collect();
+    append(&dir, RecordFile::Log, &lines);
+    let mut h = harness(Source::Follow(dir.clone()));
+    step_until(&mut h, "the first lines", |a| a.history.losses.len() == 10);
+
+    // SMILE takes over: the curves gain points and a switch.
+    let lines: Vec<String> = (11..=20)
+        .map(|s| log_line(s * 10, "smile", 4.0 / s as f64 + 0.5, 1.0 / s as f64))
+        .collect();
+    append(&dir, RecordFile::Log, &lines);
+    step_until(&mut h, "the appended lines", |a| {
+        a.history.losses.len() == 20
+    });
+    assert_eq!(h.state().history.switches.len(), 2);
+    h.snapshot("follow_losses");
+
+    let val_image = {
+        let data = tiny_data();
+        let i = data.items(captune::data::Split::Val)[0];
+        data.data.items[i].id.clone()
+    };
+    append(
+        &dir,
+        RecordFile::Metrics,
+        &[
+            r#"{"epoch":1,"step":100,"images":4,"mean_length":6.5,"div1":0.4,"div2":0.6,"mbleu4":0.5,"vocabulary_usage":12,"CIDEr-D":0.2,"fact_precision":0.9,"fact_recall":0.3}"#.into(),
+            r#"{"epoch":2,"step":200,"images":4,"mean_length":9.25,"div1":0.5,"div2":0.7,"mbleu4":0.3,"vocabulary_usage":15,"CIDEr-D":0.15,"fact_precision":0.8,"fact_recall":0.45}"#.into(),
+        ],
+    );
+    append(
+        &dir,
+        RecordFile::Samples,
+        &[format!(
+            r#"{{"epoch":2,"step":200,"image_id":"{val_image}","caption":"a zebra circle","tokens":[],"samples":["a circle","two zebra squares","a red circle","circle","a big circle"]}}"#
+        )],
+    );
+    step_until(&mut h, "metrics and samples", |a| {
+        a.history.metrics.len() == 2 && a.history.samples.len() == 1
+    });
+    h.get_by_label("Metrics over time").click();
+    h.run();
+    assert!(h.query_by_label("mean length: 9.250").is_some());
+    h.snapshot("follow_metrics");
+    h.get_by_label("Samples").click();
+    h.run();
+    // In the greedy caption and in one sample; the references never say it.
+    assert_eq!(h.query_all_by_label("zebra").count(), 2);
+    h.snapshot("follow_samples");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
