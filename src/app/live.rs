@@ -104,7 +104,15 @@ impl LiveRun {
                     .build()
                     .map_err(anyhow::Error::from)
                     .and_then(|pool| {
-                        pool.install(move || run(setup, &inbox, status, models, repaint))
+                        pool.install(move || {
+                            let link = Link {
+                                inbox: &inbox,
+                                status,
+                                models,
+                                repaint,
+                            };
+                            run(setup, &link)
+                        })
                     });
                 shared.lock().expect("status lock").state = match outcome {
                     Ok(state) => state,
@@ -129,25 +137,26 @@ impl LiveRun {
     }
 }
 
-fn run(
-    setup: &LiveSetup,
-    inbox: &Receiver<Command>,
-    status: &Mutex<LiveStatus>,
-    models: &ModelSink,
-    repaint: &dyn Fn(),
-) -> Result<State> {
-    let selection = device::select(setup.device)?;
-    crate::with_backend!(&selection.backend, b => train_live(b, setup, inbox, status, models, repaint))
+/// The training thread's ties to the UI.
+struct Link<'a> {
+    inbox: &'a Receiver<Command>,
+    status: &'a Mutex<LiveStatus>,
+    models: &'a ModelSink,
+    repaint: &'a dyn Fn(),
 }
 
-fn train_live<B: Backend>(
-    b: &B,
-    setup: &LiveSetup,
-    inbox: &Receiver<Command>,
-    status: &Mutex<LiveStatus>,
-    models: &ModelSink,
-    repaint: &dyn Fn(),
-) -> Result<State> {
+fn run(setup: &LiveSetup, link: &Link<'_>) -> Result<State> {
+    let selection = device::select(setup.device)?;
+    crate::with_backend!(&selection.backend, b => train_live(b, setup, link))
+}
+
+fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<State> {
+    let Link {
+        inbox,
+        status,
+        models,
+        repaint,
+    } = *link;
     let data = &*setup.data;
     let config = &setup.config;
     let mut ck = match &setup.init {

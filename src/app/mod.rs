@@ -26,6 +26,7 @@ use follow::RunFiles;
 use history::History;
 use live::{Command, LiveRun, LiveSetup, State};
 use scorer::{Asker, Scorer};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -166,6 +167,8 @@ pub struct CaptuneApp {
     data: Arc<CaptionData>,
     /// The validation images' item indices.
     val: Vec<usize>,
+    /// Item index by image id (records name images by id).
+    by_id: HashMap<String, usize>,
     train: Option<TrainSetup>,
     pub knobs: Knobs,
     live: Option<LiveRun>,
@@ -199,6 +202,9 @@ impl CaptuneApp {
         };
         let mut app = CaptuneApp {
             knobs: Knobs::of(&RunConfig::preset("shapes").expect("the shapes preset parses")),
+            by_id: (0..data.data.items.len())
+                .map(|i| (data.data.items[i].id.clone(), i))
+                .collect(),
             data,
             val,
             train: None,
@@ -345,7 +351,13 @@ impl CaptuneApp {
         egui::CentralPanel::default_margins().show(ui, |ui| match self.tab {
             Tab::Losses => panels::losses(ui, &self.history),
             Tab::Metrics => panels::metrics(ui, &self.history),
-            Tab::Samples => panels::samples(ui, &self.data, &self.history, &mut self.thumbnails),
+            Tab::Samples => panels::samples(
+                ui,
+                &self.data,
+                &self.by_id,
+                &self.history,
+                &mut self.thumbnails,
+            ),
             Tab::PerToken => panels::per_token(
                 ui,
                 &self.data,

@@ -10,7 +10,7 @@ use crate::captioner::train::CaptionData;
 use crate::data::tokenize::ptb_tokenize;
 use egui::{Color32, RichText};
 use egui_plot::{Bar, BarChart, Legend, Line, Plot, VLine};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 const MLE_COLOUR: Color32 = Color32::from_rgb(70, 130, 220);
 const SMILE_COLOUR: Color32 = Color32::from_rgb(230, 120, 40);
@@ -122,6 +122,7 @@ fn reference_words(data: &CaptionData, i: usize) -> HashSet<String> {
 pub fn samples(
     ui: &mut egui::Ui,
     data: &CaptionData,
+    by_id: &HashMap<String, usize>,
     history: &History,
     thumbnails: &mut Thumbnails,
 ) {
@@ -137,7 +138,7 @@ pub fn samples(
     );
     egui::ScrollArea::vertical().show(ui, |ui| {
         for s in &history.samples {
-            let Some(i) = data.data.items.iter().position(|it| it.id == s.image_id) else {
+            let Some(&i) = by_id.get(&s.image_id) else {
                 continue;
             };
             let references = reference_words(data, i);

@@ -245,12 +245,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let (step, epoch) = if resume {
             load_optimizer(b, &mut opt, &run.optimizer())?
         } else {
-            tensorfile::write_atomic(&run.dir.join("config.toml"), config.to_toml().as_bytes())?;
             for f in ["log.jsonl", "samples.jsonl", "metrics.jsonl"] {
                 let _ = std::fs::remove_file(run.dir.join(f));
             }
             (0, 0)
         };
+        // A resumed run may continue with another objective or more
+        // epochs: the folder's config is always the one training now.
+        tensorfile::write_atomic(&run.dir.join("config.toml"), config.to_toml().as_bytes())?;
         let val_items = data.items(Split::Val);
         let losses = Losses::new(
             b,
