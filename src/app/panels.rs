@@ -43,13 +43,17 @@ pub fn losses(ui: &mut egui::Ui, history: &History) {
         .show(ui, |plot| {
             plot.line(Line::new("MLE loss", series(|p| p.mle)).color(MLE_COLOUR));
             plot.line(Line::new("SMILE loss", series(|p| p.smile)).color(SMILE_COLOUR));
-            for s in history.switches.iter().skip(1) {
-                plot.vline(
-                    VLine::new(format!("switch to {}", s.objective), s.step as f64)
-                        .color(Color32::GRAY),
-                );
-            }
+            switch_lines(plot, history);
         });
+}
+
+/// A grey vertical line at each objective change.
+fn switch_lines(plot: &mut egui_plot::PlotUi<'_>, history: &History) {
+    for s in history.switches.iter().skip(1) {
+        plot.vline(
+            VLine::new(format!("switch to {}", s.objective), s.step as f64).color(Color32::GRAY),
+        );
+    }
 }
 
 /// Every metric the per-epoch validation records, one small plot each.
@@ -85,6 +89,7 @@ pub fn metrics(ui: &mut egui::Ui, history: &History) {
                         .allow_scroll(false)
                         .show(ui, |plot| {
                             plot.line(Line::new(*title, points).color(MLE_COLOUR));
+                            switch_lines(plot, history);
                         });
                 });
                 if k % columns == columns - 1 {
