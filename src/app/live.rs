@@ -164,7 +164,9 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         None => fresh_checkpoint(b, data, config)?,
     };
     let mut retriever = match &setup.retriever {
-        Some(path) => Some(RetrieverCheckpoint::load(b, path, 128)?),
+        // Batch 32: the per-epoch metrics embed a few hundred captions,
+        // and a smaller batch keeps the app's memory down.
+        Some(path) => Some(RetrieverCheckpoint::load(b, path, 32)?),
         None => None,
     };
     let folder = RunFolder {

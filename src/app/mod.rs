@@ -182,6 +182,10 @@ pub struct CaptuneApp {
     thumbnails: Thumbnails,
     pub per_token: PerTokenChoice,
     pub inspector: InspectorInput,
+    /// Whether the panels paint their background. The window clears to
+    /// the panel colour instead: a software renderer then shades each
+    /// pixel once less per frame.
+    pub paint_background: bool,
 }
 
 impl CaptuneApp {
@@ -218,6 +222,7 @@ impl CaptuneApp {
             thumbnails: Thumbnails::default(),
             per_token: PerTokenChoice::default(),
             inspector,
+            paint_background: true,
         };
         match source {
             Source::Train(setup) => {
@@ -330,52 +335,66 @@ impl CaptuneApp {
     pub fn show(&mut self, ui: &mut egui::Ui) {
         let ctx = ui.ctx().clone();
         self.refresh(&ctx);
-        egui::Panel::top("captune-tabs").show(ui, |ui| {
-            ui.horizontal_wrapped(|ui| {
-                ui.strong("captune");
-                ui.label(self.source_line());
-                ui.separator();
-                for tab in Tab::ALL {
-                    ui.selectable_value(&mut self.tab, tab, tab.title());
+        let paint = self.paint_background;
+        let frame = move |f: egui::Frame| {
+            if paint {
+                f
+            } else {
+                f.fill(egui::Color32::TRANSPARENT)
+            }
+        };
+        let style = ui.style().clone();
+        egui::Panel::top("captune-tabs")
+            .frame(frame(egui::Frame::side_top_panel(&style)))
+            .show(ui, |ui| {
+                ui.horizontal_wrapped(|ui| {
+                    ui.strong("captune");
+                    ui.label(self.source_line());
+                    ui.separator();
+                    for tab in Tab::ALL {
+                        ui.selectable_value(&mut self.tab, tab, tab.title());
+                    }
+                });
+                if let Some(problem) = &self.problem {
+                    ui.colored_label(ui.visuals().error_fg_color, problem);
                 }
             });
-            if let Some(problem) = &self.problem {
-                ui.colored_label(ui.visuals().error_fg_color, problem);
-            }
-        });
         if self.train.is_some() {
             egui::Panel::left("captune-training")
+                .frame(frame(egui::Frame::side_top_panel(&style)))
                 .default_size(230.0)
                 .show(ui, |ui| self.training_controls(ui));
         }
-        egui::CentralPanel::default_margins().show(ui, |ui| match self.tab {
-            Tab::Losses => panels::losses(ui, &self.history),
-            Tab::Metrics => panels::metrics(ui, &self.history),
-            Tab::Samples => panels::samples(
-                ui,
-                &self.data,
-                &self.by_id,
-                &self.history,
-                &mut self.thumbnails,
-            ),
-            Tab::PerToken => panels::per_token(
-                ui,
-                &self.data,
-                &self.val,
-                &self.history,
-                &mut self.per_token,
-                &mut self.scorer,
-                &mut self.thumbnails,
-            ),
-            Tab::Inspector => panels::inspector(
-                ui,
-                &self.data,
-                &self.val,
-                &mut self.inspector,
-                &mut self.scorer,
-                &mut self.thumbnails,
-            ),
-        });
+        egui::CentralPanel::default_margins()
+            .frame(frame(egui::Frame::central_panel(&style)))
+            .show(ui, |ui| match self.tab {
+                Tab::Losses => panels::losses(ui, &self.history),
+                Tab::Metrics => panels::metrics(ui, &self.history),
+                Tab::Samples => panels::samples(
+                    ui,
+                    &self.data,
+                    &self.by_id,
+                    &self.history,
+                    &mut self.thumbnails,
+                ),
+                Tab::PerToken => panels::per_token(
+                    ui,
+                    &self.data,
+                    &self.val,
+                    &self.history,
+                    &mut self.per_token,
+                    &mut self.scorer,
+                    &mut self.thumbnails,
+                ),
+                Tab::Inspector => panels::inspector(
+                    ui,
+                    &self.data,
+                    &self.val,
+                    &mut self.inspector,
+                    &mut self.scorer,
+                    &mut self.thumbnails,
+                ),
+            });
     }
 
     fn source_line(&self) -> String {

@@ -37,6 +37,7 @@ pub fn losses(ui: &mut egui::Ui, history: &History) {
         ));
     }
     Plot::new("losses")
+        .show_background(false)
         .legend(Legend::default())
         .x_axis_label("step")
         .y_axis_label("loss (nats per token)")
@@ -84,6 +85,7 @@ pub fn metrics(ui: &mut egui::Ui, history: &History) {
                     let last = points.last().map_or("-".into(), |p| format!("{:.3}", p[1]));
                     ui.label(RichText::new(format!("{title}: {last}")).strong());
                     Plot::new(format!("metric {key}"))
+                        .show_background(false)
                         .width(width)
                         .height(150.0)
                         .allow_scroll(false)
@@ -319,6 +321,7 @@ fn token_bars(ui: &mut egui::Ui, tokens: &[TokenScore]) {
     };
     let labels: Vec<String> = tokens.iter().map(|t| t.token.clone()).collect();
     Plot::new("token-bars")
+        .show_background(false)
         .height(180.0)
         .legend(Legend::default())
         .allow_scroll(false)

@@ -69,6 +69,7 @@ pub fn run(data: Arc<CaptionData>, source: Source, options: WindowOptions) -> Re
             if let Some(tab) = options.tab {
                 app.tab = tab;
             }
+            app.paint_background = false;
             Ok(Box::new(Window {
                 app,
                 options,
@@ -105,6 +106,11 @@ impl Drop for Window {
 impl eframe::App for Window {
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         self.frame(ui);
+    }
+
+    /// The panels' colour: the panels themselves paint no background here.
+    fn clear_color(&self, visuals: &egui::Visuals) -> [f32; 4] {
+        visuals.panel_fill.to_normalized_gamma_f32()
     }
 }
 
