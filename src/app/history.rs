@@ -54,10 +54,13 @@ pub struct MetricPoint {
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 pub struct SampleRecord {
     pub epoch: usize,
+    /// Absent in run folders written before samples carried it.
+    #[serde(default)]
     pub step: usize,
     pub image_id: String,
     pub caption: String,
     pub tokens: Vec<TokenScore>,
+    /// Absent in run folders written before samples carried them.
     #[serde(default)]
     pub samples: Vec<String>,
 }
