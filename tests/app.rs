@@ -32,8 +32,11 @@ fn temp(name: &str) -> PathBuf {
 
 fn harness(source: Source) -> Harness<'static, CaptuneApp> {
     let app = CaptuneApp::new(&egui::Context::default(), Arc::new(tiny_data()), source);
+    // Answers arriving from the threads relayout tables and scroll areas,
+    // which can take egui more than the default 4 steps to settle.
     Harness::builder()
         .with_size(egui::vec2(1100.0, 720.0))
+        .with_max_steps(32)
         .build_ui_state(|ui, app: &mut CaptuneApp| app.show(ui), app)
 }
 
