@@ -173,7 +173,7 @@ fn save_png(image: &egui::ColorImage, path: &PathBuf) -> Result<(), String> {
 }
 
 /// The process's peak resident set (Linux `VmHWM`), in MiB.
-pub fn peak_memory_mib() -> Option<f64> {
+fn peak_memory_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -66,6 +66,7 @@ impl CaptionData {
 }
 
 /// Where a run is and what it writes.
+#[derive(Clone)]
 pub struct RunFolder {
     pub dir: PathBuf,
 }
@@ -151,7 +152,7 @@ const EPOCH_KEY: &str = "epoch";
 
 /// Stochastic captions per image: in each sample record, and for the
 /// per-epoch Div-1, Div-2 and mBLEU-4 (spec section 4: 5 per image).
-pub const SAMPLES_PER_IMAGE: usize = 5;
+const SAMPLES_PER_IMAGE: usize = 5;
 /// Validation images whose samples give the per-epoch diversity figures
 /// (the first of the evaluated images; sampling all of them would double
 /// the evaluation time).
@@ -292,10 +293,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
 
     pub fn finished(&self) -> bool {
         self.step >= self.total
-    }
-
-    pub fn config(&self) -> &RunConfig {
-        &self.config
     }
 
     pub fn run_folder(&self) -> &RunFolder {
@@ -463,15 +460,30 @@ impl<'d, B: Backend> Trainer<'d, B> {
         b: &B,
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
-        for k in 0..self.sample_items.len() {
-            let sample = sample_caption(
-                b,
-                self.ck,
-                self.data,
-                self.sample_items[k],
-                self.epoch,
-                self.step,
-            )?;
+        // One pass samples every image; one batch-1 model decodes and scores the greedy captions.
+        let sampled = caption_items(
+            b,
+            self.ck,
+            self.data,
+            &self.sample_items,
+            &sampling(self.step),
+            None,
+        )?;
+        let mut model = self.ck.with_batch(b, 1)?;
+        for (&i, samples) in self.sample_items.iter().zip(sampled) {
+            let features = self.data.features_of(&[i]);
+            let generated = generate(b, &mut model, &features, &Decoding::Greedy, None)?;
+            let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
+                .chain(generated[0].ids.iter().copied())
+                .collect();
+            let sample = Sample {
+                epoch: self.epoch,
+                step: self.step,
+                image_id: self.data.data.items[i].id.clone(),
+                caption: generated[0].text(&self.ck.vocab),
+                tokens: score_caption(b, &mut model, &self.ck.vocab, &features, &ids)?,
+                samples,
+            };
             self.run.append("samples.jsonl", &sample)?;
             if on_event(Event::Sample(&sample)) == Flow::Stop {
                 return Ok(Flow::Stop);
@@ -513,10 +525,7 @@ pub fn train<B: Backend>(
     retriever: Option<&mut RetrieverCheckpoint<B>>,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
-    let run = RunFolder {
-        dir: run.dir.clone(),
-    };
-    let mut trainer = Trainer::new(b, ck, data, config, run, resume, retriever)?;
+    let mut trainer = Trainer::new(b, ck, data, config, run.clone(), resume, retriever)?;
     let bar = indicatif::ProgressBar::new(trainer.total_steps() as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -549,32 +558,6 @@ pub fn train<B: Backend>(
     }
     bar.finish();
     Ok(())
-}
-
-/// The greedy caption of item `i` with its per-token losses, and
-/// [`SAMPLES_PER_IMAGE`] sampled captions.
-pub fn sample_caption<B: Backend>(
-    b: &B,
-    ck: &Checkpoint<B>,
-    data: &CaptionData,
-    i: usize,
-    epoch: usize,
-    step: usize,
-) -> Result<Sample> {
-    let mut model = ck.with_batch(b, 1)?;
-    let features = data.features_of(&[i]);
-    let generated = generate(b, &mut model, &features, &Decoding::Greedy, None)?;
-    let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
-        .chain(generated[0].ids.iter().copied())
-        .collect();
-    Ok(Sample {
-        epoch,
-        step,
-        image_id: data.data.items[i].id.clone(),
-        caption: generated[0].text(&ck.vocab),
-        tokens: score_caption(b, &mut model, &ck.vocab, &features, &ids)?,
-        samples: caption_items(b, ck, data, &[i], &sampling(step), None)?.remove(0),
-    })
 }
 
 /// Captions `items` with `decoding` and scores them (with the retriever's
