@@ -274,6 +274,10 @@ fn fact_precision_and_recall_on_hand_written_captions() {
         // One red circle, not two: the count is false, the second circle is
         // aligned with the star and is wrong in shape and colour.
         ("two red circles", 5, 2, 2),
+        // Aligned as a whole, not phrase by phrase: the red star goes with
+        // the (blue) star, leaving the red circle its match; taking the
+        // first phrase's tie-winner (the red circle) would leave 1 true.
+        ("a red star and a red circle", 4, 3, 3),
         // A hallucinated object.
         ("a purple triangle", 2, 0, 0),
         // A false relation.

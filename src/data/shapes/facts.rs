@@ -6,9 +6,10 @@
 //! A caption is parsed into noun phrases ("two small striped red circles in
 //! the top left corner"), counts ("three shapes"), a background ("on a gray
 //! background") and relations ("below it", "to the left of a blue star").
-//! Each object a noun phrase speaks of is aligned with the scene object
-//! that agrees with it most (each scene object used once where possible);
-//! every attribute the phrase states is then one stated fact, true when the
+//! The objects the noun phrases speak of are aligned with scene objects
+//! all at once, by the assignment that agrees most in all (each scene object
+//! used once where possible), so that the order of the phrases does not
+//! matter; every attribute the phrase states is then one stated fact, true when the
 //! aligned object has it. A count of a kind ("two red circles") and a
 //! relation are stated facts of their own.
 //!
@@ -316,30 +317,34 @@ impl Statements {
         if let Some(bg) = self.background {
             state(&mut c, bg == scene.background, Some(SceneFact::Background));
         }
-        let mut used = vec![false; scene.objects.len()];
+        // Every object the phrases speak of, in order, and its scene object.
+        let instances: Vec<(usize, Description)> = self
+            .phrases
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.is_total_count())
+            .flat_map(|(k, p)| std::iter::repeat_n((k, p.description), p.instances()))
+            .collect();
+        let descriptions: Vec<Description> = instances.iter().map(|&(_, d)| d).collect();
+        let aligned = align(&descriptions, &scene.objects);
         // The scene object each phrase's first instance was aligned with.
-        let mut anchor: Vec<Option<usize>> = Vec::with_capacity(self.phrases.len());
-        for p in &self.phrases {
-            let d = &p.description;
-            if p.is_total_count() {
-                let n = p.number.map(usize::from);
-                if let Some(n) = n {
-                    state(&mut c, n == scene.objects.len(), Some(SceneFact::Count));
+        let mut anchor: Vec<Option<usize>> = vec![None; self.phrases.len()];
+        for (p, phrase) in self.phrases.iter().enumerate() {
+            let d = &phrase.description;
+            if phrase.is_total_count() {
+                if let Some(n) = phrase.number {
+                    let holds = n as usize == scene.objects.len();
+                    state(&mut c, holds, Some(SceneFact::Count));
                 }
-                anchor.push(None);
                 continue;
             }
-            if let Some(n) = p.number.filter(|&n| n >= 2) {
+            if let Some(n) = phrase.number.filter(|&n| n >= 2) {
                 let count = scene.objects.iter().filter(|o| d.matches(o)).count();
                 state(&mut c, count == n as usize, None);
             }
-            let mut first = None;
-            for _ in 0..p.instances() {
-                let Some(i) = align(d, &scene.objects, &used) else {
-                    break;
-                };
-                used[i] = true;
-                first.get_or_insert(i);
+            let objects = instances.iter().zip(&aligned).filter(|((k, _), _)| *k == p);
+            for (_, &i) in objects {
+                anchor[p].get_or_insert(i);
                 let o = &scene.objects[i];
                 let attributes = [
                     (d.shape.map(|s| s == o.shape), SceneFact::Shape(i)),
@@ -354,7 +359,6 @@ impl Statements {
                     }
                 }
             }
-            anchor.push(first);
         }
         for &(a, relation, b) in &self.relations {
             let holds = match (anchor[a], anchor[b]) {
@@ -367,13 +371,48 @@ impl Statements {
     }
 }
 
-/// An unused object if any is left, the one agreeing with `d` on the most
-/// stated attributes, then the earliest; None for an empty scene.
-fn align(d: &Description, objects: &[Object], used: &[bool]) -> Option<usize> {
-    (0..objects.len()).max_by_key(|&i| {
-        let (agree, _) = d.agreements(&objects[i]);
-        (!used[i], agree, std::cmp::Reverse(i))
-    })
+/// The scene object each described object is aligned with: of all
+/// assignments that use as many distinct scene objects as there are (each
+/// once where possible), the one with the most agreeing attributes in all;
+/// among equals, the earliest objects for the earliest descriptions. Empty
+/// for an empty scene.
+fn align(descriptions: &[Description], objects: &[Object]) -> Vec<usize> {
+    let (k, n) = (descriptions.len(), objects.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    // The choices for description i with the objects in `used` taken: an
+    // untaken object, or a taken one again when the descriptions after i
+    // can still take every untaken object.
+    let choices = |i: usize, used: usize| {
+        let untaken = n - used.count_ones() as usize;
+        let may_repeat = k - i - 1 >= untaken;
+        (0..n).filter_map(move |j| {
+            let taken = used & (1 << j) != 0;
+            (!taken || may_repeat).then_some((j, used | (1 << j)))
+        })
+    };
+    let agree = |i: usize, j: usize| descriptions[i].agreements(&objects[j]).0;
+    // best[i][used]: the most agreements descriptions i.. can still make.
+    let mut best = vec![vec![0usize; 1 << n]; k + 1];
+    for i in (0..k).rev() {
+        for used in 0..1usize << n {
+            best[i][used] = choices(i, used)
+                .map(|(j, next)| agree(i, j) + best[i + 1][next])
+                .max()
+                .unwrap_or(0);
+        }
+    }
+    let mut used = 0;
+    (0..k)
+        .map(|i| {
+            let (j, next) = choices(i, used)
+                .find(|&(j, next)| agree(i, j) + best[i + 1][next] == best[i][used])
+                .expect("the best choice is among the choices");
+            used = next;
+            j
+        })
+        .collect()
 }
 
 /// Parses `caption` and checks it against `scene`.
