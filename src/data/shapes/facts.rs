@@ -386,7 +386,7 @@ fn align(descriptions: &[Description], objects: &[Object]) -> Vec<usize> {
     // can still take every untaken object.
     let choices = |i: usize, used: usize| {
         let untaken = n - used.count_ones() as usize;
-        let may_repeat = k - i - 1 >= untaken;
+        let may_repeat = k - i > untaken;
         (0..n).filter_map(move |j| {
             let taken = used & (1 << j) != 0;
             (!taken || may_repeat).then_some((j, used | (1 << j)))
