@@ -335,6 +335,8 @@ fn captioner_commands(
         "refcompare",
         "fact_precision",
         "fact_recall",
+        "objects_named",
+        "attributes_per_object",
     ] {
         assert!(
             metrics[key].is_number(),

@@ -302,3 +302,23 @@ fn fact_precision_and_recall_on_hand_written_captions() {
     let c = facts::check("a circle on a gray background", &s);
     assert!(c.covered.contains(&SceneFact::Background) && c.covered.contains(&SceneFact::Shape(0)));
 }
+
+/// Breadth and detail: the objects a caption names and the attributes it
+/// gives them, whatever the scene.
+#[test]
+fn described_counts_named_objects_and_their_attributes() {
+    let cases: &[(&str, (usize, usize))] = &[
+        ("a red circle", (1, 2)),
+        // Two objects of two attributes each, then one of five.
+        (
+            "two red circles and a big striped blue star in the top left corner",
+            (3, 9),
+        ),
+        // The total count names no object.
+        ("three shapes: a circle, a small star and a square", (3, 4)),
+        ("a dog runs in the park", (0, 0)),
+    ];
+    for &(caption, expected) in cases {
+        assert_eq!(facts::parse(caption).described(), expected, "{caption:?}");
+    }
+}

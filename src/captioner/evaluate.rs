@@ -36,6 +36,10 @@ pub struct CaptionMetrics {
     pub refcompare: Option<f64>,
     pub fact_precision: Option<f64>,
     pub fact_recall: Option<f64>,
+    /// Shapes world: the objects a caption names, on average (its breadth).
+    pub objects_named: Option<f64>,
+    /// Shapes world: attributes stated per named object (its detail).
+    pub attributes_per_object: Option<f64>,
 }
 
 /// The retriever and the evaluated images' embeddings (L2-normalised, one
@@ -74,13 +78,19 @@ pub fn evaluate<B: Backend>(
     }
     if items.iter().all(|i| i.scene.is_some()) {
         let (mut p, mut r) = (0.0, 0.0);
+        let (mut objects, mut attributes) = (0, 0);
         for (item, c) in items.iter().zip(&firsts) {
-            let checked = facts::check(&c.join(" "), item.scene.as_ref().expect("checked above"));
+            let statements = facts::parse(&c.join(" "));
+            let checked = statements.check(item.scene.as_ref().expect("checked above"));
             p += checked.precision();
             r += checked.recall();
+            let (o, a) = statements.described();
+            (objects, attributes) = (objects + o, attributes + a);
         }
         let n = items.len().max(1) as f64;
         (m.fact_precision, m.fact_recall) = (Some(p / n), Some(r / n));
+        m.objects_named = Some(objects as f64 / n);
+        m.attributes_per_object = Some(attributes as f64 / objects.max(1) as f64);
     }
     if let Some(judge) = judge {
         relevance(b, items, &firsts, judge, &mut m)?;

@@ -45,6 +45,20 @@ impl Description {
         (agree, stated)
     }
 
+    /// How many attributes the description gives.
+    fn stated(&self) -> usize {
+        [
+            self.shape.is_some(),
+            self.colour.is_some(),
+            self.size.is_some(),
+            self.fill.is_some(),
+            self.cell.is_some(),
+        ]
+        .into_iter()
+        .filter(|&s| s)
+        .count()
+    }
+
     fn matches(&self, o: &Object) -> bool {
         let (agree, stated) = self.agreements(o);
         agree == stated
@@ -300,6 +314,19 @@ impl Checked {
 }
 
 impl Statements {
+    /// How many objects the caption speaks of, and how many attributes
+    /// (shape, colour, size, fill, position) it gives them in all: a
+    /// caption's breadth and its detail.
+    pub fn described(&self) -> (usize, usize) {
+        self.phrases.iter().filter(|p| !p.is_total_count()).fold(
+            (0, 0),
+            |(objects, attributes), p| {
+                let n = p.instances();
+                (objects + n, attributes + n * p.description.stated())
+            },
+        )
+    }
+
     pub fn check(&self, scene: &Scene) -> Checked {
         let mut c = Checked {
             stated: 0,
