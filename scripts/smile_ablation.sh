@@ -1,21 +1,26 @@
 #!/bin/sh
-# The SMILE subsetting ablation on the shapes world (README, "Figures"):
-# from one MLE checkpoint (the demo's), two epochs each of smile,
+# The SMILE subsetting ablation (README, "Figures"): from one MLE
+# checkpoint (by default the demo's), two epochs each of smile,
 # smile-random and smile-reverse at the demo's SMILE settings, then every
 # metric on the test split, printed as a Markdown table.
 #
 #   scripts/smile_ablation.sh [MLE_CHECKPOINT] [OUT_DIR]
+#
+# The shapes world by default; for another data set set DATA (as --data),
+# PRESET and RETRIEVER, e.g. DATA=karpathy:PATH PRESET=flickr8k.
 set -eu
 BIN=${CAPTUNE:-target/release/captune}
 MLE=${1:-runs/demo/mle/checkpoint.safetensors}
 OUT=${2:-runs/ablation}
+DATA=${DATA:-shapes}
+PRESET=${PRESET:-shapes}
 RETRIEVER=${RETRIEVER:-assets/shapes-retriever.safetensors}
 mkdir -p "$OUT"
-"$BIN" embed --checkpoint "$RETRIEVER" --out "$OUT/features.safetensors"
-common="--features $OUT/features.safetensors --retriever $RETRIEVER"
+"$BIN" embed --data "$DATA" --checkpoint "$RETRIEVER" --out "$OUT/features.safetensors"
+common="--data $DATA --features $OUT/features.safetensors --retriever $RETRIEVER"
 "$BIN" eval --checkpoint "$MLE" $common --split test --json --results "$OUT/mle-results.json" > "$OUT/mle.json"
 for objective in smile smile-random smile-reverse; do
-    "$BIN" train --preset shapes --objective "$objective" --mle-weight 0.3 --lr 5e-4 --epochs 2 \
+    "$BIN" train --preset "$PRESET" --objective "$objective" --mle-weight 0.3 --lr 5e-4 --epochs 2 \
         --init "$MLE" $common --out "$OUT/$objective"
     "$BIN" eval --checkpoint "$OUT/$objective/checkpoint.safetensors" $common --split test --json \
         --results "$OUT/$objective-results.json" > "$OUT/$objective.json"
@@ -29,5 +34,6 @@ print("| objective | " + " | ".join(keys) + " |")
 print("| --- |" + " ---: |" * len(keys))
 for name in ["mle", "smile", "smile-random", "smile-reverse"]:
     m = json.load(open(f"{out}/{name}.json"))
-    print(f"| {name} | " + " | ".join(f"{m[k]:.3f}" if isinstance(m[k], float) else str(m[k]) for k in keys) + " |")
+    cell = lambda v: "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+    print(f"| {name} | " + " | ".join(cell(m.get(k)) for k in keys) + " |")
 PY
