@@ -32,8 +32,8 @@ keys = ["mean_length", "objects_named", "attributes_per_object", "lexical_divers
         "fact_precision", "fact_recall", "BLEU-4", "CIDEr-D"]
 print("| objective | " + " | ".join(keys) + " |")
 print("| --- |" + " ---: |" * len(keys))
+cell = lambda v: "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 for name in ["mle", "smile", "smile-random", "smile-reverse"]:
     m = json.load(open(f"{out}/{name}.json"))
-    cell = lambda v: "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
     print(f"| {name} | " + " | ".join(cell(m.get(k)) for k in keys) + " |")
 PY

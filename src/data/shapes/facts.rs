@@ -7,10 +7,10 @@
 //! the top left corner"), counts ("three shapes"), a background ("on a gray
 //! background") and relations ("below it", "to the left of a blue star").
 //! The objects the noun phrases speak of are aligned with scene objects
-//! all at once, by the assignment that agrees most in all (each scene object
-//! used once where possible), so that the order of the phrases does not
-//! matter; every attribute the phrase states is then one stated fact, true when the
-//! aligned object has it. A count of a kind ("two red circles") and a
+//! all at once, by the assignment that agrees most in all (each scene
+//! object used once where possible), so that the order of the phrases does
+//! not matter; every attribute the phrase states is then one stated fact,
+//! true when the aligned object has it. A count of a kind ("two red circles") and a
 //! relation are stated facts of their own.
 //!
 //! Fact precision = stated facts that hold / stated facts; fact recall =
@@ -32,17 +32,25 @@ pub struct Description {
 }
 
 impl Description {
-    fn agreements(&self, o: &Object) -> (usize, usize) {
-        let checks = [
+    /// Whether `o` has each attribute, in the order of
+    /// [`SceneFact::of_object`]; None where the description is silent.
+    fn checks(&self, o: &Object) -> [Option<bool>; 5] {
+        [
             self.shape.map(|s| s == o.shape),
             self.colour.map(|c| c == o.colour),
             self.size.map(|s| s == o.size),
             self.fill.map(|f| f == o.fill),
             self.cell.map(|c| c == o.cell),
-        ];
-        let stated = checks.iter().flatten().count();
-        let agree = checks.iter().flatten().filter(|&&ok| ok).count();
-        (agree, stated)
+        ]
+    }
+
+    /// How many stated attributes `o` has.
+    fn agreements(&self, o: &Object) -> usize {
+        self.checks(o)
+            .into_iter()
+            .flatten()
+            .filter(|&ok| ok)
+            .count()
     }
 
     /// How many attributes the description gives.
@@ -60,8 +68,7 @@ impl Description {
     }
 
     fn matches(&self, o: &Object) -> bool {
-        let (agree, stated) = self.agreements(o);
-        agree == stated
+        self.checks(o).into_iter().flatten().all(|ok| ok)
     }
 }
 
@@ -268,17 +275,22 @@ pub enum SceneFact {
     Background,
 }
 
+impl SceneFact {
+    /// The attributes of object `i`.
+    fn of_object(i: usize) -> [SceneFact; 5] {
+        [
+            SceneFact::Shape(i),
+            SceneFact::Colour(i),
+            SceneFact::Size(i),
+            SceneFact::Fill(i),
+            SceneFact::Cell(i),
+        ]
+    }
+}
+
 pub fn scene_facts(scene: &Scene) -> Vec<SceneFact> {
     let mut facts: Vec<SceneFact> = (0..scene.objects.len())
-        .flat_map(|i| {
-            [
-                SceneFact::Shape(i),
-                SceneFact::Colour(i),
-                SceneFact::Size(i),
-                SceneFact::Fill(i),
-                SceneFact::Cell(i),
-            ]
-        })
+        .flat_map(SceneFact::of_object)
         .collect();
     facts.extend([SceneFact::Count, SceneFact::Background]);
     facts
@@ -345,15 +357,13 @@ impl Statements {
             state(&mut c, bg == scene.background, Some(SceneFact::Background));
         }
         // Every object the phrases speak of, in order, and its scene object.
-        let instances: Vec<(usize, Description)> = self
+        let descriptions: Vec<Description> = self
             .phrases
             .iter()
-            .enumerate()
-            .filter(|(_, p)| !p.is_total_count())
-            .flat_map(|(k, p)| std::iter::repeat_n((k, p.description), p.instances()))
+            .filter(|p| !p.is_total_count())
+            .flat_map(|p| std::iter::repeat_n(p.description, p.instances()))
             .collect();
-        let descriptions: Vec<Description> = instances.iter().map(|&(_, d)| d).collect();
-        let aligned = align(&descriptions, &scene.objects);
+        let mut aligned = align(&descriptions, &scene.objects).into_iter();
         // The scene object each phrase's first instance was aligned with.
         let mut anchor: Vec<Option<usize>> = vec![None; self.phrases.len()];
         for (p, phrase) in self.phrases.iter().enumerate() {
@@ -369,18 +379,10 @@ impl Statements {
                 let count = scene.objects.iter().filter(|o| d.matches(o)).count();
                 state(&mut c, count == n as usize, None);
             }
-            let objects = instances.iter().zip(&aligned).filter(|((k, _), _)| *k == p);
-            for (_, &i) in objects {
+            for i in aligned.by_ref().take(phrase.instances()) {
                 anchor[p].get_or_insert(i);
-                let o = &scene.objects[i];
-                let attributes = [
-                    (d.shape.map(|s| s == o.shape), SceneFact::Shape(i)),
-                    (d.colour.map(|x| x == o.colour), SceneFact::Colour(i)),
-                    (d.size.map(|s| s == o.size), SceneFact::Size(i)),
-                    (d.fill.map(|f| f == o.fill), SceneFact::Fill(i)),
-                    (d.cell.map(|x| x == o.cell), SceneFact::Cell(i)),
-                ];
-                for (holds, fact) in attributes {
+                let checks = d.checks(&scene.objects[i]);
+                for (holds, fact) in checks.into_iter().zip(SceneFact::of_object(i)) {
                     if let Some(holds) = holds {
                         state(&mut c, holds, Some(fact));
                     }
@@ -419,7 +421,7 @@ fn align(descriptions: &[Description], objects: &[Object]) -> Vec<usize> {
             (!taken || may_repeat).then_some((j, used | (1 << j)))
         })
     };
-    let agree = |i: usize, j: usize| descriptions[i].agreements(&objects[j]).0;
+    let agree = |i: usize, j: usize| descriptions[i].agreements(&objects[j]);
     // best[i][used]: the most agreements descriptions i.. can still make.
     let mut best = vec![vec![0usize; 1 << n]; k + 1];
     for i in (0..k).rev() {
