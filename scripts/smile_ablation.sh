@@ -7,7 +7,8 @@
 #   scripts/smile_ablation.sh [MLE_CHECKPOINT] [OUT_DIR]
 #
 # The shapes world by default; for another data set set DATA (as --data),
-# PRESET and RETRIEVER, e.g. DATA=karpathy:PATH PRESET=flickr8k.
+# PRESET and RETRIEVER, e.g. DATA=karpathy:PATH PRESET=flickr8k. MLE_WEIGHT
+# (default 0.3, the demo's) sets lambda; 0 trains on the subset loss alone.
 set -eu
 BIN=${CAPTUNE:-target/release/captune}
 MLE=${1:-runs/demo/mle/checkpoint.safetensors}
@@ -15,12 +16,13 @@ OUT=${2:-runs/ablation}
 DATA=${DATA:-shapes}
 PRESET=${PRESET:-shapes}
 RETRIEVER=${RETRIEVER:-assets/shapes-retriever.safetensors}
+MLE_WEIGHT=${MLE_WEIGHT:-0.3}
 mkdir -p "$OUT"
 "$BIN" embed --data "$DATA" --checkpoint "$RETRIEVER" --out "$OUT/features.safetensors"
 common="--data $DATA --features $OUT/features.safetensors --retriever $RETRIEVER"
 "$BIN" eval --checkpoint "$MLE" $common --split test --json --results "$OUT/mle-results.json" > "$OUT/mle.json"
 for objective in smile smile-random smile-reverse; do
-    "$BIN" train --preset "$PRESET" --objective "$objective" --mle-weight 0.3 --lr 5e-4 --epochs 2 \
+    "$BIN" train --preset "$PRESET" --objective "$objective" --mle-weight "$MLE_WEIGHT" --lr 5e-4 --epochs 2 \
         --init "$MLE" $common --out "$OUT/$objective"
     "$BIN" eval --checkpoint "$OUT/$objective/checkpoint.safetensors" $common --split test --json \
         --results "$OUT/$objective-results.json" > "$OUT/$objective.json"
