@@ -22,7 +22,7 @@ use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 /// Bump when the generator's output changes, so stale caches are not reused.
-const GENERATOR_VERSION: u32 = 1;
+const GENERATOR_VERSION: u32 = 2;
 pub const REFERENCES: usize = 5;
 pub const SPLIT_FILE: &str = "dataset_shapes.json";
 
