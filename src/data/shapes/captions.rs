@@ -80,9 +80,9 @@ fn noun_phrase(rng: &mut impl Rng, o: &Object, detail: Detail) -> String {
     format!("{} {body}", article(&body))
 }
 
-/// "a red circle and a blue star and a green square". With a comma before
-/// the items ("a red circle, a blue star ..."), the tokenizer would drop it
-/// and leave "a" as the word that goes on with a list: a word every
+/// "a red circle and a blue star and a green square". With commas between
+/// the items ("a red circle, a blue star ..."), the tokenizer would drop
+/// them and leave "a" as the word that goes on with a list: a word every
 /// reference contains, which reverse subsetting can never penalise.
 fn join_list(items: &[String]) -> String {
     items.join(" and ")

@@ -330,13 +330,18 @@ impl Statements {
     /// (shape, colour, size, fill, position) it gives them in all: a
     /// caption's breadth and its detail.
     pub fn described(&self) -> (usize, usize) {
-        self.phrases.iter().filter(|p| !p.is_total_count()).fold(
-            (0, 0),
-            |(objects, attributes), p| {
-                let n = p.instances();
-                (objects + n, attributes + n * p.description.stated())
-            },
-        )
+        let objects = self.objects();
+        (objects.len(), objects.iter().map(Description::stated).sum())
+    }
+
+    /// Every object the phrases speak of, in order: a phrase's description
+    /// once per instance ("two red circles" twice), total counts left out.
+    fn objects(&self) -> Vec<Description> {
+        self.phrases
+            .iter()
+            .filter(|p| !p.is_total_count())
+            .flat_map(|p| std::iter::repeat_n(p.description, p.instances()))
+            .collect()
     }
 
     pub fn check(&self, scene: &Scene) -> Checked {
@@ -356,14 +361,8 @@ impl Statements {
         if let Some(bg) = self.background {
             state(&mut c, bg == scene.background, Some(SceneFact::Background));
         }
-        // Every object the phrases speak of, in order, and its scene object.
-        let descriptions: Vec<Description> = self
-            .phrases
-            .iter()
-            .filter(|p| !p.is_total_count())
-            .flat_map(|p| std::iter::repeat_n(p.description, p.instances()))
-            .collect();
-        let mut aligned = align(&descriptions, &scene.objects).into_iter();
+        // The scene object each object the phrases speak of goes with.
+        let mut aligned = align(&self.objects(), &scene.objects).into_iter();
         // The scene object each phrase's first instance was aligned with.
         let mut anchor: Vec<Option<usize>> = vec![None; self.phrases.len()];
         for (p, phrase) in self.phrases.iter().enumerate() {
