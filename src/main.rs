@@ -64,6 +64,9 @@ enum Command {
         /// Output features file (safetensors).
         #[arg(long)]
         out: PathBuf,
+        /// Replace --out if it exists.
+        #[arg(long)]
+        overwrite: bool,
     },
     /// Train a captioner (MLE, SMILE and its ablations) into a run folder.
     Train(Box<cli::captioner::TrainArgs>),
@@ -92,6 +95,9 @@ enum DataCommand {
     Shapes {
         #[arg(long)]
         out: PathBuf,
+        /// Replace --out if it exists.
+        #[arg(long)]
+        overwrite: bool,
         #[command(flatten)]
         config: ShapesConfig,
     },
@@ -109,6 +115,9 @@ enum RetrieverCommand {
         /// Start from this checkpoint's weights, config and vocabulary.
         #[arg(long)]
         init: Option<PathBuf>,
+        /// Replace --out if it exists (not needed when --out is --init).
+        #[arg(long)]
+        overwrite: bool,
         #[arg(long, default_value_t = 10)]
         epochs: usize,
         #[arg(long, default_value_t = 128)]
@@ -205,8 +214,16 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Info { json } => info(single_device(&cli.device)?, json),
         Command::Data {
-            what: DataCommand::Shapes { out, config },
-        } => data_shapes(&out, &config),
+            what:
+                DataCommand::Shapes {
+                    out,
+                    overwrite,
+                    config,
+                },
+        } => {
+            cli::check_new_output(&out, overwrite, "--out")?;
+            data_shapes(&out, &config)
+        }
         Command::Retriever { what } => {
             let selection = device::select(single_device(&cli.device)?)?;
             eprintln!("{selection}");
@@ -216,7 +233,9 @@ fn run(cli: Cli) -> Result<()> {
             data,
             checkpoint,
             out,
+            overwrite,
         } => {
+            cli::check_new_output(&out, overwrite, "--out")?;
             let selection = device::select(single_device(&cli.device)?)?;
             eprintln!("{selection}");
             captune::with_backend!(&selection.backend, b => embed(b, &data, &checkpoint, &out))
@@ -354,6 +373,7 @@ fn retriever<B: Backend>(b: &B, what: RetrieverCommand) -> Result<()> {
             data,
             out,
             init,
+            overwrite,
             epochs,
             batch,
             lr,
@@ -363,6 +383,9 @@ fn retriever<B: Backend>(b: &B, what: RetrieverCommand) -> Result<()> {
             shape,
             no_eval,
         } => {
+            if init.as_ref() != Some(&out) {
+                cli::check_new_output(&out, overwrite, "--out")?;
+            }
             let dataset = data.load()?;
             let mut ck = match &init {
                 Some(path) => Checkpoint::load(b, path, batch)?,
@@ -433,12 +456,18 @@ fn embed<B: Backend>(
     let mut ck = Checkpoint::load(b, checkpoint, 128)?;
     let prep = Prepared::new(data.load()?, ck.model.config.image_size)?;
     let all: Vec<usize> = (0..prep.data.items.len()).collect();
-    let embeddings = captune::retriever::eval::embed_images(b, &mut ck.model, &prep.images, &all)?;
+    let bar = captune::progress::Progress::terminal()
+        .start(&format!("embedding {} images", all.len()), all.len() as u64);
+    let embeddings =
+        captune::retriever::eval::embed_images(b, &mut ck.model, &prep.images, &all, &bar)?;
+    bar.finish_and_clear();
+    let bytes = std::fs::read(checkpoint)?;
     let features = captune::data::features::Features {
         source: out.to_path_buf(),
         ids: prep.data.items.iter().map(|i| i.id.clone()).collect(),
         dim: ck.model.config.embed_dim,
         embeddings,
+        encoder: Some(captune::data::features::retriever_encoder_id(&bytes)),
     };
     let metadata = HashMap::from([
         (

@@ -1,6 +1,9 @@
 //! Named f32 tensors with string metadata in safetensors files: the format
 //! of checkpoints and features files. Files are written to a temporary
 //! name and renamed, so an interrupted write never leaves a broken file.
+//! float16 and bfloat16 tensors (what most Python encoders write) are
+//! widened to f32 on reading; a tensor holding NaN or an infinity is
+//! refused, named, at load.
 
 use anyhow::{Context, Result, bail};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
@@ -51,23 +54,31 @@ pub fn write(
 
 pub fn read(path: &Path) -> Result<TensorFile> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file = SafeTensors::deserialize(&bytes)
+    parse(&bytes, path)
+}
+
+/// Reads a safetensors file already in memory; `path` names it in errors.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<TensorFile> {
+    let file = SafeTensors::deserialize(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a safetensors file ({e})", path.display()))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)?;
+    let (_, header) = SafeTensors::read_metadata(bytes)?;
     let mut tensors = HashMap::new();
     for (name, view) in file.tensors() {
-        if view.dtype() != Dtype::F32 {
-            bail!(
-                "{}: tensor {name:?} is {:?}; captune reads float32 tensors only",
+        let data = widen(view.dtype(), view.data()).with_context(|| {
+            format!(
+                "{}: tensor {name:?} is {:?}; captune reads float32, float16 and bfloat16 tensors",
                 path.display(),
                 view.dtype()
+            )
+        })?;
+        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+            bail!(
+                "{}: tensor {name:?} holds {} at element {i}; the file is damaged or came from a run \
+                 that diverged: use an earlier checkpoint",
+                path.display(),
+                data[i]
             );
         }
-        let data = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
         tensors.insert(
             name,
             Tensor {
@@ -80,6 +91,62 @@ pub fn read(path: &Path) -> Result<TensorFile> {
         tensors,
         metadata: header.metadata().clone().unwrap_or_default(),
     })
+}
+
+/// Little-endian tensor bytes of `dtype` as f32; `None` for other dtypes.
+fn widen(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {
+    let pairs = || {
+        bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
+    Some(match dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => pairs().map(|h| half::f16::from_bits(h).to_f32()).collect(),
+        Dtype::BF16 => pairs().map(|h| half::bf16::from_bits(h).to_f32()).collect(),
+        _ => return None,
+    })
+}
+
+/// A stable 64-bit fingerprint (FNV-1a) of `bytes` as 16 hex digits: the
+/// identity of an encoder's weights or a data set's listing in caches and
+/// provenance records.
+pub fn fingerprint(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// A safetensors file's metadata alone, without reading its tensors.
+pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
+    use std::io::Read;
+    let bad = |why: &str| anyhow::anyhow!("{}: not a safetensors file ({why})", path.display());
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file_len = f.metadata()?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|_| bad("shorter than its header"))?;
+    let len = u64::from_le_bytes(len);
+    if len > file_len.saturating_sub(8) {
+        return Err(bad("its header is longer than the file"));
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header)
+        .map_err(|_| bad("shorter than its header"))?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|_| bad("its header is not JSON"))?;
+    let metadata = match json.get("__metadata__") {
+        None => HashMap::new(),
+        Some(m) => serde_json::from_value(m.clone())
+            .map_err(|_| bad("its metadata is not a map of strings"))?,
+    };
+    Ok(metadata)
 }
 
 impl TensorFile {

@@ -6,14 +6,16 @@
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::decode::{Decoding, Generated, generate};
+use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
+use captune::captioner::run_folder::RunFolder;
+use captune::captioner::train::{self, CaptionData, Event, Flow};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
+use captune::progress::Progress;
 use captune::tensorfile;
 use common::{TINY_DIM, gpu, tiny_data};
 use rand::SeedableRng;
@@ -57,10 +59,18 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
     let data = tiny_data();
     let run = tiny_run(6);
     let mut ck = new_checkpoint(&b, &data, &run);
-    let folder = RunFolder { dir: temp("run") };
-    train::train(&b, &mut ck, &data, &run, &folder, false, None, |_| {
-        Flow::Continue
-    })
+    let folder = RunFolder::new(temp("run"));
+    train::train(
+        &b,
+        &mut ck,
+        &data,
+        &run,
+        &folder,
+        false,
+        None,
+        &Progress::hidden(),
+        |_| Flow::Continue,
+    )
     .unwrap();
     let log = log_lines(&folder.dir);
     assert_eq!(log.len(), 6 * (96 / 16));
@@ -107,24 +117,50 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
     let mut run = tiny_run(3);
     run.train.objective = ObjectiveKind::SmileRandom;
     run.train.mle_weight = 0.2;
-    let whole = RunFolder { dir: temp("whole") };
+    let whole = RunFolder::new(temp("whole"));
     let mut ck = new_checkpoint(&b, &data, &run);
-    train::train(&b, &mut ck, &data, &run, &whole, false, None, |_| {
-        Flow::Continue
-    })
+    train::train(
+        &b,
+        &mut ck,
+        &data,
+        &run,
+        &whole,
+        false,
+        None,
+        &Progress::hidden(),
+        |_| Flow::Continue,
+    )
     .unwrap();
 
-    let parts = RunFolder { dir: temp("parts") };
+    let parts = RunFolder::new(temp("parts"));
     let mut ck = new_checkpoint(&b, &data, &run);
-    train::train(&b, &mut ck, &data, &run, &parts, false, None, |e| match e {
-        Event::Metrics(m) if m.epoch == 1 => Flow::Stop,
-        _ => Flow::Continue,
-    })
+    train::train(
+        &b,
+        &mut ck,
+        &data,
+        &run,
+        &parts,
+        false,
+        None,
+        &Progress::hidden(),
+        |e| match e {
+            Event::Metrics(m) if m.epoch == 1 => Flow::Stop,
+            _ => Flow::Continue,
+        },
+    )
     .unwrap();
     let mut ck = Checkpoint::load(&b, &parts.checkpoint(), run.train.batch).unwrap();
-    train::train(&b, &mut ck, &data, &run, &parts, true, None, |_| {
-        Flow::Continue
-    })
+    train::train(
+        &b,
+        &mut ck,
+        &data,
+        &run,
+        &parts,
+        true,
+        None,
+        &Progress::hidden(),
+        |_| Flow::Continue,
+    )
     .unwrap();
 
     let strip = |mut v: serde_json::Value| {
@@ -155,12 +191,21 @@ fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
     let data = tiny_data();
     let run = tiny_run(16);
     let mut ck = new_checkpoint(&c, &data, &run);
-    let folder = RunFolder {
-        dir: temp("decode"),
-    };
-    train::train(&c, &mut ck, &data, &run, &folder, false, None, |_| {
-        Flow::Continue
-    })
+    // One folder per call: tests that call this run at once.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let folder = RunFolder::new(temp(&format!("decode-{n}")));
+    train::train(
+        &c,
+        &mut ck,
+        &data,
+        &run,
+        &folder,
+        false,
+        None,
+        &Progress::hidden(),
+        |_| Flow::Continue,
+    )
     .unwrap();
     (ck, data, folder.checkpoint())
 }
@@ -198,7 +243,14 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     let items = data.items(captune::data::Split::Val);
     let features = data.features_of(&items[..6]);
     let mut model = ck.with_batch(&c, 6).unwrap();
-    let greedy = generate(&c, &mut model, &features, &Decoding::Greedy, None).unwrap();
+    let greedy = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
     assert_eq!(greedy.len(), 6);
     assert!(
         greedy.iter().any(|g| g.ids.len() > 2),
@@ -215,7 +267,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             width: 1,
             n_best: 1,
         },
-        None,
+        &DecodeOptions::default(),
     )
     .unwrap();
     assert_eq!(
@@ -223,7 +275,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         greedy.iter().map(|g| &g.ids).collect::<Vec<_>>()
     );
     let top1 = Decoding::parse("sample:2:k=1,seed=5").unwrap();
-    let sampled = generate(&c, &mut model, &features, &top1, None).unwrap();
+    let sampled = generate(&c, &mut model, &features, &top1, &DecodeOptions::default()).unwrap();
     for (k, s) in sampled.iter().enumerate() {
         assert_eq!(s.ids, greedy[k / 2].ids, "top-1 sampling is greedy");
     }
@@ -232,7 +284,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         &mut model,
         &features,
         &Decoding::parse("sample:3:t=1.5,seed=2").unwrap(),
-        None,
+        &DecodeOptions::default(),
     )
     .unwrap();
     assert_eq!(free.len(), 18);
@@ -246,7 +298,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     );
 
     // A word limit cuts every caption, <eos> or not.
-    let short = generate(&c, &mut model, &features, &Decoding::Greedy, Some(2)).unwrap();
+    let short = generate(&c, &mut model, &features, &Decoding::Greedy, &words(2)).unwrap();
     for (s, g) in short.iter().zip(&greedy) {
         assert!(s.ids.len() <= 3, "{:?}", s.ids);
         assert_eq!(
@@ -267,7 +319,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             width: 4,
             n_best: 2,
         },
-        None,
+        &DecodeOptions::default(),
     )
     .unwrap();
     assert_eq!(beam.len(), 12);
@@ -307,13 +359,100 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             n_best: 2,
         },
     ] {
-        let want = generate(&c, &mut model, &features, &decoding, None).unwrap();
-        let got = generate(&g, &mut gpu_model, &features, &decoding, None).unwrap();
+        let want = generate(
+            &c,
+            &mut model,
+            &features,
+            &decoding,
+            &DecodeOptions::default(),
+        )
+        .unwrap();
+        let got = generate(
+            &g,
+            &mut gpu_model,
+            &features,
+            &decoding,
+            &DecodeOptions::default(),
+        )
+        .unwrap();
         let ids = |v: &[Generated]| v.iter().map(|x| x.ids.clone()).collect::<Vec<_>>();
         assert_eq!(
             ids(&got),
             ids(&want),
             "{decoding:?}: GPU and CPU captions differ"
+        );
+    }
+    std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+}
+
+fn words(max_words: usize) -> DecodeOptions {
+    DecodeOptions {
+        max_words: Some(max_words),
+        ..DecodeOptions::default()
+    }
+}
+
+/// `suppress_unk` on a model made to prefer `<unk>`: its output row is
+/// three times that of greedy's first word, so plain greedy says `<unk>`
+/// first, and the suppressed decoder never does.
+#[test]
+fn suppressed_unk_is_never_emitted() {
+    let c = CpuBackend::new();
+    let (ck, data, path) = trained();
+    let items = data.items(captune::data::Split::Val);
+    let features = data.features_of(&items[..6]);
+    let mut model = ck.with_batch(&c, 6).unwrap();
+    let plain = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    let tokens = model
+        .params
+        .specs
+        .iter()
+        .position(|s| s.name == "decoder.tokens")
+        .unwrap();
+    let width = model.params.specs[tokens].shape[1];
+    let mut table = c.to_vec(&model.params.values[tokens]);
+    let first = plain[0].ids[0] as usize;
+    let unk = captune::data::vocab::UNK as usize;
+    for k in 0..width {
+        table[unk * width + k] = 3.0 * table[first * width + k];
+    }
+    c.write(&mut model.params.values[tokens], &table);
+    let greedy = generate(
+        &c,
+        &mut model,
+        &features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        greedy[0].ids[0] as usize, unk,
+        "the doctored model prefers <unk>"
+    );
+    let suppress = DecodeOptions {
+        suppress_unk: true,
+        ..DecodeOptions::default()
+    };
+    for decoding in [
+        Decoding::Greedy,
+        Decoding::Beam {
+            width: 3,
+            n_best: 2,
+        },
+        Decoding::parse("sample:3:seed=4").unwrap(),
+    ] {
+        let out = generate(&c, &mut model, &features, &decoding, &suppress).unwrap();
+        assert!(
+            out.iter()
+                .all(|g| !g.ids.contains(&(unk as u32)) && !g.ids.is_empty()),
+            "{decoding:?}: {out:?}"
         );
     }
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();

@@ -346,7 +346,8 @@ fn captioner_commands(
     let written: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
     assert_eq!(written.len(), 16);
-    assert!(written[0]["image_id"].is_string() && written[0]["caption"].is_string());
+    // Numeric ids are written as numbers, as pycocotools' loadRes expects.
+    assert!(written[0]["image_id"].is_u64() && written[0]["caption"].is_string());
 
     // Five samples per image: the diversity metrics appear.
     let sample_results = dir.join("samples.json");
@@ -420,7 +421,8 @@ fn captioner_commands(
         text(&out.stderr)
     );
 
-    let image = written[0]["image_id"].as_str().unwrap();
+    let image = written[0]["image_id"].to_string();
+    let image = image.as_str();
     let mut args = vec![
         "--device",
         "cpu",

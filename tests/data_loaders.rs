@@ -72,7 +72,7 @@ fn flickr8k_loads_with_its_splits_tokens_and_vocabulary() {
     // Decoding a few images at a smaller size.
     let mut few = data.only(Split::Test);
     few.items.truncate(3);
-    let imgs = images::load(&mut few, 32).unwrap();
+    let imgs = images::load(&mut few, 32, &indicatif::ProgressBar::hidden()).unwrap();
     assert_eq!((imgs.len(), imgs.pixels.len()), (3, 3 * 32 * 32 * 3));
 }
 
@@ -139,7 +139,7 @@ fn bad_items_are_skipped_with_the_file_and_item_named() {
         );
     }
     // An unreadable image is found when decoding: that item goes, the rest stay.
-    let imgs = images::load(&mut data, 16).unwrap();
+    let imgs = images::load(&mut data, 16, &indicatif::ProgressBar::hidden()).unwrap();
     assert_eq!(imgs.len(), 2);
     assert_eq!(data.items.len(), 2);
     assert!(

@@ -17,7 +17,7 @@ use captune::retriever::train::{self, Prepared, TrainOptions};
 use captune::retriever::{Checkpoint, RetrieverConfig, patchify};
 use common::{assert_close, gpu};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 fn temp(name: &str) -> PathBuf {
@@ -154,26 +154,29 @@ fn one_training_step_gives_the_same_numbers_on_gpu_and_cpu() {
 
 #[test]
 fn features_round_trip_through_safetensors_and_npy() {
+    // Raw rows: loading L2-normalises them (to 0.6 0.8, 0 1, 5/13 12/13).
     let features = Features {
         source: temp("f.safetensors"),
         ids: vec!["a".into(), "b".into(), "c".into()],
         dim: 2,
-        embeddings: vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+        embeddings: vec![3.0, 4.0, 0.0, 2.0, 5.0, 12.0],
+        encoder: Some("my-encoder".into()),
     };
+    let unit = vec![0.6, 0.8, 0.0, 1.0, 5.0 / 13.0, 12.0 / 13.0];
     let path = temp("f.safetensors");
     features.save(&path, HashMap::new()).unwrap();
     let back = Features::load(&path, None).unwrap();
-    assert_eq!(
-        (back.ids.clone(), back.dim, back.embeddings.clone()),
-        (features.ids.clone(), 2, features.embeddings.clone())
-    );
+    assert_eq!((back.ids.clone(), back.dim), (features.ids.clone(), 2));
+    assert_close("normalised", &back.embeddings, &unit, 1e-6, 0.0);
+    assert_eq!(back.encoder.as_deref(), Some("my-encoder"));
     // Aligning with a data set keeps its items that have an embedding, in item order.
     let mut data = tiny_world();
     data.items.truncate(3);
     data.items[0].id = "c".into();
     data.items[1].id = "a".into();
     data.items[2].id = "zzz".into();
-    assert_eq!(back.align(&mut data), vec![5.0, 6.0, 1.0, 2.0]);
+    let aligned = back.align(&mut data).unwrap();
+    assert_eq!(aligned, [&unit[4..6], &unit[0..2]].concat());
     assert_eq!(data.items.len(), 2);
     assert_eq!(data.report.skipped_items, 1);
     assert!(
@@ -203,16 +206,56 @@ fn features_round_trip_through_safetensors_and_npy() {
     let ids = temp("ids.txt");
     std::fs::write(&ids, "a\nb\nc\n").unwrap();
     let back = Features::load(&npy, Some(&ids)).unwrap();
-    assert_eq!(
-        (back.ids, back.embeddings),
-        (features.ids, features.embeddings)
-    );
+    assert_eq!(back.ids, features.ids);
+    assert_close("npy normalised", &back.embeddings, &unit, 1e-6, 0.0);
     let err = Features::load(&npy, None).unwrap_err().to_string();
-    assert!(err.contains("--ids"), "{err}");
+    assert!(err.contains("--features-ids"), "{err}");
     std::fs::write(&ids, "a\nb\n").unwrap();
     let err = Features::load(&npy, Some(&ids)).unwrap_err().to_string();
     assert!(err.contains("3 embeddings but 2 image ids"), "{err}");
     for f in [path, npy, ids] {
         std::fs::remove_file(f).unwrap();
+    }
+}
+
+/// Writes `rows` as one safetensors tensor `embeddings` of `dtype`.
+fn half_features(path: &Path, dtype: safetensors::Dtype, rows: &[f32]) {
+    let bytes: Vec<u8> = rows
+        .iter()
+        .flat_map(|&x| match dtype {
+            safetensors::Dtype::F16 => half::f16::from_f32(x).to_le_bytes(),
+            _ => half::bf16::from_f32(x).to_le_bytes(),
+        })
+        .collect();
+    let view = safetensors::tensor::TensorView::new(dtype, vec![2, 2], &bytes).unwrap();
+    let metadata = HashMap::from([("image_ids".to_string(), r#"["a","b"]"#.to_string())]);
+    let file = safetensors::serialize([("embeddings", view)], Some(metadata)).unwrap();
+    std::fs::write(path, file).unwrap();
+}
+
+#[test]
+fn half_precision_features_load_and_bad_values_are_refused_by_name() {
+    for (dtype, name) in [
+        (safetensors::Dtype::F16, "f16.safetensors"),
+        (safetensors::Dtype::BF16, "bf16.safetensors"),
+    ] {
+        let path = temp(name);
+        half_features(&path, dtype, &[3.0, 4.0, 0.0, -2.0]);
+        let f = Features::load(&path, None).unwrap();
+        assert_eq!(f.embeddings, vec![0.6, 0.8, 0.0, -1.0], "{name}");
+        // A zero row cannot be normalised; an infinite value is named with its tensor.
+        half_features(&path, dtype, &[0.0, 0.0, 1.0, 1.0]);
+        let err = Features::load(&path, None).unwrap_err().to_string();
+        assert!(
+            err.contains(name) && err.contains("image a") && err.contains("zero"),
+            "{err}"
+        );
+        half_features(&path, dtype, &[f32::INFINITY, 0.0, 1.0, 1.0]);
+        let err = format!("{:#}", Features::load(&path, None).unwrap_err());
+        assert!(
+            err.contains(name) && err.contains("\"embeddings\"") && err.contains("inf"),
+            "{err}"
+        );
+        std::fs::remove_file(path).unwrap();
     }
 }

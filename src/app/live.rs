@@ -8,7 +8,8 @@ use crate::backend::Backend;
 use crate::captioner::Checkpoint;
 use crate::captioner::objective::Objective;
 use crate::captioner::run::RunConfig;
-use crate::captioner::train::{CaptionData, Event, Flow, RunFolder, Trainer, fresh_checkpoint};
+use crate::captioner::run_folder::RunFolder;
+use crate::captioner::train::{CaptionData, Event, Flow, Trainer, fresh_checkpoint};
 use crate::device::{self, DeviceChoice};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use anyhow::Result;
@@ -169,9 +170,7 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         Some(path) => Some(RetrieverCheckpoint::load(b, path, 32)?),
         None => None,
     };
-    let folder = RunFolder {
-        dir: setup.out.clone(),
-    };
+    let folder = RunFolder::new(&setup.out);
     let mut trainer = Trainer::new(b, &mut ck, data, config, folder, false, retriever.as_mut())?;
     models.send(trainer.ck.to_cpu(b)?);
     let update = |f: &dyn Fn(&mut LiveStatus)| f(&mut status.lock().expect("status lock"));

@@ -368,7 +368,7 @@ impl CaptuneApp {
         egui::CentralPanel::default_margins()
             .frame(frame(egui::Frame::central_panel(&style)))
             .show(ui, |ui| match self.tab {
-                Tab::Losses => panels::losses(ui, &self.history),
+                Tab::Losses => panels::losses(ui, &self.history, self.is_active()),
                 Tab::Metrics => panels::metrics(ui, &self.history),
                 Tab::Samples => panels::samples(
                     ui,

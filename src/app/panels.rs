@@ -19,9 +19,15 @@ const NOVEL_COLOUR: Color32 = Color32::from_rgb(220, 60, 160);
 const THUMBNAIL: f32 = 96.0;
 
 /// The MLE and the SMILE loss of the same batches, objective switches marked.
-pub fn losses(ui: &mut egui::Ui, history: &History) {
+/// `running`: a run is training or followed (else the panel says how to start one).
+pub fn losses(ui: &mut egui::Ui, history: &History, running: bool) {
     if history.losses.is_empty() {
-        ui.label("No loss yet: the first log line comes after `log_every` steps.");
+        ui.label(if running {
+            "No loss yet: the first log line comes after `log_every` steps."
+        } else {
+            "No run yet. Press Start on the left to train here, or open a run folder: \
+             `captune app --follow runs/NAME` (a folder `captune train` writes)."
+        });
     }
     let series = |f: fn(&super::history::LossPoint) -> f64| -> Vec<[f64; 2]> {
         history

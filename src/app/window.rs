@@ -4,11 +4,17 @@
 
 use super::{CaptuneApp, Source, Tab};
 use crate::captioner::train::CaptionData;
+use crate::progress::Progress;
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use std::path::PathBuf;
+use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// Loads the data set and its embeddings (on a thread of its own while
+/// the window shows the progress).
+pub type Loader = Box<dyn FnOnce(&Progress) -> Result<CaptionData> + Send>;
 
 #[derive(Clone, Debug, Default)]
 pub struct WindowOptions {
@@ -35,8 +41,19 @@ pub struct FrameStats {
     pub training_step: Option<usize>,
 }
 
+/// The window's content: the loading screen, then the app.
+enum Stage {
+    Loading {
+        progress: Progress,
+        done: Receiver<Result<CaptionData>>,
+        source: Option<Source>,
+    },
+    Ready(Box<CaptuneApp>),
+    Failed(String),
+}
+
 struct Window {
-    app: CaptuneApp,
+    stage: Stage,
     options: WindowOptions,
     frame_ms: Vec<f64>,
     last: Option<Instant>,
@@ -46,8 +63,9 @@ struct Window {
     out: Arc<Mutex<Option<FrameStats>>>,
 }
 
-/// Opens the window and runs until it is closed.
-pub fn run(data: Arc<CaptionData>, source: Source, options: WindowOptions) -> Result<()> {
+/// Opens the window at once and runs until it is closed; `load` runs
+/// meanwhile, its progress shown, and the app starts on what it returns.
+pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
     let size = options.size.unwrap_or([1280.0, 800.0]);
     let native = eframe::NativeOptions {
         viewport: egui::ViewportBuilder::default()
@@ -65,13 +83,19 @@ pub fn run(data: Arc<CaptionData>, source: Source, options: WindowOptions) -> Re
         "captune",
         native,
         Box::new(move |cc| {
-            let mut app = CaptuneApp::new(&cc.egui_ctx, data, source);
-            if let Some(tab) = options.tab {
-                app.tab = tab;
-            }
-            app.paint_background = false;
+            let progress = Progress::hidden();
+            let (send, done) = std::sync::mpsc::channel();
+            let (thread_progress, repaint) = (progress.clone(), cc.egui_ctx.clone());
+            std::thread::spawn(move || {
+                let _ = send.send(load(&thread_progress));
+                repaint.request_repaint();
+            });
             Ok(Box::new(Window {
-                app,
+                stage: Stage::Loading {
+                    progress,
+                    done,
+                    source: Some(source),
+                },
                 options,
                 frame_ms: Vec::new(),
                 last: None,
@@ -121,11 +145,16 @@ impl Window {
             self.frame_ms
                 .push(now.duration_since(last).as_secs_f64() * 1000.0);
         }
-        self.app.show(ui);
+        self.show(ui);
         let ctx = ui.ctx().clone();
         let Some(frames) = self.options.frames else {
             return;
         };
+        if !matches!(self.stage, Stage::Ready(_)) {
+            // Frames are counted from the app's first.
+            self.frame_ms.clear();
+            return;
+        }
         // Measuring: draw continuously, as a busy user would make it.
         ctx.request_repaint();
         if self.frame_ms.len() < frames {
@@ -146,6 +175,49 @@ impl Window {
         }
     }
 
+    /// The loading screen until the data is ready, then the app.
+    fn show(&mut self, ui: &mut egui::Ui) {
+        if let Stage::Loading {
+            progress,
+            done,
+            source,
+        } = &mut self.stage
+        {
+            match done.try_recv() {
+                Ok(Ok(data)) => {
+                    let source = source.take().expect("the source waits for the data");
+                    let mut app = CaptuneApp::new(ui.ctx(), Arc::new(data), source);
+                    if let Some(tab) = self.options.tab {
+                        app.tab = tab;
+                    }
+                    app.paint_background = false;
+                    self.stage = Stage::Ready(Box::new(app));
+                }
+                Ok(Err(e)) => self.stage = Stage::Failed(format!("{e:#}")),
+                Err(TryRecvError::Disconnected) => {
+                    self.stage = Stage::Failed("the loading thread stopped".into());
+                }
+                Err(TryRecvError::Empty) => {
+                    loading_screen(ui, progress);
+                    ui.ctx()
+                        .request_repaint_after(std::time::Duration::from_millis(100));
+                    return;
+                }
+            }
+        }
+        match &mut self.stage {
+            Stage::Ready(app) => app.show(ui),
+            Stage::Failed(why) => {
+                egui::CentralPanel::default_margins().show(ui, |ui| {
+                    ui.heading("captune could not load its data");
+                    ui.colored_label(ui.visuals().error_fg_color, why.as_str());
+                    ui.label("Close the window, fix the command's options and start it again.");
+                });
+            }
+            Stage::Loading { .. } => unreachable!("handled above"),
+        }
+    }
+
     fn stats(&self) -> FrameStats {
         let mut sorted = self.frame_ms.clone();
         sorted.sort_by(f64::total_cmp);
@@ -158,9 +230,35 @@ impl Window {
             max_frame_ms: sorted.last().copied().unwrap_or(0.0),
             frames_per_s: if mean > 0.0 { 1000.0 / mean } else { 0.0 },
             peak_memory_mib: peak_memory_mib(),
-            training_step: self.app.live_status().map(|s| s.step),
+            training_step: match &self.stage {
+                Stage::Ready(app) => app.live_status().map(|s| s.step),
+                _ => None,
+            },
         }
     }
+}
+
+/// What the window shows while the data loads: the job and its progress.
+fn loading_screen(ui: &mut egui::Ui, progress: &Progress) {
+    egui::CentralPanel::default_margins().show(ui, |ui| {
+        ui.heading("captune");
+        ui.add_space(8.0);
+        match progress.current() {
+            Some(job) => {
+                ui.label(format!("{}: {} of {}", job.what, job.done, job.total));
+                let fraction = job.done as f32 / job.total.max(1) as f32;
+                ui.add(egui::ProgressBar::new(fraction).show_percentage());
+            }
+            None => {
+                ui.label("reading the data set...");
+                ui.spinner();
+            }
+        }
+        ui.add_space(8.0);
+        ui.label(
+            "Image embeddings are cached on disk after the first start, so the next start is quick.",
+        );
+    });
 }
 
 fn save_png(image: &egui::ColorImage, path: &PathBuf) -> Result<(), String> {

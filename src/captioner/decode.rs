@@ -7,7 +7,7 @@
 use super::CaptionVocab;
 use super::model::{Captioner, TokenInputs};
 use crate::backend::Backend;
-use crate::data::vocab::{BOS, EOS};
+use crate::data::vocab::{BOS, EOS, UNK};
 use crate::index::TokenIndex;
 use anyhow::{Result, bail};
 use rand::{Rng, SeedableRng};
@@ -129,6 +129,17 @@ impl Decoding {
     }
 }
 
+/// Limits on what `generate` may emit, and where it reports progress.
+#[derive(Clone, Debug, Default)]
+pub struct DecodeOptions {
+    /// Stop captions after this many words (default: the model's maximum).
+    pub max_words: Option<usize>,
+    /// Never emit `<unk>`: decoding chooses among the other ids.
+    pub suppress_unk: bool,
+    /// Advanced by one for each image captioned.
+    pub progress: Option<indicatif::ProgressBar>,
+}
+
 /// One generated caption.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Generated {
@@ -151,6 +162,7 @@ impl Generated {
 struct Stepper<'m, B: Backend> {
     model: &'m mut Captioner<B>,
     next_logits: B::Tensor,
+    suppress_unk: bool,
 }
 
 impl<B: Backend> Stepper<'_, B> {
@@ -174,7 +186,13 @@ impl<B: Backend> Stepper<'_, B> {
             false,
         );
         let flat = b.to_vec(&self.next_logits);
-        Ok(flat.chunks(c.vocab_size).map(log_softmax).collect())
+        let mut logp: Vec<Vec<f32>> = flat.chunks(c.vocab_size).map(log_softmax).collect();
+        if self.suppress_unk {
+            // Out of every choice; the others keep their full-vocabulary log-probability.
+            logp.iter_mut()
+                .for_each(|row| row[UNK as usize] = f32::NEG_INFINITY);
+        }
+        Ok(logp)
     }
 }
 
@@ -196,19 +214,21 @@ fn argmax(x: &[f32]) -> usize {
 }
 
 /// Captions for every image of `features` (`[n, embed_dim]`), in image
-/// order, `decoding.per_image()` each, of at most `max_words` words (and
-/// the model's maximum length). The model's batch size sets how many
+/// order, `decoding.per_image()` each, within `options`' limits (and the
+/// model's maximum length). The model's batch size sets how many
 /// sequences run at once.
 pub fn generate<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
     features: &[f32],
     decoding: &Decoding,
-    max_words: Option<usize>,
+    options: &DecodeOptions,
 ) -> Result<Vec<Generated>> {
     let c = model.config;
     // Steps: the words, then <eos>.
-    let steps = max_words.map_or(c.token_positions(), |w| (w + 1).min(c.token_positions()));
+    let steps = options
+        .max_words
+        .map_or(c.token_positions(), |w| (w + 1).min(c.token_positions()));
     let d = c.embed_dim;
     assert!(
         features.len().is_multiple_of(d),
@@ -226,6 +246,7 @@ pub fn generate<B: Backend>(
     let mut stepper = Stepper {
         next_logits: b.zeros(batch * c.vocab_size),
         model,
+        suppress_unk: options.suppress_unk,
     };
     let mut out = Vec::with_capacity(images * decoding.per_image());
     let mut rng = match *decoding {
@@ -257,6 +278,9 @@ pub fn generate<B: Backend>(
                 steps,
             )?,
         };
+        if let Some(bar) = &options.progress {
+            bar.inc(chunk.len() as u64);
+        }
         let keep = chunk.len() * decoding.per_image();
         for (k, (ids, logprob)) in generated.into_iter().take(keep).enumerate() {
             out.push(Generated {

@@ -12,10 +12,12 @@ pub mod inspect;
 pub mod model;
 pub mod objective;
 pub mod run;
+pub mod run_folder;
 pub mod train;
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
+use crate::data::features::FeatureSource;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint;
@@ -51,6 +53,15 @@ impl CaptionerConfig {
     /// Decoder sequence length: the prefix, then the token positions.
     pub fn seq_len(&self) -> usize {
         self.prefix_len + self.token_positions()
+    }
+
+    /// Parameters of a captioner of this shape (see `docs/checkpoints.md`).
+    pub fn parameter_count(&self) -> u128 {
+        let (d, k) = (self.decoder.width as u128, self.prefix_len as u128);
+        let (e, h) = (self.embed_dim as u128, self.mapper_hidden as u128);
+        let mapper = e * h + h + h * k * d + k * d;
+        let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
+        mapper + embeddings + self.decoder.parameter_count()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -185,6 +196,26 @@ const KIND: checkpoint::Kind = checkpoint::Kind {
     config_key: "captioner_config",
 };
 
+/// Metadata key of where the captioner's features came from (a
+/// [`FeatureSource`] as JSON); checkpoints from before it lack it.
+pub const FEATURES_KEY: &str = "features";
+
+/// Where the captioner in the checkpoint `path` got its image embeddings,
+/// when the checkpoint records it.
+pub fn trained_on(path: &Path) -> Result<Option<FeatureSource>> {
+    let meta = crate::tensorfile::read_metadata(path)?;
+    meta.get(FEATURES_KEY)
+        .map(|json| {
+            serde_json::from_str(json).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: metadata {FEATURES_KEY:?} is not a feature record ({e})",
+                    path.display()
+                )
+            })
+        })
+        .transpose()
+}
+
 /// A captioner with its vocabulary, as a checkpoint holds them.
 pub struct Checkpoint<B: Backend> {
     pub model: Captioner<B>,
@@ -210,6 +241,13 @@ impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
         let (config, words, mut file) = checkpoint::read::<CaptionerConfig>(&KIND, path)?;
+        config.validate().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: the config in its metadata is invalid: {e}",
+                path.display()
+            )
+        })?;
+        checkpoint::check_size(path, &file, config.parameter_count())?;
         let vocab = CaptionVocab::from_words(words);
         checkpoint::check_vocab(path, vocab.len(), config.vocab_size)?;
         let mut model = Captioner::new(b, config, batch, 0)?;

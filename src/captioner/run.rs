@@ -5,6 +5,7 @@
 
 use super::CaptionerConfig;
 use super::objective::{FirstToken, Objective, ObjectiveKind};
+use crate::data::features::FeatureSource;
 use crate::model::transformer::TransformerConfig;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
@@ -50,6 +51,10 @@ pub struct TrainSection {
 pub struct RunConfig {
     pub model: ModelSection,
     pub train: TrainSection,
+    /// Where the run's image embeddings came from (written by training;
+    /// `eval`, `inspect` and `app --follow` default to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<FeatureSource>,
 }
 
 pub const PRESETS: [(&str, &str); 3] = [

@@ -1,41 +1,33 @@
-//! Training a captioner into a run folder:
-//!
-//! - `config.toml`: the run's configuration;
-//! - `log.jsonl`: every `log_every` steps the objective, its loss, the MLE
-//!   and the SMILE loss of the batch (whichever objective trains), lr,
-//!   gradient norm and tokens/s;
-//! - `samples.jsonl`: after each epoch, greedy captions of fixed
-//!   validation images with their per-token losses;
-//! - `metrics.jsonl`: after each epoch, validation metrics;
-//! - `checkpoint.safetensors` (the model) and `optimizer.safetensors`
-//!   (AdamW's moments and the position in the run), both written
-//!   atomically after each epoch. Resuming from them continues exactly
-//!   as the uninterrupted run would have: batch order and random subsets
-//!   are drawn from generators seeded by epoch and step.
+//! Training a captioner into a run folder (`run_folder` says what it
+//! holds and how a run survives being killed). Resuming continues exactly
+//! as the uninterrupted run would have: batch order and random subsets
+//! are drawn from generators seeded by epoch and step.
 
-use super::decode::{Decoding, generate};
+use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
 use super::model::Captioner;
 use super::model::TokenInputs;
 use super::objective::{BatchTargets, LossValues, Losses, Objective};
 use super::run::RunConfig;
+use super::run_folder::{self, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
+use crate::data::features::FeatureSource;
 use crate::data::vocab::PAD;
 use crate::data::{Dataset, Split};
 use crate::metrics::diversity::diversity;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
+use crate::progress::Progress;
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::tensorfile;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 /// A data set with one image embedding per item.
@@ -44,6 +36,8 @@ pub struct CaptionData {
     /// `[items, dim]`, L2-normalised.
     pub features: Vec<f32>,
     pub dim: usize,
+    /// Where the features came from; recorded in the checkpoints trained on them.
+    pub source: Option<FeatureSource>,
 }
 
 impl CaptionData {
@@ -62,31 +56,6 @@ impl CaptionData {
                     .copied()
             })
             .collect()
-    }
-}
-
-/// Where a run is and what it writes.
-#[derive(Clone)]
-pub struct RunFolder {
-    pub dir: PathBuf,
-}
-
-impl RunFolder {
-    pub fn checkpoint(&self) -> PathBuf {
-        self.dir.join("checkpoint.safetensors")
-    }
-    fn optimizer(&self) -> PathBuf {
-        self.dir.join("optimizer.safetensors")
-    }
-    fn append(&self, file: &str, line: &impl Serialize) -> Result<()> {
-        let path = self.dir.join(file);
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .with_context(|| format!("{}: cannot append", path.display()))?;
-        writeln!(f, "{}", serde_json::to_string(line)?)?;
-        Ok(())
     }
 }
 
@@ -147,9 +116,6 @@ fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
     t
 }
 
-const STEP_KEY: &str = "step";
-const EPOCH_KEY: &str = "epoch";
-
 /// Stochastic captions per image: in each sample record, and for the
 /// per-epoch Div-1, Div-2 and mBLEU-4 (spec section 4: 5 per image).
 const SAMPLES_PER_IMAGE: usize = 5;
@@ -199,6 +165,8 @@ pub struct Trainer<'d, B: Backend> {
     rng: ChaCha8Rng,
     since: Instant,
     tokens: usize,
+    /// Where validation reports its progress (hidden unless set).
+    progress: Progress,
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
@@ -241,19 +209,25 @@ impl<'d, B: Backend> Trainer<'d, B> {
             },
             &ck.model.params.optimizer_layout(),
         );
-        std::fs::create_dir_all(&run.dir)
-            .with_context(|| format!("{}: cannot create the run folder", run.dir.display()))?;
-        let (step, epoch) = if resume {
-            load_optimizer(b, &mut opt, &run.optimizer())?
+        // The folder's config is always the one training now: a resumed run
+        // may continue with another objective or more epochs.
+        let mut config = config.clone();
+        if data.source.is_some() {
+            config.features = data.source.clone();
+        }
+        let Position { step, epoch } = if resume {
+            let position = run.recover()?;
+            run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
+            tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
+            position
         } else {
-            for f in ["log.jsonl", "samples.jsonl", "metrics.jsonl"] {
-                let _ = std::fs::remove_file(run.dir.join(f));
-            }
-            (0, 0)
+            run.start(false)?;
+            tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
+            // The starting state, so that a run killed in its first epoch resumes.
+            let start = Position { step: 0, epoch: 0 };
+            run.save_state(b, ck, &opt, start, checkpoint_metadata(data))?;
+            start
         };
-        // A resumed run may continue with another objective or more
-        // epochs: the folder's config is always the one training now.
-        tensorfile::write_atomic(&run.dir.join("config.toml"), config.to_toml().as_bytes())?;
         let val_items = data.items(Split::Val);
         let losses = Losses::new(
             b,
@@ -265,7 +239,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             ck,
             data,
             retriever,
-            config: config.clone(),
+            config,
             run,
             opt,
             losses,
@@ -280,7 +254,13 @@ impl<'d, B: Backend> Trainer<'d, B> {
             rng: ChaCha8Rng::seed_from_u64(0),
             since: Instant::now(),
             tokens: 0,
+            progress: Progress::hidden(),
         })
+    }
+
+    /// Shows validation's progress through `progress`.
+    pub fn show_progress(&mut self, progress: Progress) {
+        self.progress = progress;
     }
 
     pub fn step(&self) -> usize {
@@ -317,10 +297,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             self.ck.model.rows(),
             self.ck.model.config.vocab_size,
         );
-        tensorfile::write_atomic(
-            &self.run.dir.join("config.toml"),
-            self.config.to_toml().as_bytes(),
-        )
+        tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
 
     /// Trains one batch; at the end of an epoch also writes the
@@ -376,6 +353,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.opt.step(b, &mut values, &grads);
         self.step += 1;
         self.batches_done += 1;
+        crate::killpoint::here("batch", || {});
         if self.step.is_multiple_of(t.log_every.max(1)) || self.step == self.total {
             let values = self.losses.read(b, &batch_targets);
             if !values.loss.is_finite() {
@@ -401,7 +379,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
             };
             (self.since, self.tokens) = (Instant::now(), 0);
-            self.run.append("log.jsonl", &line)?;
+            self.run.append(run_folder::LOG, &line)?;
             if on_event(Event::Log(&line)) == Flow::Stop {
                 return Ok(Flow::Stop);
             }
@@ -412,45 +390,82 @@ impl<'d, B: Backend> Trainer<'d, B> {
         Ok(Flow::Continue)
     }
 
+    /// Validates (samples, then metrics) and saves the state. Validation
+    /// comes first: a run killed during it resumes from the previous epoch
+    /// and validates again (see `run_folder`).
     fn end_epoch(&mut self, b: &B, mut on_event: impl FnMut(Event<'_>) -> Flow) -> Result<Flow> {
         self.epoch += 1;
         self.batches_done = 0;
-        self.ck.save(b, &self.run.checkpoint(), HashMap::new())?;
-        save_optimizer(b, &self.opt, &self.run.optimizer(), self.step, self.epoch)?;
-        if self.write_samples(b, &mut on_event)? == Flow::Stop {
-            return Ok(Flow::Stop);
-        }
-        if !self.eval_items.is_empty() {
-            let mut metrics = evaluate_items(
-                b,
-                self.ck,
-                self.data,
-                &self.eval_items,
-                &Decoding::Greedy,
-                self.retriever.as_deref_mut(),
-            )?;
-            let diverse = &self.eval_items[..self.eval_items.len().min(DIVERSITY_IMAGES)];
-            let sampled =
-                caption_items(b, self.ck, self.data, diverse, &sampling(self.step), None)?;
-            let sets: Vec<Vec<Vec<String>>> = sampled
-                .iter()
-                .map(|g| g.iter().map(|c| words(c)).collect())
-                .collect();
-            let d = diversity(&sets);
-            (metrics.div1, metrics.div2, metrics.mbleu4) =
-                (Some(d.div1), Some(d.div2), Some(d.mbleu4));
+        let mut flow = self.write_samples(b, &mut on_event)?;
+        crate::killpoint::here("validation", || {});
+        if flow == Flow::Continue && !self.eval_items.is_empty() {
             let record = EpochMetrics {
                 epoch: self.epoch,
                 step: self.step,
-                metrics,
+                metrics: self.validate(b)?,
             };
-            self.run.append("metrics.jsonl", &record)?;
-            if on_event(Event::Metrics(&record)) == Flow::Stop {
-                return Ok(Flow::Stop);
-            }
+            self.run.append(run_folder::METRICS, &record)?;
+            flow = on_event(Event::Metrics(&record));
         }
+        let position = Position {
+            step: self.step,
+            epoch: self.epoch,
+        };
+        self.run.save_state(
+            b,
+            self.ck,
+            &self.opt,
+            position,
+            checkpoint_metadata(self.data),
+        )?;
         (self.since, self.tokens) = (Instant::now(), 0);
-        Ok(Flow::Continue)
+        Ok(flow)
+    }
+
+    /// Every metric of the greedy captions of the evaluated validation
+    /// images, and the diversity of 5 samples for the first of them.
+    fn validate(&mut self, b: &B) -> Result<CaptionMetrics> {
+        let bar = self.progress.start(
+            &format!("epoch {}: validation captions", self.epoch),
+            self.eval_items.len() as u64,
+        );
+        let captions = caption_items(
+            b,
+            self.ck,
+            self.data,
+            &self.eval_items,
+            &Decoding::Greedy,
+            &progress_only(&bar),
+        )?;
+        bar.finish_and_clear();
+        let mut metrics = score_captions(
+            b,
+            self.data,
+            &self.eval_items,
+            &captions,
+            self.retriever.as_deref_mut(),
+        )?;
+        let diverse = &self.eval_items[..self.eval_items.len().min(DIVERSITY_IMAGES)];
+        let bar = self.progress.start(
+            &format!("epoch {}: validation samples", self.epoch),
+            diverse.len() as u64,
+        );
+        let sampled = caption_items(
+            b,
+            self.ck,
+            self.data,
+            diverse,
+            &sampling(self.step),
+            &progress_only(&bar),
+        )?;
+        bar.finish_and_clear();
+        let sets: Vec<Vec<Vec<String>>> = sampled
+            .iter()
+            .map(|g| g.iter().map(|c| words(c)).collect())
+            .collect();
+        let d = diversity(&sets);
+        (metrics.div1, metrics.div2, metrics.mbleu4) = (Some(d.div1), Some(d.div2), Some(d.mbleu4));
+        Ok(metrics)
     }
 
     /// Captions the fixed validation images now (greedy with per-token
@@ -461,18 +476,23 @@ impl<'d, B: Backend> Trainer<'d, B> {
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
         // One pass samples every image; one batch-1 model decodes and scores the greedy captions.
+        let bar = self.progress.start(
+            &format!("epoch {}: sample captions", self.epoch),
+            2 * self.sample_items.len() as u64,
+        );
+        let options = progress_only(&bar);
         let sampled = caption_items(
             b,
             self.ck,
             self.data,
             &self.sample_items,
             &sampling(self.step),
-            None,
+            &options,
         )?;
         let mut model = self.ck.with_batch(b, 1)?;
         for (&i, samples) in self.sample_items.iter().zip(sampled) {
             let features = self.data.features_of(&[i]);
-            let generated = generate(b, &mut model, &features, &Decoding::Greedy, None)?;
+            let generated = generate(b, &mut model, &features, &Decoding::Greedy, &options)?;
             let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
                 .chain(generated[0].ids.iter().copied())
                 .collect();
@@ -484,17 +504,27 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 tokens: score_caption(b, &mut model, &self.ck.vocab, &features, &ids)?,
                 samples,
             };
-            self.run.append("samples.jsonl", &sample)?;
+            self.run.append(run_folder::SAMPLES, &sample)?;
             if on_event(Event::Sample(&sample)) == Flow::Stop {
+                bar.finish_and_clear();
                 return Ok(Flow::Stop);
             }
         }
+        bar.finish_and_clear();
         Ok(Flow::Continue)
     }
 
     /// Writes the model now (atomically) to `path`.
     pub fn save(&self, b: &B, path: &Path) -> Result<()> {
         self.ck.save(b, path, HashMap::new())
+    }
+}
+
+/// Default decoding limits, reporting to `bar`.
+fn progress_only(bar: &indicatif::ProgressBar) -> DecodeOptions {
+    DecodeOptions {
+        progress: Some(bar.clone()),
+        ..DecodeOptions::default()
     }
 }
 
@@ -511,9 +541,9 @@ fn sampling(step: usize) -> Decoding {
 }
 
 /// Trains `ck` on the training split to the end of the run, writing the
-/// run folder, with a progress bar. `resume` continues from the folder's
-/// optimizer state. The retriever, when given, adds its metrics to the
-/// per-epoch validation.
+/// run folder, with progress bars in `progress`. `resume` continues from
+/// the folder's saved state. The retriever, when given, adds its metrics
+/// to the per-epoch validation.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: Backend>(
     b: &B,
@@ -523,16 +553,13 @@ pub fn train<B: Backend>(
     run: &RunFolder,
     resume: bool,
     retriever: Option<&mut RetrieverCheckpoint<B>>,
+    progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), resume, retriever)?;
-    let bar = indicatif::ProgressBar::new(trainer.total_steps() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:30} {pos}/{len} steps {elapsed_precise} (eta {eta}) {msg}",
-        )
-        .expect("a valid template"),
-    );
+    trainer.show_progress(progress.clone());
+    let bar = progress.start("training", trainer.total_steps() as u64);
+    bar.set_position(trainer.step() as u64);
     while !trainer.finished() {
         let flow = trainer.train_batch(b, |e| {
             if let Event::Log(l) = e {
@@ -541,7 +568,7 @@ pub fn train<B: Backend>(
                     l.epoch, l.losses.loss, l.losses.mle, l.losses.smile
                 ));
             }
-            bar.suspend(|| on_event(e))
+            progress.suspend(|| on_event(e))
         });
         bar.set_position(trainer.step() as u64);
         match flow {
@@ -570,7 +597,7 @@ pub fn evaluate_items<B: Backend>(
     decoding: &Decoding,
     retriever: Option<&mut RetrieverCheckpoint<B>>,
 ) -> Result<CaptionMetrics> {
-    let generated = caption_items(b, ck, data, items, decoding, None)?;
+    let generated = caption_items(b, ck, data, items, decoding, &DecodeOptions::default())?;
     score_captions(b, data, items, &generated, retriever)
 }
 
@@ -607,12 +634,12 @@ pub fn caption_items<B: Backend>(
     data: &CaptionData,
     items: &[usize],
     decoding: &Decoding,
-    max_words: Option<usize>,
+    options: &DecodeOptions,
 ) -> Result<Vec<Vec<String>>> {
     let per_row = decoding.rows_per_image();
     let batch = (64 / per_row).max(1) * per_row;
     let mut model = ck.with_batch(b, batch)?;
-    let generated = generate(b, &mut model, &data.features_of(items), decoding, max_words)?;
+    let generated = generate(b, &mut model, &data.features_of(items), decoding, options)?;
     let mut out = vec![Vec::new(); items.len()];
     for g in generated {
         out[g.image].push(g.text(&ck.vocab));
@@ -620,54 +647,16 @@ pub fn caption_items<B: Backend>(
     Ok(out)
 }
 
-fn save_optimizer<B: Backend>(
-    b: &B,
-    opt: &AdamW<B>,
-    path: &Path,
-    step: usize,
-    epoch: usize,
-) -> Result<()> {
-    let (t, m, v) = opt.state(b);
-    let names: Vec<String> = (0..m.len())
-        .flat_map(|i| [format!("m.{i}"), format!("v.{i}")])
-        .collect();
-    let tensors: Vec<(&str, Vec<usize>, &[f32])> = names
+/// What a checkpoint trained on `data` records besides its weights: where
+/// its features came from.
+pub fn checkpoint_metadata(data: &CaptionData) -> HashMap<String, String> {
+    data.source
         .iter()
-        .zip(m.iter().zip(&v).flat_map(|(a, b)| [a, b]))
-        .map(|(n, d)| (n.as_str(), vec![d.len()], d.as_slice()))
-        .collect();
-    let metadata = HashMap::from([
-        (STEP_KEY.to_string(), step.to_string()),
-        (EPOCH_KEY.to_string(), epoch.to_string()),
-        ("adamw_step".to_string(), t.to_string()),
-    ]);
-    tensorfile::write(path, &tensors, metadata)
-}
-
-/// (step, epochs done) after restoring the moments.
-fn load_optimizer<B: Backend>(b: &B, opt: &mut AdamW<B>, path: &Path) -> Result<(usize, usize)> {
-    let mut file = tensorfile::read(path).with_context(|| {
-        format!(
-            "{}: no optimizer state to resume from; was the run folder written by `captune train`?",
-            path.display()
-        )
-    })?;
-    let number = |file: &tensorfile::TensorFile, key: &str| -> Result<u64> {
-        file.meta(key, path)?
-            .parse()
-            .with_context(|| format!("{}: metadata {key:?} is not a number", path.display()))
-    };
-    let (step, epoch, t) = (
-        number(&file, STEP_KEY)?,
-        number(&file, EPOCH_KEY)?,
-        number(&file, "adamw_step")?,
-    );
-    let count = opt.state(b).1.len();
-    let (mut m, mut v) = (Vec::new(), Vec::new());
-    for i in 0..count {
-        m.push(file.take(&format!("m.{i}"), path)?.data);
-        v.push(file.take(&format!("v.{i}"), path)?.data);
-    }
-    opt.restore(b, t, &m, &v);
-    Ok((step as usize, epoch as usize))
+        .map(|source| {
+            (
+                super::FEATURES_KEY.to_string(),
+                serde_json::to_string(source).expect("a feature source serialises"),
+            )
+        })
+        .collect()
 }

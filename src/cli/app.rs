@@ -1,15 +1,16 @@
 //! `captune app`: the desktop app on a data set, training in the app,
 //! following a run folder, or inspecting a checkpoint.
 
-use super::DataArgs;
-use super::captioner::{FeatureArgs, caption_data};
+use super::captioner::{FeatureArgs, TrainedOn, caption_data};
+use super::{DataArgs, free_folder};
 use anyhow::{Result, bail};
 use captune::app::window::{self, WindowOptions};
 use captune::app::{Source, Tab, TrainSetup};
 use captune::captioner::run::RunConfig;
+use captune::captioner::run_folder::RunFolder;
+use captune::data::features::FeatureSource;
 use captune::device::{self, DeviceChoice};
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct AppArgs {
@@ -32,9 +33,10 @@ pub struct AppArgs {
     /// Training in the app: start from this captioner checkpoint.
     #[arg(long)]
     pub init: Option<PathBuf>,
-    /// Training in the app: the run folder it writes.
-    #[arg(long, default_value = "runs/app")]
-    pub out: PathBuf,
+    /// Training in the app: the run folder it writes (default: runs/app, or
+    /// runs/app-2... when taken). A folder holding a run is refused.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Training in the app: start at once.
     #[arg(long)]
     pub start: bool,
@@ -73,15 +75,38 @@ fn parse_size(text: &str) -> Result<[f32; 2]> {
     }
 }
 
+/// What a followed run or an opened checkpoint was trained on, and where
+/// that is recorded.
+fn recorded(args: &AppArgs) -> Result<Option<(PathBuf, FeatureSource)>> {
+    let (record, source) = if let Some(dir) = &args.follow {
+        let config = RunFolder::new(dir).config();
+        let source = RunConfig::load(&config).ok().and_then(|c| c.features);
+        (config, source)
+    } else if let Some(path) = &args.checkpoint {
+        (path.clone(), captune::captioner::trained_on(path)?)
+    } else {
+        return Ok(None);
+    };
+    Ok(source.map(|s| (record, s)))
+}
+
 pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
-    // Embedding the images happens once, on the chosen device; the data
-    // then lives on the host and is shared by the UI, trainer and scorer.
-    let selection = device::select(device_choice)?;
-    eprintln!("{selection}");
-    let data = captune::with_backend!(&selection.backend, b => {
-        caption_data(b, &args.data, &args.features).map(|(data, _)| data)
-    })?;
-    drop(selection);
+    let trained_on = recorded(args)?;
+    let (data, features) = (args.data.clone(), args.features.clone());
+    // Embedding the images happens once, on the chosen device, while the
+    // window shows the progress; the data then lives on the host and is
+    // shared by the UI, trainer and scorer.
+    let load: window::Loader = Box::new(move |progress| {
+        let selection = device::select(device_choice)?;
+        eprintln!("{selection}");
+        let trained_on = trained_on.as_ref().map(|(record, source)| TrainedOn {
+            record: record.as_path(),
+            source,
+        });
+        captune::with_backend!(&selection.backend, b => {
+            caption_data(b, &data, &features, trained_on, progress).map(|(data, _)| data)
+        })
+    });
     let source = if let Some(dir) = &args.follow {
         Source::Follow(dir.clone())
     } else if let Some(path) = &args.checkpoint {
@@ -91,17 +116,36 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             Some(path) => RunConfig::load(path)?,
             None => RunConfig::preset(&args.preset)?,
         };
+        let out = match &args.out {
+            Some(out) => {
+                if RunFolder::new(out).holds_run() {
+                    bail!(
+                        "{} already holds a training run; follow it with `captune app --follow {}`, \
+                         or choose another --out",
+                        out.display(),
+                        out.display()
+                    );
+                }
+                out.clone()
+            }
+            None => free_folder(Path::new("runs/app")),
+        };
         Source::Train(TrainSetup {
             device: device_choice,
             config,
-            out: args.out.clone(),
+            out,
             init: args.init.clone(),
-            retriever: args.features.retriever_path(&args.data),
+            retriever: args.features.retriever.clone().or_else(|| {
+                args.data
+                    .is_shapes()
+                    .then(|| captune::cache::shapes_retriever().ok())
+                    .flatten()
+            }),
             autostart: args.start,
         })
     };
     window::run(
-        Arc::new(data),
+        load,
         source,
         WindowOptions {
             tab: args.tab,

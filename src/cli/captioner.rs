@@ -1,28 +1,30 @@
 //! The captioner's commands: train, eval, score, caption, inspect.
 
-use super::DataArgs;
+use super::{DataArgs, check_new_output};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
+use captune::cache;
 use captune::captioner::Checkpoint;
-use captune::captioner::decode::{Decoding, generate};
+use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::inspect::score_caption;
 use captune::captioner::objective::{FirstToken, ObjectiveKind};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{self, CaptionData, Event, Flow, RunFolder};
-use captune::data::features::Features;
+use captune::captioner::run_folder::RunFolder;
+use captune::captioner::train::{self, CaptionData, Event, Flow};
+use captune::data::features::{FeatureSource, Features, retriever_encoder_id};
+use captune::data::source::DataSource;
 use captune::data::tokenize::ptb_tokenize;
 use captune::data::{Dataset, Item, Split, images};
 use captune::metrics::coco_scores;
+use captune::progress::Progress;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use captune::retriever::eval::embed_images;
+use captune::tensorfile::fingerprint;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// The shapes world's retriever, made by `captune retriever train` and kept in the repository.
-pub const SHAPES_RETRIEVER: &str = "assets/shapes-retriever.safetensors";
-
 /// Where image embeddings come from.
-#[derive(clap::Args, Clone)]
+#[derive(clap::Args, Clone, Default)]
 pub struct FeatureArgs {
     /// A features file (safetensors from `captune embed` or any encoder, or .npy with --features-ids).
     #[arg(long)]
@@ -31,55 +33,154 @@ pub struct FeatureArgs {
     #[arg(long)]
     pub features_ids: Option<PathBuf>,
     /// The retriever that embeds the images (and scores self-retrieval and
-    /// relevance). Default on the shapes world: assets/shapes-retriever.safetensors.
+    /// relevance). Default: the one the captioner was trained with, else on
+    /// the shapes world the shapes retriever carried in the binary.
     #[arg(long)]
     pub retriever: Option<PathBuf>,
 }
 
-impl FeatureArgs {
-    pub fn retriever_path(&self, data: &DataArgs) -> Option<PathBuf> {
-        self.retriever.clone().or_else(|| {
-            (data.is_shapes() && Path::new(SHAPES_RETRIEVER).exists())
-                .then(|| SHAPES_RETRIEVER.into())
+/// What a captioner was trained on, and where that record is (a
+/// checkpoint or a run folder's config), for defaults and checks.
+#[derive(Clone, Copy)]
+pub struct TrainedOn<'a> {
+    pub record: &'a Path,
+    pub source: &'a FeatureSource,
+}
+
+impl<'a> TrainedOn<'a> {
+    pub fn of(record: &'a Path, source: &'a Option<FeatureSource>) -> Option<TrainedOn<'a>> {
+        source.as_ref().map(|source| TrainedOn { record, source })
+    }
+}
+
+/// A retriever file and its identity as an encoder.
+struct RetrieverFile {
+    path: PathBuf,
+    encoder: String,
+}
+
+impl RetrieverFile {
+    fn open(path: &Path) -> Result<RetrieverFile> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(RetrieverFile {
+            path: path.to_path_buf(),
+            encoder: retriever_encoder_id(&bytes),
         })
     }
 }
 
-/// Loads the data set with one embedding per item, and the retriever when there is one.
+/// The data set to use: the one asked for, else the one the captioner
+/// was trained on, else the shapes world. Warns when the two differ.
+pub fn resolve_data(data: &DataArgs, trained_on: Option<TrainedOn<'_>>) -> Result<DataArgs> {
+    let Some(t) = trained_on else {
+        return Ok(data.clone());
+    };
+    let recorded_shapes = t.source.shapes.unwrap_or(data.shapes);
+    match &data.data {
+        None => Ok(DataArgs {
+            data: Some(t.source.data.parse().map_err(|e: String| {
+                anyhow::anyhow!("{}: the recorded data set: {e}", t.record.display())
+            })?),
+            images: data.images.clone().or(t.source.images.clone()),
+            shapes: recorded_shapes,
+        }),
+        Some(asked) => {
+            let differs = asked.absolute().to_string() != t.source.data
+                || (asked == &DataSource::Shapes && data.shapes != recorded_shapes);
+            if differs {
+                eprintln!(
+                    "warning: {} was trained on {}; using {} as asked",
+                    t.record.display(),
+                    t.source.data,
+                    asked
+                );
+            }
+            Ok(data.clone())
+        }
+    }
+}
+
+/// Loads the data set with one embedding per item, and the retriever when
+/// there is one. `trained_on` (the captioner's record) fills in what the
+/// command line leaves out, and embeddings from another encoder than the
+/// captioner's are refused. Embeddings computed with a retriever are
+/// cached on disk, keyed by the retriever and the data set.
 pub fn caption_data<B: Backend>(
     b: &B,
     data: &DataArgs,
     features: &FeatureArgs,
+    trained_on: Option<TrainedOn<'_>>,
+    progress: &Progress,
 ) -> Result<(CaptionData, Option<RetrieverCheckpoint<B>>)> {
+    let data = resolve_data(data, trained_on)?;
+    let recorded = trained_on.map(|t| t.source);
     let mut dataset = data.load()?;
-    let mut retriever = match features.retriever_path(data) {
-        Some(path) => Some(RetrieverCheckpoint::load(b, &path, 128)?),
+    // The retriever: asked for, else the captioner's (while its file is
+    // there), else on the shapes world the carried one.
+    let recorded_retriever = recorded
+        .and_then(|r| r.retriever.clone())
+        .filter(|p| p.is_file());
+    let retriever_file = match (features.retriever.as_ref(), recorded_retriever.as_ref()) {
+        (Some(path), _) | (None, Some(path)) => Some(RetrieverFile::open(path.as_path())?),
+        (None, None) if data.is_shapes() => Some(RetrieverFile::open(&cache::shapes_retriever()?)?),
+        (None, None) => None,
+    };
+    // The features file: asked for, else the captioner's unless a retriever was asked for.
+    let features_file = features.features.clone().or_else(|| {
+        recorded
+            .and_then(|r| r.features.clone())
+            .filter(|_| features.retriever.is_none())
+    });
+    let mut retriever = match &retriever_file {
+        Some(r) => Some(RetrieverCheckpoint::load(b, &r.path, 128)?),
         None => None,
     };
-    let (embeddings, dim) = match (&features.features, retriever.as_mut()) {
-        (Some(path), r) => {
+    let (embeddings, dim, source) = match (&features_file, retriever.as_mut()) {
+        (Some(path), _) => {
             let f = Features::load(path, features.features_ids.as_deref())?;
-            if let Some(r) = r {
-                f.expect_dim(r.model.config.embed_dim)?;
-            }
-            (f.align(&mut dataset), f.dim)
+            let embeddings = f.align(&mut dataset)?;
+            let source = FeatureSource {
+                features: Some(absolute(path)),
+                encoder: f.encoder.clone(),
+                ..source_of(&data, f.dim)
+            };
+            (embeddings, f.dim, source)
         }
         (None, Some(r)) => {
-            eprintln!(
-                "embedding {} images with the retriever",
-                dataset.items.len()
-            );
-            let images = images::load(&mut dataset, r.model.config.image_size)?;
-            let all: Vec<usize> = (0..dataset.items.len()).collect();
-            (
-                embed_images(b, &mut r.model, &images, &all)?,
-                r.model.config.embed_dim,
-            )
+            let file = retriever_file
+                .as_ref()
+                .expect("a loaded retriever has a file");
+            let embeddings = embed_cached(b, r, &file.encoder, &mut dataset, progress)?;
+            let dim = r.model.config.embed_dim;
+            let source = FeatureSource {
+                retriever: Some(absolute(&file.path)),
+                encoder: Some(file.encoder.clone()),
+                ..source_of(&data, dim)
+            };
+            (embeddings, dim, source)
         }
         (None, None) => bail!(
             "no image embeddings: give --features FILE (from `captune embed` or another encoder) or --retriever CHECKPOINT"
         ),
     };
+    if let Some(t) = trained_on {
+        check_same_encoder(t, &source)?;
+    }
+    // Self-retrieval and relevance compare the retriever's text embeddings
+    // with these image embeddings: only meaningful from the same encoder.
+    if let (Some(file), Some(encoder)) = (&retriever_file, &source.encoder)
+        && &file.encoder != encoder
+        && retriever.is_some()
+    {
+        eprintln!(
+            "warning: the image embeddings come from {} but the retriever {} is another encoder; \
+             self-retrieval and relevance metrics are left out",
+            source.origin(),
+            file.path.display()
+        );
+        retriever = None;
+    }
     if !dataset.report.is_clean() {
         eprintln!("{}", dataset.report);
     }
@@ -88,9 +189,119 @@ pub fn caption_data<B: Backend>(
             data: dataset,
             features: embeddings,
             dim,
+            source: Some(source),
         },
         retriever,
     ))
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// A record of `data` with embeddings of `dim`; the caller adds their origin.
+fn source_of(data: &DataArgs, dim: usize) -> FeatureSource {
+    FeatureSource {
+        data: data.source().absolute().to_string(),
+        dim,
+        images: data.images.as_deref().map(absolute),
+        features: None,
+        retriever: None,
+        encoder: None,
+        shapes: data.is_shapes().then_some(data.shapes),
+    }
+}
+
+/// Refuses embeddings that differ from the captioner's in dimension or
+/// encoder, naming both and what differs.
+fn check_same_encoder(t: TrainedOn<'_>, now: &FeatureSource) -> Result<()> {
+    let was = t.source;
+    if was.dim != now.dim {
+        bail!(
+            "{} was trained on {}-dimensional embeddings ({}), but {} gives {}; \
+             use the captioner's own features or retriever",
+            t.record.display(),
+            was.dim,
+            was.origin(),
+            now.origin(),
+            now.dim
+        );
+    }
+    if let (Some(a), Some(b)) = (&was.encoder, &now.encoder)
+        && a != b
+    {
+        bail!(
+            "{} was trained on embeddings from encoder {a} ({}), but {} comes from encoder {b}; \
+             a captioner reads only its own encoder's embeddings: use the same retriever or features",
+            t.record.display(),
+            was.origin(),
+            now.origin()
+        );
+    }
+    Ok(())
+}
+
+/// The embeddings of `data`'s images by the retriever `r` (identity
+/// `encoder`), from the cache when they are there; else computed (with
+/// progress bars) and cached. Items whose image cannot be read are
+/// removed from `data`, as `images::load` does.
+fn embed_cached<B: Backend>(
+    b: &B,
+    r: &mut RetrieverCheckpoint<B>,
+    encoder: &str,
+    data: &mut Dataset,
+    progress: &Progress,
+) -> Result<Vec<f32>> {
+    let size = r.model.config.image_size;
+    let mut listing = format!("{encoder}\n{size}\n");
+    for item in &data.items {
+        let meta = std::fs::metadata(&item.image).ok();
+        let modified = meta
+            .as_ref()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let len = meta.map_or(0, |m| m.len());
+        listing.push_str(&format!(
+            "{}\t{}\t{len}\t{modified}\n",
+            item.id,
+            item.image.display()
+        ));
+    }
+    let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
+    if cached.is_file() {
+        match Features::load(&cached, None).and_then(|f| f.align(data)) {
+            Ok(embeddings) => {
+                eprintln!("image embeddings from the cache: {}", cached.display());
+                return Ok(embeddings);
+            }
+            Err(e) => {
+                eprintln!("warning: ignoring the cached embeddings ({e:#}); computing them again")
+            }
+        }
+    }
+    let bar = progress.start(
+        &format!("loading {} images", data.items.len()),
+        data.items.len() as u64,
+    );
+    let images = images::load(data, size, &bar)?;
+    bar.finish_and_clear();
+    let all: Vec<usize> = (0..data.items.len()).collect();
+    let bar = progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
+    let embeddings = embed_images(b, &mut r.model, &images, &all, &bar)?;
+    bar.finish_and_clear();
+    let features = Features {
+        source: cached.clone(),
+        ids: data.items.iter().map(|i| i.id.clone()).collect(),
+        dim: r.model.config.embed_dim,
+        embeddings,
+        encoder: Some(encoder.to_string()),
+    };
+    let metadata = HashMap::from([("dataset".to_string(), data.name.clone())]);
+    if let Err(e) = features.save(&cached, metadata) {
+        eprintln!("warning: cannot cache the image embeddings ({e:#})");
+    }
+    Ok(features.embeddings)
 }
 
 #[derive(clap::Args)]
@@ -112,6 +323,7 @@ pub struct TrainArgs {
     /// lambda in lambda * MLE + (1 - lambda) * SMILE.
     #[arg(long)]
     pub mle_weight: Option<f32>,
+    /// Epochs to train; with --resume, epochs to train beyond those done.
     #[arg(long)]
     pub epochs: Option<usize>,
     #[arg(long)]
@@ -122,15 +334,21 @@ pub struct TrainArgs {
     /// The run folder (config, logs, samples, metrics, checkpoints).
     #[arg(long, default_value = "runs/captioner")]
     pub out: PathBuf,
-    /// Continue the run in --out from its last checkpoint.
-    #[arg(long)]
+    /// Continue the run in --out from its last saved state.
+    #[arg(long, conflicts_with = "overwrite")]
     pub resume: bool,
+    /// Start a new run in --out even though one is there (its files are deleted).
+    #[arg(long)]
+    pub overwrite: bool,
 }
 
 impl TrainArgs {
+    /// The run's config: the folder's when resuming, else a file or a
+    /// preset; then the command line's overrides.
     fn run_config(&self) -> Result<RunConfig> {
+        let run = RunFolder::new(&self.out);
         let mut c = if self.resume {
-            RunConfig::load(&self.out.join("config.toml"))?
+            RunConfig::load(&run.config())?
         } else if let Some(path) = &self.config {
             RunConfig::load(path)?
         } else {
@@ -147,7 +365,11 @@ impl TrainArgs {
             t.mle_weight = w;
         }
         if let Some(e) = self.epochs {
-            t.epochs = e;
+            t.epochs = if self.resume {
+                run.position()?.epoch + e
+            } else {
+                e
+            };
         }
         if let Some(lr) = self.lr {
             t.lr = lr;
@@ -162,31 +384,53 @@ pub fn train<B: Backend>(
     args: &TrainArgs,
     loaded: Option<(&CaptionData, Option<&mut RetrieverCheckpoint<B>>)>,
 ) -> Result<Checkpoint<B>> {
+    let run = RunFolder::new(&args.out);
+    // Before anything slow: a resumable folder, or one free for a new run.
+    if args.resume {
+        run.recover()?;
+    } else {
+        run.start(args.overwrite)?;
+    }
     let config = args.run_config()?;
+    let progress = Progress::terminal();
     let mut owned = None;
     let (data, retriever) = match loaded {
         Some(l) => l,
         None => {
-            let (d, r) = caption_data(b, &args.data, &args.features)?;
+            let trained_on = if args.resume {
+                config.features.as_ref()
+            } else {
+                None
+            };
+            let trained_on = trained_on.map(|source| TrainedOn {
+                record: &args.out,
+                source,
+            });
+            let (d, r) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
             let o = owned.insert((d, r));
             (&o.0, o.1.as_mut())
         }
-    };
-    let run = RunFolder {
-        dir: args.out.clone(),
     };
     let batch = config.train.batch;
     let mut ck = if args.resume {
         Checkpoint::load(b, &run.checkpoint(), batch)?
     } else if let Some(init) = &args.init {
-        Checkpoint::load(b, init, batch)?
+        let ck = Checkpoint::load(b, init, batch)?;
+        let source = captune::captioner::trained_on(init)?;
+        if let (Some(t), Some(now)) = (TrainedOn::of(init, &source), &data.source) {
+            check_same_encoder(t, now)?;
+        }
+        ck
     } else {
         train::fresh_checkpoint(b, data, &config)?
     };
     if ck.model.config.embed_dim != data.dim {
         bail!(
-            "the captioner reads {}-dimensional image embeddings but the features have {}",
+            "the captioner reads {}-dimensional image embeddings but {} gives {}",
             ck.model.config.embed_dim,
+            data.source
+                .as_ref()
+                .map_or("the features".into(), |s| s.origin()),
             data.dim
         );
     }
@@ -206,6 +450,7 @@ pub fn train<B: Backend>(
         &run,
         args.resume,
         retriever,
+        &progress,
         |e| {
             match e {
                 Event::Log(_) => {}
@@ -223,6 +468,30 @@ pub fn train<B: Backend>(
     Ok(ck)
 }
 
+/// How captions are decoded, for `eval` and `caption`.
+#[derive(clap::Args)]
+pub struct DecodeArgs {
+    /// greedy, beam:W, beam:W:N, sample:N or sample:N:t=..,k=..,p=..,seed=..
+    #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
+    pub decode: Decoding,
+    /// Stop captions after this many words (default: the model's maximum).
+    #[arg(long)]
+    pub max_words: Option<usize>,
+    /// Never emit <unk>: the decoder chooses among the other words.
+    #[arg(long)]
+    pub suppress_unk: bool,
+}
+
+impl DecodeArgs {
+    fn options(&self, progress: &indicatif::ProgressBar) -> DecodeOptions {
+        DecodeOptions {
+            max_words: self.max_words,
+            suppress_unk: self.suppress_unk,
+            progress: Some(progress.clone()),
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct EvalArgs {
     #[command(flatten)]
@@ -233,15 +502,14 @@ pub struct EvalArgs {
     pub checkpoint: PathBuf,
     #[arg(long, value_parser = parse_split, default_value = "test")]
     pub split: Split,
-    /// greedy, beam:W, beam:W:N, sample:N or sample:N:t=..,k=..,p=..,seed=..
-    #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
-    pub decode: Decoding,
-    /// Stop captions after this many words (default: the model's maximum).
-    #[arg(long)]
-    pub max_words: Option<usize>,
+    #[command(flatten)]
+    pub decoding: DecodeArgs,
     /// Where to write the COCO-format results (default: beside the checkpoint).
     #[arg(long)]
     pub results: Option<PathBuf>,
+    /// Replace the results file if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -250,9 +518,58 @@ pub fn parse_split(s: &str) -> Result<Split> {
     Split::parse(s).with_context(|| format!("{s:?} is not a split; use train, val or test"))
 }
 
+/// A captioner checkpoint with what it was trained on.
+pub struct Captioner<B: Backend> {
+    pub ck: Checkpoint<B>,
+    pub trained_on: Option<FeatureSource>,
+}
+
+impl<B: Backend> Captioner<B> {
+    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+        Ok(Captioner {
+            ck: Checkpoint::load(b, path, batch)?,
+            trained_on: captune::captioner::trained_on(path)?,
+        })
+    }
+
+    /// Refuses embeddings of another size than the model reads.
+    pub fn check_dim(&self, path: &Path, data: &CaptionData) -> Result<()> {
+        let want = self.ck.model.config.embed_dim;
+        if want != data.dim {
+            bail!(
+                "{} reads {want}-dimensional image embeddings, but {} gives {}; \
+                 use the features or retriever it was trained with",
+                path.display(),
+                data.source
+                    .as_ref()
+                    .map_or("the features".into(), |s| s.origin()),
+                data.dim
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A results entry's `image_id`: a number where the data set's id is one
+/// (COCO and Karpathy ids are), as pycocotools' `loadRes` expects.
+fn result_id(id: &str) -> serde_json::Value {
+    match id.parse::<u64>() {
+        Ok(n) if n.to_string() == id => serde_json::Value::from(n),
+        _ => serde_json::Value::from(id),
+    }
+}
+
 pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
-    let (data, mut retriever) = caption_data(b, &args.data, &args.features)?;
-    let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
+    let path = args.results.clone().unwrap_or_else(|| {
+        args.checkpoint
+            .with_file_name(format!("results-{}.json", args.split.name()))
+    });
+    check_new_output(&path, args.overwrite, "--results")?;
+    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let progress = Progress::terminal();
+    let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
+    let (data, mut retriever) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
+    captioner.check_dim(&args.checkpoint, &data)?;
     let items = data.items(args.split);
     if items.is_empty() {
         bail!(
@@ -261,20 +578,29 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
             args.split.name()
         );
     }
-    let captions = train::caption_items(b, &ck, &data, &items, &args.decode, args.max_words)?;
+    let bar = progress.start(
+        &format!("captioning {} images", items.len()),
+        items.len() as u64,
+    );
+    let options = args.decoding.options(&bar);
+    let captions = train::caption_items(
+        b,
+        &captioner.ck,
+        &data,
+        &items,
+        &args.decoding.decode,
+        &options,
+    )?;
+    bar.finish_and_clear();
     let results: Vec<serde_json::Value> = items
         .iter()
         .zip(&captions)
         .flat_map(|(&i, caps)| {
-            let id = &data.data.items[i].id;
+            let id = result_id(&data.data.items[i].id);
             caps.iter()
                 .map(move |c| serde_json::json!({"image_id": id, "caption": c}))
         })
         .collect();
-    let path = args.results.clone().unwrap_or_else(|| {
-        args.checkpoint
-            .with_file_name(format!("results-{}.json", args.split.name()))
-    });
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
     let metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
     if args.json {
@@ -309,62 +635,95 @@ pub struct ScoreArgs {
     pub json: bool,
 }
 
+/// What `score` reports: the reference-based scores of each image's first
+/// caption, and with several captions per image their diversity.
+#[derive(serde::Serialize)]
+struct Scores {
+    images: usize,
+    captions_per_image: usize,
+    #[serde(flatten)]
+    coco: captune::metrics::CocoScores,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    div1: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    div2: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mbleu4: Option<f64>,
+}
+
 /// Scores a results file against the split's references, exactly as
-/// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L).
+/// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L). Only the
+/// references are read, never the images. Several captions of one image
+/// (`eval --decode sample:5`) are accepted as eval scores them: the first
+/// for the reference-based scores, all for Div-1, Div-2 and mBLEU-4.
 pub fn score(args: &ScoreArgs) -> Result<()> {
-    let data = args.data.load()?;
+    let data = args.data.source().load_references(&args.data.shapes)?;
     let by_id: HashMap<&str, &Item> = data.split(args.split).map(|i| (i.id.as_str(), i)).collect();
+    let file = args.results.display();
     let text = std::fs::read_to_string(&args.results)
-        .with_context(|| format!("{}: cannot read the results", args.results.display()))?;
-    let results: Vec<serde_json::Value> = serde_json::from_str(&text).with_context(|| {
-        format!(
-            "{}: not a JSON list of {{\"image_id\", \"caption\"}}",
-            args.results.display()
-        )
-    })?;
-    let (mut candidates, mut references) = (Vec::new(), Vec::new());
-    let mut seen = std::collections::HashSet::new();
+        .with_context(|| format!("{file}: cannot read the results"))?;
+    let results: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| format!("{file}: not a JSON list of {{\"image_id\", \"caption\"}}"))?;
+    // Each image's captions, images in their first appearance's order.
+    let mut order: Vec<&Item> = Vec::new();
+    let mut captions: HashMap<String, Vec<Vec<String>>> = HashMap::new();
     for (k, r) in results.iter().enumerate() {
         let id = match &r["image_id"] {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Number(n) => n.to_string(),
-            _ => bail!("{}: entry {k} has no image_id", args.results.display()),
+            _ => bail!("{file}: entry {k} has no image_id"),
         };
         let Some(caption) = r["caption"].as_str() else {
-            bail!(
-                "{}: entry {k} (image {id}) has no caption string",
-                args.results.display()
-            );
+            bail!("{file}: entry {k} (image {id}) has no caption string");
         };
         let Some(item) = by_id.get(id.as_str()) else {
             bail!(
-                "{}: entry {k}: image {id} is not in the {} split of {}",
-                args.results.display(),
+                "{file}: entry {k}: image {id} is not in the {} split of {}",
                 args.split.name(),
                 data.name
             );
         };
-        if !seen.insert(id.clone()) {
-            bail!(
-                "{}: entry {k}: image {id} appears twice; give one caption per image",
-                args.results.display()
-            );
+        let list = captions.entry(id).or_default();
+        if list.is_empty() {
+            order.push(item);
         }
-        candidates.push(ptb_tokenize(caption));
-        references.push(
-            item.captions
-                .iter()
-                .map(|c| c.tokens.clone())
-                .collect::<Vec<_>>(),
+        list.push(ptb_tokenize(caption));
+    }
+    let sets: Vec<Vec<Vec<String>>> = order
+        .iter()
+        .map(|item| {
+            captions
+                .remove(&item.id)
+                .expect("every listed image has captions")
+        })
+        .collect();
+    let per_image = sets.iter().map(Vec::len).max().unwrap_or(0);
+    if sets.iter().any(|s| s.len() != per_image) {
+        bail!(
+            "{file}: images have different numbers of captions (from 1 to {per_image}); \
+             give every image one caption, or the same number each"
         );
     }
-    let scores = coco_scores(&candidates, &references);
+    let firsts: Vec<Vec<String>> = sets.iter().map(|s| s[0].clone()).collect();
+    let references: Vec<Vec<Vec<String>>> = order
+        .iter()
+        .map(|item| item.captions.iter().map(|c| c.tokens.clone()).collect())
+        .collect();
+    let d = (per_image >= 2).then(|| captune::metrics::diversity::diversity(&sets));
+    let scores = Scores {
+        images: sets.len(),
+        captions_per_image: per_image,
+        coco: coco_scores(&firsts, &references),
+        div1: d.as_ref().map(|d| d.div1),
+        div2: d.as_ref().map(|d| d.div2),
+        mbleu4: d.as_ref().map(|d| d.mbleu4),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);
     } else {
         println!(
             "{} images of {} {}",
-            candidates.len(),
+            scores.images,
             data.name,
             args.split.name()
         );
@@ -377,21 +736,76 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
 pub struct CaptionArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The retriever whose image tower embeds the images (the captioner was trained on its features).
-    #[arg(long, default_value = SHAPES_RETRIEVER)]
-    pub retriever: PathBuf,
-    #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
-    pub decode: Decoding,
-    /// Stop captions after this many words (default: the model's maximum).
+    /// The retriever whose image tower embeds the images. Default: the one
+    /// the captioner was trained with (on the shapes world, the carried one).
     #[arg(long)]
-    pub max_words: Option<usize>,
+    pub retriever: Option<PathBuf>,
+    #[command(flatten)]
+    pub decoding: DecodeArgs,
     /// Image files.
     #[arg(required = true)]
     pub images: Vec<PathBuf>,
 }
 
+/// The retriever `caption` embeds images with: the one asked for, else
+/// the captioner's own. Refuses one that is not the captioner's encoder.
+fn caption_retriever(
+    args: &CaptionArgs,
+    trained_on: &Option<FeatureSource>,
+) -> Result<RetrieverFile> {
+    let ck = args.checkpoint.display();
+    let file = match (&args.retriever, trained_on) {
+        (Some(path), _) => RetrieverFile::open(path)?,
+        (None, Some(t)) => match &t.retriever {
+            Some(path) if path.is_file() => RetrieverFile::open(path)?,
+            _ if t.data == "shapes" && t.features.is_none() => {
+                RetrieverFile::open(&cache::shapes_retriever()?)?
+            }
+            _ => bail!(
+                "{ck} was trained on {}, and `caption` embeds images only with a captune retriever: \
+                 pass --retriever with the retriever of those features",
+                t.origin()
+            ),
+        },
+        (None, None) => {
+            eprintln!(
+                "warning: {ck} does not record its features (it predates the record); \
+                 embedding with the shapes retriever; pass --retriever for another"
+            );
+            RetrieverFile::open(&cache::shapes_retriever()?)?
+        }
+    };
+    if let Some(t) = trained_on {
+        let now = FeatureSource {
+            retriever: Some(file.path.clone()),
+            encoder: Some(file.encoder.clone()),
+            ..t.clone()
+        };
+        check_same_encoder(
+            TrainedOn {
+                record: &args.checkpoint,
+                source: t,
+            },
+            &now,
+        )?;
+    }
+    Ok(file)
+}
+
 pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
-    let mut retriever = RetrieverCheckpoint::load(b, &args.retriever, 128)?;
+    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let file = caption_retriever(args, &captioner.trained_on)?;
+    let mut retriever = RetrieverCheckpoint::load(b, &file.path, 128)?;
+    let embed_dim = retriever.model.config.embed_dim;
+    if embed_dim != captioner.ck.model.config.embed_dim {
+        bail!(
+            "{} reads {}-dimensional image embeddings but the retriever {} makes {embed_dim}; \
+             pass the retriever it was trained with",
+            args.checkpoint.display(),
+            captioner.ck.model.config.embed_dim,
+            file.path.display()
+        );
+    }
     let mut data = Dataset {
         name: "images".into(),
         items: args
@@ -407,15 +821,31 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
             .collect(),
         report: Default::default(),
     };
-    let images = images::load(&mut data, retriever.model.config.image_size)?;
+    let progress = Progress::terminal();
+    let n = data.items.len() as u64;
+    let bar = progress.start("loading images", n);
+    let images = images::load(&mut data, retriever.model.config.image_size, &bar)?;
+    bar.finish_and_clear();
     if !data.report.is_clean() {
         eprintln!("{}", data.report);
     }
     let all: Vec<usize> = (0..data.items.len()).collect();
-    let features = embed_images(b, &mut retriever.model, &images, &all)?;
-    let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
-    let mut model = ck.with_batch(b, args.decode.rows_per_image().max(8))?;
-    for g in generate(b, &mut model, &features, &args.decode, args.max_words)? {
+    let bar = progress.start("embedding images", all.len() as u64);
+    let features = embed_images(b, &mut retriever.model, &images, &all, &bar)?;
+    bar.finish_and_clear();
+    let ck = &captioner.ck;
+    let decode = &args.decoding.decode;
+    let mut model = ck.with_batch(b, decode.rows_per_image().max(8))?;
+    let bar = progress.start("captioning", all.len() as u64);
+    let generated = generate(
+        b,
+        &mut model,
+        &features,
+        decode,
+        &args.decoding.options(&bar),
+    )?;
+    bar.finish_and_clear();
+    for g in generated {
         println!("{}\t{}", data.items[g.image].id, g.text(&ck.vocab));
     }
     Ok(())
@@ -440,11 +870,20 @@ pub struct InspectArgs {
 }
 
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
-    let (data, _) = caption_data(b, &args.data, &args.features)?;
+    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
+    let (data, _) = caption_data(
+        b,
+        &args.data,
+        &args.features,
+        trained_on,
+        &Progress::terminal(),
+    )?;
+    captioner.check_dim(&args.checkpoint, &data)?;
     let Some(i) = data.data.items.iter().position(|it| it.id == args.image) else {
         bail!("{}: no image with id {:?}", data.data.name, args.image);
     };
-    let ck = Checkpoint::load(b, &args.checkpoint, 1)?;
+    let ck = captioner.ck;
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);

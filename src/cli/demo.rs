@@ -1,10 +1,10 @@
 //! `captune demo`: the SMILE paper's effect on the shapes world, end to
-//! end. Get the retriever (the one kept in assets/, or train one), embed
-//! the images, train the captioner with MLE, continue with SMILE, and
-//! compare the two on the test images.
+//! end. Embed the images with the shapes retriever the binary carries,
+//! train the captioner with MLE, continue with SMILE, and compare the two
+//! on the test images.
 
-use super::DataArgs;
-use super::captioner::{self, FeatureArgs, SHAPES_RETRIEVER, TrainArgs, caption_data};
+use super::captioner::{self, FeatureArgs, TrainArgs, caption_data};
+use super::{DataArgs, check_new_output, free_folder};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
@@ -13,19 +13,21 @@ use captune::captioner::objective::ObjectiveKind;
 use captune::captioner::train::{self as captioner_train, CaptionData};
 use captune::data::Split;
 use captune::data::shapes::ShapesConfig;
-use captune::data::source::DataSource;
 use captune::retriever::train::Prepared;
 use serde_json::json;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Write {"retriever": {...}, "mle": {...}, "smile": {...}} here.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Where the two runs go.
-    #[arg(long, default_value = "runs/demo")]
-    pub out: PathBuf,
+    /// Where the two runs go (default: runs/demo, or runs/demo-2... when taken).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Replace --out if it holds an earlier demo.
+    #[arg(long)]
+    pub overwrite: bool,
     #[arg(long, default_value_t = 15)]
     pub mle_epochs: usize,
     #[arg(long, default_value_t = 2)]
@@ -36,7 +38,7 @@ pub struct DemoArgs {
     /// lambda of the SMILE stage: lambda * MLE + (1 - lambda) * SMILE. The
     /// paper's best self-retrieval came with 0.01; on the shapes world 0.3
     /// keeps fact precision at 0.8 while nearly doubling the length
-    /// (README, "Figures").
+    /// (docs/results.md).
     #[arg(long, default_value_t = 0.3)]
     pub smile_mle_weight: f32,
     /// Test images scored.
@@ -63,26 +65,28 @@ const ROWS: [(&str, &str, usize); 9] = [
 ];
 
 pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
-    let data_args = DataArgs {
-        data: DataSource::Shapes,
-        images: None,
-        shapes: args.shapes,
+    let out = match &args.out {
+        Some(out) => {
+            check_new_output(out, args.overwrite, "--out")?;
+            out.clone()
+        }
+        None => free_folder(Path::new("runs/demo")),
     };
+    let data_args = DataArgs::shapes(args.shapes);
     eprintln!("[1/5] the retriever");
-    let retriever_path = get_retriever(b, &data_args, &args.out)?;
+    let retriever_path = captune::cache::shapes_retriever()?;
     let features = FeatureArgs {
-        features: None,
-        features_ids: None,
         retriever: Some(retriever_path.clone()),
+        ..FeatureArgs::default()
     };
-    eprintln!(
-        "[2/5] embedding the shapes world with {}",
-        retriever_path.display()
-    );
-    let (data, retriever) = caption_data(b, &data_args, &features)?;
+    eprintln!("[2/5] embedding the shapes world with the shapes retriever");
+    let progress = captune::progress::Progress::terminal();
+    let (data, retriever) = caption_data(b, &data_args, &features, None, &progress)?;
     let mut retriever = retriever.expect("the demo always has its retriever");
     let retriever_recall = {
-        let prep = Prepared::new(data_args.load()?, retriever.model.config.image_size)?;
+        // Only the val images: the others' embeddings are already there.
+        let val = data_args.load()?.only(Split::Val);
+        let prep = Prepared::new(val, retriever.model.config.image_size)?;
         prep.evaluate(b, &mut retriever, Split::Val)?
     };
     eprintln!("retriever on val: {retriever_recall}");
@@ -99,8 +103,9 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             epochs: Some(epochs),
             lr: smile.then_some(args.smile_lr),
             init,
-            out: args.out.join(if smile { "smile" } else { "mle" }),
+            out: out.join(if smile { "smile" } else { "mle" }),
             resume: false,
+            overwrite: args.overwrite,
         }
     };
     eprintln!("[3/5] training the captioner with MLE");
@@ -135,7 +140,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             &data,
             &test[..3.min(test.len())],
             &Decoding::Greedy,
-            None,
+            &Default::default(),
         )?;
         scored.push((metrics, examples));
     }
@@ -157,43 +162,6 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// The kept retriever, or a short training run of one when it is absent.
-fn get_retriever<B: Backend>(b: &B, data: &DataArgs, out: &std::path::Path) -> Result<PathBuf> {
-    let kept = PathBuf::from(SHAPES_RETRIEVER);
-    if kept.exists() {
-        return Ok(kept);
-    }
-    let path = out.join("retriever.safetensors");
-    if path.exists() {
-        eprintln!("using {} from an earlier demo", path.display());
-        return Ok(path);
-    }
-    eprintln!(
-        "{} is absent: training a small retriever for 2 epochs (the kept one trains far longer; see the README)",
-        kept.display()
-    );
-    std::fs::create_dir_all(out)?;
-    let dataset = data.load()?;
-    let train_images = dataset.split(Split::Train).count();
-    let batch = 128.min(train_images).max(1);
-    let mut ck = super::RetrieverShape::default().new_retriever(b, &dataset, batch, 0)?;
-    let prep = Prepared::new(dataset, ck.model.config.image_size)?;
-    let options = captune::retriever::train::TrainOptions {
-        epochs: 2,
-        lr: 1e-3,
-        weight_decay: 0.1,
-        warmup: 200,
-        seed: 0,
-        checkpoint: path.clone(),
-        eval_each_epoch: false,
-        log_every: 10,
-    };
-    captune::retriever::train::train(b, &mut ck, &prep, &options, &Default::default(), |r| {
-        eprintln!("retriever epoch {} loss {:.3}", r.epoch, r.mean_loss)
-    })?;
-    Ok(path)
 }
 
 fn print_table(

@@ -8,13 +8,15 @@ pub mod demo;
 use anyhow::Result;
 use captune::data::shapes::ShapesConfig;
 use captune::data::source::DataSource;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args, Clone)]
 pub struct DataArgs {
-    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO captions file).
-    #[arg(long, default_value = "shapes")]
-    pub data: DataSource,
+    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO
+    /// captions file). Default: shapes, or for a command given a captioner,
+    /// the data it was trained on.
+    #[arg(long)]
+    pub data: Option<DataSource>,
     /// The image folder (default for Karpathy files: `images` beside the file).
     #[arg(long)]
     pub images: Option<PathBuf>,
@@ -23,13 +25,58 @@ pub struct DataArgs {
 }
 
 impl DataArgs {
+    pub fn shapes(shapes: ShapesConfig) -> DataArgs {
+        DataArgs {
+            data: Some(DataSource::Shapes),
+            images: None,
+            shapes,
+        }
+    }
+
+    pub fn source(&self) -> DataSource {
+        self.data.clone().unwrap_or(DataSource::Shapes)
+    }
+
     pub fn load(&self) -> Result<captune::data::Dataset> {
-        self.data.load(self.images.as_deref(), &self.shapes)
+        self.source().load(self.images.as_deref(), &self.shapes)
     }
 
     pub fn is_shapes(&self) -> bool {
-        matches!(self.data, DataSource::Shapes)
+        self.source() == DataSource::Shapes
     }
+}
+
+/// Refuses to write over an existing file or folder unless `overwrite`
+/// (`flag` names the option that chose the path, for the message).
+pub fn check_new_output(path: &Path, overwrite: bool, flag: &str) -> Result<()> {
+    let taken = match std::fs::read_dir(path) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(_) => path.exists(),
+    };
+    if taken && !overwrite {
+        anyhow::bail!(
+            "{} already exists; pass --overwrite to replace it, or choose another {flag}",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `preferred`, or when a run is already there, the first of
+/// `preferred-2`, `preferred-3`... that is free: for default output
+/// folders that a second run must not take over.
+pub fn free_folder(preferred: &Path) -> PathBuf {
+    if !preferred.exists() {
+        return preferred.to_path_buf();
+    }
+    (2..)
+        .map(|n| {
+            let mut name = preferred.as_os_str().to_owned();
+            name.push(format!("-{n}"));
+            PathBuf::from(name)
+        })
+        .find(|p| !p.exists())
+        .expect("some numbered folder is free")
 }
 
 /// The retriever's shape for a new one (`retriever train` without --init,

@@ -54,6 +54,16 @@ fn array<'a>(
 
 /// Loads a COCO caption annotation file with its images in `images`.
 pub fn load(path: &Path, images: &Path) -> Result<Dataset> {
+    read(path, Some(images))
+}
+
+/// The references alone (for scoring): images are not looked for.
+pub fn load_references(path: &Path) -> Result<Dataset> {
+    read(path, None)
+}
+
+/// `images`: the image folder, where every image must be; `None` checks none.
+fn read(path: &Path, images: Option<&Path>) -> Result<Dataset> {
     let split = split_of(path)?;
     let json = read_json(path)?;
     let mut report = LoadReport::default();
@@ -77,8 +87,8 @@ pub fn load(path: &Path, images: &Path) -> Result<Dataset> {
             }
         };
         let label = format!("images[{k}] (id {}, {})", image.id, image.file_name);
-        let file = images.join(&image.file_name);
-        if !file.is_file() {
+        let file = images.unwrap_or(Path::new("")).join(&image.file_name);
+        if images.is_some() && !file.is_file() {
             report.skip_item(format!(
                 "{}: {label}: image {} not found; skipped",
                 path.display(),

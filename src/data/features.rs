@@ -1,11 +1,16 @@
-//! Features files: one embedding per image, `[N, D]` float32, with the
-//! image ids. As safetensors (tensor `embeddings`, metadata `image_ids` =
-//! a JSON array of strings), which `captune embed` writes and any other
-//! encoder can too; or as `.npy` with a text file of ids, one per line.
+//! Features files: one embedding per image, `[N, D]`, with the image ids.
+//! As safetensors (tensor `embeddings` in float32, float16 or bfloat16,
+//! metadata `image_ids` = a JSON array of strings, optionally `encoder`),
+//! which `captune embed` writes and any other encoder can too; or as
+//! `.npy` (float32) with a text file of ids, one per line. Rows are
+//! L2-normalised on loading (rows already of unit length are kept as
+//! they are), so raw and normalised features give the model the same input.
 
+use super::shapes::ShapesConfig;
 use super::{Dataset, LoadReport};
 use crate::tensorfile;
 use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -14,21 +19,80 @@ pub struct Features {
     pub source: PathBuf,
     pub ids: Vec<String>,
     pub dim: usize,
-    /// Row-major `[ids.len(), dim]`.
+    /// Row-major `[ids.len(), dim]`, each row of unit length.
     pub embeddings: Vec<f32>,
+    /// Which encoder made them, when the file says (metadata `encoder_id`,
+    /// else `encoder`).
+    pub encoder: Option<String>,
 }
 
 pub const EMBEDDINGS: &str = "embeddings";
 pub const IMAGE_IDS: &str = "image_ids";
+/// Metadata: the encoder's identity, compared with a captioner's record.
+pub const ENCODER_ID: &str = "encoder_id";
+/// Metadata: a free description of the encoder (any tool may write it).
+pub const ENCODER: &str = "encoder";
+
+/// The identity of a captune retriever as an encoder: its weights' fingerprint.
+pub fn retriever_encoder_id(checkpoint_bytes: &[u8]) -> String {
+    format!(
+        "captune-retriever:{}",
+        tensorfile::fingerprint(checkpoint_bytes)
+    )
+}
+
+/// Where a captioner's image embeddings came from. Recorded in its
+/// checkpoint (metadata `features`) and its run's config.toml, so that
+/// later commands default to the same data and features and refuse
+/// embeddings from another encoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSource {
+    /// The data set, as `--data` takes it.
+    pub data: String,
+    /// The embedding dimension.
+    pub dim: usize,
+    /// `--images`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<PathBuf>,
+    /// The features file the embeddings were read from, if any...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<PathBuf>,
+    /// ...else the retriever that embedded the images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retriever: Option<PathBuf>,
+    /// The encoder's identity (`captune-retriever:<fingerprint>`, or a
+    /// features file's `encoder` metadata); unknown for plain `.npy` files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<String>,
+    /// The shapes world's settings, for `shapes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes: Option<ShapesConfig>,
+}
+
+impl FeatureSource {
+    /// Where the embeddings came from, in words: the file, or the retriever.
+    pub fn origin(&self) -> String {
+        match (&self.features, &self.retriever) {
+            (Some(f), _) => format!("features file {}", f.display()),
+            (None, Some(r)) => format!("retriever {}", r.display()),
+            (None, None) => "unrecorded features".into(),
+        }
+    }
+}
 
 impl Features {
     pub fn row(&self, i: usize) -> &[f32] {
         &self.embeddings[i * self.dim..(i + 1) * self.dim]
     }
 
-    /// Writes a safetensors features file; `metadata` is added to the ids.
+    /// Writes a safetensors features file; `metadata` is added to the ids
+    /// and the encoder's identity.
     pub fn save(&self, path: &Path, mut metadata: HashMap<String, String>) -> Result<()> {
         metadata.insert(IMAGE_IDS.into(), serde_json::to_string(&self.ids)?);
+        if let Some(encoder) = &self.encoder {
+            metadata.insert(ENCODER_ID.into(), encoder.clone());
+        }
         tensorfile::write(
             path,
             &[(EMBEDDINGS, vec![self.ids.len(), self.dim], &self.embeddings)],
@@ -39,15 +103,15 @@ impl Features {
     /// Reads a safetensors file, or a `.npy` file with its ids in `ids_file`.
     pub fn load(path: &Path, ids_file: Option<&Path>) -> Result<Features> {
         let is_npy = path.extension().is_some_and(|e| e == "npy");
-        let (ids, shape, embeddings) = if is_npy {
+        let (ids, shape, mut embeddings, encoder) = if is_npy {
             let Some(ids_file) = ids_file else {
                 bail!(
-                    "{}: a .npy features file needs its image ids: pass --ids FILE (one id per line)",
+                    "{}: a .npy features file needs its image ids: pass --features-ids FILE (one id per line)",
                     path.display()
                 );
             };
             let (shape, data) = read_npy(path)?;
-            (read_ids(ids_file)?, shape, data)
+            (read_ids(ids_file)?, shape, data, None)
         } else {
             let mut file = tensorfile::read(path)?;
             let t = file.take(EMBEDDINGS, path)?;
@@ -58,7 +122,10 @@ impl Features {
                         path.display()
                     )
                 })?;
-            (ids, t.shape, t.data)
+            let encoder = [ENCODER_ID, ENCODER]
+                .iter()
+                .find_map(|k| file.metadata.get(*k).cloned());
+            (ids, t.shape, t.data, encoder)
         };
         let [n, dim] = shape[..] else {
             bail!(
@@ -67,28 +134,40 @@ impl Features {
             );
         };
         if n != ids.len() {
+            let from = ids_file.filter(|_| is_npy).map_or(String::new(), |f| {
+                format!(" (in {})", f.display())
+            });
             bail!(
-                "{}: {n} embeddings but {} image ids; each row needs exactly one id",
+                "{}: {n} embeddings but {} image ids{from}; each row needs exactly one id",
                 path.display(),
                 ids.len()
             );
         }
-        if let Some(row) = (0..n).find(|&r| {
-            embeddings[r * dim..(r + 1) * dim]
-                .iter()
-                .any(|x| !x.is_finite())
-        }) {
-            bail!(
-                "{}: embedding of image {} (row {row}) is not finite",
-                path.display(),
-                ids[row]
-            );
+        if dim == 0 {
+            bail!("{}: embeddings have no dimensions", path.display());
+        }
+        for (row, e) in embeddings.chunks_exact_mut(dim).enumerate() {
+            let norm = e.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            if !norm.is_finite() || norm == 0.0 {
+                bail!(
+                    "{}: embedding of image {} (row {row}) is {}; every row needs a finite, non-zero vector",
+                    path.display(),
+                    ids[row],
+                    if norm == 0.0 { "zero" } else { "not finite" }
+                );
+            }
+            // Rows already of unit length (as `embed` writes them) stay
+            // bit for bit as they are.
+            if (norm - 1.0).abs() > 1e-6 {
+                e.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+            }
         }
         Ok(Features {
             source: path.to_path_buf(),
             ids,
             dim,
             embeddings,
+            encoder,
         })
     }
 
@@ -107,8 +186,9 @@ impl Features {
     }
 
     /// The embeddings of `data`'s items in item order; items without one
-    /// are removed from `data` and reported.
-    pub fn align(&self, data: &mut Dataset) -> Vec<f32> {
+    /// are removed from `data` and reported. None at all is an error: the
+    /// file's ids are not the data set's.
+    pub fn align(&self, data: &mut Dataset) -> Result<Vec<f32>> {
         let index: HashMap<&str, usize> = self
             .ids
             .iter()
@@ -131,8 +211,18 @@ impl Features {
                 false
             }
         });
+        if data.items.is_empty() {
+            bail!(
+                "{}: none of its {} image ids is an image of {} (the file's first id is {:?}); \
+                 use features computed for this data set",
+                self.source.display(),
+                self.ids.len(),
+                data.name,
+                self.ids.first().map_or("", String::as_str)
+            );
+        }
         data.report.merge(report);
-        out
+        Ok(out)
     }
 }
 
@@ -148,6 +238,17 @@ fn read_npy(path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
         );
     }
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    // The header's shape must fit the file before anything is allocated for it.
+    let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+    let bytes = shape
+        .iter()
+        .try_fold(4u64, |acc, &d| acc.checked_mul(d as u64));
+    if bytes.is_none_or(|b| b > file_len) {
+        bail!(
+            "{}: the header's shape {shape:?} needs more data than the file's {file_len} bytes; the file is truncated or damaged",
+            path.display()
+        );
+    }
     let data = npy.into_vec::<f32>().with_context(|| {
         format!(
             "{}: expected float32 data (numpy: .astype('float32') before saving)",

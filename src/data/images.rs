@@ -4,6 +4,7 @@
 use super::Dataset;
 use anyhow::{Result, bail};
 use image::imageops::FilterType;
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 
 /// `len` images of `size` x `size` RGB bytes, row-major, in item order.
@@ -31,13 +32,15 @@ impl Images {
     }
 }
 
-/// Decodes every item's image; an item whose image cannot be read is
-/// removed from `data` and recorded in its report.
-pub fn load(data: &mut Dataset, size: u32) -> Result<Images> {
+/// Decodes every item's image, advancing `progress` by one for each; an
+/// item whose image cannot be read is removed from `data` and recorded in
+/// its report.
+pub fn load(data: &mut Dataset, size: u32, progress: &ProgressBar) -> Result<Images> {
     let decoded: Vec<Result<Vec<u8>, String>> = data
         .items
         .par_iter()
         .map(|item| {
+            progress.inc(1);
             let img = image::open(&item.image).map_err(|e| {
                 format!(
                     "{}: image of item {}: {e}; skipped",

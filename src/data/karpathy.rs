@@ -53,6 +53,15 @@ fn id_text(v: &serde_json::Value) -> String {
 /// (default: the `images` folder beside the file), under `filepath` when
 /// an entry has one.
 pub fn load(path: &Path, images: Option<&Path>) -> Result<Dataset> {
+    read(path, images, true)
+}
+
+/// The references alone (for scoring): images are not looked for.
+pub fn load_references(path: &Path) -> Result<Dataset> {
+    read(path, None, false)
+}
+
+fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Dataset> {
     let json = read_json(path)?;
     let Some(entries) = json.get("images").and_then(|v| v.as_array()) else {
         bail!(
@@ -95,7 +104,7 @@ pub fn load(path: &Path, images: Option<&Path>) -> Result<Dataset> {
             continue;
         };
         let image = resolve(&image_dir, entry.filepath.as_deref(), &entry.filename);
-        if !image.is_file() {
+        if require_images && !image.is_file() {
             report.skip_item(format!(
                 "{}: {label}: image {} not found (pass the image folder with --images); skipped",
                 path.display(),

@@ -30,7 +30,41 @@ impl std::str::FromStr for DataSource {
     }
 }
 
+impl std::fmt::Display for DataSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataSource::Shapes => write!(f, "shapes"),
+            DataSource::Karpathy(path) => write!(f, "karpathy:{}", path.display()),
+            DataSource::Coco(path) => write!(f, "coco:{}", path.display()),
+        }
+    }
+}
+
 impl DataSource {
+    /// The same source with its file's absolute path, so that a record of
+    /// it holds from any working folder.
+    pub fn absolute(&self) -> DataSource {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        match self {
+            DataSource::Shapes => DataSource::Shapes,
+            DataSource::Karpathy(p) => DataSource::Karpathy(abs(p)),
+            DataSource::Coco(p) => DataSource::Coco(abs(p)),
+        }
+    }
+
+    /// The captions alone, for scoring: no image is looked for.
+    pub fn load_references(&self, shapes_config: &ShapesConfig) -> Result<Dataset> {
+        let data = match self {
+            DataSource::Shapes => shapes::load(shapes_config)?,
+            DataSource::Karpathy(path) => karpathy::load_references(path)?,
+            DataSource::Coco(path) => coco::load_references(path)?,
+        };
+        if !data.report.is_clean() {
+            eprintln!("warning: {}: {}", data.name, data.report);
+        }
+        Ok(data)
+    }
+
     pub fn load(&self, images: Option<&Path>, shapes_config: &ShapesConfig) -> Result<Dataset> {
         let data = match self {
             DataSource::Shapes => shapes::load(shapes_config)?,

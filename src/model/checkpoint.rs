@@ -57,6 +57,21 @@ pub fn read<C: DeserializeOwned>(kind: &Kind, path: &Path) -> Result<(C, Vec<Str
     Ok((config, words, file))
 }
 
+/// Refuses a file whose tensors do not hold the `expected` number of
+/// parameters of its config, before a model of that config is allocated
+/// (a damaged config could ask for any size).
+pub fn check_size(path: &Path, file: &TensorFile, expected: u128) -> Result<()> {
+    let held: u128 = file.tensors.values().map(|t| t.data.len() as u128).sum();
+    if held != expected {
+        bail!(
+            "{}: the config in the metadata describes {expected} parameters but the file holds \
+             {held}; the config or the tensors are damaged",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
 /// The error for a vocabulary whose size differs from the config's.
 pub fn check_vocab(path: &Path, ids: usize, config_vocab: usize) -> Result<()> {
     if ids != config_vocab {

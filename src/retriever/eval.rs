@@ -8,6 +8,7 @@ use crate::data::Caption;
 use crate::data::images::Images;
 use crate::data::vocab::Vocab;
 use anyhow::Result;
+use indicatif::ProgressBar;
 use serde::Serialize;
 
 /// Recall at 1, 5 and 10 in both directions, fractions in [0, 1].
@@ -27,6 +28,7 @@ pub struct Recall {
 fn embed_in_batches<B: Backend>(
     model: &mut Retriever<B>,
     count: usize,
+    progress: &ProgressBar,
     mut encode: impl FnMut(&mut Retriever<B>, &[usize]) -> Result<Vec<f32>>,
 ) -> Result<Vec<f32>> {
     let (batch, dim) = (model.batch, model.config.embed_dim);
@@ -36,6 +38,7 @@ fn embed_in_batches<B: Backend>(
         let indices: Vec<usize> = (0..batch).map(|k| start + k.min(real - 1)).collect();
         let e = encode(model, &indices)?;
         out.extend_from_slice(&e[..real * dim]);
+        progress.inc(real as u64);
     }
     // The same normalisation the loss applies, on the host copy.
     let (mut unit, mut norms) = (vec![0.0; out.len()], vec![0.0; out.len() / dim]);
@@ -43,14 +46,16 @@ fn embed_in_batches<B: Backend>(
     Ok(unit)
 }
 
+/// The unit-norm embeddings of `images[items]`, advancing `progress` by one for each.
 pub fn embed_images<B: Backend>(
     b: &B,
     model: &mut Retriever<B>,
     images: &Images,
     items: &[usize],
+    progress: &ProgressBar,
 ) -> Result<Vec<f32>> {
     let config = model.config;
-    embed_in_batches(model, items.len(), |m, idx| {
+    embed_in_batches(model, items.len(), progress, |m, idx| {
         let chosen: Vec<usize> = idx.iter().map(|&k| items[k]).collect();
         m.encode_images(b, &patchify(&config, images, &chosen));
         Ok(b.to_vec(&m.image_embeddings))
@@ -64,7 +69,7 @@ pub fn embed_captions<B: Backend>(
     captions: &[&Caption],
 ) -> Result<Vec<f32>> {
     let config = model.config;
-    embed_in_batches(model, captions.len(), |m, idx| {
+    embed_in_batches(model, captions.len(), &ProgressBar::hidden(), |m, idx| {
         let ids: Vec<Vec<u32>> = idx
             .iter()
             .map(|&k| vocab.encode(&captions[k].tokens, config.max_len))

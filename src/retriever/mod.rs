@@ -34,6 +34,23 @@ impl RetrieverConfig {
         side * side
     }
 
+    /// Parameters of a retriever of this shape (see `docs/checkpoints.md`).
+    pub fn parameter_count(&self) -> u128 {
+        let (di, dt) = (self.image.width as u128, self.text.width as u128);
+        let e = self.embed_dim as u128;
+        let image = self.patch_dim() as u128 * di
+            + di
+            + self.patches_per_image() as u128 * di
+            + self.image.parameter_count()
+            + di * e
+            + e;
+        let text = (self.vocab_size as u128 + self.max_len as u128) * dt
+            + self.text.parameter_count()
+            + dt * e
+            + e;
+        image + text + 1
+    }
+
     /// Floats per patch: RGB values of a patch x patch square.
     pub fn patch_dim(&self) -> usize {
         (3 * self.patch * self.patch) as usize
@@ -121,6 +138,13 @@ impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
         let (config, words, mut file) = checkpoint::read::<RetrieverConfig>(&KIND, path)?;
+        config.validate().map_err(|e| {
+            anyhow::anyhow!(
+                "{}: the config in its metadata is invalid: {e}",
+                path.display()
+            )
+        })?;
+        checkpoint::check_size(path, &file, config.parameter_count())?;
         let vocab = Vocab::from_words(words);
         checkpoint::check_vocab(path, vocab.len(), config.vocab_size)?;
         let mut model = Retriever::new(b, config, batch, 0)?;

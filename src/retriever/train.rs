@@ -10,6 +10,7 @@ use crate::data::images::{self, Images};
 use crate::data::vocab::Vocab;
 use crate::data::{Caption, Dataset, Split};
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
+use crate::progress::Progress;
 use anyhow::{Result, bail};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -26,8 +27,14 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// Decodes `data`'s images, with a progress bar on the terminal.
     pub fn new(mut data: Dataset, image_size: u32) -> Result<Self> {
-        let images = images::load(&mut data, image_size)?;
+        let bar = Progress::terminal().start(
+            &format!("loading {} images", data.items.len()),
+            data.items.len() as u64,
+        );
+        let images = images::load(&mut data, image_size, &bar)?;
+        bar.finish_and_clear();
         Ok(Prepared { data, images })
     }
 
@@ -57,7 +64,13 @@ impl Prepared {
                 caption_image.push(row);
             }
         }
-        let img = eval::embed_images(b, &mut ck.model, &self.images, &items)?;
+        let img = eval::embed_images(
+            b,
+            &mut ck.model,
+            &self.images,
+            &items,
+            &indicatif::ProgressBar::hidden(),
+        )?;
         let txt = eval::embed_captions(b, &mut ck.model, &ck.vocab, &captions)?;
         Ok(eval::recall(
             &img,

@@ -80,5 +80,6 @@ pub fn tiny_data() -> CaptionData {
         data,
         features,
         dim: TINY_DIM,
+        source: None,
     }
 }

@@ -18,15 +18,16 @@ use anyhow::{Context, Result};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
-use serde::Serialize;
-use std::path::{Path, PathBuf};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// Bump when the generator's output changes, so stale caches are not reused.
 const GENERATOR_VERSION: u32 = 2;
 pub const REFERENCES: usize = 5;
 pub const SPLIT_FILE: &str = "dataset_shapes.json";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::Args)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
 pub struct ShapesConfig {
     /// Seed of the shapes-world generator.
     #[arg(id = "shapes_seed", long = "shapes-seed", default_value_t = 0)]
@@ -191,22 +192,9 @@ pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Where generated data sets are cached: `$CAPTUNE_CACHE`, else
-/// `$XDG_CACHE_HOME/captune`, else `~/.cache/captune`.
-pub fn cache_root() -> PathBuf {
-    if let Some(dir) = std::env::var_os("CAPTUNE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("captune");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    home.join(".cache").join("captune")
-}
-
 /// The data set for `config`, generated into the cache on first use.
 pub fn load(config: &ShapesConfig) -> Result<Dataset> {
-    let dir = cache_root().join(config.cache_name());
+    let dir = crate::cache::root().join(config.cache_name());
     if !dir.join(SPLIT_FILE).is_file() {
         eprintln!("generating the shapes world into {} (once)", dir.display());
         write(config, &dir)?;

@@ -1,0 +1,51 @@
+//! The on-disk cache (`$CAPTUNE_CACHE`, else `$XDG_CACHE_HOME/captune`,
+//! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
+//! the binary carries, and image embeddings. Everything in it can be
+//! deleted; it is made again when needed.
+
+use crate::tensorfile;
+use anyhow::Result;
+use std::path::PathBuf;
+
+/// The cache's root folder.
+pub fn root() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CAPTUNE_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return PathBuf::from(dir).join("captune");
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache").join("captune")
+}
+
+/// The shapes world's retriever (`assets/shapes-retriever.safetensors`),
+/// carried inside the binary so that an installed `captune` works from
+/// any folder.
+pub const SHAPES_RETRIEVER: &[u8] = include_bytes!("../assets/shapes-retriever.safetensors");
+
+/// The carried shapes retriever as a file in the cache, written on first
+/// use; its name holds its fingerprint, so a newer binary never reads an
+/// older copy.
+pub fn shapes_retriever() -> Result<PathBuf> {
+    let path = root().join("retrievers").join(format!(
+        "shapes-{}.safetensors",
+        tensorfile::fingerprint(SHAPES_RETRIEVER)
+    ));
+    if !path.is_file() {
+        tensorfile::write_atomic(&path, SHAPES_RETRIEVER)?;
+    }
+    Ok(path)
+}
+
+/// Where the image embeddings of a data set by an encoder are kept;
+/// `key` is the fingerprint of both.
+pub fn features(data_name: &str, key: &str) -> PathBuf {
+    let name: String = data_name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    root()
+        .join("features")
+        .join(format!("{name}-{key}.safetensors"))
+}
