@@ -403,6 +403,7 @@ fn captioner_commands(
         );
         assert!((s - e).abs() < 1e-9, "{key}: score {s}, eval {e}");
     }
+    coco_tools_accept(look, &results, &metrics);
     // A results file naming an image outside the split is refused by name.
     let bad = dir.join("bad.json");
     std::fs::write(
@@ -487,6 +488,45 @@ fn captioner_commands(
                 .is_some_and(|c| !c.is_empty()),
         "{line}"
     );
+}
+
+/// pycocotools' `loadRes` accepts `eval`'s results file and pycocoevalcap
+/// scores it as captune did (scripts/coco_interop.py). Skipped, with a
+/// line saying so, where pycocoevalcap is not installed.
+fn coco_tools_accept(
+    look: &std::path::Path,
+    results: &std::path::Path,
+    metrics: &serde_json::Value,
+) {
+    let has = Command::new("python3")
+        .args(["-c", "import pycocoevalcap, pycocotools"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !has {
+        println!(
+            "SKIPPED: pycocoevalcap is not installed (pip install pycocoevalcap); results interop unchecked"
+        );
+        return;
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/coco_interop.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(look.join("dataset_shapes.json"))
+        .arg("test")
+        .arg(results)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = text(&out.stdout);
+    let coco: serde_json::Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();
+    assert_eq!(coco["images"], 16, "{coco}");
+    for key in ["BLEU-1", "BLEU-4", "CIDEr-D", "ROUGE-L"] {
+        let (c, e) = (coco[key].as_f64().unwrap(), metrics[key].as_f64().unwrap());
+        assert!(
+            (c - e).abs() < 1e-6,
+            "{key}: pycocoevalcap {c}, captune {e}"
+        );
+    }
 }
 
 /// `demo` on a tiny world with the tiny preset: the table, three images'

@@ -134,9 +134,9 @@ impl Features {
             );
         };
         if n != ids.len() {
-            let from = ids_file.filter(|_| is_npy).map_or(String::new(), |f| {
-                format!(" (in {})", f.display())
-            });
+            let from = ids_file
+                .filter(|_| is_npy)
+                .map_or(String::new(), |f| format!(" (in {})", f.display()));
             bail!(
                 "{}: {n} embeddings but {} image ids{from}; each row needs exactly one id",
                 path.display(),
@@ -159,7 +159,8 @@ impl Features {
             // Rows already of unit length (as `embed` writes them) stay
             // bit for bit as they are.
             if (norm - 1.0).abs() > 1e-6 {
-                e.iter_mut().for_each(|x| *x = (f64::from(*x) / norm) as f32);
+                e.iter_mut()
+                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
             }
         }
         Ok(Features {
@@ -226,36 +227,89 @@ impl Features {
     }
 }
 
+/// Reads a `.npy` array of little-endian float32, float16 or float64 in C
+/// order (numpy's format versions 1 to 3) as f32. The header's shape is
+/// checked against the file's size before anything is allocated for it.
 fn read_npy(path: &Path) -> Result<(Vec<usize>, Vec<f32>)> {
-    let file =
-        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let npy = npyz::NpyFile::new(std::io::BufReader::new(file))
-        .with_context(|| format!("{}: not a .npy file", path.display()))?;
-    if npy.order() != npyz::Order::C {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let bad = |why: &str| anyhow::anyhow!("{}: not a .npy file ({why})", path.display());
+    let rest = bytes
+        .strip_prefix(b"\x93NUMPY")
+        .ok_or_else(|| bad("no NUMPY magic"))?;
+    let (header_len, header_start) = match rest.first() {
+        Some(1) if rest.len() >= 4 => (u16::from_le_bytes([rest[2], rest[3]]) as usize, 4),
+        Some(2 | 3) if rest.len() >= 6 => (
+            u32::from_le_bytes([rest[2], rest[3], rest[4], rest[5]]) as usize,
+            6,
+        ),
+        _ => return Err(bad("unknown format version")),
+    };
+    let header = rest
+        .get(header_start..header_start + header_len)
+        .ok_or_else(|| bad("shorter than its header"))?;
+    let header = std::str::from_utf8(header).map_err(|_| bad("its header is not text"))?;
+    let data = &rest[header_start + header_len..];
+    let value = |key: &str| -> Option<&str> {
+        let after = &header[header.find(&format!("'{key}':"))? + key.len() + 3..];
+        Some(after.trim_start())
+    };
+    let descr = value("descr")
+        .and_then(|v| v.strip_prefix('\'')?.split('\'').next())
+        .ok_or_else(|| bad("no 'descr' in its header"))?;
+    if value("fortran_order").is_some_and(|v| v.starts_with("True")) {
         bail!(
             "{}: Fortran-order arrays are not supported; save it with numpy's default C order",
             path.display()
         );
     }
-    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
-    // The header's shape must fit the file before anything is allocated for it.
-    let file_len = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
-    let bytes = shape
-        .iter()
-        .try_fold(4u64, |acc, &d| acc.checked_mul(d as u64));
-    if bytes.is_none_or(|b| b > file_len) {
-        bail!(
-            "{}: the header's shape {shape:?} needs more data than the file's {file_len} bytes; the file is truncated or damaged",
+    let shape: Vec<usize> = value("shape")
+        .and_then(|v| v.strip_prefix('(')?.split(')').next())
+        .ok_or_else(|| bad("no 'shape' in its header"))?
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| {
+            d.parse::<usize>()
+                .map_err(|_| bad("a dimension is not a whole number"))
+        })
+        .collect::<Result<_>>()?;
+    let width = match descr {
+        "<f4" => 4,
+        "<f2" => 2,
+        "<f8" => 8,
+        other => bail!(
+            "{}: the array holds {other:?}; expected float32, float16 or float64 \
+             (numpy: .astype('float32') before saving)",
             path.display()
+        ),
+    };
+    let needed = shape
+        .iter()
+        .try_fold(width as u64, |acc, &d| acc.checked_mul(d as u64));
+    if needed != Some(data.len() as u64) {
+        bail!(
+            "{}: the header's shape {shape:?} of {descr} needs {} bytes but the file holds {}; \
+             the file is truncated or damaged",
+            path.display(),
+            needed.map_or("more".into(), |n| n.to_string()),
+            data.len()
         );
     }
-    let data = npy.into_vec::<f32>().with_context(|| {
-        format!(
-            "{}: expected float32 data (numpy: .astype('float32') before saving)",
-            path.display()
-        )
-    })?;
-    Ok((shape, data))
+    let values = match width {
+        4 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        2 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        _ => data
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().expect("8 bytes")) as f32)
+            .collect(),
+    };
+    Ok((shape, values))
 }
 
 fn read_ids(path: &Path) -> Result<Vec<String>> {

@@ -1,0 +1,455 @@
+//! A bounded fuzz of every loader, run by `cargo test` on stable: each
+//! loader's seed corpus of valid files is mutated (bit flips, truncation,
+//! spliced chunks, huge numbers, swapped brackets, other dtypes, NaN
+//! values) for a fixed budget of inputs. Every input must load or fail
+//! with an error naming the file; none may panic, and no allocation may
+//! exceed a bound (a global allocator enforces it). The longer,
+//! coverage-guided fuzz is `cargo +nightly fuzz run <loader>` (fuzz/).
+
+use captune::app::follow::RunFiles;
+use captune::app::history::History;
+use captune::captioner::model::Captioner;
+use captune::captioner::run::RunConfig;
+use captune::captioner::run_folder::{self, Position, RunFolder};
+use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint};
+use captune::cpu::CpuBackend;
+use captune::data::features::Features;
+use captune::data::vocab::Vocab;
+use captune::data::{Dataset, Item, Split, coco, images, karpathy};
+use captune::model::transformer::TransformerConfig;
+use captune::optim::{AdamW, AdamWConfig};
+use captune::retriever::RetrieverConfig;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// No loader may ask for more than this at once, whatever a file claims.
+const ALLOCATION_LIMIT: usize = 1 << 30;
+/// Mutated inputs per loader.
+const BUDGET: usize = 2000;
+
+struct Bounded;
+static OVER_LIMIT: AtomicBool = AtomicBool::new(false);
+
+unsafe impl GlobalAlloc for Bounded {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > ALLOCATION_LIMIT {
+            OVER_LIMIT.store(true, Ordering::SeqCst);
+            return std::ptr::null_mut();
+        }
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if new_size > ALLOCATION_LIMIT {
+            OVER_LIMIT.store(true, Ordering::SeqCst);
+            return std::ptr::null_mut();
+        }
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Bounded = Bounded;
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("captune-fuzz-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// One way to damage a file.
+fn mutate(seed: &[u8], rng: &mut ChaCha8Rng) -> Vec<u8> {
+    let mut b = seed.to_vec();
+    let n = b.len().max(1);
+    match rng.random_range(0..8) {
+        // Bit flips.
+        0 => {
+            for _ in 0..rng.random_range(1..9) {
+                let i = rng.random_range(0..n).min(b.len().saturating_sub(1));
+                if !b.is_empty() {
+                    b[i] ^= 1 << rng.random_range(0..8);
+                }
+            }
+        }
+        // Truncation.
+        1 => b.truncate(rng.random_range(0..n)),
+        // A chunk of the file copied elsewhere in it.
+        2 => {
+            let (from, len) = (rng.random_range(0..n), rng.random_range(1..64));
+            let chunk: Vec<u8> = b.iter().skip(from).take(len).copied().collect();
+            let at = rng.random_range(0..=b.len());
+            b.splice(at..at, chunk);
+        }
+        // A number made huge (dimensions, lengths, counts, offsets).
+        3 => {
+            let digits: Vec<usize> = (0..b.len()).filter(|&i| b[i].is_ascii_digit()).collect();
+            if let Some(&i) = digits.get(rng.random_range(0..digits.len().max(1))) {
+                let huge = [
+                    "99999999999",
+                    "4294967296",
+                    "18446744073709551615",
+                    "1e308",
+                    "-1",
+                ];
+                let text = huge[rng.random_range(0..huge.len())].as_bytes().to_vec();
+                b.splice(i..i + 1, text);
+            }
+        }
+        // Wrong nesting: one bracket or brace swapped for another.
+        4 => {
+            let at: Vec<usize> = (0..b.len()).filter(|&i| b"[]{}".contains(&b[i])).collect();
+            if let Some(&i) = at.get(rng.random_range(0..at.len().max(1))) {
+                b[i] = b"[]{}\""[rng.random_range(0..5)];
+            }
+        }
+        // Another dtype or type name in a header.
+        5 => {
+            let text = String::from_utf8_lossy(&b).into_owned();
+            let swaps = [
+                ("F32", "F16"),
+                ("F32", "I64"),
+                ("F32", "BOOL"),
+                ("F32", "F64"),
+                ("<f4", "<f8"),
+                ("<f4", "|b1"),
+                ("\"", "'"),
+                ("true", "1"),
+            ];
+            let (from, to) = swaps[rng.random_range(0..swaps.len())];
+            if text.contains(from) && b.len() == text.len() {
+                b = text.replacen(from, to, 1).into_bytes();
+            }
+        }
+        // NaN or infinity written over four bytes of data.
+        6 => {
+            if b.len() >= 8 {
+                let i = rng.random_range(b.len() / 2..b.len() - 4) & !3;
+                let v = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.random_range(0..3)];
+                b[i..i + 4].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        // Random bytes over a stretch.
+        _ => {
+            let i = rng.random_range(0..n);
+            for k in i..(i + rng.random_range(1..32)).min(b.len()) {
+                b[k] = rng.random();
+            }
+        }
+    }
+    b
+}
+
+/// Runs `load` on `BUDGET` mutations of each seed, written to `target`;
+/// returns (inputs, loaded, refused).
+fn fuzz(
+    name: &str,
+    seeds: &[Vec<u8>],
+    target: &Path,
+    load: impl Fn(&Path) -> anyhow::Result<()>,
+) -> (usize, usize, usize) {
+    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed ^ name.len() as u64);
+    let file_name = target.file_name().unwrap().to_str().unwrap().to_string();
+    let (mut loaded, mut refused) = (0, 0);
+    for k in 0..BUDGET {
+        let seed = &seeds[k % seeds.len()];
+        let input = mutate(seed, &mut rng);
+        std::fs::write(target, &input).unwrap();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(target)));
+        assert!(
+            !OVER_LIMIT.load(Ordering::SeqCst),
+            "{name}: input {k} asked for more than {ALLOCATION_LIMIT} bytes at once"
+        );
+        match outcome {
+            Err(_) => {
+                let kept = target.with_extension("crash");
+                std::fs::write(&kept, &input).unwrap();
+                panic!("{name}: input {k} panicked; kept as {}", kept.display());
+            }
+            Ok(Ok(())) => loaded += 1,
+            Ok(Err(e)) => {
+                let message = format!("{e:#}");
+                assert!(
+                    message.contains(&file_name),
+                    "{name}: input {k}: the error does not name the file: {message}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    eprintln!(
+        "fuzz {name}: {BUDGET} inputs, {loaded} loaded, {refused} refused with the file named"
+    );
+    (BUDGET, loaded, refused)
+}
+
+fn karpathy_seed() -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "dataset": "tiny",
+        "images": [
+            {"filename": "a.jpg", "imgid": 0, "cocoid": 17, "split": "train",
+             "sentences": [{"raw": "A red circle."}, {"raw": "a big red circle"}]},
+            {"filename": "b.jpg", "filepath": "val2014", "imgid": 1, "split": "val",
+             "sentences": [{"raw": "Two blue stars, side by side."}]},
+            {"filename": "c.jpg", "imgid": 2, "split": "test",
+             "sentences": [{"raw": "a green square on a grey background"}],
+             "scene": {"background": "gray", "objects": []}}
+        ]
+    }))
+    .unwrap()
+}
+
+fn coco_seed() -> Vec<u8> {
+    serde_json::to_vec_pretty(&serde_json::json!({
+        "images": [{"id": 1, "file_name": "a.jpg"}, {"id": 2, "file_name": "b.jpg"}],
+        "annotations": [
+            {"image_id": 1, "id": 10, "caption": "A dog runs."},
+            {"image_id": 2, "id": 11, "caption": "Two cats, sleeping."},
+            {"image_id": 2, "id": 12, "caption": "cats on a sofa"}
+        ]
+    }))
+    .unwrap()
+}
+
+#[test]
+fn data_set_files() {
+    let dir = scratch("data");
+    let mut total = 0;
+    let target = dir.join("fuzz-input-dataset_tiny.json");
+    total += fuzz("karpathy", &[karpathy_seed()], &target, |p| {
+        karpathy::load_references(p).map(|_| ())
+    })
+    .0;
+    // With images looked for (none exist: every entry is skipped and named).
+    total += fuzz("karpathy with images", &[karpathy_seed()], &target, |p| {
+        karpathy::load(p, Some(&dir)).map(|_| ())
+    })
+    .0;
+    let target = dir.join("fuzz-input-captions_val2014.json");
+    total += fuzz("coco", &[coco_seed()], &target, |p| {
+        coco::load_references(p).map(|_| ())
+    })
+    .0;
+    assert_eq!(total, 3 * BUDGET);
+}
+
+fn features_seed(dir: &Path) -> (Vec<u8>, Vec<u8>) {
+    let features = Features {
+        source: dir.join("seed.safetensors"),
+        ids: vec!["1".into(), "2".into(), "3".into()],
+        dim: 4,
+        embeddings: (0..12).map(|i| i as f32 - 5.5).collect(),
+        encoder: Some("captune-retriever:0123456789abcdef".into()),
+    };
+    features
+        .save(&dir.join("seed.safetensors"), HashMap::new())
+        .unwrap();
+    let header = "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }";
+    let pad = 64 - (10 + header.len() + 1) % 64;
+    let mut npy = b"\x93NUMPY\x01\x00".to_vec();
+    npy.extend(((header.len() + pad + 1) as u16).to_le_bytes());
+    npy.extend(header.as_bytes());
+    npy.extend(std::iter::repeat_n(b' ', pad));
+    npy.push(b'\n');
+    npy.extend(features.embeddings.iter().flat_map(|v| v.to_le_bytes()));
+    (std::fs::read(dir.join("seed.safetensors")).unwrap(), npy)
+}
+
+#[test]
+fn features_files() {
+    let dir = scratch("features");
+    let (safetensors, npy) = features_seed(&dir);
+    let target = dir.join("fuzz-input-features.safetensors");
+    fuzz(
+        "features (safetensors)",
+        &[safetensors.clone()],
+        &target,
+        |p| Features::load(p, None).map(|_| ()),
+    );
+    fuzz("safetensors metadata", &[safetensors], &target, |p| {
+        captune::tensorfile::read_metadata(p).map(|_| ())
+    });
+    let ids = dir.join("ids.txt");
+    std::fs::write(&ids, "1\n2\n3\n").unwrap();
+    let target = dir.join("fuzz-input-features.npy");
+    fuzz("features (.npy)", &[npy.clone()], &target, |p| {
+        Features::load(p, Some(&ids)).map(|_| ())
+    });
+    // The ids file damaged instead, beside a valid .npy.
+    let npy_path = dir.join("valid.npy");
+    std::fs::write(&npy_path, &npy).unwrap();
+    let target = dir.join("fuzz-input-ids.txt");
+    fuzz("features ids", &[b"1\n2\n3\n".to_vec()], &target, |p| {
+        Features::load(&npy_path, Some(p)).map(|_| ())
+    });
+}
+
+fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
+    let vocab = CaptionVocab::from_words(vec!["a".into(), "red".into(), "circle".into()]);
+    let config = CaptionerConfig {
+        embed_dim: 4,
+        prefix_len: 1,
+        mapper_hidden: 4,
+        decoder: TransformerConfig {
+            width: 8,
+            layers: 1,
+            heads: 2,
+            causal: true,
+        },
+        max_len: 5,
+        vocab_size: vocab.len(),
+    };
+    Checkpoint {
+        model: Captioner::new(b, config, 1, 0).unwrap(),
+        vocab,
+    }
+}
+
+#[test]
+fn checkpoints_and_optimizer_state() {
+    let b = CpuBackend::new();
+    let dir = scratch("checkpoints");
+    let ck = tiny_captioner(&b);
+    let opt = AdamW::new(
+        &b,
+        AdamWConfig::default(),
+        &ck.model.params.optimizer_layout(),
+    );
+    let run = RunFolder::new(dir.join("run"));
+    run.start(false).unwrap();
+    run.save_state(
+        &b,
+        &ck,
+        &opt,
+        Position { step: 3, epoch: 1 },
+        HashMap::new(),
+    )
+    .unwrap();
+    let captioner = std::fs::read(run.checkpoint()).unwrap();
+    let optimizer = std::fs::read(run.optimizer()).unwrap();
+
+    let target = dir.join("fuzz-input-captioner.safetensors");
+    fuzz("captioner checkpoint", &[captioner], &target, |p| {
+        Checkpoint::load(&b, p, 1).map(|_| ())
+    });
+    let target = dir.join("fuzz-input-optimizer.safetensors");
+    fuzz("optimizer state", &[optimizer], &target, |p| {
+        let mut opt = AdamW::new(
+            &b,
+            AdamWConfig::default(),
+            &ck.model.params.optimizer_layout(),
+        );
+        run_folder::load_optimizer(&b, &mut opt, p)
+    });
+
+    let vocab = Vocab::from_words(vec!["a".into(), "red".into()]);
+    let tower = |causal| TransformerConfig {
+        width: 8,
+        layers: 1,
+        heads: 2,
+        causal,
+    };
+    let config = RetrieverConfig {
+        image_size: 8,
+        patch: 4,
+        image: tower(false),
+        text: tower(true),
+        max_len: 5,
+        vocab_size: vocab.len(),
+        embed_dim: 4,
+    };
+    let retriever = captune::retriever::Checkpoint {
+        model: captune::retriever::model::Retriever::new(&b, config, 1, 0).unwrap(),
+        vocab,
+    };
+    let seed = dir.join("retriever.safetensors");
+    retriever.save(&b, &seed, HashMap::new()).unwrap();
+    let target = dir.join("fuzz-input-retriever.safetensors");
+    fuzz(
+        "retriever checkpoint",
+        &[std::fs::read(seed).unwrap()],
+        &target,
+        |p| captune::retriever::Checkpoint::load(&b, p, 1).map(|_| ()),
+    );
+}
+
+#[test]
+fn run_folder_records_and_configs() {
+    let dir = scratch("records");
+    let log = br#"{"step":1,"epoch":1,"objective":"mle","loss":2.5,"mle":2.5,"smile":1.0,"lr":0.001,"grad_norm":1.2,"tokens_per_s":100.0}
+{"step":2,"epoch":1,"objective":"smile (lambda 0.3)","loss":2.0,"mle":2.4,"smile":0.9,"lr":0.002,"grad_norm":1.1,"tokens_per_s":90.0}
+"#;
+    let metrics = br#"{"epoch":1,"step":2,"images":16,"BLEU-4":0.3,"CIDEr-D":1.2,"mean_length":7.5,"div1":null}
+"#;
+    let samples = br#"{"epoch":1,"step":2,"image_id":"20000","caption":"a red circle","tokens":[{"token":"a","mle_loss":0.1,"smile_loss":0.05,"p_full":0.9,"p_subset":0.95,"top5_full":[{"token":"a","probability":0.9}],"top5_subset":[]}],"samples":["a circle","red"]}
+"#;
+    for (file, seed) in [
+        ("log.jsonl", &log[..]),
+        ("metrics.jsonl", &metrics[..]),
+        ("samples.jsonl", &samples[..]),
+    ] {
+        let run = dir.join("fuzz-input-run");
+        std::fs::create_dir_all(&run).unwrap();
+        let target = run.join(file);
+        fuzz(file, &[seed.to_vec()], &target, |p| {
+            // The app's reader, from the start of the file each time.
+            let mut history = History::default();
+            RunFiles::new(p.parent().unwrap()).poll(&mut history)?;
+            // Resuming's repair never fails on a damaged line (it drops it).
+            let folder = RunFolder::new(p.parent().unwrap());
+            let _ = folder.recover();
+            Ok(())
+        });
+        std::fs::remove_dir_all(&run).unwrap();
+    }
+
+    let preset = include_bytes!("../assets/presets/shapes.toml").to_vec();
+    let target = dir.join("fuzz-input-config.toml");
+    fuzz("run config", &[preset], &target, |p| {
+        RunConfig::load(p).map(|_| ())
+    });
+}
+
+#[test]
+fn images() {
+    let dir = scratch("images");
+    let mut png = Vec::new();
+    let picture =
+        image::RgbImage::from_fn(12, 9, |x, y| image::Rgb([x as u8 * 20, y as u8 * 25, 7]));
+    picture
+        .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+        .unwrap();
+    let mut jpeg = Vec::new();
+    picture
+        .write_to(
+            &mut std::io::Cursor::new(&mut jpeg),
+            image::ImageFormat::Jpeg,
+        )
+        .unwrap();
+    for (name, seed) in [
+        ("fuzz-input-image.png", png),
+        ("fuzz-input-image.jpg", jpeg),
+    ] {
+        let target = dir.join(name);
+        fuzz(name, &[seed], &target, |p| {
+            let mut data = Dataset {
+                name: "fuzzed".into(),
+                items: vec![Item {
+                    id: "1".into(),
+                    split: Split::Test,
+                    image: p.to_path_buf(),
+                    captions: Vec::new(),
+                    scene: None,
+                }],
+                report: Default::default(),
+            };
+            images::load(&mut data, 16, &indicatif::ProgressBar::hidden()).map(|_| ())
+        });
+    }
+}
