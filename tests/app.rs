@@ -77,6 +77,12 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
         autostart: false,
     }));
     h.run();
+    // Before Start, the empty loss panel says how to begin.
+    assert!(
+        h.query_by_label_contains("Press Start on the left")
+            .is_some()
+            && h.query_by_label_contains("--follow").is_some()
+    );
     h.get_by_label("Start").click();
     step_until(&mut h, "five loss points", |a| a.history.losses.len() >= 5);
     // The curves keep gaining points while it trains.

@@ -85,6 +85,8 @@ fn the_window_trains_and_its_screenshot_is_not_blank() {
         .arg("--stats")
         .arg(&stats)
         .env("DISPLAY", &display.name)
+        // A cache of its own: the world is generated and embedded while the window shows it.
+        .env("CAPTUNE_CACHE", dir.join("cache"))
         .env_remove("WAYLAND_DISPLAY")
         .output()
         .unwrap();
@@ -120,5 +122,9 @@ fn the_window_trains_and_its_screenshot_is_not_blank() {
         serde_json::from_str(&std::fs::read_to_string(&stats).unwrap()).unwrap();
     assert!(stats["frames"].as_u64().unwrap() >= 120, "{stats}");
     assert!(stats["frames_per_s"].as_f64().unwrap() > 0.0, "{stats}");
+    assert!(
+        stats["loading_frames"].as_u64().unwrap() >= 1,
+        "the window opens before the data is loaded: {stats}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -436,8 +436,10 @@ fn suppressed_unk_is_never_emitted() {
         greedy[0].ids[0] as usize, unk,
         "the doctored model prefers <unk>"
     );
+    let bar = indicatif::ProgressBar::hidden();
     let suppress = DecodeOptions {
         suppress_unk: true,
+        progress: Some(bar.clone()),
         ..DecodeOptions::default()
     };
     for decoding in [
@@ -455,6 +457,7 @@ fn suppressed_unk_is_never_emitted() {
             "{decoding:?}: {out:?}"
         );
     }
+    assert_eq!(bar.position(), 3 * 6, "one tick per image captioned");
     std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
 }
 

@@ -488,6 +488,164 @@ fn captioner_commands(
                 .is_some_and(|c| !c.is_empty()),
         "{line}"
     );
+
+    scoring_needs_only_references(dir, look, &results, &sample_results, env);
+    features_must_be_the_captioners(dir, &ck, r, &png, &metrics, env);
+}
+
+/// `score` reads only the captions: the split file alone, its images
+/// gone, is enough; several captions per image score as eval scores them.
+fn scoring_needs_only_references(
+    dir: &std::path::Path,
+    look: &std::path::Path,
+    results: &std::path::Path,
+    sample_results: &std::path::Path,
+    env: &[(&str, &str)],
+) {
+    let alone = dir.join("references-only");
+    std::fs::create_dir_all(&alone).unwrap();
+    std::fs::copy(
+        look.join("dataset_shapes.json"),
+        alone.join("dataset_shapes.json"),
+    )
+    .unwrap();
+    let data = format!("karpathy:{}", alone.join("dataset_shapes.json").display());
+    let score = |results: &std::path::Path| {
+        let out = captune(
+            &[
+                "score",
+                "--data",
+                &data,
+                "--results",
+                results.to_str().unwrap(),
+                "--json",
+            ],
+            env,
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let one = score(results);
+    assert_eq!(
+        (one["images"].as_u64(), one["captions_per_image"].as_u64()),
+        (Some(16), Some(1))
+    );
+    assert!(one["div1"].is_null(), "{one}");
+    let five = score(sample_results);
+    assert_eq!(five["captions_per_image"], 5, "{five}");
+    for key in ["div1", "div2", "mbleu4", "CIDEr-D"] {
+        assert!(
+            five[key].is_number(),
+            "score of sample:5 results lacks {key}: {five}"
+        );
+    }
+}
+
+/// Commands on a captioner default to the data and retriever it was
+/// trained with (from any working folder), and refuse embeddings of
+/// another size or from another encoder, naming both.
+fn features_must_be_the_captioners(
+    dir: &std::path::Path,
+    ck: &std::path::Path,
+    retriever: &str,
+    png: &std::path::Path,
+    metrics: &serde_json::Value,
+    env: &[(&str, &str)],
+) {
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let in_elsewhere = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_captune"));
+        cmd.args(["--device", "cpu"])
+            .args(args)
+            .current_dir(&elsewhere);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.output().unwrap()
+    };
+    // No --data, no --retriever, no shapes settings: all from the checkpoint.
+    let out = in_elsewhere(&[
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--results",
+        "r.json",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let again: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in ["CIDEr-D", "self_retrieval_r1", "fact_precision"] {
+        assert_eq!(
+            again[key], metrics[key],
+            "{key} with the recorded data and retriever"
+        );
+    }
+    let out = in_elsewhere(&[
+        "caption",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        png.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Another retriever: the shapes retriever carried in the binary.
+    let shapes = dir.join("shapes.safetensors");
+    std::fs::write(&shapes, captune::cache::SHAPES_RETRIEVER).unwrap();
+    let out = in_elsewhere(&[
+        "caption",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        shapes.to_str().unwrap(),
+        png.to_str().unwrap(),
+    ]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("checkpoint.safetensors")
+            && err.contains("shapes.safetensors"),
+        "{err}"
+    );
+    // Another size: eval with the carried retriever's 128-dimensional embeddings.
+    let out = in_elsewhere(&[
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        shapes.to_str().unwrap(),
+        "--results",
+        "r3.json",
+    ]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("16-dimensional") && err.contains("128"),
+        "{err}"
+    );
+
+    // Same size, another encoder: a features file that says so.
+    let mut f = captune::data::features::Features::load(&dir.join("f.safetensors"), None).unwrap();
+    f.encoder = Some("another-encoder".into());
+    let other = dir.join("other.safetensors");
+    f.save(&other, Default::default()).unwrap();
+    let out = in_elsewhere(&[
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--features",
+        other.to_str().unwrap(),
+        "--results",
+        "r2.json",
+    ]);
+    let err = text(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("checkpoint.safetensors")
+            && err.contains("other.safetensors")
+            && err.contains("another-encoder")
+            && err.contains(retriever),
+        "{err}"
+    );
 }
 
 /// pycocotools' `loadRes` accepts `eval`'s results file and pycocoevalcap

@@ -72,7 +72,9 @@ fn flickr8k_loads_with_its_splits_tokens_and_vocabulary() {
     // Decoding a few images at a smaller size.
     let mut few = data.only(Split::Test);
     few.items.truncate(3);
-    let imgs = images::load(&mut few, 32, &indicatif::ProgressBar::hidden()).unwrap();
+    let bar = indicatif::ProgressBar::hidden();
+    let imgs = images::load(&mut few, 32, &bar).unwrap();
+    assert_eq!(bar.position(), few.items.len() as u64, "one tick per image");
     assert_eq!((imgs.len(), imgs.pixels.len()), (3, 3 * 32 * 32 * 3));
 }
 

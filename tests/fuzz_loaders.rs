@@ -334,6 +334,24 @@ fn checkpoints_and_optimizer_state() {
     let captioner = std::fs::read(run.checkpoint()).unwrap();
     let optimizer = std::fs::read(run.optimizer()).unwrap();
 
+    // A checkpoint holding NaN weights is refused at load, its tensor named.
+    let mut file = captune::tensorfile::read(&run.checkpoint()).unwrap();
+    file.tensors.get_mut("decoder.tokens").unwrap().data[5] = f32::NAN;
+    let tensors: Vec<(&str, Vec<usize>, &[f32])> = file
+        .tensors
+        .iter()
+        .map(|(k, t)| (k.as_str(), t.shape.clone(), t.data.as_slice()))
+        .collect();
+    let poisoned = dir.join("nan.safetensors");
+    captune::tensorfile::write(&poisoned, &tensors, file.metadata.clone()).unwrap();
+    let err = format!("{:#}", Checkpoint::load(&b, &poisoned, 1).err().unwrap());
+    assert!(
+        err.contains("nan.safetensors")
+            && err.contains("\"decoder.tokens\"")
+            && err.contains("NaN"),
+        "{err}"
+    );
+
     let target = dir.join("fuzz-input-captioner.safetensors");
     fuzz("captioner checkpoint", &[captioner], &target, |p| {
         Checkpoint::load(&b, p, 1).map(|_| ())

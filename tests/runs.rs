@@ -41,7 +41,10 @@ impl Scratch {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_captune"));
-        cmd.args(["--device", "cpu"])
+        // Run from the scratch folder, as an installed binary would be:
+        // nothing may be read relative to the source tree.
+        cmd.current_dir(&self.dir)
+            .args(["--device", "cpu"])
             .args(args)
             .env("CAPTUNE_CACHE", self.dir.join("cache"))
             .env_remove("CAPTUNE_KILLPOINT")
@@ -113,7 +116,12 @@ fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
 fn a_run_folder_is_never_taken_over_and_resume_adds_epochs() {
     let s = Scratch::new("runs-safe");
     let run = s.dir.join("run");
-    succeeded(&s.train(&run, &["--epochs", "1"]));
+    let out = s.train(&run, &["--epochs", "1"]);
+    succeeded(&out);
+    assert!(
+        !text(&out.stderr).contains("from the cache"),
+        "the first start embeds"
+    );
     let first = weights(&run);
 
     // A second run into the same folder is refused, naming both ways on.
@@ -131,6 +139,11 @@ fn a_run_folder_is_never_taken_over_and_resume_adds_epochs() {
     // The README's example: resume a finished MLE run with SMILE for N more epochs.
     let out = s.train(&run, &["--resume", "--objective", "smile", "--epochs", "2"]);
     succeeded(&out);
+    assert!(
+        text(&out.stderr).contains("image embeddings from the cache"),
+        "{}",
+        text(&out.stderr)
+    );
     let log = records(&run, "log.jsonl");
     let last = log.last().unwrap();
     assert_eq!(last["epoch"], 3, "1 epoch, then 2 more: {last}");

@@ -39,6 +39,8 @@ pub struct FrameStats {
     /// Peak resident memory of the process (VmHWM), when the OS tells.
     pub peak_memory_mib: Option<f64>,
     pub training_step: Option<usize>,
+    /// Frames drawn while the data was still loading (the window opens first).
+    pub loading_frames: usize,
 }
 
 /// The window's content: the loading screen, then the app.
@@ -54,6 +56,7 @@ enum Stage {
 
 struct Window {
     stage: Stage,
+    loading_frames: usize,
     options: WindowOptions,
     frame_ms: Vec<f64>,
     last: Option<Instant>,
@@ -61,6 +64,8 @@ struct Window {
     shot_asked: bool,
     /// Where the statistics go when eframe drops the app.
     out: Arc<Mutex<Option<FrameStats>>>,
+    /// Why loading failed, for `run` to return.
+    out_failure: Arc<Mutex<Option<String>>>,
 }
 
 /// Opens the window at once and runs until it is closed; `load` runs
@@ -79,6 +84,8 @@ pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
     let out = Arc::clone(&result);
     let shot: Arc<Mutex<Option<Result<(), String>>>> = Arc::default();
     let shot_seen = Arc::clone(&shot);
+    let failure: Arc<Mutex<Option<String>>> = Arc::default();
+    let out_failure = Arc::clone(&failure);
     eframe::run_native(
         "captune",
         native,
@@ -96,12 +103,14 @@ pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
                     done,
                     source: Some(source),
                 },
+                loading_frames: 0,
                 options,
                 frame_ms: Vec::new(),
                 last: None,
                 shot: shot_seen,
                 shot_asked: false,
                 out,
+                out_failure,
             }))
         }),
     )
@@ -113,6 +122,9 @@ pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
     })?;
     if let Some(Err(e)) = shot.lock().expect("screenshot lock").take() {
         return Err(anyhow!(e));
+    }
+    if let Some(why) = failure.lock().expect("failure lock").take() {
+        return Err(anyhow!(why));
     }
     if let (Some(path), Some(s)) = (stats, result.lock().expect("stats lock").take()) {
         std::fs::write(&path, serde_json::to_string_pretty(&s)? + "\n")
@@ -147,14 +159,24 @@ impl Window {
         }
         self.show(ui);
         let ctx = ui.ctx().clone();
+        match &self.stage {
+            Stage::Loading { .. } => {
+                // Frames are measured from the app's first.
+                self.frame_ms.clear();
+                self.loading_frames += 1;
+                return;
+            }
+            Stage::Failed(why) if self.options.frames.is_some() => {
+                // A script waits for frames that will not come: end with the error.
+                *self.out_failure.lock().expect("failure lock") = Some(why.clone());
+                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+                return;
+            }
+            _ => {}
+        }
         let Some(frames) = self.options.frames else {
             return;
         };
-        if !matches!(self.stage, Stage::Ready(_)) {
-            // Frames are counted from the app's first.
-            self.frame_ms.clear();
-            return;
-        }
         // Measuring: draw continuously, as a busy user would make it.
         ctx.request_repaint();
         if self.frame_ms.len() < frames {
@@ -234,6 +256,7 @@ impl Window {
                 Stage::Ready(app) => app.live_status().map(|s| s.step),
                 _ => None,
             },
+            loading_frames: self.loading_frames,
         }
     }
 }
