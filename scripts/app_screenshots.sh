@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Screenshots of every panel of `captune app` following a run folder, for
-# the README, on a virtual X server.
+# docs/app.md, on a virtual X server.
 #   scripts/app_screenshots.sh NAME RUN_DIR [data and feature options of the run]
 # writes docs/app/NAME-<panel>.png. Needs Xvfb and a release build.
 set -euo pipefail
@@ -15,6 +15,6 @@ trap 'kill $server' EXIT
 sleep 1
 for tab in losses per-token samples metrics inspector; do
     DISPLAY=$display target/release/captune --device cpu app --follow "$run" "$@" \
-        --tab "$tab" --frames 40 --size 1280x800 --screenshot "docs/app/$name-$tab.png"
+        --tab "$tab" --frames 40 --size 1280x800 --overwrite --screenshot "docs/app/$name-$tab.png"
     echo "docs/app/$name-$tab.png"
 done

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The SMILE subsetting ablation (README, "Figures"): from one MLE
+# The SMILE subsetting ablation (docs/results.md): from one MLE
 # checkpoint (by default the demo's), two epochs each of smile,
 # smile-random and smile-reverse at the demo's SMILE settings, then every
 # metric on the test split, printed as a Markdown table.
@@ -18,14 +18,15 @@ PRESET=${PRESET:-shapes}
 RETRIEVER=${RETRIEVER:-assets/shapes-retriever.safetensors}
 MLE_WEIGHT=${MLE_WEIGHT:-0.3}
 mkdir -p "$OUT"
-"$BIN" embed --data "$DATA" --checkpoint "$RETRIEVER" --out "$OUT/features.safetensors"
+# The script owns OUT: a second run replaces what the first wrote there.
+"$BIN" embed --data "$DATA" --checkpoint "$RETRIEVER" --out "$OUT/features.safetensors" --overwrite
 common="--data $DATA --features $OUT/features.safetensors --retriever $RETRIEVER"
-"$BIN" eval --checkpoint "$MLE" $common --split test --json --results "$OUT/mle-results.json" > "$OUT/mle.json"
+"$BIN" eval --checkpoint "$MLE" $common --split test --json --overwrite --results "$OUT/mle-results.json" > "$OUT/mle.json"
 for objective in smile smile-random smile-reverse; do
     "$BIN" train --preset "$PRESET" --objective "$objective" --mle-weight "$MLE_WEIGHT" --lr 5e-4 --epochs 2 \
-        --init "$MLE" $common --out "$OUT/$objective"
+        --init "$MLE" $common --out "$OUT/$objective" --overwrite
     "$BIN" eval --checkpoint "$OUT/$objective/checkpoint.safetensors" $common --split test --json \
-        --results "$OUT/$objective-results.json" > "$OUT/$objective.json"
+        --overwrite --results "$OUT/$objective-results.json" > "$OUT/$objective.json"
 done
 python3 - "$OUT" <<'PY'
 import json, sys

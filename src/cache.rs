@@ -6,6 +6,7 @@
 use crate::tensorfile;
 use anyhow::Result;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 /// The cache's root folder.
 pub fn root() -> PathBuf {
@@ -28,10 +29,11 @@ pub const SHAPES_RETRIEVER: &[u8] = include_bytes!("../assets/shapes-retriever.s
 /// use; its name holds its fingerprint, so a newer binary never reads an
 /// older copy.
 pub fn shapes_retriever() -> Result<PathBuf> {
-    let path = root().join("retrievers").join(format!(
-        "shapes-{}.safetensors",
-        tensorfile::fingerprint(SHAPES_RETRIEVER)
-    ));
+    static FINGERPRINT: OnceLock<String> = OnceLock::new();
+    let fingerprint = FINGERPRINT.get_or_init(|| tensorfile::fingerprint(SHAPES_RETRIEVER));
+    let path = root()
+        .join("retrievers")
+        .join(format!("shapes-{fingerprint}.safetensors"));
     if !path.is_file() {
         tensorfile::write_atomic(&path, SHAPES_RETRIEVER)?;
     }

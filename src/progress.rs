@@ -45,6 +45,7 @@ impl Progress {
             Some(multi) => multi.add(ProgressBar::new(total)),
             None => ProgressBar::hidden(),
         };
+        // A hidden bar starts without a length.
         bar.set_length(total);
         bar.set_style(
             ProgressStyle::with_template(

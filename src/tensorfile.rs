@@ -27,6 +27,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     }
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    crate::killpoint::here("atomic", || {});
     std::fs::rename(&tmp, path)
         .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
 }
@@ -58,7 +59,7 @@ pub fn read(path: &Path) -> Result<TensorFile> {
 }
 
 /// Reads a safetensors file already in memory; `path` names it in errors.
-pub fn parse(bytes: &[u8], path: &Path) -> Result<TensorFile> {
+fn parse(bytes: &[u8], path: &Path) -> Result<TensorFile> {
     let file = SafeTensors::deserialize(bytes)
         .map_err(|e| anyhow::anyhow!("{}: not a safetensors file ({e})", path.display()))?;
     let (_, header) = SafeTensors::read_metadata(bytes)?;

@@ -10,7 +10,7 @@ use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::RunFolder;
+use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
@@ -66,7 +66,7 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
         &data,
         &run,
         &folder,
-        false,
+        Begin::New,
         None,
         &Progress::hidden(),
         |_| Flow::Continue,
@@ -125,7 +125,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         &data,
         &run,
         &whole,
-        false,
+        Begin::New,
         None,
         &Progress::hidden(),
         |_| Flow::Continue,
@@ -140,7 +140,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         &data,
         &run,
         &parts,
-        false,
+        Begin::New,
         None,
         &Progress::hidden(),
         |e| match e {
@@ -156,7 +156,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         &data,
         &run,
         &parts,
-        true,
+        Begin::Resume,
         None,
         &Progress::hidden(),
         |_| Flow::Continue,
@@ -201,7 +201,7 @@ fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
         &data,
         &run,
         &folder,
-        false,
+        Begin::New,
         None,
         &Progress::hidden(),
         |_| Flow::Continue,

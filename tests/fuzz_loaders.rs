@@ -23,21 +23,34 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// No loader may ask for more than this at once, whatever a file claims.
 const ALLOCATION_LIMIT: usize = 1 << 30;
 /// Mutated inputs per loader.
 const BUDGET: usize = 2000;
 
+/// Fails an allocation over the limit. The process then aborts (an
+/// allocator may not unwind), so it first says which input asked, without
+/// allocating: the input is left in its target file.
 struct Bounded;
-static OVER_LIMIT: AtomicBool = AtomicBool::new(false);
+
+static CURRENT: Mutex<[u8; 160]> = Mutex::new([b' '; 160]);
+
+fn over_limit() {
+    let message = CURRENT.lock().map(|m| *m).unwrap_or([b'?'; 160]);
+    let mut err = std::io::stderr();
+    let _ = err.write_all(b"\nfuzz: an allocation over the limit while loading ");
+    let _ = err.write_all(&message);
+    let _ = err.write_all(b"\n");
+}
 
 unsafe impl GlobalAlloc for Bounded {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if layout.size() > ALLOCATION_LIMIT {
-            OVER_LIMIT.store(true, Ordering::SeqCst);
+            over_limit();
             return std::ptr::null_mut();
         }
         unsafe { System.alloc(layout) }
@@ -47,7 +60,7 @@ unsafe impl GlobalAlloc for Bounded {
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         if new_size > ALLOCATION_LIMIT {
-            OVER_LIMIT.store(true, Ordering::SeqCst);
+            over_limit();
             return std::ptr::null_mut();
         }
         unsafe { System.realloc(ptr, layout, new_size) }
@@ -161,11 +174,13 @@ fn fuzz(
         let seed = &seeds[k % seeds.len()];
         let input = mutate(seed, &mut rng);
         std::fs::write(target, &input).unwrap();
+        let label = format!("{name} input {k} ({})", target.display());
+        if let Ok(mut current) = CURRENT.lock() {
+            let n = label.len().min(current.len());
+            current.fill(b' ');
+            current[..n].copy_from_slice(&label.as_bytes()[..n]);
+        }
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| load(target)));
-        assert!(
-            !OVER_LIMIT.load(Ordering::SeqCst),
-            "{name}: input {k} asked for more than {ALLOCATION_LIMIT} bytes at once"
-        );
         match outcome {
             Err(_) => {
                 let kept = target.with_extension("crash");
@@ -332,6 +347,27 @@ fn checkpoints_and_optimizer_state() {
     )
     .unwrap();
     let captioner = std::fs::read(run.checkpoint()).unwrap();
+    assert_eq!(
+        ck.model.config.parameter_count(),
+        ck.model.params.count() as u128,
+        "the formula loading checks files against"
+    );
+    // A config asking for another size than the file holds is refused before allocating.
+    let mut file = captune::tensorfile::read(&run.checkpoint()).unwrap();
+    let config = file.metadata["captioner_config"].replace("\"width\":8", "\"width\":4096");
+    file.metadata.insert("captioner_config".into(), config);
+    let tensors: Vec<(&str, Vec<usize>, &[f32])> = file
+        .tensors
+        .iter()
+        .map(|(k, t)| (k.as_str(), t.shape.clone(), t.data.as_slice()))
+        .collect();
+    let wide = dir.join("wide.safetensors");
+    captune::tensorfile::write(&wide, &tensors, file.metadata.clone()).unwrap();
+    let err = format!("{:#}", Checkpoint::load(&b, &wide, 1).err().unwrap());
+    assert!(
+        err.contains("wide.safetensors") && err.contains("parameters"),
+        "{err}"
+    );
     let optimizer = std::fs::read(run.optimizer()).unwrap();
 
     // A checkpoint holding NaN weights is refused at load, its tensor named.
@@ -386,6 +422,10 @@ fn checkpoints_and_optimizer_state() {
         model: captune::retriever::model::Retriever::new(&b, config, 1, 0).unwrap(),
         vocab,
     };
+    assert_eq!(
+        config.parameter_count(),
+        retriever.model.params.count() as u128
+    );
     let seed = dir.join("retriever.safetensors");
     retriever.save(&b, &seed, HashMap::new()).unwrap();
     let target = dir.join("fuzz-input-retriever.safetensors");
@@ -407,21 +447,38 @@ fn run_folder_records_and_configs() {
 "#;
     let samples = br#"{"epoch":1,"step":2,"image_id":"20000","caption":"a red circle","tokens":[{"token":"a","mle_loss":0.1,"smile_loss":0.05,"p_full":0.9,"p_subset":0.95,"top5_full":[{"token":"a","probability":0.9}],"top5_subset":[]}],"samples":["a circle","red"]}
 "#;
+    // A saved state at step 1, so that resuming's repair reaches the records.
+    let b = CpuBackend::new();
+    let ck = tiny_captioner(&b);
+    let opt = AdamW::new(
+        &b,
+        AdamWConfig::default(),
+        &ck.model.params.optimizer_layout(),
+    );
     for (file, seed) in [
         ("log.jsonl", &log[..]),
         ("metrics.jsonl", &metrics[..]),
         ("samples.jsonl", &samples[..]),
     ] {
         let run = dir.join("fuzz-input-run");
-        std::fs::create_dir_all(&run).unwrap();
+        let folder = RunFolder::new(&run);
+        folder.start(false).unwrap();
+        folder
+            .save_state(
+                &b,
+                &ck,
+                &opt,
+                Position { step: 1, epoch: 1 },
+                HashMap::new(),
+            )
+            .unwrap();
         let target = run.join(file);
         fuzz(file, &[seed.to_vec()], &target, |p| {
             // The app's reader, from the start of the file each time.
             let mut history = History::default();
             RunFiles::new(p.parent().unwrap()).poll(&mut history)?;
-            // Resuming's repair never fails on a damaged line (it drops it).
-            let folder = RunFolder::new(p.parent().unwrap());
-            let _ = folder.recover();
+            // Resuming's repair drops a damaged line, never fails on one.
+            RunFolder::new(p.parent().unwrap()).recover()?;
             Ok(())
         });
         std::fs::remove_dir_all(&run).unwrap();

@@ -238,7 +238,8 @@ fn a_run_killed_anywhere_resumes_to_the_uninterrupted_result() {
     succeeded(&s.train(&whole, &[]));
     // Passes counted from the start: the state is saved once at the start
     // and after each epoch; a record is appended at each step and for each
-    // sample and metrics line.
+    // sample and metrics line; atomic writes are config.toml's, then two
+    // per save (the embeddings are cached by the first run).
     for point in [
         "batch:1",      // in the first epoch, before any epoch was saved
         "batch:5",      // in the middle of the second epoch
@@ -246,6 +247,8 @@ fn a_run_killed_anywhere_resumes_to_the_uninterrupted_result() {
         "validation:2", // between the samples and the metrics of epoch 2
         "checkpoint:3", // the checkpoint of epoch 2 written, not the optimizer
         "commit:3",     // the optimizer renamed into place, not the checkpoint
+        "commit:1",     // the same in the save at the start
+        "atomic:4",     // a temporary file written, not yet renamed (epoch 1's checkpoint)
     ] {
         let run = s.dir.join(point.replace(':', "-"));
         kill_then_resume(&s, &run, point);

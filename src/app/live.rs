@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::captioner::Checkpoint;
 use crate::captioner::objective::Objective;
 use crate::captioner::run::RunConfig;
-use crate::captioner::run_folder::RunFolder;
+use crate::captioner::run_folder::{Begin, RunFolder};
 use crate::captioner::train::{CaptionData, Event, Flow, Trainer, fresh_checkpoint};
 use crate::device::{self, DeviceChoice};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
@@ -171,7 +171,15 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         None => None,
     };
     let folder = RunFolder::new(&setup.out);
-    let mut trainer = Trainer::new(b, &mut ck, data, config, folder, false, retriever.as_mut())?;
+    let mut trainer = Trainer::new(
+        b,
+        &mut ck,
+        data,
+        config,
+        folder,
+        Begin::New,
+        retriever.as_mut(),
+    )?;
     models.send(trainer.ck.to_cpu(b)?);
     let update = |f: &dyn Fn(&mut LiveStatus)| f(&mut status.lock().expect("status lock"));
     let backend = format!("{:?} on {}", b.kind(), b.adapter_name());

@@ -12,9 +12,16 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Loads the data set and its embeddings (on a thread of its own while
-/// the window shows the progress).
-pub type Loader = Box<dyn FnOnce(&Progress) -> Result<CaptionData> + Send>;
+/// What the window waits for: the data set with its embeddings, and the
+/// retriever that made them (it judges the captions of a run trained in
+/// the app).
+pub struct Loaded {
+    pub data: CaptionData,
+    pub retriever: Option<PathBuf>,
+}
+
+/// Loads the data (on a thread of its own while the window shows the progress).
+pub type Loader = Box<dyn FnOnce(&Progress) -> Result<Loaded> + Send>;
 
 #[derive(Clone, Debug, Default)]
 pub struct WindowOptions {
@@ -47,7 +54,7 @@ pub struct FrameStats {
 enum Stage {
     Loading {
         progress: Progress,
-        done: Receiver<Result<CaptionData>>,
+        done: Receiver<Result<Loaded>>,
         source: Option<Source>,
     },
     Ready(Box<CaptuneApp>),
@@ -166,9 +173,8 @@ impl Window {
                 self.loading_frames += 1;
                 return;
             }
-            Stage::Failed(why) if self.options.frames.is_some() => {
-                // A script waits for frames that will not come: end with the error.
-                *self.out_failure.lock().expect("failure lock") = Some(why.clone());
+            Stage::Failed(_) if self.options.frames.is_some() => {
+                // A script waits for frames that will not come: end (with the error).
                 ctx.send_viewport_cmd(egui::ViewportCommand::Close);
                 return;
             }
@@ -197,6 +203,12 @@ impl Window {
         }
     }
 
+    /// Shows why loading failed; `run` returns it as its error when the window closes.
+    fn fail(&mut self, why: String) {
+        *self.out_failure.lock().expect("failure lock") = Some(why.clone());
+        self.stage = Stage::Failed(why);
+    }
+
     /// The loading screen until the data is ready, then the app.
     fn show(&mut self, ui: &mut egui::Ui) {
         if let Stage::Loading {
@@ -206,19 +218,20 @@ impl Window {
         } = &mut self.stage
         {
             match done.try_recv() {
-                Ok(Ok(data)) => {
-                    let source = source.take().expect("the source waits for the data");
-                    let mut app = CaptuneApp::new(ui.ctx(), Arc::new(data), source);
+                Ok(Ok(loaded)) => {
+                    let mut source = source.take().expect("the source waits for the data");
+                    if let Source::Train(setup) = &mut source {
+                        setup.retriever = loaded.retriever;
+                    }
+                    let mut app = CaptuneApp::new(ui.ctx(), Arc::new(loaded.data), source);
                     if let Some(tab) = self.options.tab {
                         app.tab = tab;
                     }
                     app.paint_background = false;
                     self.stage = Stage::Ready(Box::new(app));
                 }
-                Ok(Err(e)) => self.stage = Stage::Failed(format!("{e:#}")),
-                Err(TryRecvError::Disconnected) => {
-                    self.stage = Stage::Failed("the loading thread stopped".into());
-                }
+                Ok(Err(e)) => self.fail(format!("{e:#}")),
+                Err(TryRecvError::Disconnected) => self.fail("the loading thread stopped".into()),
                 Err(TryRecvError::Empty) => {
                     loading_screen(ui, progress);
                     ui.ctx()

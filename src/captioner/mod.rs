@@ -191,6 +191,18 @@ impl CaptionVocab {
     }
 }
 
+impl checkpoint::ModelConfig for CaptionerConfig {
+    fn validate(&self) -> Result<()> {
+        CaptionerConfig::validate(self)
+    }
+    fn parameter_count(&self) -> u128 {
+        CaptionerConfig::parameter_count(self)
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+}
+
 const KIND: checkpoint::Kind = checkpoint::Kind {
     format: "captune captioner",
     config_key: "captioner_config",
@@ -241,15 +253,7 @@ impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
         let (config, words, mut file) = checkpoint::read::<CaptionerConfig>(&KIND, path)?;
-        config.validate().map_err(|e| {
-            anyhow::anyhow!(
-                "{}: the config in its metadata is invalid: {e}",
-                path.display()
-            )
-        })?;
-        checkpoint::check_size(path, &file, config.parameter_count())?;
         let vocab = CaptionVocab::from_words(words);
-        checkpoint::check_vocab(path, vocab.len(), config.vocab_size)?;
         let mut model = Captioner::new(b, config, batch, 0)?;
         model.params.load(b, path, &mut file)?;
         Ok(Checkpoint { model, vocab })

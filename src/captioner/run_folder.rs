@@ -52,6 +52,17 @@ const STEP_KEY: &str = "step";
 const EPOCH_KEY: &str = "epoch";
 const ADAMW_STEP_KEY: &str = "adamw_step";
 
+/// How a training run begins in its folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// A new run; the folder must not hold one.
+    New,
+    /// A new run in place of the one the folder holds (its files are deleted).
+    Overwrite,
+    /// The folder's run, from its saved state.
+    Resume,
+}
+
 /// Where a run stands: steps taken and epochs completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Position {
@@ -82,34 +93,74 @@ impl RunFolder {
         PathBuf::from(name)
     }
 
+    /// `preferred`, or when something is already there, the first of
+    /// `preferred-2`, `preferred-3`... that is free: for default output
+    /// folders that a second run must not take over.
+    pub fn free(preferred: &Path) -> PathBuf {
+        if !preferred.exists() {
+            return preferred.to_path_buf();
+        }
+        (2..)
+            .map(|n| {
+                let mut name = preferred.as_os_str().to_owned();
+                name.push(format!("-{n}"));
+                PathBuf::from(name)
+            })
+            .find(|p| !p.exists())
+            .expect("some numbered folder is free")
+    }
+
     /// Whether a run was started in this folder.
     pub fn holds_run(&self) -> bool {
         RUN_FILES.iter().any(|f| self.dir.join(f).exists())
+    }
+
+    /// Refuses a folder that holds a run unless `overwrite`; changes nothing.
+    pub fn check_free(&self, overwrite: bool) -> Result<()> {
+        if self.holds_run() && !overwrite {
+            bail!(
+                "{} already holds a training run; continue it with `--resume`, start it again \
+                 with `--overwrite` (its logs and checkpoints are deleted), or choose another --out",
+                self.dir.display()
+            );
+        }
+        Ok(())
     }
 
     /// Makes the folder ready for a new run. A folder that holds a run is
     /// refused unless `overwrite`, which removes that run's files (and
     /// nothing else in the folder).
     pub fn start(&self, overwrite: bool) -> Result<()> {
-        if self.holds_run() {
-            if !overwrite {
-                bail!(
-                    "{} already holds a training run; continue it with `--resume`, start it again \
-                     with `--overwrite` (its logs and checkpoints are deleted), or choose another --out",
-                    self.dir.display()
-                );
-            }
-            for f in RUN_FILES {
-                for path in [self.dir.join(f), Self::next(&self.dir.join(f))] {
-                    if path.exists() {
-                        std::fs::remove_file(&path)
-                            .with_context(|| format!("{}: cannot remove", path.display()))?;
-                    }
-                }
+        self.check_free(overwrite)?;
+        for f in RUN_FILES {
+            let path = self.dir.join(f);
+            if path.exists() {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("{}: cannot remove", path.display()))?;
             }
         }
+        self.remove_leftovers()?;
         std::fs::create_dir_all(&self.dir)
             .with_context(|| format!("{}: cannot create the run folder", self.dir.display()))
+    }
+
+    /// Removes what a killed process may have left of an unfinished write:
+    /// `*.next` state files and the temporary files of atomic writes.
+    fn remove_leftovers(&self) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ours = RUN_FILES
+                .iter()
+                .any(|f| name.starts_with(f.split('.').next().expect("a stem")));
+            if ours && (name.ends_with(".next") || name.contains(".tmp-")) {
+                std::fs::remove_file(entry.path())
+                    .with_context(|| format!("{}: cannot remove", entry.path().display()))?;
+            }
+        }
+        Ok(())
     }
 
     /// Appends one record as one line, written at once.
@@ -156,36 +207,30 @@ impl RunFolder {
     /// cut short). Returns the position to continue from.
     pub fn recover(&self) -> Result<Position> {
         let (checkpoint, optimizer) = (self.checkpoint(), self.optimizer());
-        if !optimizer.is_file() || !checkpoint.is_file() {
+        if !optimizer.is_file() {
             bail!(
                 "{}: no saved state to resume from (it needs {CHECKPOINT} and {OPTIMIZER}); \
                  was this folder written by `captune train`? Start a new run with `--overwrite`",
                 self.dir.display()
             );
         }
-        let ck_position = read_position(&checkpoint)?;
         let position = saved_position(&optimizer)?;
-        let next_checkpoint = Self::next(&checkpoint);
-        if ck_position.is_some_and(|p| p != position) {
+        let at_position =
+            |path: &Path| path.is_file() && read_position(path).ok().flatten() == Some(position);
+        if !at_position(&checkpoint) {
             // The optimizer was renamed into place, the checkpoint not yet.
-            if read_position(&next_checkpoint).ok().flatten() != Some(position) {
+            let next = Self::next(&checkpoint);
+            if !at_position(&next) {
                 bail!(
-                    "{}: the checkpoint is at step {} but the optimizer at step {}, and no saved \
-                     checkpoint of that step is left; start a new run with `--overwrite`",
+                    "{}: the optimizer is at step {} but no checkpoint of that step is there; \
+                     start a new run with `--overwrite`",
                     self.dir.display(),
-                    ck_position.map_or(0, |p| p.step),
                     position.step
                 );
             }
-            rename(&next_checkpoint, &checkpoint)?;
+            rename(&next, &checkpoint)?;
         }
-        for f in [CHECKPOINT, OPTIMIZER] {
-            let stale = Self::next(&self.dir.join(f));
-            if stale.exists() {
-                std::fs::remove_file(&stale)
-                    .with_context(|| format!("{}: cannot remove", stale.display()))?;
-            }
-        }
+        self.remove_leftovers()?;
         for f in RECORDS {
             truncate_records(&self.dir.join(f), position.step)?;
         }

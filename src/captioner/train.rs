@@ -10,7 +10,7 @@ use super::model::Captioner;
 use super::model::TokenInputs;
 use super::objective::{BatchTargets, LossValues, Losses, Objective};
 use super::run::RunConfig;
-use super::run_folder::{self, Position, RunFolder};
+use super::run_folder::{self, Begin, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
 use crate::data::features::FeatureSource;
@@ -170,8 +170,8 @@ pub struct Trainer<'d, B: Backend> {
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
-    /// Prepares the run folder (or, with `resume`, restores the optimizer
-    /// from it). The retriever, when given, adds its metrics to the
+    /// Prepares the run folder as `begin` says (resuming restores the
+    /// optimizer from it). The retriever, when given, adds its metrics to the
     /// per-epoch validation.
     pub fn new(
         b: &B,
@@ -179,7 +179,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         data: &'d CaptionData,
         config: &RunConfig,
         run: RunFolder,
-        resume: bool,
+        begin: Begin,
         retriever: Option<&'d mut RetrieverCheckpoint<B>>,
     ) -> Result<Self> {
         let t = &config.train;
@@ -215,13 +215,13 @@ impl<'d, B: Backend> Trainer<'d, B> {
         if data.source.is_some() {
             config.features = data.source.clone();
         }
-        let Position { step, epoch } = if resume {
+        let Position { step, epoch } = if begin == Begin::Resume {
             let position = run.recover()?;
             run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
             tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
             position
         } else {
-            run.start(false)?;
+            run.start(begin == Begin::Overwrite)?;
             tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
             // The starting state, so that a run killed in its first epoch resumes.
             let start = Position { step: 0, epoch: 0 };
@@ -396,9 +396,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
     fn end_epoch(&mut self, b: &B, mut on_event: impl FnMut(Event<'_>) -> Flow) -> Result<Flow> {
         self.epoch += 1;
         self.batches_done = 0;
-        let mut flow = self.write_samples(b, &mut on_event)?;
+        if self.write_samples(b, &mut on_event)? == Flow::Stop {
+            // Stopped before the metrics: the state stays at the last
+            // epoch, and a resume trains and validates this one again.
+            return Ok(Flow::Stop);
+        }
         crate::killpoint::here("validation", || {});
-        if flow == Flow::Continue && !self.eval_items.is_empty() {
+        let mut flow = Flow::Continue;
+        if !self.eval_items.is_empty() {
             let record = EpochMetrics {
                 epoch: self.epoch,
                 step: self.step,
@@ -541,8 +546,8 @@ fn sampling(step: usize) -> Decoding {
 }
 
 /// Trains `ck` on the training split to the end of the run, writing the
-/// run folder, with progress bars in `progress`. `resume` continues from
-/// the folder's saved state. The retriever, when given, adds its metrics
+/// run folder, with progress bars in `progress`; `begin` says whether it
+/// starts a run in the folder or continues the one there. The retriever, when given, adds its metrics
 /// to the per-epoch validation.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: Backend>(
@@ -551,12 +556,12 @@ pub fn train<B: Backend>(
     data: &CaptionData,
     config: &RunConfig,
     run: &RunFolder,
-    resume: bool,
+    begin: Begin,
     retriever: Option<&mut RetrieverCheckpoint<B>>,
     progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
-    let mut trainer = Trainer::new(b, ck, data, config, run.clone(), resume, retriever)?;
+    let mut trainer = Trainer::new(b, ck, data, config, run.clone(), begin, retriever)?;
     trainer.show_progress(progress.clone());
     let bar = progress.start("training", trainer.total_steps() as u64);
     bar.set_position(trainer.step() as u64);

@@ -1,8 +1,8 @@
 //! `captune app`: the desktop app on a data set, training in the app,
 //! following a run folder, or inspecting a checkpoint.
 
-use super::captioner::{FeatureArgs, TrainedOn, caption_data};
-use super::{DataArgs, free_folder};
+use super::captioner::{FeatureArgs, TrainedOn, caption_data, default_retriever};
+use super::{DataArgs, check_new_output};
 use anyhow::{Result, bail};
 use captune::app::window::{self, WindowOptions};
 use captune::app::{Source, Tab, TrainSetup};
@@ -52,6 +52,9 @@ pub struct AppArgs {
     /// Write frame times and peak memory (JSON) when the window closes.
     #[arg(long)]
     pub stats: Option<PathBuf>,
+    /// Replace the --screenshot and --stats files if they exist.
+    #[arg(long)]
+    pub overwrite: bool,
     /// The window's size in points, e.g. 1280x800.
     #[arg(long, value_parser = parse_size)]
     pub size: Option<[f32; 2]>,
@@ -91,6 +94,11 @@ fn recorded(args: &AppArgs) -> Result<Option<(PathBuf, FeatureSource)>> {
 }
 
 pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
+    for (file, flag) in [(&args.screenshot, "--screenshot"), (&args.stats, "--stats")] {
+        if let Some(path) = file {
+            check_new_output(path, args.overwrite, flag)?;
+        }
+    }
     let trained_on = recorded(args)?;
     let (data, features) = (args.data.clone(), args.features.clone());
     // Embedding the images happens once, on the chosen device, while the
@@ -103,9 +111,20 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             record: record.as_path(),
             source,
         });
-        captune::with_backend!(&selection.backend, b => {
-            caption_data(b, &data, &features, trained_on, progress).map(|(data, _)| data)
-        })
+        let (data, judged) = captune::with_backend!(&selection.backend, b => {
+            caption_data(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
+        })?;
+        // The retriever caption_data kept as the judge of these embeddings.
+        let retriever = match judged {
+            true => default_retriever(
+                features.retriever.as_deref(),
+                trained_on.map(|t| t.source),
+                data.source.as_ref().is_some_and(|s| s.shapes.is_some()),
+            )?
+            .map(|f| f.path),
+            false => None,
+        };
+        Ok(window::Loaded { data, retriever })
     });
     let source = if let Some(dir) = &args.follow {
         Source::Follow(dir.clone())
@@ -128,19 +147,15 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
                 }
                 out.clone()
             }
-            None => free_folder(Path::new("runs/app")),
+            None => RunFolder::free(Path::new("runs/app")),
         };
         Source::Train(TrainSetup {
             device: device_choice,
             config,
             out,
             init: args.init.clone(),
-            retriever: args.features.retriever.clone().or_else(|| {
-                args.data
-                    .is_shapes()
-                    .then(|| captune::cache::shapes_retriever().ok())
-                    .flatten()
-            }),
+            // Set once the data is loaded: the retriever that embedded it.
+            retriever: None,
             autostart: args.start,
         })
     };

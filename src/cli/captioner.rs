@@ -9,10 +9,10 @@ use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::inspect::score_caption;
 use captune::captioner::objective::{FirstToken, ObjectiveKind};
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::RunFolder;
+use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};
 use captune::data::features::{FeatureSource, Features, retriever_encoder_id};
-use captune::data::source::DataSource;
+use captune::data::source::{DataSource, absolute};
 use captune::data::tokenize::ptb_tokenize;
 use captune::data::{Dataset, Item, Split, images};
 use captune::metrics::coco_scores;
@@ -54,9 +54,9 @@ impl<'a> TrainedOn<'a> {
 }
 
 /// A retriever file and its identity as an encoder.
-struct RetrieverFile {
-    path: PathBuf,
-    encoder: String,
+pub struct RetrieverFile {
+    pub path: PathBuf,
+    pub encoder: String,
 }
 
 impl RetrieverFile {
@@ -67,6 +67,25 @@ impl RetrieverFile {
             path: path.to_path_buf(),
             encoder: retriever_encoder_id(&bytes),
         })
+    }
+}
+
+/// The retriever that embeds images and judges captions: the one asked
+/// for, else the captioner's (while its file is there), else on the
+/// shapes world the one the binary carries.
+pub fn default_retriever(
+    asked: Option<&Path>,
+    recorded: Option<&FeatureSource>,
+    shapes: bool,
+) -> Result<Option<RetrieverFile>> {
+    let recorded_file = recorded
+        .and_then(|r| r.retriever.as_deref())
+        .filter(|p| p.is_file());
+    let shapes = recorded.map_or(shapes, |r| r.data == DataSource::Shapes.to_string());
+    match asked.or(recorded_file) {
+        Some(path) => Ok(Some(RetrieverFile::open(path)?)),
+        None if shapes => Ok(Some(RetrieverFile::open(&cache::shapes_retriever()?)?)),
+        None => Ok(None),
     }
 }
 
@@ -116,16 +135,8 @@ pub fn caption_data<B: Backend>(
     let data = resolve_data(data, trained_on)?;
     let recorded = trained_on.map(|t| t.source);
     let mut dataset = data.load()?;
-    // The retriever: asked for, else the captioner's (while its file is
-    // there), else on the shapes world the carried one.
-    let recorded_retriever = recorded
-        .and_then(|r| r.retriever.clone())
-        .filter(|p| p.is_file());
-    let retriever_file = match (features.retriever.as_ref(), recorded_retriever.as_ref()) {
-        (Some(path), _) | (None, Some(path)) => Some(RetrieverFile::open(path.as_path())?),
-        (None, None) if data.is_shapes() => Some(RetrieverFile::open(&cache::shapes_retriever()?)?),
-        (None, None) => None,
-    };
+    let retriever_file =
+        default_retriever(features.retriever.as_deref(), recorded, data.is_shapes())?;
     // The features file: asked for, else the captioner's unless a retriever was asked for.
     let features_file = features.features.clone().or_else(|| {
         recorded
@@ -169,14 +180,14 @@ pub fn caption_data<B: Backend>(
     }
     // Self-retrieval and relevance compare the retriever's text embeddings
     // with these image embeddings: only meaningful from the same encoder.
-    if let (Some(file), Some(encoder)) = (&retriever_file, &source.encoder)
-        && &file.encoder != encoder
-        && retriever.is_some()
+    if let Some(file) = &retriever_file
+        && source.encoder.as_ref() != Some(&file.encoder)
     {
         eprintln!(
-            "warning: the image embeddings come from {} but the retriever {} is another encoder; \
+            "warning: the image embeddings come from {} ({}), not from the retriever {}; \
              self-retrieval and relevance metrics are left out",
             source.origin(),
+            source.encoder.as_deref().unwrap_or("an unrecorded encoder"),
             file.path.display()
         );
         retriever = None;
@@ -193,10 +204,6 @@ pub fn caption_data<B: Backend>(
         },
         retriever,
     ))
-}
-
-fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 /// A record of `data` with embeddings of `dim`; the caller adds their origin.
@@ -290,13 +297,15 @@ fn embed_cached<B: Backend>(
     let bar = progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
     let embeddings = embed_images(b, &mut r.model, &images, &all, &bar)?;
     bar.finish_and_clear();
-    let features = Features {
+    let mut features = Features {
         source: cached.clone(),
         ids: data.items.iter().map(|i| i.id.clone()).collect(),
         dim: r.model.config.embed_dim,
         embeddings,
         encoder: Some(encoder.to_string()),
     };
+    // As loading them back from the cache would: the same bits either way.
+    features.normalise()?;
     let metadata = HashMap::from([("dataset".to_string(), data.name.clone())]);
     if let Err(e) = features.save(&cached, metadata) {
         eprintln!("warning: cannot cache the image embeddings ({e:#})");
@@ -385,12 +394,23 @@ pub fn train<B: Backend>(
     loaded: Option<(&CaptionData, Option<&mut RetrieverCheckpoint<B>>)>,
 ) -> Result<Checkpoint<B>> {
     let run = RunFolder::new(&args.out);
-    // Before anything slow: a resumable folder, or one free for a new run.
-    if args.resume {
-        run.recover()?;
-    } else {
-        run.start(args.overwrite)?;
-    }
+    // Before anything slow: a resumable folder, or one free for a new run
+    // (an overwritten run's files go only once its --config and --init,
+    // which may lie inside it, are read).
+    let begin = match (args.resume, args.overwrite) {
+        (true, _) => {
+            run.recover()?;
+            Begin::Resume
+        }
+        (false, overwrite) => {
+            run.check_free(overwrite)?;
+            if overwrite {
+                Begin::Overwrite
+            } else {
+                Begin::New
+            }
+        }
+    };
     let config = args.run_config()?;
     let progress = Progress::terminal();
     let mut owned = None;
@@ -448,7 +468,7 @@ pub fn train<B: Backend>(
         data,
         &config,
         &run,
-        args.resume,
+        begin,
         retriever,
         &progress,
         |e| {
@@ -747,64 +767,58 @@ pub struct CaptionArgs {
     pub images: Vec<PathBuf>,
 }
 
-/// The retriever `caption` embeds images with: the one asked for, else
-/// the captioner's own. Refuses one that is not the captioner's encoder.
-fn caption_retriever(
-    args: &CaptionArgs,
-    trained_on: &Option<FeatureSource>,
-) -> Result<RetrieverFile> {
-    let ck = args.checkpoint.display();
-    let file = match (&args.retriever, trained_on) {
-        (Some(path), _) => RetrieverFile::open(path)?,
-        (None, Some(t)) => match &t.retriever {
-            Some(path) if path.is_file() => RetrieverFile::open(path)?,
-            _ if t.data == "shapes" && t.features.is_none() => {
-                RetrieverFile::open(&cache::shapes_retriever()?)?
-            }
-            _ => bail!(
-                "{ck} was trained on {}, and `caption` embeds images only with a captune retriever: \
-                 pass --retriever with the retriever of those features",
-                t.origin()
-            ),
-        },
-        (None, None) => {
-            eprintln!(
-                "warning: {ck} does not record its features (it predates the record); \
-                 embedding with the shapes retriever; pass --retriever for another"
-            );
-            RetrieverFile::open(&cache::shapes_retriever()?)?
-        }
-    };
-    if let Some(t) = trained_on {
-        let now = FeatureSource {
-            retriever: Some(file.path.clone()),
-            encoder: Some(file.encoder.clone()),
-            ..t.clone()
-        };
-        check_same_encoder(
-            TrainedOn {
-                record: &args.checkpoint,
-                source: t,
-            },
-            &now,
-        )?;
-    }
-    Ok(file)
-}
-
 pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let captioner = Captioner::load(b, &args.checkpoint, 1)?;
-    let file = caption_retriever(args, &captioner.trained_on)?;
+    let ck_path = args.checkpoint.display();
+    if captioner.trained_on.is_none() && args.retriever.is_none() {
+        eprintln!(
+            "warning: {ck_path} does not record its features (it predates the record); \
+             embedding with the shapes retriever; pass --retriever for another"
+        );
+    }
+    let Some(file) = default_retriever(
+        args.retriever.as_deref(),
+        captioner.trained_on.as_ref(),
+        true,
+    )?
+    else {
+        bail!(
+            "{ck_path} was trained on {}, and `caption` embeds images only with a captune \
+             retriever: pass --retriever with the retriever of those features",
+            captioner
+                .trained_on
+                .as_ref()
+                .map_or("unrecorded features".into(), |t| t.origin())
+        );
+    };
     let mut retriever = RetrieverCheckpoint::load(b, &file.path, 128)?;
     let embed_dim = retriever.model.config.embed_dim;
-    if embed_dim != captioner.ck.model.config.embed_dim {
-        bail!(
-            "{} reads {}-dimensional image embeddings but the retriever {} makes {embed_dim}; \
-             pass the retriever it was trained with",
-            args.checkpoint.display(),
+    let now = FeatureSource {
+        retriever: Some(file.path.clone()),
+        encoder: Some(file.encoder.clone()),
+        dim: embed_dim,
+        ..captioner
+            .trained_on
+            .clone()
+            .unwrap_or_else(|| FeatureSource {
+                data: "image files".into(),
+                dim: embed_dim,
+                images: None,
+                features: None,
+                retriever: None,
+                encoder: None,
+                shapes: None,
+            })
+    };
+    match TrainedOn::of(&args.checkpoint, &captioner.trained_on) {
+        Some(t) => check_same_encoder(t, &now)?,
+        None if embed_dim != captioner.ck.model.config.embed_dim => bail!(
+            "{ck_path} reads {}-dimensional image embeddings but the retriever {} makes \
+             {embed_dim}; pass the retriever it was trained with",
             captioner.ck.model.config.embed_dim,
             file.path.display()
-        );
+        ),
+        None => {}
     }
     let mut data = Dataset {
         name: "images".into(),

@@ -4,12 +4,13 @@
 //! on the test images.
 
 use super::captioner::{self, FeatureArgs, TrainArgs, caption_data};
-use super::{DataArgs, check_new_output, free_folder};
+use super::{DataArgs, check_new_output};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
 use captune::captioner::evaluate::CaptionMetrics;
 use captune::captioner::objective::ObjectiveKind;
+use captune::captioner::run_folder::RunFolder;
 use captune::captioner::train::{self as captioner_train, CaptionData};
 use captune::data::Split;
 use captune::data::shapes::ShapesConfig;
@@ -25,7 +26,7 @@ pub struct DemoArgs {
     /// Where the two runs go (default: runs/demo, or runs/demo-2... when taken).
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Replace --out if it holds an earlier demo.
+    /// Replace --out (an earlier demo) and --json if they exist.
     #[arg(long)]
     pub overwrite: bool,
     #[arg(long, default_value_t = 15)]
@@ -70,8 +71,11 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             check_new_output(out, args.overwrite, "--out")?;
             out.clone()
         }
-        None => free_folder(Path::new("runs/demo")),
+        None => RunFolder::free(Path::new("runs/demo")),
     };
+    if let Some(json) = &args.json {
+        check_new_output(json, args.overwrite, "--json")?;
+    }
     let data_args = DataArgs::shapes(args.shapes);
     eprintln!("[1/5] the retriever");
     let retriever_path = captune::cache::shapes_retriever()?;

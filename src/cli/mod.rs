@@ -62,25 +62,7 @@ pub fn check_new_output(path: &Path, overwrite: bool, flag: &str) -> Result<()> 
     Ok(())
 }
 
-/// `preferred`, or when a run is already there, the first of
-/// `preferred-2`, `preferred-3`... that is free: for default output
-/// folders that a second run must not take over.
-pub fn free_folder(preferred: &Path) -> PathBuf {
-    if !preferred.exists() {
-        return preferred.to_path_buf();
-    }
-    (2..)
-        .map(|n| {
-            let mut name = preferred.as_os_str().to_owned();
-            name.push(format!("-{n}"));
-            PathBuf::from(name)
-        })
-        .find(|p| !p.exists())
-        .expect("some numbered folder is free")
-}
-
-/// The retriever's shape for a new one (`retriever train` without --init,
-/// and the demo's fallback).
+/// The retriever's shape for a new one (`retriever train` without --init).
 #[derive(clap::Args, Clone)]
 pub struct RetrieverShape {
     /// Images are resized to this square size.
@@ -104,17 +86,6 @@ pub struct RetrieverShape {
     /// Words seen fewer times in the training captions become <unk>.
     #[arg(long, default_value_t = captune::data::vocab::DEFAULT_MIN_COUNT)]
     pub min_count: usize,
-}
-
-impl Default for RetrieverShape {
-    fn default() -> Self {
-        #[derive(clap::Parser)]
-        struct Defaults {
-            #[command(flatten)]
-            shape: RetrieverShape,
-        }
-        <Defaults as clap::Parser>::parse_from(["defaults"]).shape
-    }
 }
 
 impl RetrieverShape {

@@ -103,7 +103,7 @@ impl Features {
     /// Reads a safetensors file, or a `.npy` file with its ids in `ids_file`.
     pub fn load(path: &Path, ids_file: Option<&Path>) -> Result<Features> {
         let is_npy = path.extension().is_some_and(|e| e == "npy");
-        let (ids, shape, mut embeddings, encoder) = if is_npy {
+        let (ids, shape, embeddings, encoder) = if is_npy {
             let Some(ids_file) = ids_file else {
                 bail!(
                     "{}: a .npy features file needs its image ids: pass --features-ids FILE (one id per line)",
@@ -146,42 +146,36 @@ impl Features {
         if dim == 0 {
             bail!("{}: embeddings have no dimensions", path.display());
         }
-        for (row, e) in embeddings.chunks_exact_mut(dim).enumerate() {
-            let norm = e.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
-            if !norm.is_finite() || norm == 0.0 {
-                bail!(
-                    "{}: embedding of image {} (row {row}) is {}; every row needs a finite, non-zero vector",
-                    path.display(),
-                    ids[row],
-                    if norm == 0.0 { "zero" } else { "not finite" }
-                );
-            }
-            // Rows already of unit length (as `embed` writes them) stay
-            // bit for bit as they are.
-            if (norm - 1.0).abs() > 1e-6 {
-                e.iter_mut()
-                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
-            }
-        }
-        Ok(Features {
+        let mut features = Features {
             source: path.to_path_buf(),
             ids,
             dim,
             embeddings,
             encoder,
-        })
+        };
+        features.normalise()?;
+        Ok(features)
     }
 
-    /// Fails unless the embeddings have `expected` dimensions.
-    pub fn expect_dim(&self, expected: usize) -> Result<()> {
-        if self.dim != expected {
-            bail!(
-                "{}: embeddings have {} dimensions but {expected} are expected; \
-                 use features from the same encoder, or a model built for {} dimensions",
-                self.source.display(),
-                self.dim,
-                self.dim
-            );
+    /// L2-normalises every row. Rows already of unit length (as `embed`
+    /// and the embedding cache write them) stay bit for bit as they are,
+    /// so loading them back changes nothing. A zero or non-finite row is
+    /// an error naming the file and the image.
+    pub fn normalise(&mut self) -> Result<()> {
+        for (row, e) in self.embeddings.chunks_exact_mut(self.dim).enumerate() {
+            let norm = e.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+            if !norm.is_finite() || norm == 0.0 {
+                bail!(
+                    "{}: embedding of image {} (row {row}) is {}; every row needs a finite, non-zero vector",
+                    self.source.display(),
+                    self.ids[row],
+                    if norm == 0.0 { "zero" } else { "not finite" }
+                );
+            }
+            if (norm - 1.0).abs() > 1e-6 {
+                e.iter_mut()
+                    .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+            }
         }
         Ok(())
     }

@@ -30,6 +30,11 @@ impl std::str::FromStr for DataSource {
     }
 }
 
+/// `path` from the root, so that a record of it holds from any working folder.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 impl std::fmt::Display for DataSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -44,11 +49,10 @@ impl DataSource {
     /// The same source with its file's absolute path, so that a record of
     /// it holds from any working folder.
     pub fn absolute(&self) -> DataSource {
-        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
         match self {
             DataSource::Shapes => DataSource::Shapes,
-            DataSource::Karpathy(p) => DataSource::Karpathy(abs(p)),
-            DataSource::Coco(p) => DataSource::Coco(abs(p)),
+            DataSource::Karpathy(p) => DataSource::Karpathy(absolute(p)),
+            DataSource::Coco(p) => DataSource::Coco(absolute(p)),
         }
     }
 

@@ -8,7 +8,7 @@ pub const PAD: u32 = 0;
 pub const BOS: u32 = 1;
 pub const EOS: u32 = 2;
 pub const UNK: u32 = 3;
-const SPECIALS: [&str; 4] = ["<pad>", "<bos>", "<eos>", "<unk>"];
+pub const SPECIALS: [&str; 4] = ["<pad>", "<bos>", "<eos>", "<unk>"];
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Vocab {

@@ -35,9 +35,20 @@ pub fn save<B: Backend>(
     params.save(b, path, metadata)
 }
 
-/// Reads a checkpoint's config and word list; the file stays open for
-/// `Params::load`.
-pub fn read<C: DeserializeOwned>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
+/// What loading checks of a model's config before the model is built.
+pub trait ModelConfig: DeserializeOwned {
+    fn validate(&self) -> Result<()>;
+    /// The parameters a model of this config has.
+    fn parameter_count(&self) -> u128;
+    /// Ids in its vocabulary, the four specials included.
+    fn vocab_size(&self) -> usize;
+}
+
+/// Reads a checkpoint's config and word list, and refuses a config that
+/// is invalid or does not fit the file's tensors or words, before any
+/// model of it is allocated (a damaged config could ask for any size).
+/// The file stays open for `Params::load`.
+pub fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
     let file = tensorfile::read(path)?;
     let config: C = serde_json::from_str(file.meta(kind.config_key, path)?).with_context(|| {
         format!(
@@ -54,29 +65,32 @@ pub fn read<C: DeserializeOwned>(kind: &Kind, path: &Path) -> Result<(C, Vec<Str
                 path.display()
             )
         })?;
+    config.validate().map_err(|e| {
+        anyhow::anyhow!(
+            "{}: the config in its metadata is invalid: {e}",
+            path.display()
+        )
+    })?;
+    check_size(path, &file, config.parameter_count())?;
+    let ids = words.len() + crate::data::vocab::SPECIALS.len();
+    if ids != config.vocab_size() {
+        bail!(
+            "{}: the vocabulary has {ids} words but the config says {}",
+            path.display(),
+            config.vocab_size()
+        );
+    }
     Ok((config, words, file))
 }
 
 /// Refuses a file whose tensors do not hold the `expected` number of
-/// parameters of its config, before a model of that config is allocated
-/// (a damaged config could ask for any size).
-pub fn check_size(path: &Path, file: &TensorFile, expected: u128) -> Result<()> {
+/// parameters of its config.
+fn check_size(path: &Path, file: &TensorFile, expected: u128) -> Result<()> {
     let held: u128 = file.tensors.values().map(|t| t.data.len() as u128).sum();
     if held != expected {
         bail!(
             "{}: the config in the metadata describes {expected} parameters but the file holds \
              {held}; the config or the tensors are damaged",
-            path.display()
-        );
-    }
-    Ok(())
-}
-
-/// The error for a vocabulary whose size differs from the config's.
-pub fn check_vocab(path: &Path, ids: usize, config_vocab: usize) -> Result<()> {
-    if ids != config_vocab {
-        bail!(
-            "{}: the vocabulary has {ids} words but the config says {config_vocab}",
             path.display()
         );
     }

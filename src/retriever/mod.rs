@@ -108,6 +108,18 @@ pub fn patchify(config: &RetrieverConfig, images: &Images, indices: &[usize]) ->
     out
 }
 
+impl checkpoint::ModelConfig for RetrieverConfig {
+    fn validate(&self) -> Result<()> {
+        RetrieverConfig::validate(self)
+    }
+    fn parameter_count(&self) -> u128 {
+        RetrieverConfig::parameter_count(self)
+    }
+    fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+}
+
 const KIND: checkpoint::Kind = checkpoint::Kind {
     format: "captune retriever",
     config_key: "retriever_config",
@@ -138,15 +150,7 @@ impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
         let (config, words, mut file) = checkpoint::read::<RetrieverConfig>(&KIND, path)?;
-        config.validate().map_err(|e| {
-            anyhow::anyhow!(
-                "{}: the config in its metadata is invalid: {e}",
-                path.display()
-            )
-        })?;
-        checkpoint::check_size(path, &file, config.parameter_count())?;
         let vocab = Vocab::from_words(words);
-        checkpoint::check_vocab(path, vocab.len(), config.vocab_size)?;
         let mut model = Retriever::new(b, config, batch, 0)?;
         model.params.load(b, path, &mut file)?;
         Ok(Checkpoint { model, vocab })
