@@ -5,7 +5,7 @@
 //! references and n, times 10. As there, "length" counts bigrams.
 
 use super::ngrams::{NgramCounts, count_ngrams};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 const N: usize = 4;
 const SIGMA: f64 = 6.0;
@@ -19,7 +19,8 @@ pub struct CiderD {
 }
 
 struct TfIdf {
-    vectors: [HashMap<Vec<String>, f64>; N],
+    /// Ordered, as `NgramCounts`: the dot products sum in a fixed order.
+    vectors: [BTreeMap<Vec<String>, f64>; N],
     norms: [f64; N],
     length: f64,
 }

@@ -1,9 +1,11 @@
 //! n-gram counting shared by BLEU, CIDEr-D and the diversity metrics.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
-/// Counts of every n-gram of order 1..=max_n, keyed by its words.
-pub type NgramCounts = HashMap<Vec<String>, usize>;
+/// Counts of every n-gram of order 1..=max_n, keyed by its words. Ordered,
+/// so that sums over n-grams take the same order in every process and the
+/// scores are the same to the last bit.
+pub type NgramCounts = BTreeMap<Vec<String>, usize>;
 
 pub fn count_ngrams<S: AsRef<str>>(words: &[S], max_n: usize) -> NgramCounts {
     let mut counts = NgramCounts::new();
