@@ -1,4 +1,4 @@
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::bench;
 use captune::captioner::bench::train_throughput;
@@ -461,7 +461,8 @@ fn embed<B: Backend>(
     let embeddings =
         captune::retriever::eval::embed_images(b, &mut ck.model, &prep.images, &all, &bar)?;
     bar.finish_and_clear();
-    let bytes = std::fs::read(checkpoint)?;
+    let bytes = std::fs::read(checkpoint)
+        .with_context(|| format!("cannot read {}", checkpoint.display()))?;
     let features = captune::data::features::Features {
         source: out.to_path_buf(),
         ids: prep.data.items.iter().map(|i| i.id.clone()).collect(),

@@ -68,14 +68,14 @@ fn tiny_config() -> RunConfig {
 #[test]
 fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     let out = temp("live");
-    let mut h = harness(Source::Train(TrainSetup {
+    let mut h = harness(Source::Train(Box::new(TrainSetup {
         device: DeviceChoice::Cpu,
         config: tiny_config(),
         out: out.clone(),
         init: None,
         retriever: None,
         autostart: false,
-    }));
+    })));
     h.run();
     // Before Start, the empty loss panel says how to begin.
     assert!(

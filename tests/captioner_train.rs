@@ -210,6 +210,23 @@ fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
     (ck, data, folder.checkpoint())
 }
 
+/// A trained model decoding six validation images at once: the
+/// checkpoint, its path, the images' features and the model.
+fn six_images(
+    c: &CpuBackend,
+) -> (
+    Checkpoint<CpuBackend>,
+    PathBuf,
+    Vec<f32>,
+    Captioner<CpuBackend>,
+) {
+    let (ck, data, path) = trained();
+    let items = data.items(captune::data::Split::Val);
+    let features = data.features_of(&items[..6]);
+    let model = ck.with_batch(c, 6).unwrap();
+    (ck, path, features, model)
+}
+
 /// log p of `g`'s ids under teacher forcing, summed.
 fn teacher_forced_logprob<B: Backend>(
     b: &B,
@@ -239,10 +256,7 @@ fn teacher_forced_logprob<B: Backend>(
 #[test]
 fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     let c = CpuBackend::new();
-    let (ck, data, path) = trained();
-    let items = data.items(captune::data::Split::Val);
-    let features = data.features_of(&items[..6]);
-    let mut model = ck.with_batch(&c, 6).unwrap();
+    let (ck, path, features, mut model) = six_images(&c);
     let greedy = generate(
         &c,
         &mut model,
@@ -398,10 +412,7 @@ fn words(max_words: usize) -> DecodeOptions {
 #[test]
 fn suppressed_unk_is_never_emitted() {
     let c = CpuBackend::new();
-    let (ck, data, path) = trained();
-    let items = data.items(captune::data::Split::Val);
-    let features = data.features_of(&items[..6]);
-    let mut model = ck.with_batch(&c, 6).unwrap();
+    let (_, path, features, mut model) = six_images(&c);
     let plain = generate(
         &c,
         &mut model,

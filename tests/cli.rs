@@ -1,5 +1,7 @@
 //! The `captune` binary: device selection, its errors, `info` and `bench kernels --json`.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn captune(args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -135,16 +137,7 @@ fn shapes_data_retriever_train_eval_and_embed_from_the_command_line() {
     let dir = std::env::temp_dir().join(format!("captune-cli-{}", std::process::id()));
     let cache = dir.join("cache");
     let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
-    let shapes: &[&str] = &[
-        "--shapes-size",
-        "32",
-        "--shapes-train",
-        "48",
-        "--shapes-val",
-        "16",
-        "--shapes-test",
-        "16",
-    ];
+    let shapes: &[&str] = &common::TINY_WORLD_ARGS;
 
     let out_dir = dir.join("look");
     let mut args = vec!["data", "shapes", "--out", out_dir.to_str().unwrap()];

@@ -283,7 +283,7 @@ fn features_files() {
     let target = dir.join("fuzz-input-features.safetensors");
     fuzz(
         "features (safetensors)",
-        &[safetensors.clone()],
+        std::slice::from_ref(&safetensors),
         &target,
         |p| Features::load(p, None).map(|_| ()),
     );
@@ -293,9 +293,12 @@ fn features_files() {
     let ids = dir.join("ids.txt");
     std::fs::write(&ids, "1\n2\n3\n").unwrap();
     let target = dir.join("fuzz-input-features.npy");
-    fuzz("features (.npy)", &[npy.clone()], &target, |p| {
-        Features::load(p, Some(&ids)).map(|_| ())
-    });
+    fuzz(
+        "features (.npy)",
+        std::slice::from_ref(&npy),
+        &target,
+        |p| Features::load(p, Some(&ids)).map(|_| ()),
+    );
     // The ids file damaged instead, beside a valid .npy.
     let npy_path = dir.join("valid.npy");
     std::fs::write(&npy_path, &npy).unwrap();
@@ -326,6 +329,18 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
     }
 }
 
+/// Writes `from`'s tensors and metadata to `to`, changed by `edit`.
+fn rewrite(from: &Path, to: &Path, edit: impl FnOnce(&mut captune::tensorfile::TensorFile)) {
+    let mut file = captune::tensorfile::read(from).unwrap();
+    edit(&mut file);
+    let tensors: Vec<(&str, Vec<usize>, &[f32])> = file
+        .tensors
+        .iter()
+        .map(|(k, t)| (k.as_str(), t.shape.clone(), t.data.as_slice()))
+        .collect();
+    captune::tensorfile::write(to, &tensors, file.metadata.clone()).unwrap();
+}
+
 #[test]
 fn checkpoints_and_optimizer_state() {
     let b = CpuBackend::new();
@@ -353,16 +368,11 @@ fn checkpoints_and_optimizer_state() {
         "the formula loading checks files against"
     );
     // A config asking for another size than the file holds is refused before allocating.
-    let mut file = captune::tensorfile::read(&run.checkpoint()).unwrap();
-    let config = file.metadata["captioner_config"].replace("\"width\":8", "\"width\":4096");
-    file.metadata.insert("captioner_config".into(), config);
-    let tensors: Vec<(&str, Vec<usize>, &[f32])> = file
-        .tensors
-        .iter()
-        .map(|(k, t)| (k.as_str(), t.shape.clone(), t.data.as_slice()))
-        .collect();
     let wide = dir.join("wide.safetensors");
-    captune::tensorfile::write(&wide, &tensors, file.metadata.clone()).unwrap();
+    rewrite(&run.checkpoint(), &wide, |file| {
+        let config = file.metadata["captioner_config"].replace("\"width\":8", "\"width\":4096");
+        file.metadata.insert("captioner_config".into(), config);
+    });
     let err = format!("{:#}", Checkpoint::load(&b, &wide, 1).err().unwrap());
     assert!(
         err.contains("wide.safetensors") && err.contains("parameters"),
@@ -371,15 +381,10 @@ fn checkpoints_and_optimizer_state() {
     let optimizer = std::fs::read(run.optimizer()).unwrap();
 
     // A checkpoint holding NaN weights is refused at load, its tensor named.
-    let mut file = captune::tensorfile::read(&run.checkpoint()).unwrap();
-    file.tensors.get_mut("decoder.tokens").unwrap().data[5] = f32::NAN;
-    let tensors: Vec<(&str, Vec<usize>, &[f32])> = file
-        .tensors
-        .iter()
-        .map(|(k, t)| (k.as_str(), t.shape.clone(), t.data.as_slice()))
-        .collect();
     let poisoned = dir.join("nan.safetensors");
-    captune::tensorfile::write(&poisoned, &tensors, file.metadata.clone()).unwrap();
+    rewrite(&run.checkpoint(), &poisoned, |file| {
+        file.tensors.get_mut("decoder.tokens").unwrap().data[5] = f32::NAN;
+    });
     let err = format!("{:#}", Checkpoint::load(&b, &poisoned, 1).err().unwrap());
     assert!(
         err.contains("nan.safetensors")

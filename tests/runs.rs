@@ -8,16 +8,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-const WORLD: [&str; 8] = [
-    "--shapes-size",
-    "32",
-    "--shapes-train",
-    "48",
-    "--shapes-val",
-    "16",
-    "--shapes-test",
-    "16",
-];
+mod common;
+
+use common::TINY_WORLD_ARGS as WORLD;
 
 struct Scratch {
     dir: PathBuf,

@@ -19,6 +19,7 @@ pub mod window;
 use crate::captioner::inspect::TokenScore;
 use crate::captioner::objective::{FirstToken, Objective, ObjectiveKind};
 use crate::captioner::run::RunConfig;
+use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
 use crate::data::Split;
 use crate::device::DeviceChoice;
@@ -47,7 +48,7 @@ pub struct TrainSetup {
 }
 
 pub enum Source {
-    Train(TrainSetup),
+    Train(Box<TrainSetup>),
     /// A run folder written by `captune train` (or by the app).
     Follow(PathBuf),
     /// A captioner checkpoint, for the per-token views only.
@@ -228,7 +229,7 @@ impl CaptuneApp {
             Source::Train(setup) => {
                 app.knobs = Knobs::of(&setup.config);
                 let autostart = setup.autostart;
-                app.train = Some(setup);
+                app.train = Some(*setup);
                 if autostart {
                     app.start_training(ctx);
                 }
@@ -295,7 +296,12 @@ impl CaptuneApp {
                 data: Arc::clone(&self.data),
                 retriever: setup.retriever.clone(),
                 config,
-                out: setup.out.clone(),
+                // A second Start after a run ended trains into a new folder.
+                out: if RunFolder::new(&setup.out).holds_run() {
+                    RunFolder::free(&setup.out)
+                } else {
+                    setup.out.clone()
+                },
                 init: setup.init.clone(),
             },
             self.scorer.sink(),

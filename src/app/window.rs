@@ -48,6 +48,9 @@ pub struct FrameStats {
     pub training_step: Option<usize>,
     /// Frames drawn while the data was still loading (the window opens first).
     pub loading_frames: usize,
+    /// Seconds from opening the window to its first frame, and to the app's.
+    pub first_frame_s: f64,
+    pub app_ready_s: f64,
 }
 
 /// The window's content: the loading screen, then the app.
@@ -64,6 +67,9 @@ enum Stage {
 struct Window {
     stage: Stage,
     loading_frames: usize,
+    opened: Instant,
+    first_frame_s: Option<f64>,
+    app_ready_s: Option<f64>,
     options: WindowOptions,
     frame_ms: Vec<f64>,
     last: Option<Instant>,
@@ -86,6 +92,7 @@ pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
         renderer: eframe::Renderer::Wgpu,
         ..Default::default()
     };
+    let opened = Instant::now();
     let stats = options.stats.clone();
     let result: Arc<Mutex<Option<FrameStats>>> = Arc::default();
     let out = Arc::clone(&result);
@@ -111,6 +118,9 @@ pub fn run(load: Loader, source: Source, options: WindowOptions) -> Result<()> {
                     source: Some(source),
                 },
                 loading_frames: 0,
+                opened,
+                first_frame_s: None,
+                app_ready_s: None,
                 options,
                 frame_ms: Vec::new(),
                 last: None,
@@ -165,6 +175,11 @@ impl Window {
                 .push(now.duration_since(last).as_secs_f64() * 1000.0);
         }
         self.show(ui);
+        let since = self.opened.elapsed().as_secs_f64();
+        self.first_frame_s.get_or_insert(since);
+        if matches!(self.stage, Stage::Ready(_)) {
+            self.app_ready_s.get_or_insert(since);
+        }
         let ctx = ui.ctx().clone();
         match &self.stage {
             Stage::Loading { .. } => {
@@ -270,6 +285,8 @@ impl Window {
                 _ => None,
             },
             loading_frames: self.loading_frames,
+            first_frame_s: self.first_frame_s.unwrap_or(0.0),
+            app_ready_s: self.app_ready_s.unwrap_or(0.0),
         }
     }
 }

@@ -286,9 +286,11 @@ fn read_position(path: &Path) -> Result<Option<Position>> {
 
 /// Keeps the complete records of `path` written at or before `step`.
 fn truncate_records(path: &Path, step: usize) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(bytes) = std::fs::read(path) else {
         return Ok(());
     };
+    // A damaged line may not even be UTF-8; it is dropped like any other.
+    let text = String::from_utf8_lossy(&bytes);
     let complete = text.rfind('\n').map_or(0, |i| i + 1);
     let kept: String = text[..complete]
         .split_inclusive('\n')
@@ -299,7 +301,7 @@ fn truncate_records(path: &Path, step: usize) -> Result<()> {
                 .is_some_and(|s| s as usize <= step)
         })
         .collect();
-    if kept.len() != text.len() {
+    if kept.as_bytes() != bytes.as_slice() {
         tensorfile::write_atomic(path, kept.as_bytes())?;
     }
     Ok(())

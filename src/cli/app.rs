@@ -115,14 +115,16 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             caption_data(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
         })?;
         // The retriever caption_data kept as the judge of these embeddings.
-        let retriever = match judged {
-            true => default_retriever(
+        let retriever = if judged {
+            let shapes = data.source.as_ref().is_some_and(|s| s.shapes.is_some());
+            default_retriever(
                 features.retriever.as_deref(),
                 trained_on.map(|t| t.source),
-                data.source.as_ref().is_some_and(|s| s.shapes.is_some()),
+                shapes,
             )?
-            .map(|f| f.path),
-            false => None,
+            .map(|f| f.path)
+        } else {
+            None
         };
         Ok(window::Loaded { data, retriever })
     });
@@ -149,7 +151,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             }
             None => RunFolder::free(Path::new("runs/app")),
         };
-        Source::Train(TrainSetup {
+        Source::Train(Box::new(TrainSetup {
             device: device_choice,
             config,
             out,
@@ -157,7 +159,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             // Set once the data is loaded: the retriever that embedded it.
             retriever: None,
             autostart: args.start,
-        })
+        }))
     };
     window::run(
         load,

@@ -9,6 +9,19 @@ use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+/// The shapes-world settings of a tiny world for command-line tests:
+/// 32-pixel images, 48 training, 16 validation and 16 test images.
+pub const TINY_WORLD_ARGS: [&str; 8] = [
+    "--shapes-size",
+    "32",
+    "--shapes-train",
+    "48",
+    "--shapes-val",
+    "16",
+    "--shapes-test",
+    "16",
+];
+
 /// The GPU backend on the best adapter (lavapipe in CI). A machine without
 /// any adapter fails these tests with the fix, unless CAPTUNE_SKIP_GPU_TESTS=1
 /// says to skip them (then a line says so).
