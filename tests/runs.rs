@@ -187,6 +187,24 @@ fn a_run_folder_is_never_taken_over_and_resume_adds_epochs() {
     let out = s.command(&args).output().unwrap();
     assert!(!out.status.success() && text(&out.stderr).contains("--overwrite"));
     assert_eq!(std::fs::read_to_string(&results).unwrap(), "mine");
+    let mut args = vec![
+        "retriever",
+        "train",
+        "--out",
+        results.to_str().unwrap(),
+        "--epochs",
+        "1",
+    ];
+    args.extend(WORLD);
+    let out = s.command(&args).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("--overwrite"));
+    assert_eq!(std::fs::read_to_string(&results).unwrap(), "mine");
+    // A folder with something in it is not replaced by a generated world.
+    let mut args = vec!["data", "shapes", "--out", s.dir.to_str().unwrap()];
+    args.extend(WORLD);
+    let out = s.command(&args).output().unwrap();
+    assert!(!out.status.success() && text(&out.stderr).contains("--overwrite"));
+    assert_eq!(std::fs::read_to_string(&results).unwrap(), "mine");
 }
 
 /// Starts a run that stops at `point` (see src/killpoint.rs), kills it
