@@ -1,19 +1,26 @@
-//! Every WGSL file parses and validates with naga (no GPU needed), and the
-//! binary embeds exactly the files in `shaders/`.
+//! Every WGSL file parses and validates with naga (no GPU needed), the
+//! binary embeds exactly the files in `shaders/`, and every kernel
+//! translates to the languages of the backends the project names: SPIR-V
+//! (Vulkan), MSL (Metal) and HLSL (DX12), with the same entry points and
+//! bindings.
 
 use std::path::Path;
 
 fn validate(name: &str, source: &str) -> naga::Module {
+    validate_with_info(name, source).0
+}
+
+fn validate_with_info(name: &str, source: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module = naga::front::wgsl::parse_str(source)
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
     let mut validator = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::empty(),
     );
-    validator
+    let info = validator
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
-    module
+    (module, info)
 }
 
 /// Every `shaders/*.wgsl` file but the prelude: the kernel families.
@@ -115,4 +122,126 @@ fn every_entry_point_the_gpu_backend_dispatches_exists() {
         "found only {} dispatches of {entry_points} entry points",
         kernels.len()
     );
+}
+
+/// The (group, binding) pairs of a module's resources.
+fn bindings(module: &naga::Module) -> std::collections::BTreeSet<(u32, u32)> {
+    module
+        .global_variables
+        .iter()
+        .filter_map(|(_, g)| g.binding.as_ref().map(|b| (b.group, b.binding)))
+        .collect()
+}
+
+/// The entry point names and (set, binding) decorations of a SPIR-V module,
+/// read from its instructions.
+fn spirv_interface(words: &[u32]) -> (Vec<String>, std::collections::BTreeSet<(u32, u32)>) {
+    const OP_ENTRY_POINT: u32 = 15;
+    const OP_DECORATE: u32 = 71;
+    const DESCRIPTOR_SET: u32 = 34;
+    const BINDING: u32 = 33;
+    assert_eq!(words[0], 0x0723_0203, "SPIR-V magic number");
+    let (mut names, mut sets, mut slots) = (
+        Vec::new(),
+        std::collections::HashMap::new(),
+        std::collections::HashMap::new(),
+    );
+    let mut at = 5;
+    while at < words.len() {
+        let (count, op) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+        let operands = &words[at + 1..at + count];
+        if op == OP_ENTRY_POINT {
+            // execution model, id, then the name as a nul-terminated string
+            let bytes: Vec<u8> = operands[2..].iter().flat_map(|w| w.to_le_bytes()).collect();
+            let end = bytes.iter().position(|&b| b == 0).unwrap();
+            names.push(String::from_utf8(bytes[..end].to_vec()).unwrap());
+        } else if op == OP_DECORATE && operands.len() == 3 {
+            match operands[1] {
+                DESCRIPTOR_SET => {
+                    sets.insert(operands[0], operands[2]);
+                }
+                BINDING => {
+                    slots.insert(operands[0], operands[2]);
+                }
+                _ => {}
+            }
+        }
+        at += count;
+    }
+    let pairs = slots.iter().map(|(id, b)| (sets[id], *b)).collect();
+    (names, pairs)
+}
+
+#[test]
+fn every_kernel_translates_to_spirv_msl_and_hlsl() {
+    for path in family_files() {
+        let name = path.display().to_string();
+        let source =
+            captune::shaders::PRELUDE.to_string() + &std::fs::read_to_string(&path).unwrap();
+        let (module, info) = validate_with_info(&name, &source);
+        let mut entries: Vec<String> = module.entry_points.iter().map(|e| e.name.clone()).collect();
+        entries.sort();
+        let wanted = bindings(&module);
+
+        // Vulkan: SPIR-V.
+        let words = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+            .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+        let (mut names, pairs) = spirv_interface(&words);
+        names.sort();
+        assert_eq!(names, entries, "{name}: SPIR-V entry points");
+        assert_eq!(pairs, wanted, "{name}: SPIR-V descriptor sets and bindings");
+
+        // Metal: MSL, every entry point.
+        let (msl, translated) =
+            naga::back::msl::write_string(&module, &info, &Default::default(), &Default::default())
+                .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+        for (entry, result) in module
+            .entry_points
+            .iter()
+            .zip(&translated.entry_point_names)
+        {
+            let written = result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{name}: MSL entry point {}: {e}", entry.name));
+            assert!(
+                msl.contains(&format!("kernel void {written}(")),
+                "{name}: MSL lacks kernel {written}"
+            );
+        }
+
+        // DX12: HLSL, every entry point, each resource at its register space and slot.
+        let mut hlsl = String::new();
+        let options = naga::back::hlsl::Options::default();
+        let pipeline = naga::back::hlsl::PipelineOptions::default();
+        let reflection = naga::back::hlsl::Writer::new(&mut hlsl, &options, &pipeline)
+            .write(&module, &info, None)
+            .unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
+        for (entry, result) in module
+            .entry_points
+            .iter()
+            .zip(&reflection.entry_point_names)
+        {
+            let written = result
+                .as_ref()
+                .unwrap_or_else(|e| panic!("{name}: HLSL entry point {}: {e}", entry.name));
+            assert!(
+                hlsl.contains(&format!("void {written}(")),
+                "{name}: HLSL lacks {written}"
+            );
+        }
+        for (group, binding) in &wanted {
+            // naga writes no space for space 0.
+            let space = if *group == 0 {
+                String::new()
+            } else {
+                format!(", space{group}")
+            };
+            assert!(
+                ["t", "u", "b", "s"]
+                    .iter()
+                    .any(|r| hlsl.contains(&format!("register({r}{binding}{space})"))),
+                "{name}: HLSL has no register for group {group} binding {binding}"
+            );
+        }
+    }
 }
