@@ -44,4 +44,20 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
     XDG_RUNTIME_DIR=$(mktemp -d)
 fi
 
-cargo test --locked "$@"
+# Tests skipped for want of a GPU, Xvfb, the shared data or pycocoevalcap
+# write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs, skip), since
+# cargo test shows nothing of a skip inside a passing test; the summary
+# after the tests counts them apart from the tests that ran.
+CAPTUNE_SKIP_LOG=$(mktemp)
+output=$(mktemp)
+export CAPTUNE_SKIP_LOG
+status=0
+cargo test --locked "$@" 2>&1 | tee "$output" || true
+status=${PIPESTATUS[0]}
+skipped=$(sort -u "$CAPTUNE_SKIP_LOG")
+[ -z "$skipped" ] || printf '%s\n' "$skipped" | sed 's/^/SKIPPED: /'
+skips=$(printf '%s' "$skipped" | cut -d: -f1 | sort -u | grep -c . || true)
+awk -v skips="$skips" '/^test result:/ { passed += $4; failed += $6 }
+    END { printf "summary: %d passed, %d failed, %d skipped\n", passed - skips, failed, skips }' "$output"
+rm -f "$CAPTUNE_SKIP_LOG" "$output"
+exit "$status"

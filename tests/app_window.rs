@@ -5,6 +5,8 @@
 //! Needs Xvfb (scripts/test.sh installs it). Without it the test fails
 //! with that advice, unless CAPTUNE_SKIP_WINDOW_TEST=1 says to skip.
 
+mod common;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -40,7 +42,9 @@ fn virtual_display() -> Option<VirtualDisplay> {
         Ok(s) => s,
         Err(e) => {
             if std::env::var("CAPTUNE_SKIP_WINDOW_TEST").as_deref() == Ok("1") {
-                eprintln!("skipped: no Xvfb ({e}) and CAPTUNE_SKIP_WINDOW_TEST=1");
+                common::skip(&format!(
+                    "no Xvfb ({e}), and CAPTUNE_SKIP_WINDOW_TEST=1 is set"
+                ));
                 return None;
             }
             panic!(

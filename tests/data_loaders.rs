@@ -1,6 +1,8 @@
 //! Real-data loaders, the vocabulary, and bad input: every problem names
 //! the file and the item, and the rest of the data set still loads.
 
+mod common;
+
 use captune::data::vocab::{BOS, EOS, UNK, Vocab};
 use captune::data::{Split, coco, images, karpathy};
 use std::path::{Path, PathBuf};
@@ -23,10 +25,10 @@ fn png(path: &Path) {
 fn flickr8k_loads_with_its_splits_tokens_and_vocabulary() {
     let file = Path::new(FLICKR8K).join("dataset_flickr8k.json");
     if !file.is_file() {
-        eprintln!(
-            "SKIPPED: {} is absent (see ../shared/data/flickr8k/README.md)",
+        common::skip(&format!(
+            "{} is absent (see ../shared/data/flickr8k/README.md)",
             file.display()
-        );
+        ));
         return;
     }
     let data = karpathy::load(&file, None).unwrap();

@@ -3,6 +3,8 @@
 //! `scripts/coco_reference.py`) on Flickr8k test with leave-one-out human
 //! captions as candidates, and the diversity metrics on hand-made sets.
 
+mod common;
+
 use captune::data::tokenize::ptb_tokenize;
 use captune::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use captune::metrics::{bleu, cider::CiderD, coco_scores, rouge};
@@ -13,7 +15,9 @@ const FLICKR8K: &str = "../shared/data/flickr8k/dataset_flickr8k.json";
 #[test]
 fn coco_metrics_equal_pycocoevalcap_on_flickr8k_test() {
     if !Path::new(FLICKR8K).exists() {
-        eprintln!("SKIPPED: {FLICKR8K} is absent (see ../shared/data/flickr8k/README.md)");
+        common::skip(&format!(
+            "{FLICKR8K} is absent (see ../shared/data/flickr8k/README.md)"
+        ));
         return;
     }
     let data: serde_json::Value =
