@@ -294,7 +294,7 @@ fn captioner_gradients_match_finite_differences() {
     for (p, grad) in grads.iter().enumerate() {
         let name = model.params.specs[p].name.clone();
         let len = grad.len();
-        for i in (0..len).step_by((len / 6).max(1)) {
+        for i in common::probes(&name, len, 6) {
             let original = b.to_vec(&model.params.values[p]);
             let mut at = |delta: f32| {
                 let mut x = original.clone();

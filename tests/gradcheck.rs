@@ -11,7 +11,7 @@ use captune::ops::attention::{Attention, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::linear::Linear;
-use common::{random, random_ids};
+use common::{probes, random, random_ids};
 
 const EPS: f32 = 1e-2;
 
@@ -19,13 +19,13 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
 }
 
-/// Compares `analytic` with central differences of `loss` at up to 48 coordinates of `x`.
+/// Compares `analytic` with central differences of `loss` at 48 random
+/// coordinates of `x` (seeded by `what`; all of them when there are fewer).
 #[track_caller]
 fn check(what: &str, x: &[f32], analytic: &[f32], mut loss: impl FnMut(&[f32]) -> f64) {
     assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
-    let step = (x.len() / 48).max(1);
     let mut x = x.to_vec();
-    for i in (0..x.len()).step_by(step) {
+    for i in probes(what, x.len(), 48) {
         let orig = x[i];
         x[i] = orig + EPS;
         let up = loss(&x);
@@ -334,5 +334,99 @@ fn contrastive_backward_matches_finite_differences() {
     });
     check("contrastive d_log_scale", &log_scale, &ds, |s| {
         loss_of(&image, &text, s)
+    });
+}
+
+/// Every op with an `accumulate` flag adds what it computes to what is
+/// in its output (the paths a tensor used twice takes in a backward), and
+/// computes the same thing as without the flag, whose values the checks
+/// above hold against finite differences.
+#[test]
+fn every_accumulate_flag_adds_to_what_is_there() {
+    let b = CpuBackend::new();
+    let (rows, cols) = (6, 5);
+    let n = rows * cols;
+    let before = random(rows * rows.max(cols), 90);
+    // Runs `op` into zeros and into `before` with the flag set; the second
+    // must be the first plus `before`.
+    let adds = |what: &str, len: usize, op: &dyn Fn(&mut Vec<f32>, bool)| {
+        let mut fresh = vec![0.0; len];
+        op(&mut fresh, false);
+        let mut summed = before[..len].to_vec();
+        op(&mut summed, true);
+        let want: Vec<f32> = fresh.iter().zip(&before).map(|(f, p)| f + p).collect();
+        common::assert_close(what, &summed, &want, 1e-6, 1e-6);
+        assert!(
+            fresh.iter().any(|&x| x != 0.0),
+            "{what}: computes something"
+        );
+    };
+    let (x, dy) = (random(n, 91), random(n, 92));
+    adds("gelu backward", n, &|dx, acc| {
+        b.gelu_backward(&x, &dy, dx, acc)
+    });
+    adds("scale by exp", n, &|y, acc| {
+        b.scale_by_exp(&vec![0.3], &x, y, acc)
+    });
+    adds("matmul", rows * rows, &|c, acc| {
+        let shape = Matmul::new(rows, rows, cols).trans_b();
+        let shape = if acc { shape.accumulate() } else { shape };
+        b.matmul(&x, &dy, c, &shape);
+    });
+    adds("column sum", cols, &|out, acc| {
+        b.column_sum(&x, rows, cols, out, acc)
+    });
+    let (gamma, beta) = (random(cols, 93), random(cols, 94));
+    let (mut y, mut mean, mut rstd) = (vec![0.0; n], vec![0.0; rows], vec![0.0; rows]);
+    b.layer_norm(&x, &gamma, &beta, &mut y, &mut mean, &mut rstd, cols, 1e-5);
+    adds("layer norm backward (dx)", n, &|dx, acc| {
+        let (mut dgamma, mut dbeta) = (vec![0.0; cols], vec![0.0; cols]);
+        b.layer_norm_backward(
+            &dy,
+            &x,
+            &gamma,
+            &mean,
+            &rstd,
+            dx,
+            &mut dgamma,
+            &mut dbeta,
+            cols,
+            acc,
+        );
+    });
+    let (mut unit, mut norm) = (vec![0.0; n], vec![0.0; rows]);
+    b.l2_normalize(&x, &mut unit, &mut norm, cols);
+    adds("l2 normalise backward", n, &|dx, acc| {
+        b.l2_normalize_backward(&unit, &norm, &dy, dx, cols, acc)
+    });
+    adds("mean pool backward", n, &|dx, acc| {
+        b.mean_pool_backward(&dy[..2 * cols].to_vec(), dx, 3, cols, acc)
+    });
+    let mut soft = vec![0.0; n];
+    b.softmax(&x, &mut soft, &SoftmaxRows::plain(rows, cols), None);
+    adds("softmax backward", n, &|dx, acc| {
+        b.softmax_backward(&soft, &dy, dx, cols, acc)
+    });
+    let ids = TokenIndex::new(&b, &[3, 1, 3, 0], rows).unwrap();
+    adds("embedding", 4 * cols, &|out, acc| {
+        b.embedding(&x, &ids, out, cols, acc)
+    });
+    let vocab = cols;
+    let targets = random_ids(rows, vocab as u32, 95);
+    let subsets =
+        VocabSubsets::new(&b, vocab, &[vec![0, 2, 4]], &[0, FULL_VOCAB, 0, 0, 0, 0]).unwrap();
+    let (mut logp, mut lse) = (vec![0.0; rows], vec![0.0; rows]);
+    b.log_softmax_gather(&x, &targets, &subsets, vocab, &mut logp, &mut lse);
+    adds("log-softmax gather backward", n, &|dz, acc| {
+        b.log_softmax_gather_backward(
+            &x,
+            &targets,
+            &subsets,
+            vocab,
+            &lse,
+            &dy[..rows].to_vec(),
+            dz,
+            acc,
+        )
     });
 }

@@ -65,6 +65,22 @@ pub fn gpu() -> Option<GpuBackend> {
     }
 }
 
+/// `count` distinct coordinates of a tensor of `len` (all of them when it
+/// is smaller), drawn with a generator seeded by `what`: a gradient check
+/// probes every part of a tensor (every head, every dimension of q, k and
+/// v), not a fixed stride that keeps landing on the same ones.
+pub fn probes(what: &str, len: usize, count: usize) -> Vec<usize> {
+    use rand::seq::SliceRandom;
+    let seed = what.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut all: Vec<usize> = (0..len).collect();
+    all.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    all.truncate(count);
+    all.sort_unstable();
+    all
+}
+
 pub fn random(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
