@@ -1,0 +1,156 @@
+//! The golden test, as llm.c's test_gpt2.c: an independent implementation
+//! of the captioner (scripts/golden_captioner.py, PyTorch in float64,
+//! written from docs/checkpoints.md) made a checkpoint and, for one fixed
+//! batch, the MLE loss, every parameter's gradient and every weight after
+//! one AdamW step with clipping and weight decay active. Both backends
+//! must reproduce them. GPU and CPU are otherwise checked only against
+//! each other, so a mistake made in both twins, or in AdamW's maths,
+//! shows only here.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::captioner::Checkpoint;
+use captune::captioner::model::TokenInputs;
+use captune::captioner::objective::{BatchTargets, Losses, Objective};
+use captune::cpu::CpuBackend;
+use captune::data::vocab::PAD;
+use captune::optim::{AdamW, AdamWConfig};
+use captune::tensorfile::{self, TensorFile};
+use rand::SeedableRng;
+use std::path::{Path, PathBuf};
+
+fn data(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// What one training step gives: the loss, then each parameter's name,
+/// gradient and value after the AdamW step.
+struct Step {
+    loss: f32,
+    grads: Vec<(String, Vec<f32>)>,
+    after: Vec<(String, Vec<f32>)>,
+}
+
+fn ids(file: &TensorFile, name: &str) -> Vec<u32> {
+    file.tensors[name].data.iter().map(|&x| x as u32).collect()
+}
+
+fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
+    let path = data("golden_captioner.safetensors");
+    let mut ck = Checkpoint::load(b, &path, 3).unwrap();
+    let c = ck.model.config;
+    let steps = c.token_positions();
+    let (inputs, targets) = (ids(expected, "inputs"), ids(expected, "targets"));
+    // Each caption: <bos>, then its targets up to the first pad.
+    let sequences: Vec<Vec<u32>> = (0..3)
+        .map(|r| {
+            let row = r * steps..(r + 1) * steps;
+            std::iter::once(inputs[row.start])
+                .chain(targets[row].iter().copied().take_while(|&id| id != PAD))
+                .collect()
+        })
+        .collect();
+    let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let objective = Objective::mle();
+    let batch = BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut rng).unwrap();
+    let mut losses = Losses::new(b, objective, ck.model.rows(), c.vocab_size);
+    let model = &mut ck.model;
+    model.forward(b, &expected.tensors["features"].data, &token_inputs);
+    losses.forward_backward(b, &model.logits, &batch);
+    model.params.zero_grads(b);
+    model.backward(b, &token_inputs, &losses.d_logits);
+    let loss = losses.read(b, &batch).loss;
+    let names: Vec<String> = model.params.specs.iter().map(|s| s.name.clone()).collect();
+    let grads = names
+        .iter()
+        .cloned()
+        .zip(model.params.grads.iter().map(|g| b.to_vec(g)))
+        .collect();
+    let number = |key: &str| -> f32 { expected.metadata[key].parse().unwrap() };
+    let config = AdamWConfig {
+        lr: number("lr"),
+        beta1: number("beta1"),
+        beta2: number("beta2"),
+        eps: number("eps"),
+        weight_decay: number("weight_decay"),
+        max_grad_norm: Some(number("max_grad_norm")),
+    };
+    let mut opt = AdamW::new(b, config, &model.params.optimizer_layout());
+    let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
+    let grad_refs: Vec<&B::Tensor> = model.params.grads.iter().collect();
+    opt.step(b, &mut values, &grad_refs);
+    let after = names
+        .into_iter()
+        .zip(model.params.values.iter().map(|v| b.to_vec(v)))
+        .collect();
+    Step { loss, grads, after }
+}
+
+fn check(backend: &str, got: &Step, expected: &TensorFile) {
+    let want = expected.tensors["loss"].data[0];
+    assert!(
+        (got.loss - want).abs() <= 1e-5 * want.abs(),
+        "{backend}: loss {} against PyTorch's {want}",
+        got.loss
+    );
+    assert_eq!(
+        got.grads.len(),
+        expected.tensors.len() - 5 - got.after.len()
+    );
+    for (name, grad) in &got.grads {
+        let want = &expected.tensors[&format!("grad.{name}")].data;
+        common::assert_close(
+            &format!("{backend}: gradient of {name}"),
+            grad,
+            want,
+            1e-5,
+            1e-6,
+        );
+    }
+    // A gradient that is zero in exact arithmetic (the bias of the keys:
+    // softmax ignores a shift shared by all keys) may be rounding noise in f32,
+    // and Adam's first step turns any noise into up to lr: those elements
+    // may differ by lr. Every other one must agree to 1e-5.
+    let lr: f32 = expected.metadata["lr"].parse().unwrap();
+    for (name, value) in &got.after {
+        let want = &expected.tensors[&format!("after.{name}")].data;
+        let exact_grad = &expected.tensors[&format!("grad.{name}")].data;
+        for (i, (&v, &w)) in value.iter().zip(want).enumerate() {
+            let tol = if exact_grad[i].abs() < 1e-7 {
+                lr
+            } else {
+                1e-5 * w.abs() + 1e-6
+            };
+            assert!(
+                (v - w).abs() <= tol,
+                "{backend}: {name}[{i}] after AdamW is {v} but PyTorch gives {w} (gradient {})",
+                exact_grad[i]
+            );
+        }
+    }
+    let structural: usize = expected
+        .tensors
+        .iter()
+        .filter(|(k, _)| k.starts_with("grad."))
+        .map(|(_, t)| t.data.iter().filter(|g| g.abs() < 1e-7).count())
+        .sum();
+    // The keys' biases (16 per layer) and the last position, which no
+    // caption of the batch reaches (16).
+    assert!(
+        structural <= 3 * 16,
+        "only those have zero gradients, not {structural}"
+    );
+}
+
+#[test]
+fn both_backends_reproduce_an_independent_implementation() {
+    let expected = tensorfile::read(&data("golden_captioner_expected.safetensors")).unwrap();
+    check("CPU", &one_step(&CpuBackend::new(), &expected), &expected);
+    if let Some(g) = common::gpu() {
+        check("GPU", &one_step(&g, &expected), &expected);
+    }
+}
