@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""An independent implementation of captune's captioner and retriever,
+written from docs/checkpoints.md and the spec alone (no captune code),
+for the golden test in tests/golden.rs, as llm.c's test_gpt2.c.
+
+For each model it builds a tiny one with random weights, writes it as a
+captune checkpoint, and for one fixed batch writes the loss (the
+captioner's MLE: mean over real tokens of -log softmax; the retriever's
+symmetric InfoNCE at its learned scale), every parameter's gradient, and
+every weight after one AdamW step with global-norm clipping and decoupled
+weight decay active (torch.optim.AdamW and torch.nn.utils.clip_grad_norm_;
+decay on the 2-D `*.weight` tensors of dense layers only). Everything is
+computed in float64 and stored as float32.
+
+    pip install torch safetensors
+    python3 scripts/golden.py tests/data
+"""
+import json
+import math
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+DT = torch.float64
+
+# The tiny captioner.
+EMBED, K, HIDDEN, WIDTH, LAYERS, HEADS, MAX_LEN = 6, 2, 8, 16, 2, 2, 8
+WORDS = ["a", "red", "circle", "blue", "star", "and", "big", "small"]
+VOCAB = 4 + len(WORDS)  # <pad> <bos> <eos> <unk>, then the words
+PAD, BOS, EOS = 0, 1, 2
+T = MAX_LEN - 1  # token positions: <bos> and the words
+S = K + T
+# The optimiser step the golden values take.
+LR, BETAS, EPS, WEIGHT_DECAY, MAX_NORM = 1e-2, (0.9, 0.999), 1e-8, 0.1, 0.5
+
+
+def tower_shapes(t, d, layers):
+    """A transformer's tensors, as docs/checkpoints.md names them."""
+    out = {}
+    for i in range(layers):
+        p = f"{t}.blocks.{i}"
+        out.update({
+            f"{p}.ln1.weight": (d,), f"{p}.ln1.bias": (d,),
+            f"{p}.attn.qkv.weight": (d, 3 * d), f"{p}.attn.qkv.bias": (3 * d,),
+            f"{p}.attn.proj.weight": (d, d), f"{p}.attn.proj.bias": (d,),
+            f"{p}.ln2.weight": (d,), f"{p}.ln2.bias": (d,),
+            f"{p}.mlp.fc1.weight": (d, 4 * d), f"{p}.mlp.fc1.bias": (4 * d,),
+            f"{p}.mlp.fc2.weight": (4 * d, d), f"{p}.mlp.fc2.bias": (d,),
+        })
+    out.update({f"{t}.ln_f.weight": (d,), f"{t}.ln_f.bias": (d,)})
+    return out
+
+
+def shapes():
+    """Every tensor of the captioner by name, as docs/checkpoints.md lists them."""
+    d = WIDTH
+    out = {
+        "mapper.fc1.weight": (EMBED, HIDDEN),
+        "mapper.fc1.bias": (HIDDEN,),
+        "mapper.fc2.weight": (HIDDEN, K * d),
+        "mapper.fc2.bias": (K * d,),
+        "decoder.tokens": (VOCAB, d),
+        "decoder.positions": (S, d),
+    }
+    out.update(tower_shapes("decoder", d, LAYERS))
+    return out
+
+
+def gelu(x):
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def layer_norm(x, w, b):
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5)
+
+
+def dense(x, p, name):
+    return x @ p[name + ".weight"] + p[name + ".bias"]
+
+
+def block(x, p, pre, causal=True):
+    """Pre-LN: x + attn(ln1(x)), then + mlp(ln2(.))."""
+    n, d = x.shape[-2], x.shape[-1]
+    dh = d // HEADS
+    qkv = dense(layer_norm(x, p[pre + ".ln1.weight"], p[pre + ".ln1.bias"]), p, pre + ".attn.qkv")
+    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+    future = torch.triu(torch.ones(n, n, dtype=torch.bool), diagonal=1)
+    heads = []
+    for h in range(HEADS):
+        cols = slice(h * dh, (h + 1) * dh)
+        scores = q[..., cols] @ k[..., cols].transpose(-1, -2) / math.sqrt(dh)
+        if causal:
+            scores = scores.masked_fill(future, float("-inf"))
+        heads.append(torch.softmax(scores, dim=-1) @ v[..., cols])
+    x = x + dense(torch.cat(heads, dim=-1), p, pre + ".attn.proj")
+    h = layer_norm(x, p[pre + ".ln2.weight"], p[pre + ".ln2.bias"])
+    return x + dense(gelu(dense(h, p, pre + ".mlp.fc1")), p, pre + ".mlp.fc2")
+
+
+def loss_of(p, features, inputs, targets):
+    """MLE: the mean over real (non-pad) targets of -log softmax."""
+    batch = features.shape[0]
+    prefix = dense(gelu(dense(features, p, "mapper.fc1")), p, "mapper.fc2").reshape(batch, K, WIDTH)
+    x = torch.cat([prefix, p["decoder.tokens"][inputs]], dim=1) + p["decoder.positions"]
+    for i in range(LAYERS):
+        x = block(x, p, f"decoder.blocks.{i}")
+    h = layer_norm(x, p["decoder.ln_f.weight"], p["decoder.ln_f.bias"])[:, K:]
+    logits = h @ p["decoder.tokens"].T  # tied output layer
+    logp = torch.log_softmax(logits, dim=-1)
+    real = targets != PAD
+    picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return -(picked * real).sum() / real.sum()
+
+
+def random_params(shapes_by_name):
+    """Random weights; layer-norm gains near 1."""
+    params = {n: torch.randn(s, dtype=DT) * 0.3 for n, s in shapes_by_name.items()}
+    for n in params:
+        if ".ln" in n and n.endswith(".weight"):
+            params[n] = 1 + params[n]
+    return params
+
+
+def step(params, loss_of_params):
+    """The loss, every gradient, the gradient norm, and every weight after one AdamW step."""
+    leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+    loss = loss_of_params(leaves)
+    loss.backward()
+    grads = {n: t.grad.clone() for n, t in leaves.items()}
+    norm = math.sqrt(sum(float((g ** 2).sum()) for g in grads.values()))
+    assert norm > MAX_NORM, f"clipping must be active (gradient norm {norm})"
+    decays = lambda n, t: n.endswith(".weight") and t.dim() == 2
+    opt = torch.optim.AdamW(
+        [{"params": [t for n, t in leaves.items() if decays(n, t)], "weight_decay": WEIGHT_DECAY},
+         {"params": [t for n, t in leaves.items() if not decays(n, t)], "weight_decay": 0.0}],
+        lr=LR, betas=BETAS, eps=EPS,
+    )
+    torch.nn.utils.clip_grad_norm_(list(leaves.values()), MAX_NORM)
+    opt.step()
+    return loss.detach(), grads, norm, leaves
+
+
+def f32(t):
+    return t.detach().to(torch.float32).contiguous()
+
+
+def save(out_dir, name, kind, config_key, config, words, params, inputs, loss, grads, norm, after):
+    save_file(
+        {n: f32(t) for n, t in params.items()},
+        f"{out_dir}/golden_{name}.safetensors",
+        metadata={"format": kind, config_key: json.dumps(config), "vocab": json.dumps(words)},
+    )
+    expected = {n: f32(t) for n, t in inputs.items()}
+    expected.update({"loss": f32(loss.reshape(1)), "grad_norm": f32(torch.tensor([norm]))})
+    expected.update({f"grad.{n}": f32(g) for n, g in grads.items()})
+    expected.update({f"after.{n}": f32(t) for n, t in after.items()})
+    save_file(expected, f"{out_dir}/golden_{name}_expected.safetensors", metadata={
+        "lr": str(LR), "beta1": str(BETAS[0]), "beta2": str(BETAS[1]), "eps": str(EPS),
+        "weight_decay": str(WEIGHT_DECAY), "max_grad_norm": str(MAX_NORM),
+        "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
+    print(f"{name}: loss {float(loss):.6f}, gradient norm {norm:.4f} (clipped to {MAX_NORM})")
+
+
+def captioner(out_dir):
+    torch.manual_seed(0)
+    params = random_params(shapes())
+    # One batch of three captions of different lengths.
+    captions = [[BOS, 4, 5, 6, EOS], [BOS, 4, 7, 8, 9, 6, EOS], [BOS, 10, EOS]]
+    inputs = torch.full((3, T), PAD, dtype=torch.long)
+    targets = torch.full((3, T), PAD, dtype=torch.long)
+    for r, c in enumerate(captions):
+        inputs[r, :len(c) - 1] = torch.tensor(c[:-1])  # <bos> w1 .. wn
+        targets[r, :len(c) - 1] = torch.tensor(c[1:])  # w1 .. wn <eos>
+    features = torch.randn(3, EMBED, dtype=DT)
+    loss, grads, norm, after = step(params, lambda p: loss_of(p, features, inputs, targets))
+    config = {
+        "embed_dim": EMBED, "prefix_len": K, "mapper_hidden": HIDDEN,
+        "decoder": {"width": WIDTH, "layers": LAYERS, "heads": HEADS, "causal": True},
+        "max_len": MAX_LEN, "vocab_size": VOCAB,
+    }
+    save(out_dir, "captioner", "captune captioner", "captioner_config", config, WORDS, params,
+         {"features": features, "inputs": inputs, "targets": targets}, loss, grads, norm, after)
+
+
+# The tiny retriever: 8x8 RGB images in 4x4 patches, a text tower of 6 positions.
+IMAGE, PATCH, R_WIDTH, R_LAYERS, R_MAX_LEN, R_EMBED = 8, 4, 16, 1, 6, 8
+R_WORDS = ["a", "red", "circle", "blue", "star"]
+R_VOCAB = 4 + len(R_WORDS)
+PATCHES = (IMAGE // PATCH) ** 2
+PATCH_DIM = 3 * PATCH * PATCH
+
+
+def retriever_shapes():
+    out = {
+        "image.patch_embed.weight": (PATCH_DIM, R_WIDTH), "image.patch_embed.bias": (R_WIDTH,),
+        "image.positions": (PATCHES, R_WIDTH),
+    }
+    out.update(tower_shapes("image", R_WIDTH, R_LAYERS))
+    out.update({"image.proj.weight": (R_WIDTH, R_EMBED), "image.proj.bias": (R_EMBED,),
+                "text.tokens": (R_VOCAB, R_WIDTH), "text.positions": (R_MAX_LEN, R_WIDTH)})
+    out.update(tower_shapes("text", R_WIDTH, R_LAYERS))
+    out.update({"text.proj.weight": (R_WIDTH, R_EMBED), "text.proj.bias": (R_EMBED,),
+                "logit_scale": (1,)})
+    return out
+
+
+def patches_of(pixels):
+    """[B, size, size, 3] bytes to [B, patches, 3*p*p]: (v/255 - 0.5) * 4, row-major
+    [y, x, channel] inside a patch, patches row-major over the grid."""
+    b, side = pixels.shape[0], IMAGE // PATCH
+    x = (pixels / 255.0 - 0.5) * 4.0
+    x = x.reshape(b, side, PATCH, side, PATCH, 3).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, PATCHES, PATCH_DIM)
+
+
+def retriever_loss(p, pixels, ids, lengths):
+    """Symmetric InfoNCE: L2-normalised embeddings, cosines times exp(logit_scale)."""
+    x = dense(patches_of(pixels), p, "image.patch_embed") + p["image.positions"]
+    for i in range(R_LAYERS):
+        x = block(x, p, f"image.blocks.{i}", causal=False)
+    x = layer_norm(x, p["image.ln_f.weight"], p["image.ln_f.bias"]).mean(dim=1)
+    image = torch.nn.functional.normalize(dense(x, p, "image.proj"), dim=-1)
+    t = p["text.tokens"][ids] + p["text.positions"]
+    for i in range(R_LAYERS):
+        t = block(t, p, f"text.blocks.{i}", causal=True)
+    t = layer_norm(t, p["text.ln_f.weight"], p["text.ln_f.bias"])
+    at_eos = t[torch.arange(t.shape[0]), lengths - 1]
+    text = torch.nn.functional.normalize(dense(at_eos, p, "text.proj"), dim=-1)
+    logits = torch.exp(p["logit_scale"]) * image @ text.T
+    labels = torch.arange(logits.shape[0])
+    return (torch.nn.functional.cross_entropy(logits, labels)
+            + torch.nn.functional.cross_entropy(logits.T, labels)) / 2
+
+
+def retriever(out_dir):
+    torch.manual_seed(1)
+    params = random_params(retriever_shapes())
+    params["logit_scale"] = torch.tensor([math.log(1 / 0.07)], dtype=DT)
+    captions = [[BOS, 4, 5, 6, EOS], [BOS, 7, 8, EOS], [BOS, 4, 7, 5, 6, EOS]]
+    ids = torch.full((3, R_MAX_LEN), PAD, dtype=torch.long)
+    for r, c in enumerate(captions):
+        ids[r, :len(c)] = torch.tensor(c)
+    lengths = torch.tensor([len(c) for c in captions])
+    pixels = torch.randint(0, 256, (3, IMAGE, IMAGE, 3)).to(DT)
+    loss, grads, norm, after = step(params, lambda p: retriever_loss(p, pixels, ids, lengths))
+    tower = lambda causal: {"width": R_WIDTH, "layers": R_LAYERS, "heads": HEADS, "causal": causal}
+    config = {"image_size": IMAGE, "patch": PATCH, "image": tower(False), "text": tower(True),
+              "max_len": R_MAX_LEN, "vocab_size": R_VOCAB, "embed_dim": R_EMBED}
+    save(out_dir, "retriever", "captune retriever", "retriever_config", config, R_WORDS, params,
+         {"pixels": pixels, "ids": ids}, loss, grads, norm, after)
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
+    captioner(out)
+    retriever(out)
