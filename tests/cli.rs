@@ -693,34 +693,26 @@ fn demo_prints_the_comparison_and_writes_its_json() {
     let cache = dir.join("cache");
     let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
     let json = dir.join("demo.json");
-    let out = captune(
-        &[
-            "--device",
-            "cpu",
-            "demo",
-            "--preset",
-            "tiny",
-            "--mle-epochs",
-            "1",
-            "--smile-epochs",
-            "1",
-            "--eval-images",
-            "16",
-            "--out",
-            dir.join("runs").to_str().unwrap(),
-            "--json",
-            json.to_str().unwrap(),
-            "--shapes-size",
-            "32",
-            "--shapes-train",
-            "48",
-            "--shapes-val",
-            "16",
-            "--shapes-test",
-            "16",
-        ],
-        &env,
-    );
+    let runs = dir.join("runs");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "demo",
+        "--preset",
+        "tiny",
+        "--mle-epochs",
+        "1",
+        "--smile-epochs",
+        "1",
+        "--eval-images",
+        "16",
+        "--out",
+        runs.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ];
+    args.extend(common::TINY_WORLD_ARGS);
+    let out = captune(&args, &env);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     assert!(
