@@ -28,6 +28,31 @@ impl<T> Storage for Vec<T> {
 }
 
 /// Which kind of backend an op set is.
+/// Counts of what stalls or costs a real GPU, since the backend was made.
+/// This project's machines have no GPU to time, so the benchmarks report
+/// these per training step and per decoded batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceCounters {
+    pub dispatches: u64,
+    pub submissions: u64,
+    pub readbacks: u64,
+    pub buffers_created: u64,
+    pub bind_groups_created: u64,
+}
+
+impl DeviceCounters {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &DeviceCounters) -> DeviceCounters {
+        DeviceCounters {
+            dispatches: self.dispatches - earlier.dispatches,
+            submissions: self.submissions - earlier.submissions,
+            readbacks: self.readbacks - earlier.readbacks,
+            buffers_created: self.buffers_created - earlier.buffers_created,
+            bind_groups_created: self.bind_groups_created - earlier.bind_groups_created,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -227,6 +252,11 @@ pub trait Backend {
     fn ids_to_vec(&self, src: &Self::Ids) -> Vec<u32>;
     /// Run everything recorded so far and wait for it.
     fn flush(&self);
+    /// What a real GPU pays for so far (dispatches, submissions,
+    /// readbacks, buffer and bind-group creations); `None` on the CPU.
+    fn counters(&self) -> Option<DeviceCounters> {
+        None
+    }
 
     // ---- elementwise ----
     fn fill(&self, x: &mut Self::Tensor, value: f32);

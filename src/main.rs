@@ -181,6 +181,23 @@ enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         warmup: usize,
     },
+    /// Caption decoding throughput (captions/s, tokens/s) of a preset's
+    /// network on random image embeddings, with the GPU's counts per decoded batch.
+    Decode {
+        /// Print a JSON array of records instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "shapes")]
+        preset: String,
+        /// A trained captioner (default: fresh weights, whose captions run to the maximum length).
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// greedy, beam:W, sample:N...
+        #[arg(long, default_value = "greedy", value_parser = captune::captioner::decode::Decoding::parse)]
+        decode: captune::captioner::decode::Decoding,
+        #[arg(long, default_value_t = 500)]
+        images: usize,
+    },
 }
 
 /// Runs `$body` with `$b` bound to the backend `--device` selects.
@@ -260,6 +277,21 @@ fn run(cli: Cli) -> Result<()> {
             captune::with_backend!(&selection.backend, b => {
                 bench::kernels(b, &sizes, elementwise_len, |r| emit(r.clone()))
             });
+            Ok(())
+        }),
+        Command::Bench {
+            what:
+                BenchCommand::Decode {
+                    json,
+                    preset,
+                    checkpoint,
+                    decode,
+                    images,
+                },
+        } => bench_each(&cli.device, json, |selection, emit| {
+            emit(captune::with_backend!(&selection.backend, b => {
+                captune::captioner::bench::decode_throughput(b, &preset, checkpoint.as_deref(), &decode, images)
+            })?);
             Ok(())
         }),
         Command::Bench {

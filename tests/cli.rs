@@ -135,6 +135,75 @@ fn bench_kernels_json_has_the_documented_records() {
     }
 }
 
+/// `bench decode` and `bench train` report their speed, and on the GPU
+/// what a real GPU pays for (dispatches, submissions, readbacks, buffer
+/// and bind-group creations) per decoded batch and per training step.
+#[test]
+fn bench_decode_and_train_count_what_a_gpu_pays_for() {
+    let devices = if common::gpu().is_some() {
+        "cpu,gpu"
+    } else {
+        "cpu"
+    };
+    for (what, args, counters) in [
+        (
+            "decode",
+            vec!["decode", "--preset", "tiny", "--images", "8"],
+            "per_batch",
+        ),
+        (
+            "train",
+            vec![
+                "train",
+                "--preset",
+                "tiny",
+                "--objectives",
+                "mle",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+            ],
+            "per_step",
+        ),
+    ] {
+        let mut full = vec!["--device", devices, "bench"];
+        full.extend(&args);
+        full.push("--json");
+        let out = captune(&full, &[]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let records: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(records.len(), devices.split(',').count(), "{records:?}");
+        for r in &records {
+            assert_eq!(r["op"], what, "{r}");
+            let speed = if what == "decode" {
+                "captions_per_s"
+            } else {
+                "tokens_per_s"
+            };
+            assert!(r[speed].as_f64().unwrap() > 0.0, "{r}");
+            if r["backend"] == "gpu" {
+                let c = &r[counters];
+                for key in [
+                    "dispatches",
+                    "submissions",
+                    "buffers_created",
+                    "bind_groups_created",
+                ] {
+                    assert!(c[key].as_u64().unwrap() > 0, "{what}: {key} in {r}");
+                }
+                // Decoding reads the next-token logits back at every step.
+                assert!(
+                    what != "decode" || c["readbacks"].as_u64().unwrap() > 0,
+                    "{r}"
+                );
+            } else {
+                assert!(r[counters].is_null(), "the CPU counts nothing: {r}");
+            }
+        }
+    }
+}
+
 /// `data shapes`, then `retriever train`, `retriever eval --json` and
 /// `embed` on a tiny shapes world in a private cache.
 #[test]

@@ -9,7 +9,7 @@ use super::CaptionVocab;
 use super::model::{Captioner, TokenInputs};
 use super::objective::{BatchTargets, Losses, Objective};
 use super::run::RunConfig;
-use crate::backend::{Backend, BackendKind};
+use crate::backend::{Backend, BackendKind, DeviceCounters};
 use crate::data::vocab::{BOS, EOS};
 use crate::optim::{AdamW, AdamWConfig};
 use anyhow::Result;
@@ -34,6 +34,9 @@ pub struct TrainBench {
     pub steps: usize,
     pub seconds_per_step: f64,
     pub tokens_per_s: f64,
+    /// Per training step, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_step: Option<DeviceCounters>,
 }
 
 impl std::fmt::Display for TrainBench {
@@ -47,7 +50,15 @@ impl std::fmt::Display for TrainBench {
             self.batch,
             self.tokens_per_s,
             self.seconds_per_step * 1e3
-        )
+        )?;
+        if let Some(c) = &self.per_step {
+            write!(
+                f,
+                "; per step: {} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
+                c.dispatches, c.submissions, c.readbacks, c.buffers_created, c.bind_groups_created
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -101,12 +112,14 @@ pub fn train_throughput<B: Backend>(
         step()?;
     }
     b.flush();
+    let before = b.counters();
     let start = Instant::now();
     for _ in 0..steps {
         step()?;
     }
     b.flush();
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
+    let per_step = per(b.counters(), before, steps);
     let parameters = model.params.count();
     Ok(TrainBench {
         op: "train".into(),
@@ -120,5 +133,126 @@ pub fn train_throughput<B: Backend>(
         steps,
         seconds_per_step: seconds,
         tokens_per_s: (batch * t) as f64 / seconds,
+        per_step,
+    })
+}
+
+/// The counters from `before` to `after`, divided by `n` (rounded up).
+fn per(
+    after: Option<DeviceCounters>,
+    before: Option<DeviceCounters>,
+    n: usize,
+) -> Option<DeviceCounters> {
+    let d = after?.since(&before?);
+    let n = n.max(1) as u64;
+    Some(DeviceCounters {
+        dispatches: d.dispatches.div_ceil(n),
+        submissions: d.submissions.div_ceil(n),
+        readbacks: d.readbacks.div_ceil(n),
+        buffers_created: d.buffers_created.div_ceil(n),
+        bind_groups_created: d.bind_groups_created.div_ceil(n),
+    })
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecodeBench {
+    pub op: String,
+    pub backend: BackendKind,
+    pub adapter: String,
+    pub preset: String,
+    pub decoding: String,
+    pub images: usize,
+    /// Images decoded at once (a decoded batch).
+    pub batch: usize,
+    pub captions: usize,
+    /// Chosen tokens, <eos> included.
+    pub tokens: usize,
+    pub seconds: f64,
+    pub captions_per_s: f64,
+    pub tokens_per_s: f64,
+    /// Per decoded batch, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_batch: Option<DeviceCounters>,
+}
+
+impl std::fmt::Display for DecodeBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<4} decode {} {} on {} images: {:8.1} captions/s, {:9.0} tokens/s",
+            self.backend,
+            self.preset,
+            self.decoding,
+            self.images,
+            self.captions_per_s,
+            self.tokens_per_s
+        )?;
+        if let Some(c) = &self.per_batch {
+            write!(
+                f,
+                "; per batch of {}: {} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
+                self.batch,
+                c.dispatches,
+                c.submissions,
+                c.readbacks,
+                c.buffers_created,
+                c.bind_groups_created
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Times decoding `images` random image embeddings with the preset's
+/// network, from `checkpoint` when given (its captions end where it says
+/// `<eos>`), else with fresh weights (whose captions mostly run to the
+/// maximum length: the most work a caption can take).
+pub fn decode_throughput<B: Backend>(
+    b: &B,
+    preset: &str,
+    checkpoint: Option<&std::path::Path>,
+    decoding: &super::decode::Decoding,
+    images: usize,
+) -> Result<DecodeBench> {
+    let run = RunConfig::preset(preset)?;
+    let ck = match checkpoint {
+        Some(path) => super::Checkpoint::load(b, path, 1)?,
+        None => super::Checkpoint {
+            model: Captioner::new(b, run.captioner(EMBED_DIM, VOCAB), 1, 0)?,
+            vocab: CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect()),
+        },
+    };
+    let dim = ck.model.config.embed_dim;
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let features: Vec<f32> = (0..images * dim)
+        .map(|_| rng.random_range(-0.1..0.1))
+        .collect();
+    // As `eval` decodes: 64 sequences at once.
+    let per_row = decoding.rows_per_image();
+    let batch = (64 / per_row).max(1) * per_row;
+    let mut model = ck.with_batch(b, batch)?;
+    b.flush();
+    let before = b.counters();
+    let start = Instant::now();
+    let generated =
+        super::decode::generate(b, &mut model, &features, decoding, &Default::default())?;
+    b.flush();
+    let seconds = start.elapsed().as_secs_f64();
+    let batches = images.div_ceil(batch / per_row);
+    let tokens: usize = generated.iter().map(|g| g.ids.len()).sum();
+    Ok(DecodeBench {
+        op: "decode".into(),
+        backend: b.kind(),
+        adapter: b.adapter_name(),
+        preset: preset.into(),
+        decoding: format!("{decoding:?}"),
+        images,
+        batch: batch / per_row,
+        captions: generated.len(),
+        tokens,
+        seconds,
+        captions_per_s: generated.len() as f64 / seconds,
+        tokens_per_s: tokens as f64 / seconds,
+        per_batch: per(b.counters(), before, batches),
     })
 }

@@ -9,6 +9,7 @@
 pub mod adapter;
 mod ops;
 
+use crate::backend::DeviceCounters;
 use anyhow::{Context, Result};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -77,6 +78,7 @@ pub struct GpuBackend {
     recorder: RefCell<Recorder>,
     /// Bound in place of a key mask when a softmax has none.
     no_mask: GpuIds,
+    counters: Cell<DeviceCounters>,
 }
 
 impl GpuBackend {
@@ -128,7 +130,19 @@ impl GpuBackend {
                 params_buffer,
             }),
             no_mask,
+            counters: Cell::default(),
         })
+    }
+
+    /// Adds to one of the counters.
+    fn count(&self, what: impl FnOnce(&mut DeviceCounters)) {
+        let mut c = self.counters.get();
+        what(&mut c);
+        self.counters.set(c);
+    }
+
+    pub fn counters(&self) -> DeviceCounters {
+        self.counters.get()
     }
 
     /// The best adapter on the backends `CAPTUNE_WGPU_BACKEND` allows,
@@ -173,6 +187,7 @@ impl GpuBackend {
         } else {
             bytes
         };
+        self.count(|c| c.buffers_created += 1);
         let buffer = self
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -196,6 +211,7 @@ impl GpuBackend {
     /// A zeroed scratch tensor for a multi-pass kernel. Dropping it right
     /// after recording is fine: wgpu keeps it alive until the GPU is done.
     fn scratch(&self, len: usize) -> GpuTensor {
+        self.count(|c| c.buffers_created += 1);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("scratch"),
             size: (len.max(1) * 4) as u64,
@@ -210,6 +226,10 @@ impl GpuBackend {
         if size == 0 {
             return Vec::new();
         }
+        self.count(|c| {
+            c.readbacks += 1;
+            c.buffers_created += 1;
+        });
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
@@ -325,6 +345,10 @@ impl GpuBackend {
                 resource: b.buffer.as_entire_binding(),
             });
         }
+        self.count(|c| {
+            c.dispatches += 1;
+            c.bind_groups_created += 1;
+        });
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(entry),
             layout: &pipeline.layout,
@@ -386,6 +410,7 @@ impl GpuBackend {
                 self.queue.write_buffer(&rec.params_buffer, 0, &rec.params);
             }
             self.queue.submit([encoder.finish()]);
+            self.count(|c| c.submissions += 1);
         }
         rec.params.clear();
     }

@@ -4,7 +4,8 @@
 
 use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage,
+    AdamWStep, Backend, BackendKind, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows,
+    Storage,
 };
 use crate::index::{TokenIndex, VocabSubsets};
 use bytemuck::{Pod, Zeroable};
@@ -246,6 +247,10 @@ impl Backend for GpuBackend {
     fn flush(&self) {
         self.submit();
         self.wait();
+    }
+
+    fn counters(&self) -> Option<DeviceCounters> {
+        Some(GpuBackend::counters(self))
     }
 
     fn fill(&self, x: &mut GpuTensor, value: f32) {
