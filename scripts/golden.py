@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """An independent implementation of captune's captioner and retriever,
-written from docs/checkpoints.md and the spec alone (no captune code),
-for the golden test in tests/golden.rs, as llm.c's test_gpt2.c.
+written from docs/checkpoints.md (the models), docs/training.md (the
+losses, and which tensors AdamW decays) and the spec alone, no captune
+code, for the golden test in tests/golden.rs, as llm.c's test_gpt2.c.
 
 For each model it builds a tiny one with random weights, writes it as a
 captune checkpoint, and for one fixed batch writes the loss (the
@@ -9,8 +10,9 @@ captioner's MLE: mean over real tokens of -log softmax; the retriever's
 symmetric InfoNCE at its learned scale), every parameter's gradient, and
 every weight after one AdamW step with global-norm clipping and decoupled
 weight decay active (torch.optim.AdamW and torch.nn.utils.clip_grad_norm_;
-decay on the 2-D `*.weight` tensors of dense layers only). Everything is
-computed in float64 and stored as float32.
+decay on the 2-D `*.weight` tensors of dense layers only, as
+docs/training.md says), with AdamW's two moments after the step.
+Everything is computed in float64 and stored as float32.
 
     pip install torch safetensors
     python3 scripts/golden.py tests/data
@@ -109,7 +111,7 @@ def loss_of(p, features, inputs, targets):
     logits = h @ p["decoder.tokens"].T  # tied output layer
     logp = torch.log_softmax(logits, dim=-1)
     real = targets != PAD
-    picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     return -(picked * real).sum() / real.sum()
 
 
@@ -138,14 +140,19 @@ def step(params, loss_of_params):
     )
     torch.nn.utils.clip_grad_norm_(list(leaves.values()), MAX_NORM)
     opt.step()
-    return loss.detach(), grads, norm, leaves
+    moments = {}
+    for n, t in leaves.items():
+        moments[f"m.{n}"] = opt.state[t]["exp_avg"]
+        moments[f"v.{n}"] = opt.state[t]["exp_avg_sq"]
+    return loss.detach(), grads, norm, leaves, moments
 
 
 def f32(t):
     return t.detach().to(torch.float32).contiguous()
 
 
-def save(out_dir, name, kind, config_key, config, words, params, inputs, loss, grads, norm, after):
+def save(out_dir, name, kind, config_key, config, words, params, inputs, stepped):
+    loss, grads, norm, after, moments = stepped
     save_file(
         {n: f32(t) for n, t in params.items()},
         f"{out_dir}/golden_{name}.safetensors",
@@ -155,6 +162,7 @@ def save(out_dir, name, kind, config_key, config, words, params, inputs, loss, g
     expected.update({"loss": f32(loss.reshape(1)), "grad_norm": f32(torch.tensor([norm]))})
     expected.update({f"grad.{n}": f32(g) for n, g in grads.items()})
     expected.update({f"after.{n}": f32(t) for n, t in after.items()})
+    expected.update({n: f32(t) for n, t in moments.items()})
     save_file(expected, f"{out_dir}/golden_{name}_expected.safetensors", metadata={
         "lr": str(LR), "beta1": str(BETAS[0]), "beta2": str(BETAS[1]), "eps": str(EPS),
         "weight_decay": str(WEIGHT_DECAY), "max_grad_norm": str(MAX_NORM),
@@ -172,15 +180,16 @@ def captioner(out_dir):
     for r, c in enumerate(captions):
         inputs[r, :len(c) - 1] = torch.tensor(c[:-1])  # <bos> w1 .. wn
         targets[r, :len(c) - 1] = torch.tensor(c[1:])  # w1 .. wn <eos>
-    features = torch.randn(3, EMBED, dtype=DT)
-    loss, grads, norm, after = step(params, lambda p: loss_of(p, features, inputs, targets))
+    # Image embeddings are L2-normalised before the mapper (checkpoints.md).
+    features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
+    stepped = step(params, lambda p: loss_of(p, features, inputs, targets))
     config = {
         "embed_dim": EMBED, "prefix_len": K, "mapper_hidden": HIDDEN,
         "decoder": {"width": WIDTH, "layers": LAYERS, "heads": HEADS, "causal": True},
         "max_len": MAX_LEN, "vocab_size": VOCAB,
     }
     save(out_dir, "captioner", "captune captioner", "captioner_config", config, WORDS, params,
-         {"features": features, "inputs": inputs, "targets": targets}, loss, grads, norm, after)
+         {"features": features, "inputs": inputs, "targets": targets}, stepped)
 
 
 # The tiny retriever: 8x8 RGB images in 4x4 patches, a text tower of 6 positions.
@@ -243,12 +252,12 @@ def retriever(out_dir):
         ids[r, :len(c)] = torch.tensor(c)
     lengths = torch.tensor([len(c) for c in captions])
     pixels = torch.randint(0, 256, (3, IMAGE, IMAGE, 3)).to(DT)
-    loss, grads, norm, after = step(params, lambda p: retriever_loss(p, pixels, ids, lengths))
+    stepped = step(params, lambda p: retriever_loss(p, pixels, ids, lengths))
     tower = lambda causal: {"width": R_WIDTH, "layers": R_LAYERS, "heads": HEADS, "causal": causal}
     config = {"image_size": IMAGE, "patch": PATCH, "image": tower(False), "text": tower(True),
               "max_len": R_MAX_LEN, "vocab_size": R_VOCAB, "embed_dim": R_EMBED}
     save(out_dir, "retriever", "captune retriever", "retriever_config", config, R_WORDS, params,
-         {"pixels": pixels, "ids": ids}, loss, grads, norm, after)
+         {"pixels": pixels, "ids": ids}, stepped)
 
 
 if __name__ == "__main__":

@@ -51,13 +51,18 @@ fi
 CAPTUNE_SKIP_LOG=$(mktemp)
 output=$(mktemp)
 export CAPTUNE_SKIP_LOG
-status=0
-cargo test --locked "$@" 2>&1 | tee "$output" || true
+# cargo test's own status, through the tee.
+set +e +o pipefail
+cargo test --locked "$@" 2>&1 | tee "$output"
 status=${PIPESTATUS[0]}
+set -e -o pipefail
 skipped=$(sort -u "$CAPTUNE_SKIP_LOG")
-[ -z "$skipped" ] || printf '%s\n' "$skipped" | sed 's/^/SKIPPED: /'
+[ -z "$skipped" ] || printf '%s\n' "$skipped" | sed 's/^/SKIPPED (whole or in part): /'
 skips=$(printf '%s' "$skipped" | cut -d: -f1 | sort -u | grep -c . || true)
-awk -v skips="$skips" '/^test result:/ { passed += $4; failed += $6 }
-    END { printf "summary: %d passed, %d failed, %d skipped\n", passed - skips, failed, skips }' "$output"
+# A test that skipped any part counts as skipped, not passed; a test binary
+# that crashed before its result line counts as one failure.
+awk -v skips="$skips" -v status="$status" '/^test result:/ { passed += $4; failed += $6 }
+    END { if (status != 0 && failed == 0) failed = 1
+          printf "summary: %d passed, %d failed, %d skipped\n", passed - skips, failed, skips }' "$output"
 rm -f "$CAPTUNE_SKIP_LOG" "$output"
 exit "$status"

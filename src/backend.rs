@@ -27,10 +27,12 @@ impl<T> Storage for Vec<T> {
     }
 }
 
-/// Which kind of backend an op set is.
-/// Counts of what stalls or costs a real GPU, since the backend was made.
-/// This project's machines have no GPU to time, so the benchmarks report
-/// these per training step and per decoded batch.
+/// Counts of what stalls or costs a real GPU, since the backend was made:
+/// compute dispatches, queue submissions, readbacks, and the buffers and
+/// bind groups that ops and transfers create (uploads through the queue
+/// and the device's own set-up are not counted). This project's machines
+/// have no GPU to time, so the benchmarks report these per training step
+/// and per decoded batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceCounters {
     pub dispatches: u64,
@@ -40,7 +42,33 @@ pub struct DeviceCounters {
     pub bind_groups_created: u64,
 }
 
+impl std::fmt::Display for DeviceCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
+            self.dispatches,
+            self.submissions,
+            self.readbacks,
+            self.buffers_created,
+            self.bind_groups_created
+        )
+    }
+}
+
 impl DeviceCounters {
+    /// One `n`-th of each count, rounded up.
+    pub fn per(&self, n: usize) -> DeviceCounters {
+        let n = n.max(1) as u64;
+        DeviceCounters {
+            dispatches: self.dispatches.div_ceil(n),
+            submissions: self.submissions.div_ceil(n),
+            readbacks: self.readbacks.div_ceil(n),
+            buffers_created: self.buffers_created.div_ceil(n),
+            bind_groups_created: self.bind_groups_created.div_ceil(n),
+        }
+    }
+
     /// What happened between `earlier` and `self`.
     pub fn since(&self, earlier: &DeviceCounters) -> DeviceCounters {
         DeviceCounters {
@@ -53,6 +81,7 @@ impl DeviceCounters {
     }
 }
 
+/// Which kind of backend an op set is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {

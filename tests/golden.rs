@@ -34,7 +34,11 @@ fn data(name: &str) -> PathBuf {
 struct Step {
     loss: f32,
     grads: Vec<(String, Vec<f32>)>,
+    /// The global gradient norm AdamW clipped with.
+    grad_norm: f32,
     after: Vec<(String, Vec<f32>)>,
+    /// AdamW's first and second moments after the step, by parameter.
+    moments: Vec<(String, Vec<f32>, Vec<f32>)>,
 }
 
 fn ids(file: &TensorFile, name: &str) -> Vec<u32> {
@@ -117,11 +121,24 @@ fn finish<B: Backend>(b: &B, loss: f32, params: &mut Params<B>, expected: &Tenso
     let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
     let grad_refs: Vec<&B::Tensor> = params.grads.iter().collect();
     opt.step(b, &mut values, &grad_refs);
+    let (_, m, v) = opt.state(b);
+    let moments = names
+        .iter()
+        .cloned()
+        .zip(m.into_iter().zip(v))
+        .map(|(n, (m, v))| (n, m, v))
+        .collect();
     let after = names
         .into_iter()
         .zip(params.values.iter().map(|v| b.to_vec(v)))
         .collect();
-    Step { loss, grads, after }
+    Step {
+        loss,
+        grads,
+        grad_norm: opt.last_grad_norm(b),
+        after,
+        moments,
+    }
 }
 
 fn check(backend: &str, got: &Step, expected: &TensorFile) {
@@ -158,9 +175,28 @@ fn check(backend: &str, got: &Step, expected: &TensorFile) {
     // change, up to lr where the exact gradient is zero (the keys' biases:
     // softmax ignores a shift shared by all keys). The tolerance carries
     // that bound; elsewhere it is 1e-5 relative.
+    // The norm clipping used, and the moments, which carry the clipped
+    // gradient (the step itself is about lr * sign(g) at step one, blind
+    // to the clipping factor and the betas).
+    let norm = expected.tensors["grad_norm"].data[0];
+    assert!(
+        (got.grad_norm - norm).abs() <= 1e-5 * norm,
+        "{backend}: gradient norm {} against PyTorch's {norm}",
+        got.grad_norm
+    );
     let number = |key: &str| -> f32 { expected.metadata[key].parse().unwrap() };
     let (lr, eps) = (number("lr"), number("eps"));
-    let clip = (number("max_grad_norm") / expected.tensors["grad_norm"].data[0]).min(1.0);
+    let clip = (number("max_grad_norm") / norm).min(1.0);
+    for (name, m, v) in &got.moments {
+        let (want_m, want_v) = (
+            &expected.tensors[&format!("m.{name}")].data,
+            &expected.tensors[&format!("v.{name}")].data,
+        );
+        let what = format!("{backend}: AdamW's first moment of {name}");
+        common::assert_close(&what, m, want_m, 1e-5, 1e-7 * clip);
+        let what = format!("{backend}: AdamW's second moment of {name}");
+        common::assert_close(&what, v, want_v, 2e-5, 1e-12);
+    }
     for (name, value) in &got.after {
         let want = &expected.tensors[&format!("after.{name}")].data;
         let exact_grad = &expected.tensors[&format!("grad.{name}")].data;

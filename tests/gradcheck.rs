@@ -337,21 +337,29 @@ fn contrastive_backward_matches_finite_differences() {
     });
 }
 
-/// Every op with an `accumulate` flag adds what it computes to what is
-/// in its output (the paths a tensor used twice takes in a backward), and
-/// computes the same thing as without the flag, whose values the checks
-/// above hold against finite differences.
+/// Each op with an `accumulate` flag (all but the head-layout copy, which
+/// the parity tests cover) overwrites its output without the flag and adds
+/// to it with the flag (the paths a tensor used twice takes in a
+/// backward), the same values either way, which the checks above hold
+/// against finite differences.
 #[test]
 fn every_accumulate_flag_adds_to_what_is_there() {
     let b = CpuBackend::new();
     let (rows, cols) = (6, 5);
     let n = rows * cols;
     let before = random(rows * rows.max(cols), 90);
-    // Runs `op` into zeros and into `before` with the flag set; the second
-    // must be the first plus `before`.
+    // Runs `op` without the flag over `before` (which it must overwrite),
+    // and with it (which it must add to): the second must be the first
+    // plus `before`.
     let adds = |what: &str, len: usize, op: &dyn Fn(&mut Vec<f32>, bool)| {
-        let mut fresh = vec![0.0; len];
+        let mut fresh = before[..len].to_vec();
         op(&mut fresh, false);
+        let mut into_zeros = vec![0.0; len];
+        op(&mut into_zeros, false);
+        assert_eq!(
+            fresh, into_zeros,
+            "{what}: without the flag the output is overwritten"
+        );
         let mut summed = before[..len].to_vec();
         op(&mut summed, true);
         let want: Vec<f32> = fresh.iter().zip(&before).map(|(f, p)| f + p).collect();

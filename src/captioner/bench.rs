@@ -52,11 +52,7 @@ impl std::fmt::Display for TrainBench {
             self.seconds_per_step * 1e3
         )?;
         if let Some(c) = &self.per_step {
-            write!(
-                f,
-                "; per step: {} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
-                c.dispatches, c.submissions, c.readbacks, c.buffers_created, c.bind_groups_created
-            )?;
+            write!(f, "; per step: {c}")?;
         }
         Ok(())
     }
@@ -137,21 +133,13 @@ pub fn train_throughput<B: Backend>(
     })
 }
 
-/// The counters from `before` to `after`, divided by `n` (rounded up).
+/// The counters from `before` to `after`, per one of `n` (rounded up).
 fn per(
     after: Option<DeviceCounters>,
     before: Option<DeviceCounters>,
     n: usize,
 ) -> Option<DeviceCounters> {
-    let d = after?.since(&before?);
-    let n = n.max(1) as u64;
-    Some(DeviceCounters {
-        dispatches: d.dispatches.div_ceil(n),
-        submissions: d.submissions.div_ceil(n),
-        readbacks: d.readbacks.div_ceil(n),
-        buffers_created: d.buffers_created.div_ceil(n),
-        bind_groups_created: d.bind_groups_created.div_ceil(n),
-    })
+    Some(after?.since(&before?).per(n))
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -188,16 +176,7 @@ impl std::fmt::Display for DecodeBench {
             self.tokens_per_s
         )?;
         if let Some(c) = &self.per_batch {
-            write!(
-                f,
-                "; per batch of {}: {} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
-                self.batch,
-                c.dispatches,
-                c.submissions,
-                c.readbacks,
-                c.buffers_created,
-                c.bind_groups_created
-            )?;
+            write!(f, "; per batch of {}: {c}", self.batch)?;
         }
         Ok(())
     }
@@ -231,6 +210,9 @@ pub fn decode_throughput<B: Backend>(
     let per_row = decoding.rows_per_image();
     let batch = (64 / per_row).max(1) * per_row;
     let mut model = ck.with_batch(b, batch)?;
+    // Warm-up: the first batch builds the GPU's pipelines.
+    let first = &features[..features.len().min(batch / per_row * dim)];
+    super::decode::generate(b, &mut model, first, decoding, &Default::default())?;
     b.flush();
     let before = b.counters();
     let start = Instant::now();
