@@ -290,29 +290,16 @@ fn captioner_gradients_match_finite_differences() {
     };
     let (_, outs) = step(&b, &mut model, objective, &features);
     let grads = &outs[1..];
-    let eps = 1e-2f32;
-    for (p, grad) in grads.iter().enumerate() {
-        let name = model.params.specs[p].name.clone();
-        let len = grad.len();
-        for i in common::probes(&name, len, 6) {
-            let original = b.to_vec(&model.params.values[p]);
-            let mut at = |delta: f32| {
-                let mut x = original.clone();
-                x[i] += delta;
-                b.write(&mut model.params.values[p], &x);
-                let (losses, _) = step(&b, &mut model, objective, &features);
-                losses[0] as f64
-            };
-            let numeric = ((at(eps) - at(-eps)) / (2.0 * eps as f64)) as f32;
-            b.write(&mut model.params.values[p], &original);
-            let tol = 3e-3 + 3e-2 * numeric.abs();
-            assert!(
-                (numeric - grad[i]).abs() <= tol,
-                "{name}[{i}]: {} analytically, {numeric} numerically",
-                grad[i]
-            );
-        }
-    }
+    common::check_parameter_gradients(
+        &mut model,
+        |m| &mut m.params,
+        grads,
+        1e-2,
+        |m| {
+            let (losses, _) = step(&b, m, objective, &features);
+            f64::from(losses[0])
+        },
+    );
 }
 
 #[test]

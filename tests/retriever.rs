@@ -293,25 +293,14 @@ fn the_whole_backward_matches_finite_differences() {
     // Smaller than the captioner's: a patch-embedding bias moves all 16 patches
     // of every image at once, and at 1e-2 the curvature shows (7% off).
     let eps = 3e-3f32;
-    for (p, grad) in grads.iter().enumerate() {
-        let name = model.params.specs[p].name.clone();
-        let original = b.to_vec(&model.params.values[p]);
-        for i in common::probes(&name, grad.len(), 6) {
-            let mut loss_at = |delta: f32| {
-                let mut x = original.clone();
-                x[i] += delta;
-                b.write(&mut model.params.values[p], &x);
-                model.forward_backward(&b, &patches, &texts);
-                f64::from(model.loss.read_loss(&b))
-            };
-            let numeric = ((loss_at(eps) - loss_at(-eps)) / (2.0 * f64::from(eps))) as f32;
-            b.write(&mut model.params.values[p], &original);
-            let tol = 3e-3 + 3e-2 * numeric.abs();
-            assert!(
-                (numeric - grad[i]).abs() <= tol,
-                "{name}[{i}]: {} analytically, {numeric} numerically",
-                grad[i]
-            );
-        }
-    }
+    common::check_parameter_gradients(
+        model,
+        |m| &mut m.params,
+        &grads,
+        eps,
+        |m| {
+            m.forward_backward(&b, &patches, &texts);
+            f64::from(m.loss.read_loss(&b))
+        },
+    );
 }

@@ -81,6 +81,38 @@ pub fn probes(what: &str, len: usize, count: usize) -> Vec<usize> {
     all
 }
 
+/// Checks every parameter's gradient `grads[p]` against central
+/// differences (step `eps`) of `loss` at 6 random coordinates of it,
+/// changing one element of `params(model)` at a time.
+pub fn check_parameter_gradients<M>(
+    model: &mut M,
+    params: impl Fn(&mut M) -> &mut captune::model::params::Params<captune::cpu::CpuBackend>,
+    grads: &[Vec<f32>],
+    eps: f32,
+    mut loss: impl FnMut(&mut M) -> f64,
+) {
+    for (p, grad) in grads.iter().enumerate() {
+        let name = params(model).specs[p].name.clone();
+        let original = params(model).values[p].clone();
+        for i in probes(&name, grad.len(), 6) {
+            let mut at = |delta: f32| {
+                let mut x = original.clone();
+                x[i] += delta;
+                params(model).values[p] = x;
+                loss(model)
+            };
+            let numeric = ((at(eps) - at(-eps)) / (2.0 * f64::from(eps))) as f32;
+            params(model).values[p] = original.clone();
+            let tol = 3e-3 + 3e-2 * numeric.abs();
+            assert!(
+                (numeric - grad[i]).abs() <= tol,
+                "{name}[{i}]: {} analytically, {numeric} numerically",
+                grad[i]
+            );
+        }
+    }
+}
+
 pub fn random(len: usize, seed: u64) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
