@@ -8,7 +8,10 @@ cd "$(dirname "$0")/.."
 name=$1 run=$2
 shift 2
 mkdir -p docs/app
-display=":$((70 + $$ % 20))"
+# A display number no server holds (a killed Xvfb leaves its lock file behind).
+number=$((70 + $$ % 20))
+while [ -e "/tmp/.X$number-lock" ]; do number=$((number + 1)); done
+display=":$number"
 Xvfb "$display" -screen 0 1400x900x24 -nolisten tcp >/dev/null 2>&1 &
 server=$!
 trap 'kill $server' EXIT

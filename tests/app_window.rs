@@ -18,13 +18,29 @@ struct VirtualDisplay {
 
 impl Drop for VirtualDisplay {
     fn drop(&mut self) {
-        let _ = self.server.kill();
+        // SIGTERM, so that Xvfb removes its lock file and socket.
+        let terminated = Command::new("kill")
+            .arg(self.server.id().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !terminated {
+            let _ = self.server.kill();
+        }
         let _ = self.server.wait();
     }
 }
 
 fn virtual_display() -> Option<VirtualDisplay> {
-    let number = 90 + std::process::id() % 100;
+    // A display number no server holds: a killed Xvfb leaves its lock
+    // file and socket behind, and a new one refuses a display that has
+    // them (and the wait below would find the old socket).
+    let number = (0..400)
+        .map(|n| 90 + (std::process::id() + n) % 400)
+        .find(|n| {
+            !PathBuf::from(format!("/tmp/.X{n}-lock")).exists()
+                && !PathBuf::from(format!("/tmp/.X11-unix/X{n}")).exists()
+        })
+        .expect("a free X display number");
     let name = format!(":{number}");
     let server = match Command::new("Xvfb")
         .args([
