@@ -435,12 +435,11 @@ pub fn train<B: Backend>(
     let mut ck = if args.resume {
         Checkpoint::load(b, &run.checkpoint(), batch)?
     } else if let Some(init) = &args.init {
-        let ck = Checkpoint::load(b, init, batch)?;
-        let source = captune::captioner::trained_on(init)?;
-        if let (Some(t), Some(now)) = (TrainedOn::of(init, &source), &data.source) {
+        let start = Captioner::load(b, init, batch)?;
+        if let (Some(t), Some(now)) = (TrainedOn::of(init, &start.trained_on), &data.source) {
             check_same_encoder(t, now)?;
         }
-        ck
+        start.ck
     } else {
         train::fresh_checkpoint(b, data, &config)?
     };
