@@ -260,6 +260,37 @@ impl AdamWStep {
     }
 }
 
+/// Sampling settings of a [`TokenChoice`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub temperature: f32,
+    /// Keep the k most likely tokens (ties at the k-th kept); 0 keeps all.
+    pub top_k: u32,
+    /// Keep the most likely tokens whose mass reaches p (ties kept); 1 keeps all.
+    pub top_p: f32,
+}
+
+/// One step of token choice over `[rows, vocab]` logits (see
+/// `shaders/choose.wgsl`): greedy when `sample` is `None`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenChoice {
+    pub rows: usize,
+    pub vocab: usize,
+    /// The column of `history` and `logprobs` this step writes.
+    pub step: u32,
+    /// Columns of `history` and `logprobs`.
+    pub steps: usize,
+    pub sample: Option<Sampling>,
+    pub seed: u64,
+    /// Added to the row index in the random counter, so that the rows of
+    /// successive batches draw different numbers.
+    pub first_row: u32,
+    /// A token never chosen (`<unk>` when suppressed), or `u32::MAX`.
+    pub banned: u32,
+    pub eos: u32,
+    pub pad: u32,
+}
+
 /// The ops. See the module documentation for conventions; each method's
 /// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
 pub trait Backend {
@@ -434,16 +465,17 @@ pub trait Backend {
     );
 
     // ---- embeddings ----
-    /// out[i, :] (+)= table[ids[i], :]
+    /// out[i, :] (+)= table[ids[i], :] for every i of `ids`, which must
+    /// name rows of `table` (a [`TokenIndex`] checked them, or a kernel
+    /// wrote them).
     fn embedding(
         &self,
         table: &Self::Tensor,
-        ids: &TokenIndex<Self>,
+        ids: &Self::Ids,
         out: &mut Self::Tensor,
         dim: usize,
         accumulate: bool,
-    ) where
-        Self: Sized;
+    );
     /// dtable[v, :] += sum of dout[i, :] over the i with ids[i] = v, in order of i.
     fn embedding_backward(
         &self,
@@ -482,6 +514,20 @@ pub trait Backend {
         accumulate: bool,
     ) where
         Self: Sized;
+
+    // ---- generation ----
+    /// Each row's next token from `logits` (`[rows, vocab]`), as
+    /// `choice` says: history[r, step] = the token, logprobs[r, step] =
+    /// its log-probability under the full vocabulary, next[r] = the token.
+    /// A row whose history[r, step - 1] is <eos> or padding gets padding.
+    fn choose_tokens(
+        &self,
+        logits: &Self::Tensor,
+        choice: &TokenChoice,
+        next: &mut Self::Ids,
+        history: &mut Self::Ids,
+        logprobs: &mut Self::Tensor,
+    );
 
     // ---- optimiser ----
     /// One AdamW update of `param` in place; `grad_sumsq[0]` holds the

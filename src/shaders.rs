@@ -18,6 +18,7 @@ macro_rules! family {
 
 pub const SHADERS: &[(&str, &str)] = &[
     family!("adamw"),
+    family!("choose"),
     family!("elementwise"),
     family!("embedding"),
     family!("heads"),

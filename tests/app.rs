@@ -68,9 +68,12 @@ fn tiny_config() -> RunConfig {
 #[test]
 fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     let out = temp("live");
+    // Epochs enough that the run is still training when Pause is pressed.
+    let mut config = tiny_config();
+    config.train.epochs = 30;
     let mut h = harness(Source::Train(Box::new(TrainSetup {
         device: DeviceChoice::Cpu,
-        config: tiny_config(),
+        config,
         out: out.clone(),
         init: None,
         retriever: None,

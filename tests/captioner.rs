@@ -259,13 +259,13 @@ fn step<B: Backend>(
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let targets = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
     let inputs = TokenInputs::new(b, &model.config, &inputs_of(&TARGETS)).unwrap();
-    let mut losses = Losses::new(b, objective, model.rows(), vocab.len());
-    model.forward(b, features, &inputs);
-    losses.forward_backward(b, &model.logits, &targets);
+    let mut losses = Losses::new(b, objective, inputs.rows(), vocab.len());
+    model.forward(b, features, &inputs).unwrap();
+    losses.forward_backward(b, model.logits(), &targets);
     model.params.zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let v = losses.read(b, &targets);
-    let mut outs = vec![vec![v.loss, v.mle, v.smile], b.to_vec(&model.logits)];
+    let mut outs = vec![vec![v.loss, v.mle, v.smile], b.to_vec(model.logits())];
     outs.extend(model.params.grads.iter().map(|g| b.to_vec(g)));
     (outs[0].clone(), outs[1..].to_vec())
 }
@@ -274,7 +274,7 @@ fn step<B: Backend>(
 fn captioner_gradients_match_finite_differences() {
     let b = CpuBackend::new();
     let config = tiny_config(small_vocab().len());
-    let mut model = Captioner::new(&b, config, 2, 5).unwrap();
+    let mut model = Captioner::new(&b, config, 5).unwrap();
     // Larger weights than the initialisation, so every path matters.
     for (i, value) in model.params.values.iter_mut().enumerate() {
         let scaled: Vec<f32> = random(value.len(), 100 + i as u64)
@@ -320,8 +320,8 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
                 first_token,
                 mle_weight: 0.25,
             };
-            let mut on_cpu = Captioner::new(&c, config, 2, 8).unwrap();
-            let mut on_gpu = Captioner::new(&g, config, 2, 8).unwrap();
+            let mut on_cpu = Captioner::new(&c, config, 8).unwrap();
+            let mut on_gpu = Captioner::new(&g, config, 8).unwrap();
             let (want_losses, want) = step(&c, &mut on_cpu, objective, &features);
             let (got_losses, got) = step(&g, &mut on_gpu, objective, &features);
             let what = format!("{kind:?}, first token {first_token:?}");

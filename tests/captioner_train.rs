@@ -40,7 +40,7 @@ fn new_checkpoint<B: Backend>(b: &B, data: &CaptionData, run: &RunConfig) -> Che
     let vocab = CaptionVocab::build(&data.data, run.train.min_count).unwrap();
     let config = run.captioner(DIM, vocab.len());
     Checkpoint {
-        model: Captioner::new(b, config, run.train.batch, 4).unwrap(),
+        model: Captioner::new(b, config, 4).unwrap(),
         vocab,
     }
 }
@@ -149,7 +149,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         },
     )
     .unwrap();
-    let mut ck = Checkpoint::load(&b, &parts.checkpoint(), run.train.batch).unwrap();
+    let mut ck = Checkpoint::load(&b, &parts.checkpoint()).unwrap();
     train::train(
         &b,
         &mut ck,
@@ -212,19 +212,11 @@ fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
 
 /// A trained model decoding six validation images at once: the
 /// checkpoint, its path, the images' features and the model.
-fn six_images(
-    c: &CpuBackend,
-) -> (
-    Checkpoint<CpuBackend>,
-    PathBuf,
-    Vec<f32>,
-    Captioner<CpuBackend>,
-) {
+fn six_images() -> (Checkpoint<CpuBackend>, PathBuf, Vec<f32>) {
     let (ck, data, path) = trained();
     let items = data.items(captune::data::Split::Val);
     let features = data.features_of(&items[..6]);
-    let model = ck.with_batch(c, 6).unwrap();
-    (ck, path, features, model)
+    (ck, path, features)
 }
 
 /// log p of `g`'s ids under teacher forcing, summed.
@@ -239,27 +231,24 @@ fn teacher_forced_logprob<B: Backend>(
     let steps = c.token_positions();
     let mut seq = vec![BOS];
     seq.extend(&g.ids);
-    let mut targets = vec![PAD; model.batch * steps];
+    let mut targets = vec![PAD; steps];
     targets[..g.ids.len()].copy_from_slice(&g.ids);
-    let inputs =
-        TokenInputs::new(b, &c, &vec![seq[..seq.len() - 1].to_vec(); model.batch]).unwrap();
-    let mut rows_features = features.to_vec();
-    rows_features.resize(model.batch * c.embed_dim, 0.0);
-    model.forward(b, &rows_features, &inputs);
+    let inputs = TokenInputs::new(b, &c, &[seq[..seq.len() - 1].to_vec()]).unwrap();
+    model.forward(b, features, &inputs).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let t = BatchTargets::new(b, &Objective::mle(), vocab, &targets, steps, &mut rng).unwrap();
-    let mut losses = Losses::new(b, Objective::mle(), model.rows(), c.vocab_size);
-    losses.forward_backward(b, &model.logits, &t);
+    let mut losses = Losses::new(b, Objective::mle(), inputs.rows(), c.vocab_size);
+    losses.forward_backward(b, model.logits(), &t);
     losses.row_logprobs(b).0[..g.ids.len()].iter().sum()
 }
 
 #[test]
 fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     let c = CpuBackend::new();
-    let (ck, path, features, mut model) = six_images(&c);
+    let (mut ck, path, features) = six_images();
     let greedy = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::Greedy,
         &DecodeOptions::default(),
@@ -275,7 +264,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     // Beam of width 1 is greedy; so is sampling from the top token only.
     let beam1 = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::Beam {
             width: 1,
@@ -289,13 +278,13 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         greedy.iter().map(|g| &g.ids).collect::<Vec<_>>()
     );
     let top1 = Decoding::parse("sample:2:k=1,seed=5").unwrap();
-    let sampled = generate(&c, &mut model, &features, &top1, &DecodeOptions::default()).unwrap();
+    let sampled = generate(&c, &ck.model, &features, &top1, &DecodeOptions::default()).unwrap();
     for (k, s) in sampled.iter().enumerate() {
         assert_eq!(s.ids, greedy[k / 2].ids, "top-1 sampling is greedy");
     }
     let free = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::parse("sample:3:t=1.5,seed=2").unwrap(),
         &DecodeOptions::default(),
@@ -312,7 +301,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     );
 
     // A word limit cuts every caption, <eos> or not.
-    let short = generate(&c, &mut model, &features, &Decoding::Greedy, &words(2)).unwrap();
+    let short = generate(&c, &ck.model, &features, &Decoding::Greedy, &words(2)).unwrap();
     for (s, g) in short.iter().zip(&greedy) {
         assert!(s.ids.len() <= 3, "{:?}", s.ids);
         assert_eq!(
@@ -327,7 +316,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     // greedy's path), and every reported log-probability is the teacher-forced one.
     let beam = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::Beam {
             width: 4,
@@ -337,7 +326,6 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     )
     .unwrap();
     assert_eq!(beam.len(), 12);
-    let mut one = ck.with_batch(&c, 1).unwrap();
     for (k, g) in beam.iter().enumerate() {
         let image = k / 2;
         assert_eq!(g.image, image);
@@ -352,7 +340,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
             );
         }
         let f = &features[image * DIM..(image + 1) * DIM];
-        let forced = teacher_forced_logprob(&c, &mut one, &ck.vocab, f, g);
+        let forced = teacher_forced_logprob(&c, &mut ck.model, &ck.vocab, f, g);
         assert!(
             (forced - g.logprob).abs() < 1e-3,
             "decoded {} vs forced {forced}",
@@ -364,8 +352,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
         return;
     };
-    let on_gpu = Checkpoint::load(&g, &path, 6).unwrap();
-    let mut gpu_model = on_gpu.with_batch(&g, 6).unwrap();
+    let on_gpu = Checkpoint::load(&g, &path).unwrap();
     for decoding in [
         Decoding::Greedy,
         Decoding::Beam {
@@ -375,7 +362,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
     ] {
         let want = generate(
             &c,
-            &mut model,
+            &ck.model,
             &features,
             &decoding,
             &DecodeOptions::default(),
@@ -383,7 +370,7 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         .unwrap();
         let got = generate(
             &g,
-            &mut gpu_model,
+            &on_gpu.model,
             &features,
             &decoding,
             &DecodeOptions::default(),
@@ -412,32 +399,33 @@ fn words(max_words: usize) -> DecodeOptions {
 #[test]
 fn suppressed_unk_is_never_emitted() {
     let c = CpuBackend::new();
-    let (_, path, features, mut model) = six_images(&c);
+    let (mut ck, path, features) = six_images();
     let plain = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::Greedy,
         &DecodeOptions::default(),
     )
     .unwrap();
-    let tokens = model
+    let tokens = ck
+        .model
         .params
         .specs
         .iter()
         .position(|s| s.name == "decoder.tokens")
         .unwrap();
-    let width = model.params.specs[tokens].shape[1];
-    let mut table = c.to_vec(&model.params.values[tokens]);
+    let width = ck.model.params.specs[tokens].shape[1];
+    let mut table = c.to_vec(&ck.model.params.values[tokens]);
     let first = plain[0].ids[0] as usize;
     let unk = captune::data::vocab::UNK as usize;
     for k in 0..width {
         table[unk * width + k] = 3.0 * table[first * width + k];
     }
-    c.write(&mut model.params.values[tokens], &table);
+    c.write(&mut ck.model.params.values[tokens], &table);
     let greedy = generate(
         &c,
-        &mut model,
+        &ck.model,
         &features,
         &Decoding::Greedy,
         &DecodeOptions::default(),
@@ -461,7 +449,7 @@ fn suppressed_unk_is_never_emitted() {
         },
         Decoding::parse("sample:3:seed=4").unwrap(),
     ] {
-        let out = generate(&c, &mut model, &features, &decoding, &suppress).unwrap();
+        let out = generate(&c, &ck.model, &features, &decoding, &suppress).unwrap();
         assert!(
             out.iter()
                 .all(|g| !g.ids.contains(&(unk as u32)) && !g.ids.is_empty()),

@@ -324,7 +324,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         vocab_size: vocab.len(),
     };
     Checkpoint {
-        model: Captioner::new(b, config, 1, 0).unwrap(),
+        model: Captioner::new(b, config, 0).unwrap(),
         vocab,
     }
 }
@@ -373,7 +373,7 @@ fn checkpoints_and_optimizer_state() {
         let config = file.metadata["captioner_config"].replace("\"width\":8", "\"width\":4096");
         file.metadata.insert("captioner_config".into(), config);
     });
-    let err = format!("{:#}", Checkpoint::load(&b, &wide, 1).err().unwrap());
+    let err = format!("{:#}", Checkpoint::load(&b, &wide).err().unwrap());
     assert!(
         err.contains("wide.safetensors") && err.contains("parameters"),
         "{err}"
@@ -385,7 +385,7 @@ fn checkpoints_and_optimizer_state() {
     rewrite(&run.checkpoint(), &poisoned, |file| {
         file.tensors.get_mut("decoder.tokens").unwrap().data[5] = f32::NAN;
     });
-    let err = format!("{:#}", Checkpoint::load(&b, &poisoned, 1).err().unwrap());
+    let err = format!("{:#}", Checkpoint::load(&b, &poisoned).err().unwrap());
     assert!(
         err.contains("nan.safetensors")
             && err.contains("\"decoder.tokens\"")
@@ -395,7 +395,7 @@ fn checkpoints_and_optimizer_state() {
 
     let target = dir.join("fuzz-input-captioner.safetensors");
     fuzz("captioner checkpoint", &[captioner], &target, |p| {
-        Checkpoint::load(&b, p, 1).map(|_| ())
+        Checkpoint::load(&b, p).map(|_| ())
     });
     let target = dir.join("fuzz-input-optimizer.safetensors");
     fuzz("optimizer state", &[optimizer], &target, |p| {

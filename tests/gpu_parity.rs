@@ -4,7 +4,9 @@
 
 mod common;
 
-use captune::backend::{AdamWStep, Backend, HeadLayout, Matmul, Reduce, SoftmaxRows};
+use captune::backend::{
+    AdamWStep, Backend, HeadLayout, Matmul, Reduce, Sampling, SoftmaxRows, TokenChoice,
+};
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
 use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
@@ -275,7 +277,7 @@ fn embedding_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let ids = TokenIndex::new(b, &random_ids(n, vocab as u32, 1), vocab).unwrap();
     let table = b.tensor(&random(vocab * dim, 2));
     let mut out = b.tensor(&random(n * dim, 3));
-    b.embedding(&table, &ids, &mut out, dim, true);
+    b.embedding(&table, &ids.ids, &mut out, dim, true);
     let mut dtable = b.tensor(&random(vocab * dim, 4));
     b.embedding_backward(&b.tensor(&random(n * dim, 5)), &ids, &mut dtable, dim);
     vec![b.to_vec(&out), b.to_vec(&dtable)]
@@ -479,4 +481,61 @@ fn recorded_work_runs_in_program_order_around_writes() {
     g.write(&mut x, &[10.0, 20.0, 30.0]);
     g.axpby(1.0, &x, 1.0, &mut y); // y += new x
     assert_eq!(g.to_vec(&y), vec![11.0, 22.0, 33.0]);
+}
+
+// ---- token choice ----
+
+/// Greedy, plain sampling, temperature with top-k, top-p, both with a
+/// banned token, over rows of which some ended at the previous step.
+/// The chosen ids must be identical (compared exactly), the
+/// log-probabilities close.
+fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, vocab, steps) = (37, 301, 3);
+    // Spread logits, so that probabilities differ by orders of magnitude.
+    let logits: Vec<f32> = random(rows * vocab, 1).iter().map(|x| 6.0 * x).collect();
+    let logits = b.tensor(&logits);
+    let settings = [
+        None,
+        Some((1.0, 0, 1.0)),
+        Some((0.7, 5, 1.0)),
+        Some((1.3, 0, 0.9)),
+        Some((1.0, 40, 0.8)),
+    ];
+    let mut outs = Vec::new();
+    for (i, setting) in settings.into_iter().enumerate() {
+        // Step 1 of 3: rows 0 and 5 ended at step 0 (<eos>, then padding).
+        let mut history = vec![7u32; rows * steps];
+        history[0] = 2;
+        history[5 * steps] = 0;
+        let mut history = b.ids(&history);
+        let mut next = b.ids(&vec![0; rows]);
+        let mut logprobs = b.zeros(rows * steps);
+        let choice = TokenChoice {
+            rows,
+            vocab,
+            step: 1,
+            steps,
+            sample: setting.map(|(temperature, top_k, top_p)| Sampling {
+                temperature,
+                top_k,
+                top_p,
+            }),
+            seed: 0x1234_5678_9abc_def0 + i as u64,
+            first_row: 100,
+            banned: if i >= 3 { 3 } else { u32::MAX },
+            eos: 2,
+            pad: 0,
+        };
+        b.choose_tokens(&logits, &choice, &mut next, &mut history, &mut logprobs);
+        let as_f32 = |ids: Vec<u32>| ids.into_iter().map(|x| x as f32).collect::<Vec<_>>();
+        outs.push(as_f32(b.ids_to_vec(&next)));
+        outs.push(as_f32(b.ids_to_vec(&history)));
+        outs.push(b.to_vec(&logprobs));
+    }
+    outs
+}
+
+#[test]
+fn token_choice_matches_cpu() {
+    parity!(choose_cases, 1e-5, 1e-5);
 }

@@ -239,7 +239,7 @@ fn embedding_backward_matches_finite_differences() {
     b.embedding_backward(&r, &ids, &mut dtable, dim);
     check("embedding", &table, &dtable, |t| {
         let mut out = vec![0.0; 5 * dim];
-        b.embedding(&t.to_vec(), &ids, &mut out, dim, false);
+        b.embedding(&t.to_vec(), &ids.ids, &mut out, dim, false);
         dot(&out, &r)
     });
 }
@@ -417,7 +417,7 @@ fn every_accumulate_flag_adds_to_what_is_there() {
     });
     let ids = TokenIndex::new(&b, &[3, 1, 3, 0], rows).unwrap();
     adds("embedding", 4 * cols, &|out, acc| {
-        b.embedding(&x, &ids, out, cols, acc)
+        b.embedding(&x, &ids.ids, out, cols, acc)
     });
     let vocab = cols;
     let targets = random_ids(rows, vocab as u32, 95);

@@ -161,7 +161,7 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
     let data = &*setup.data;
     let config = &setup.config;
     let mut ck = match &setup.init {
-        Some(path) => Checkpoint::load(b, path, config.train.batch)?,
+        Some(path) => Checkpoint::load(b, path)?,
         None => fresh_checkpoint(b, data, config)?,
     };
     let mut retriever = match &setup.retriever {
@@ -218,7 +218,7 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
                 }
                 Command::Stop => return Ok(State::Stopped),
                 Command::Switch { objective, lr } => {
-                    trainer.set_objective(b, objective, lr)?;
+                    trainer.set_objective(objective, lr)?;
                     update(&|s| s.objective = objective.describe());
                 }
                 Command::Save => {

@@ -7,7 +7,6 @@
 
 use crate::captioner::Checkpoint;
 use crate::captioner::inspect::{TokenScore, score_caption};
-use crate::captioner::model::Captioner;
 use crate::captioner::train::CaptionData;
 use crate::cpu::CpuBackend;
 use crate::data::tokenize::ptb_tokenize;
@@ -135,7 +134,7 @@ fn work(
     repaint: &dyn Fn(),
 ) {
     let cpu = CpuBackend::new();
-    let mut model: Option<(Checkpoint<CpuBackend>, Captioner<CpuBackend>)> = None;
+    let mut model: Option<Checkpoint<CpuBackend>> = None;
     let mut latest: HashMap<Asker, Request> = HashMap::new();
     while let Ok(first) = inbox.recv() {
         // Everything waiting: keep the newest model and each asker's newest request.
@@ -148,12 +147,12 @@ fn work(
                     latest.insert(r.asker, r);
                 }
                 Message::Model(ck) => {
-                    model = install(&cpu, *ck, notes);
+                    model = install(*ck, notes);
                     rescore_all = true;
                 }
                 Message::Load(path) => {
-                    match Checkpoint::load(&cpu, &path, 1) {
-                        Ok(ck) => model = install(&cpu, ck, notes),
+                    match Checkpoint::load(&cpu, &path) {
+                        Ok(ck) => model = install(ck, notes),
                         Err(e) => {
                             let _ = notes.send(format!("{e:#}"));
                         }
@@ -170,7 +169,7 @@ fn work(
         for request in due {
             let result = match model.as_mut() {
                 None => Err("no model yet: it arrives after the first epoch".to_string()),
-                Some((ck, m)) => score(&cpu, ck, m, data, &request),
+                Some(ck) => score(&cpu, ck, data, &request),
             };
             if outbox.send(Scored { request, result }).is_err() {
                 return;
@@ -180,31 +179,19 @@ fn work(
     }
 }
 
-fn install(
-    cpu: &CpuBackend,
-    ck: Checkpoint<CpuBackend>,
-    notes: &Sender<String>,
-) -> Option<(Checkpoint<CpuBackend>, Captioner<CpuBackend>)> {
-    match ck.with_batch(cpu, 1) {
-        Ok(m) => {
-            let _ = notes.send(format!(
-                "{} parameters, {} words",
-                ck.model.params.count(),
-                ck.vocab.len()
-            ));
-            Some((ck, m))
-        }
-        Err(e) => {
-            let _ = notes.send(format!("{e:#}"));
-            None
-        }
-    }
+/// The model to score with from now on, announced in the notes.
+fn install(ck: Checkpoint<CpuBackend>, notes: &Sender<String>) -> Option<Checkpoint<CpuBackend>> {
+    let _ = notes.send(format!(
+        "{} parameters, {} words",
+        ck.model.params.count(),
+        ck.vocab.len()
+    ));
+    Some(ck)
 }
 
 fn score(
     cpu: &CpuBackend,
-    ck: &Checkpoint<CpuBackend>,
-    model: &mut Captioner<CpuBackend>,
+    ck: &mut Checkpoint<CpuBackend>,
     data: &CaptionData,
     request: &Request,
 ) -> Result<Vec<TokenScore>, String> {
@@ -219,7 +206,7 @@ fn score(
         .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
     score_caption(
         cpu,
-        model,
+        &mut ck.model,
         &ck.vocab,
         &data.features_of(&[request.item]),
         &ids,

@@ -70,10 +70,10 @@ pub fn train_throughput<B: Backend>(
     let batch = run.train.batch;
     let config = run.captioner(EMBED_DIM, VOCAB);
     let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
-    let mut model = Captioner::new(b, config, batch, 0)?;
+    let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut losses = Losses::new(b, objective, model.rows(), VOCAB);
     let t = config.token_positions();
+    let mut losses = Losses::new(b, objective, batch * t, VOCAB);
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
@@ -94,8 +94,8 @@ pub fn train_throughput<B: Backend>(
     let mut step = || -> Result<()> {
         let inputs = TokenInputs::new(b, &config, &sequences)?;
         let batch_targets = BatchTargets::new(b, &objective, &vocab, &targets, t, &mut rng)?;
-        model.forward(b, &features, &inputs);
-        losses.forward_backward(b, &model.logits, &batch_targets);
+        model.forward(b, &features, &inputs)?;
+        losses.forward_backward(b, model.logits(), &batch_targets);
         model.params.zero_grads(b);
         model.backward(b, &inputs, &losses.d_logits);
         let params = &mut model.params;
@@ -195,9 +195,9 @@ pub fn decode_throughput<B: Backend>(
 ) -> Result<DecodeBench> {
     let run = RunConfig::preset(preset)?;
     let ck = match checkpoint {
-        Some(path) => super::Checkpoint::load(b, path, 1)?,
+        Some(path) => super::Checkpoint::load(b, path)?,
         None => super::Checkpoint {
-            model: Captioner::new(b, run.captioner(EMBED_DIM, VOCAB), 1, 0)?,
+            model: Captioner::new(b, run.captioner(EMBED_DIM, VOCAB), 0)?,
             vocab: CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect()),
         },
     };
@@ -206,21 +206,19 @@ pub fn decode_throughput<B: Backend>(
     let features: Vec<f32> = (0..images * dim)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
-    // As `eval` decodes: 64 sequences at once.
-    let per_row = decoding.rows_per_image();
-    let batch = (64 / per_row).max(1) * per_row;
-    let mut model = ck.with_batch(b, batch)?;
+    // As `eval` decodes: 64 images at once.
+    let batch = super::decode::IMAGES_PER_BATCH;
     // Warm-up: the first batch builds the GPU's pipelines.
-    let first = &features[..features.len().min(batch / per_row * dim)];
-    super::decode::generate(b, &mut model, first, decoding, &Default::default())?;
+    let first = &features[..features.len().min(batch * dim)];
+    super::decode::generate(b, &ck.model, first, decoding, &Default::default())?;
     b.flush();
     let before = b.counters();
     let start = Instant::now();
     let generated =
-        super::decode::generate(b, &mut model, &features, decoding, &Default::default())?;
+        super::decode::generate(b, &ck.model, &features, decoding, &Default::default())?;
     b.flush();
     let seconds = start.elapsed().as_secs_f64();
-    let batches = images.div_ceil(batch / per_row);
+    let batches = images.div_ceil(batch);
     let tokens: usize = generated.iter().map(|g| g.ids.len()).sum();
     Ok(DecodeBench {
         op: "decode".into(),
@@ -229,7 +227,7 @@ pub fn decode_throughput<B: Backend>(
         preset: preset.into(),
         decoding: format!("{decoding:?}"),
         images,
-        batch: batch / per_row,
+        batch,
         captions: generated.len(),
         tokens,
         seconds,

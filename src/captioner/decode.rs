@@ -1,17 +1,22 @@
 //! Caption generation: greedy, sampling (temperature, top-k, top-p) and
-//! beam search, always over the full vocabulary. Each step runs the
-//! decoder on the partial captions, gathers the logits row of the next
-//! position on the device and reads back only that row per caption;
-//! token choice happens on the host, identically for both backends.
+//! beam search, always over the full vocabulary, with the current weights.
+//!
+//! The decoder runs one position at a time over a KV cache
+//! ([`crate::model::kv_cache`]): the prefix and <bos> once, then one
+//! position per word. Greedy and sampled tokens are chosen on the device
+//! (`Backend::choose_tokens`, the same ids on both backends for the same
+//! seed); the host reads back only whether every caption has ended, every
+//! [`END_CHECK_STEPS`] steps, and the chosen ids and their
+//! log-probabilities at the end. Beam search reads each step's logits and
+//! chooses among the candidates on the host; the cache follows each beam's
+//! parent on the device.
 
 use super::CaptionVocab;
-use super::model::{Captioner, TokenInputs};
-use crate::backend::Backend;
-use crate::data::vocab::{BOS, EOS, UNK};
-use crate::index::TokenIndex;
+use super::model::Captioner;
+use crate::backend::{Backend, HeadLayout, Matmul, Sampling, TokenChoice};
+use crate::data::vocab::{BOS, EOS, PAD, UNK};
+use crate::model::kv_cache::KvCache;
 use anyhow::{Result, bail};
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
 /// How captions are chosen.
@@ -157,69 +162,155 @@ impl Generated {
     }
 }
 
-/// Runs a captioner on partial captions and returns next-token
-/// log-probabilities, `rows` at a time.
-struct Stepper<'m, B: Backend> {
-    model: &'m mut Captioner<B>,
-    next_logits: B::Tensor,
-    suppress_unk: bool,
+/// Steps between two reads of whether every caption has ended: each read
+/// waits for the device, so greedy and sampled decoding of T steps reads
+/// back at most ceil(T / 4) + 2 times (the checks, then ids and
+/// log-probabilities).
+pub const END_CHECK_STEPS: usize = 4;
+
+/// Images decoded at once (each with `Decoding::rows_per_image` rows).
+pub const IMAGES_PER_BATCH: usize = 64;
+
+/// What feeds a token position.
+enum Feed<'a, B: Backend> {
+    Bos,
+    /// The tokens the device chose at the previous step.
+    Chosen,
+    Given(&'a B::Ids),
 }
 
-impl<B: Backend> Stepper<'_, B> {
-    /// log softmax of the logits after the last id of each sequence.
-    fn step(&mut self, b: &B, features: &[f32], seqs: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        let c = self.model.config;
-        let t = c.token_positions();
-        let inputs = TokenInputs::new(b, &c, seqs)?;
-        self.model.forward(b, features, &inputs);
-        let rows: Vec<u32> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (i * t + s.len() - 1) as u32)
-            .collect();
-        let rows = TokenIndex::new(b, &rows, self.model.rows())?;
+/// The captioner run incrementally on `rows` sequences: the mapper's
+/// buffers, the KV cache, and the device-side record of chosen tokens.
+struct Decoder<'m, B: Backend> {
+    model: &'m Captioner<B>,
+    rows: usize,
+    /// Token steps of one batch at most (columns of history and logprobs).
+    steps: usize,
+    cache: KvCache<B>,
+    features: B::Tensor,
+    mapper_hidden: B::Tensor,
+    mapper_act: B::Tensor,
+    prefix: B::Tensor,
+    /// positions[p] = [p; rows]: the position ids of decoder position p.
+    positions: Vec<B::Ids>,
+    bos: B::Ids,
+    next: B::Ids,
+    history: B::Ids,
+    logprobs: B::Tensor,
+    hidden: B::Tensor,
+    /// [rows, vocab]: the logits of the position just run.
+    logits: B::Tensor,
+}
+
+impl<'m, B: Backend> Decoder<'m, B> {
+    fn new(b: &B, model: &'m Captioner<B>, rows: usize, steps: usize) -> Self {
+        let c = &model.config;
+        let (w, k) = (c.decoder.width, c.prefix_len);
+        Decoder {
+            model,
+            rows,
+            steps,
+            cache: model.decoder.kv_cache(b, rows, k + steps),
+            features: b.zeros(rows * c.embed_dim),
+            mapper_hidden: b.zeros(rows * c.mapper_hidden),
+            mapper_act: b.zeros(rows * c.mapper_hidden),
+            prefix: b.zeros(rows * k * w),
+            positions: (0..k + steps)
+                .map(|p| b.ids(&vec![p as u32; rows]))
+                .collect(),
+            bos: b.ids(&vec![BOS; rows]),
+            next: b.ids(&vec![PAD; rows]),
+            history: b.ids(&vec![PAD; rows * steps]),
+            logprobs: b.zeros(rows * steps),
+            hidden: b.zeros(rows * w),
+            logits: b.zeros(rows * c.vocab_size),
+        }
+    }
+
+    /// Starts a batch: the mapper on `features` (`[rows, embed_dim]`),
+    /// then the prefix positions into the cache.
+    fn start(&mut self, b: &B, features: &[f32]) {
+        let (m, p) = (self.model, &self.model.params);
+        let c = &m.config;
+        let (w, k) = (c.decoder.width, c.prefix_len);
+        b.write(&mut self.features, features);
+        m.mapper_in
+            .forward(b, p, &self.features, &mut self.mapper_hidden);
+        b.gelu(&self.mapper_hidden, &mut self.mapper_act);
+        m.mapper_out
+            .forward(b, p, &self.mapper_act, &mut self.prefix);
+        self.cache.clear();
+        for t in 0..k {
+            let vector_t = HeadLayout {
+                batch: self.rows,
+                seq: 1,
+                heads: 1,
+                head_dim: w,
+                row_stride: k * w,
+                col_offset: t * w,
+            };
+            b.tokens_to_heads(&self.prefix, self.cache.input(), &vector_t);
+            self.add_position(b);
+            m.decoder
+                .forward_cached(b, p, &mut self.cache, &mut self.hidden);
+        }
+    }
+
+    /// Adds the next position's embedding to the cache's input.
+    fn add_position(&mut self, b: &B) {
+        let m = self.model;
+        let position = &self.positions[self.cache.len()];
         b.embedding(
-            &self.model.logits,
-            &rows,
-            &mut self.next_logits,
-            c.vocab_size,
+            m.params.value(m.positions),
+            position,
+            self.cache.input(),
+            m.config.decoder.width,
+            true,
+        );
+    }
+
+    /// Runs the next token position on `feed`; `logits` become its
+    /// next-token logits.
+    fn advance(&mut self, b: &B, feed: Feed<'_, B>) {
+        let (m, p) = (self.model, &self.model.params);
+        let c = &m.config;
+        let ids = match feed {
+            Feed::Bos => &self.bos,
+            Feed::Chosen => &self.next,
+            Feed::Given(ids) => ids,
+        };
+        b.embedding(
+            p.value(m.tokens),
+            ids,
+            self.cache.input(),
+            c.decoder.width,
             false,
         );
-        let flat = b.to_vec(&self.next_logits);
-        let mut logp: Vec<Vec<f32>> = flat.chunks(c.vocab_size).map(log_softmax).collect();
-        if self.suppress_unk {
-            // Out of every choice; the others keep their full-vocabulary log-probability.
-            logp.iter_mut()
-                .for_each(|row| row[UNK as usize] = f32::NEG_INFINITY);
-        }
-        Ok(logp)
+        self.add_position(b);
+        m.decoder
+            .forward_cached(b, p, &mut self.cache, &mut self.hidden);
+        b.matmul(
+            &self.hidden,
+            p.value(m.tokens),
+            &mut self.logits,
+            &Matmul::new(self.rows, c.vocab_size, c.decoder.width).trans_b(),
+        );
     }
 }
 
+/// log softmax of one row of logits.
 fn log_softmax(z: &[f32]) -> Vec<f32> {
     let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
     let lse = max + z.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
     z.iter().map(|&x| x - lse).collect()
 }
 
-/// The highest entry, the lowest id on ties.
-fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 /// Captions for every image of `features` (`[n, embed_dim]`), in image
 /// order, `decoding.per_image()` each, within `options`' limits (and the
-/// model's maximum length). The model's batch size sets how many
-/// sequences run at once.
+/// model's maximum length), with the model's current weights.
 pub fn generate<B: Backend>(
     b: &B,
-    model: &mut Captioner<B>,
+    model: &Captioner<B>,
     features: &[f32],
     decoding: &Decoding,
     options: &DecodeOptions,
@@ -230,53 +321,53 @@ pub fn generate<B: Backend>(
         .max_words
         .map_or(c.token_positions(), |w| (w + 1).min(c.token_positions()));
     let d = c.embed_dim;
-    assert!(
-        features.len().is_multiple_of(d),
-        "features are [n, embed_dim]"
-    );
-    let images = features.len() / d;
-    let per_row = decoding.rows_per_image();
-    let batch = model.batch;
-    if per_row > batch {
+    if !features.len().is_multiple_of(d) {
         bail!(
-            "the decoding needs {per_row} sequences per image but the model runs {batch} at once"
+            "{} feature values are not whole image embeddings of {d}",
+            features.len()
         );
     }
-    let images_per_chunk = batch / per_row;
-    let mut stepper = Stepper {
-        next_logits: b.zeros(batch * c.vocab_size),
-        model,
-        suppress_unk: options.suppress_unk,
-    };
+    let images = features.len() / d;
+    let per_row = decoding.rows_per_image();
+    let images_per_batch = IMAGES_PER_BATCH.min(images.max(1));
+    let rows = images_per_batch * per_row;
+    let mut decoder = Decoder::new(b, model, rows, steps);
+    let banned = if options.suppress_unk { UNK } else { u32::MAX };
     let mut out = Vec::with_capacity(images * decoding.per_image());
-    let mut rng = match *decoding {
-        Decoding::Sample { seed, .. } => ChaCha8Rng::seed_from_u64(seed),
-        _ => ChaCha8Rng::seed_from_u64(0),
-    };
-    for first in (0..images).step_by(images_per_chunk) {
-        let chunk: Vec<usize> = (first..(first + images_per_chunk).min(images)).collect();
-        // Every row of the model's batch gets an image; rows past the
-        // chunk repeat its last image and are ignored.
-        let row_image: Vec<usize> = (0..batch)
+    for first in (0..images).step_by(images_per_batch) {
+        let chunk: Vec<usize> = (first..(first + images_per_batch).min(images)).collect();
+        // Every row gets an image; rows past the chunk repeat its last
+        // image and are ignored.
+        let rows_features: Vec<f32> = (0..rows)
             .map(|r| chunk[(r / per_row).min(chunk.len() - 1)])
+            .flat_map(|i| features[i * d..(i + 1) * d].iter().copied())
             .collect();
-        let rows_features: Vec<f32> = row_image
-            .iter()
-            .flat_map(|&i| features[i * d..(i + 1) * d].iter().copied())
-            .collect();
+        decoder.start(b, &rows_features);
         let generated = match *decoding {
-            Decoding::Greedy | Decoding::Sample { .. } => {
-                sample_rows(b, &mut stepper, &rows_features, decoding, &mut rng, steps)?
+            Decoding::Greedy => choose_on_device(b, &mut decoder, None, 0, 0, banned),
+            Decoding::Sample {
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                ..
+            } => {
+                let sampling = Sampling {
+                    temperature,
+                    top_k: top_k.min(u32::MAX as usize) as u32,
+                    top_p,
+                };
+                let first_row = (first * per_row) as u32;
+                choose_on_device(b, &mut decoder, Some(sampling), seed, first_row, banned)
             }
             Decoding::Beam { width, n_best } => beam_rows(
                 b,
-                &mut stepper,
-                &rows_features,
+                &mut decoder,
                 width,
                 n_best,
                 chunk.len(),
-                steps,
-            )?,
+                options.suppress_unk,
+            ),
         };
         if let Some(bar) = &options.progress {
             bar.inc(chunk.len() as u64);
@@ -293,112 +384,104 @@ pub fn generate<B: Backend>(
     Ok(out)
 }
 
-/// Greedy or sampled continuation of every row at once.
-fn sample_rows<B: Backend>(
+/// Greedy or sampled continuation of every row at once, chosen on the
+/// device; (ids after <bos>, their total log-probability) per row.
+fn choose_on_device<B: Backend>(
     b: &B,
-    stepper: &mut Stepper<'_, B>,
-    features: &[f32],
-    decoding: &Decoding,
-    rng: &mut ChaCha8Rng,
-    steps: usize,
-) -> Result<Vec<(Vec<u32>, f32)>> {
-    let rows = stepper.model.batch;
-    let mut seqs = vec![vec![BOS]; rows];
-    let mut logprob = vec![0.0f32; rows];
-    let mut done = vec![false; rows];
-    for _ in 0..steps {
-        let logp = stepper.step(b, features, &seqs)?;
-        for r in 0..rows {
-            if done[r] {
-                continue;
-            }
-            let id = match *decoding {
-                Decoding::Sample {
-                    temperature,
-                    top_k,
-                    top_p,
-                    ..
-                } => sample(&logp[r], temperature, top_k, top_p, rng),
-                _ => argmax(&logp[r]),
-            };
-            logprob[r] += logp[r][id];
-            seqs[r].push(id as u32);
-            done[r] = id as u32 == EOS;
-        }
-        if done.iter().all(|&d| d) {
+    decoder: &mut Decoder<'_, B>,
+    sample: Option<Sampling>,
+    seed: u64,
+    first_row: u32,
+    banned: u32,
+) -> Vec<(Vec<u32>, f32)> {
+    let (rows, steps) = (decoder.rows, decoder.steps);
+    let mut ran = steps;
+    for step in 0..steps {
+        let feed = if step == 0 { Feed::Bos } else { Feed::Chosen };
+        decoder.advance(b, feed);
+        let choice = TokenChoice {
+            rows,
+            vocab: decoder.model.config.vocab_size,
+            step: step as u32,
+            steps,
+            sample,
+            seed,
+            first_row,
+            banned,
+            eos: EOS,
+            pad: PAD,
+        };
+        b.choose_tokens(
+            &decoder.logits,
+            &choice,
+            &mut decoder.next,
+            &mut decoder.history,
+            &mut decoder.logprobs,
+        );
+        if (step + 1).is_multiple_of(END_CHECK_STEPS)
+            && step + 1 < steps
+            && b.ids_to_vec(&decoder.next)
+                .iter()
+                .all(|&t| t == EOS || t == PAD)
+        {
+            ran = step + 1;
             break;
         }
     }
-    Ok(seqs
-        .into_iter()
-        .zip(logprob)
-        .map(|(s, lp)| (s[1..].to_vec(), lp))
-        .collect())
-}
-
-/// One id from log-probabilities after temperature, top-k and top-p.
-fn sample(logp: &[f32], temperature: f32, top_k: usize, top_p: f32, rng: &mut impl Rng) -> usize {
-    let mut order: Vec<usize> = (0..logp.len()).collect();
-    order.sort_by(|&a, &b| logp[b].total_cmp(&logp[a]).then(a.cmp(&b)));
-    if top_k > 0 {
-        order.truncate(top_k);
-    }
-    let scaled: Vec<f32> = order.iter().map(|&i| logp[i] / temperature).collect();
-    let probs = {
-        let p: Vec<f32> = log_softmax(&scaled).iter().map(|x| x.exp()).collect();
-        let mut mass = 0.0;
-        let keep = p
-            .iter()
-            .position(|&x| {
-                mass += x;
-                mass >= top_p
-            })
-            .map_or(p.len(), |i| i + 1);
-        p[..keep].to_vec()
-    };
-    let total: f32 = probs.iter().sum();
-    let mut u = rng.random::<f32>() * total;
-    for (k, &p) in probs.iter().enumerate() {
-        if u < p {
-            return order[k];
-        }
-        u -= p;
-    }
-    order[probs.len() - 1]
+    let history = b.ids_to_vec(&decoder.history);
+    let logprobs = b.to_vec(&decoder.logprobs);
+    (0..rows)
+        .map(|r| {
+            let row = &history[r * steps..r * steps + ran];
+            let n = row
+                .iter()
+                .position(|&t| t == EOS)
+                .map_or(ran, |end| end + 1);
+            let logprob = logprobs[r * steps..r * steps + n].iter().sum();
+            (row[..n].to_vec(), logprob)
+        })
+        .collect()
 }
 
 /// Beam search for `images` images, `width` rows each; returns `n_best`
 /// captions per image, best first (ranked by total log-probability).
 fn beam_rows<B: Backend>(
     b: &B,
-    stepper: &mut Stepper<'_, B>,
-    features: &[f32],
+    decoder: &mut Decoder<'_, B>,
     width: usize,
     n_best: usize,
     images: usize,
-    steps: usize,
-) -> Result<Vec<(Vec<u32>, f32)>> {
-    let rows = stepper.model.batch;
-    // Live beams per image: (ids from <bos>, score). At the start one beam
-    // per image; the other rows idle on <bos>.
+    suppress_unk: bool,
+) -> Vec<(Vec<u32>, f32)> {
+    let (rows, steps) = (decoder.rows, decoder.steps);
+    let vocab = decoder.model.config.vocab_size;
+    // Live beams per image: (ids from <bos>, score); beam k of image i
+    // runs on row i * width + k. At the start one beam per image.
     let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![BOS], 0.0)]; images];
     let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
+    let mut fed: Option<B::Ids> = None;
     for step in 0..steps {
         if live.iter().all(Vec::is_empty) {
             break;
         }
-        let mut seqs = vec![vec![BOS]; rows];
-        for (i, beams) in live.iter().enumerate() {
-            for (k, (ids, _)) in beams.iter().enumerate() {
-                seqs[i * width + k] = ids.clone();
+        let feed = fed.as_ref().map_or(Feed::Bos, Feed::Given);
+        decoder.advance(b, feed);
+        let logits = b.to_vec(&decoder.logits);
+        let logp = |row: usize| {
+            let mut lp = log_softmax(&logits[row * vocab..(row + 1) * vocab]);
+            if suppress_unk {
+                // Out of every choice; the others keep their full-vocabulary log-probability.
+                lp[UNK as usize] = f32::NEG_INFINITY;
             }
-        }
-        let logp = stepper.step(b, features, &seqs)?;
+            lp
+        };
         let last_step = step + 1 == steps;
+        let mut parents: Vec<u32> = (0..rows as u32).collect();
+        let mut next_ids = vec![PAD; rows];
         for i in 0..images {
             let mut candidates: Vec<(f32, usize, usize)> = Vec::new();
             for (k, (_, score)) in live[i].iter().enumerate() {
-                for (id, &lp) in logp[i * width + k].iter().enumerate() {
+                for (id, &lp) in logp(i * width + k).iter().enumerate() {
                     candidates.push((score + lp, k, id));
                 }
             }
@@ -413,6 +496,9 @@ fn beam_rows<B: Backend>(
                 if id as u32 == EOS || last_step {
                     finished[i].push((ids, score));
                 } else {
+                    let row = i * width + next.len();
+                    parents[row] = (i * width + k) as u32;
+                    next_ids[row] = id as u32;
                     next.push((ids, score));
                 }
             }
@@ -425,6 +511,10 @@ fn beam_rows<B: Backend>(
                 next.clear();
             }
             live[i] = next;
+        }
+        if !last_step && live.iter().any(|l| !l.is_empty()) {
+            decoder.cache.reorder(b, &b.ids(&parents));
+            fed = Some(b.ids(&next_ids));
         }
     }
     let mut out = Vec::with_capacity(images * n_best);
@@ -439,5 +529,5 @@ fn beam_rows<B: Backend>(
             out.push((ids[1..].to_vec(), score));
         }
     }
-    Ok(out)
+    out
 }

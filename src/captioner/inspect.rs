@@ -7,8 +7,6 @@
 use super::CaptionVocab;
 use super::model::{Captioner, TokenInputs};
 use crate::backend::Backend;
-use crate::data::vocab::PAD;
-use crate::index::TokenIndex;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -34,7 +32,7 @@ pub struct TokenScore {
 }
 
 /// Scores `ids` (`<bos> .. <eos>`) as a caption of the image with
-/// embedding `features`, using row 0 of the model's batch.
+/// embedding `features`, in a batch of one.
 pub fn score_caption<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
@@ -50,17 +48,10 @@ pub fn score_caption<B: Backend>(
             ids.len().saturating_sub(2)
         );
     }
-    let mut rows_features = features.to_vec();
-    rows_features.resize(model.batch * c.embed_dim, 0.0);
-    let mut sequences = vec![vec![PAD]; model.batch];
-    sequences[0] = ids[..ids.len() - 1].to_vec();
-    let inputs = TokenInputs::new(b, &c, &sequences)?;
-    model.forward(b, &rows_features, &inputs);
+    let inputs = TokenInputs::new(b, &c, &[ids[..ids.len() - 1].to_vec()])?;
+    model.forward(b, features, &inputs)?;
     let steps = ids.len() - 1;
-    let rows = TokenIndex::new(b, &(0..steps as u32).collect::<Vec<_>>(), model.rows())?;
-    let mut gathered = b.zeros(steps * c.vocab_size);
-    b.embedding(&model.logits, &rows, &mut gathered, c.vocab_size, false);
-    let logits = b.to_vec(&gathered);
+    let logits = b.to_vec(model.logits());
     let labels = &ids[1..];
     let subset: BTreeSet<u32> = labels.iter().copied().collect();
     let top5 = |z: &[f64], allowed: &dyn Fn(usize) -> bool| -> Vec<Prediction> {

@@ -250,24 +250,18 @@ impl<B: Backend> Checkpoint<B> {
         )
     }
 
-    /// Loads a checkpoint into a model built for batches of `batch`.
-    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+    /// Loads a checkpoint.
+    pub fn load(b: &B, path: &Path) -> Result<Self> {
         let (config, words, mut file) = checkpoint::read::<CaptionerConfig>(&KIND, path)?;
         let vocab = CaptionVocab::from_words(words);
-        let mut model = Captioner::new(b, config, batch, 0)?;
+        let mut model = Captioner::new(b, config, 0)?;
         model.params.load(b, path, &mut file)?;
         Ok(Checkpoint { model, vocab })
     }
 
-    /// A second model with the same weights for batches of `batch`
-    /// (decoding and evaluation use other batch sizes than training).
-    pub fn with_batch(&self, b: &B, batch: usize) -> Result<Captioner<B>> {
-        self.model_on(b, b, batch)
-    }
-
-    /// The same weights in a model on backend `to`, for batches of `batch`.
-    pub fn model_on<C: Backend>(&self, b: &B, to: &C, batch: usize) -> Result<Captioner<C>> {
-        let mut model = Captioner::new(to, self.model.config, batch, 0)?;
+    /// The same weights in a model on backend `to`.
+    pub fn model_on<C: Backend>(&self, b: &B, to: &C) -> Result<Captioner<C>> {
+        let mut model = Captioner::new(to, self.model.config, 0)?;
         for (dst, src) in model
             .params
             .values
@@ -279,11 +273,11 @@ impl<B: Backend> Checkpoint<B> {
         Ok(model)
     }
 
-    /// A copy on the CPU backend with batch 1, for scoring single
-    /// captions away from the training device (the desktop app's inspector).
+    /// A copy on the CPU backend, for scoring single captions away from
+    /// the training device (the desktop app's inspector).
     pub fn to_cpu(&self, b: &B) -> Result<Checkpoint<CpuBackend>> {
         Ok(Checkpoint {
-            model: self.model_on(b, &CpuBackend::new(), 1)?,
+            model: self.model_on(b, &CpuBackend::new())?,
             vocab: self.vocab.clone(),
         })
     }

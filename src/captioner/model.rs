@@ -8,6 +8,13 @@
 //! `[batch, prefix + tokens, width]` input by strided copies (the
 //! attention-head layout ops with one "head" per batch item), and the
 //! token positions are read back the same way.
+//!
+//! The weights live once in [`Captioner`]; the activations of each batch
+//! shape (rows, token positions) it has run live in a [`Workspace`] it
+//! keeps, so training, scoring and the inspector's batch of one all use
+//! the current weights, and a batch trimmed to its longest caption pays
+//! only for the positions it has. Generation uses its own cache
+//! (`decode`).
 
 use super::CaptionerConfig;
 use crate::backend::{Backend, HeadLayout, Matmul};
@@ -15,22 +22,36 @@ use crate::data::vocab::PAD;
 use crate::index::TokenIndex;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
-use crate::model::transformer::Transformer;
+use crate::model::transformer::{Activations, Transformer};
 use anyhow::Result;
+
+/// Token positions of trimmed batches are rounded up to a multiple of
+/// this, so that a run keeps a few workspaces, not one per length.
+const TRIM_STEP: usize = 8;
 
 pub struct Captioner<B: Backend> {
     pub config: CaptionerConfig,
-    pub batch: usize,
     pub params: Params<B>,
-    mapper_in: Dense,
-    mapper_out: Dense,
+    pub(super) mapper_in: Dense,
+    pub(super) mapper_out: Dense,
     /// [vocab, width], also the output layer.
-    tokens: ParamId,
-    positions: ParamId,
+    pub(super) tokens: ParamId,
+    pub(super) positions: ParamId,
+    pub(super) decoder: Transformer,
+    workspaces: Vec<Workspace<B>>,
+    /// The workspace of the last `forward`.
+    current: usize,
+}
+
+/// The activations of one batch shape: `batch` sequences of `positions`
+/// token positions (after the prefix).
+struct Workspace<B: Backend> {
+    batch: usize,
+    positions: usize,
     position_ids: TokenIndex<B>,
-    decoder: Transformer<B>,
     prefix_layout: HeadLayout,
     token_layout: HeadLayout,
+    decoder: Activations<B>,
     features: B::Tensor,
     mapper_hidden: B::Tensor,
     mapper_act: B::Tensor,
@@ -38,8 +59,8 @@ pub struct Captioner<B: Backend> {
     token_embed: B::Tensor,
     hidden: B::Tensor,
     token_hidden: B::Tensor,
-    /// [batch * token_positions, vocab]: row b * T + t predicts token t + 1.
-    pub logits: B::Tensor,
+    /// [batch * positions, vocab]: row b * positions + t predicts token t + 1.
+    logits: B::Tensor,
     d_token_hidden: B::Tensor,
     d_hidden: B::Tensor,
     d_token_embed: B::Tensor,
@@ -48,17 +69,43 @@ pub struct Captioner<B: Backend> {
     d_mapper_hidden: B::Tensor,
 }
 
-/// Decoder inputs for one batch: `[batch, token_positions]` ids, each row
+/// Decoder inputs for one batch: `[batch, positions]` ids, each row
 /// `<bos> w1 .. wn` then PAD.
 pub struct TokenInputs<B: Backend> {
     pub ids: TokenIndex<B>,
+    pub batch: usize,
+    /// Token positions per row: the model's maximum, or fewer when trimmed.
+    pub positions: usize,
 }
 
 impl<B: Backend> TokenInputs<B> {
     /// From encoded captions (`<bos> .. <eos>`, as `CaptionVocab::encode`
-    /// gives), or from partial captions while decoding (`<bos> ..`).
+    /// gives), or from partial captions, over all the model's token positions.
     pub fn new(b: &B, config: &CaptionerConfig, sequences: &[Vec<u32>]) -> Result<Self> {
-        let t = config.token_positions();
+        Self::with_positions(b, config, sequences, config.token_positions())
+    }
+
+    /// The same, over only as many positions as the longest sequence
+    /// needs (rounded up to a multiple of 8): the positions after every
+    /// caption's end would be padding, and the causal mask keeps padding
+    /// out of every real position, so the loss is the same.
+    pub fn trimmed(b: &B, config: &CaptionerConfig, sequences: &[Vec<u32>]) -> Result<Self> {
+        let longest = sequences.iter().map(Vec::len).max().unwrap_or(1);
+        // A caption of n ids (<bos> .. <eos>) feeds n - 1 positions.
+        let needed = longest.saturating_sub(1).max(1);
+        let positions = needed
+            .next_multiple_of(TRIM_STEP)
+            .min(config.token_positions());
+        Self::with_positions(b, config, sequences, positions)
+    }
+
+    fn with_positions(
+        b: &B,
+        config: &CaptionerConfig,
+        sequences: &[Vec<u32>],
+        positions: usize,
+    ) -> Result<Self> {
+        let t = positions;
         let mut ids = vec![PAD; sequences.len() * t];
         for (i, s) in sequences.iter().enumerate() {
             let n = s.len().min(t);
@@ -66,47 +113,23 @@ impl<B: Backend> TokenInputs<B> {
         }
         Ok(TokenInputs {
             ids: TokenIndex::new(b, &ids, config.vocab_size)?,
+            batch: sequences.len(),
+            positions,
         })
+    }
+
+    /// Rows of the logits: one per token position of every sequence.
+    pub fn rows(&self) -> usize {
+        self.batch * self.positions
     }
 }
 
-impl<B: Backend> Captioner<B> {
-    pub fn new(b: &B, config: CaptionerConfig, batch: usize, seed: u64) -> Result<Self> {
-        config.validate()?;
-        let c = &config;
-        let (w, k, t, s) = (
-            c.decoder.width,
-            c.prefix_len,
-            c.token_positions(),
-            c.seq_len(),
-        );
-        let mut p = Params::new(seed);
-        let mapper_in = Dense::new(
-            b,
-            &mut p,
-            "mapper.fc1",
-            batch,
-            c.embed_dim,
-            c.mapper_hidden,
-            (c.embed_dim as f32).powf(-0.5),
-        );
-        let mapper_out = Dense::new(b, &mut p, "mapper.fc2", batch, c.mapper_hidden, k * w, 0.02);
-        let tokens = p.add(
-            b,
-            "decoder.tokens".into(),
-            &[c.vocab_size, w],
-            Init::Normal(0.02),
-            false,
-        );
-        let positions = p.add(
-            b,
-            "decoder.positions".into(),
-            &[s, w],
-            Init::Normal(0.01),
-            false,
-        );
+impl<B: Backend> Workspace<B> {
+    fn new(b: &B, m: &Captioner<B>, batch: usize, positions: usize) -> Result<Self> {
+        let c = &m.config;
+        let (w, k, t) = (c.decoder.width, c.prefix_len, positions);
+        let s = k + t;
         let position_ids: Vec<u32> = (0..batch).flat_map(|_| 0..s as u32).collect();
-        let decoder = Transformer::new(b, &mut p, "decoder", c.decoder, batch, s);
         let one_run_per_item = |head_dim, col_offset| HeadLayout {
             batch,
             seq: 1,
@@ -115,17 +138,13 @@ impl<B: Backend> Captioner<B> {
             row_stride: s * w,
             col_offset,
         };
-        Ok(Captioner {
-            config,
+        Ok(Workspace {
             batch,
-            mapper_in,
-            mapper_out,
-            tokens,
             positions,
-            position_ids: TokenIndex::new(b, &position_ids, s)?,
-            decoder,
+            position_ids: TokenIndex::new(b, &position_ids, c.seq_len())?,
             prefix_layout: one_run_per_item(k * w, 0),
             token_layout: one_run_per_item(t * w, k * w),
+            decoder: m.decoder.activations(b, batch, s),
             features: b.zeros(batch * c.embed_dim),
             mapper_hidden: b.zeros(batch * c.mapper_hidden),
             mapper_act: b.zeros(batch * c.mapper_hidden),
@@ -140,94 +159,177 @@ impl<B: Backend> Captioner<B> {
             d_prefix: b.zeros(batch * k * w),
             d_mapper_act: b.zeros(batch * c.mapper_hidden),
             d_mapper_hidden: b.zeros(batch * c.mapper_hidden),
+        })
+    }
+}
+
+impl<B: Backend> Captioner<B> {
+    /// A model with fresh weights from `seed`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Result<Self> {
+        config.validate()?;
+        let c = &config;
+        let (w, k, s) = (c.decoder.width, c.prefix_len, c.seq_len());
+        let mut p = Params::new(seed);
+        let mapper_in = Dense::new(
+            b,
+            &mut p,
+            "mapper.fc1",
+            c.embed_dim,
+            c.mapper_hidden,
+            (c.embed_dim as f32).powf(-0.5),
+        );
+        let mapper_out = Dense::new(b, &mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02);
+        let tokens = p.add(
+            b,
+            "decoder.tokens".into(),
+            &[c.vocab_size, w],
+            Init::Normal(0.02),
+            false,
+        );
+        let positions = p.add(
+            b,
+            "decoder.positions".into(),
+            &[s, w],
+            Init::Normal(0.01),
+            false,
+        );
+        let decoder = Transformer::new(b, &mut p, "decoder", c.decoder);
+        Ok(Captioner {
+            config,
+            mapper_in,
+            mapper_out,
+            tokens,
+            positions,
+            decoder,
             params: p,
+            workspaces: Vec::new(),
+            current: 0,
         })
     }
 
-    /// Rows of `logits`.
-    pub fn rows(&self) -> usize {
-        self.batch * self.config.token_positions()
+    /// The logits of the last `forward`, `[inputs.rows(), vocab]`: row
+    /// b * positions + t predicts token t + 1 of sequence b.
+    pub fn logits(&self) -> &B::Tensor {
+        &self.workspaces[self.current].logits
+    }
+
+    /// The workspace for `inputs`' shape, made on first use.
+    fn select(&mut self, b: &B, inputs: &TokenInputs<B>) -> Result<usize> {
+        let found = self
+            .workspaces
+            .iter()
+            .position(|w| (w.batch, w.positions) == (inputs.batch, inputs.positions));
+        self.current = match found {
+            Some(i) => i,
+            None => {
+                let ws = Workspace::new(b, self, inputs.batch, inputs.positions)?;
+                self.workspaces.push(ws);
+                self.workspaces.len() - 1
+            }
+        };
+        Ok(self.current)
     }
 
     /// logits = the decoder on `[batch, embed_dim]` image embeddings and
-    /// the given token inputs.
-    pub fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) {
-        let (c, p) = (&self.config, &self.params);
+    /// the given token inputs (one row per image).
+    pub fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
+        let c = self.config;
+        assert_eq!(
+            features.len(),
+            inputs.batch * c.embed_dim,
+            "one image embedding per sequence"
+        );
+        let i = self.select(b, inputs)?;
+        let (ws, p) = (&mut self.workspaces[i], &self.params);
         let w = c.decoder.width;
-        b.write(&mut self.features, features);
+        b.write(&mut ws.features, features);
         self.mapper_in
-            .forward(b, p, &self.features, &mut self.mapper_hidden);
-        b.gelu(&self.mapper_hidden, &mut self.mapper_act);
+            .forward(b, p, &ws.features, &mut ws.mapper_hidden);
+        b.gelu(&ws.mapper_hidden, &mut ws.mapper_act);
         self.mapper_out
-            .forward(b, p, &self.mapper_act, &mut self.prefix);
+            .forward(b, p, &ws.mapper_act, &mut ws.prefix);
         b.embedding(
             p.value(self.tokens),
-            &inputs.ids,
-            &mut self.token_embed,
+            &inputs.ids.ids,
+            &mut ws.token_embed,
             w,
             false,
         );
-        let input = self.decoder.input();
-        b.heads_to_tokens(&self.prefix, input, &self.prefix_layout, false);
-        b.heads_to_tokens(&self.token_embed, input, &self.token_layout, false);
-        b.embedding(p.value(self.positions), &self.position_ids, input, w, true);
+        let input = ws.decoder.input();
+        b.heads_to_tokens(&ws.prefix, input, &ws.prefix_layout, false);
+        b.heads_to_tokens(&ws.token_embed, input, &ws.token_layout, false);
+        b.embedding(
+            p.value(self.positions),
+            &ws.position_ids.ids,
+            input,
+            w,
+            true,
+        );
         // Padding only follows a caption's real tokens, so the causal mask
         // already keeps it out of every real position's attention.
-        self.decoder.forward(b, p, None, &mut self.hidden);
-        b.tokens_to_heads(&self.hidden, &mut self.token_hidden, &self.token_layout);
-        let rows = self.batch * c.token_positions();
+        self.decoder
+            .forward(b, p, &mut ws.decoder, None, &mut ws.hidden);
+        b.tokens_to_heads(&ws.hidden, &mut ws.token_hidden, &ws.token_layout);
         b.matmul(
-            &self.token_hidden,
+            &ws.token_hidden,
             p.value(self.tokens),
-            &mut self.logits,
-            &Matmul::new(rows, c.vocab_size, w).trans_b(),
+            &mut ws.logits,
+            &Matmul::new(inputs.rows(), c.vocab_size, w).trans_b(),
         );
+        Ok(())
     }
 
     /// Parameter gradients (+)= those of a loss whose gradient w.r.t. the
-    /// logits of the last `forward` is `d_logits`. Zero them first.
+    /// logits of the last `forward` (on these `inputs`) is `d_logits`.
+    /// Zero them first.
     pub fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
         let c = self.config;
-        let (w, rows) = (c.decoder.width, self.rows());
+        let ws = &mut self.workspaces[self.current];
+        assert_eq!(
+            (ws.batch, ws.positions),
+            (inputs.batch, inputs.positions),
+            "backward follows the forward of the same inputs"
+        );
+        let (w, rows) = (c.decoder.width, inputs.rows());
         let p = &mut self.params;
         b.matmul(
             d_logits,
             p.value(self.tokens),
-            &mut self.d_token_hidden,
+            &mut ws.d_token_hidden,
             &Matmul::new(rows, w, c.vocab_size),
         );
         b.matmul(
             d_logits,
-            &self.token_hidden,
+            &ws.token_hidden,
             p.grad(self.tokens),
             &Matmul::new(c.vocab_size, w, rows).trans_a().accumulate(),
         );
-        b.fill(&mut self.d_hidden, 0.0);
+        b.fill(&mut ws.d_hidden, 0.0);
         b.heads_to_tokens(
-            &self.d_token_hidden,
-            &mut self.d_hidden,
-            &self.token_layout,
+            &ws.d_token_hidden,
+            &mut ws.d_hidden,
+            &ws.token_layout,
             false,
         );
-        let d_input = self.decoder.backward(b, p, &self.d_hidden);
-        b.embedding_backward(d_input, &self.position_ids, p.grad(self.positions), w);
-        b.tokens_to_heads(d_input, &mut self.d_token_embed, &self.token_layout);
-        b.embedding_backward(&self.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
-        b.tokens_to_heads(d_input, &mut self.d_prefix, &self.prefix_layout);
+        let d_input = self.decoder.backward(b, p, &mut ws.decoder, &ws.d_hidden);
+        b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
+        b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
+        b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
+        b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
         self.mapper_out.backward(
             b,
             p,
-            &self.d_prefix,
-            &self.mapper_act,
-            Some((&mut self.d_mapper_act, false)),
+            &ws.d_prefix,
+            &ws.mapper_act,
+            Some((&mut ws.d_mapper_act, false)),
         );
         b.gelu_backward(
-            &self.mapper_hidden,
-            &self.d_mapper_act,
-            &mut self.d_mapper_hidden,
+            &ws.mapper_hidden,
+            &ws.d_mapper_act,
+            &mut ws.d_mapper_hidden,
             false,
         );
         self.mapper_in
-            .backward(b, p, &self.d_mapper_hidden, &self.features, None);
+            .backward(b, p, &ws.d_mapper_hidden, &ws.features, None);
     }
 }

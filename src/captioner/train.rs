@@ -134,7 +134,7 @@ pub fn fresh_checkpoint<B: Backend>(
     let vocab = CaptionVocab::build(&data.data, config.train.min_count)?;
     let model_config = config.captioner(data.dim, vocab.len());
     Ok(Checkpoint {
-        model: Captioner::new(b, model_config, config.train.batch, config.train.seed)?,
+        model: Captioner::new(b, model_config, config.train.seed)?,
         vocab,
     })
 }
@@ -150,7 +150,8 @@ pub struct Trainer<'d, B: Backend> {
     config: RunConfig,
     run: RunFolder,
     opt: AdamW<B>,
-    losses: Losses<B>,
+    /// The loss buffers of each trimmed batch width (token positions).
+    losses: Vec<(usize, Losses<B>)>,
     train_items: Vec<usize>,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
@@ -229,12 +230,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let losses = Losses::new(
-            b,
-            config.objective(),
-            ck.model.rows(),
-            ck.model.config.vocab_size,
-        );
         Ok(Trainer {
             ck,
             data,
@@ -242,7 +237,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             config,
             run,
             opt,
-            losses,
+            losses: Vec::new(),
             train_items,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
@@ -282,7 +277,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// Trains on with `objective` (and `lr` as the schedule's peak) from
     /// the next batch; the run folder's config.toml records the change,
     /// so `--resume` continues with it.
-    pub fn set_objective(&mut self, b: &B, objective: Objective, lr: f32) -> Result<()> {
+    pub fn set_objective(&mut self, objective: Objective, lr: f32) -> Result<()> {
         let t = &mut self.config.train;
         (t.objective, t.first_token, t.mle_weight, t.lr) = (
             objective.kind,
@@ -291,13 +286,22 @@ impl<'d, B: Backend> Trainer<'d, B> {
             lr,
         );
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
-        self.losses = Losses::new(
-            b,
-            objective,
-            self.ck.model.rows(),
-            self.ck.model.config.vocab_size,
-        );
+        self.losses.clear();
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
+    }
+
+    /// Where `losses` holds the buffers for batches shaped as `inputs`
+    /// (made on first use).
+    fn losses_for(&mut self, b: &B, inputs: &TokenInputs<B>) -> usize {
+        match self.losses.iter().position(|(p, _)| *p == inputs.positions) {
+            Some(at) => at,
+            None => {
+                let vocab = self.ck.model.config.vocab_size;
+                let losses = Losses::new(b, self.config.objective(), inputs.rows(), vocab);
+                self.losses.push((inputs.positions, losses));
+                self.losses.len() - 1
+            }
+        }
     }
 
     /// Trains one batch; at the end of an epoch also writes the
@@ -309,7 +313,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
     ) -> Result<Flow> {
         let t = self.config.train.clone();
         let c = self.ck.model.config;
-        let steps = c.token_positions();
         if self.batches_done == 0 {
             self.rng =
                 ChaCha8Rng::seed_from_u64(t.seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
@@ -328,6 +331,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             })
             .collect();
         let features = self.data.features_of(chunk);
+        let inputs = TokenInputs::trimmed(b, &c, &sequences)?;
+        let steps = inputs.positions;
         let targets = targets_of(&sequences, steps);
         self.tokens += targets.iter().filter(|&&id| id != PAD).count();
         let objective = self.config.objective();
@@ -340,13 +345,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             steps,
             &mut subset_rng,
         )?;
-        let inputs = TokenInputs::new(b, &c, &sequences)?;
-        let model = &mut self.ck.model;
-        model.forward(b, &features, &inputs);
-        self.losses
-            .forward_backward(b, &model.logits, &batch_targets);
+        let at = self.losses_for(b, &inputs);
+        let (losses, model) = (&mut self.losses[at].1, &mut self.ck.model);
+        model.forward(b, &features, &inputs)?;
+        losses.forward_backward(b, model.logits(), &batch_targets);
         model.params.zero_grads(b);
-        model.backward(b, &inputs, &self.losses.d_logits);
+        model.backward(b, &inputs, &losses.d_logits);
         self.opt.config.lr = warmup_cosine(t.lr, t.warmup, self.step, self.total);
         let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
@@ -355,7 +359,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
         if self.step.is_multiple_of(t.log_every.max(1)) || self.step == self.total {
-            let values = self.losses.read(b, &batch_targets);
+            let values = self.losses[at].1.read(b, &batch_targets);
             if !values.loss.is_finite() {
                 bail!(
                     "the loss became {} at step {} (epoch {}); the last good checkpoint is {} \
@@ -480,7 +484,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         b: &B,
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
-        // One pass samples every image; one batch-1 model decodes and scores the greedy captions.
+        // One pass samples every image; then each image's greedy caption is decoded and scored.
         let bar = self.progress.start(
             &format!("epoch {}: sample captions", self.epoch),
             2 * self.sample_items.len() as u64,
@@ -494,10 +498,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
             &sampling(self.step),
             &options,
         )?;
-        let mut model = self.ck.with_batch(b, 1)?;
         for (&i, samples) in self.sample_items.iter().zip(sampled) {
             let features = self.data.features_of(&[i]);
-            let generated = generate(b, &mut model, &features, &Decoding::Greedy, &options)?;
+            let generated = generate(b, &self.ck.model, &features, &Decoding::Greedy, &options)?;
             let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
                 .chain(generated[0].ids.iter().copied())
                 .collect();
@@ -506,7 +509,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 step: self.step,
                 image_id: self.data.data.items[i].id.clone(),
                 caption: generated[0].text(&self.ck.vocab),
-                tokens: score_caption(b, &mut model, &self.ck.vocab, &features, &ids)?,
+                tokens: score_caption(b, &mut self.ck.model, &self.ck.vocab, &features, &ids)?,
                 samples,
             };
             self.run.append(run_folder::SAMPLES, &sample)?;
@@ -641,10 +644,7 @@ pub fn caption_items<B: Backend>(
     decoding: &Decoding,
     options: &DecodeOptions,
 ) -> Result<Vec<Vec<String>>> {
-    let per_row = decoding.rows_per_image();
-    let batch = (64 / per_row).max(1) * per_row;
-    let mut model = ck.with_batch(b, batch)?;
-    let generated = generate(b, &mut model, &data.features_of(items), decoding, options)?;
+    let generated = generate(b, &ck.model, &data.features_of(items), decoding, options)?;
     let mut out = vec![Vec::new(); items.len()];
     for g in generated {
         out[g.image].push(g.text(&ck.vocab));

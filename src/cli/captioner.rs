@@ -431,11 +431,10 @@ pub fn train<B: Backend>(
             (&o.0, o.1.as_mut())
         }
     };
-    let batch = config.train.batch;
     let mut ck = if args.resume {
-        Checkpoint::load(b, &run.checkpoint(), batch)?
+        Checkpoint::load(b, &run.checkpoint())?
     } else if let Some(init) = &args.init {
-        let start = Captioner::load(b, init, batch)?;
+        let start = Captioner::load(b, init)?;
         if let (Some(t), Some(now)) = (TrainedOn::of(init, &start.trained_on), &data.source) {
             check_same_encoder(t, now)?;
         }
@@ -544,9 +543,9 @@ pub struct Captioner<B: Backend> {
 }
 
 impl<B: Backend> Captioner<B> {
-    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+    pub fn load(b: &B, path: &Path) -> Result<Self> {
         Ok(Captioner {
-            ck: Checkpoint::load(b, path, batch)?,
+            ck: Checkpoint::load(b, path)?,
             trained_on: captune::captioner::trained_on(path)?,
         })
     }
@@ -584,7 +583,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
             .with_file_name(format!("results-{}.json", args.split.name()))
     });
     check_new_output(&path, args.overwrite, "--results")?;
-    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let captioner = Captioner::load(b, &args.checkpoint)?;
     let progress = Progress::terminal();
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
     let (data, mut retriever) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
@@ -767,7 +766,7 @@ pub struct CaptionArgs {
 }
 
 pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
-    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
     if captioner.trained_on.is_none() && args.retriever.is_none() {
         eprintln!(
@@ -848,11 +847,10 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     bar.finish_and_clear();
     let ck = &captioner.ck;
     let decode = &args.decoding.decode;
-    let mut model = ck.with_batch(b, decode.rows_per_image().max(8))?;
     let bar = progress.start("captioning", all.len() as u64);
     let generated = generate(
         b,
-        &mut model,
+        &ck.model,
         &features,
         decode,
         &args.decoding.options(&bar),
@@ -883,7 +881,7 @@ pub struct InspectArgs {
 }
 
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
-    let captioner = Captioner::load(b, &args.checkpoint, 1)?;
+    let captioner = Captioner::load(b, &args.checkpoint)?;
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
     let (data, _) = caption_data(
         b,
@@ -896,12 +894,12 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let Some(i) = data.data.items.iter().position(|it| it.id == args.image) else {
         bail!("{}: no image with id {:?}", data.data.name, args.image);
     };
-    let ck = captioner.ck;
+    let mut ck = captioner.ck;
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
-    let mut model = ck.with_batch(b, 1)?;
-    let scores = score_caption(b, &mut model, &ck.vocab, &data.features_of(&[i]), &ids)?;
+    let features = data.features_of(&[i]);
+    let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);
         return Ok(());

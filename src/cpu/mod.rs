@@ -3,6 +3,7 @@
 //! of the `shaders/` file of the same name.
 
 mod adamw;
+pub mod choose;
 mod elementwise;
 mod embedding;
 mod heads;
@@ -14,7 +15,9 @@ mod pool;
 mod reduce;
 mod softmax;
 
-use crate::backend::{AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows};
+use crate::backend::{
+    AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, TokenChoice,
+};
 use crate::index::{TokenIndex, VocabSubsets};
 
 #[derive(Clone, Debug, Default)]
@@ -266,12 +269,12 @@ impl Backend for CpuBackend {
     fn embedding(
         &self,
         table: &Vec<f32>,
-        ids: &TokenIndex<Self>,
+        ids: &Vec<u32>,
         out: &mut Vec<f32>,
         dim: usize,
         accumulate: bool,
     ) {
-        embedding::forward(table, &ids.ids, out, dim, accumulate);
+        embedding::forward(table, ids, out, dim, accumulate);
     }
 
     fn embedding_backward(
@@ -282,6 +285,17 @@ impl Backend for CpuBackend {
         dim: usize,
     ) {
         embedding::backward(dout, &ids.unique, &ids.offsets, &ids.order, dtable, dim);
+    }
+
+    fn choose_tokens(
+        &self,
+        logits: &Vec<f32>,
+        choice: &TokenChoice,
+        next: &mut Vec<u32>,
+        history: &mut Vec<u32>,
+        logprobs: &mut Vec<f32>,
+    ) {
+        choose::choose_tokens(logits, choice, next, history, logprobs);
     }
 
     fn log_softmax_gather(

@@ -5,7 +5,7 @@
 use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
 use crate::backend::{
     AdamWStep, Backend, BackendKind, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows,
-    Storage,
+    Storage, TokenChoice,
 };
 use crate::index::{TokenIndex, VocabSubsets};
 use bytemuck::{Pod, Zeroable};
@@ -78,6 +78,26 @@ struct HeadsParams {
     col_offset: u32,
     accumulate: u32,
     _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ChooseParams {
+    rows: u32,
+    vocab: u32,
+    step: u32,
+    steps: u32,
+    sample: u32,
+    top_k: u32,
+    temperature: f32,
+    top_p: f32,
+    seed_lo: u32,
+    seed_hi: u32,
+    first_row: u32,
+    banned: u32,
+    eos: u32,
+    pad: u32,
+    _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -661,7 +681,7 @@ impl Backend for GpuBackend {
     fn embedding(
         &self,
         table: &GpuTensor,
-        ids: &TokenIndex<Self>,
+        ids: &GpuIds,
         out: &mut GpuTensor,
         dim: usize,
         accumulate: bool,
@@ -677,8 +697,47 @@ impl Backend for GpuBackend {
             "embedding",
             "embedding_forward",
             &params,
-            &[&table.0, &ids.ids.0, &out.0],
+            &[&table.0, &ids.0, &out.0],
             self.grid_for(len),
+        );
+    }
+
+    fn choose_tokens(
+        &self,
+        logits: &GpuTensor,
+        choice: &TokenChoice,
+        next: &mut GpuIds,
+        history: &mut GpuIds,
+        logprobs: &mut GpuTensor,
+    ) {
+        let sampling = choice.sample.unwrap_or(crate::backend::Sampling {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+        });
+        let params = ChooseParams {
+            rows: u(choice.rows),
+            vocab: u(choice.vocab),
+            step: choice.step,
+            steps: u(choice.steps),
+            sample: choice.sample.is_some() as u32,
+            top_k: sampling.top_k,
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            seed_lo: choice.seed as u32,
+            seed_hi: (choice.seed >> 32) as u32,
+            first_row: choice.first_row,
+            banned: choice.banned,
+            eos: choice.eos,
+            pad: choice.pad,
+            _pad: [0; 2],
+        };
+        self.dispatch(
+            "choose",
+            "choose_tokens",
+            &params,
+            &[&logits.0, &next.0, &history.0, &logprobs.0],
+            [u(choice.rows.div_ceil(64)), 1, 1],
         );
     }
 

@@ -1,15 +1,18 @@
 //! Layers bound to their parameters: a dense layer and a layer norm, each
-//! a thin wrapper over the ops that looks its weights up by id.
+//! a thin wrapper over the ops that looks its weights up by id. A layer
+//! holds no activations, so one layer serves batches of any size; what a
+//! layer norm saves for its backward lives in the caller's [`NormStats`].
 
 use super::params::{Init, ParamId, Params};
-use crate::backend::Backend;
+use crate::backend::{Backend, Storage};
 use crate::ops::linear::Linear;
 
 const LN_EPS: f32 = 1e-5;
 
-/// y = x W + b over `rows` rows.
+/// y = x W + b over the rows of x.
 pub struct Dense {
-    pub shape: Linear,
+    pub inputs: usize,
+    pub outputs: usize,
     pub w: ParamId,
     pub bias: ParamId,
 }
@@ -19,17 +22,13 @@ impl Dense {
         b: &B,
         params: &mut Params<B>,
         name: &str,
-        rows: usize,
         inputs: usize,
         outputs: usize,
         std: f32,
     ) -> Self {
         Dense {
-            shape: Linear {
-                rows,
-                inputs,
-                outputs,
-            },
+            inputs,
+            outputs,
             w: params.add(
                 b,
                 format!("{name}.weight"),
@@ -47,8 +46,18 @@ impl Dense {
         }
     }
 
+    /// The shape of this layer applied to x (`[rows, inputs]`).
+    fn on(&self, x_len: usize) -> Linear {
+        debug_assert!(x_len.is_multiple_of(self.inputs), "x is [rows, inputs]");
+        Linear {
+            rows: x_len / self.inputs,
+            inputs: self.inputs,
+            outputs: self.outputs,
+        }
+    }
+
     pub fn forward<B: Backend>(&self, b: &B, params: &Params<B>, x: &B::Tensor, y: &mut B::Tensor) {
-        self.shape
+        self.on(x.len())
             .forward(b, x, params.value(self.w), Some(params.value(self.bias)), y);
     }
 
@@ -62,22 +71,35 @@ impl Dense {
         dx: Option<(&mut B::Tensor, bool)>,
     ) {
         let (values, [dw, dbias]) = params.for_backward(self.w, self.bias);
-        self.shape
+        self.on(x.len())
             .backward(b, dy, x, &values[self.w.0], dw, Some(dbias), dx);
     }
 }
 
-/// Layer norm over rows of `cols`, with its saved statistics.
-pub struct Norm<B: Backend> {
+/// Layer norm over rows of `cols`.
+pub struct Norm {
     pub cols: usize,
     pub gamma: ParamId,
     pub beta: ParamId,
+}
+
+/// A layer norm's per-row mean and 1/std, saved by forward for backward.
+pub struct NormStats<B: Backend> {
     mean: B::Tensor,
     rstd: B::Tensor,
 }
 
-impl<B: Backend> Norm<B> {
-    pub fn new(b: &B, params: &mut Params<B>, name: &str, rows: usize, cols: usize) -> Self {
+impl<B: Backend> NormStats<B> {
+    pub fn new(b: &B, rows: usize) -> Self {
+        NormStats {
+            mean: b.zeros(rows),
+            rstd: b.zeros(rows),
+        }
+    }
+}
+
+impl Norm {
+    pub fn new<B: Backend>(b: &B, params: &mut Params<B>, name: &str, cols: usize) -> Self {
         Norm {
             cols,
             gamma: params.add(
@@ -88,31 +110,38 @@ impl<B: Backend> Norm<B> {
                 false,
             ),
             beta: params.add(b, format!("{name}.bias"), &[cols], Init::Const(0.0), false),
-            mean: b.zeros(rows),
-            rstd: b.zeros(rows),
         }
     }
 
-    pub fn forward(&mut self, b: &B, params: &Params<B>, x: &B::Tensor, y: &mut B::Tensor) {
+    pub fn forward<B: Backend>(
+        &self,
+        b: &B,
+        params: &Params<B>,
+        x: &B::Tensor,
+        y: &mut B::Tensor,
+        stats: &mut NormStats<B>,
+    ) {
         b.layer_norm(
             x,
             params.value(self.gamma),
             params.value(self.beta),
             y,
-            &mut self.mean,
-            &mut self.rstd,
+            &mut stats.mean,
+            &mut stats.rstd,
             self.cols,
             LN_EPS,
         );
     }
 
     /// dx (+)= the input gradient; gamma's and beta's accumulate.
-    pub fn backward(
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
         &self,
         b: &B,
         params: &mut Params<B>,
         dy: &B::Tensor,
         x: &B::Tensor,
+        stats: &NormStats<B>,
         dx: &mut B::Tensor,
         accumulate: bool,
     ) {
@@ -121,8 +150,8 @@ impl<B: Backend> Norm<B> {
             dy,
             x,
             &values[self.gamma.0],
-            &self.mean,
-            &self.rstd,
+            &stats.mean,
+            &stats.rstd,
             dx,
             dgamma,
             dbeta,

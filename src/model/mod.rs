@@ -2,6 +2,7 @@
 //! transformer, and the retriever built from them.
 
 pub mod checkpoint;
+pub mod kv_cache;
 pub mod layers;
 pub mod params;
 pub mod transformer;

@@ -1,9 +1,13 @@
 //! The one transformer: a stack of pre-LN blocks and a final layer norm,
 //! used by the retriever's image and text towers and by the caption
-//! decoder. Forward is the list of layer calls; backward is the same list
-//! reversed, with every activation it needs kept in a named buffer.
+//! decoder. [`Transformer`] is the weights (parameter ids); the
+//! activations of one batch shape live in an [`Activations`], so one set
+//! of weights serves any number of batch shapes. Forward is the list of
+//! layer calls; backward is the same list reversed, with every activation
+//! it needs kept in a named buffer. Decoding one position at a time over
+//! cached keys and values is in [`super::kv_cache`].
 
-use super::layers::{Dense, Norm};
+use super::layers::{Dense, Norm, NormStats};
 use super::params::Params;
 use crate::backend::Backend;
 use crate::ops::attention::{Attention, AttentionShape};
@@ -23,6 +27,10 @@ impl TransformerConfig {
         0.02
     }
 
+    pub fn head_dim(&self) -> usize {
+        self.width / self.heads
+    }
+
     /// Parameters of the blocks and the final layer norm: per block two
     /// layer norms (4d), qkv (3d^2 + 3d), the projection (d^2 + d) and
     /// the MLP (8d^2 + 5d). Checked against a built model in the tests;
@@ -33,21 +41,27 @@ impl TransformerConfig {
     }
 }
 
-/// x + attn(ln1(x)), then + mlp(ln2(.)).
-struct Block<B: Backend> {
-    ln1: Norm<B>,
-    qkv: Dense,
+/// x + attn(ln1(x)), then + mlp(ln2(.)): the weights.
+pub(super) struct Block {
+    pub(super) ln1: Norm,
+    pub(super) qkv: Dense,
+    pub(super) proj: Dense,
+    pub(super) ln2: Norm,
+    pub(super) fc1: Dense,
+    pub(super) fc2: Dense,
+}
+
+/// One block's activations for a batch shape, `[rows, width]` unless
+/// named otherwise.
+pub(super) struct BlockActivations<B: Backend> {
+    pub(super) ln1: NormStats<B>,
     attn: Attention<B>,
-    proj: Dense,
-    ln2: Norm<B>,
-    fc1: Dense,
-    fc2: Dense,
-    // activations, [rows, width] unless named otherwise
-    ln1_out: B::Tensor,
-    qkv_out: B::Tensor, // [rows, 3 width]
-    attn_out: B::Tensor,
+    ln2: NormStats<B>,
+    pub(super) ln1_out: B::Tensor,
+    pub(super) qkv_out: B::Tensor, // [rows, 3 width]
+    pub(super) attn_out: B::Tensor,
     branch_out: B::Tensor,
-    mid: B::Tensor,
+    pub(super) mid: B::Tensor,
     ln2_out: B::Tensor,
     fc1_out: B::Tensor, // [rows, 4 width]
     gelu_out: B::Tensor,
@@ -60,51 +74,20 @@ struct Block<B: Backend> {
     d_fc1: B::Tensor,
 }
 
-impl<B: Backend> Block<B> {
-    fn new(
-        b: &B,
-        params: &mut Params<B>,
-        name: &str,
-        c: &TransformerConfig,
-        batch: usize,
-        seq: usize,
-    ) -> Self {
-        let rows = batch * seq;
-        let w = c.width;
-        let std = c.init_std();
-        // Residual projections scaled down with depth, as GPT-2 does.
-        let residual_std = std / (2.0 * c.layers as f32).sqrt();
+impl<B: Backend> BlockActivations<B> {
+    pub(super) fn new(b: &B, c: &TransformerConfig, batch: usize, seq: usize) -> Self {
+        let (rows, w) = (batch * seq, c.width);
         let shape = AttentionShape {
             batch,
             seq,
             heads: c.heads,
-            head_dim: w / c.heads,
+            head_dim: c.head_dim(),
             causal: c.causal,
         };
-        Block {
-            ln1: Norm::new(b, params, &format!("{name}.ln1"), rows, w),
-            qkv: Dense::new(b, params, &format!("{name}.attn.qkv"), rows, w, 3 * w, std),
+        BlockActivations {
+            ln1: NormStats::new(b, rows),
             attn: Attention::new(b, shape),
-            proj: Dense::new(
-                b,
-                params,
-                &format!("{name}.attn.proj"),
-                rows,
-                w,
-                w,
-                residual_std,
-            ),
-            ln2: Norm::new(b, params, &format!("{name}.ln2"), rows, w),
-            fc1: Dense::new(b, params, &format!("{name}.mlp.fc1"), rows, w, 4 * w, std),
-            fc2: Dense::new(
-                b,
-                params,
-                &format!("{name}.mlp.fc2"),
-                rows,
-                4 * w,
-                w,
-                residual_std,
-            ),
+            ln2: NormStats::new(b, rows),
             ln1_out: b.zeros(rows * w),
             qkv_out: b.zeros(rows * 3 * w),
             attn_out: b.zeros(rows * w),
@@ -121,154 +104,188 @@ impl<B: Backend> Block<B> {
             d_fc1: b.zeros(rows * 4 * w),
         }
     }
+}
 
-    fn forward(
-        &mut self,
+impl Block {
+    fn new<B: Backend>(b: &B, params: &mut Params<B>, name: &str, c: &TransformerConfig) -> Self {
+        let w = c.width;
+        let std = c.init_std();
+        // Residual projections scaled down with depth, as GPT-2 does.
+        let residual_std = std / (2.0 * c.layers as f32).sqrt();
+        Block {
+            ln1: Norm::new(b, params, &format!("{name}.ln1"), w),
+            qkv: Dense::new(b, params, &format!("{name}.attn.qkv"), w, 3 * w, std),
+            proj: Dense::new(b, params, &format!("{name}.attn.proj"), w, w, residual_std),
+            ln2: Norm::new(b, params, &format!("{name}.ln2"), w),
+            fc1: Dense::new(b, params, &format!("{name}.mlp.fc1"), w, 4 * w, std),
+            fc2: Dense::new(
+                b,
+                params,
+                &format!("{name}.mlp.fc2"),
+                4 * w,
+                w,
+                residual_std,
+            ),
+        }
+    }
+
+    fn forward<B: Backend>(
+        &self,
         b: &B,
         p: &Params<B>,
+        a: &mut BlockActivations<B>,
         x: &B::Tensor,
         key_mask: Option<&B::Ids>,
         out: &mut B::Tensor,
     ) {
-        self.ln1.forward(b, p, x, &mut self.ln1_out);
-        self.qkv.forward(b, p, &self.ln1_out, &mut self.qkv_out);
-        self.attn
-            .forward(b, &self.qkv_out, key_mask, &mut self.attn_out);
-        self.proj
-            .forward(b, p, &self.attn_out, &mut self.branch_out);
-        b.add(1.0, x, 1.0, &self.branch_out, &mut self.mid);
-        self.ln2.forward(b, p, &self.mid, &mut self.ln2_out);
-        self.fc1.forward(b, p, &self.ln2_out, &mut self.fc1_out);
-        b.gelu(&self.fc1_out, &mut self.gelu_out);
-        self.fc2.forward(b, p, &self.gelu_out, &mut self.branch_out);
-        b.add(1.0, &self.mid, 1.0, &self.branch_out, out);
+        self.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
+        self.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
+        a.attn.forward(b, &a.qkv_out, key_mask, &mut a.attn_out);
+        self.proj.forward(b, p, &a.attn_out, &mut a.branch_out);
+        b.add(1.0, x, 1.0, &a.branch_out, &mut a.mid);
+        self.mlp_forward(b, p, a, out);
+    }
+
+    /// out = mid + mlp(ln2(mid)).
+    pub(super) fn mlp_forward<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        a: &mut BlockActivations<B>,
+        out: &mut B::Tensor,
+    ) {
+        self.ln2.forward(b, p, &a.mid, &mut a.ln2_out, &mut a.ln2);
+        self.fc1.forward(b, p, &a.ln2_out, &mut a.fc1_out);
+        b.gelu(&a.fc1_out, &mut a.gelu_out);
+        self.fc2.forward(b, p, &a.gelu_out, &mut a.branch_out);
+        b.add(1.0, &a.mid, 1.0, &a.branch_out, out);
     }
 
     /// dx = the gradient w.r.t. the block's input x, given d_out.
-    fn backward(
-        &mut self,
+    fn backward<B: Backend>(
+        &self,
         b: &B,
         p: &mut Params<B>,
+        a: &mut BlockActivations<B>,
         x: &B::Tensor,
         d_out: &B::Tensor,
         dx: &mut B::Tensor,
     ) {
         // MLP branch; the residual passes d_out straight to d_mid.
-        self.fc2.backward(
-            b,
-            p,
-            d_out,
-            &self.gelu_out,
-            Some((&mut self.d_hidden, false)),
-        );
-        b.gelu_backward(&self.fc1_out, &self.d_hidden, &mut self.d_fc1, false);
-        self.fc1.backward(
-            b,
-            p,
-            &self.d_fc1,
-            &self.ln2_out,
-            Some((&mut self.d_ln, false)),
-        );
-        b.axpby(1.0, d_out, 0.0, &mut self.d_mid);
+        self.fc2
+            .backward(b, p, d_out, &a.gelu_out, Some((&mut a.d_hidden, false)));
+        b.gelu_backward(&a.fc1_out, &a.d_hidden, &mut a.d_fc1, false);
+        self.fc1
+            .backward(b, p, &a.d_fc1, &a.ln2_out, Some((&mut a.d_ln, false)));
+        b.axpby(1.0, d_out, 0.0, &mut a.d_mid);
         self.ln2
-            .backward(b, p, &self.d_ln, &self.mid, &mut self.d_mid, true);
+            .backward(b, p, &a.d_ln, &a.mid, &a.ln2, &mut a.d_mid, true);
         // Attention branch.
-        self.proj.backward(
-            b,
-            p,
-            &self.d_mid,
-            &self.attn_out,
-            Some((&mut self.d_attn, false)),
-        );
-        self.attn.backward(b, &self.d_attn, &mut self.d_qkv);
-        self.qkv.backward(
-            b,
-            p,
-            &self.d_qkv,
-            &self.ln1_out,
-            Some((&mut self.d_ln, false)),
-        );
-        b.axpby(1.0, &self.d_mid, 0.0, dx);
-        self.ln1.backward(b, p, &self.d_ln, x, dx, true);
+        self.proj
+            .backward(b, p, &a.d_mid, &a.attn_out, Some((&mut a.d_attn, false)));
+        a.attn.backward(b, &a.d_attn, &mut a.d_qkv);
+        self.qkv
+            .backward(b, p, &a.d_qkv, &a.ln1_out, Some((&mut a.d_ln, false)));
+        b.axpby(1.0, &a.d_mid, 0.0, dx);
+        self.ln1.backward(b, p, &a.d_ln, x, &a.ln1, dx, true);
     }
 }
 
-/// Blocks and a final layer norm over `[batch, seq, width]` activations.
-pub struct Transformer<B: Backend> {
+/// Blocks and a final layer norm: the weights.
+pub struct Transformer {
     pub config: TransformerConfig,
-    blocks: Vec<Block<B>>,
-    ln_f: Norm<B>,
+    pub(super) blocks: Vec<Block>,
+    pub(super) ln_f: Norm,
+}
+
+/// The activations of a transformer for `[batch, seq, width]` inputs.
+pub struct Activations<B: Backend> {
+    pub batch: usize,
+    pub seq: usize,
+    blocks: Vec<BlockActivations<B>>,
+    ln_f: NormStats<B>,
     /// stream[0] is the input, stream[i + 1] block i's output.
     stream: Vec<B::Tensor>,
     d_stream: [B::Tensor; 2],
 }
 
-impl<B: Backend> Transformer<B> {
-    pub fn new(
+impl<B: Backend> Activations<B> {
+    /// The input buffer: write the embeddings here before `forward`.
+    pub fn input(&mut self) -> &mut B::Tensor {
+        &mut self.stream[0]
+    }
+}
+
+impl Transformer {
+    pub fn new<B: Backend>(
         b: &B,
         params: &mut Params<B>,
         name: &str,
         config: TransformerConfig,
-        batch: usize,
-        seq: usize,
     ) -> Self {
         assert!(
             config.width.is_multiple_of(config.heads),
             "width must be a multiple of heads"
         );
-        let rows = batch * seq;
         let blocks = (0..config.layers)
-            .map(|i| {
-                Block::new(
-                    b,
-                    params,
-                    &format!("{name}.blocks.{i}"),
-                    &config,
-                    batch,
-                    seq,
-                )
-            })
+            .map(|i| Block::new(b, params, &format!("{name}.blocks.{i}"), &config))
             .collect();
         Transformer {
             config,
             blocks,
-            ln_f: Norm::new(b, params, &format!("{name}.ln_f"), rows, config.width),
-            stream: (0..=config.layers)
-                .map(|_| b.zeros(rows * config.width))
-                .collect(),
-            d_stream: [b.zeros(rows * config.width), b.zeros(rows * config.width)],
+            ln_f: Norm::new(b, params, &format!("{name}.ln_f"), config.width),
         }
     }
 
-    /// The input buffer: write the embeddings here before `forward`.
-    pub fn input(&mut self) -> &mut B::Tensor {
-        &mut self.stream[0]
+    /// Buffers for running this transformer on `[batch, seq, width]`.
+    pub fn activations<B: Backend>(&self, b: &B, batch: usize, seq: usize) -> Activations<B> {
+        let rows = batch * seq;
+        let w = self.config.width;
+        Activations {
+            batch,
+            seq,
+            blocks: (0..self.config.layers)
+                .map(|_| BlockActivations::new(b, &self.config, batch, seq))
+                .collect(),
+            ln_f: NormStats::new(b, rows),
+            stream: (0..=self.config.layers)
+                .map(|_| b.zeros(rows * w))
+                .collect(),
+            d_stream: [b.zeros(rows * w), b.zeros(rows * w)],
+        }
     }
 
-    /// out = ln_f(blocks(input)).
-    pub fn forward(
-        &mut self,
+    /// out = ln_f(blocks(a.input())).
+    pub fn forward<B: Backend>(
+        &self,
         b: &B,
         p: &Params<B>,
+        a: &mut Activations<B>,
         key_mask: Option<&B::Ids>,
         out: &mut B::Tensor,
     ) {
-        for (i, block) in self.blocks.iter_mut().enumerate() {
-            let (done, rest) = self.stream.split_at_mut(i + 1);
-            block.forward(b, p, &done[i], key_mask, &mut rest[0]);
+        for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate() {
+            let (done, rest) = a.stream.split_at_mut(i + 1);
+            block.forward(b, p, acts, &done[i], key_mask, &mut rest[0]);
         }
         self.ln_f
-            .forward(b, p, &self.stream[self.config.layers], out);
+            .forward(b, p, &a.stream[self.config.layers], out, &mut a.ln_f);
     }
 
     /// The gradient w.r.t. the input, given d_out; parameter gradients accumulate.
-    pub fn backward(&mut self, b: &B, p: &mut Params<B>, d_out: &B::Tensor) -> &B::Tensor {
-        let [d_a, d_b] = &mut self.d_stream;
-        self.ln_f
-            .backward(b, p, d_out, &self.stream[self.config.layers], d_a, false);
+    pub fn backward<'a, B: Backend>(
+        &self,
+        b: &B,
+        p: &mut Params<B>,
+        a: &'a mut Activations<B>,
+        d_out: &B::Tensor,
+    ) -> &'a B::Tensor {
+        let [d_a, d_b] = &mut a.d_stream;
+        let top = &a.stream[self.config.layers];
+        self.ln_f.backward(b, p, d_out, top, &a.ln_f, d_a, false);
         let (mut d_next, mut d_prev) = (d_a, d_b);
-        for (i, block) in self.blocks.iter_mut().enumerate().rev() {
-            block.backward(b, p, &self.stream[i], d_next, d_prev);
+        for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
+            block.backward(b, p, acts, &a.stream[i], d_next, d_prev);
             std::mem::swap(&mut d_next, &mut d_prev);
         }
         d_next

@@ -10,7 +10,7 @@ use crate::data::vocab::PAD;
 use crate::index::TokenIndex;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
-use crate::model::transformer::Transformer;
+use crate::model::transformer::{Activations, Transformer};
 use crate::ops::contrastive::Contrastive;
 use anyhow::Result;
 
@@ -23,7 +23,8 @@ struct ImageTower<B: Backend> {
     patch_embed: Dense,
     positions: ParamId,
     position_ids: TokenIndex<B>,
-    transformer: Transformer<B>,
+    transformer: Transformer,
+    activations: Activations<B>,
     proj: Dense,
     patches: B::Tensor,
     hidden: B::Tensor,
@@ -36,7 +37,8 @@ struct TextTower<B: Backend> {
     tokens: ParamId,
     positions: ParamId,
     position_ids: TokenIndex<B>,
-    transformer: Transformer<B>,
+    transformer: Transformer,
+    activations: Activations<B>,
     proj: Dense,
     hidden: B::Tensor,
     pooled: B::Tensor,
@@ -100,58 +102,50 @@ impl<B: Backend> Retriever<B> {
         let image_rows = batch * patches;
         let text_rows = batch * c.max_len;
         let repeat = |n: usize| -> Vec<u32> { (0..batch).flat_map(|_| 0..n as u32).collect() };
+        let patch_embed = Dense::new(b, &mut p, "image.patch_embed", c.patch_dim(), iw, 0.02);
+        let image_positions = p.add(
+            b,
+            "image.positions".into(),
+            &[patches, iw],
+            Init::Normal(0.02),
+            false,
+        );
+        let transformer = Transformer::new(b, &mut p, "image", c.image);
         let image = ImageTower {
-            patch_embed: Dense::new(
-                b,
-                &mut p,
-                "image.patch_embed",
-                image_rows,
-                c.patch_dim(),
-                iw,
-                0.02,
-            ),
-            positions: p.add(
-                b,
-                "image.positions".into(),
-                &[patches, iw],
-                Init::Normal(0.02),
-                false,
-            ),
+            patch_embed,
+            positions: image_positions,
             position_ids: TokenIndex::new(b, &repeat(patches), patches)?,
-            transformer: Transformer::new(b, &mut p, "image", c.image, batch, patches),
-            proj: Dense::new(
-                b,
-                &mut p,
-                "image.proj",
-                batch,
-                iw,
-                d,
-                (iw as f32).powf(-0.5),
-            ),
+            activations: transformer.activations(b, batch, patches),
+            transformer,
+            proj: Dense::new(b, &mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
             patches: b.zeros(image_rows * c.patch_dim()),
             hidden: b.zeros(image_rows * iw),
             pooled: b.zeros(batch * iw),
             d_pooled: b.zeros(batch * iw),
             d_hidden: b.zeros(image_rows * iw),
         };
+        let text_tokens = p.add(
+            b,
+            "text.tokens".into(),
+            &[c.vocab_size, tw],
+            Init::Normal(0.02),
+            false,
+        );
+        let text_positions = p.add(
+            b,
+            "text.positions".into(),
+            &[c.max_len, tw],
+            Init::Normal(0.01),
+            false,
+        );
+        let transformer = Transformer::new(b, &mut p, "text", c.text);
         let text = TextTower {
-            tokens: p.add(
-                b,
-                "text.tokens".into(),
-                &[c.vocab_size, tw],
-                Init::Normal(0.02),
-                false,
-            ),
-            positions: p.add(
-                b,
-                "text.positions".into(),
-                &[c.max_len, tw],
-                Init::Normal(0.01),
-                false,
-            ),
+            tokens: text_tokens,
+            positions: text_positions,
             position_ids: TokenIndex::new(b, &repeat(c.max_len), c.max_len)?,
-            transformer: Transformer::new(b, &mut p, "text", c.text, batch, c.max_len),
-            proj: Dense::new(b, &mut p, "text.proj", batch, tw, d, (tw as f32).powf(-0.5)),
+            activations: transformer.activations(b, batch, c.max_len),
+            transformer,
+            proj: Dense::new(b, &mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
             hidden: b.zeros(text_rows * tw),
             pooled: b.zeros(batch * tw),
             d_pooled: b.zeros(batch * tw),
@@ -185,10 +179,11 @@ impl<B: Backend> Retriever<B> {
         let p = &self.params;
         b.write(&mut t.patches, patches);
         let iw = self.config.image.width;
-        let input = t.transformer.input();
+        let input = t.activations.input();
         t.patch_embed.forward(b, p, &t.patches, input);
-        b.embedding(p.value(t.positions), &t.position_ids, input, iw, true);
-        t.transformer.forward(b, p, None, &mut t.hidden);
+        b.embedding(p.value(t.positions), &t.position_ids.ids, input, iw, true);
+        t.transformer
+            .forward(b, p, &mut t.activations, None, &mut t.hidden);
         b.mean_pool(
             &t.hidden,
             &mut t.pooled,
@@ -203,12 +198,17 @@ impl<B: Backend> Retriever<B> {
         let t = &mut self.text;
         let p = &self.params;
         let tw = self.config.text.width;
-        let input = t.transformer.input();
-        b.embedding(p.value(t.tokens), &batch.token_ids, input, tw, false);
-        b.embedding(p.value(t.positions), &t.position_ids, input, tw, true);
-        t.transformer
-            .forward(b, p, Some(&batch.key_mask), &mut t.hidden);
-        b.embedding(&t.hidden, &batch.end_rows, &mut t.pooled, tw, false);
+        let input = t.activations.input();
+        b.embedding(p.value(t.tokens), &batch.token_ids.ids, input, tw, false);
+        b.embedding(p.value(t.positions), &t.position_ids.ids, input, tw, true);
+        t.transformer.forward(
+            b,
+            p,
+            &mut t.activations,
+            Some(&batch.key_mask),
+            &mut t.hidden,
+        );
+        b.embedding(&t.hidden, &batch.end_rows.ids, &mut t.pooled, tw, false);
         t.proj.forward(b, p, &t.pooled, &mut self.text_embeddings);
     }
 
@@ -249,7 +249,9 @@ impl<B: Backend> Retriever<B> {
             iw,
             false,
         );
-        let d_input = t.transformer.backward(b, p, &t.d_hidden);
+        let d_input = t
+            .transformer
+            .backward(b, p, &mut t.activations, &t.d_hidden);
         b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), iw);
         t.patch_embed.backward(b, p, d_input, &t.patches, None);
     }
@@ -265,7 +267,9 @@ impl<B: Backend> Retriever<B> {
         );
         b.fill(&mut t.d_hidden, 0.0);
         b.embedding_backward(&t.d_pooled, &texts.end_rows, &mut t.d_hidden, tw);
-        let d_input = t.transformer.backward(b, p, &t.d_hidden);
+        let d_input = t
+            .transformer
+            .backward(b, p, &mut t.activations, &t.d_hidden);
         b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), tw);
         b.embedding_backward(d_input, &texts.token_ids, p.grad(t.tokens), tw);
     }

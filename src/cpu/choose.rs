@@ -1,0 +1,139 @@
+//! CPU twin of `shaders/choose.wgsl`: the same walk over the vocabulary in
+//! id order, the same f32 arithmetic and the same random bits, so both
+//! backends choose the same ids for the same seed.
+
+use crate::backend::TokenChoice;
+use rayon::prelude::*;
+
+fn mix32(v: u32) -> u32 {
+    let mut x = v;
+    x ^= x >> 16;
+    x = x.wrapping_mul(0x7feb_352d);
+    x ^= x >> 15;
+    x = x.wrapping_mul(0x846c_a68b);
+    x ^= x >> 16;
+    x
+}
+
+/// A uniform number in [0, 1) from the counter (seed, row, step).
+pub fn random_unit(seed: u64, row: u32, step: u32) -> f32 {
+    let mut h = mix32(seed as u32 ^ 0x9e37_79b9);
+    h = mix32(h ^ (seed >> 32) as u32);
+    h = mix32(h ^ row);
+    h = mix32(h ^ step);
+    (h >> 8) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Larger floats get larger keys.
+fn order_key(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if bits & 0x8000_0000 != 0 {
+        !bits
+    } else {
+        bits | 0x8000_0000
+    }
+}
+
+/// The choice for one row of logits, given the previous chosen token
+/// (None at step 0): (token, its log-probability).
+fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u32, f32) {
+    if previous.is_some_and(|t| t == c.eos || t == c.pad) {
+        return (c.pad, 0.0);
+    }
+    let allowed = |j: usize| j as u32 != c.banned;
+    let top = z.iter().fold(f32::MIN, |m, &x| m.max(x));
+    let sum: f32 = z.iter().fold(0.0, |s, &x| s + (x - top).exp());
+    let lse = top + sum.ln();
+    let chosen = match c.sample {
+        None => {
+            let mut chosen = None::<usize>;
+            for j in (0..z.len()).filter(|&j| allowed(j)) {
+                if chosen.is_none_or(|k| z[j] > z[k]) {
+                    chosen = Some(j);
+                }
+            }
+            chosen.unwrap_or(0)
+        }
+        Some(s) => {
+            let tempered = |j: usize| (z[j] - lse) / s.temperature;
+            let candidates = (0..z.len()).filter(|&j| allowed(j)).count();
+            let best = (0..z.len())
+                .filter(|&j| allowed(j))
+                .fold(f32::MIN, |m, j| m.max(tempered(j)));
+            let mass = |floor: u32, threshold: u32| -> f32 {
+                (0..z.len()).fold(0.0, |m, j| {
+                    let v = tempered(j);
+                    let key = order_key(v);
+                    if allowed(j) && key >= floor && key >= threshold {
+                        m + (v - best).exp()
+                    } else {
+                        m
+                    }
+                })
+            };
+            // The largest key in [lo, u32::MAX] that `keeps`.
+            let bisect = |mut lo: u32, keeps: &dyn Fn(u32) -> bool| {
+                let mut hi = u32::MAX;
+                while lo < hi {
+                    let mid = hi - (hi - lo) / 2;
+                    if keeps(mid) {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                lo
+            };
+            let mut floor = 0;
+            if s.top_k > 0 && (s.top_k as usize) < candidates {
+                let count = |threshold: u32| {
+                    (0..z.len())
+                        .filter(|&j| allowed(j) && order_key(tempered(j)) >= threshold)
+                        .count()
+                };
+                floor = bisect(0, &|mid| count(mid) >= s.top_k as usize);
+            }
+            if s.top_p < 1.0 {
+                let goal = s.top_p * mass(floor, 0);
+                floor = bisect(floor, &|mid| mass(floor, mid) >= goal);
+            }
+            let draw = random_unit(c.seed, c.first_row + row, c.step) * mass(floor, 0);
+            let mut acc = 0.0f32;
+            let mut chosen = 0;
+            for j in 0..z.len() {
+                let v = tempered(j);
+                if allowed(j) && order_key(v) >= floor {
+                    chosen = j;
+                    acc += (v - best).exp();
+                    if draw < acc {
+                        break;
+                    }
+                }
+            }
+            chosen
+        }
+    };
+    (chosen as u32, z[chosen] - lse)
+}
+
+pub fn choose_tokens(
+    logits: &[f32],
+    c: &TokenChoice,
+    next: &mut [u32],
+    history: &mut [u32],
+    logprobs: &mut [f32],
+) {
+    let (v, steps, step) = (c.vocab, c.steps, c.step as usize);
+    let chosen: Vec<(u32, f32)> = (0..c.rows)
+        .into_par_iter()
+        .map(|r| {
+            let previous = (step > 0).then(|| history[r * steps + step - 1]);
+            choose_row(&logits[r * v..(r + 1) * v], c, r as u32, previous)
+        })
+        .collect();
+    for (r, (token, logprob)) in chosen.into_iter().enumerate() {
+        history[r * steps + step] = token;
+        logprobs[r * steps + step] = logprob;
+        next[r] = token;
+    }
+}

@@ -1,0 +1,182 @@
+//! Incremental decoding: the transformer run one position at a time,
+//! each new position attending to the keys and values that every layer
+//! cached for the earlier ones. Causal models only; the results equal
+//! those of the full forward over the whole sequence (tests/kv_cache.rs).
+//!
+//! The cache of layer l is `[rows, heads, capacity, head_dim]` for keys
+//! and the same for values, so that row r, head h's keys are one
+//! contiguous `[capacity, head_dim]` matrix: attention over the cache is
+//! two batched products and a softmax, and appending a position is a
+//! strided copy. Everything is built from the backend's ops, so both
+//! backends run it and the parity tests of those ops cover it.
+
+use super::layers::NormStats;
+use super::params::Params;
+use super::transformer::{BlockActivations, Transformer};
+use crate::backend::{Backend, HeadLayout, Matmul, SoftmaxRows, Storage};
+
+/// Keys and values of every layer for `rows` sequences of up to
+/// `capacity` positions, and the buffers of one step.
+pub struct KvCache<B: Backend> {
+    pub rows: usize,
+    pub capacity: usize,
+    /// Positions cached so far.
+    len: usize,
+    keys: Vec<B::Tensor>,
+    values: Vec<B::Tensor>,
+    /// Where a reordered layer is built before it swaps in.
+    spare: B::Tensor,
+    blocks: Vec<BlockActivations<B>>,
+    ln_f: NormStats<B>,
+    /// The step's input `[rows, width]`, then each block's output in turn.
+    stream: [B::Tensor; 2],
+    q: B::Tensor,
+    new_key: B::Tensor,
+    new_value: B::Tensor,
+    scores: B::Tensor,
+    probs: B::Tensor,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Positions cached so far: the position the next step computes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Forgets every position, for a new batch of sequences.
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// The next position's input `[rows, width]`: write it before `step`.
+    pub fn input(&mut self) -> &mut B::Tensor {
+        &mut self.stream[0]
+    }
+
+    /// Row r of every layer's cache becomes what row `parents[r]` held
+    /// (beam search: each surviving beam continues one of the previous
+    /// step's beams).
+    pub fn reorder(&mut self, b: &B, parents: &B::Ids) {
+        let per_row = self.keys[0].len() / self.rows;
+        for layer in self.keys.iter_mut().chain(&mut self.values) {
+            b.embedding(layer, parents, &mut self.spare, per_row, false);
+            std::mem::swap(layer, &mut self.spare);
+        }
+    }
+}
+
+impl Transformer {
+    /// A cache for `rows` sequences of up to `capacity` positions.
+    pub fn kv_cache<B: Backend>(&self, b: &B, rows: usize, capacity: usize) -> KvCache<B> {
+        let c = &self.config;
+        assert!(c.causal, "only a causal transformer decodes incrementally");
+        let (w, h) = (c.width, c.heads);
+        let layer = rows * capacity * w;
+        KvCache {
+            rows,
+            capacity,
+            len: 0,
+            keys: (0..c.layers).map(|_| b.zeros(layer)).collect(),
+            values: (0..c.layers).map(|_| b.zeros(layer)).collect(),
+            spare: b.zeros(layer),
+            blocks: (0..c.layers)
+                .map(|_| BlockActivations::new(b, c, rows, 1))
+                .collect(),
+            ln_f: NormStats::new(b, rows),
+            stream: [b.zeros(rows * w), b.zeros(rows * w)],
+            q: b.zeros(rows * w),
+            new_key: b.zeros(rows * w),
+            new_value: b.zeros(rows * w),
+            scores: b.zeros(rows * h * capacity),
+            probs: b.zeros(rows * h * capacity),
+        }
+    }
+
+    /// out `[rows, width]` = the final layer norm's output at the next
+    /// position, given its input in `cache.input()`; the position's keys
+    /// and values join the cache.
+    pub fn forward_cached<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        cache: &mut KvCache<B>,
+        out: &mut B::Tensor,
+    ) {
+        let c = &self.config;
+        let (w, heads, d) = (c.width, c.heads, c.head_dim());
+        let (rows, capacity, position) = (cache.rows, cache.capacity, cache.len);
+        assert!(position < capacity, "the KV cache is full");
+        let keys = position + 1;
+        // Token-major parts of qkv; with one position, head-major [rows,
+        // heads, 1, head_dim] is the same layout as token-major [rows, width].
+        let part = |k: usize| HeadLayout {
+            batch: rows,
+            seq: 1,
+            heads,
+            head_dim: d,
+            row_stride: 3 * w,
+            col_offset: k * w,
+        };
+        // Position `position` of each (row, head)'s [capacity, head_dim] cache.
+        let slot = HeadLayout {
+            batch: rows * heads,
+            seq: 1,
+            heads: 1,
+            head_dim: d,
+            row_stride: capacity * d,
+            col_offset: position * d,
+        };
+        let per_head = |n: usize, k: usize, stride_a: usize| Matmul {
+            stride_a,
+            stride_b: capacity * d,
+            stride_c: n,
+            ..Matmul::batched(rows * heads, 1, n, k)
+        };
+        let KvCache {
+            keys: key_cache,
+            values: value_cache,
+            blocks,
+            stream,
+            q,
+            new_key,
+            new_value,
+            scores,
+            probs,
+            ..
+        } = cache;
+        for (l, (block, a)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
+            let [x, next] = &mut *stream;
+            block.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
+            block.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
+            b.tokens_to_heads(&a.qkv_out, q, &part(0));
+            b.tokens_to_heads(&a.qkv_out, new_key, &part(1));
+            b.tokens_to_heads(&a.qkv_out, new_value, &part(2));
+            b.heads_to_tokens(new_key, &mut key_cache[l], &slot, false);
+            b.heads_to_tokens(new_value, &mut value_cache[l], &slot, false);
+            let scale = 1.0 / (d as f32).sqrt();
+            b.matmul(
+                q,
+                &key_cache[l],
+                scores,
+                &per_head(keys, d, d).trans_b().alpha(scale),
+            );
+            b.softmax(scores, probs, &SoftmaxRows::plain(rows * heads, keys), None);
+            b.matmul(
+                probs,
+                &value_cache[l],
+                &mut a.attn_out,
+                &per_head(d, keys, keys),
+            );
+            block.proj.forward(b, p, &a.attn_out, next);
+            b.add(1.0, x, 1.0, next, &mut a.mid);
+            block.mlp_forward(b, p, a, next);
+            std::mem::swap(x, next);
+        }
+        self.ln_f.forward(b, p, &stream[0], out, &mut cache.ln_f);
+        cache.len += 1;
+    }
+}

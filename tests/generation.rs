@@ -1,0 +1,434 @@
+//! The generation engine: the transformer run one position at a time over
+//! its KV cache equals the full forward; generation over the cache (token
+//! choice on the device) gives the captions and log-probabilities of full
+//! recomputation with the same choice rule; every workspace sees the
+//! current weights; trimmed batches give the same losses and gradients.
+//! Each check runs on the CPU and, where an adapter exists, on the GPU.
+
+mod common;
+
+use captune::backend::{Backend, Storage, TokenChoice};
+use captune::captioner::CaptionerConfig;
+use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
+use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
+use captune::cpu::CpuBackend;
+use captune::data::vocab::{BOS, EOS, PAD, UNK};
+use captune::model::params::Params;
+use captune::model::transformer::{Transformer, TransformerConfig};
+use common::{assert_close, gpu, random};
+use rand::SeedableRng;
+
+const WIDTH: usize = 12;
+
+fn transformer_config() -> TransformerConfig {
+    TransformerConfig {
+        width: WIDTH,
+        layers: 2,
+        heads: 3,
+        causal: true,
+    }
+}
+
+/// Parameters drawn larger than the initialisation, so that every path
+/// (attention included) changes the output.
+fn randomise<B: Backend>(b: &B, params: &mut Params<B>, seed: u64) {
+    for (i, value) in params.values.iter_mut().enumerate() {
+        let v: Vec<f32> = random(value.len(), seed + i as u64)
+            .iter()
+            .map(|x| 0.6 * x)
+            .collect();
+        b.write(value, &v);
+    }
+}
+
+/// (the cached outputs, the full forward's) at every position of three
+/// sequences of 7: the first 4 positions, then, after row r takes over
+/// row parents[r]'s cache, 3 more positions.
+fn cached_and_full<B: Backend>(b: &B) -> (Vec<f32>, Vec<f32>) {
+    let (rows, seq, w) = (3, 7, WIDTH);
+    let mut params = Params::new(0);
+    let t = Transformer::new(b, &mut params, "t", transformer_config());
+    randomise(b, &mut params, 40);
+    let first = random(rows * seq * w, 1);
+    let later = random(rows * seq * w, 2);
+    let parents = [2u32, 0, 0];
+    // Row r's sequence: first[parents[r]] up to position 4, then later[r].
+    let at = |x: &[f32], r: usize, p: usize| x[(r * seq + p) * w..][..w].to_vec();
+    let mut whole = Vec::with_capacity(rows * seq * w);
+    for (r, &parent) in parents.iter().enumerate() {
+        for p in 0..seq {
+            whole.extend(if p < 4 {
+                at(&first, parent as usize, p)
+            } else {
+                at(&later, r, p)
+            });
+        }
+    }
+    let mut acts = t.activations(b, rows, seq);
+    b.write(acts.input(), &whole);
+    let mut full_out = b.zeros(rows * seq * w);
+    t.forward(b, &params, &mut acts, None, &mut full_out);
+    let full = b.to_vec(&full_out);
+
+    let mut cache = t.kv_cache(b, rows, seq);
+    let mut out = b.zeros(rows * w);
+    let mut cached = vec![0.0; rows * seq * w];
+    for p in 0..seq {
+        if p == 4 {
+            cache.reorder(b, &b.ids(&parents));
+        }
+        let source = if p < 4 { &first } else { &later };
+        let input: Vec<f32> = (0..rows).flat_map(|r| at(source, r, p)).collect();
+        b.write(cache.input(), &input);
+        t.forward_cached(b, &params, &mut cache, &mut out);
+        let got = b.to_vec(&out);
+        for r in 0..rows {
+            cached[(r * seq + p) * w..][..w].copy_from_slice(&got[r * w..][..w]);
+        }
+    }
+    // Before the reorder, cached row r ran sequence r's prefix, which the
+    // full forward ran in every row r' whose parent is r.
+    let mut comparable_cached = Vec::new();
+    let mut comparable_full = Vec::new();
+    for r in 0..rows {
+        for p in 0..seq {
+            let full_rows: Vec<usize> = if p < 4 {
+                (0..rows).filter(|&k| parents[k] as usize == r).collect()
+            } else {
+                vec![r]
+            };
+            for k in full_rows {
+                comparable_cached.extend(at(&cached, r, p));
+                comparable_full.extend(at(&full, k, p));
+            }
+        }
+    }
+    (comparable_cached, comparable_full)
+}
+
+#[test]
+fn the_cached_transformer_equals_the_full_forward() {
+    let c = CpuBackend::new();
+    let (cached, full) = cached_and_full(&c);
+    assert_eq!(cached.len(), 3 * 7 * WIDTH);
+    assert_close("cpu: cached vs full", &cached, &full, 1e-5, 1e-5);
+    let Some(g) = gpu() else { return };
+    let (gpu_cached, gpu_full) = cached_and_full(&g);
+    assert_close("gpu: cached vs full", &gpu_cached, &gpu_full, 1e-4, 1e-5);
+    assert_close("gpu vs cpu", &gpu_cached, &cached, 1e-4, 1e-5);
+}
+
+fn captioner_config() -> CaptionerConfig {
+    CaptionerConfig {
+        embed_dim: 6,
+        prefix_len: 3,
+        mapper_hidden: 10,
+        decoder: transformer_config(),
+        max_len: 10,
+        vocab_size: 23,
+    }
+}
+
+fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
+    let mut model = Captioner::new(b, captioner_config(), 3).unwrap();
+    randomise(b, &mut model.params, 70);
+    model
+}
+
+/// The reference: every step runs the whole decoder over the partial
+/// captions (no cache), and the CPU twin of the device's token choice
+/// picks from the logits of each caption's last position.
+fn recomputed<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    features: &[f32],
+    decoding: &Decoding,
+    banned: u32,
+) -> Vec<Generated> {
+    let c = model.config;
+    let (d, v, steps) = (c.embed_dim, c.vocab_size, c.token_positions());
+    let per_image = decoding.rows_per_image();
+    let rows = features.len() / d * per_image;
+    let (sample, seed) = match *decoding {
+        Decoding::Sample {
+            temperature,
+            top_k,
+            top_p,
+            seed,
+            ..
+        } => (
+            Some(captune::backend::Sampling {
+                temperature,
+                top_k: top_k as u32,
+                top_p,
+            }),
+            seed,
+        ),
+        _ => (None, 0),
+    };
+    let row_features: Vec<f32> = (0..rows)
+        .flat_map(|r| features[r / per_image * d..][..d].to_vec())
+        .collect();
+    let mut seqs = vec![vec![BOS]; rows];
+    let (mut next, mut history, mut logprobs) = (
+        vec![0; rows],
+        vec![PAD; rows * steps],
+        vec![0.0; rows * steps],
+    );
+    for step in 0..steps {
+        let inputs = TokenInputs::new(b, &c, &seqs).unwrap();
+        model.forward(b, &row_features, &inputs).unwrap();
+        let all = b.to_vec(model.logits());
+        let last: Vec<f32> = (0..rows)
+            .flat_map(|r| all[(r * steps + seqs[r].len() - 1) * v..][..v].to_vec())
+            .collect();
+        let choice = TokenChoice {
+            rows,
+            vocab: v,
+            step: step as u32,
+            steps,
+            sample,
+            seed,
+            first_row: 0,
+            banned,
+            eos: EOS,
+            pad: PAD,
+        };
+        captune::cpu::choose::choose_tokens(&last, &choice, &mut next, &mut history, &mut logprobs);
+        for (r, s) in seqs.iter_mut().enumerate() {
+            if next[r] != PAD && s.len() < steps {
+                s.push(next[r]);
+            }
+        }
+    }
+    (0..rows)
+        .map(|r| {
+            let row = &history[r * steps..][..steps];
+            let n = row.iter().position(|&t| t == EOS).map_or(steps, |e| e + 1);
+            Generated {
+                image: r / per_image,
+                ids: row[..n].to_vec(),
+                logprob: logprobs[r * steps..][..n].iter().sum(),
+            }
+        })
+        .collect()
+}
+
+fn decodings() -> Vec<(Decoding, bool)> {
+    [
+        ("greedy", false),
+        ("greedy", true),
+        ("sample:3:seed=11", false),
+        ("sample:3:k=4,seed=12", false),
+        ("sample:3:p=0.8,seed=13", true),
+        ("sample:2:t=0.7,k=5,p=0.9,seed=14", false),
+    ]
+    .into_iter()
+    .map(|(text, suppress)| (Decoding::parse(text).unwrap(), suppress))
+    .collect()
+}
+
+/// Every decoding's captions from the cache and from recomputation.
+fn both_ways<B: Backend>(b: &B) -> Vec<(Vec<Generated>, Vec<Generated>)> {
+    let mut model = random_captioner(b);
+    let features = random(5 * 6, 8);
+    decodings()
+        .into_iter()
+        .map(|(decoding, suppress_unk)| {
+            let options = DecodeOptions {
+                suppress_unk,
+                ..DecodeOptions::default()
+            };
+            let cached = generate(b, &model, &features, &decoding, &options).unwrap();
+            let banned = if suppress_unk { UNK } else { u32::MAX };
+            let reference = recomputed(b, &mut model, &features, &decoding, banned);
+            (cached, reference)
+        })
+        .collect()
+}
+
+fn assert_same_captions(what: &str, got: &[Generated], want: &[Generated]) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!((g.image, &g.ids), (w.image, &w.ids), "{what}");
+        assert!(
+            (g.logprob - w.logprob).abs() <= 1e-5 * (1.0 + w.logprob.abs()),
+            "{what}: log-probability {} vs {}",
+            g.logprob,
+            w.logprob
+        );
+    }
+}
+
+#[test]
+fn cached_generation_equals_full_recomputation_on_both_backends() {
+    let c = CpuBackend::new();
+    let on_cpu = both_ways(&c);
+    let mut lengths = std::collections::BTreeSet::new();
+    for ((decoding, suppress), (cached, reference)) in decodings().iter().zip(&on_cpu) {
+        assert_same_captions(&format!("cpu {decoding:?} {suppress}"), cached, reference);
+        lengths.extend(cached.iter().map(|g| g.ids.len()));
+        if *suppress {
+            assert!(cached.iter().all(|g| !g.ids.contains(&UNK)));
+        }
+    }
+    assert!(
+        lengths.len() > 2,
+        "captions of several lengths: {lengths:?}"
+    );
+    let Some(g) = gpu() else { return };
+    let on_gpu = both_ways(&g);
+    for ((decoding, _), ((gpu_cached, gpu_reference), (cpu_cached, _))) in
+        decodings().iter().zip(on_gpu.iter().zip(&on_cpu))
+    {
+        assert_same_captions(&format!("gpu {decoding:?}"), gpu_cached, gpu_reference);
+        let ids = |v: &[Generated]| v.iter().map(|x| x.ids.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            ids(gpu_cached),
+            ids(cpu_cached),
+            "{decoding:?}: the same ids on both"
+        );
+    }
+}
+
+#[test]
+fn sampling_differs_by_seed_and_repeats_with_it() {
+    let c = CpuBackend::new();
+    let model = random_captioner(&c);
+    let features = random(4 * 6, 8);
+    let run = |text: &str| {
+        let d = Decoding::parse(text).unwrap();
+        let out = generate(&c, &model, &features, &d, &DecodeOptions::default()).unwrap();
+        out.into_iter().map(|g| g.ids).collect::<Vec<_>>()
+    };
+    assert_eq!(run("sample:4:seed=1"), run("sample:4:seed=1"));
+    assert_ne!(run("sample:4:seed=1"), run("sample:4:seed=2"));
+}
+
+/// The logits of one caption, decoded alone (a workspace of batch 1) and
+/// as the first of a batch of 3: before and after a weight update.
+fn logits_alone_and_in_a_batch<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut model = random_captioner(b);
+    let c = model.config;
+    let (t, v) = (c.token_positions(), c.vocab_size);
+    let features = random(3 * c.embed_dim, 5);
+    let seqs = vec![
+        vec![BOS, 5, 6, EOS],
+        vec![BOS, 7, EOS],
+        vec![BOS, 8, 9, 10, EOS],
+    ];
+    let mut out = Vec::new();
+    for update in [false, true] {
+        if update {
+            let tokens = model.params.values.len() - 1;
+            let doubled: Vec<f32> = b
+                .to_vec(&model.params.values[tokens])
+                .iter()
+                .map(|x| 2.0 * x)
+                .collect();
+            b.write(&mut model.params.values[tokens], &doubled);
+        }
+        let batch = TokenInputs::new(b, &c, &seqs).unwrap();
+        model.forward(b, &features, &batch).unwrap();
+        out.push(b.to_vec(model.logits())[..t * v].to_vec());
+        let alone = TokenInputs::new(b, &c, &seqs[..1]).unwrap();
+        model.forward(b, &features[..c.embed_dim], &alone).unwrap();
+        out.push(b.to_vec(model.logits()));
+    }
+    out
+}
+
+#[test]
+fn every_workspace_uses_the_current_weights() {
+    let check = |what: &str, outs: Vec<Vec<f32>>| {
+        assert_close(&format!("{what}: before"), &outs[1], &outs[0], 1e-5, 1e-6);
+        assert_close(&format!("{what}: after"), &outs[3], &outs[2], 1e-5, 1e-6);
+        assert!(
+            outs[2]
+                .iter()
+                .zip(&outs[0])
+                .any(|(a, b)| (a - b).abs() > 1e-3),
+            "{what}: the update changed the logits"
+        );
+    };
+    check("cpu", logits_alone_and_in_a_batch(&CpuBackend::new()));
+    let Some(g) = gpu() else { return };
+    check("gpu", logits_alone_and_in_a_batch(&g));
+}
+
+/// Loss values and every parameter gradient of one batch of short
+/// captions, over all token positions or trimmed.
+fn loss_and_gradients<B: Backend>(b: &B, objective: Objective, trimmed: bool) -> Vec<Vec<f32>> {
+    let mut config = captioner_config();
+    config.max_len = 20;
+    let mut model = Captioner::new(b, config, 4).unwrap();
+    randomise(b, &mut model.params, 90);
+    let vocab = captune::captioner::CaptionVocab::from_words(
+        (4..config.vocab_size).map(|i| format!("w{i}")).collect(),
+    );
+    let seqs = vec![
+        vec![BOS, 5, 6, EOS],
+        vec![BOS, 7, EOS],
+        vec![BOS, 8, 9, 10, 11, EOS],
+    ];
+    let inputs = if trimmed {
+        TokenInputs::trimmed(b, &config, &seqs).unwrap()
+    } else {
+        TokenInputs::new(b, &config, &seqs).unwrap()
+    };
+    let steps = inputs.positions;
+    let mut targets = vec![PAD; seqs.len() * steps];
+    for (i, s) in seqs.iter().enumerate() {
+        targets[i * steps..][..s.len() - 1].copy_from_slice(&s[1..]);
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let batch = BatchTargets::new(b, &objective, &vocab, &targets, steps, &mut rng).unwrap();
+    let mut losses = Losses::new(b, objective, inputs.rows(), config.vocab_size);
+    let features = random(seqs.len() * config.embed_dim, 6);
+    model.forward(b, &features, &inputs).unwrap();
+    losses.forward_backward(b, model.logits(), &batch);
+    model.params.zero_grads(b);
+    model.backward(b, &inputs, &losses.d_logits);
+    let v = losses.read(b, &batch);
+    let mut out = vec![vec![v.loss, v.mle, v.smile, steps as f32]];
+    out.extend(model.params.grads.iter().map(|g| b.to_vec(g)));
+    out
+}
+
+#[test]
+fn trimmed_batches_give_the_same_losses_and_gradients() {
+    for kind in [
+        ObjectiveKind::Mle,
+        ObjectiveKind::Smile,
+        ObjectiveKind::SmileRandom,
+    ] {
+        let objective = Objective {
+            kind,
+            mle_weight: 0.3,
+            ..Objective::smile()
+        };
+        let c = CpuBackend::new();
+        let full = loss_and_gradients(&c, objective, false);
+        let trimmed = loss_and_gradients(&c, objective, true);
+        assert_eq!((full[0][3], trimmed[0][3]), (19.0, 8.0), "positions");
+        assert_close(
+            &format!("{kind:?} losses"),
+            &trimmed[0][..3],
+            &full[0][..3],
+            1e-5,
+            1e-6,
+        );
+        for (i, (t, f)) in trimmed[1..].iter().zip(&full[1..]).enumerate() {
+            // The positions past the trimmed width get no gradient.
+            let n = t.len().min(f.len());
+            assert_close(
+                &format!("{kind:?} gradient {i}"),
+                &t[..n],
+                &f[..n],
+                1e-4,
+                1e-6,
+            );
+        }
+    }
+}
