@@ -90,7 +90,7 @@ fn losses_of<B: Backend>(b: &B, objective: Objective, z: &[f32]) -> (f32, f32, f
     let t = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, TARGETS.len(), vocab.len());
     let logits = b.tensor(z);
-    losses.forward_backward(b, &logits, &t);
+    losses.forward_backward(b, &logits, &t, true);
     let v = losses.read(b, &t);
     (v.loss, v.mle, v.smile, b.to_vec(&losses.d_logits))
 }
@@ -261,7 +261,7 @@ fn step<B: Backend>(
     let inputs = TokenInputs::new(b, &model.config, &inputs_of(&TARGETS)).unwrap();
     let mut losses = Losses::new(b, objective, inputs.rows(), vocab.len());
     model.forward(b, features, &inputs).unwrap();
-    losses.forward_backward(b, model.logits(), &targets);
+    losses.forward_backward(b, model.logits(), &targets, true);
     model.params.zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let v = losses.read(b, &targets);

@@ -238,7 +238,7 @@ fn teacher_forced_logprob<B: Backend>(
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let t = BatchTargets::new(b, &Objective::mle(), vocab, &targets, steps, &mut rng).unwrap();
     let mut losses = Losses::new(b, Objective::mle(), inputs.rows(), c.vocab_size);
-    losses.forward_backward(b, model.logits(), &t);
+    losses.forward_backward(b, model.logits(), &t, true);
     losses.row_logprobs(b).0[..g.ids.len()].iter().sum()
 }
 

@@ -387,7 +387,7 @@ fn loss_and_gradients<B: Backend>(b: &B, objective: Objective, trimmed: bool) ->
     let mut losses = Losses::new(b, objective, inputs.rows(), config.vocab_size);
     let features = random(seqs.len() * config.embed_dim, 6);
     model.forward(b, &features, &inputs).unwrap();
-    losses.forward_backward(b, model.logits(), &batch);
+    losses.forward_backward(b, model.logits(), &batch, true);
     model.params.zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let v = losses.read(b, &batch);

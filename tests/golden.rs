@@ -69,7 +69,7 @@ fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
     model
         .forward(b, &expected.tensors["features"].data, &token_inputs)
         .unwrap();
-    losses.forward_backward(b, model.logits(), &batch);
+    losses.forward_backward(b, model.logits(), &batch, true);
     model.params.zero_grads(b);
     model.backward(b, &token_inputs, &losses.d_logits);
     let loss = losses.read(b, &batch).loss;

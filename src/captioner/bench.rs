@@ -95,7 +95,7 @@ pub fn train_throughput<B: Backend>(
         let inputs = TokenInputs::new(b, &config, &sequences)?;
         let batch_targets = BatchTargets::new(b, &objective, &vocab, &targets, t, &mut rng)?;
         model.forward(b, &features, &inputs)?;
-        losses.forward_backward(b, model.logits(), &batch_targets);
+        losses.forward_backward(b, model.logits(), &batch_targets, false);
         model.params.zero_grads(b);
         model.backward(b, &inputs, &losses.d_logits);
         let params = &mut model.params;

@@ -266,14 +266,27 @@ impl<B: Backend> Losses<B> {
         }
     }
 
-    /// Every loss on `logits`, then `d_logits` = the objective's gradient.
-    pub fn forward_backward(&mut self, b: &B, logits: &B::Tensor, t: &BatchTargets<B>) {
+    /// The objective's losses on `logits`, then `d_logits` = its
+    /// gradient. With `monitor`, also the losses it does not train on
+    /// (plain MLE and standard SMILE are always logged), for a step whose
+    /// losses are read; without, a step skips their softmax passes.
+    pub fn forward_backward(
+        &mut self,
+        b: &B,
+        logits: &B::Tensor,
+        t: &BatchTargets<B>,
+        monitor: bool,
+    ) {
         let (lambda, rest) = self.mix();
         for ce in [&mut self.mle, &mut self.smile, &mut self.term] {
             ce.set_weights(b, &t.weights, 1.0);
         }
-        self.mle.forward(b, logits, &t.targets, &t.full);
-        self.smile.forward(b, logits, &t.targets, &t.smile);
+        if monitor || lambda > 0.0 {
+            self.mle.forward(b, logits, &t.targets, &t.full);
+        }
+        if monitor || (rest > 0.0 && t.term.is_none()) {
+            self.smile.forward(b, logits, &t.targets, &t.smile);
+        }
         if let Some((targets, subsets)) = &t.term {
             self.term.forward(b, logits, targets, subsets);
         }
@@ -299,7 +312,8 @@ impl<B: Backend> Losses<B> {
         }
     }
 
-    /// Reads the losses back (this waits for the device).
+    /// Reads the losses back (this waits for the device); the last
+    /// `forward_backward` must have monitored them.
     pub fn read(&self, b: &B, t: &BatchTargets<B>) -> LossValues {
         let mle = self.mle.read_loss(b);
         let smile = self.smile.read_loss(b);

@@ -347,8 +347,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
         )?;
         let at = self.losses_for(b, &inputs);
         let (losses, model) = (&mut self.losses[at].1, &mut self.ck.model);
+        // Steps that log read every loss; the others compute only the objective's.
+        let logs =
+            (self.step + 1).is_multiple_of(t.log_every.max(1)) || self.step + 1 == self.total;
         model.forward(b, &features, &inputs)?;
-        losses.forward_backward(b, model.logits(), &batch_targets);
+        losses.forward_backward(b, model.logits(), &batch_targets, logs);
         model.params.zero_grads(b);
         model.backward(b, &inputs, &losses.d_logits);
         self.opt.config.lr = warmup_cosine(t.lr, t.warmup, self.step, self.total);
@@ -358,7 +361,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.step += 1;
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
-        if self.step.is_multiple_of(t.log_every.max(1)) || self.step == self.total {
+        if logs {
             let values = self.losses[at].1.read(b, &batch_targets);
             if !values.loss.is_finite() {
                 bail!(
