@@ -1,7 +1,7 @@
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::bench;
-use captune::captioner::bench::train_throughput;
+use captune::captioner::bench::{Workload, train_throughput};
 use captune::captioner::objective::{Objective, ObjectiveKind};
 use captune::data::Split;
 use captune::data::shapes::{self, ShapesConfig};
@@ -176,6 +176,16 @@ enum BenchCommand {
         /// Objectives to time.
         #[arg(long, value_enum, value_delimiter = ',', default_value = "mle,smile")]
         objectives: Vec<ObjectiveKind>,
+        /// Captions to train on: synthetic (full length, no padding: the
+        /// PyTorch script's workload, in positions/s) and shapes (real
+        /// shapes-world captions, trimmed batches: real tokens/s).
+        #[arg(
+            long,
+            value_enum,
+            value_delimiter = ',',
+            default_value = "synthetic,shapes"
+        )]
+        captions: Vec<Workload>,
         #[arg(long, default_value_t = 20)]
         steps: usize,
         #[arg(long, default_value_t = 3)]
@@ -300,6 +310,7 @@ fn run(cli: Cli) -> Result<()> {
                     json,
                     preset,
                     objectives,
+                    captions,
                     steps,
                     warmup,
                 },
@@ -309,9 +320,11 @@ fn run(cli: Cli) -> Result<()> {
                     kind,
                     ..Objective::mle()
                 };
-                emit(captune::with_backend!(&selection.backend, b => {
-                    train_throughput(b, &preset, objective, warmup, steps)
-                })?);
+                for &workload in &captions {
+                    emit(captune::with_backend!(&selection.backend, b => {
+                        train_throughput(b, &preset, objective, workload, warmup, steps)
+                    })?);
+                }
             }
             Ok(())
         }),

@@ -1,21 +1,27 @@
 //! `captune bench train`: captioner training throughput in tokens per
-//! second on a fixed synthetic workload that `scripts/bench_torch_captioner.py`
-//! reproduces in PyTorch: the preset's network, 128-dimensional image
-//! embeddings, a 79-id vocabulary (the shapes world's), every caption the
-//! full `max_len - 1` tokens (no padding), one complete step each time
-//! (forward, loss, backward, AdamW).
+//! second, one complete step each time (forward, loss, backward, AdamW),
+//! with the preset's network on 128-dimensional image embeddings, on two
+//! workloads: a synthetic one that `scripts/bench_torch_captioner.py`
+//! reproduces in PyTorch (a 79-id vocabulary, the shapes world's size,
+//! every caption the full `max_len - 1` tokens, no padding), and real
+//! shapes-world captions in batches trimmed as training trims them.
+//! `captune bench decode`: captions per second of generation.
 
 use super::CaptionVocab;
 use super::model::{Captioner, TokenInputs};
 use super::objective::{BatchTargets, Losses, Objective};
 use super::run::RunConfig;
 use crate::backend::{Backend, BackendKind, DeviceCounters};
+use crate::data::Split;
+use crate::data::shapes;
+use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS};
 use crate::optim::{AdamW, AdamWConfig};
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 pub const EMBED_DIM: usize = 128;
@@ -28,8 +34,10 @@ pub struct TrainBench {
     pub adapter: String,
     pub preset: String,
     pub objective: String,
+    pub workload: Workload,
     pub batch: usize,
-    pub tokens_per_step: usize,
+    /// Real (not padding) tokens per step, on average.
+    pub tokens_per_step: f64,
     pub parameters: usize,
     pub steps: usize,
     pub seconds_per_step: f64,
@@ -43,11 +51,15 @@ impl std::fmt::Display for TrainBench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{:<4} train {} ({}) batch {}: {:9.0} tokens/s ({:.1} ms/step)",
+            "{:<4} train {} ({}) batch {}, {} captions: {:9.0} tokens/s ({:.1} ms/step)",
             self.backend,
             self.preset,
             self.objective,
             self.batch,
+            match self.workload {
+                Workload::Synthetic => "synthetic",
+                Workload::Shapes => "shapes-world",
+            },
             self.tokens_per_s,
             self.seconds_per_step * 1e3
         )?;
@@ -58,42 +70,98 @@ impl std::fmt::Display for TrainBench {
     }
 }
 
-/// Times `steps` training steps after `warmup` untimed ones.
+/// What a benchmarked training step learns from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Workload {
+    /// Random words, every caption the full `max_len - 1` tokens: the
+    /// workload `scripts/bench_torch_captioner.py` reproduces, in positions/s.
+    Synthetic,
+    /// Shapes-world captions (one reference per image), batched by length
+    /// and trimmed as training does: real tokens/s.
+    Shapes,
+}
+
+/// Batches of caption ids for `workload`, and their vocabulary.
+fn workload_batches(
+    workload: Workload,
+    batch: usize,
+    batches: usize,
+    max_len: usize,
+    rng: &mut ChaCha8Rng,
+) -> (CaptionVocab, Vec<Vec<Vec<u32>>>) {
+    let t = max_len - 1;
+    match workload {
+        Workload::Synthetic => {
+            let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
+            // <bos>, t - 1 random words, <eos>: t inputs and t targets per caption.
+            let one: Vec<Vec<u32>> = (0..batch)
+                .map(|_| {
+                    std::iter::once(BOS)
+                        .chain((1..t).map(|_| rng.random_range(4..VOCAB as u32)))
+                        .chain(std::iter::once(EOS))
+                        .collect()
+                })
+                .collect();
+            (vocab, vec![one; batches])
+        }
+        Workload::Shapes => {
+            let captions: Vec<Vec<String>> = (0..batch * batches)
+                .map(|i| {
+                    let image = shapes::generate(0, Split::Train, i);
+                    let refs = &image.references;
+                    ptb_tokenize(&refs[rng.random_range(0..refs.len())].1)
+                })
+                .collect();
+            let words: BTreeSet<&String> = captions.iter().flatten().collect();
+            let vocab = CaptionVocab::from_words(words.into_iter().cloned().collect());
+            let encoded: Vec<Vec<u32>> =
+                captions.iter().map(|c| vocab.encode(c, max_len)).collect();
+            // Batched by length, as training batches them.
+            let ordered = super::train::batches_by_length(encoded, batch, Vec::len, rng);
+            (vocab, ordered.chunks(batch).map(<[_]>::to_vec).collect())
+        }
+    }
+}
+
+/// Times `steps` training steps on `workload` after `warmup` untimed ones.
 pub fn train_throughput<B: Backend>(
     b: &B,
     preset: &str,
     objective: Objective,
+    workload: Workload,
     warmup: usize,
     steps: usize,
 ) -> Result<TrainBench> {
     let run = RunConfig::preset(preset)?;
     let batch = run.train.batch;
-    let config = run.captioner(EMBED_DIM, VOCAB);
-    let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let max_len = run.model.max_len;
+    let (vocab, batches) = workload_batches(workload, batch, warmup + steps, max_len, &mut rng);
+    let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let t = config.token_positions();
-    let mut losses = Losses::new(b, objective, batch * t, VOCAB);
-    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut losses: Vec<(usize, Losses<B>)> = Vec::new();
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
-    // <bos>, t - 1 random words, <eos>: t inputs and t targets per caption.
-    let sequences: Vec<Vec<u32>> = (0..batch)
-        .map(|_| {
-            std::iter::once(BOS)
-                .chain((1..t).map(|_| rng.random_range(4..VOCAB as u32)))
-                .chain(std::iter::once(EOS))
-                .collect()
-        })
-        .collect();
-    let targets: Vec<u32> = sequences
-        .iter()
-        .flat_map(|s| s[1..].iter().copied())
-        .collect();
-    let mut step = || -> Result<()> {
-        let inputs = TokenInputs::new(b, &config, &sequences)?;
+    // Returns the step's real tokens.
+    let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
+        let inputs = TokenInputs::trimmed(b, &config, sequences)?;
+        let t = inputs.positions;
+        let mut targets = vec![crate::data::vocab::PAD; batch * t];
+        for (i, s) in sequences.iter().enumerate() {
+            targets[i * t..i * t + s.len() - 1].copy_from_slice(&s[1..]);
+        }
         let batch_targets = BatchTargets::new(b, &objective, &vocab, &targets, t, &mut rng)?;
+        let at = match losses.iter().position(|(p, _)| *p == t) {
+            Some(at) => at,
+            None => {
+                losses.push((t, Losses::new(b, objective, inputs.rows(), vocab.len())));
+                losses.len() - 1
+            }
+        };
+        let losses = &mut losses[at].1;
         model.forward(b, &features, &inputs)?;
         losses.forward_backward(b, model.logits(), &batch_targets, false);
         model.params.zero_grads(b);
@@ -102,16 +170,20 @@ pub fn train_throughput<B: Backend>(
         let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = params.grads.iter().collect();
         opt.step(b, &mut values, &grads);
-        Ok(())
+        Ok(targets
+            .iter()
+            .filter(|&&id| id != crate::data::vocab::PAD)
+            .count())
     };
-    for _ in 0..warmup {
-        step()?;
+    for sequences in &batches[..warmup] {
+        step(sequences)?;
     }
     b.flush();
     let before = b.counters();
     let start = Instant::now();
-    for _ in 0..steps {
-        step()?;
+    let mut tokens = 0;
+    for sequences in &batches[warmup..] {
+        tokens += step(sequences)?;
     }
     b.flush();
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
@@ -123,12 +195,13 @@ pub fn train_throughput<B: Backend>(
         adapter: b.adapter_name(),
         preset: preset.into(),
         objective: objective.describe(),
+        workload,
         batch,
-        tokens_per_step: batch * t,
+        tokens_per_step: tokens as f64 / steps as f64,
         parameters,
         steps,
         seconds_per_step: seconds,
-        tokens_per_s: (batch * t) as f64 / seconds,
+        tokens_per_s: tokens as f64 / steps as f64 / seconds,
         per_step,
     })
 }
