@@ -312,6 +312,10 @@ pub trait Backend {
     fn ids_to_vec(&self, src: &Self::Ids) -> Vec<u32>;
     /// Run everything recorded so far and wait for it.
     fn flush(&self);
+    /// Start everything recorded so far without waiting for it: a training
+    /// step ends with it, so that a GPU runs one step while the host
+    /// prepares the next. Nothing to do on the CPU.
+    fn submit(&self) {}
     /// What a real GPU pays for so far (dispatches, submissions,
     /// readbacks, buffer and bind-group creations); `None` on the CPU.
     fn counters(&self) -> Option<DeviceCounters> {

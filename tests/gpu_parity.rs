@@ -539,3 +539,35 @@ fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 fn token_choice_matches_cpu() {
     parity!(choose_cases, 1e-5, 1e-5);
 }
+
+/// A buffer dropped after recording serves the next allocation at once,
+/// even before anything is submitted: what was recorded with its old
+/// contents still sees them, what comes after sees the new ones, and a
+/// reused buffer handed out as zeros is zeros.
+#[test]
+fn pooled_buffers_are_reused_in_program_order() {
+    let Some(g) = gpu() else { return };
+    let mut first = g.zeros(4);
+    let mut second = g.zeros(4);
+    let a = g.tensor(&[1.0, 2.0, 3.0, 4.0]);
+    g.axpby(1.0, &a, 0.0, &mut first);
+    drop(a);
+    let created = g.counters().buffers_created;
+    let b = g.tensor(&[10.0, 20.0, 30.0, 40.0]);
+    assert_eq!(
+        g.counters().buffers_created,
+        created,
+        "a's buffer is reused"
+    );
+    g.axpby(1.0, &b, 0.0, &mut second);
+    drop(b);
+    let zeros = g.zeros(4);
+    assert_eq!(
+        g.counters().buffers_created,
+        created,
+        "b's buffer is reused"
+    );
+    assert_eq!(g.to_vec(&first), [1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(g.to_vec(&second), [10.0, 20.0, 30.0, 40.0]);
+    assert_eq!(g.to_vec(&zeros), [0.0; 4]);
+}

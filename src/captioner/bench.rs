@@ -170,6 +170,7 @@ pub fn train_throughput<B: Backend>(
         let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = params.grads.iter().collect();
         opt.step(b, &mut values, &grads);
+        b.submit();
         Ok(targets
             .iter()
             .filter(|&&id| id != crate::data::vocab::PAD)

@@ -395,6 +395,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
         self.opt.step(b, &mut values, &grads);
+        b.submit();
         self.step += 1;
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});

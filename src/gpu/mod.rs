@@ -2,11 +2,16 @@
 //!
 //! Ops record dispatches into one command encoder and, until something
 //! needs a copy, one compute pass. Each dispatch's parameters go into a CPU
-//! arena that is uploaded in one write just before the encoder is submitted,
-//! so recording a training step touches the queue once. Work is submitted
-//! when a result is read back or [`Backend::flush`] is called.
+//! arena, and host data written to tensors into an upload arena copied
+//! inside the command stream; both are uploaded in one write each just
+//! before the encoder is submitted, so a training step touches the queue
+//! once. Work is submitted when a result is read back, at
+//! [`Backend::submit`] (the end of a training step) or at [`Backend::flush`].
+//! Buffers come from a pool ([`memory`]) and bind groups from a cache, so
+//! a step that repeats the previous one's shapes creates neither.
 
 pub mod adapter;
+mod memory;
 mod ops;
 
 use crate::backend::DeviceCounters;
@@ -15,14 +20,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
-use wgpu::util::DeviceExt;
 
-/// A GPU buffer and its element count (f32 or u32; at least one element
-/// is allocated because wgpu cannot bind an empty buffer).
-pub struct GpuBuffer {
-    buffer: wgpu::Buffer,
-    len: usize,
-}
+use memory::BufferPool;
+pub use memory::GpuBuffer;
 
 /// f32 storage on the GPU.
 pub struct GpuTensor(GpuBuffer);
@@ -57,13 +57,31 @@ struct Pipeline {
 
 /// Bytes of dispatch parameters one submission may hold.
 const PARAMS_ARENA_BYTES: u64 = 1 << 20;
+/// Bytes of host data one submission may upload through the arena; a
+/// larger write (weights, at load) goes straight through the queue.
+const UPLOAD_ARENA_BYTES: u64 = 8 << 20;
+/// Bind groups kept; past this the cache starts again (it only grows when
+/// shapes keep changing).
+const BIND_GROUP_CACHE: usize = 8192;
 
-/// The open encoder and pass, and the parameters of the dispatches in them.
+/// The open encoder and pass, and the parameters and uploads of the
+/// commands in them.
 struct Recorder {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     params: Vec<u8>,
     params_buffer: wgpu::Buffer,
+    uploads: Vec<u8>,
+}
+
+/// What a bind group binds: the pipeline, the parameter block's place in
+/// the arena and the buffers, by id.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct BindKey {
+    pipeline: usize,
+    params_offset: usize,
+    params_size: usize,
+    buffers: Vec<u64>,
 }
 
 pub struct GpuBackend {
@@ -76,6 +94,11 @@ pub struct GpuBackend {
     modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: RefCell<HashMap<(&'static str, &'static str), Rc<Pipeline>>>,
     recorder: RefCell<Recorder>,
+    upload_buffer: wgpu::Buffer,
+    pool: Rc<BufferPool>,
+    /// The readback staging buffer, grown as needed.
+    staging: RefCell<Option<wgpu::Buffer>>,
+    bind_groups: RefCell<HashMap<BindKey, wgpu::BindGroup>>,
     /// Bound in place of a key mask when a softmax has none.
     no_mask: GpuIds,
     counters: Cell<DeviceCounters>,
@@ -106,14 +129,16 @@ impl GpuBackend {
         } else {
             MatmulKernel::Registers
         };
-        let no_mask = GpuIds(GpuBuffer {
-            buffer: device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("no key mask"),
-                contents: &[1, 0, 0, 0],
-                usage: wgpu::BufferUsages::STORAGE,
-            }),
-            len: 1,
+        let upload_buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("uploads"),
+            size: UPLOAD_ARENA_BYTES,
+            usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
+        let pool = Rc::new(BufferPool::default());
+        let (block, _) = pool.take(&device, 4);
+        queue.write_buffer(&block.buffer, 0, &[1, 0, 0, 0]);
+        let no_mask = GpuIds(GpuBuffer::new(block, 1, pool.clone()));
         Ok(GpuBackend {
             device,
             queue,
@@ -128,7 +153,12 @@ impl GpuBackend {
                 pass: None,
                 params: Vec::new(),
                 params_buffer,
+                uploads: Vec::new(),
             }),
+            upload_buffer,
+            pool,
+            staging: RefCell::default(),
+            bind_groups: RefCell::default(),
             no_mask,
             counters: Cell::default(),
         })
@@ -179,25 +209,29 @@ impl GpuBackend {
 
     // ---- buffers ----
 
+    /// A pooled buffer for `len` elements (at least one is allocated:
+    /// wgpu cannot bind an empty buffer), and whether it is new (zeros).
+    fn allocate(&self, len: usize) -> (GpuBuffer, bool) {
+        let (block, fresh) = self.pool.take(&self.device, (len.max(1) * 4) as u64);
+        if fresh {
+            self.count(|c| c.buffers_created += 1);
+        }
+        (GpuBuffer::new(block, len, self.pool.clone()), fresh)
+    }
+
+    /// A buffer of `len` zeros: a reused one is cleared by a recorded command.
+    fn zeroed(&self, len: usize) -> GpuBuffer {
+        let (buffer, fresh) = self.allocate(len);
+        if !fresh {
+            self.with_encoder(|encoder| encoder.clear_buffer(buffer.raw(), 0, None));
+        }
+        buffer
+    }
+
     fn buffer_from_bytes(&self, bytes: &[u8], len: usize) -> GpuBuffer {
-        let padded;
-        let contents = if bytes.is_empty() {
-            padded = [0u8; 4];
-            &padded[..]
-        } else {
-            bytes
-        };
-        self.count(|c| c.buffers_created += 1);
-        let buffer = self
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: None,
-                contents,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_SRC
-                    | wgpu::BufferUsages::COPY_DST,
-            });
-        GpuBuffer { buffer, len }
+        let (buffer, _) = self.allocate(len);
+        self.write_bytes(&buffer, bytes);
+        buffer
     }
 
     fn new_tensor(&self, data: &[f32]) -> GpuTensor {
@@ -209,16 +243,29 @@ impl GpuBackend {
     }
 
     /// A zeroed scratch tensor for a multi-pass kernel. Dropping it right
-    /// after recording is fine: wgpu keeps it alive until the GPU is done.
+    /// after recording is fine: its buffer goes back to the pool, and only
+    /// commands recorded later can reuse it.
     fn scratch(&self, len: usize) -> GpuTensor {
-        self.count(|c| c.buffers_created += 1);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("scratch"),
-            size: (len.max(1) * 4) as u64,
-            usage: wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
-        });
-        GpuTensor(GpuBuffer { buffer, len })
+        GpuTensor(self.zeroed(len))
+    }
+
+    /// The staging buffer, at least `size` bytes.
+    fn staging(&self, size: u64) -> wgpu::Buffer {
+        let mut staging = self.staging.borrow_mut();
+        match &*staging {
+            Some(b) if b.size() >= size => b.clone(),
+            _ => {
+                self.count(|c| c.buffers_created += 1);
+                let b = self.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size: memory::size_class(size),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                *staging = Some(b.clone());
+                b
+            }
+        }
     }
 
     fn read_bytes(&self, src: &GpuBuffer) -> Vec<u8> {
@@ -226,26 +273,16 @@ impl GpuBackend {
         if size == 0 {
             return Vec::new();
         }
-        self.count(|c| {
-            c.readbacks += 1;
-            c.buffers_created += 1;
-        });
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        self.with_encoder(|encoder| {
-            encoder.copy_buffer_to_buffer(&src.buffer, 0, &staging, 0, size)
-        });
+        self.count(|c| c.readbacks += 1);
+        let staging = self.staging(size);
+        self.with_encoder(|encoder| encoder.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size));
         self.submit();
-        self.map_read(&staging)
+        self.map_read(&staging, size)
     }
 
-    fn map_read(&self, staging: &wgpu::Buffer) -> Vec<u8> {
+    fn map_read(&self, staging: &wgpu::Buffer, size: u64) -> Vec<u8> {
         let (tx, rx) = std::sync::mpsc::channel();
-        staging.map_async(wgpu::MapMode::Read, .., move |result| {
+        staging.map_async(wgpu::MapMode::Read, ..size, move |result| {
             let _ = tx.send(result);
         });
         self.device
@@ -255,20 +292,44 @@ impl GpuBackend {
             .expect("map callback dropped")
             .expect("mapping a readback buffer failed");
         let bytes = staging
-            .get_mapped_range(..)
+            .get_mapped_range(..size)
             .expect("readback buffer is mapped")
             .to_vec();
         staging.unmap();
         bytes
     }
 
+    /// Copies `bytes` into `dst` at this point of the program: through the
+    /// upload arena and a recorded copy, or, for a write larger than a
+    /// quarter of the arena, after submitting what is recorded.
     fn write_bytes(&self, dst: &GpuBuffer, bytes: &[u8]) {
-        // Queue writes run before the next submission's commands, so what is
-        // already recorded must be submitted first to keep program order.
-        self.submit();
-        if !bytes.is_empty() {
-            self.queue.write_buffer(&dst.buffer, 0, bytes);
+        if bytes.is_empty() {
+            return;
         }
+        if bytes.len() as u64 > UPLOAD_ARENA_BYTES / 4 {
+            // Queue writes run before the next submission's commands.
+            self.submit();
+            self.queue.write_buffer(dst.raw(), 0, bytes);
+            return;
+        }
+        if self.recorder.borrow().uploads.len() + bytes.len() > UPLOAD_ARENA_BYTES as usize {
+            self.submit();
+        }
+        let offset = {
+            let mut rec = self.recorder.borrow_mut();
+            let offset = rec.uploads.len();
+            rec.uploads.extend_from_slice(bytes);
+            offset as u64
+        };
+        self.with_encoder(|encoder| {
+            encoder.copy_buffer_to_buffer(
+                &self.upload_buffer,
+                offset,
+                dst.raw(),
+                0,
+                bytes.len() as u64,
+            )
+        });
     }
 
     // ---- recording ----
@@ -342,18 +403,33 @@ impl GpuBackend {
         for (i, b) in buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: b.buffer.as_entire_binding(),
+                resource: b.raw().as_entire_binding(),
             });
         }
-        self.count(|c| {
-            c.dispatches += 1;
-            c.bind_groups_created += 1;
-        });
-        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(entry),
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
+        self.count(|c| c.dispatches += 1);
+        let key = BindKey {
+            pipeline: Rc::as_ptr(&pipeline) as usize,
+            params_offset: offset,
+            params_size: bytes.len(),
+            buffers: buffers.iter().map(|b| b.id()).collect(),
+        };
+        let mut cache = self.bind_groups.borrow_mut();
+        let bind_group = match cache.get(&key) {
+            Some(group) => group.clone(),
+            None => {
+                self.count(|c| c.bind_groups_created += 1);
+                let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(entry),
+                    layout: &pipeline.layout,
+                    entries: &entries,
+                });
+                if cache.len() >= BIND_GROUP_CACHE {
+                    cache.clear();
+                }
+                cache.insert(key, group.clone());
+                group
+            }
+        };
         let pass = Self::open_pass(&self.device, &mut rec, None);
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
@@ -409,10 +485,15 @@ impl GpuBackend {
             if !rec.params.is_empty() {
                 self.queue.write_buffer(&rec.params_buffer, 0, &rec.params);
             }
+            if !rec.uploads.is_empty() {
+                self.queue
+                    .write_buffer(&self.upload_buffer, 0, &rec.uploads);
+            }
             self.queue.submit([encoder.finish()]);
             self.count(|c| c.submissions += 1);
         }
         rec.params.clear();
+        rec.uploads.clear();
     }
 
     fn wait(&self) {
@@ -469,7 +550,7 @@ impl GpuBackend {
             encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 16);
         });
         self.submit();
-        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging));
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&self.map_read(&staging, 16));
         let ns =
             ticks[1].saturating_sub(ticks[0]) as f64 * self.queue.get_timestamp_period() as f64;
         Duration::from_nanos(ns as u64)

@@ -240,7 +240,7 @@ impl Backend for GpuBackend {
     }
 
     fn zeros(&self, len: usize) -> GpuTensor {
-        self.new_tensor(&vec![0.0; len])
+        GpuTensor(self.zeroed(len))
     }
 
     fn tensor(&self, data: &[f32]) -> GpuTensor {
@@ -265,8 +265,12 @@ impl Backend for GpuBackend {
     }
 
     fn flush(&self) {
-        self.submit();
+        GpuBackend::submit(self);
         self.wait();
+    }
+
+    fn submit(&self) {
+        GpuBackend::submit(self);
     }
 
     fn counters(&self) -> Option<DeviceCounters> {
