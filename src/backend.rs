@@ -308,6 +308,21 @@ pub trait Backend {
     fn tensor(&self, data: &[f32]) -> Self::Tensor;
     fn ids(&self, data: &[u32]) -> Self::Ids;
     fn write(&self, dst: &mut Self::Tensor, data: &[f32]);
+    /// Tensors holding `data`, which the backend may lay out one after
+    /// another in one allocation (the GPU does), so that [`Backend::span`]
+    /// covers them.
+    fn tensor_group(&self, data: &[&[f32]]) -> Vec<Self::Tensor> {
+        data.iter().map(|d| self.tensor(d)).collect()
+    }
+    /// One tensor covering the members of a `tensor_group`, in order,
+    /// with the zeros between them (which filling with 0, sums of squares
+    /// and AdamW keep zero), so that one op serves the whole group; `None`
+    /// where they are not laid out so (always on the CPU, whose ops cost
+    /// nothing to launch).
+    fn span(&self, group: &[&Self::Tensor]) -> Option<Self::Tensor> {
+        let _ = group;
+        None
+    }
     fn to_vec(&self, src: &Self::Tensor) -> Vec<f32>;
     fn ids_to_vec(&self, src: &Self::Ids) -> Vec<u32>;
     /// Run everything recorded so far and wait for it.

@@ -4,6 +4,7 @@
 //! total to clip. Nothing is read back unless the norm is logged.
 
 use crate::backend::{AdamWStep, Backend, Reduce};
+use crate::model::params::{decay_groups, grouped_tensors};
 
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AdamWConfig {
@@ -42,8 +43,9 @@ pub fn warmup_cosine(peak: f32, warmup: usize, step: usize, total: usize) -> f32
 pub struct AdamW<B: Backend> {
     pub config: AdamWConfig,
     step: u64,
-    /// Whether each parameter decays (biases and norms usually do not).
-    decays: Vec<bool>,
+    /// The parameters that decay, then the others (biases and norms), as
+    /// `Params` groups them; the moments are grouped the same way.
+    groups: [Vec<usize>; 2],
     m: Vec<B::Tensor>,
     v: Vec<B::Tensor>,
     norm_slots: B::Tensor,
@@ -53,35 +55,51 @@ pub struct AdamW<B: Backend> {
 impl<B: Backend> AdamW<B> {
     /// `params[i]` = (element count, whether weight decay applies).
     pub fn new(b: &B, config: AdamWConfig, params: &[(usize, bool)]) -> Self {
+        let groups = decay_groups(params.iter().map(|p| p.1));
+        let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.0]).collect();
         AdamW {
             config,
             step: 0,
-            decays: params.iter().map(|p| p.1).collect(),
-            m: params.iter().map(|p| b.zeros(p.0)).collect(),
-            v: params.iter().map(|p| b.zeros(p.0)).collect(),
-            norm_slots: b.zeros(params.len()),
+            m: grouped_tensors(b, &zeros, &groups),
+            v: grouped_tensors(b, &zeros, &groups),
+            groups,
+            norm_slots: b.zeros(params.len().max(2)),
             grad_sumsq: b.zeros(1),
         }
     }
 
-    /// Updates every parameter from its gradient (same order as in `new`).
+    /// Updates every parameter from its gradient (same order as in `new`):
+    /// one op per group where the backend lays groups out in one
+    /// allocation (`Backend::span`), else one per tensor.
     pub fn step(&mut self, b: &B, params: &mut [&mut B::Tensor], grads: &[&B::Tensor]) {
         assert!(
             params.len() == self.m.len() && grads.len() == self.m.len(),
             "AdamW: one gradient per parameter"
         );
         self.step += 1;
-        for (i, g) in grads.iter().enumerate() {
-            b.reduce(g, Reduce::SumSquares, &mut self.norm_slots, i);
+        // The squared norm of each group (or tensor) into a slot, then the total.
+        let mut slot = 0;
+        for group in &self.groups {
+            let members: Vec<&B::Tensor> = group.iter().map(|&i| grads[i]).collect();
+            let spanned = b.span(&members);
+            let parts: Vec<&B::Tensor> = match &spanned {
+                Some(all) => vec![all],
+                None => members,
+            };
+            for part in parts {
+                b.reduce(part, Reduce::SumSquares, &mut self.norm_slots, slot);
+                slot += 1;
+            }
         }
         b.reduce(&self.norm_slots, Reduce::Sum, &mut self.grad_sumsq, 0);
-        for i in 0..params.len() {
+        for (g, group) in self.groups.iter().enumerate() {
             let s = AdamWStep {
                 lr: self.config.lr,
                 beta1: self.config.beta1,
                 beta2: self.config.beta2,
                 eps: self.config.eps,
-                weight_decay: if self.decays[i] {
+                // Group 0 decays.
+                weight_decay: if g == 0 {
                     self.config.weight_decay
                 } else {
                     0.0
@@ -89,14 +107,27 @@ impl<B: Backend> AdamW<B> {
                 t: self.step,
                 max_norm: self.config.max_grad_norm.unwrap_or(0.0),
             };
-            b.adamw(
-                params[i],
-                grads[i],
-                &mut self.m[i],
-                &mut self.v[i],
-                &self.grad_sumsq,
-                &s,
-            );
+            let span =
+                |ts: &[&B::Tensor]| b.span(&group.iter().map(|&i| ts[i]).collect::<Vec<_>>());
+            let values: Vec<&B::Tensor> = params.iter().map(|p| &**p).collect();
+            let (m, v): (Vec<&B::Tensor>, Vec<&B::Tensor>) =
+                (self.m.iter().collect(), self.v.iter().collect());
+            if let (Some(mut value), Some(grad), Some(mut m), Some(mut v)) =
+                (span(&values), span(grads), span(&m), span(&v))
+            {
+                b.adamw(&mut value, &grad, &mut m, &mut v, &self.grad_sumsq, &s);
+                continue;
+            }
+            for &i in group {
+                b.adamw(
+                    params[i],
+                    grads[i],
+                    &mut self.m[i],
+                    &mut self.v[i],
+                    &self.grad_sumsq,
+                    &s,
+                );
+            }
         }
     }
 

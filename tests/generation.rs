@@ -48,7 +48,8 @@ fn randomise<B: Backend>(b: &B, params: &mut Params<B>, seed: u64) {
 fn cached_and_full<B: Backend>(b: &B) -> (Vec<f32>, Vec<f32>) {
     let (rows, seq, w) = (3, 7, WIDTH);
     let mut params = Params::new(0);
-    let t = Transformer::new(b, &mut params, "t", transformer_config());
+    let t = Transformer::new(&mut params, "t", transformer_config());
+    params.finish(b);
     randomise(b, &mut params, 40);
     let first = random(rows * seq * w, 1);
     let later = random(rows * seq * w, 2);

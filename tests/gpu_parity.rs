@@ -5,7 +5,7 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, HeadLayout, Matmul, Reduce, Sampling, SoftmaxRows, TokenChoice,
+    AdamWStep, Backend, HeadLayout, Matmul, Reduce, Sampling, SoftmaxRows, Storage, TokenChoice,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
@@ -570,4 +570,34 @@ fn pooled_buffers_are_reused_in_program_order() {
     assert_eq!(g.to_vec(&first), [1.0, 2.0, 3.0, 4.0]);
     assert_eq!(g.to_vec(&second), [10.0, 20.0, 30.0, 40.0]);
     assert_eq!(g.to_vec(&zeros), [0.0; 4]);
+}
+
+/// A group's span covers its members in order, so one op reaches all of
+/// them; tensors allocated apart, or a group's members out of order,
+/// have no span.
+#[test]
+fn a_tensor_group_is_one_span() {
+    let Some(g) = gpu() else { return };
+    let data: [&[f32]; 3] = [&[1.0; 5], &[2.0; 70], &[3.0; 1]];
+    let mut group = g.tensor_group(&data);
+    {
+        let members: Vec<&_> = group.iter().collect();
+        let mut all = g.span(&members).expect("a group has a span");
+        assert!(all.len() >= 76, "{}", all.len());
+        let total = g.to_vec(&all).iter().sum::<f32>();
+        assert_eq!(total, 5.0 + 140.0 + 3.0, "padding holds zeros");
+        g.scale(&mut all, 2.0);
+    }
+    assert_eq!(g.to_vec(&group[1]), vec![4.0; 70]);
+    assert_eq!(g.to_vec(&group[2]), vec![6.0; 1]);
+    assert!(g.span(&[&group[1], &group[0]]).is_none());
+    let apart = [g.tensor(&[1.0]), g.tensor(&[2.0])];
+    assert!(g.span(&[&apart[0], &apart[1]]).is_none());
+    g.write(&mut group[0], &[9.0; 5]);
+    assert_eq!(g.to_vec(&group[0]), vec![9.0; 5]);
+    assert_eq!(
+        g.to_vec(&group[1]),
+        vec![4.0; 70],
+        "a write stays in its member"
+    );
 }

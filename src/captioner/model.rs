@@ -171,29 +171,27 @@ impl<B: Backend> Captioner<B> {
         let (w, k, s) = (c.decoder.width, c.prefix_len, c.seq_len());
         let mut p = Params::new(seed);
         let mapper_in = Dense::new(
-            b,
             &mut p,
             "mapper.fc1",
             c.embed_dim,
             c.mapper_hidden,
             (c.embed_dim as f32).powf(-0.5),
         );
-        let mapper_out = Dense::new(b, &mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02);
+        let mapper_out = Dense::new(&mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02);
         let tokens = p.add(
-            b,
             "decoder.tokens".into(),
             &[c.vocab_size, w],
             Init::Normal(0.02),
             false,
         );
         let positions = p.add(
-            b,
             "decoder.positions".into(),
             &[s, w],
             Init::Normal(0.01),
             false,
         );
-        let decoder = Transformer::new(b, &mut p, "decoder", c.decoder);
+        let decoder = Transformer::new(&mut p, "decoder", c.decoder);
+        p.finish(b);
         Ok(Captioner {
             config,
             mapper_in,

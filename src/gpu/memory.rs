@@ -72,10 +72,12 @@ impl BufferPool {
     }
 }
 
-/// A pooled buffer and its element count (f32 or u32); its block returns
-/// to the pool when it is dropped.
+/// `len` elements (f32 or u32) at byte `offset` of a pooled block: the
+/// whole block, or one tensor of a group laid out in one block. The block
+/// returns to the pool when its last tensor is dropped.
 pub struct GpuBuffer {
-    block: Option<Block>,
+    block: Option<Rc<Block>>,
+    pub(super) offset: u64,
     pub(super) len: usize,
     pool: Rc<BufferPool>,
 }
@@ -83,9 +85,20 @@ pub struct GpuBuffer {
 impl GpuBuffer {
     pub(super) fn new(block: Block, len: usize, pool: Rc<BufferPool>) -> Self {
         GpuBuffer {
-            block: Some(block),
+            block: Some(Rc::new(block)),
+            offset: 0,
             len,
             pool,
+        }
+    }
+
+    /// `len` elements at byte `offset` of the same block.
+    pub(super) fn view(&self, offset: u64, len: usize) -> GpuBuffer {
+        GpuBuffer {
+            block: self.block.clone(),
+            offset,
+            len,
+            pool: self.pool.clone(),
         }
     }
 
@@ -100,19 +113,61 @@ impl GpuBuffer {
     pub(super) fn id(&self) -> u64 {
         self.block().id
     }
+
+    /// Bytes bound for it (wgpu binds no empty range).
+    pub(super) fn bound_bytes(&self) -> u64 {
+        (self.len.max(1) * 4) as u64
+    }
+
+    pub(super) fn binding(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: self.raw(),
+            offset: self.offset,
+            size: wgpu::BufferSize::new(self.bound_bytes()),
+        })
+    }
+
+    pub(super) fn same_block(&self, other: &GpuBuffer) -> bool {
+        match (&self.block, &other.block) {
+            (Some(a), Some(b)) => Rc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
 }
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        if let Some(block) = self.block.take() {
+        if let Some(block) = self.block.take().and_then(Rc::into_inner) {
             self.pool.give_back(block);
         }
     }
 }
 
+/// Where each of tensors of `lens` elements starts in a group laid out in
+/// one block, in elements: one after another, each at a multiple of
+/// `align` elements (the device's storage-binding offset alignment); and
+/// the group's total length.
+pub(super) fn group_layout(lens: &[usize], align: usize) -> (Vec<usize>, usize) {
+    let mut starts = Vec::with_capacity(lens.len());
+    let mut end: usize = 0;
+    for &len in lens {
+        let start = end.next_multiple_of(align);
+        starts.push(start);
+        end = start + len.max(1);
+    }
+    (starts, end)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{group_layout, size_class};
+
+    #[test]
+    fn group_members_start_aligned_one_after_another() {
+        let (starts, total) = group_layout(&[100, 0, 64, 3], 64);
+        assert_eq!(starts, [0, 128, 192, 256]);
+        assert_eq!(total, 259);
+    }
 
     #[test]
     fn size_classes_round_up_by_at_most_an_eighth_above_4_kib() {

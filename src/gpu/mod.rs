@@ -81,7 +81,8 @@ struct BindKey {
     pipeline: usize,
     params_offset: usize,
     params_size: usize,
-    buffers: Vec<u64>,
+    /// (block id, byte offset, length) of each buffer.
+    buffers: Vec<(u64, u64, usize)>,
 }
 
 pub struct GpuBackend {
@@ -223,7 +224,9 @@ impl GpuBackend {
     fn zeroed(&self, len: usize) -> GpuBuffer {
         let (buffer, fresh) = self.allocate(len);
         if !fresh {
-            self.with_encoder(|encoder| encoder.clear_buffer(buffer.raw(), 0, None));
+            self.with_encoder(|encoder| {
+                encoder.clear_buffer(buffer.raw(), 0, Some(buffer.bound_bytes()))
+            });
         }
         buffer
     }
@@ -247,6 +250,46 @@ impl GpuBackend {
     /// commands recorded later can reuse it.
     fn scratch(&self, len: usize) -> GpuTensor {
         GpuTensor(self.zeroed(len))
+    }
+
+    /// Elements between the starts of two tensors of a group: the
+    /// device's storage-binding offset alignment.
+    fn group_align(&self) -> usize {
+        (self.limits.min_storage_buffer_offset_alignment as usize / 4).max(1)
+    }
+
+    /// Tensors holding `data`, laid out one after another in one block
+    /// (zeros between them), so that an op over the whole group is one
+    /// dispatch ([`Backend::span`]).
+    fn group(&self, data: &[&[f32]]) -> Vec<GpuTensor> {
+        let lens: Vec<usize> = data.iter().map(|d| d.len()).collect();
+        let (starts, total) = memory::group_layout(&lens, self.group_align());
+        let whole = self.zeroed(total);
+        starts
+            .iter()
+            .zip(data)
+            .map(|(&start, d)| {
+                let view = whole.view((start * 4) as u64, d.len());
+                if d.iter().any(|&x| x != 0.0) {
+                    self.write_bytes(&view, bytemuck::cast_slice(d));
+                }
+                GpuTensor(view)
+            })
+            .collect()
+    }
+
+    /// One tensor covering `group` where it is a group's members in order
+    /// (padding included).
+    fn covering(&self, group: &[&GpuTensor]) -> Option<GpuTensor> {
+        let (first, last) = (group.first()?, group.last()?);
+        let lens: Vec<usize> = group.iter().map(|t| t.0.len).collect();
+        let (starts, total) = memory::group_layout(&lens, self.group_align());
+        let base = first.0.offset;
+        let laid_out = group
+            .iter()
+            .zip(&starts)
+            .all(|(t, &start)| t.0.same_block(&first.0) && t.0.offset == base + (start * 4) as u64);
+        (laid_out && last.0.same_block(&first.0)).then(|| GpuTensor(first.0.view(base, total)))
     }
 
     /// The staging buffer, at least `size` bytes.
@@ -275,7 +318,9 @@ impl GpuBackend {
         }
         self.count(|c| c.readbacks += 1);
         let staging = self.staging(size);
-        self.with_encoder(|encoder| encoder.copy_buffer_to_buffer(src.raw(), 0, &staging, 0, size));
+        self.with_encoder(|encoder| {
+            encoder.copy_buffer_to_buffer(src.raw(), src.offset, &staging, 0, size)
+        });
         self.submit();
         self.map_read(&staging, size)
     }
@@ -309,7 +354,7 @@ impl GpuBackend {
         if bytes.len() as u64 > UPLOAD_ARENA_BYTES / 4 {
             // Queue writes run before the next submission's commands.
             self.submit();
-            self.queue.write_buffer(dst.raw(), 0, bytes);
+            self.queue.write_buffer(dst.raw(), dst.offset, bytes);
             return;
         }
         if self.recorder.borrow().uploads.len() + bytes.len() > UPLOAD_ARENA_BYTES as usize {
@@ -326,7 +371,7 @@ impl GpuBackend {
                 &self.upload_buffer,
                 offset,
                 dst.raw(),
-                0,
+                dst.offset,
                 bytes.len() as u64,
             )
         });
@@ -403,7 +448,7 @@ impl GpuBackend {
         for (i, b) in buffers.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: b.raw().as_entire_binding(),
+                resource: b.binding(),
             });
         }
         self.count(|c| c.dispatches += 1);
@@ -411,7 +456,7 @@ impl GpuBackend {
             pipeline: Rc::as_ptr(&pipeline) as usize,
             params_offset: offset,
             params_size: bytes.len(),
-            buffers: buffers.iter().map(|b| b.id()).collect(),
+            buffers: buffers.iter().map(|b| (b.id(), b.offset, b.len)).collect(),
         };
         let mut cache = self.bind_groups.borrow_mut();
         let bind_group = match cache.get(&key) {

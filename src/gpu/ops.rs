@@ -251,6 +251,14 @@ impl Backend for GpuBackend {
         self.new_ids(data)
     }
 
+    fn tensor_group(&self, data: &[&[f32]]) -> Vec<GpuTensor> {
+        self.group(data)
+    }
+
+    fn span(&self, group: &[&GpuTensor]) -> Option<GpuTensor> {
+        self.covering(group)
+    }
+
     fn write(&self, dst: &mut GpuTensor, data: &[f32]) {
         assert_eq!(dst.len(), data.len(), "write: length mismatch");
         self.write_bytes(&dst.0, bytemuck::cast_slice(data));

@@ -19,7 +19,6 @@ pub struct Dense {
 
 impl Dense {
     pub fn new<B: Backend>(
-        b: &B,
         params: &mut Params<B>,
         name: &str,
         inputs: usize,
@@ -30,19 +29,12 @@ impl Dense {
             inputs,
             outputs,
             w: params.add(
-                b,
                 format!("{name}.weight"),
                 &[inputs, outputs],
                 Init::Normal(std),
                 true,
             ),
-            bias: params.add(
-                b,
-                format!("{name}.bias"),
-                &[outputs],
-                Init::Const(0.0),
-                false,
-            ),
+            bias: params.add(format!("{name}.bias"), &[outputs], Init::Const(0.0), false),
         }
     }
 
@@ -99,17 +91,11 @@ impl<B: Backend> NormStats<B> {
 }
 
 impl Norm {
-    pub fn new<B: Backend>(b: &B, params: &mut Params<B>, name: &str, cols: usize) -> Self {
+    pub fn new<B: Backend>(params: &mut Params<B>, name: &str, cols: usize) -> Self {
         Norm {
             cols,
-            gamma: params.add(
-                b,
-                format!("{name}.weight"),
-                &[cols],
-                Init::Const(1.0),
-                false,
-            ),
-            beta: params.add(b, format!("{name}.bias"), &[cols], Init::Const(0.0), false),
+            gamma: params.add(format!("{name}.weight"), &[cols], Init::Const(1.0), false),
+            beta: params.add(format!("{name}.bias"), &[cols], Init::Const(0.0), false),
         }
     }
 

@@ -1,5 +1,11 @@
 //! A model's parameters and their gradients, by name: layers hold a
 //! [`ParamId`], the optimiser and checkpoints see the whole list.
+//!
+//! A model declares its parameters (`add`), then `finish` allocates them:
+//! the parameters that decay in one [`Backend::tensor_group`], the others
+//! in another, and the gradients the same way, so that zeroing the
+//! gradients, their norm and the AdamW update are one op per group
+//! (on the GPU, one dispatch over one buffer) instead of one per tensor.
 
 use crate::backend::Backend;
 use crate::tensorfile;
@@ -40,9 +46,58 @@ pub struct Params<B: Backend> {
     pub specs: Vec<ParamSpec>,
     pub values: Vec<B::Tensor>,
     pub grads: Vec<B::Tensor>,
+    /// Initial values of the parameters declared and not yet allocated.
+    pending: Vec<Vec<f32>>,
     /// Initial values come from here, on the host, so every backend starts
     /// from the same numbers.
     rng: ChaCha8Rng,
+}
+
+/// The indices of the tensors that decay, then of those that do not,
+/// each ascending: the two groups parameters, gradients and AdamW's
+/// moments are allocated in.
+pub fn decay_groups(decays: impl IntoIterator<Item = bool>) -> [Vec<usize>; 2] {
+    let mut groups = [Vec::new(), Vec::new()];
+    for (i, decays) in decays.into_iter().enumerate() {
+        groups[usize::from(!decays)].push(i);
+    }
+    groups
+}
+
+/// Tensors of `data` allocated as the groups of `decay_groups`, returned
+/// in index order.
+pub fn grouped_tensors<B: Backend>(
+    b: &B,
+    data: &[Vec<f32>],
+    groups: &[Vec<usize>; 2],
+) -> Vec<B::Tensor> {
+    let mut out: Vec<Option<B::Tensor>> = (0..data.len()).map(|_| None).collect();
+    for group in groups {
+        let members: Vec<&[f32]> = group.iter().map(|&i| data[i].as_slice()).collect();
+        for (&i, t) in group.iter().zip(b.tensor_group(&members)) {
+            out[i] = Some(t);
+        }
+    }
+    out.into_iter()
+        .map(|t| t.expect("every index is in one group"))
+        .collect()
+}
+
+/// Runs `op` once on the span of each group of `tensors` where the
+/// backend has one, else on every tensor.
+pub fn for_each_group<B: Backend>(
+    b: &B,
+    tensors: &mut [B::Tensor],
+    groups: &[Vec<usize>; 2],
+    mut op: impl FnMut(&mut B::Tensor),
+) {
+    for group in groups {
+        let members: Vec<&B::Tensor> = group.iter().map(|&i| &tensors[i]).collect();
+        match b.span(&members) {
+            Some(mut all) => op(&mut all),
+            None => group.iter().for_each(|&i| op(&mut tensors[i])),
+        }
+    }
 }
 
 impl<B: Backend> Params<B> {
@@ -51,18 +106,13 @@ impl<B: Backend> Params<B> {
             specs: Vec::new(),
             values: Vec::new(),
             grads: Vec::new(),
+            pending: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
         }
     }
 
-    pub fn add(
-        &mut self,
-        b: &B,
-        name: String,
-        shape: &[usize],
-        init: Init,
-        decay: bool,
-    ) -> ParamId {
+    /// Declares a parameter; `finish` allocates it.
+    pub fn add(&mut self, name: String, shape: &[usize], init: Init, decay: bool) -> ParamId {
         let spec = ParamSpec {
             name,
             shape: shape.to_vec(),
@@ -77,10 +127,23 @@ impl<B: Backend> Params<B> {
             }
             Init::Const(v) => vec![v; spec.len()],
         };
-        self.values.push(b.tensor(&data));
-        self.grads.push(b.zeros(spec.len()));
+        self.pending.push(data);
         self.specs.push(spec);
         ParamId(self.specs.len() - 1)
+    }
+
+    /// Allocates every declared parameter, with its initial value, and
+    /// its gradient (zeros), in the decay groups.
+    pub fn finish(&mut self, b: &B) {
+        assert!(self.values.is_empty(), "Params::finish runs once");
+        let groups = self.groups();
+        let zeros: Vec<Vec<f32>> = self.specs.iter().map(|s| vec![0.0; s.len()]).collect();
+        self.values = grouped_tensors(b, &std::mem::take(&mut self.pending), &groups);
+        self.grads = grouped_tensors(b, &zeros, &groups);
+    }
+
+    fn groups(&self) -> [Vec<usize>; 2] {
+        decay_groups(self.specs.iter().map(|s| s.decay))
     }
 
     pub fn value(&self, id: ParamId) -> &B::Tensor {
@@ -106,9 +169,8 @@ impl<B: Backend> Params<B> {
     }
 
     pub fn zero_grads(&mut self, b: &B) {
-        for g in &mut self.grads {
-            b.fill(g, 0.0);
-        }
+        let groups = self.groups();
+        for_each_group(b, &mut self.grads, &groups, |g| b.fill(g, 0.0));
     }
 
     /// (element count, decays) per parameter, for the optimiser.

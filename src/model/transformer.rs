@@ -107,25 +107,18 @@ impl<B: Backend> BlockActivations<B> {
 }
 
 impl Block {
-    fn new<B: Backend>(b: &B, params: &mut Params<B>, name: &str, c: &TransformerConfig) -> Self {
+    fn new<B: Backend>(params: &mut Params<B>, name: &str, c: &TransformerConfig) -> Self {
         let w = c.width;
         let std = c.init_std();
         // Residual projections scaled down with depth, as GPT-2 does.
         let residual_std = std / (2.0 * c.layers as f32).sqrt();
         Block {
-            ln1: Norm::new(b, params, &format!("{name}.ln1"), w),
-            qkv: Dense::new(b, params, &format!("{name}.attn.qkv"), w, 3 * w, std),
-            proj: Dense::new(b, params, &format!("{name}.attn.proj"), w, w, residual_std),
-            ln2: Norm::new(b, params, &format!("{name}.ln2"), w),
-            fc1: Dense::new(b, params, &format!("{name}.mlp.fc1"), w, 4 * w, std),
-            fc2: Dense::new(
-                b,
-                params,
-                &format!("{name}.mlp.fc2"),
-                4 * w,
-                w,
-                residual_std,
-            ),
+            ln1: Norm::new(params, &format!("{name}.ln1"), w),
+            qkv: Dense::new(params, &format!("{name}.attn.qkv"), w, 3 * w, std),
+            proj: Dense::new(params, &format!("{name}.attn.proj"), w, w, residual_std),
+            ln2: Norm::new(params, &format!("{name}.ln2"), w),
+            fc1: Dense::new(params, &format!("{name}.mlp.fc1"), w, 4 * w, std),
+            fc2: Dense::new(params, &format!("{name}.mlp.fc2"), 4 * w, w, residual_std),
         }
     }
 
@@ -217,23 +210,18 @@ impl<B: Backend> Activations<B> {
 }
 
 impl Transformer {
-    pub fn new<B: Backend>(
-        b: &B,
-        params: &mut Params<B>,
-        name: &str,
-        config: TransformerConfig,
-    ) -> Self {
+    pub fn new<B: Backend>(params: &mut Params<B>, name: &str, config: TransformerConfig) -> Self {
         assert!(
             config.width.is_multiple_of(config.heads),
             "width must be a multiple of heads"
         );
         let blocks = (0..config.layers)
-            .map(|i| Block::new(b, params, &format!("{name}.blocks.{i}"), &config))
+            .map(|i| Block::new(params, &format!("{name}.blocks.{i}"), &config))
             .collect();
         Transformer {
             config,
             blocks,
-            ln_f: Norm::new(b, params, &format!("{name}.ln_f"), config.width),
+            ln_f: Norm::new(params, &format!("{name}.ln_f"), config.width),
         }
     }
 

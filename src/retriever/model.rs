@@ -102,22 +102,21 @@ impl<B: Backend> Retriever<B> {
         let image_rows = batch * patches;
         let text_rows = batch * c.max_len;
         let repeat = |n: usize| -> Vec<u32> { (0..batch).flat_map(|_| 0..n as u32).collect() };
-        let patch_embed = Dense::new(b, &mut p, "image.patch_embed", c.patch_dim(), iw, 0.02);
+        let patch_embed = Dense::new(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02);
         let image_positions = p.add(
-            b,
             "image.positions".into(),
             &[patches, iw],
             Init::Normal(0.02),
             false,
         );
-        let transformer = Transformer::new(b, &mut p, "image", c.image);
+        let transformer = Transformer::new(&mut p, "image", c.image);
         let image = ImageTower {
             patch_embed,
             positions: image_positions,
             position_ids: TokenIndex::new(b, &repeat(patches), patches)?,
             activations: transformer.activations(b, batch, patches),
             transformer,
-            proj: Dense::new(b, &mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
+            proj: Dense::new(&mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
             patches: b.zeros(image_rows * c.patch_dim()),
             hidden: b.zeros(image_rows * iw),
             pooled: b.zeros(batch * iw),
@@ -125,39 +124,37 @@ impl<B: Backend> Retriever<B> {
             d_hidden: b.zeros(image_rows * iw),
         };
         let text_tokens = p.add(
-            b,
             "text.tokens".into(),
             &[c.vocab_size, tw],
             Init::Normal(0.02),
             false,
         );
         let text_positions = p.add(
-            b,
             "text.positions".into(),
             &[c.max_len, tw],
             Init::Normal(0.01),
             false,
         );
-        let transformer = Transformer::new(b, &mut p, "text", c.text);
+        let transformer = Transformer::new(&mut p, "text", c.text);
         let text = TextTower {
             tokens: text_tokens,
             positions: text_positions,
             position_ids: TokenIndex::new(b, &repeat(c.max_len), c.max_len)?,
             activations: transformer.activations(b, batch, c.max_len),
             transformer,
-            proj: Dense::new(b, &mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
+            proj: Dense::new(&mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
             hidden: b.zeros(text_rows * tw),
             pooled: b.zeros(batch * tw),
             d_pooled: b.zeros(batch * tw),
             d_hidden: b.zeros(text_rows * tw),
         };
         let log_scale = p.add(
-            b,
             "logit_scale".into(),
             &[1],
             Init::Const(INIT_LOG_SCALE),
             false,
         );
+        p.finish(b);
         Ok(Retriever {
             config,
             batch,
