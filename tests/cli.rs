@@ -203,9 +203,9 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                     // 23 steps (tiny preset), ends checked every 4: at most
                     // ceil(23 / 4) + 2 readbacks per batch.
                     assert!((1..=8).contains(&count("readbacks")), "{r}");
-                    // Parameter blocks move between batches, so some bind
-                    // groups are new, but not one per dispatch.
-                    assert!(count("bind_groups_created") < count("dispatches"), "{r}");
+                    // Parameter blocks sit at dynamic offsets: a batch binds
+                    // the buffers of the one before, with few new groups.
+                    assert!(count("bind_groups_created") * 5 <= count("dispatches"), "{r}");
                 }
             } else {
                 assert!(r[counters].is_null(), "the CPU counts nothing: {r}");

@@ -74,12 +74,11 @@ struct Recorder {
     uploads: Vec<u8>,
 }
 
-/// What a bind group binds: the pipeline, the parameter block's place in
-/// the arena and the buffers, by id.
+/// What a bind group binds: the pipeline, the size of its parameter block
+/// (whose place in the arena is a dynamic offset) and the buffers.
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct BindKey {
     pipeline: usize,
-    params_offset: usize,
     params_size: usize,
     /// (block id, byte offset, length) of each buffer.
     buffers: Vec<(u64, u64, usize)>,
@@ -391,17 +390,29 @@ impl GpuBackend {
                     source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
                 })
         });
+        let layout = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(entry),
+                entries: &layout_entries(crate::shaders::source(shader), entry),
+            });
+        let pipeline_layout = self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(entry),
+                bind_group_layouts: &[Some(&layout)],
+                immediate_size: 0,
+            });
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry),
-                layout: None,
+                layout: Some(&pipeline_layout),
                 module,
                 entry_point: Some(entry),
                 compilation_options: Default::default(),
                 cache: None,
             });
-        let layout = pipeline.get_bind_group_layout(0);
         let p = Rc::new(Pipeline { pipeline, layout });
         self.pipelines
             .borrow_mut()
@@ -437,11 +448,13 @@ impl GpuBackend {
         let offset = rec.params.len().next_multiple_of(align);
         rec.params.resize(offset, 0);
         rec.params.extend_from_slice(bytes);
+        // The parameter block is bound at a dynamic offset, so the bind
+        // group depends only on the buffers.
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &rec.params_buffer,
-                offset: offset as u64,
+                offset: 0,
                 size: wgpu::BufferSize::new(bytes.len() as u64),
             }),
         }];
@@ -454,7 +467,6 @@ impl GpuBackend {
         self.count(|c| c.dispatches += 1);
         let key = BindKey {
             pipeline: Rc::as_ptr(&pipeline) as usize,
-            params_offset: offset,
             params_size: bytes.len(),
             buffers: buffers.iter().map(|b| (b.id(), b.offset, b.len)).collect(),
         };
@@ -477,7 +489,7 @@ impl GpuBackend {
         };
         let pass = Self::open_pass(&self.device, &mut rec, None);
         pass.set_pipeline(&pipeline.pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
+        pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
 
@@ -600,6 +612,57 @@ impl GpuBackend {
             ticks[1].saturating_sub(ticks[0]) as f64 * self.queue.get_timestamp_period() as f64;
         Duration::from_nanos(ns as u64)
     }
+}
+
+/// The bind group layout of `entry` in the kernel family `source`: its
+/// parameter block (binding 0, the one uniform) at a dynamic offset, then
+/// each storage buffer it uses, read-only where the shader says so. Read
+/// from the shader with naga, as wgpu's automatic layout would be, but
+/// with the dynamic offset that lets one bind group serve every dispatch
+/// of the same buffers.
+fn layout_entries(source: &str, entry: &str) -> Vec<wgpu::BindGroupLayoutEntry> {
+    let module = naga::front::wgsl::parse_str(source)
+        .unwrap_or_else(|e| panic!("kernel family of {entry}: {e}"));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("kernel family of {entry}: {e:?}"));
+    let index = module
+        .entry_points
+        .iter()
+        .position(|e| e.name == entry)
+        .unwrap_or_else(|| panic!("no entry point {entry}"));
+    let uses = info.get_entry_point(index);
+    module
+        .global_variables
+        .iter()
+        .filter(|(handle, _)| !uses[*handle].is_empty())
+        .filter_map(|(_, var)| {
+            let binding = var.binding.as_ref()?;
+            let (ty, has_dynamic_offset) = match var.space {
+                naga::AddressSpace::Uniform => (wgpu::BufferBindingType::Uniform, true),
+                naga::AddressSpace::Storage { access } => (
+                    wgpu::BufferBindingType::Storage {
+                        read_only: !access.contains(naga::StorageAccess::STORE),
+                    },
+                    false,
+                ),
+                _ => return None,
+            };
+            Some(wgpu::BindGroupLayoutEntry {
+                binding: binding.binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset,
+                    min_binding_size: None,
+                },
+                count: None,
+            })
+        })
+        .collect()
 }
 
 pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
