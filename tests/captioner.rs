@@ -343,3 +343,31 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
         }
     }
 }
+
+/// A batch's gradient weight (batches formed by length) multiplies the
+/// gradient of every term and leaves the reported per-token loss alone.
+#[test]
+fn the_gradient_weight_scales_the_gradient_not_the_loss() {
+    let b = CpuBackend::new();
+    let vocab = small_vocab();
+    let logits = b.tensor(&random(TARGETS.len() * vocab.len(), 3));
+    let objective = Objective {
+        mle_weight: 0.4,
+        ..Objective::smile()
+    };
+    let run = |weight: f32| {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut t = BatchTargets::new(&b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+        t.gradient_weight = weight;
+        let mut losses = Losses::new(&b, objective, TARGETS.len(), vocab.len());
+        losses.forward_backward(&b, &logits, &t, true);
+        (losses.read(&b, &t), b.to_vec(&losses.d_logits))
+    };
+    let (loss, grad) = run(1.0);
+    let (weighed_loss, weighed_grad) = run(2.5);
+    assert_eq!(loss, weighed_loss);
+    assert!(grad.iter().any(|g| g.abs() > 1e-3));
+    for (g, w) in grad.iter().zip(&weighed_grad) {
+        assert!((w - 2.5 * g).abs() <= 1e-6, "{w} vs 2.5 x {g}");
+    }
+}

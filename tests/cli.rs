@@ -205,7 +205,10 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                     assert!((1..=8).contains(&count("readbacks")), "{r}");
                     // Parameter blocks sit at dynamic offsets: a batch binds
                     // the buffers of the one before, with few new groups.
-                    assert!(count("bind_groups_created") * 5 <= count("dispatches"), "{r}");
+                    assert!(
+                        count("bind_groups_created") * 5 <= count("dispatches"),
+                        "{r}"
+                    );
                 }
             } else {
                 assert!(r[counters].is_null(), "the CPU counts nothing: {r}");

@@ -171,6 +171,11 @@ pub struct BatchTargets<B: Backend> {
     /// The true next tokens, PAD where there is none.
     pub targets: B::Ids,
     pub weights: Vec<f32>,
+    /// What the gradient (not the reported loss, a per-token mean) is
+    /// multiplied by: 1, or the batch's share of tokens when batches are
+    /// formed by length (`Trainer`), so that every token weighs what it
+    /// would in a random batch.
+    pub gradient_weight: f32,
     full: VocabSubsets<B>,
     smile: VocabSubsets<B>,
     /// The objective's own labels and subsets, where they differ from
@@ -221,6 +226,7 @@ impl<B: Backend> BatchTargets<B> {
         Ok(BatchTargets {
             targets: b.ids(targets),
             weights,
+            gradient_weight: 1.0,
             full: VocabSubsets::full(b, targets.len()),
             smile: device_plan(&standard)?.1,
             term,
@@ -291,20 +297,21 @@ impl<B: Backend> Losses<B> {
             self.term.forward(b, logits, targets, subsets);
         }
         b.fill(&mut self.d_logits, 0.0);
+        let w = t.gradient_weight;
         if lambda > 0.0 {
-            self.mle.set_gradient_scale(b, lambda);
+            self.mle.set_gradient_scale(b, lambda * w);
             self.mle
                 .backward(b, logits, &t.targets, &t.full, &mut self.d_logits, true);
         }
         if rest > 0.0 {
             match &t.term {
                 Some((targets, subsets)) => {
-                    self.term.set_gradient_scale(b, rest);
+                    self.term.set_gradient_scale(b, rest * w);
                     self.term
                         .backward(b, logits, targets, subsets, &mut self.d_logits, true);
                 }
                 None => {
-                    self.smile.set_gradient_scale(b, rest);
+                    self.smile.set_gradient_scale(b, rest * w);
                     self.smile
                         .backward(b, logits, &t.targets, &t.smile, &mut self.d_logits, true);
                 }

@@ -193,6 +193,8 @@ pub struct Trainer<'d, B: Backend> {
     /// This epoch's (image, reference) pairs, batch after batch, and the
     /// batches of it done so far.
     order: Vec<(usize, usize)>,
+    /// Target tokens per caption of this epoch's pairs, on average.
+    mean_tokens: f32,
     batches_done: usize,
     /// Draws this epoch's order and references.
     rng: ChaCha8Rng,
@@ -277,6 +279,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             step,
             epoch,
             order: Vec::new(),
+            mean_tokens: 1.0,
             batches_done: 0,
             rng: ChaCha8Rng::seed_from_u64(0),
             since: Instant::now(),
@@ -357,6 +360,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 .collect();
             let words = |&(i, r): &(usize, usize)| items[i].captions[r].tokens.len();
             self.order = batches_by_length(picks, t.batch, words, &mut self.rng);
+            // Each caption's targets: its words, then <eos>, within max_len.
+            let targets = |p: &(usize, usize)| (words(p) + 1).min(c.token_positions());
+            self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
+                / self.order.len().max(1) as f32;
         }
         let chunk = &self.order[self.batches_done * t.batch..(self.batches_done + 1) * t.batch];
         let sequences: Vec<Vec<u32>> = chunk
@@ -374,7 +381,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.tokens += targets.iter().filter(|&&id| id != PAD).count();
         let objective = self.config.objective();
         let mut subset_rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(self.step as u64));
-        let batch_targets = BatchTargets::new(
+        let mut batch_targets = BatchTargets::new(
             b,
             &objective,
             &self.ck.vocab,
@@ -382,6 +389,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
             steps,
             &mut subset_rng,
         )?;
+        // Batches of short captions would otherwise weigh each of their
+        // tokens more than batches of long ones (the loss is a per-token
+        // mean): weigh the gradient by the batch's share of tokens.
+        let real = batch_targets.weights.iter().sum::<f32>();
+        batch_targets.gradient_weight = real / (t.batch as f32 * self.mean_tokens);
         let at = self.losses_for(b, &inputs);
         let (losses, model) = (&mut self.losses[at].1, &mut self.ck.model);
         // Steps that log read every loss; the others compute only the objective's.
