@@ -4,10 +4,12 @@ scripts/bench_torch_captioner.py (fresh weights, 128-d random image
 embeddings, 79 ids), greedy decoding of the same number of images, 64 at
 once, under torch.no_grad, with a KV cache (the prefix and <bos> once,
 then one position per step attending to every layer's cached keys and
-values) or, with --no-cache, by full recompute of every position at every
-step, as captune decodes today.
+values), as captune decodes, or, with --no-cache, by full recompute of
+every position at every step. --samples N samples N captions per image
+(temperature 1, from the full softmax: `--decode sample:N` in captune),
+64 x N rows at once.
 
-    python3 scripts/bench_torch_decode.py --preset shapes [--images 500] [--no-cache] [--device cpu|cuda] [--json]
+    python3 scripts/bench_torch_decode.py --preset shapes [--images 500] [--samples N] [--no-cache] [--device cpu|cuda] [--json]
 
 With fresh weights no caption says <eos> reliably, so every caption runs
 to the maximum length, as in `captune bench decode` without --checkpoint.
@@ -44,7 +46,15 @@ def block_step(block, x, cache):
     return x + block.fc2(F.gelu(block.fc1(block.ln2(x)), approximate="tanh"))
 
 
-def greedy_cached(model, features, steps):
+def greedy(logits):
+    return logits.argmax(dim=-1)
+
+
+def sample(logits):
+    return torch.multinomial(F.softmax(logits, dim=-1), 1)[:, 0]
+
+
+def decode_cached(model, features, steps, choose):
     b = features.shape[0]
     prefix = model.mapper(features).view(b, model.k, model.d)
     ids = torch.full((b, 1), BOS, dtype=torch.long, device=features.device)
@@ -55,7 +65,7 @@ def greedy_cached(model, features, steps):
         for block, cache in zip(model.blocks, caches):
             x = block_step(block, x, cache)
         logits = model.ln_f(x[:, -1]) @ model.tokens.weight.T
-        nxt = logits.argmax(dim=-1)
+        nxt = choose(logits)
         out.append(nxt)
         done |= nxt == EOS
         if bool(done.all()) or t + 1 == steps:
@@ -64,14 +74,14 @@ def greedy_cached(model, features, steps):
     return torch.stack(out, dim=1)
 
 
-def greedy_recompute(model, features, steps):
+def decode_recompute(model, features, steps, choose):
     b = features.shape[0]
     seqs = torch.full((b, 1), BOS, dtype=torch.long, device=features.device)
     t_max = model.positions.shape[0] - model.k
     for _ in range(steps):
         padded = F.pad(seqs, (0, t_max - seqs.shape[1]))
         logits = model(features, padded)[:, seqs.shape[1] - 1]
-        nxt = logits.argmax(dim=-1)
+        nxt = choose(logits)
         seqs = torch.cat([seqs, nxt[:, None]], dim=1)
         if bool((seqs[:, 1:] == EOS).any(dim=1).all()):
             break
@@ -83,6 +93,7 @@ def main():
     p.add_argument("--preset", default="shapes")
     p.add_argument("--images", type=int, default=500)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--samples", type=int, default=0, help="sample N captions per image (0: greedy)")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
@@ -97,15 +108,20 @@ def main():
         torch.nn.init.normal_(model.positions, std=0.01)
     features = torch.rand(a.images, EMBED_DIM, device=dev) * 0.2 - 0.1
     steps = m["max_len"] - 1  # the words, then <eos>
-    decode = greedy_recompute if a.no_cache else greedy_cached
+    decode = decode_recompute if a.no_cache else decode_cached
+    per_image = max(a.samples, 1)
+    choose = sample if a.samples else greedy
+    # Each image's embedding once per caption it gets.
+    features = features.repeat_interleave(per_image, dim=0)
+    rows = a.batch * per_image
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with torch.no_grad():
-        decode(model, features[: a.batch], steps)  # warm-up
+        decode(model, features[:rows], steps, choose)  # warm-up
         sync()
         start = time.perf_counter()
         tokens = 0
-        for first in range(0, a.images, a.batch):
-            ids = decode(model, features[first:first + a.batch], steps)
+        for first in range(0, a.images * per_image, rows):
+            ids = decode(model, features[first:first + rows], steps, choose)
             # Each caption's ids up to and with its first <eos>.
             ended = (ids == EOS).int().cumsum(dim=1)
             tokens += int(((ended == 0) | ((ended == 1) & (ids == EOS))).sum())
@@ -113,10 +129,11 @@ def main():
         seconds = time.perf_counter() - start
     record = {
         "op": "decode", "backend": "pytorch-" + dev.type, "preset": a.preset,
-        "decoding": "greedy, " + ("full recompute" if a.no_cache else "KV cache"),
-        "images": a.images, "batch": a.batch, "captions": a.images, "tokens": tokens,
+        "decoding": (f"sample:{a.samples}" if a.samples else "greedy") + ", "
+                    + ("full recompute" if a.no_cache else "KV cache"),
+        "images": a.images, "batch": a.batch, "captions": a.images * per_image, "tokens": tokens,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "seconds": seconds,
-        "captions_per_s": a.images / seconds, "tokens_per_s": tokens / seconds,
+        "captions_per_s": a.images * per_image / seconds, "tokens_per_s": tokens / seconds,
     }
     print(json.dumps(record) if a.json else
           f"pytorch {dev.type} decode {a.preset} {record['decoding']} on {a.images} images: "
