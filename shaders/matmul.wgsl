@@ -1,4 +1,5 @@
-// Batched matrix multiply: C[b] = alpha * op(A[b]) * op(B[b]) (+ C[b] when accumulating).
+// Batched matrix multiply: C[b] = alpha * op(A[b]) * op(B[b]) (+ bias on
+// every row when BIAS) (+ C[b] when accumulating).
 //
 // op(A) is m x k: A is stored row-major as [m, k], or as [k, m] when TRANS_A.
 // op(B) is k x n: B is stored row-major as [k, n], or as [n, k] when TRANS_B.
@@ -16,7 +17,7 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
-    flags: u32,     // bit 0: TRANS_A, bit 1: TRANS_B, bit 2: ACCUMULATE
+    flags: u32,     // bit 0: TRANS_A, bit 1: TRANS_B, bit 2: ACCUMULATE, bit 3: BIAS
     stride_a: u32,  // elements between consecutive batch items, 0 = shared
     stride_b: u32,
     stride_c: u32,
@@ -26,11 +27,15 @@ struct Params {
 const TRANS_A: u32 = 1u;
 const TRANS_B: u32 = 2u;
 const ACCUMULATE: u32 = 4u;
+const BIAS: u32 = 8u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
+// bias[col], added to every row when BIAS (a linear layer's); another
+// read-only operand is bound here otherwise.
+@group(0) @binding(4) var<storage, read> bias: array<f32>;
 
 // op(A)[row, kk] of batch item `batch`, 0 outside the matrix.
 fn load_a(batch: u32, row: u32, kk: u32) -> f32 {
@@ -62,6 +67,9 @@ fn store_c(batch: u32, row: u32, col: u32, value: f32) {
     }
     let i = batch * p.stride_c + row * p.n + col;
     var out = p.alpha * value;
+    if ((p.flags & BIAS) != 0u) {
+        out += bias[col];
+    }
     if ((p.flags & ACCUMULATE) != 0u) {
         out += c[i];
     }

@@ -378,6 +378,19 @@ pub trait Backend {
 
     // ---- matmul ----
     fn matmul(&self, a: &Self::Tensor, b: &Self::Tensor, c: &mut Self::Tensor, shape: &Matmul);
+    /// `matmul`, then `bias` (`[n]`) added to every row of C: a linear
+    /// layer's forward, one dispatch on the GPU. One product, no batch.
+    fn matmul_bias(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: &Self::Tensor,
+        c: &mut Self::Tensor,
+        shape: &Matmul,
+    ) {
+        self.matmul(a, b, c, shape);
+        self.add_bias(c, bias);
+    }
 
     // ---- reductions ----
     /// out[out_index] = the reduction of all of x.

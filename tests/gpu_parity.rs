@@ -37,7 +37,7 @@ macro_rules! parity {
 // ---- matmul ----
 
 /// Every transpose combination, accumulate, alpha, shared B, batch 1 and 3,
-/// odd sizes that straddle 64- and 128-wide tiles.
+/// the bias epilogue, odd sizes that straddle 64- and 128-wide tiles.
 fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     for &(batch, m, n, k) in &[
@@ -60,6 +60,11 @@ fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
                 if batch > 1 {
                     let mut c = b.zeros(batch * m * n);
                     b.matmul(&a, &w, &mut c, &s.shared_b());
+                    outs.push(b.to_vec(&c));
+                } else {
+                    // The bias epilogue, over a C that held other values.
+                    let bias = b.tensor(&random(n, 4));
+                    b.matmul_bias(&a, &w, &bias, &mut c, &s);
                     outs.push(b.to_vec(&c));
                 }
             }

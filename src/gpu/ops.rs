@@ -161,6 +161,50 @@ fn u(x: usize) -> u32 {
 }
 
 impl GpuBackend {
+    /// A matmul dispatch, with the bias epilogue when `bias` is given.
+    fn matmul_with(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: Option<&GpuTensor>,
+        c: &mut GpuTensor,
+        s: &Matmul,
+    ) {
+        let (len_a, len_b, len_c) = s.required_lens();
+        assert!(
+            a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
+            "matmul: operands too short for {s:?}"
+        );
+        let flags = s.trans_a as u32
+            | (s.trans_b as u32) << 1
+            | (s.accumulate as u32) << 2
+            | (bias.is_some() as u32) << 3;
+        let params = MatmulParams {
+            m: u(s.m),
+            n: u(s.n),
+            k: u(s.k),
+            flags,
+            stride_a: u(s.stride_a),
+            stride_b: u(s.stride_b),
+            stride_c: u(s.stride_c),
+            alpha: s.alpha,
+        };
+        let (entry, tile) = match self.matmul_kernel() {
+            MatmulKernel::Registers => ("matmul_registers", 64),
+            MatmulKernel::Shared => ("matmul_shared", 128),
+        };
+        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
+        // Without a bias, A stands in for it (bound, never read).
+        let bias = bias.unwrap_or(a);
+        self.dispatch(
+            "matmul",
+            entry,
+            &params,
+            &[&a.0, &b.0, &c.0, &bias.0],
+            groups,
+        );
+    }
+
     fn elementwise(
         &self,
         entry: &'static str,
@@ -440,28 +484,22 @@ impl Backend for GpuBackend {
     }
 
     fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {
-        let (len_a, len_b, len_c) = s.required_lens();
+        self.matmul_with(a, b, None, c, s);
+    }
+
+    fn matmul_bias(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: &GpuTensor,
+        c: &mut GpuTensor,
+        s: &Matmul,
+    ) {
         assert!(
-            a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
-            "matmul: operands too short for {s:?}"
+            s.batch == 1 && bias.len() == s.n,
+            "matmul_bias: one product and one bias per column"
         );
-        let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2;
-        let params = MatmulParams {
-            m: u(s.m),
-            n: u(s.n),
-            k: u(s.k),
-            flags,
-            stride_a: u(s.stride_a),
-            stride_b: u(s.stride_b),
-            stride_c: u(s.stride_c),
-            alpha: s.alpha,
-        };
-        let (entry, tile) = match self.matmul_kernel() {
-            MatmulKernel::Registers => ("matmul_registers", 64),
-            MatmulKernel::Shared => ("matmul_shared", 128),
-        };
-        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
-        self.dispatch("matmul", entry, &params, &[&a.0, &b.0, &c.0], groups);
+        self.matmul_with(a, b, Some(bias), c, s);
     }
 
     fn reduce(&self, x: &GpuTensor, op: Reduce, out: &mut GpuTensor, out_index: usize) {

@@ -19,9 +19,10 @@ impl Linear {
         bias: Option<&B::Tensor>,
         y: &mut B::Tensor,
     ) {
-        b.matmul(x, w, y, &Matmul::new(self.rows, self.outputs, self.inputs));
-        if let Some(bias) = bias {
-            b.add_bias(y, bias);
+        let shape = Matmul::new(self.rows, self.outputs, self.inputs);
+        match bias {
+            Some(bias) => b.matmul_bias(x, w, bias, y, &shape),
+            None => b.matmul(x, w, y, &shape),
         }
     }
 
