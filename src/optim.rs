@@ -136,6 +136,11 @@ impl<B: Backend> AdamW<B> {
         b.to_vec(&self.grad_sumsq)[0].sqrt()
     }
 
+    /// Its square, on the device (one element).
+    pub fn grad_sumsq(&self) -> &B::Tensor {
+        &self.grad_sumsq
+    }
+
     /// The step count and both moments of every parameter (for resuming).
     pub fn state(&self, b: &B) -> (u64, Vec<Vec<f32>>, Vec<Vec<f32>>) {
         let read = |ts: &[B::Tensor]| ts.iter().map(|t| b.to_vec(t)).collect();

@@ -371,3 +371,28 @@ fn the_gradient_weight_scales_the_gradient_not_the_loss() {
         assert!((w - 2.5 * g).abs() <= 1e-6, "{w} vs 2.5 x {g}");
     }
 }
+
+/// A log line's losses and gradient norm come back in one readback, and
+/// are the values each read alone gives.
+#[test]
+fn a_log_line_reads_back_once() {
+    let Some(g) = gpu() else { return };
+    let vocab = small_vocab();
+    let logits = g.tensor(&random(TARGETS.len() * vocab.len(), 3));
+    let norm = g.tensor(&[2.25]);
+    let objective = Objective {
+        mle_weight: 0.4,
+        ..Objective::smile()
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let t = BatchTargets::new(&g, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+    let mut losses = Losses::new(&g, objective, TARGETS.len(), vocab.len());
+    losses.forward_backward(&g, &logits, &t, true);
+    g.flush();
+    let before = g.counters().readbacks;
+    let (values, sumsq) = losses.read_with(&g, &t, Some(&norm));
+    assert_eq!(g.counters().readbacks - before, 1);
+    assert_eq!(sumsq, 2.25);
+    assert_eq!(values, losses.read(&g, &t));
+    assert!(values.mle > 0.0 && values.smile > 0.0);
+}

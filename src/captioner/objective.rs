@@ -7,7 +7,7 @@
 //! losses, whichever objective trains, so runs can be compared.
 
 use super::CaptionVocab;
-use crate::backend::Backend;
+use crate::backend::{Backend, Reduce};
 use crate::data::vocab::PAD;
 use crate::index::{FULL_VOCAB, VocabSubsets};
 use crate::ops::cross_entropy::CrossEntropy;
@@ -242,6 +242,9 @@ pub struct Losses<B: Backend> {
     smile: CrossEntropy<B>,
     term: CrossEntropy<B>,
     pub d_logits: B::Tensor,
+    /// Where `read` gathers the losses (and the caller's extra scalar),
+    /// so that a log line costs one readback.
+    gathered: B::Tensor,
 }
 
 /// Loss values read back for the log.
@@ -261,6 +264,7 @@ impl<B: Backend> Losses<B> {
             smile: CrossEntropy::new(b, rows, vocab),
             term: CrossEntropy::new(b, rows, vocab),
             d_logits: b.zeros(rows * vocab),
+            gathered: b.zeros(4),
         }
     }
 
@@ -321,20 +325,32 @@ impl<B: Backend> Losses<B> {
 
     /// Reads the losses back (this waits for the device); the last
     /// `forward_backward` must have monitored them.
-    pub fn read(&self, b: &B, t: &BatchTargets<B>) -> LossValues {
-        let mle = self.mle.read_loss(b);
-        let smile = self.smile.read_loss(b);
-        let term = if t.term.is_some() {
-            self.term.read_loss(b)
-        } else {
-            smile
-        };
+    pub fn read(&mut self, b: &B, t: &BatchTargets<B>) -> LossValues {
+        self.read_with(b, t, None).0
+    }
+
+    /// The losses and `extra[0]` (the optimiser's squared gradient norm),
+    /// gathered on the device and read back at once.
+    pub fn read_with(
+        &mut self,
+        b: &B,
+        t: &BatchTargets<B>,
+        extra: Option<&B::Tensor>,
+    ) -> (LossValues, f32) {
+        let scalars = [&self.mle.loss, &self.smile.loss, &self.term.loss];
+        for (slot, x) in scalars.into_iter().chain(extra).enumerate() {
+            b.reduce(x, Reduce::Sum, &mut self.gathered, slot);
+        }
+        let got = b.to_vec(&self.gathered);
+        let (mle, smile) = (got[0], got[1]);
+        let term = if t.term.is_some() { got[2] } else { smile };
         let (lambda, rest) = self.mix();
-        LossValues {
+        let values = LossValues {
             loss: lambda * mle + rest * term,
             mle,
             smile,
-        }
+        };
+        (values, got[3])
     }
 
     /// log p(target) per row under the full vocabulary and under the

@@ -412,7 +412,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
         if logs {
-            let values = self.losses[at].1.read(b, &batch_targets);
+            // One readback for the whole log line.
+            let (values, grad_sumsq) =
+                self.losses[at]
+                    .1
+                    .read_with(b, &batch_targets, Some(self.opt.grad_sumsq()));
             if !values.loss.is_finite() {
                 bail!(
                     "the loss became {} at step {} (epoch {}); the last good checkpoint is {} \
@@ -432,7 +436,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 objective: objective.describe(),
                 losses: values,
                 lr: self.opt.config.lr,
-                grad_norm: self.opt.last_grad_norm(b),
+                grad_norm: grad_sumsq.sqrt(),
                 tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
             };
             (self.since, self.tokens) = (Instant::now(), 0);
