@@ -11,8 +11,9 @@
 // keys of the values; the draw then walks the kept tokens in id order.
 // The random number is a hash of (seed, row, step): no state to carry.
 //
-// A row whose previous token was <eos> or padding is done: it gets
-// padding and log-probability 0. history[row, step] and
+// <bos> and padding are never chosen, nor the banned token (<unk> when
+// suppressed). A row whose previous token was <eos> or padding is done: it
+// gets padding and log-probability 0. history[row, step] and
 // logprobs[row, step] record the choice and its log-probability under the
 // full vocabulary; next[row] feeds the next step's embedding.
 
@@ -29,10 +30,10 @@ struct Params {
     seed_hi: u32,
     first_row: u32,    // rows of earlier batches, so every row draws its own numbers
     banned: u32,       // a token never chosen (<unk> when suppressed), or 0xffffffff
+    bos: u32,          // never chosen either, nor padding
     eos: u32,
     pad: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -69,7 +70,7 @@ fn order_key(x: f32) -> u32 {
 }
 
 fn allowed(j: u32) -> bool {
-    return j != p.banned;
+    return j != p.banned && j != p.bos && j != p.pad;
 }
 
 // The tempered log-probability of token j (the shift by the row's

@@ -287,6 +287,8 @@ pub struct TokenChoice {
     pub first_row: u32,
     /// A token never chosen (`<unk>` when suppressed), or `u32::MAX`.
     pub banned: u32,
+    /// Never chosen either: a caption does not restart or pad itself.
+    pub bos: u32,
     pub eos: u32,
     pub pad: u32,
 }

@@ -485,6 +485,7 @@ fn decoding_strings_parse_or_say_what_is_expected() {
         ("beam:2:3", "cannot exceed"),
         ("sample:2:q=1", "is not t=, k=, p= or seed="),
         ("sample:2:t=0", "temperature must be positive"),
+        ("sample:2:t=nan", "temperature must be positive"),
         ("nucleus", "expected greedy, beam:W"),
     ] {
         let err = Decoding::parse(bad).unwrap_err().to_string();

@@ -193,6 +193,7 @@ fn recomputed<B: Backend>(
             seed,
             first_row: 0,
             banned,
+            bos: BOS,
             eos: EOS,
             pad: PAD,
         };

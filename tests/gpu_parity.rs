@@ -528,6 +528,7 @@ fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
             seed: 0x1234_5678_9abc_def0 + i as u64,
             first_row: 100,
             banned: if i >= 3 { 3 } else { u32::MAX },
+            bos: 1,
             eos: 2,
             pad: 0,
         };

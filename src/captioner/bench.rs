@@ -149,10 +149,7 @@ pub fn train_throughput<B: Backend>(
     let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
         let inputs = TokenInputs::trimmed(b, &config, sequences)?;
         let t = inputs.positions;
-        let mut targets = vec![crate::data::vocab::PAD; batch * t];
-        for (i, s) in sequences.iter().enumerate() {
-            targets[i * t..i * t + s.len() - 1].copy_from_slice(&s[1..]);
-        }
+        let targets = super::train::targets_of(sequences, t);
         let batch_targets = BatchTargets::new(b, &objective, &vocab, &targets, t, &mut rng)?;
         let at = match losses.iter().position(|(p, _)| *p == t) {
             Some(at) => at,

@@ -100,7 +100,11 @@ impl Decoding {
                             _ => return Err(bad()),
                         }
                     }
-                    if *temperature <= 0.0 || !(*top_p > 0.0 && *top_p <= 1.0) {
+                    let valid = *temperature > 0.0
+                        && temperature.is_finite()
+                        && *top_p > 0.0
+                        && *top_p <= 1.0;
+                    if !valid {
                         bail!(
                             "--decode {text:?}: the temperature must be positive and p in (0, 1]"
                         );
@@ -408,6 +412,7 @@ fn choose_on_device<B: Backend>(
             seed,
             first_row,
             banned,
+            bos: BOS,
             eos: EOS,
             pad: PAD,
         };
@@ -469,8 +474,11 @@ fn beam_rows<B: Backend>(
         let logits = b.to_vec(&decoder.logits);
         let logp = |row: usize| {
             let mut lp = log_softmax(&logits[row * vocab..(row + 1) * vocab]);
+            // Out of every choice, as on the device; the others keep their
+            // full-vocabulary log-probability.
+            lp[PAD as usize] = f32::NEG_INFINITY;
+            lp[BOS as usize] = f32::NEG_INFINITY;
             if suppress_unk {
-                // Out of every choice; the others keep their full-vocabulary log-probability.
                 lp[UNK as usize] = f32::NEG_INFINITY;
             }
             lp

@@ -108,7 +108,7 @@ pub enum Flow {
 }
 
 /// Teacher-forcing targets `[batch, steps]`: each sequence's ids after <bos>.
-fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
+pub(crate) fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
     let mut t = vec![PAD; sequences.len() * steps];
     for (i, s) in sequences.iter().enumerate() {
         t[i * steps..i * steps + s.len() - 1].copy_from_slice(&s[1..]);

@@ -1,6 +1,7 @@
 //! CPU twin of `shaders/choose.wgsl`: the same walk over the vocabulary in
 //! id order, the same f32 arithmetic and the same random bits, so both
-//! backends choose the same ids for the same seed.
+//! backends choose the same ids for the same seed (up to a device's `exp`
+//! and `log` rounding, for a draw on the boundary between two tokens).
 
 use crate::backend::TokenChoice;
 use rayon::prelude::*;
@@ -40,7 +41,10 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
     if previous.is_some_and(|t| t == c.eos || t == c.pad) {
         return (c.pad, 0.0);
     }
-    let allowed = |j: usize| j as u32 != c.banned;
+    let allowed = |j: usize| {
+        let j = j as u32;
+        j != c.banned && j != c.bos && j != c.pad
+    };
     let top = z.iter().fold(f32::MIN, |m, &x| m.max(x));
     let sum: f32 = z.iter().fold(0.0, |s, &x| s + (x - top).exp());
     let lse = top + sum.ln();

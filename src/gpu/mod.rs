@@ -259,10 +259,17 @@ impl GpuBackend {
 
     /// Tensors holding `data`, laid out one after another in one block
     /// (zeros between them), so that an op over the whole group is one
-    /// dispatch ([`Backend::span`]).
+    /// dispatch ([`Backend::span`]); apart, where the group would exceed
+    /// what one binding may cover.
     fn group(&self, data: &[&[f32]]) -> Vec<GpuTensor> {
         let lens: Vec<usize> = data.iter().map(|d| d.len()).collect();
         let (starts, total) = memory::group_layout(&lens, self.group_align());
+        let bytes = (total * 4) as u64;
+        if bytes > self.limits.max_storage_buffer_binding_size
+            || bytes > self.limits.max_buffer_size
+        {
+            return data.iter().map(|d| self.new_tensor(d)).collect();
+        }
         let whole = self.zeroed(total);
         starts
             .iter()

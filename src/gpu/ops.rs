@@ -95,9 +95,10 @@ struct ChooseParams {
     seed_hi: u32,
     first_row: u32,
     banned: u32,
+    bos: u32,
     eos: u32,
     pad: u32,
-    _pad: [u32; 2],
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -778,9 +779,10 @@ impl Backend for GpuBackend {
             seed_hi: (choice.seed >> 32) as u32,
             first_row: choice.first_row,
             banned: choice.banned,
+            bos: choice.bos,
             eos: choice.eos,
             pad: choice.pad,
-            _pad: [0; 2],
+            _pad: 0,
         };
         self.dispatch(
             "choose",

@@ -1,7 +1,7 @@
 //! Incremental decoding: the transformer run one position at a time,
 //! each new position attending to the keys and values that every layer
 //! cached for the earlier ones. Causal models only; the results equal
-//! those of the full forward over the whole sequence (tests/kv_cache.rs).
+//! those of the full forward over the whole sequence (tests/generation.rs).
 //!
 //! The cache of layer l is `[rows, heads, capacity, head_dim]` for keys
 //! and the same for values, so that row r, head h's keys are one
