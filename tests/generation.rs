@@ -9,7 +9,9 @@ mod common;
 
 use captune::backend::{Backend, Storage, TokenChoice};
 use captune::captioner::CaptionerConfig;
-use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
+use captune::captioner::decode::{
+    BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
+};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
 use captune::cpu::CpuBackend;
@@ -433,4 +435,68 @@ fn trimmed_batches_give_the_same_losses_and_gradients() {
             );
         }
     }
+}
+
+/// Beam search over the KV cache (rows following their parents on the
+/// device) against the same host search fed by full recomputation of
+/// each row's whole history.
+fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) {
+    let mut model = random_captioner(b);
+    let c = model.config;
+    let (d, v, t) = (c.embed_dim, c.vocab_size, c.token_positions());
+    let (images, width, n_best) = (4, 3, 2);
+    let features = random(images * d, 8);
+    let decoding = Decoding::Beam { width, n_best };
+    let cached = generate(b, &model, &features, &decoding, &DecodeOptions::default()).unwrap();
+    let row_features: Vec<f32> = (0..images * width)
+        .flat_map(|r| features[r / width * d..][..d].to_vec())
+        .collect();
+    let shape = BeamShape {
+        images,
+        width,
+        n_best,
+        steps: t,
+        vocab: v,
+        suppress_unk: false,
+    };
+    let mut seqs = vec![vec![BOS]; images * width];
+    let reference = beam_search(&shape, |moved| {
+        if let Some((parents, next)) = moved {
+            seqs = parents
+                .iter()
+                .zip(next)
+                .map(|(&p, &id)| [seqs[p as usize].as_slice(), &[id]].concat())
+                .collect();
+        }
+        let inputs = TokenInputs::new(b, &c, &seqs).unwrap();
+        model.forward(b, &row_features, &inputs).unwrap();
+        let all = b.to_vec(model.logits());
+        (0..seqs.len())
+            .flat_map(|r| all[(r * t + seqs[r].len() - 1) * v..][..v].to_vec())
+            .collect()
+    });
+    (cached, reference)
+}
+
+#[test]
+fn beam_search_over_the_cache_equals_recomputation() {
+    let check = |what: &str, (cached, reference): (Vec<Generated>, Vec<(Vec<u32>, f32)>)| {
+        assert_eq!(cached.len(), reference.len(), "{what}");
+        for (g, (ids, logprob)) in cached.iter().zip(&reference) {
+            assert_eq!(&g.ids, ids, "{what}");
+            assert!(
+                (g.logprob - logprob).abs() <= 1e-5 * (1.0 + logprob.abs()),
+                "{what}"
+            );
+        }
+        // Each image's two best differ and come best first: the search
+        // kept several beams, so rows followed other rows' caches.
+        for pair in cached.chunks(2) {
+            assert_ne!(pair[0].ids, pair[1].ids, "{what}");
+            assert!(pair[0].logprob >= pair[1].logprob, "{what}");
+        }
+    };
+    check("cpu", beams_both_ways(&CpuBackend::new()));
+    let Some(g) = gpu() else { return };
+    check("gpu", beams_both_ways(&g));
 }

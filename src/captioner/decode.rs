@@ -448,8 +448,8 @@ fn choose_on_device<B: Backend>(
         .collect()
 }
 
-/// Beam search for `images` images, `width` rows each; returns `n_best`
-/// captions per image, best first (ranked by total log-probability).
+/// Beam search over the decoder's KV cache: each step feeds every beam's
+/// last id, after the cache rows followed their parents.
 fn beam_rows<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
@@ -458,22 +458,71 @@ fn beam_rows<B: Backend>(
     images: usize,
     suppress_unk: bool,
 ) -> Vec<(Vec<u32>, f32)> {
-    let (rows, steps) = (decoder.rows, decoder.steps);
-    let vocab = decoder.model.config.vocab_size;
-    // Live beams per image: (ids from <bos>, score); beam k of image i
-    // runs on row i * width + k. At the start one beam per image.
+    let shape = BeamShape {
+        images,
+        width,
+        n_best,
+        steps: decoder.steps,
+        vocab: decoder.model.config.vocab_size,
+        suppress_unk,
+    };
+    beam_search(&shape, |moved| {
+        match moved {
+            None => decoder.advance(b, Feed::Bos),
+            Some((parents, next)) => {
+                decoder.cache.reorder(b, &b.ids(parents));
+                decoder.advance(b, Feed::Given(&b.ids(next)));
+            }
+        }
+        b.to_vec(&decoder.logits)
+    })
+}
+
+/// What a beam search covers: `images` images of `width` rows each.
+#[derive(Clone, Copy, Debug)]
+pub struct BeamShape {
+    pub images: usize,
+    pub width: usize,
+    /// Captions kept per image, best first.
+    pub n_best: usize,
+    /// Ids a caption may have, `<eos>` included.
+    pub steps: usize,
+    pub vocab: usize,
+    pub suppress_unk: bool,
+}
+
+/// Beam search on the host over any source of next-token logits:
+/// `logits(moved)` returns `[images * width, vocab]` logits after row r
+/// took over row `parents[r]`'s history and was fed `next[r]` (`moved` =
+/// `(parents, next)`; `None` at the first step, when every row is fed
+/// `<bos>`). Beam k of image i runs on row i * width + k. Returns `n_best`
+/// captions per image (ids after `<bos>`), best first, ranked by total
+/// log-probability under the full vocabulary; `<pad>`, `<bos>` and, when
+/// suppressed, `<unk>` are never chosen.
+pub fn beam_search(
+    shape: &BeamShape,
+    mut logits: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<f32>,
+) -> Vec<(Vec<u32>, f32)> {
+    let BeamShape {
+        images,
+        width,
+        n_best,
+        steps,
+        vocab,
+        suppress_unk,
+    } = *shape;
+    let rows = images * width;
+    // Live beams per image: (ids from <bos>, score). At the start one beam per image.
     let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![BOS], 0.0)]; images];
     let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
-    let mut fed: Option<B::Ids> = None;
+    let mut moved: Option<(Vec<u32>, Vec<u32>)> = None;
     for step in 0..steps {
         if live.iter().all(Vec::is_empty) {
             break;
         }
-        let feed = fed.as_ref().map_or(Feed::Bos, Feed::Given);
-        decoder.advance(b, feed);
-        let logits = b.to_vec(&decoder.logits);
+        let z = logits(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
         let logp = |row: usize| {
-            let mut lp = log_softmax(&logits[row * vocab..(row + 1) * vocab]);
+            let mut lp = log_softmax(&z[row * vocab..(row + 1) * vocab]);
             // Out of every choice, as on the device; the others keep their
             // full-vocabulary log-probability.
             lp[PAD as usize] = f32::NEG_INFINITY;
@@ -520,10 +569,7 @@ fn beam_rows<B: Backend>(
             }
             live[i] = next;
         }
-        if !last_step && live.iter().any(|l| !l.is_empty()) {
-            decoder.cache.reorder(b, &b.ids(&parents));
-            fed = Some(b.ids(&next_ids));
-        }
+        moved = Some((parents, next_ids));
     }
     let mut out = Vec::with_capacity(images * n_best);
     for (i, mut done) in finished.into_iter().enumerate() {
