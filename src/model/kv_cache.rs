@@ -84,7 +84,7 @@ impl Transformer {
             values: (0..c.layers).map(|_| b.zeros(layer)).collect(),
             spare: b.zeros(layer),
             blocks: (0..c.layers)
-                .map(|_| BlockActivations::new(b, c, rows, 1))
+                .map(|_| BlockActivations::new(b, c, rows, 1, false))
                 .collect(),
             ln_f: NormStats::new(b, rows),
             stream: [b.zeros(rows * w), b.zeros(rows * w)],

@@ -75,8 +75,18 @@ pub(super) struct BlockActivations<B: Backend> {
 }
 
 impl<B: Backend> BlockActivations<B> {
-    pub(super) fn new(b: &B, c: &TransformerConfig, batch: usize, seq: usize) -> Self {
+    /// Buffers for `[batch, seq]`; with `backward` false (incremental
+    /// decoding, which runs no backward and no full attention) the
+    /// gradient buffers are empty.
+    pub(super) fn new(
+        b: &B,
+        c: &TransformerConfig,
+        batch: usize,
+        seq: usize,
+        backward: bool,
+    ) -> Self {
         let (rows, w) = (batch * seq, c.width);
+        let grad = |len: usize| b.zeros(if backward { len } else { 0 });
         let shape = AttentionShape {
             batch,
             seq,
@@ -96,12 +106,12 @@ impl<B: Backend> BlockActivations<B> {
             ln2_out: b.zeros(rows * w),
             fc1_out: b.zeros(rows * 4 * w),
             gelu_out: b.zeros(rows * 4 * w),
-            d_mid: b.zeros(rows * w),
-            d_ln: b.zeros(rows * w),
-            d_qkv: b.zeros(rows * 3 * w),
-            d_attn: b.zeros(rows * w),
-            d_hidden: b.zeros(rows * 4 * w),
-            d_fc1: b.zeros(rows * 4 * w),
+            d_mid: grad(rows * w),
+            d_ln: grad(rows * w),
+            d_qkv: grad(rows * 3 * w),
+            d_attn: grad(rows * w),
+            d_hidden: grad(rows * 4 * w),
+            d_fc1: grad(rows * 4 * w),
         }
     }
 }
@@ -233,7 +243,7 @@ impl Transformer {
             batch,
             seq,
             blocks: (0..self.config.layers)
-                .map(|_| BlockActivations::new(b, &self.config, batch, seq))
+                .map(|_| BlockActivations::new(b, &self.config, batch, seq, true))
                 .collect(),
             ln_f: NormStats::new(b, rows),
             stream: (0..=self.config.layers)
