@@ -8,9 +8,10 @@
 //! `captune bench decode`: captions per second of generation.
 
 use super::CaptionVocab;
-use super::model::{Captioner, TokenInputs};
-use super::objective::{BatchTargets, Losses, Objective};
+use super::model::Captioner;
+use super::objective::{LossesByWidth, Objective};
 use super::run::RunConfig;
+use super::train::{Batch, optimise};
 use crate::backend::{Backend, BackendKind, DeviceCounters};
 use crate::data::Split;
 use crate::data::shapes;
@@ -141,37 +142,23 @@ pub fn train_throughput<B: Backend>(
     let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut losses: Vec<(usize, Losses<B>)> = Vec::new();
+    let mut losses = LossesByWidth::new(objective, vocab.len());
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
     // Returns the step's real tokens.
     let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
-        let inputs = TokenInputs::trimmed(b, &config, sequences)?;
-        let t = inputs.positions;
-        let targets = super::train::targets_of(sequences, t);
-        let batch_targets = BatchTargets::new(b, &objective, &vocab, &targets, t, &mut rng)?;
-        let at = match losses.iter().position(|(p, _)| *p == t) {
-            Some(at) => at,
-            None => {
-                losses.push((t, Losses::new(b, objective, inputs.rows(), vocab.len())));
-                losses.len() - 1
-            }
-        };
-        let losses = &mut losses[at].1;
-        model.forward(b, &features, &inputs)?;
-        losses.forward_backward(b, model.logits(), &batch_targets, false);
-        model.params.zero_grads(b);
-        model.backward(b, &inputs, &losses.d_logits);
-        let params = &mut model.params;
-        let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
-        let grads: Vec<&B::Tensor> = params.grads.iter().collect();
-        opt.step(b, &mut values, &grads);
-        b.submit();
-        Ok(targets
-            .iter()
-            .filter(|&&id| id != crate::data::vocab::PAD)
-            .count())
+        let batch = Batch::new(
+            b,
+            &objective,
+            &vocab,
+            &config,
+            sequences,
+            features.clone(),
+            &mut rng,
+        )?;
+        optimise(b, &mut model, &mut opt, &mut losses, &batch, false)?;
+        Ok(batch.tokens)
     };
     for sequences in &batches[..warmup] {
         step(sequences)?;

@@ -7,6 +7,7 @@
 //! losses, whichever objective trains, so runs can be compared.
 
 use super::CaptionVocab;
+use super::model::TokenInputs;
 use crate::backend::{Backend, Reduce};
 use crate::data::vocab::PAD;
 use crate::index::{FULL_VOCAB, VocabSubsets};
@@ -245,6 +246,41 @@ pub struct Losses<B: Backend> {
     /// Where `read` gathers the losses (and the caller's extra scalar),
     /// so that a log line costs one readback.
     gathered: B::Tensor,
+}
+
+/// The loss buffers of every batch width (token positions) trained so
+/// far, each made on first use: trimmed batches come in a few widths.
+pub struct LossesByWidth<B: Backend> {
+    objective: Objective,
+    vocab: usize,
+    by_width: Vec<(usize, Losses<B>)>,
+}
+
+impl<B: Backend> LossesByWidth<B> {
+    pub fn new(objective: Objective, vocab: usize) -> Self {
+        LossesByWidth {
+            objective,
+            vocab,
+            by_width: Vec::new(),
+        }
+    }
+
+    /// The buffers for batches shaped as `inputs`.
+    pub fn of(&mut self, b: &B, inputs: &TokenInputs<B>) -> &mut Losses<B> {
+        let at = match self
+            .by_width
+            .iter()
+            .position(|(p, _)| *p == inputs.positions)
+        {
+            Some(at) => at,
+            None => {
+                let losses = Losses::new(b, self.objective, inputs.rows(), self.vocab);
+                self.by_width.push((inputs.positions, losses));
+                self.by_width.len() - 1
+            }
+        };
+        &mut self.by_width[at].1
+    }
 }
 
 /// Loss values read back for the log.

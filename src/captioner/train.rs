@@ -8,7 +8,7 @@ use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
 use super::model::Captioner;
 use super::model::TokenInputs;
-use super::objective::{BatchTargets, LossValues, Losses, Objective};
+use super::objective::{BatchTargets, LossValues, Losses, LossesByWidth, Objective};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
@@ -108,12 +108,73 @@ pub enum Flow {
 }
 
 /// Teacher-forcing targets `[batch, steps]`: each sequence's ids after <bos>.
-pub(crate) fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
+fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
     let mut t = vec![PAD; sequences.len() * steps];
     for (i, s) in sequences.iter().enumerate() {
         t[i * steps..i * steps + s.len() - 1].copy_from_slice(&s[1..]);
     }
     t
+}
+
+/// One batch made ready for `optimise`: its image embeddings, decoder
+/// inputs trimmed to the longest caption, and targets.
+pub(crate) struct Batch<B: Backend> {
+    pub features: Vec<f32>,
+    pub inputs: TokenInputs<B>,
+    pub targets: BatchTargets<B>,
+    /// Real (not padding) target tokens.
+    pub tokens: usize,
+}
+
+impl<B: Backend> Batch<B> {
+    /// `sequences` are encoded captions (`<bos> .. <eos>`), one per row of
+    /// `features`; `rng` draws the objective's random subsets.
+    pub fn new(
+        b: &B,
+        objective: &Objective,
+        vocab: &CaptionVocab,
+        config: &super::CaptionerConfig,
+        sequences: &[Vec<u32>],
+        features: Vec<f32>,
+        rng: &mut ChaCha8Rng,
+    ) -> Result<Self> {
+        let inputs = TokenInputs::trimmed(b, config, sequences)?;
+        let steps = inputs.positions;
+        let ids = targets_of(sequences, steps);
+        let targets = BatchTargets::new(b, objective, vocab, &ids, steps, rng)?;
+        let tokens = ids.iter().filter(|&&id| id != PAD).count();
+        Ok(Batch {
+            features,
+            inputs,
+            targets,
+            tokens,
+        })
+    }
+}
+
+/// One optimisation step on `batch`: the forward, the objective's losses
+/// (with `monitor`, also the ones it does not train on, for a step that
+/// logs), the backward, AdamW, and the submission that lets a GPU start
+/// on it. Training runs it, and `bench train` times it. Returns the
+/// losses, to read when logging.
+pub(crate) fn optimise<'l, B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    opt: &mut AdamW<B>,
+    losses: &'l mut LossesByWidth<B>,
+    batch: &Batch<B>,
+    monitor: bool,
+) -> Result<&'l mut Losses<B>> {
+    let losses = losses.of(b, &batch.inputs);
+    model.forward(b, &batch.features, &batch.inputs)?;
+    losses.forward_backward(b, model.logits(), &batch.targets, monitor);
+    model.params.zero_grads(b);
+    model.backward(b, &batch.inputs, &losses.d_logits);
+    let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
+    let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
+    opt.step(b, &mut values, &grads);
+    b.submit();
+    Ok(losses)
 }
 
 /// Batches drawn from this many batches' worth of captions at once are
@@ -181,8 +242,7 @@ pub struct Trainer<'d, B: Backend> {
     config: RunConfig,
     run: RunFolder,
     opt: AdamW<B>,
-    /// The loss buffers of each trimmed batch width (token positions).
-    losses: Vec<(usize, Losses<B>)>,
+    losses: LossesByWidth<B>,
     train_items: Vec<usize>,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
@@ -264,6 +324,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
+        let losses = LossesByWidth::new(config.objective(), ck.model.config.vocab_size);
         Ok(Trainer {
             ck,
             data,
@@ -271,7 +332,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             config,
             run,
             opt,
-            losses: Vec::new(),
+            losses,
             train_items,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
@@ -321,22 +382,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             lr,
         );
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
-        self.losses.clear();
+        self.losses = LossesByWidth::new(objective, self.ck.model.config.vocab_size);
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
-    }
-
-    /// Where `losses` holds the buffers for batches shaped as `inputs`
-    /// (made on first use).
-    fn losses_for(&mut self, b: &B, inputs: &TokenInputs<B>) -> usize {
-        match self.losses.iter().position(|(p, _)| *p == inputs.positions) {
-            Some(at) => at,
-            None => {
-                let vocab = self.ck.model.config.vocab_size;
-                let losses = Losses::new(b, self.config.objective(), inputs.rows(), vocab);
-                self.losses.push((inputs.positions, losses));
-                self.losses.len() - 1
-            }
-        }
     }
 
     /// Trains one batch; at the end of an epoch also writes the
@@ -375,48 +422,41 @@ impl<'d, B: Backend> Trainer<'d, B> {
             .collect();
         let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
         let features = self.data.features_of(&images);
-        let inputs = TokenInputs::trimmed(b, &c, &sequences)?;
-        let steps = inputs.positions;
-        let targets = targets_of(&sequences, steps);
-        self.tokens += targets.iter().filter(|&&id| id != PAD).count();
         let objective = self.config.objective();
         let mut subset_rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(self.step as u64));
-        let mut batch_targets = BatchTargets::new(
+        let mut batch = Batch::new(
             b,
             &objective,
             &self.ck.vocab,
-            &targets,
-            steps,
+            &c,
+            &sequences,
+            features,
             &mut subset_rng,
         )?;
+        self.tokens += batch.tokens;
         // Batches of short captions would otherwise weigh each of their
         // tokens more than batches of long ones (the loss is a per-token
         // mean): weigh the gradient by the batch's share of tokens.
-        let real = batch_targets.weights.iter().sum::<f32>();
-        batch_targets.gradient_weight = real / (t.batch as f32 * self.mean_tokens);
-        let at = self.losses_for(b, &inputs);
-        let (losses, model) = (&mut self.losses[at].1, &mut self.ck.model);
+        batch.targets.gradient_weight = batch.tokens as f32 / (t.batch as f32 * self.mean_tokens);
         // Steps that log read every loss; the others compute only the objective's.
         let logs =
             (self.step + 1).is_multiple_of(t.log_every.max(1)) || self.step + 1 == self.total;
-        model.forward(b, &features, &inputs)?;
-        losses.forward_backward(b, model.logits(), &batch_targets, logs);
-        model.params.zero_grads(b);
-        model.backward(b, &inputs, &losses.d_logits);
         self.opt.config.lr = warmup_cosine(t.lr, t.warmup, self.step, self.total);
-        let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
-        let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
-        self.opt.step(b, &mut values, &grads);
-        b.submit();
+        let losses = optimise(
+            b,
+            &mut self.ck.model,
+            &mut self.opt,
+            &mut self.losses,
+            &batch,
+            logs,
+        )?;
         self.step += 1;
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
         if logs {
             // One readback for the whole log line.
             let (values, grad_sumsq) =
-                self.losses[at]
-                    .1
-                    .read_with(b, &batch_targets, Some(self.opt.grad_sumsq()));
+                losses.read_with(b, &batch.targets, Some(self.opt.grad_sumsq()));
             if !values.loss.is_finite() {
                 bail!(
                     "the loss became {} at step {} (epoch {}); the last good checkpoint is {} \
