@@ -12,7 +12,7 @@
 //! parent on the device.
 
 use super::CaptionVocab;
-use super::model::Captioner;
+use super::model::{Captioner, MapperActivations};
 use crate::backend::{Backend, HeadLayout, Matmul, Sampling, TokenChoice};
 use crate::data::vocab::{BOS, EOS, PAD, UNK};
 use crate::model::kv_cache::KvCache;
@@ -191,10 +191,7 @@ struct Decoder<'m, B: Backend> {
     /// Token steps of one batch at most (columns of history and logprobs).
     steps: usize,
     cache: KvCache<B>,
-    features: B::Tensor,
-    mapper_hidden: B::Tensor,
-    mapper_act: B::Tensor,
-    prefix: B::Tensor,
+    mapper: MapperActivations<B>,
     /// positions[p] = [p; rows]: the position ids of decoder position p.
     positions: Vec<B::Ids>,
     bos: B::Ids,
@@ -215,10 +212,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
             rows,
             steps,
             cache: model.decoder.kv_cache(b, rows, k + steps),
-            features: b.zeros(rows * c.embed_dim),
-            mapper_hidden: b.zeros(rows * c.mapper_hidden),
-            mapper_act: b.zeros(rows * c.mapper_hidden),
-            prefix: b.zeros(rows * k * w),
+            mapper: MapperActivations::new(b, c, rows),
             positions: (0..k + steps)
                 .map(|p| b.ids(&vec![p as u32; rows]))
                 .collect(),
@@ -237,12 +231,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
         let (m, p) = (self.model, &self.model.params);
         let c = &m.config;
         let (w, k) = (c.decoder.width, c.prefix_len);
-        b.write(&mut self.features, features);
-        m.mapper_in
-            .forward(b, p, &self.features, &mut self.mapper_hidden);
-        b.gelu(&self.mapper_hidden, &mut self.mapper_act);
-        m.mapper_out
-            .forward(b, p, &self.mapper_act, &mut self.prefix);
+        m.mapper.forward(b, p, &mut self.mapper, features);
         self.cache.clear();
         for t in 0..k {
             let vector_t = HeadLayout {
@@ -253,7 +242,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
                 row_stride: k * w,
                 col_offset: t * w,
             };
-            b.tokens_to_heads(&self.prefix, self.cache.input(), &vector_t);
+            b.tokens_to_heads(&self.mapper.prefix, self.cache.input(), &vector_t);
             self.add_position(b);
             m.decoder
                 .forward_cached(b, p, &mut self.cache, &mut self.hidden);

@@ -35,8 +35,7 @@ const TRIM_STEP: usize = 8;
 pub struct Captioner<B: Backend> {
     pub config: CaptionerConfig,
     pub params: Params<B>,
-    pub(super) mapper_in: Dense,
-    pub(super) mapper_out: Dense,
+    pub(super) mapper: Mapper,
     /// [vocab, width], also the output layer.
     pub(super) tokens: ParamId,
     pub(super) positions: ParamId,
@@ -55,10 +54,7 @@ struct Workspace<B: Backend> {
     prefix_layout: HeadLayout,
     token_layout: HeadLayout,
     decoder: Activations<B>,
-    features: B::Tensor,
-    mapper_hidden: B::Tensor,
-    mapper_act: B::Tensor,
-    prefix: B::Tensor,
+    mapper: MapperActivations<B>,
     token_embed: B::Tensor,
     hidden: B::Tensor,
     token_hidden: B::Tensor,
@@ -70,6 +66,48 @@ struct Workspace<B: Backend> {
     d_prefix: B::Tensor,
     d_mapper_act: B::Tensor,
     d_mapper_hidden: B::Tensor,
+}
+
+/// The mapper: an image embedding to k prefix vectors (fc1, GELU, fc2).
+pub(super) struct Mapper {
+    fc1: Dense,
+    fc2: Dense,
+}
+
+/// The mapper's activations for `rows` image embeddings.
+pub(super) struct MapperActivations<B: Backend> {
+    features: B::Tensor,
+    hidden: B::Tensor,
+    act: B::Tensor,
+    /// `[rows, k * width]`: each row's k prefix vectors.
+    pub(super) prefix: B::Tensor,
+}
+
+impl<B: Backend> MapperActivations<B> {
+    pub(super) fn new(b: &B, c: &CaptionerConfig, rows: usize) -> Self {
+        MapperActivations {
+            features: b.zeros(rows * c.embed_dim),
+            hidden: b.zeros(rows * c.mapper_hidden),
+            act: b.zeros(rows * c.mapper_hidden),
+            prefix: b.zeros(rows * c.prefix_len * c.decoder.width),
+        }
+    }
+}
+
+impl Mapper {
+    /// a.prefix = the mapper on `features` (`[rows, embed_dim]`).
+    pub(super) fn forward<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        a: &mut MapperActivations<B>,
+        features: &[f32],
+    ) {
+        b.write(&mut a.features, features);
+        self.fc1.forward(b, p, &a.features, &mut a.hidden);
+        b.gelu(&a.hidden, &mut a.act);
+        self.fc2.forward(b, p, &a.act, &mut a.prefix);
+    }
 }
 
 /// Decoder inputs for one batch: `[batch, positions]` ids, each row
@@ -148,10 +186,7 @@ impl<B: Backend> Workspace<B> {
             prefix_layout: one_run_per_item(k * w, 0),
             token_layout: one_run_per_item(t * w, k * w),
             decoder: m.decoder.activations(b, batch, s),
-            features: b.zeros(batch * c.embed_dim),
-            mapper_hidden: b.zeros(batch * c.mapper_hidden),
-            mapper_act: b.zeros(batch * c.mapper_hidden),
-            prefix: b.zeros(batch * k * w),
+            mapper: MapperActivations::new(b, c, batch),
             token_embed: b.zeros(batch * t * w),
             hidden: b.zeros(batch * s * w),
             token_hidden: b.zeros(batch * t * w),
@@ -173,14 +208,16 @@ impl<B: Backend> Captioner<B> {
         let c = &config;
         let (w, k, s) = (c.decoder.width, c.prefix_len, c.seq_len());
         let mut p = Params::new(seed);
-        let mapper_in = Dense::new(
-            &mut p,
-            "mapper.fc1",
-            c.embed_dim,
-            c.mapper_hidden,
-            (c.embed_dim as f32).powf(-0.5),
-        );
-        let mapper_out = Dense::new(&mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02);
+        let mapper = Mapper {
+            fc1: Dense::new(
+                &mut p,
+                "mapper.fc1",
+                c.embed_dim,
+                c.mapper_hidden,
+                (c.embed_dim as f32).powf(-0.5),
+            ),
+            fc2: Dense::new(&mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02),
+        };
         let tokens = p.add(
             "decoder.tokens".into(),
             &[c.vocab_size, w],
@@ -197,8 +234,7 @@ impl<B: Backend> Captioner<B> {
         p.finish(b);
         Ok(Captioner {
             config,
-            mapper_in,
-            mapper_out,
+            mapper,
             tokens,
             positions,
             decoder,
@@ -243,12 +279,7 @@ impl<B: Backend> Captioner<B> {
         let i = self.select(b, inputs)?;
         let (ws, p) = (&mut self.workspaces[i], &self.params);
         let w = c.decoder.width;
-        b.write(&mut ws.features, features);
-        self.mapper_in
-            .forward(b, p, &ws.features, &mut ws.mapper_hidden);
-        b.gelu(&ws.mapper_hidden, &mut ws.mapper_act);
-        self.mapper_out
-            .forward(b, p, &ws.mapper_act, &mut ws.prefix);
+        self.mapper.forward(b, p, &mut ws.mapper, features);
         b.embedding(
             p.value(self.tokens),
             &inputs.ids.ids,
@@ -257,7 +288,7 @@ impl<B: Backend> Captioner<B> {
             false,
         );
         let input = ws.decoder.input();
-        b.heads_to_tokens(&ws.prefix, input, &ws.prefix_layout, false);
+        b.heads_to_tokens(&ws.mapper.prefix, input, &ws.prefix_layout, false);
         b.heads_to_tokens(&ws.token_embed, input, &ws.token_layout, false);
         b.embedding(
             p.value(self.positions),
@@ -317,20 +348,17 @@ impl<B: Backend> Captioner<B> {
         b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
         b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
-        self.mapper_out.backward(
+        let m = &ws.mapper;
+        self.mapper.fc2.backward(
             b,
             p,
             &ws.d_prefix,
-            &ws.mapper_act,
+            &m.act,
             Some((&mut ws.d_mapper_act, false)),
         );
-        b.gelu_backward(
-            &ws.mapper_hidden,
-            &ws.d_mapper_act,
-            &mut ws.d_mapper_hidden,
-            false,
-        );
-        self.mapper_in
-            .backward(b, p, &ws.d_mapper_hidden, &ws.features, None);
+        b.gelu_backward(&m.hidden, &ws.d_mapper_act, &mut ws.d_mapper_hidden, false);
+        self.mapper
+            .fc1
+            .backward(b, p, &ws.d_mapper_hidden, &m.features, None);
     }
 }
