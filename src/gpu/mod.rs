@@ -92,6 +92,9 @@ pub struct GpuBackend {
     features: wgpu::Features,
     matmul_kernel: Cell<MatmulKernel>,
     modules: RefCell<HashMap<&'static str, wgpu::ShaderModule>>,
+    /// Each kernel family's bind group layout entries by entry point,
+    /// read once per family.
+    layouts: RefCell<HashMap<&'static str, HashMap<String, Vec<wgpu::BindGroupLayoutEntry>>>>,
     pipelines: RefCell<HashMap<(&'static str, &'static str), Rc<Pipeline>>>,
     recorder: RefCell<Recorder>,
     upload_buffer: wgpu::Buffer,
@@ -147,6 +150,7 @@ impl GpuBackend {
             features,
             matmul_kernel: Cell::new(matmul_kernel),
             modules: RefCell::default(),
+            layouts: RefCell::default(),
             pipelines: RefCell::default(),
             recorder: RefCell::new(Recorder {
                 encoder: None,
@@ -401,7 +405,11 @@ impl GpuBackend {
             .device
             .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(entry),
-                entries: &layout_entries(crate::shaders::source(shader), entry),
+                entries: &self
+                    .layouts
+                    .borrow_mut()
+                    .entry(shader)
+                    .or_insert_with(|| layout_entries(crate::shaders::source(shader)))[entry],
             });
         let pipeline_layout = self
             .device
@@ -621,55 +629,62 @@ impl GpuBackend {
     }
 }
 
-/// The bind group layout of `entry` in the kernel family `source`: its
-/// parameter block (binding 0, the one uniform) at a dynamic offset, then
-/// each storage buffer it uses, read-only where the shader says so. Read
-/// from the shader with naga, as wgpu's automatic layout would be, but
-/// with the dynamic offset that lets one bind group serve every dispatch
-/// of the same buffers.
-fn layout_entries(source: &str, entry: &str) -> Vec<wgpu::BindGroupLayoutEntry> {
+/// The bind group layout of each entry point of the kernel family
+/// `source`: its parameter block (binding 0, the one uniform) at a dynamic
+/// offset, then each storage buffer it uses, read-only where the shader
+/// says so. Read from the shader with naga, as wgpu's automatic layout
+/// would be, but with the dynamic offset that lets one bind group serve
+/// every dispatch of the same buffers.
+fn layout_entries(source: &str) -> HashMap<String, Vec<wgpu::BindGroupLayoutEntry>> {
     let module = naga::front::wgsl::parse_str(source)
-        .unwrap_or_else(|e| panic!("kernel family of {entry}: {e}"));
+        .unwrap_or_else(|e| panic!("a kernel family does not parse: {e}"));
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     )
     .validate(&module)
-    .unwrap_or_else(|e| panic!("kernel family of {entry}: {e:?}"));
-    let index = module
+    .unwrap_or_else(|e| panic!("a kernel family does not validate: {e:?}"));
+    module
         .entry_points
         .iter()
-        .position(|e| e.name == entry)
-        .unwrap_or_else(|| panic!("no entry point {entry}"));
-    let uses = info.get_entry_point(index);
-    module
-        .global_variables
-        .iter()
-        .filter(|(handle, _)| !uses[*handle].is_empty())
-        .filter_map(|(_, var)| {
-            let binding = var.binding.as_ref()?;
-            let (ty, has_dynamic_offset) = match var.space {
-                naga::AddressSpace::Uniform => (wgpu::BufferBindingType::Uniform, true),
-                naga::AddressSpace::Storage { access } => (
-                    wgpu::BufferBindingType::Storage {
-                        read_only: !access.contains(naga::StorageAccess::STORE),
-                    },
-                    false,
-                ),
-                _ => return None,
-            };
-            Some(wgpu::BindGroupLayoutEntry {
-                binding: binding.binding,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty,
-                    has_dynamic_offset,
-                    min_binding_size: None,
-                },
-                count: None,
-            })
+        .enumerate()
+        .map(|(index, entry)| {
+            let uses = info.get_entry_point(index);
+            let entries = module
+                .global_variables
+                .iter()
+                .filter(|(handle, _)| !uses[*handle].is_empty())
+                .filter_map(|(_, var)| binding_entry(var))
+                .collect();
+            (entry.name.clone(), entries)
         })
         .collect()
+}
+
+/// The layout entry of a global: a uniform at a dynamic offset, or a
+/// storage buffer; `None` for anything unbound.
+fn binding_entry(var: &naga::GlobalVariable) -> Option<wgpu::BindGroupLayoutEntry> {
+    let binding = var.binding.as_ref()?;
+    let (ty, has_dynamic_offset) = match var.space {
+        naga::AddressSpace::Uniform => (wgpu::BufferBindingType::Uniform, true),
+        naga::AddressSpace::Storage { access } => (
+            wgpu::BufferBindingType::Storage {
+                read_only: !access.contains(naga::StorageAccess::STORE),
+            },
+            false,
+        ),
+        _ => return None,
+    };
+    Some(wgpu::BindGroupLayoutEntry {
+        binding: binding.binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset,
+            min_binding_size: None,
+        },
+        count: None,
+    })
 }
 
 pub(crate) fn describe(info: &wgpu::AdapterInfo) -> String {
