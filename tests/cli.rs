@@ -93,15 +93,20 @@ fn unknown_wgpu_backend_names_the_valid_ones() {
     );
 }
 
-#[test]
-fn bench_kernels_json_has_the_documented_records() {
-    // The GPU whenever an adapter exists: a failing GPU path fails the test
-    // rather than falling back to the CPU unseen.
-    let devices = if common::gpu().is_some() {
+/// The devices a bench test asks for: the GPU whenever an adapter exists,
+/// so that a failing GPU path fails the test rather than falling back to
+/// the CPU unseen.
+fn bench_devices() -> &'static str {
+    if common::gpu().is_some() {
         "cpu,gpu"
     } else {
         "cpu"
-    };
+    }
+}
+
+#[test]
+fn bench_kernels_json_has_the_documented_records() {
+    let devices = bench_devices();
     let out = captune(
         &[
             "--device",
@@ -140,11 +145,7 @@ fn bench_kernels_json_has_the_documented_records() {
 /// and bind-group creations) per decoded batch and per training step.
 #[test]
 fn bench_decode_and_train_count_what_a_gpu_pays_for() {
-    let devices = if common::gpu().is_some() {
-        "cpu,gpu"
-    } else {
-        "cpu"
-    };
+    let devices = bench_devices();
     for (what, args, counters) in [
         (
             "decode",
