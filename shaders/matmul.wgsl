@@ -1,10 +1,16 @@
-// Batched matrix multiply: C[b] = alpha * op(A[b]) * op(B[b]) (+ bias on
-// every row when BIAS) (+ C[b] when accumulating).
+// Batched matrix multiply: C[i] = alpha * op(A[i]) * op(B[i]) (+ bias on
+// every row when BIAS) (+ C[i] when accumulating); with COLUMN_SUMS, also
+// sums[col] (+)= the sum over kk of op(B)[kk, col] (a linear layer's bias
+// gradient beside its weight gradient; one product, no batch).
 //
 // op(A) is m x k: A is stored row-major as [m, k], or as [k, m] when TRANS_A.
 // op(B) is k x n: B is stored row-major as [k, n], or as [n, k] when TRANS_B.
-// A batch stride of 0 broadcasts a matrix (a weight shared by every batch item).
-// The batch index is workgroup_id.z.
+// Batch item i (workgroup_id.z) is head i % heads of group i / heads; each
+// operand's matrix for it starts at offset + group * group_stride +
+// head * head_stride, its stored rows `ld` apart. Strides of 0 share one
+// matrix (a weight) across the batch; a row stride wider than the row
+// reads heads side by side in token-major rows, so attention needs no
+// layout copies.
 //
 // Two variants compute the same thing:
 // - `matmul_registers`: each thread owns a 4x4 block of C and reads A and B
@@ -13,21 +19,32 @@
 // - `matmul_shared`: a 128x128 tile of C per workgroup, staged through
 //   workgroup memory in k-slices of 8, 8x8 results per thread. For real GPUs.
 
+struct Operand {
+    offset: u32,
+    ld: u32,
+    group_stride: u32,
+    head_stride: u32,
+}
+
 struct Params {
     m: u32,
     n: u32,
     k: u32,
-    flags: u32,     // bit 0: TRANS_A, bit 1: TRANS_B, bit 2: ACCUMULATE, bit 3: BIAS
-    stride_a: u32,  // elements between consecutive batch items, 0 = shared
-    stride_b: u32,
-    stride_c: u32,
+    flags: u32,     // TRANS_A | TRANS_B | ACCUMULATE | BIAS | COLUMN_SUMS
     alpha: f32,
+    heads: u32,
+    _pad0: u32,
+    _pad1: u32,
+    a: Operand,
+    b: Operand,
+    c: Operand,
 }
 
 const TRANS_A: u32 = 1u;
 const TRANS_B: u32 = 2u;
 const ACCUMULATE: u32 = 4u;
 const BIAS: u32 = 8u;
+const COLUMN_SUMS: u32 = 16u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
@@ -36,17 +53,23 @@ const BIAS: u32 = 8u;
 // bias[col], added to every row when BIAS (a linear layer's); another
 // read-only operand is bound here otherwise.
 @group(0) @binding(4) var<storage, read> bias: array<f32>;
+// The column sums of op(B) when COLUMN_SUMS; a spare buffer otherwise.
+@group(0) @binding(5) var<storage, read_write> sums: array<f32>;
+
+fn start(o: Operand, batch: u32) -> u32 {
+    return o.offset + (batch / p.heads) * o.group_stride + (batch % p.heads) * o.head_stride;
+}
 
 // op(A)[row, kk] of batch item `batch`, 0 outside the matrix.
 fn load_a(batch: u32, row: u32, kk: u32) -> f32 {
     if (row >= p.m || kk >= p.k) {
         return 0.0;
     }
-    let base = batch * p.stride_a;
+    let base = start(p.a, batch);
     if ((p.flags & TRANS_A) != 0u) {
-        return a[base + kk * p.m + row];
+        return a[base + kk * p.a.ld + row];
     }
-    return a[base + row * p.k + kk];
+    return a[base + row * p.a.ld + kk];
 }
 
 // op(B)[kk, col] of batch item `batch`, 0 outside the matrix.
@@ -54,18 +77,18 @@ fn load_b(batch: u32, kk: u32, col: u32) -> f32 {
     if (kk >= p.k || col >= p.n) {
         return 0.0;
     }
-    let base = batch * p.stride_b;
+    let base = start(p.b, batch);
     if ((p.flags & TRANS_B) != 0u) {
-        return b[base + col * p.k + kk];
+        return b[base + col * p.b.ld + kk];
     }
-    return b[base + kk * p.n + col];
+    return b[base + kk * p.b.ld + col];
 }
 
 fn store_c(batch: u32, row: u32, col: u32, value: f32) {
     if (row >= p.m || col >= p.n) {
         return;
     }
-    let i = batch * p.stride_c + row * p.n + col;
+    let i = start(p.c, batch) + row * p.c.ld + col;
     var out = p.alpha * value;
     if ((p.flags & BIAS) != 0u) {
         out += bias[col];
@@ -74,6 +97,17 @@ fn store_c(batch: u32, row: u32, col: u32, value: f32) {
         out += c[i];
     }
     c[i] = out;
+}
+
+fn store_sum(col: u32, value: f32) {
+    if (col >= p.n) {
+        return;
+    }
+    var out = value;
+    if ((p.flags & ACCUMULATE) != 0u) {
+        out += sums[col];
+    }
+    sums[col] = out;
 }
 
 // ---- register-tiled variant: workgroup 16x16 threads, 64x64 tile of C ----
@@ -87,12 +121,20 @@ fn matmul_registers(
     let row0 = wid.y * 64u + lid.y * 4u;
     let col0 = wid.x * 64u + lid.x * 4u;
     var acc: array<array<f32, 4>, 4>;
+    // The threads of C's first rows also sum B's columns.
+    let sum_b = (p.flags & COLUMN_SUMS) != 0u && row0 == 0u;
+    var b_sum: array<f32, 4>;
     for (var kk = 0u; kk < p.k; kk += 1u) {
         var av: array<f32, 4>;
         var bv: array<f32, 4>;
         for (var i = 0u; i < 4u; i += 1u) {
             av[i] = load_a(batch, row0 + i, kk);
             bv[i] = load_b(batch, kk, col0 + i);
+        }
+        if (sum_b) {
+            for (var j = 0u; j < 4u; j += 1u) {
+                b_sum[j] += bv[j];
+            }
         }
         for (var i = 0u; i < 4u; i += 1u) {
             for (var j = 0u; j < 4u; j += 1u) {
@@ -103,6 +145,11 @@ fn matmul_registers(
     for (var i = 0u; i < 4u; i += 1u) {
         for (var j = 0u; j < 4u; j += 1u) {
             store_c(batch, row0 + i, col0 + j, acc[i][j]);
+        }
+    }
+    if (sum_b) {
+        for (var j = 0u; j < 4u; j += 1u) {
+            store_sum(col0 + j, b_sum[j]);
         }
     }
 }
@@ -128,6 +175,9 @@ fn matmul_shared(
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<array<f32, 8>, 8>;
+    // The threads of C's first rows also sum B's columns.
+    let sum_b = (p.flags & COLUMN_SUMS) != 0u && tile_row == 0u && ty == 0u;
+    var b_sum: array<f32, 8>;
     for (var k0 = 0u; k0 < p.k; k0 += SLICE) {
         // Each thread stages 4 elements of each 128x8 slice. Neighbouring
         // threads take neighbouring addresses of the stored layout, so the
@@ -157,6 +207,11 @@ fn matmul_shared(
                 av[i] = tile_a[kk * TILE + ty * 8u + i];
                 bv[i] = tile_b[kk * TILE + tx * 8u + i];
             }
+            if (sum_b) {
+                for (var j = 0u; j < 8u; j += 1u) {
+                    b_sum[j] += bv[j];
+                }
+            }
             for (var i = 0u; i < 8u; i += 1u) {
                 for (var j = 0u; j < 8u; j += 1u) {
                     acc[i][j] = fma(av[i], bv[j], acc[i][j]);
@@ -168,6 +223,11 @@ fn matmul_shared(
     for (var i = 0u; i < 8u; i += 1u) {
         for (var j = 0u; j < 8u; j += 1u) {
             store_c(batch, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
+        }
+    }
+    if (sum_b) {
+        for (var j = 0u; j < 8u; j += 1u) {
+            store_sum(tile_col + tx * 8u + j, b_sum[j]);
         }
     }
 }

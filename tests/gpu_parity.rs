@@ -5,7 +5,7 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, HeadLayout, Matmul, Reduce, Sampling, SoftmaxRows, Storage, TokenChoice,
+    AdamWStep, Backend, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows, Storage, TokenChoice,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
@@ -67,10 +67,93 @@ fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
                     b.matmul_bias(&a, &w, &bias, &mut c, &s);
                     outs.push(b.to_vec(&c));
                 }
+                if batch == 1 && !trans_b {
+                    // B's column sums beside the product, written then added.
+                    let mut sums = b.tensor(&random(n, 5));
+                    b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s);
+                    b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s.accumulate());
+                    outs.extend([b.to_vec(&c), b.to_vec(&sums)]);
+                }
             }
         }
     }
     outs
+}
+
+/// Attention's products with q, k and v read in place in a fused qkv
+/// tensor `[groups, seq, 3 * heads * dim]` and heads written in place in a
+/// `[groups, seq, heads * dim]` output. Returns (in place, through copies
+/// to head-major order and packed products) for each case.
+fn strided_matmul_cases<B: Backend>(b: &B) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let (groups, heads, seq, dim) = (2, 3, 7, 5);
+    let width = heads * dim;
+    let part = |k: usize| HeadLayout {
+        batch: groups,
+        seq,
+        heads,
+        head_dim: dim,
+        row_stride: 3 * width,
+        col_offset: k * width,
+    };
+    let out = HeadLayout {
+        row_stride: width,
+        col_offset: 0,
+        ..part(0)
+    };
+    let qkv = b.tensor(&random(groups * seq * 3 * width, 1));
+    let head_major = |layout: &HeadLayout| {
+        let mut t = b.zeros(layout.len());
+        b.tokens_to_heads(&qkv, &mut t, layout);
+        t
+    };
+    let (q, k, v) = (head_major(&part(0)), head_major(&part(1)), head_major(&part(2)));
+    let mut cases = Vec::new();
+    // Scores: alpha Q K^T.
+    let scores = Matmul::per_head(groups, heads, seq, seq, dim).trans_b().alpha(0.5);
+    let mut in_place = b.zeros(groups * heads * seq * seq);
+    let strided = scores
+        .with_a(Operand::heads_in_rows(&part(0)))
+        .with_b(Operand::heads_in_rows(&part(1)));
+    b.matmul(&qkv, &qkv, &mut in_place, &strided);
+    let mut packed = b.zeros(groups * heads * seq * seq);
+    b.matmul(&q, &k, &mut packed, &scores);
+    cases.push((b.to_vec(&in_place), b.to_vec(&packed)));
+    // P V (and P^T V) added into the output rows in place.
+    let p = b.tensor(&random(groups * heads * seq * seq, 2));
+    let o0 = random(groups * seq * width, 3);
+    for trans_a in [false, true] {
+        let pv = Matmul {
+            trans_a,
+            ..Matmul::per_head(groups, heads, seq, dim, seq).accumulate()
+        };
+        let mut in_place = b.tensor(&o0);
+        let strided = pv
+            .with_b(Operand::heads_in_rows(&part(2)))
+            .with_c(Operand::heads_in_rows(&out));
+        b.matmul(&p, &qkv, &mut in_place, &strided);
+        let mut packed = b.zeros(out.len());
+        b.tokens_to_heads(&b.tensor(&o0), &mut packed, &out);
+        b.matmul(&p, &v, &mut packed, &pv);
+        let mut packed_out = b.zeros(groups * seq * width);
+        b.heads_to_tokens(&packed, &mut packed_out, &out, false);
+        cases.push((b.to_vec(&in_place), b.to_vec(&packed_out)));
+    }
+    cases
+}
+
+#[test]
+fn strided_products_equal_copies_and_packed_products() {
+    let check = |name: &str, cases: Vec<(Vec<f32>, Vec<f32>)>| {
+        for (i, (in_place, packed)) in cases.iter().enumerate() {
+            assert_close(&format!("{name} case {i}"), in_place, packed, 1e-5, 1e-6);
+        }
+    };
+    check("cpu", strided_matmul_cases(&CpuBackend::new()));
+    let Some(g) = gpu() else { return };
+    for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
+        g.set_matmul_kernel(kernel);
+        check(&format!("gpu {kernel:?}"), strided_matmul_cases(&g));
+    }
 }
 
 #[test]
@@ -389,11 +472,11 @@ fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
         let c = shape.channels();
         let mask = b.ids(&[1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
         let qkv = b.tensor(&random(2 * 6 * 3 * c, 1));
-        let mut attn = Attention::new(b, shape);
+        let mut attn = Attention::new(b, shape, true);
         let mut out = b.zeros(2 * 6 * c);
         attn.forward(b, &qkv, Some(&mask), &mut out);
         let mut dqkv = b.zeros(2 * 6 * 3 * c);
-        attn.backward(b, &b.tensor(&random(2 * 6 * c, 2)), &mut dqkv);
+        attn.backward(b, &qkv, &b.tensor(&random(2 * 6 * c, 2)), &mut dqkv);
         outs.extend([b.to_vec(&out), b.to_vec(&dqkv)]);
     }
     outs

@@ -211,14 +211,14 @@ fn attention_backward_matches_finite_differences() {
         let qkv = random(2 * 4 * 3 * c, 1);
         let r = random(2 * 4 * c, 2);
         let forward = |qkv: &[f32]| {
-            let mut attn = Attention::new(&b, shape);
+            let mut attn = Attention::new(&b, shape, true);
             let mut out = vec![0.0; 2 * 4 * c];
             attn.forward(&b, &qkv.to_vec(), Some(&mask), &mut out);
             (dot(&out, &r), attn)
         };
         let (_, mut attn) = forward(&qkv);
         let mut dqkv = vec![0.0; qkv.len()];
-        attn.backward(&b, &r, &mut dqkv);
+        attn.backward(&b, &qkv, &r, &mut dqkv);
         check(
             &format!("attention (causal {causal}) dqkv"),
             &qkv,

@@ -1,5 +1,7 @@
 //! CPU twin of `shaders/matmul.wgsl`, on the `gemm` crate (BLIS-style
-//! packed kernels, AVX2/AVX-512/NEON, threads through rayon).
+//! packed kernels, AVX2/AVX-512/NEON, threads through rayon), which takes
+//! any row and column strides, so operands laid out as attention heads in
+//! token-major rows need no copy.
 
 use crate::backend::Matmul;
 use gemm::Parallelism;
@@ -8,31 +10,35 @@ use rayon::prelude::*;
 /// Below this many multiply-adds a product runs on one thread.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 
+/// C's base pointer, shared by the threads that write its batch items
+/// (`Matmul::check` has shown that no two items share an element).
+#[derive(Clone, Copy)]
+struct SharedC(*mut f32);
+// SAFETY: each thread writes only its own item's elements.
+unsafe impl Send for SharedC {}
+unsafe impl Sync for SharedC {}
+
 pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
-    let (len_a, len_b, len_c) = s.required_lens();
-    assert!(
-        a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
-        "matmul: operands too short for {s:?}"
-    );
+    s.check((a.len(), b.len(), c.len()));
     if s.batch == 0 || s.m == 0 || s.n == 0 {
         return;
     }
     let macs = s.m * s.n * s.k;
-    let c = &mut c[..len_c];
+    let out = SharedC(c.as_mut_ptr());
+    // SAFETY (both branches): `check` bounds every element an item's
+    // strides reach inside a, b and c, and keeps C's items apart.
+    let item = |i: usize, par: Parallelism| unsafe {
+        product(
+            a.as_ptr().add(s.a.start(i, s.heads)),
+            b.as_ptr().add(s.b.start(i, s.heads)),
+            { out }.0.add(s.c.start(i, s.heads)),
+            s,
+            par,
+        )
+    };
     if s.batch > 1 && macs < PARALLEL_MIN_MACS {
         // Many small products (attention heads): one thread each.
-        assert!(s.stride_c >= s.m * s.n, "matmul: batch items of C overlap");
-        c.par_chunks_mut(s.stride_c)
-            .enumerate()
-            .for_each(|(i, ci)| {
-                product(
-                    &a[i * s.stride_a..],
-                    &b[i * s.stride_b..],
-                    ci,
-                    s,
-                    Parallelism::None,
-                )
-            });
+        (0..s.batch).into_par_iter().for_each(|i| item(i, Parallelism::None));
     } else {
         let par = if macs >= PARALLEL_MIN_MACS {
             Parallelism::Rayon(rayon::current_num_threads())
@@ -40,45 +46,44 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
             Parallelism::None
         };
         for i in 0..s.batch {
-            product(
-                &a[i * s.stride_a..],
-                &b[i * s.stride_b..],
-                &mut c[i * s.stride_c..],
-                s,
-                par,
-            );
+            item(i, par);
         }
     }
 }
 
-/// One product, C = alpha * op(A) op(B) (+ C).
-fn product(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul, par: Parallelism) {
+/// One product, C = alpha * op(A) op(B) (+ C), at the given item starts.
+///
+/// # Safety
+/// Every element the shape's row strides reach from `a`, `b` and `c` is
+/// in bounds, and no other thread touches the elements of C reached.
+unsafe fn product(a: *const f32, b: *const f32, c: *mut f32, s: &Matmul, par: Parallelism) {
     let (m, n, k) = (s.m, s.n, s.k);
-    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    let [lda, ldb, ldc] = s.row_strides();
     // (row stride, column stride) of op(A) and op(B) in their storage.
-    let (a_rs, a_cs) = if s.trans_a { (1, m) } else { (k, 1) };
-    let (b_rs, b_cs) = if s.trans_b { (1, k) } else { (n, 1) };
+    let (a_rs, a_cs) = if s.trans_a { (1, lda) } else { (lda, 1) };
+    let (b_rs, b_cs) = if s.trans_b { (1, ldb) } else { (ldb, 1) };
     if k == 0 {
         if !s.accumulate {
-            c[..m * n].fill(0.0);
+            for r in 0..m {
+                unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), n) }.fill(0.0);
+            }
         }
         return;
     }
-    // SAFETY: the asserts above keep every index the strides reach in bounds;
     // gemm computes dst = alpha_dst * dst + beta * lhs * rhs.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            c.as_mut_ptr(),
+            c,
             1,
-            n as isize,
+            ldc as isize,
             s.accumulate,
-            a.as_ptr(),
+            a,
             a_cs as isize,
             a_rs as isize,
-            b.as_ptr(),
+            b,
             b_cs as isize,
             b_rs as isize,
             1.0,

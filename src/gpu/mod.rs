@@ -104,6 +104,8 @@ pub struct GpuBackend {
     bind_groups: RefCell<HashMap<BindKey, wgpu::BindGroup>>,
     /// Bound in place of a key mask when a softmax has none.
     no_mask: GpuIds,
+    /// Bound for a kernel's optional writable output when it has none.
+    spare: GpuTensor,
     counters: Cell<DeviceCounters>,
 }
 
@@ -142,6 +144,8 @@ impl GpuBackend {
         let (block, _) = pool.take(&device, 4);
         queue.write_buffer(&block.buffer, 0, &[1, 0, 0, 0]);
         let no_mask = GpuIds(GpuBuffer::new(block, 1, pool.clone()));
+        let (block, _) = pool.take(&device, 4);
+        let spare = GpuTensor(GpuBuffer::new(block, 1, pool.clone()));
         Ok(GpuBackend {
             device,
             queue,
@@ -164,6 +168,7 @@ impl GpuBackend {
             staging: RefCell::default(),
             bind_groups: RefCell::default(),
             no_mask,
+            spare,
             counters: Cell::default(),
         })
     }

@@ -26,10 +26,32 @@ struct MatmulParams {
     n: u32,
     k: u32,
     flags: u32,
-    stride_a: u32,
-    stride_b: u32,
-    stride_c: u32,
     alpha: f32,
+    heads: u32,
+    _pad: [u32; 2],
+    a: OperandParams,
+    b: OperandParams,
+    c: OperandParams,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable, Default)]
+struct OperandParams {
+    offset: u32,
+    ld: u32,
+    group_stride: u32,
+    head_stride: u32,
+}
+
+impl OperandParams {
+    fn new(op: &crate::backend::Operand, ld: usize) -> Self {
+        OperandParams {
+            offset: u(op.offset),
+            ld: u(ld),
+            group_stride: u(op.group_stride),
+            head_stride: u(op.head_stride),
+        }
+    }
 }
 
 #[repr(C)]
@@ -163,45 +185,50 @@ fn u(x: usize) -> u32 {
 
 impl GpuBackend {
     /// A matmul dispatch, with the bias epilogue when `bias` is given.
+    /// C (+)= alpha op(A) op(B), with `bias` added to every row, and with
+    /// the column sums of op(B) written (or added) to `sums`.
     fn matmul_with(
         &self,
         a: &GpuTensor,
         b: &GpuTensor,
         bias: Option<&GpuTensor>,
+        sums: Option<&GpuTensor>,
         c: &mut GpuTensor,
         s: &Matmul,
     ) {
-        let (len_a, len_b, len_c) = s.required_lens();
-        assert!(
-            a.len() >= len_a && b.len() >= len_b && c.len() >= len_c,
-            "matmul: operands too short for {s:?}"
-        );
+        s.check((a.len(), b.len(), c.len()));
         let flags = s.trans_a as u32
             | (s.trans_b as u32) << 1
             | (s.accumulate as u32) << 2
-            | (bias.is_some() as u32) << 3;
+            | (bias.is_some() as u32) << 3
+            | (sums.is_some() as u32) << 4;
+        let [lda, ldb, ldc] = s.row_strides();
         let params = MatmulParams {
             m: u(s.m),
             n: u(s.n),
             k: u(s.k),
             flags,
-            stride_a: u(s.stride_a),
-            stride_b: u(s.stride_b),
-            stride_c: u(s.stride_c),
             alpha: s.alpha,
+            heads: u(s.heads),
+            _pad: [0; 2],
+            a: OperandParams::new(&s.a, lda),
+            b: OperandParams::new(&s.b, ldb),
+            c: OperandParams::new(&s.c, ldc),
         };
         let (entry, tile) = match self.matmul_kernel() {
             MatmulKernel::Registers => ("matmul_registers", 64),
             MatmulKernel::Shared => ("matmul_shared", 128),
         };
         let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
-        // Without a bias, A stands in for it (bound, never read).
+        // Without a bias, A stands in for it (bound, never read); without
+        // sums, a spare buffer.
         let bias = bias.unwrap_or(a);
+        let sums = sums.unwrap_or(&self.spare);
         self.dispatch(
             "matmul",
             entry,
             &params,
-            &[&a.0, &b.0, &c.0, &bias.0],
+            &[&a.0, &b.0, &c.0, &bias.0, &sums.0],
             groups,
         );
     }
@@ -485,7 +512,7 @@ impl Backend for GpuBackend {
     }
 
     fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {
-        self.matmul_with(a, b, None, c, s);
+        self.matmul_with(a, b, None, None, c, s);
     }
 
     fn matmul_bias(
@@ -500,7 +527,19 @@ impl Backend for GpuBackend {
             s.batch == 1 && bias.len() == s.n,
             "matmul_bias: one product and one bias per column"
         );
-        self.matmul_with(a, b, Some(bias), c, s);
+        self.matmul_with(a, b, Some(bias), None, c, s);
+    }
+
+    fn matmul_column_sums(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        c: &mut GpuTensor,
+        sums: &mut GpuTensor,
+        s: &Matmul,
+    ) {
+        s.check_column_sums(sums.len());
+        self.matmul_with(a, b, None, Some(sums), c, s);
     }
 
     fn reduce(&self, x: &GpuTensor, op: Reduce, out: &mut GpuTensor, out_index: usize) {

@@ -13,7 +13,7 @@
 use super::layers::NormStats;
 use super::params::Params;
 use super::transformer::{BlockActivations, Transformer};
-use crate::backend::{Backend, HeadLayout, Matmul, SoftmaxRows, Storage};
+use crate::backend::{Backend, HeadLayout, Matmul, Operand, SoftmaxRows, Storage};
 
 /// Keys and values of every layer for `rows` sequences of up to
 /// `capacity` positions, and the buffers of one step.
@@ -30,7 +30,6 @@ pub struct KvCache<B: Backend> {
     ln_f: NormStats<B>,
     /// The step's input `[rows, width]`, then each block's output in turn.
     stream: [B::Tensor; 2],
-    q: B::Tensor,
     new_key: B::Tensor,
     new_value: B::Tensor,
     scores: B::Tensor,
@@ -88,7 +87,6 @@ impl Transformer {
                 .collect(),
             ln_f: NormStats::new(b, rows),
             stream: [b.zeros(rows * w), b.zeros(rows * w)],
-            q: b.zeros(rows * w),
             new_key: b.zeros(rows * w),
             new_value: b.zeros(rows * w),
             scores: b.zeros(rows * h * capacity),
@@ -130,18 +128,17 @@ impl Transformer {
             row_stride: capacity * d,
             col_offset: position * d,
         };
-        let per_head = |n: usize, k: usize, stride_a: usize| Matmul {
-            stride_a,
-            stride_b: capacity * d,
-            stride_c: n,
-            ..Matmul::batched(rows * heads, 1, n, k)
+        // Row r, head h's one-position product with its cache.
+        let cache_operand = Operand {
+            head_stride: capacity * d,
+            ..Operand::packed(heads * capacity * d)
         };
+        let per_head = |n: usize, k: usize| Matmul::per_head(rows, heads, 1, n, k).with_b(cache_operand);
         let KvCache {
             keys: key_cache,
             values: value_cache,
             blocks,
             stream,
-            q,
             new_key,
             new_value,
             scores,
@@ -152,24 +149,26 @@ impl Transformer {
             let [x, next] = &mut *stream;
             block.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
             block.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
-            b.tokens_to_heads(&a.qkv_out, q, &part(0));
             b.tokens_to_heads(&a.qkv_out, new_key, &part(1));
             b.tokens_to_heads(&a.qkv_out, new_value, &part(2));
             b.heads_to_tokens(new_key, &mut key_cache[l], &slot, false);
             b.heads_to_tokens(new_value, &mut value_cache[l], &slot, false);
             let scale = 1.0 / (d as f32).sqrt();
             b.matmul(
-                q,
+                &a.qkv_out,
                 &key_cache[l],
                 scores,
-                &per_head(keys, d, d).trans_b().alpha(scale),
+                &per_head(keys, d)
+                    .with_a(Operand::heads_in_rows(&part(0)))
+                    .trans_b()
+                    .alpha(scale),
             );
             b.softmax(scores, probs, &SoftmaxRows::plain(rows * heads, keys), None);
             b.matmul(
                 probs,
                 &value_cache[l],
                 &mut a.attn_out,
-                &per_head(d, keys, keys),
+                &per_head(d, keys),
             );
             block.proj.forward(b, p, &a.attn_out, next);
             b.add(1.0, x, 1.0, next, &mut a.mid);

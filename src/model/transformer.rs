@@ -96,7 +96,7 @@ impl<B: Backend> BlockActivations<B> {
         };
         BlockActivations {
             ln1: NormStats::new(b, rows),
-            attn: Attention::new(b, shape),
+            attn: Attention::new(b, shape, backward),
             ln2: NormStats::new(b, rows),
             ln1_out: b.zeros(rows * w),
             qkv_out: b.zeros(rows * 3 * w),
@@ -186,7 +186,7 @@ impl Block {
         // Attention branch.
         self.proj
             .backward(b, p, &a.d_mid, &a.attn_out, Some((&mut a.d_attn, false)));
-        a.attn.backward(b, &a.d_attn, &mut a.d_qkv);
+        a.attn.backward(b, &a.qkv_out, &a.d_attn, &mut a.d_qkv);
         self.qkv
             .backward(b, p, &a.d_qkv, &a.ln1_out, Some((&mut a.d_ln, false)));
         b.axpby(1.0, &a.d_mid, 0.0, dx);

@@ -3,7 +3,7 @@
 //! bidirectional, with an optional key padding mask `[batch, seq]`
 //! (nonzero = a real token).
 
-use crate::backend::{Backend, HeadLayout, Matmul, SoftmaxRows};
+use crate::backend::{Backend, HeadLayout, Matmul, Operand, SoftmaxRows};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionShape {
@@ -43,46 +43,44 @@ impl AttentionShape {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
-    /// [batch * heads] products of seq x n by n x seq-or-head_dim.
+    /// [batch * heads] products of seq x n by n x seq-or-head_dim, every
+    /// operand packed head-major until given a token-major layout.
     fn per_head(&self, m: usize, n: usize, k: usize) -> Matmul {
-        Matmul::batched(self.batch * self.heads, m, n, k)
+        Matmul::per_head(self.batch, self.heads, m, n, k)
+    }
+
+    /// q (0), k (1) or v (2) read in place inside the fused qkv tensor.
+    fn qkv(&self, part: usize) -> Operand {
+        Operand::heads_in_rows(&self.qkv_part(part))
+    }
+
+    /// The heads of the `[batch, seq, channels]` output, in place.
+    fn out(&self) -> Operand {
+        Operand::heads_in_rows(&self.output())
     }
 }
 
-/// One attention layer's saved activations and gradient scratch.
+/// One attention layer's saved attention weights and gradient scratch.
+/// The batched products read q, k and v in place in the fused qkv tensor
+/// and write the heads in place in the output, so no head is copied.
 pub struct Attention<B: Backend> {
     pub shape: AttentionShape,
-    q: B::Tensor,
-    k: B::Tensor,
-    v: B::Tensor,
     /// Scores before softmax; in backward, their gradient.
     scores: B::Tensor,
     /// Attention weights, `[batch, heads, seq, seq]`.
     pub probs: B::Tensor,
-    /// Per-head output; in backward, its gradient.
-    heads_out: B::Tensor,
+    /// Their gradient (empty without backward).
     dprobs: B::Tensor,
-    dq: B::Tensor,
-    dk: B::Tensor,
-    dv: B::Tensor,
 }
 
 impl<B: Backend> Attention<B> {
-    pub fn new(b: &B, shape: AttentionShape) -> Self {
-        let per_head = shape.batch * shape.heads * shape.seq * shape.head_dim;
+    pub fn new(b: &B, shape: AttentionShape, backward: bool) -> Self {
         let square = shape.batch * shape.heads * shape.seq * shape.seq;
         Attention {
             shape,
-            q: b.zeros(per_head),
-            k: b.zeros(per_head),
-            v: b.zeros(per_head),
             scores: b.zeros(square),
             probs: b.zeros(square),
-            heads_out: b.zeros(per_head),
-            dprobs: b.zeros(square),
-            dq: b.zeros(per_head),
-            dk: b.zeros(per_head),
-            dv: b.zeros(per_head),
+            dprobs: b.zeros(if backward { square } else { 0 }),
         }
     }
 
@@ -96,15 +94,13 @@ impl<B: Backend> Attention<B> {
     ) {
         let s = self.shape;
         let (t, d) = (s.seq, s.head_dim);
-        b.tokens_to_heads(qkv, &mut self.q, &s.qkv_part(0));
-        b.tokens_to_heads(qkv, &mut self.k, &s.qkv_part(1));
-        b.tokens_to_heads(qkv, &mut self.v, &s.qkv_part(2));
-        b.matmul(
-            &self.q,
-            &self.k,
-            &mut self.scores,
-            &s.per_head(t, t, d).trans_b().alpha(s.scale()),
-        );
+        let scores = s
+            .per_head(t, t, d)
+            .with_a(s.qkv(0))
+            .with_b(s.qkv(1))
+            .trans_b()
+            .alpha(s.scale());
+        b.matmul(qkv, qkv, &mut self.scores, &scores);
         let rows = SoftmaxRows {
             rows: s.batch * s.heads * t,
             cols: t,
@@ -113,49 +109,37 @@ impl<B: Backend> Attention<B> {
             causal: s.causal,
         };
         b.softmax(&self.scores, &mut self.probs, &rows, key_mask);
-        b.matmul(
-            &self.probs,
-            &self.v,
-            &mut self.heads_out,
-            &s.per_head(t, d, t),
-        );
-        b.heads_to_tokens(&self.heads_out, out, &s.output(), false);
+        let values = s.per_head(t, d, t).with_b(s.qkv(2)).with_c(s.out());
+        b.matmul(&self.probs, qkv, out, &values);
     }
 
-    /// dqkv = the gradient of the loss w.r.t. qkv, given dout (overwrites dqkv).
-    pub fn backward(&mut self, b: &B, dout: &B::Tensor, dqkv: &mut B::Tensor) {
+    /// dqkv = the gradient of the loss w.r.t. qkv, given the forward's
+    /// qkv and dout (overwrites dqkv).
+    pub fn backward(&mut self, b: &B, qkv: &B::Tensor, dout: &B::Tensor, dqkv: &mut B::Tensor) {
         let s = self.shape;
         let (t, d) = (s.seq, s.head_dim);
-        let dheads = &mut self.heads_out;
-        b.tokens_to_heads(dout, dheads, &s.output());
-        b.matmul(
-            dheads,
-            &self.v,
-            &mut self.dprobs,
-            &s.per_head(t, t, d).trans_b(),
-        );
-        b.matmul(
-            &self.probs,
-            dheads,
-            &mut self.dv,
-            &s.per_head(t, d, t).trans_a(),
-        );
+        let dprobs = s
+            .per_head(t, t, d)
+            .with_a(s.out())
+            .with_b(s.qkv(2))
+            .trans_b();
+        b.matmul(dout, qkv, &mut self.dprobs, &dprobs);
+        let dv = s.per_head(t, d, t).trans_a().with_b(s.out()).with_c(s.qkv(2));
+        b.matmul(&self.probs, dout, dqkv, &dv);
         let dscores = &mut self.scores;
         b.softmax_backward(&self.probs, &self.dprobs, dscores, t, false);
-        b.matmul(
-            dscores,
-            &self.k,
-            &mut self.dq,
-            &s.per_head(t, d, t).alpha(s.scale()),
-        );
-        b.matmul(
-            dscores,
-            &self.q,
-            &mut self.dk,
-            &s.per_head(t, d, t).trans_a().alpha(s.scale()),
-        );
-        b.heads_to_tokens(&self.dq, dqkv, &s.qkv_part(0), false);
-        b.heads_to_tokens(&self.dk, dqkv, &s.qkv_part(1), false);
-        b.heads_to_tokens(&self.dv, dqkv, &s.qkv_part(2), false);
+        let dq = s
+            .per_head(t, d, t)
+            .with_b(s.qkv(1))
+            .with_c(s.qkv(0))
+            .alpha(s.scale());
+        b.matmul(dscores, qkv, dqkv, &dq);
+        let dk = s
+            .per_head(t, d, t)
+            .trans_a()
+            .with_b(s.qkv(0))
+            .with_c(s.qkv(1))
+            .alpha(s.scale());
+        b.matmul(dscores, qkv, dqkv, &dk);
     }
 }

@@ -38,16 +38,12 @@ impl Linear {
         dbias: Option<&mut B::Tensor>,
         dx: Option<(&mut B::Tensor, bool)>,
     ) {
-        b.matmul(
-            x,
-            dy,
-            dw,
-            &Matmul::new(self.inputs, self.outputs, self.rows)
-                .trans_a()
-                .accumulate(),
-        );
-        if let Some(dbias) = dbias {
-            b.column_sum(dy, self.rows, self.outputs, dbias, true);
+        let dw_shape = Matmul::new(self.inputs, self.outputs, self.rows)
+            .trans_a()
+            .accumulate();
+        match dbias {
+            Some(dbias) => b.matmul_column_sums(x, dy, dw, dbias, &dw_shape),
+            None => b.matmul(x, dy, dw, &dw_shape),
         }
         if let Some((dx, accumulate)) = dx {
             let mut shape = Matmul::new(self.rows, self.inputs, self.outputs).trans_b();
