@@ -55,22 +55,13 @@ fn add_bias(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg:
     if (i < p.len) { y[i] += x[i % p.cols]; }
 }
 
-// GELU, tanh approximation (as GPT-2): y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))).
-const GELU_S: f32 = 0.7978845608028654; // sqrt(2 / pi)
-
-// tanh that stays finite for large |u| on every backend.
-fn stable_tanh(u: f32) -> f32 {
-    let e = exp(-2.0 * abs(u));
-    return sign(u) * (1.0 - e) / (1.0 + e);
-}
-
+// GELU (gelu_value and gelu_slope are in the prelude).
 @compute @workgroup_size(256)
 fn gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
-        let v = x[i];
-        y[i] = 0.5 * v * (1.0 + stable_tanh(GELU_S * (v + 0.044715 * v * v * v)));
+        y[i] = gelu_value(x[i]);
     }
 }
 
@@ -85,12 +76,7 @@ fn gelu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                  @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
-        let v = x[i];
-        let u = GELU_S * (v + 0.044715 * v * v * v);
-        let t = stable_tanh(u);
-        let du = GELU_S * (1.0 + 3.0 * 0.044715 * v * v);
-        let grad = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du;
-        var out = dy[i] * grad;
+        var out = dy[i] * gelu_slope(x[i]);
         if (p.beta != 0.0) { out += p.beta * dx[i]; }
         dx[i] = out;
     }

@@ -85,7 +85,7 @@ fn layer_norm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workg
 
 // ---- backward to gamma and beta, first pass ----
 // Per block of ROW_BLOCK rows and per column: sum of dy * xhat and of dy.
-// The reduce family's `column_sum` then sums the blocks (no float atomics).
+// `layer_norm_param_sums` then adds up the blocks (no float atomics).
 
 @group(0) @binding(1) var<storage, read> dy_p: array<f32>;
 @group(0) @binding(2) var<storage, read> x_p: array<f32>;
@@ -109,4 +109,27 @@ fn layer_norm_param_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(loc
     }
     dgamma_partial[wid.y * p.cols + col] = dg;
     dbeta_partial[wid.y * p.cols + col] = db;
+}
+
+// ---- backward to gamma and beta, second pass ----
+// dgamma[c] += the sum over blocks of dgamma_blocks[block, c]; dbeta alike.
+// p.rows is the number of blocks.
+
+@group(0) @binding(1) var<storage, read> dgamma_blocks: array<f32>;
+@group(0) @binding(2) var<storage, read> dbeta_blocks: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dgamma_sum: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dbeta_sum: array<f32>;
+
+@compute @workgroup_size(256)
+fn layer_norm_param_sums(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let col = wid.x * WG + lid;
+    if (col >= p.cols) { return; }
+    var dg = 0.0;
+    var db = 0.0;
+    for (var block = 0u; block < p.rows; block += 1u) {
+        dg += dgamma_blocks[block * p.cols + col];
+        db += dbeta_blocks[block * p.cols + col];
+    }
+    dgamma_sum[col] += dg;
+    dbeta_sum[col] += db;
 }

@@ -1,7 +1,12 @@
-// Batched matrix multiply: C[i] = alpha * op(A[i]) * op(B[i]) (+ bias on
-// every row when BIAS) (+ C[i] when accumulating); with COLUMN_SUMS, also
-// sums[col] (+)= the sum over kk of op(B)[kk, col] (a linear layer's bias
-// gradient beside its weight gradient; one product, no batch).
+// Batched matrix multiply: C[i] = alpha * op(A[i]) * op(B[i]) (+ C[i] when
+// accumulating), with epilogues that spare a linear layer's neighbours a
+// dispatch of their own (each for one product, no batch):
+// - BIAS: C gets epilogue_in[col] added to every row (the forward);
+// - GELU: epilogue_out = GELU(C) too (an MLP's first layer);
+// - GELU_GRAD: the product is multiplied by GELU'(epilogue_in) elementwise
+//   before C gets it (the gradient through an MLP's GELU);
+// - COLUMN_SUMS: epilogue_out[col] (+)= the sum over kk of op(B)[kk, col]
+//   (a linear layer's bias gradient beside its weight gradient).
 //
 // op(A) is m x k: A is stored row-major as [m, k], or as [k, m] when TRANS_A.
 // op(B) is k x n: B is stored row-major as [k, n], or as [n, k] when TRANS_B.
@@ -30,7 +35,7 @@ struct Params {
     m: u32,
     n: u32,
     k: u32,
-    flags: u32,     // TRANS_A | TRANS_B | ACCUMULATE | BIAS | COLUMN_SUMS
+    flags: u32,     // TRANS_A | TRANS_B | ACCUMULATE and the epilogues
     alpha: f32,
     heads: u32,
     _pad0: u32,
@@ -45,58 +50,68 @@ const TRANS_B: u32 = 2u;
 const ACCUMULATE: u32 = 4u;
 const BIAS: u32 = 8u;
 const COLUMN_SUMS: u32 = 16u;
+const GELU: u32 = 32u;
+const GELU_GRAD: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> c: array<f32>;
-// bias[col], added to every row when BIAS (a linear layer's); another
-// read-only operand is bound here otherwise.
-@group(0) @binding(4) var<storage, read> bias: array<f32>;
-// The column sums of op(B) when COLUMN_SUMS; a spare buffer otherwise.
-@group(0) @binding(5) var<storage, read_write> sums: array<f32>;
+// The bias (BIAS) or GELU's input (GELU_GRAD); another read-only operand
+// is bound here otherwise.
+@group(0) @binding(4) var<storage, read> epilogue_in: array<f32>;
+// GELU(C) (GELU) or the column sums of op(B) (COLUMN_SUMS); a spare buffer
+// otherwise.
+@group(0) @binding(5) var<storage, read_write> epilogue_out: array<f32>;
 
 fn start(o: Operand, batch: u32) -> u32 {
     return o.offset + (batch / p.heads) * o.group_stride + (batch % p.heads) * o.head_stride;
 }
 
-// op(A)[row, kk] of batch item `batch`, 0 outside the matrix.
-fn load_a(batch: u32, row: u32, kk: u32) -> f32 {
+// op(A)[row, kk] of the batch item whose A starts at `base`, 0 outside
+// the matrix.
+fn load_a(base: u32, row: u32, kk: u32) -> f32 {
     if (row >= p.m || kk >= p.k) {
         return 0.0;
     }
-    let base = start(p.a, batch);
     if ((p.flags & TRANS_A) != 0u) {
         return a[base + kk * p.a.ld + row];
     }
     return a[base + row * p.a.ld + kk];
 }
 
-// op(B)[kk, col] of batch item `batch`, 0 outside the matrix.
-fn load_b(batch: u32, kk: u32, col: u32) -> f32 {
+// op(B)[kk, col] of the batch item whose B starts at `base`, 0 outside
+// the matrix.
+fn load_b(base: u32, kk: u32, col: u32) -> f32 {
     if (kk >= p.k || col >= p.n) {
         return 0.0;
     }
-    let base = start(p.b, batch);
     if ((p.flags & TRANS_B) != 0u) {
         return b[base + col * p.b.ld + kk];
     }
     return b[base + kk * p.b.ld + col];
 }
 
-fn store_c(batch: u32, row: u32, col: u32, value: f32) {
+// C[row, col] of the batch item whose C starts at `base`.
+fn store_c(base: u32, row: u32, col: u32, value: f32) {
     if (row >= p.m || col >= p.n) {
         return;
     }
-    let i = start(p.c, batch) + row * p.c.ld + col;
+    let i = base + row * p.c.ld + col;
     var out = p.alpha * value;
     if ((p.flags & BIAS) != 0u) {
-        out += bias[col];
+        out += epilogue_in[col];
+    }
+    if ((p.flags & GELU_GRAD) != 0u) {
+        out *= gelu_slope(epilogue_in[i]);
     }
     if ((p.flags & ACCUMULATE) != 0u) {
         out += c[i];
     }
     c[i] = out;
+    if ((p.flags & GELU) != 0u) {
+        epilogue_out[i] = gelu_value(out);
+    }
 }
 
 fn store_sum(col: u32, value: f32) {
@@ -105,9 +120,9 @@ fn store_sum(col: u32, value: f32) {
     }
     var out = value;
     if ((p.flags & ACCUMULATE) != 0u) {
-        out += sums[col];
+        out += epilogue_out[col];
     }
-    sums[col] = out;
+    epilogue_out[col] = out;
 }
 
 // ---- register-tiled variant: workgroup 16x16 threads, 64x64 tile of C ----
@@ -118,6 +133,8 @@ fn matmul_registers(
     @builtin(local_invocation_id) lid: vec3<u32>,
 ) {
     let batch = wid.z;
+    let base_a = start(p.a, batch);
+    let base_b = start(p.b, batch);
     let row0 = wid.y * 64u + lid.y * 4u;
     let col0 = wid.x * 64u + lid.x * 4u;
     var acc: array<array<f32, 4>, 4>;
@@ -128,8 +145,8 @@ fn matmul_registers(
         var av: array<f32, 4>;
         var bv: array<f32, 4>;
         for (var i = 0u; i < 4u; i += 1u) {
-            av[i] = load_a(batch, row0 + i, kk);
-            bv[i] = load_b(batch, kk, col0 + i);
+            av[i] = load_a(base_a, row0 + i, kk);
+            bv[i] = load_b(base_b, kk, col0 + i);
         }
         if (sum_b) {
             for (var j = 0u; j < 4u; j += 1u) {
@@ -142,9 +159,10 @@ fn matmul_registers(
             }
         }
     }
+    let base_c = start(p.c, batch);
     for (var i = 0u; i < 4u; i += 1u) {
         for (var j = 0u; j < 4u; j += 1u) {
-            store_c(batch, row0 + i, col0 + j, acc[i][j]);
+            store_c(base_c, row0 + i, col0 + j, acc[i][j]);
         }
     }
     if (sum_b) {
@@ -169,6 +187,8 @@ fn matmul_shared(
     @builtin(local_invocation_index) li: u32,
 ) {
     let batch = wid.z;
+    let base_a = start(p.a, batch);
+    let base_b = start(p.b, batch);
     let tile_row = wid.y * TILE;
     let tile_col = wid.x * TILE;
     // This thread's 8x8 block inside the tile: rows ty*8.., columns tx*8..
@@ -189,14 +209,14 @@ fn matmul_shared(
             let r_fast_r = idx % TILE;
             let r_fast_k = idx / TILE;
             if ((p.flags & TRANS_A) != 0u) {
-                tile_a[r_fast_k * TILE + r_fast_r] = load_a(batch, tile_row + r_fast_r, k0 + r_fast_k);
+                tile_a[r_fast_k * TILE + r_fast_r] = load_a(base_a, tile_row + r_fast_r, k0 + r_fast_k);
             } else {
-                tile_a[k_fast_k * TILE + k_fast_r] = load_a(batch, tile_row + k_fast_r, k0 + k_fast_k);
+                tile_a[k_fast_k * TILE + k_fast_r] = load_a(base_a, tile_row + k_fast_r, k0 + k_fast_k);
             }
             if ((p.flags & TRANS_B) != 0u) {
-                tile_b[k_fast_k * TILE + k_fast_r] = load_b(batch, k0 + k_fast_k, tile_col + k_fast_r);
+                tile_b[k_fast_k * TILE + k_fast_r] = load_b(base_b, k0 + k_fast_k, tile_col + k_fast_r);
             } else {
-                tile_b[r_fast_k * TILE + r_fast_r] = load_b(batch, k0 + r_fast_k, tile_col + r_fast_r);
+                tile_b[r_fast_k * TILE + r_fast_r] = load_b(base_b, k0 + r_fast_k, tile_col + r_fast_r);
             }
         }
         workgroupBarrier();
@@ -220,9 +240,10 @@ fn matmul_shared(
         }
         workgroupBarrier();
     }
+    let base_c = start(p.c, batch);
     for (var i = 0u; i < 8u; i += 1u) {
         for (var j = 0u; j < 8u; j += 1u) {
-            store_c(batch, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
+            store_c(base_c, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
         }
     }
     if (sum_b) {

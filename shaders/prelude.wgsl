@@ -37,3 +37,24 @@ fn workgroup_reduce(lid: u32, v: f32, take_max: bool) -> f32 {
     workgroupBarrier();
     return total;
 }
+
+// GELU, tanh approximation (as GPT-2): y = 0.5 x (1 + tanh(s (x + 0.044715 x^3))).
+// Here for the elementwise kernels and the matmul epilogues.
+const GELU_S: f32 = 0.7978845608028654; // sqrt(2 / pi)
+
+// tanh that stays finite for large |u| on every backend.
+fn stable_tanh(u: f32) -> f32 {
+    let e = exp(-2.0 * abs(u));
+    return sign(u) * (1.0 - e) / (1.0 + e);
+}
+
+fn gelu_value(v: f32) -> f32 {
+    return 0.5 * v * (1.0 + stable_tanh(GELU_S * (v + 0.044715 * v * v * v)));
+}
+
+// d gelu(v) / dv.
+fn gelu_slope(v: f32) -> f32 {
+    let t = stable_tanh(GELU_S * (v + 0.044715 * v * v * v));
+    let du = GELU_S * (1.0 + 3.0 * 0.044715 * v * v);
+    return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du;
+}

@@ -2,8 +2,10 @@
 // over fixed chunks, so the same input gives the same bits on every run.
 //
 // Full reductions take two passes: `reduce_partials` reduces each chunk of
-// `chunk` elements to one partial; `reduce_final` reduces the partials with
-// one workgroup and writes one value at out[out_index].
+// `chunk` elements to one partial, written from out[out_index] on (so the
+// partials of several tensors can share one buffer); `reduce_final`
+// reduces the partials with one workgroup and writes one value at
+// out[out_index].
 // Column sums (the bias gradient) take two passes too: `column_partials`
 // sums blocks of ROW_BLOCK rows per column, `column_sum` sums those blocks.
 
@@ -12,7 +14,7 @@ struct Params {
     cols: u32,       // column reductions: the row length
     chunk: u32,      // reduce_partials: elements per workgroup
     op: u32,         // 0 = sum, 1 = max, 2 = sum of squares
-    out_index: u32,  // reduce_final: where the value goes in `out`
+    out_index: u32,  // where the value (reduce_final) or the first partial goes in `out`
     accumulate: u32, // reduce_final / column_sum: 1 = add to the existing value
     scale: f32,      // reduce_final: the value is multiplied by this (mean = 1/len)
     _pad: u32,
@@ -50,7 +52,7 @@ fn reduce_partials(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
         acc = combine(acc, v);
     }
     let total = workgroup_reduce(lid, acc, p.op == OP_MAX);
-    if (lid == 0u) { out[group] = total; }
+    if (lid == 0u) { out[p.out_index + group] = total; }
 }
 
 @compute @workgroup_size(256)

@@ -264,7 +264,11 @@ impl Matmul {
     pub fn row_strides(&self) -> [usize; 3] {
         let dims = self.stored_dims();
         let resolve = |op: &Operand, (_, cols): (usize, usize)| {
-            if op.row_stride == 0 { cols } else { op.row_stride }
+            if op.row_stride == 0 {
+                cols
+            } else {
+                op.row_stride
+            }
         };
         [
             resolve(&self.a, dims[0]),
@@ -295,7 +299,7 @@ impl Matmul {
     pub fn check(&self, lens: (usize, usize, usize)) {
         let need = self.required_lens();
         assert!(
-            self.heads >= 1 && self.batch % self.heads == 0,
+            self.heads >= 1 && self.batch.is_multiple_of(self.heads),
             "matmul: batch {} is not a multiple of heads {}",
             self.batch,
             self.heads
@@ -304,7 +308,10 @@ impl Matmul {
             lens.0 >= need.0 && lens.1 >= need.1 && lens.2 >= need.2,
             "matmul: operands of {lens:?} elements, {need:?} needed for {self:?}"
         );
-        assert!(self.c_items_disjoint(), "matmul: batch items of C overlap in {self:?}");
+        assert!(
+            self.c_items_disjoint(),
+            "matmul: batch items of C overlap in {self:?}"
+        );
     }
 
     /// Panics unless the column sums of op(B) are those of B as stored
@@ -318,6 +325,19 @@ impl Matmul {
                 && self.row_strides()[1] == self.n
                 && sums_len >= self.n,
             "matmul_column_sums: one product, B packed and not transposed, one sum per column"
+        );
+    }
+
+    /// Panics unless this is one product written to a packed C, and
+    /// `pre_len` covers C (`matmul_gelu_backward`).
+    pub fn check_gelu_backward(&self, pre_len: usize) {
+        assert!(
+            self.batch == 1
+                && !self.accumulate
+                && self.c.offset == 0
+                && self.row_strides()[2] == self.n
+                && pre_len >= self.m * self.n,
+            "matmul_gelu_backward: one product written to a packed C, GELU's input as large as C"
         );
     }
 
@@ -550,6 +570,31 @@ pub trait Backend {
         self.add_bias(c, bias);
     }
 
+    /// `matmul_bias`, then act = GELU(C): an MLP's first layer keeping its
+    /// pre-activation for the backward, one dispatch on the GPU.
+    fn matmul_bias_gelu(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: &Self::Tensor,
+        c: &mut Self::Tensor,
+        act: &mut Self::Tensor,
+        shape: &Matmul,
+    ) {
+        self.matmul_bias(a, b, bias, c, shape);
+        self.gelu(c, act);
+    }
+    /// C = (alpha op(A) op(B)) * GELU'(pre), elementwise, for one product
+    /// written (not added) to a packed C: the gradient w.r.t. a GELU's
+    /// input, computed where the gradient w.r.t. its output is.
+    fn matmul_gelu_backward(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        pre: &Self::Tensor,
+        c: &mut Self::Tensor,
+        shape: &Matmul,
+    );
     /// `matmul` of one product, and `sums[col]` (+)= the sum over rows of
     /// op(B)`[.., col]` (added when the product accumulates): a linear
     /// layer's bias gradient computed beside its weight gradient, in the
@@ -569,7 +614,19 @@ pub trait Backend {
 
     // ---- reductions ----
     /// out[out_index] = the reduction of all of x.
-    fn reduce(&self, x: &Self::Tensor, op: Reduce, out: &mut Self::Tensor, out_index: usize);
+    fn reduce(&self, x: &Self::Tensor, op: Reduce, out: &mut Self::Tensor, out_index: usize) {
+        self.reduce_parts(&[x], op, out, out_index);
+    }
+    /// out[out_index] = the reduction of all the elements of `parts`, as
+    /// if concatenated (a gradient norm over parameter groups): one final
+    /// pass on the GPU, whatever the number of parts.
+    fn reduce_parts(
+        &self,
+        parts: &[&Self::Tensor],
+        op: Reduce,
+        out: &mut Self::Tensor,
+        out_index: usize,
+    );
     /// out[c] (+)= sum over rows of x[r, c]: the bias gradient.
     fn column_sum(
         &self,

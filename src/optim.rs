@@ -48,7 +48,6 @@ pub struct AdamW<B: Backend> {
     groups: [Vec<usize>; 2],
     m: Vec<B::Tensor>,
     v: Vec<B::Tensor>,
-    norm_slots: B::Tensor,
     grad_sumsq: B::Tensor,
 }
 
@@ -63,7 +62,6 @@ impl<B: Backend> AdamW<B> {
             m: grouped_tensors(b, &zeros, &groups),
             v: grouped_tensors(b, &zeros, &groups),
             groups,
-            norm_slots: b.zeros(params.len().max(2)),
             grad_sumsq: b.zeros(1),
         }
     }
@@ -77,21 +75,18 @@ impl<B: Backend> AdamW<B> {
             "AdamW: one gradient per parameter"
         );
         self.step += 1;
-        // The squared norm of each group (or tensor) into a slot, then the total.
-        let mut slot = 0;
-        for group in &self.groups {
-            let members: Vec<&B::Tensor> = group.iter().map(|&i| grads[i]).collect();
-            let spanned = b.span(&members);
-            let parts: Vec<&B::Tensor> = match &spanned {
-                Some(all) => vec![all],
-                None => members,
-            };
-            for part in parts {
-                b.reduce(part, Reduce::SumSquares, &mut self.norm_slots, slot);
-                slot += 1;
-            }
-        }
-        b.reduce(&self.norm_slots, Reduce::Sum, &mut self.grad_sumsq, 0);
+        // The squared norm over every group (or tensor).
+        let spans: Vec<Option<B::Tensor>> = self
+            .groups
+            .iter()
+            .map(|group| b.span(&group.iter().map(|&i| grads[i]).collect::<Vec<_>>()))
+            .collect();
+        let parts: Vec<&B::Tensor> = if spans.iter().all(Option::is_some) {
+            spans.iter().flatten().collect()
+        } else {
+            grads.to_vec()
+        };
+        b.reduce_parts(&parts, Reduce::SumSquares, &mut self.grad_sumsq, 0);
         for (g, group) in self.groups.iter().enumerate() {
             let s = AdamWStep {
                 lr: self.config.lr,

@@ -5,7 +5,8 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows, Storage, TokenChoice,
+    AdamWStep, Backend, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows, Storage,
+    TokenChoice,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
@@ -67,6 +68,17 @@ fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
                     b.matmul_bias(&a, &w, &bias, &mut c, &s);
                     outs.push(b.to_vec(&c));
                 }
+                if batch == 1 {
+                    // GELU after the bias, and the gradient through a GELU.
+                    let bias = b.tensor(&random(n, 6));
+                    let mut act = b.zeros(m * n);
+                    b.matmul_bias_gelu(&a, &w, &bias, &mut c, &mut act, &s);
+                    outs.extend([b.to_vec(&c), b.to_vec(&act)]);
+                    let pre =
+                        b.tensor(&random(m * n, 7).iter().map(|v| 3.0 * v).collect::<Vec<_>>());
+                    b.matmul_gelu_backward(&a, &w, &pre, &mut c, &s);
+                    outs.push(b.to_vec(&c));
+                }
                 if batch == 1 && !trans_b {
                     // B's column sums beside the product, written then added.
                     let mut sums = b.tensor(&random(n, 5));
@@ -106,10 +118,16 @@ fn strided_matmul_cases<B: Backend>(b: &B) -> Vec<(Vec<f32>, Vec<f32>)> {
         b.tokens_to_heads(&qkv, &mut t, layout);
         t
     };
-    let (q, k, v) = (head_major(&part(0)), head_major(&part(1)), head_major(&part(2)));
+    let (q, k, v) = (
+        head_major(&part(0)),
+        head_major(&part(1)),
+        head_major(&part(2)),
+    );
     let mut cases = Vec::new();
     // Scores: alpha Q K^T.
-    let scores = Matmul::per_head(groups, heads, seq, seq, dim).trans_b().alpha(0.5);
+    let scores = Matmul::per_head(groups, heads, seq, seq, dim)
+        .trans_b()
+        .alpha(0.5);
     let mut in_place = b.zeros(groups * heads * seq * seq);
     let strided = scores
         .with_a(Operand::heads_in_rows(&part(0)))
@@ -232,6 +250,26 @@ fn reduce_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
             b.reduce(&x, op, &mut out, i);
         }
         outs.push(b.to_vec(&out));
+    }
+    // Several tensors reduced as one (a gradient norm over groups), one of
+    // them empty, and the whole of them against the single-tensor path.
+    let lens = [1000usize, 0, 300_001, 3];
+    let parts: Vec<Vec<f32>> = lens.iter().map(|&n| random(n, n as u64 + 11)).collect();
+    let whole = b.tensor(&parts.concat());
+    let parts: Vec<B::Tensor> = parts.iter().map(|x| b.tensor(x)).collect();
+    let parts: Vec<&B::Tensor> = parts.iter().collect();
+    for op in [Reduce::Sum, Reduce::Mean, Reduce::Max, Reduce::SumSquares] {
+        let mut out = b.zeros(2);
+        b.reduce_parts(&parts, op, &mut out, 0);
+        b.reduce(&whole, op, &mut out, 1);
+        let out = b.to_vec(&out);
+        assert!(
+            (out[0] - out[1]).abs() <= 1e-4 * out[1].abs().max(1.0),
+            "{op:?} of the parts {} and of the whole {}",
+            out[0],
+            out[1]
+        );
+        outs.push(out);
     }
     for &(rows, cols) in &[(1usize, 5usize), (37, 300), (200, 33)] {
         let x = b.tensor(&random(rows * cols, 9));

@@ -73,6 +73,66 @@ fn linear_backward_matches_finite_differences() {
 }
 
 #[test]
+fn gelu_mlp_backward_matches_finite_differences() {
+    // y = GELU(x W1 + b1) W2 + b2, with the fused GELU forward and the
+    // second layer's backward through the GELU.
+    let b = CpuBackend::new();
+    let (rows, inputs, hidden, outputs) = (4, 5, 6, 3);
+    let l1 = Linear {
+        rows,
+        inputs,
+        outputs: hidden,
+    };
+    let l2 = Linear {
+        rows,
+        inputs: hidden,
+        outputs,
+    };
+    let (x, w1, b1) = (
+        random(rows * inputs, 1),
+        random(inputs * hidden, 2),
+        random(hidden, 3),
+    );
+    let (w2, b2) = (random(hidden * outputs, 4), random(outputs, 5));
+    let r = random(rows * outputs, 6);
+    let forward = |x: &[f32], w1: &[f32], b1: &[f32], w2: &[f32]| {
+        let (mut pre, mut act) = (vec![0.0; rows * hidden], vec![0.0; rows * hidden]);
+        l1.forward_gelu(
+            &b,
+            &x.to_vec(),
+            &w1.to_vec(),
+            &b1.to_vec(),
+            &mut pre,
+            &mut act,
+        );
+        let mut y = vec![0.0; rows * outputs];
+        l2.forward(&b, &act, &w2.to_vec(), Some(&b2), &mut y);
+        (dot(&y, &r), pre, act)
+    };
+    let (_, pre, act) = forward(&x, &w1, &b1, &w2);
+    let (mut dw2, mut db2, mut d_pre) = (
+        vec![0.0; w2.len()],
+        vec![0.0; outputs],
+        vec![0.0; pre.len()],
+    );
+    l2.backward_through_gelu(&b, &r, &act, &w2, &mut dw2, &mut db2, &pre, &mut d_pre);
+    let (mut dw1, mut db1, mut dx) = (vec![0.0; w1.len()], vec![0.0; hidden], vec![0.0; x.len()]);
+    l1.backward(
+        &b,
+        &d_pre,
+        &x,
+        &w1,
+        &mut dw1,
+        Some(&mut db1),
+        Some((&mut dx, false)),
+    );
+    check("gelu mlp dx", &x, &dx, |x| forward(x, &w1, &b1, &w2).0);
+    check("gelu mlp dW1", &w1, &dw1, |w1| forward(&x, w1, &b1, &w2).0);
+    check("gelu mlp db1", &b1, &db1, |b1| forward(&x, &w1, b1, &w2).0);
+    check("gelu mlp dW2", &w2, &dw2, |w2| forward(&x, &w1, &b1, w2).0);
+}
+
+#[test]
 fn transposed_and_batched_matmul_backward_matches_finite_differences() {
     // C = A^T B^T per batch item; dA = (dC^T B^T)... expressed with the same op.
     let b = CpuBackend::new();

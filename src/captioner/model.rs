@@ -17,7 +17,7 @@
 //! (`decode`).
 
 use super::CaptionerConfig;
-use crate::backend::{Backend, HeadLayout, Matmul};
+use crate::backend::{Backend, HeadLayout, Matmul, Operand};
 use crate::data::vocab::PAD;
 use crate::index::TokenIndex;
 use crate::model::layers::Dense;
@@ -60,11 +60,9 @@ struct Workspace<B: Backend> {
     token_hidden: B::Tensor,
     /// [batch * positions, vocab]: row b * positions + t predicts token t + 1.
     logits: B::Tensor,
-    d_token_hidden: B::Tensor,
     d_hidden: B::Tensor,
     d_token_embed: B::Tensor,
     d_prefix: B::Tensor,
-    d_mapper_act: B::Tensor,
     d_mapper_hidden: B::Tensor,
 }
 
@@ -104,8 +102,8 @@ impl Mapper {
         features: &[f32],
     ) {
         b.write(&mut a.features, features);
-        self.fc1.forward(b, p, &a.features, &mut a.hidden);
-        b.gelu(&a.hidden, &mut a.act);
+        self.fc1
+            .forward_gelu(b, p, &a.features, &mut a.hidden, &mut a.act);
         self.fc2.forward(b, p, &a.act, &mut a.prefix);
     }
 }
@@ -191,11 +189,9 @@ impl<B: Backend> Workspace<B> {
             hidden: b.zeros(batch * s * w),
             token_hidden: b.zeros(batch * t * w),
             logits: b.zeros(batch * t * c.vocab_size),
-            d_token_hidden: b.zeros(batch * t * w),
             d_hidden: b.zeros(batch * s * w),
             d_token_embed: b.zeros(batch * t * w),
             d_prefix: b.zeros(batch * k * w),
-            d_mapper_act: b.zeros(batch * c.mapper_hidden),
             d_mapper_hidden: b.zeros(batch * c.mapper_hidden),
         })
     }
@@ -324,11 +320,20 @@ impl<B: Backend> Captioner<B> {
         );
         let (w, rows) = (c.decoder.width, inputs.rows());
         let p = &mut self.params;
+        // Each sequence's token rows of d_hidden, written in place; its
+        // prefix rows stay zero from the workspace's making (no loss
+        // reads the prefix's outputs).
+        let token_rows = Operand {
+            offset: c.prefix_len * w,
+            ..Operand::packed((c.prefix_len + inputs.positions) * w)
+        };
         b.matmul(
             d_logits,
             p.value(self.tokens),
-            &mut ws.d_token_hidden,
-            &Matmul::new(rows, w, c.vocab_size),
+            &mut ws.d_hidden,
+            &Matmul::batched(inputs.batch, inputs.positions, w, c.vocab_size)
+                .shared_b()
+                .with_c(token_rows),
         );
         b.matmul(
             d_logits,
@@ -336,27 +341,20 @@ impl<B: Backend> Captioner<B> {
             p.grad(self.tokens),
             &Matmul::new(c.vocab_size, w, rows).trans_a().accumulate(),
         );
-        b.fill(&mut ws.d_hidden, 0.0);
-        b.heads_to_tokens(
-            &ws.d_token_hidden,
-            &mut ws.d_hidden,
-            &ws.token_layout,
-            false,
-        );
         let d_input = self.decoder.backward(b, p, &mut ws.decoder, &ws.d_hidden);
         b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
         b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
         b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
         let m = &ws.mapper;
-        self.mapper.fc2.backward(
+        self.mapper.fc2.backward_through_gelu(
             b,
             p,
             &ws.d_prefix,
             &m.act,
-            Some((&mut ws.d_mapper_act, false)),
+            &m.hidden,
+            &mut ws.d_mapper_hidden,
         );
-        b.gelu_backward(&m.hidden, &ws.d_mapper_act, &mut ws.d_mapper_hidden, false);
         self.mapper
             .fc1
             .backward(b, p, &ws.d_mapper_hidden, &m.features, None);

@@ -336,26 +336,38 @@ impl<B: Backend> Losses<B> {
         if let Some((targets, subsets)) = &t.term {
             self.term.forward(b, logits, targets, subsets);
         }
-        b.fill(&mut self.d_logits, 0.0);
+        // The first loss with a gradient writes d_logits, the next adds.
+        let mut written = false;
         let w = t.gradient_weight;
         if lambda > 0.0 {
             self.mle.set_gradient_scale(b, lambda * w);
             self.mle
-                .backward(b, logits, &t.targets, &t.full, &mut self.d_logits, true);
+                .backward(b, logits, &t.targets, &t.full, &mut self.d_logits, written);
+            written = true;
         }
         if rest > 0.0 {
             match &t.term {
                 Some((targets, subsets)) => {
                     self.term.set_gradient_scale(b, rest * w);
                     self.term
-                        .backward(b, logits, targets, subsets, &mut self.d_logits, true);
+                        .backward(b, logits, targets, subsets, &mut self.d_logits, written);
                 }
                 None => {
                     self.smile.set_gradient_scale(b, rest * w);
-                    self.smile
-                        .backward(b, logits, &t.targets, &t.smile, &mut self.d_logits, true);
+                    self.smile.backward(
+                        b,
+                        logits,
+                        &t.targets,
+                        &t.smile,
+                        &mut self.d_logits,
+                        written,
+                    );
                 }
             }
+            written = true;
+        }
+        if !written {
+            b.fill(&mut self.d_logits, 0.0);
         }
     }
 

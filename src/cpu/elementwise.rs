@@ -95,6 +95,28 @@ pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
         });
 }
 
+/// d = d * gelu'(x): `gelu_backward` with dy and dx the same buffer, each
+/// run of 256 copied aside first.
+pub fn gelu_backward_in_place(x: &[f32], d: &mut [f32]) {
+    const RUN: usize = 256;
+    d.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(d, x)| {
+            let mut dy = [0.0f32; RUN];
+            for (d, x) in d.chunks_mut(RUN).zip(x.chunks(RUN)) {
+                let dy = &mut dy[..d.len()];
+                dy.copy_from_slice(d);
+                #[cfg(target_arch = "x86_64")]
+                if avx2::available() {
+                    // SAFETY: the CPU has AVX2, checked just above.
+                    unsafe { avx2::gelu_backward_run(x, dy, d, false) };
+                    continue;
+                }
+                gelu_backward_run(x, dy, d, false);
+            }
+        });
+}
+
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
     for row in y.chunks_mut(bias.len()) {
         for (v, &b) in row.iter_mut().zip(bias) {

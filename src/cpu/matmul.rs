@@ -38,7 +38,9 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
     };
     if s.batch > 1 && macs < PARALLEL_MIN_MACS {
         // Many small products (attention heads): one thread each.
-        (0..s.batch).into_par_iter().for_each(|i| item(i, Parallelism::None));
+        (0..s.batch)
+            .into_par_iter()
+            .for_each(|i| item(i, Parallelism::None));
     } else {
         let par = if macs >= PARALLEL_MIN_MACS {
             Parallelism::Rayon(rayon::current_num_threads())

@@ -131,6 +131,20 @@ impl Backend for CpuBackend {
         elementwise::gelu(x, y);
     }
 
+    fn matmul_gelu_backward(
+        &self,
+        a: &Vec<f32>,
+        b: &Vec<f32>,
+        pre: &Vec<f32>,
+        c: &mut Vec<f32>,
+        shape: &Matmul,
+    ) {
+        shape.check_gelu_backward(pre.len());
+        matmul::matmul(a, b, c, shape);
+        let len = shape.m * shape.n;
+        elementwise::gelu_backward_in_place(&pre[..len], &mut c[..len]);
+    }
+
     fn gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, accumulate: bool) {
         elementwise::gelu_backward(x, dy, dx, accumulate);
     }
@@ -178,8 +192,8 @@ impl Backend for CpuBackend {
         matmul::matmul(a, b, c, shape);
     }
 
-    fn reduce(&self, x: &Vec<f32>, op: Reduce, out: &mut Vec<f32>, out_index: usize) {
-        out[out_index] = reduce::reduce(x, op);
+    fn reduce_parts(&self, parts: &[&Vec<f32>], op: Reduce, out: &mut Vec<f32>, out_index: usize) {
+        out[out_index] = reduce::reduce_parts(parts, op);
     }
 
     fn column_sum(

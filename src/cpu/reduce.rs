@@ -3,12 +3,18 @@
 
 use crate::backend::Reduce;
 
-pub fn reduce(x: &[f32], op: Reduce) -> f32 {
+/// The reduction of the concatenation of `parts`.
+pub fn reduce_parts(parts: &[&Vec<f32>], op: Reduce) -> f32 {
+    let values = || parts.iter().flat_map(|x| x.iter().copied());
+    let sum = |f: fn(f64) -> f64| values().map(|v| f(v as f64)).sum::<f64>();
     match op {
-        Reduce::Sum => x.iter().map(|&v| v as f64).sum::<f64>() as f32,
-        Reduce::Mean => (x.iter().map(|&v| v as f64).sum::<f64>() / x.len().max(1) as f64) as f32,
-        Reduce::Max => x.iter().copied().fold(f32::MIN, f32::max),
-        Reduce::SumSquares => x.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() as f32,
+        Reduce::Sum => sum(|v| v) as f32,
+        Reduce::Mean => {
+            let n: usize = parts.iter().map(|x| x.len()).sum();
+            (sum(|v| v) / n.max(1) as f64) as f32
+        }
+        Reduce::Max => values().fold(f32::MIN, f32::max),
+        Reduce::SumSquares => sum(|v| v * v) as f32,
     }
 }
 

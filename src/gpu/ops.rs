@@ -34,6 +34,26 @@ struct MatmulParams {
     c: OperandParams,
 }
 
+/// Flag bits of `shaders/matmul.wgsl` past the operand ones.
+const BIAS: u32 = 8;
+const COLUMN_SUMS: u32 = 16;
+const GELU: u32 = 32;
+const GELU_GRAD: u32 = 64;
+
+/// What a matmul does besides the product (see `shaders/matmul.wgsl`).
+enum Epilogue<'a> {
+    None,
+    Bias(&'a GpuTensor),
+    BiasGelu {
+        bias: &'a GpuTensor,
+        act: &'a GpuTensor,
+    },
+    GeluGrad {
+        pre: &'a GpuTensor,
+    },
+    ColumnSums(&'a GpuTensor),
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable, Default)]
 struct OperandParams {
@@ -185,23 +205,29 @@ fn u(x: usize) -> u32 {
 
 impl GpuBackend {
     /// A matmul dispatch, with the bias epilogue when `bias` is given.
-    /// C (+)= alpha op(A) op(B), with `bias` added to every row, and with
-    /// the column sums of op(B) written (or added) to `sums`.
+    /// C (+)= alpha op(A) op(B), with an epilogue (`shaders/matmul.wgsl`).
     fn matmul_with(
         &self,
         a: &GpuTensor,
         b: &GpuTensor,
-        bias: Option<&GpuTensor>,
-        sums: Option<&GpuTensor>,
+        epilogue: Epilogue,
         c: &mut GpuTensor,
         s: &Matmul,
     ) {
         s.check((a.len(), b.len(), c.len()));
-        let flags = s.trans_a as u32
-            | (s.trans_b as u32) << 1
-            | (s.accumulate as u32) << 2
-            | (bias.is_some() as u32) << 3
-            | (sums.is_some() as u32) << 4;
+        if !matches!(epilogue, Epilogue::None) {
+            assert!(s.batch == 1, "matmul: epilogues are for one product");
+        }
+        // What the epilogue reads and writes; A stands in for an input
+        // (bound, never read) and a spare buffer for an output.
+        let (flag, input, output) = match epilogue {
+            Epilogue::None => (0, a, &self.spare),
+            Epilogue::Bias(bias) => (BIAS, bias, &self.spare),
+            Epilogue::BiasGelu { bias, act } => (BIAS | GELU, bias, act),
+            Epilogue::GeluGrad { pre } => (GELU_GRAD, pre, &self.spare),
+            Epilogue::ColumnSums(sums) => (COLUMN_SUMS, a, sums),
+        };
+        let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2 | flag;
         let [lda, ldb, ldc] = s.row_strides();
         let params = MatmulParams {
             m: u(s.m),
@@ -220,15 +246,11 @@ impl GpuBackend {
             MatmulKernel::Shared => ("matmul_shared", 128),
         };
         let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
-        // Without a bias, A stands in for it (bound, never read); without
-        // sums, a spare buffer.
-        let bias = bias.unwrap_or(a);
-        let sums = sums.unwrap_or(&self.spare);
         self.dispatch(
             "matmul",
             entry,
             &params,
-            &[&a.0, &b.0, &c.0, &bias.0, &sums.0],
+            &[&a.0, &b.0, &c.0, &input.0, &output.0],
             groups,
         );
     }
@@ -249,53 +271,6 @@ impl GpuBackend {
             beta,
         };
         self.dispatch("elementwise", entry, &params, bufs, self.grid_for(len));
-    }
-
-    /// out[c] (+)= sum over `rows` rows of x[r, c], in two passes when the
-    /// rows span more than one block.
-    fn column_sum_into(
-        &self,
-        x: &GpuTensor,
-        rows: usize,
-        cols: usize,
-        out: &GpuTensor,
-        accumulate: bool,
-    ) {
-        let blocks = rows.div_ceil(ROW_BLOCK);
-        let col_groups = cols.div_ceil(256) as u32;
-        let sum = |src: &GpuTensor, rows: usize| {
-            let params = ReduceParams {
-                len: u(rows),
-                cols: u(cols),
-                accumulate: accumulate as u32,
-                ..Default::default()
-            };
-            self.dispatch(
-                "reduce",
-                "column_sum",
-                &params,
-                &[&src.0, &out.0],
-                [col_groups, 1, 1],
-            );
-        };
-        if blocks <= 1 {
-            sum(x, rows);
-            return;
-        }
-        let partials = self.scratch(blocks * cols);
-        let params = ReduceParams {
-            len: u(rows),
-            cols: u(cols),
-            ..Default::default()
-        };
-        self.dispatch(
-            "reduce",
-            "column_partials",
-            &params,
-            &[&x.0, &partials.0],
-            [col_groups, u(blocks), 1],
-        );
-        sum(&partials, blocks);
     }
 }
 
@@ -512,7 +487,7 @@ impl Backend for GpuBackend {
     }
 
     fn matmul(&self, a: &GpuTensor, b: &GpuTensor, c: &mut GpuTensor, s: &Matmul) {
-        self.matmul_with(a, b, None, None, c, s);
+        self.matmul_with(a, b, Epilogue::None, c, s);
     }
 
     fn matmul_bias(
@@ -523,11 +498,36 @@ impl Backend for GpuBackend {
         c: &mut GpuTensor,
         s: &Matmul,
     ) {
+        assert!(bias.len() == s.n, "matmul_bias: one bias per column");
+        self.matmul_with(a, b, Epilogue::Bias(bias), c, s);
+    }
+
+    fn matmul_bias_gelu(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: &GpuTensor,
+        c: &mut GpuTensor,
+        act: &mut GpuTensor,
+        s: &Matmul,
+    ) {
         assert!(
-            s.batch == 1 && bias.len() == s.n,
-            "matmul_bias: one product and one bias per column"
+            bias.len() == s.n && act.len() >= s.m * s.n,
+            "matmul_bias_gelu: one bias per column, an output as large as C"
         );
-        self.matmul_with(a, b, Some(bias), None, c, s);
+        self.matmul_with(a, b, Epilogue::BiasGelu { bias, act }, c, s);
+    }
+
+    fn matmul_gelu_backward(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        pre: &GpuTensor,
+        c: &mut GpuTensor,
+        s: &Matmul,
+    ) {
+        s.check_gelu_backward(pre.len());
+        self.matmul_with(a, b, Epilogue::GeluGrad { pre }, c, s);
     }
 
     fn matmul_column_sums(
@@ -539,44 +539,57 @@ impl Backend for GpuBackend {
         s: &Matmul,
     ) {
         s.check_column_sums(sums.len());
-        self.matmul_with(a, b, None, Some(sums), c, s);
+        self.matmul_with(a, b, Epilogue::ColumnSums(sums), c, s);
     }
 
-    fn reduce(&self, x: &GpuTensor, op: Reduce, out: &mut GpuTensor, out_index: usize) {
+    fn reduce_parts(
+        &self,
+        parts: &[&GpuTensor],
+        op: Reduce,
+        out: &mut GpuTensor,
+        out_index: usize,
+    ) {
         assert!(
             out_index < out.len(),
             "reduce: out_index {out_index} outside an output of {}",
             out.len()
         );
-        let n = x.len();
+        // Each part's chunks into one run of partials, then one final pass.
+        let n: usize = parts.iter().map(|x| x.len()).sum();
         let chunk = n.div_ceil(MAX_PARTIALS).next_multiple_of(256).max(256);
-        let parts = n.div_ceil(chunk).max(1);
-        let partials = self.scratch(parts);
+        let chunks = |x: &GpuTensor| x.len().div_ceil(chunk).max(1);
+        let total_chunks: usize = parts.iter().map(|x| chunks(x)).sum();
+        let partials = self.scratch(total_chunks.max(1));
         let (first_op, final_op) = match op {
             Reduce::Sum | Reduce::Mean => (0, 0),
             Reduce::Max => (1, 1),
             Reduce::SumSquares => (2, 0),
         };
-        let params = ReduceParams {
-            len: u(n),
-            chunk: u(chunk),
-            op: first_op,
-            ..Default::default()
-        };
-        self.dispatch(
-            "reduce",
-            "reduce_partials",
-            &params,
-            &[&x.0, &partials.0],
-            self.grid(parts),
-        );
+        let mut first = 0;
+        for x in parts {
+            let params = ReduceParams {
+                len: u(x.len()),
+                chunk: u(chunk),
+                op: first_op,
+                out_index: u(first),
+                ..Default::default()
+            };
+            self.dispatch(
+                "reduce",
+                "reduce_partials",
+                &params,
+                &[&x.0, &partials.0],
+                self.grid(chunks(x)),
+            );
+            first += chunks(x);
+        }
         let scale = if op == Reduce::Mean {
             1.0 / n.max(1) as f32
         } else {
             1.0
         };
         let params = ReduceParams {
-            len: u(parts),
+            len: u(total_chunks),
             op: final_op,
             out_index: u(out_index),
             scale,
@@ -603,7 +616,42 @@ impl Backend for GpuBackend {
             x.len() >= rows * cols && out.len() >= cols,
             "column_sum: shapes do not fit"
         );
-        self.column_sum_into(x, rows, cols, out, accumulate);
+        // In two passes when the rows span more than one block.
+        let blocks = rows.div_ceil(ROW_BLOCK);
+        let col_groups = cols.div_ceil(256) as u32;
+        let sum = |src: &GpuTensor, rows: usize| {
+            let params = ReduceParams {
+                len: u(rows),
+                cols: u(cols),
+                accumulate: accumulate as u32,
+                ..Default::default()
+            };
+            self.dispatch(
+                "reduce",
+                "column_sum",
+                &params,
+                &[&src.0, &out.0],
+                [col_groups, 1, 1],
+            );
+        };
+        if blocks <= 1 {
+            sum(x, rows);
+            return;
+        }
+        let partials = self.scratch(blocks * cols);
+        let params = ReduceParams {
+            len: u(rows),
+            cols: u(cols),
+            ..Default::default()
+        };
+        self.dispatch(
+            "reduce",
+            "column_partials",
+            &params,
+            &[&x.0, &partials.0],
+            [col_groups, u(blocks), 1],
+        );
+        sum(&partials, blocks);
     }
 
     fn layer_norm(
@@ -681,8 +729,18 @@ impl Backend for GpuBackend {
             &bufs,
             groups,
         );
-        self.column_sum_into(&dgamma_partial, blocks, cols, dgamma, true);
-        self.column_sum_into(&dbeta_partial, blocks, cols, dbeta, true);
+        let params = LayerNormParams {
+            rows: u(blocks),
+            ..params
+        };
+        let bufs = [&dgamma_partial.0, &dbeta_partial.0, &dgamma.0, &dbeta.0];
+        self.dispatch(
+            "layernorm",
+            "layer_norm_param_sums",
+            &params,
+            &bufs,
+            [u(cols.div_ceil(256)), 1, 1],
+        );
     }
 
     fn softmax(

@@ -133,7 +133,8 @@ impl Transformer {
             head_stride: capacity * d,
             ..Operand::packed(heads * capacity * d)
         };
-        let per_head = |n: usize, k: usize| Matmul::per_head(rows, heads, 1, n, k).with_b(cache_operand);
+        let per_head =
+            |n: usize, k: usize| Matmul::per_head(rows, heads, 1, n, k).with_b(cache_operand);
         let KvCache {
             keys: key_cache,
             values: value_cache,
@@ -164,12 +165,7 @@ impl Transformer {
                     .alpha(scale),
             );
             b.softmax(scores, probs, &SoftmaxRows::plain(rows * heads, keys), None);
-            b.matmul(
-                probs,
-                &value_cache[l],
-                &mut a.attn_out,
-                &per_head(d, keys),
-            );
+            b.matmul(probs, &value_cache[l], &mut a.attn_out, &per_head(d, keys));
             block.proj.forward(b, p, &a.attn_out, next);
             b.add(1.0, x, 1.0, next, &mut a.mid);
             block.mlp_forward(b, p, a, next);

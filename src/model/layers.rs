@@ -53,6 +53,35 @@ impl Dense {
             .forward(b, x, params.value(self.w), Some(params.value(self.bias)), y);
     }
 
+    /// y = GELU(x W + b), the pre-activation kept in `pre`.
+    pub fn forward_gelu<B: Backend>(
+        &self,
+        b: &B,
+        params: &Params<B>,
+        x: &B::Tensor,
+        pre: &mut B::Tensor,
+        y: &mut B::Tensor,
+    ) {
+        let (w, bias) = (params.value(self.w), params.value(self.bias));
+        self.on(x.len()).forward_gelu(b, x, w, bias, pre, y);
+    }
+
+    /// `backward` for a layer whose input x was GELU(pre) (the layer after
+    /// `forward_gelu`): writes the gradient w.r.t. pre to `d_pre`.
+    pub fn backward_through_gelu<B: Backend>(
+        &self,
+        b: &B,
+        params: &mut Params<B>,
+        dy: &B::Tensor,
+        x: &B::Tensor,
+        pre: &B::Tensor,
+        d_pre: &mut B::Tensor,
+    ) {
+        let (values, [dw, dbias]) = params.for_backward(self.w, self.bias);
+        self.on(x.len())
+            .backward_through_gelu(b, dy, x, &values[self.w.0], dw, dbias, pre, d_pre);
+    }
+
     /// Gradients accumulate into the parameters'; dx (+)= when given.
     pub fn backward<B: Backend>(
         &self,

@@ -66,11 +66,9 @@ pub(super) struct BlockActivations<B: Backend> {
     fc1_out: B::Tensor, // [rows, 4 width]
     gelu_out: B::Tensor,
     // gradients
-    d_mid: B::Tensor,
     d_ln: B::Tensor,
     d_qkv: B::Tensor,
     d_attn: B::Tensor,
-    d_hidden: B::Tensor, // [rows, 4 width]
     d_fc1: B::Tensor,
 }
 
@@ -106,11 +104,9 @@ impl<B: Backend> BlockActivations<B> {
             ln2_out: b.zeros(rows * w),
             fc1_out: b.zeros(rows * 4 * w),
             gelu_out: b.zeros(rows * 4 * w),
-            d_mid: grad(rows * w),
             d_ln: grad(rows * w),
             d_qkv: grad(rows * 3 * w),
             d_attn: grad(rows * w),
-            d_hidden: grad(rows * 4 * w),
             d_fc1: grad(rows * 4 * w),
         }
     }
@@ -158,39 +154,37 @@ impl Block {
         out: &mut B::Tensor,
     ) {
         self.ln2.forward(b, p, &a.mid, &mut a.ln2_out, &mut a.ln2);
-        self.fc1.forward(b, p, &a.ln2_out, &mut a.fc1_out);
-        b.gelu(&a.fc1_out, &mut a.gelu_out);
+        self.fc1
+            .forward_gelu(b, p, &a.ln2_out, &mut a.fc1_out, &mut a.gelu_out);
         self.fc2.forward(b, p, &a.gelu_out, &mut a.branch_out);
         b.add(1.0, &a.mid, 1.0, &a.branch_out, out);
     }
 
-    /// dx = the gradient w.r.t. the block's input x, given d_out.
+    /// Given the gradient w.r.t. the block's output in `d`, leaves there
+    /// the gradient w.r.t. its input x. The residual connections pass the
+    /// gradient through unchanged, so each branch's layer norm adds its
+    /// share in place.
     fn backward<B: Backend>(
         &self,
         b: &B,
         p: &mut Params<B>,
         a: &mut BlockActivations<B>,
         x: &B::Tensor,
-        d_out: &B::Tensor,
-        dx: &mut B::Tensor,
+        d: &mut B::Tensor,
     ) {
-        // MLP branch; the residual passes d_out straight to d_mid.
+        // MLP branch: d becomes the gradient w.r.t. mid.
         self.fc2
-            .backward(b, p, d_out, &a.gelu_out, Some((&mut a.d_hidden, false)));
-        b.gelu_backward(&a.fc1_out, &a.d_hidden, &mut a.d_fc1, false);
+            .backward_through_gelu(b, p, d, &a.gelu_out, &a.fc1_out, &mut a.d_fc1);
         self.fc1
             .backward(b, p, &a.d_fc1, &a.ln2_out, Some((&mut a.d_ln, false)));
-        b.axpby(1.0, d_out, 0.0, &mut a.d_mid);
-        self.ln2
-            .backward(b, p, &a.d_ln, &a.mid, &a.ln2, &mut a.d_mid, true);
-        // Attention branch.
+        self.ln2.backward(b, p, &a.d_ln, &a.mid, &a.ln2, d, true);
+        // Attention branch: d becomes the gradient w.r.t. x.
         self.proj
-            .backward(b, p, &a.d_mid, &a.attn_out, Some((&mut a.d_attn, false)));
+            .backward(b, p, d, &a.attn_out, Some((&mut a.d_attn, false)));
         a.attn.backward(b, &a.qkv_out, &a.d_attn, &mut a.d_qkv);
         self.qkv
             .backward(b, p, &a.d_qkv, &a.ln1_out, Some((&mut a.d_ln, false)));
-        b.axpby(1.0, &a.d_mid, 0.0, dx);
-        self.ln1.backward(b, p, &a.d_ln, x, &a.ln1, dx, true);
+        self.ln1.backward(b, p, &a.d_ln, x, &a.ln1, d, true);
     }
 }
 
@@ -209,7 +203,8 @@ pub struct Activations<B: Backend> {
     ln_f: NormStats<B>,
     /// stream[0] is the input, stream[i + 1] block i's output.
     stream: Vec<B::Tensor>,
-    d_stream: [B::Tensor; 2],
+    /// The gradient w.r.t. the residual stream, from the top down.
+    d_stream: B::Tensor,
 }
 
 impl<B: Backend> Activations<B> {
@@ -249,7 +244,7 @@ impl Transformer {
             stream: (0..=self.config.layers)
                 .map(|_| b.zeros(rows * w))
                 .collect(),
-            d_stream: [b.zeros(rows * w), b.zeros(rows * w)],
+            d_stream: b.zeros(rows * w),
         }
     }
 
@@ -278,14 +273,12 @@ impl Transformer {
         a: &'a mut Activations<B>,
         d_out: &B::Tensor,
     ) -> &'a B::Tensor {
-        let [d_a, d_b] = &mut a.d_stream;
+        let d = &mut a.d_stream;
         let top = &a.stream[self.config.layers];
-        self.ln_f.backward(b, p, d_out, top, &a.ln_f, d_a, false);
-        let (mut d_next, mut d_prev) = (d_a, d_b);
+        self.ln_f.backward(b, p, d_out, top, &a.ln_f, d, false);
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
-            block.backward(b, p, acts, &a.stream[i], d_next, d_prev);
-            std::mem::swap(&mut d_next, &mut d_prev);
+            block.backward(b, p, acts, &a.stream[i], d);
         }
-        d_next
+        d
     }
 }

@@ -124,7 +124,11 @@ impl<B: Backend> Attention<B> {
             .with_b(s.qkv(2))
             .trans_b();
         b.matmul(dout, qkv, &mut self.dprobs, &dprobs);
-        let dv = s.per_head(t, d, t).trans_a().with_b(s.out()).with_c(s.qkv(2));
+        let dv = s
+            .per_head(t, d, t)
+            .trans_a()
+            .with_b(s.out())
+            .with_c(s.qkv(2));
         b.matmul(&self.probs, dout, dqkv, &dv);
         let dscores = &mut self.scores;
         b.softmax_backward(&self.probs, &self.dprobs, dscores, t, false);
