@@ -200,6 +200,10 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                     );
                     // One submission per step, nothing read back when not logging.
                     assert_eq!((count("submissions"), count("readbacks")), (1, 0), "{r}");
+                    // Fused kernels: 30 dispatches per decoder layer (the
+                    // tiny preset has one) and 33 around them
+                    // (docs/internals.md, "Fused where a GPU pays").
+                    assert!(count("dispatches") <= 63, "{r}");
                 } else {
                     // 23 steps (tiny preset), ends checked every 4: at most
                     // ceil(23 / 4) + 2 readbacks per batch.
