@@ -79,3 +79,57 @@ fn log_softmax_gather_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(n
     if (p.accumulate != 0u) { v += dlogits[i]; }
     dlogits[i] = v;
 }
+
+// ---- the entropy of the full softmax: one workgroup per row ----
+//   H_r = -sum_j p_j log p_j = lse_r - sum_j p_j z_j
+// Backward, given dH (the gradient of the loss w.r.t. H_r):
+//   dz[r, j] = dH_r * (-p_j (log p_j + H_r))
+
+@group(0) @binding(2) var<storage, read_write> entropy_out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> entropy_lse_out: array<f32>;
+
+@compute @workgroup_size(256)
+fn softmax_entropy(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = workgroup_index(wid, nwg);
+    if (row >= p.rows) { return; }
+    let base = row * p.vocab;
+    var m = NEG_INF;
+    for (var j = lid; j < p.vocab; j += WG) {
+        m = max(m, logits[base + j]);
+    }
+    m = workgroup_reduce(lid, m, true);
+    var s = 0.0;
+    var sz = 0.0;
+    for (var j = lid; j < p.vocab; j += WG) {
+        let z = logits[base + j] - m;
+        let e = exp(z);
+        s += e;
+        sz += e * z;
+    }
+    s = workgroup_reduce(lid, s, false);
+    sz = workgroup_reduce(lid, sz, false);
+    if (lid == 0u) {
+        // With z relative to the max: lse - m = log s, sum p z = sz / s.
+        entropy_out[row] = log(s) - sz / s;
+        entropy_lse_out[row] = m + log(s);
+    }
+}
+
+@group(0) @binding(2) var<storage, read> entropy_in: array<f32>;
+@group(0) @binding(3) var<storage, read> entropy_lse_in: array<f32>;
+@group(0) @binding(4) var<storage, read> d_entropy: array<f32>;
+@group(0) @binding(5) var<storage, read_write> entropy_dlogits: array<f32>;
+
+// One thread per logit; 2-D grid.
+@compute @workgroup_size(256)
+fn softmax_entropy_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                            @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i >= p.rows * p.vocab) { return; }
+    let row = i / p.vocab;
+    let log_p = logits[i] - entropy_lse_in[row];
+    var v = -d_entropy[row] * exp(log_p) * (log_p + entropy_in[row]);
+    if (p.accumulate != 0u) { v += entropy_dlogits[i]; }
+    entropy_dlogits[i] = v;
+}

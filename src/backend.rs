@@ -779,6 +779,42 @@ pub trait Backend {
     ) where
         Self: Sized;
 
+    /// entropy[r] = -sum_j p_j log p_j of the softmax over row r of
+    /// `logits` (`[rows, vocab]`, full vocabulary); lse[r] = the row's
+    /// log-sum-exp, kept for the backward.
+    fn softmax_entropy(
+        &self,
+        logits: &Self::Tensor,
+        vocab: usize,
+        entropy: &mut Self::Tensor,
+        lse: &mut Self::Tensor,
+    );
+    /// dlogits[r, j] (+)= d_entropy[r] * (-p_j (log p_j + entropy[r])):
+    /// the gradient of the entropy through the softmax.
+    #[allow(clippy::too_many_arguments)]
+    fn softmax_entropy_backward(
+        &self,
+        logits: &Self::Tensor,
+        vocab: usize,
+        entropy: &Self::Tensor,
+        lse: &Self::Tensor,
+        d_entropy: &Self::Tensor,
+        dlogits: &mut Self::Tensor,
+        accumulate: bool,
+    );
+    /// coef[i] = alpha * weights[i / per_sequence] * [ids[i] != pad] for
+    /// every row i of `ids`: per-sequence weights (REINFORCE's advantages)
+    /// on each real token of their sequence.
+    fn spread_sequence_weights(
+        &self,
+        weights: &Self::Tensor,
+        ids: &Self::Ids,
+        per_sequence: usize,
+        pad: u32,
+        alpha: f32,
+        coef: &mut Self::Tensor,
+    );
+
     // ---- generation ----
     /// Each row's next token from `logits` (`[rows, vocab]`), as
     /// `choice` says: history[r, step] = the token, logprobs[r, step] =

@@ -28,6 +28,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     family!("normalize"),
     family!("pool"),
     family!("reduce"),
+    family!("sequence"),
     family!("softmax"),
 ];
 

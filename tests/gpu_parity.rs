@@ -14,6 +14,7 @@ use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
 use captune::ops::attention::{Attention, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
+use captune::ops::sequence_likelihood::SequenceLikelihood;
 use common::{assert_close, gpu, random, random_ids};
 
 /// Runs `case` on both backends and compares each output it returns.
@@ -523,6 +524,55 @@ fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn attention_matches_cpu() {
     parity!(attention_cases, 1e-4, 1e-5);
+}
+
+/// The ops REINFORCE needs: the entropy of the softmax and its gradient,
+/// per-sequence weights spread over rows, and the signed per-sequence
+/// weighted log-likelihood built on them.
+fn reinforce_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (sequences, per_sequence, vocab) = (5, 7, 300);
+    let rows = sequences * per_sequence;
+    let logits = b.tensor(
+        &random(rows * vocab, 1)
+            .iter()
+            .map(|v| 4.0 * v)
+            .collect::<Vec<_>>(),
+    );
+    let (mut h, mut lse) = (b.zeros(rows), b.zeros(rows));
+    b.softmax_entropy(&logits, vocab, &mut h, &mut lse);
+    let mut dlogits = b.tensor(&random(rows * vocab, 2));
+    b.softmax_entropy_backward(
+        &logits,
+        vocab,
+        &h,
+        &lse,
+        &b.tensor(&random(rows, 3)),
+        &mut dlogits,
+        true,
+    );
+    let mut outs = vec![b.to_vec(&h), b.to_vec(&lse), b.to_vec(&dlogits)];
+    // Sequences end at different lengths (id 0 is padding).
+    let mut ids = random_ids(rows, vocab as u32, 4);
+    for (s, end) in [3usize, 7, 1, 5, 0].into_iter().enumerate() {
+        for t in end..per_sequence {
+            ids[s * per_sequence + t] = 0;
+        }
+    }
+    let ids = b.ids(&ids);
+    let weights = b.tensor(&[1.5, -2.0, 0.25, -0.75, 1.0]);
+    let mut coef = b.zeros(rows);
+    b.spread_sequence_weights(&weights, &ids, per_sequence, 0, -0.2, &mut coef);
+    outs.push(b.to_vec(&coef));
+    let mut sl = SequenceLikelihood::new(b, sequences, per_sequence, vocab, 0);
+    sl.forward(b, &logits, &ids, &weights, 5.0);
+    sl.backward(b, &logits, &ids, &mut dlogits, false);
+    outs.extend([b.to_vec(&sl.loss), b.to_vec(&sl.logp), b.to_vec(&dlogits)]);
+    outs
+}
+
+#[test]
+fn reinforce_ops_match_cpu() {
+    parity!(reinforce_cases, 1e-4, 1e-5);
 }
 
 fn cross_entropy_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {

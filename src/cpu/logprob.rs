@@ -60,3 +60,43 @@ pub fn backward(
             }
         });
 }
+
+pub fn softmax_entropy(logits: &[f32], vocab: usize, entropy: &mut [f32], lse: &mut [f32]) {
+    entropy
+        .par_iter_mut()
+        .zip(lse.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, (h, lse))| {
+            let z = &logits[r * vocab..(r + 1) * vocab];
+            let (max, sum) = masked_max_and_sum(z, |_| true);
+            *lse = max + sum.ln();
+            // H = lse - sum_j p_j z_j.
+            let mean_z: f64 = z
+                .iter()
+                .map(|&zj| ((zj - *lse) as f64).exp() * zj as f64)
+                .sum();
+            *h = (*lse as f64 - mean_z) as f32;
+        });
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn softmax_entropy_backward(
+    logits: &[f32],
+    vocab: usize,
+    entropy: &[f32],
+    lse: &[f32],
+    d_entropy: &[f32],
+    dlogits: &mut [f32],
+    accumulate: bool,
+) {
+    dlogits[..lse.len() * vocab]
+        .par_chunks_mut(vocab)
+        .enumerate()
+        .for_each(|(r, dz)| {
+            for (j, d) in dz.iter_mut().enumerate() {
+                let log_p = logits[r * vocab + j] - lse[r];
+                let v = -d_entropy[r] * log_p.exp() * (log_p + entropy[r]);
+                *d = if accumulate { *d + v } else { v };
+            }
+        });
+}

@@ -301,6 +301,49 @@ impl Backend for CpuBackend {
         embedding::backward(dout, &ids.unique, &ids.offsets, &ids.order, dtable, dim);
     }
 
+    fn softmax_entropy(
+        &self,
+        logits: &Vec<f32>,
+        vocab: usize,
+        entropy: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+    ) {
+        logprob::softmax_entropy(logits, vocab, entropy, lse);
+    }
+
+    fn softmax_entropy_backward(
+        &self,
+        logits: &Vec<f32>,
+        vocab: usize,
+        entropy: &Vec<f32>,
+        lse: &Vec<f32>,
+        d_entropy: &Vec<f32>,
+        dlogits: &mut Vec<f32>,
+        accumulate: bool,
+    ) {
+        logprob::softmax_entropy_backward(
+            logits, vocab, entropy, lse, d_entropy, dlogits, accumulate,
+        );
+    }
+
+    fn spread_sequence_weights(
+        &self,
+        weights: &Vec<f32>,
+        ids: &Vec<u32>,
+        per_sequence: usize,
+        pad: u32,
+        alpha: f32,
+        coef: &mut Vec<f32>,
+    ) {
+        for (i, (c, &id)) in coef.iter_mut().zip(ids).enumerate() {
+            *c = if id != pad {
+                alpha * weights[i / per_sequence]
+            } else {
+                0.0
+            };
+        }
+    }
+
     fn choose_tokens(
         &self,
         logits: &Vec<f32>,

@@ -34,6 +34,15 @@ struct MatmulParams {
     c: OperandParams,
 }
 
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SequenceParams {
+    rows: u32,
+    per_sequence: u32,
+    pad: u32,
+    alpha: f32,
+}
+
 /// Flag bits of `shaders/matmul.wgsl` past the operand ones.
 const BIAS: u32 = 8;
 const COLUMN_SUMS: u32 = 16;
@@ -847,6 +856,92 @@ impl Backend for GpuBackend {
             &params,
             &[&table.0, &ids.0, &out.0],
             self.grid_for(len),
+        );
+    }
+
+    fn softmax_entropy(
+        &self,
+        logits: &GpuTensor,
+        vocab: usize,
+        entropy: &mut GpuTensor,
+        lse: &mut GpuTensor,
+    ) {
+        let rows = entropy.len();
+        assert!(
+            logits.len() >= rows * vocab && lse.len() >= rows,
+            "softmax_entropy: shapes do not fit"
+        );
+        let params = LogprobParams {
+            rows: u(rows),
+            vocab: u(vocab),
+            words: 0,
+            accumulate: 0,
+        };
+        self.dispatch(
+            "logprob",
+            "softmax_entropy",
+            &params,
+            &[&logits.0, &entropy.0, &lse.0],
+            self.grid(rows),
+        );
+    }
+
+    fn softmax_entropy_backward(
+        &self,
+        logits: &GpuTensor,
+        vocab: usize,
+        entropy: &GpuTensor,
+        lse: &GpuTensor,
+        d_entropy: &GpuTensor,
+        dlogits: &mut GpuTensor,
+        accumulate: bool,
+    ) {
+        let rows = entropy.len();
+        assert!(
+            logits.len() >= rows * vocab && dlogits.len() >= rows * vocab,
+            "softmax_entropy_backward: shapes do not fit"
+        );
+        let params = LogprobParams {
+            rows: u(rows),
+            vocab: u(vocab),
+            words: 0,
+            accumulate: accumulate as u32,
+        };
+        self.dispatch(
+            "logprob",
+            "softmax_entropy_backward",
+            &params,
+            &[&logits.0, &entropy.0, &lse.0, &d_entropy.0, &dlogits.0],
+            self.grid_for(rows * vocab),
+        );
+    }
+
+    fn spread_sequence_weights(
+        &self,
+        weights: &GpuTensor,
+        ids: &GpuIds,
+        per_sequence: usize,
+        pad: u32,
+        alpha: f32,
+        coef: &mut GpuTensor,
+    ) {
+        let rows = ids.len();
+        assert!(
+            per_sequence > 0 && coef.len() >= rows && weights.len() >= rows.div_ceil(per_sequence),
+            "spread_sequence_weights: shapes do not fit"
+        );
+        let params = SequenceParams {
+            rows: u(rows),
+            per_sequence: u(per_sequence),
+            pad,
+            alpha,
+        };
+        self.dispatch(
+            "sequence",
+            "spread_sequence_weights",
+            &params,
+            &[&weights.0, &ids.0, &coef.0],
+            self.grid_for(rows),
         );
     }
 

@@ -5,3 +5,4 @@ pub mod attention;
 pub mod contrastive;
 pub mod cross_entropy;
 pub mod linear;
+pub mod sequence_likelihood;
