@@ -471,7 +471,7 @@ pub struct TokenChoice {
 
 /// The ops. See the module documentation for conventions; each method's
 /// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
-pub trait Backend {
+pub trait Backend: 'static {
     /// f32 storage.
     type Tensor: Storage;
     /// u32 storage (token ids, masks, index arrays).

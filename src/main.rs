@@ -2,7 +2,7 @@ use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::bench;
 use captune::captioner::bench::{Workload, train_throughput};
-use captune::captioner::objective::{Objective, ObjectiveKind};
+use captune::captioner::objectives::token::{ObjectiveKind, TokenObjective};
 use captune::data::Split;
 use captune::data::shapes::{self, ShapesConfig};
 use captune::device::{self, DeviceChoice};
@@ -316,9 +316,9 @@ fn run(cli: Cli) -> Result<()> {
                 },
         } => bench_each(&cli.device, json, |selection, emit| {
             for &kind in &objectives {
-                let objective = Objective {
+                let objective = TokenObjective {
                     kind,
-                    ..Objective::mle()
+                    ..TokenObjective::mle()
                 };
                 for &workload in &captions {
                     emit(captune::with_backend!(&selection.backend, b => {

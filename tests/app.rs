@@ -9,7 +9,7 @@ mod common;
 use captune::app::history::RecordFile;
 use captune::app::live::State;
 use captune::app::{CaptuneApp, Source, Tab, TrainSetup};
-use captune::captioner::objective::ObjectiveKind;
+use captune::captioner::objectives::token::ObjectiveKind;
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
@@ -94,7 +94,7 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
         a.history.losses.len() > seen + 3
     });
     assert_eq!(
-        h.query_all_by_label_contains(": MLE ").count(),
+        h.query_all_by_label_contains(", MLE ").count(),
         1,
         "the newest losses"
     );

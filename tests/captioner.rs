@@ -7,12 +7,15 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::model::{Captioner, TokenInputs};
-use captune::captioner::objective::{
-    self, BatchTargets, FirstToken, Losses, Objective, ObjectiveKind, RANDOM_SUBSET_SIZE,
+use captune::captioner::objectives::token::{
+    self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,
+    TokenObjective,
 };
+use captune::captioner::objectives::{Objective, StepContext, TrainingBatch};
+use captune::captioner::train::read_log;
 use captune::captioner::{CaptionVocab, CaptionerConfig};
 use captune::cpu::CpuBackend;
-use captune::data::vocab::{EOS, PAD};
+use captune::data::vocab::{BOS, EOS, PAD};
 use captune::index::FULL_VOCAB;
 use captune::model::transformer::TransformerConfig;
 use common::{assert_close, gpu, random};
@@ -84,7 +87,7 @@ fn mle_by_hand(z: &[f32], v: usize) -> f64 {
 }
 
 /// The losses `Losses` reports and its d_logits, for one objective.
-fn losses_of<B: Backend>(b: &B, objective: Objective, z: &[f32]) -> (f32, f32, f32, Vec<f32>) {
+fn losses_of<B: Backend>(b: &B, objective: TokenObjective, z: &[f32]) -> (f32, f32, f32, Vec<f32>) {
     let vocab = small_vocab();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let t = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
@@ -107,7 +110,7 @@ fn smile_matches_algorithm_1_computed_by_hand() {
     let mle = mle_by_hand(&z, v);
     assert!((smile - mle).abs() > 0.1, "the subset must change the loss");
 
-    let (loss, got_mle, got_smile, _) = losses_of(&b, Objective::smile(), &z);
+    let (loss, got_mle, got_smile, _) = losses_of(&b, TokenObjective::smile(), &z);
     assert!(
         (got_smile as f64 - smile).abs() < 1e-5,
         "{got_smile} vs {smile}"
@@ -116,9 +119,9 @@ fn smile_matches_algorithm_1_computed_by_hand() {
     assert_eq!(loss, got_smile);
 
     // No initial restriction: step 0 is subset too.
-    let none = Objective {
+    let none = TokenObjective {
         first_token: FirstToken::None,
-        ..Objective::smile()
+        ..TokenObjective::smile()
     };
     let want = smile_by_hand(&z, v, &TARGETS, FirstToken::None);
     let (loss, _, reported_smile, _) = losses_of(&b, none, &z);
@@ -130,9 +133,9 @@ fn smile_matches_algorithm_1_computed_by_hand() {
 
     // Shifting: "a" becomes its alternative (id 9) at step 0 and joins the
     // subset; "blue" has no alternative and stays.
-    let shift = Objective {
+    let shift = TokenObjective {
         first_token: FirstToken::Shift,
-        ..Objective::smile()
+        ..TokenObjective::smile()
     };
     let mut shifted = TARGETS;
     shifted[0] = 9;
@@ -141,9 +144,9 @@ fn smile_matches_algorithm_1_computed_by_hand() {
     assert!((loss as f64 - want).abs() < 1e-5, "{loss} vs {want}");
 
     // Mixing: lambda * MLE + (1 - lambda) * SMILE, gradient included.
-    let mixed = Objective {
+    let mixed = TokenObjective {
         mle_weight: 0.3,
-        ..Objective::smile()
+        ..TokenObjective::smile()
     };
     let (loss, _, _, d) = losses_of(&b, mixed, &z);
     let want = 0.3 * mle + 0.7 * smile;
@@ -171,7 +174,7 @@ fn ablation_plans_random_and_reverse_subsets() {
     let vocab = small_vocab();
     let v = vocab.len() as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(3);
-    let random = objective::plan(
+    let random = token::plan(
         ObjectiveKind::SmileRandom,
         FirstToken::Mle,
         &vocab,
@@ -205,7 +208,7 @@ fn ablation_plans_random_and_reverse_subsets() {
         "each real row after step 0 draws its own subset"
     );
 
-    let reverse = objective::plan(
+    let reverse = token::plan(
         ObjectiveKind::SmileReverse,
         FirstToken::None,
         &vocab,
@@ -252,7 +255,7 @@ fn inputs_of(targets: &[u32]) -> Vec<Vec<u32>> {
 fn step<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
-    objective: Objective,
+    objective: TokenObjective,
     features: &[f32],
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let vocab = small_vocab();
@@ -284,9 +287,9 @@ fn captioner_gradients_match_finite_differences() {
         b.write(value, &scaled);
     }
     let features = random(2 * config.embed_dim, 9);
-    let objective = Objective {
+    let objective = TokenObjective {
         mle_weight: 0.5,
-        ..Objective::smile()
+        ..TokenObjective::smile()
     };
     let (_, outs) = step(&b, &mut model, objective, &features);
     let grads = &outs[1..];
@@ -315,7 +318,7 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
         ObjectiveKind::SmileReverse,
     ] {
         for first_token in [FirstToken::Mle, FirstToken::Shift] {
-            let objective = Objective {
+            let objective = TokenObjective {
                 kind,
                 first_token,
                 mle_weight: 0.25,
@@ -351,9 +354,9 @@ fn the_gradient_weight_scales_the_gradient_not_the_loss() {
     let b = CpuBackend::new();
     let vocab = small_vocab();
     let logits = b.tensor(&random(TARGETS.len() * vocab.len(), 3));
-    let objective = Objective {
+    let objective = TokenObjective {
         mle_weight: 0.4,
-        ..Objective::smile()
+        ..TokenObjective::smile()
     };
     let run = |weight: f32| {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -372,27 +375,45 @@ fn the_gradient_weight_scales_the_gradient_not_the_loss() {
     }
 }
 
-/// A log line's losses and gradient norm come back in one readback, and
-/// are the values each read alone gives.
+/// A log line's values and gradient norm come back in one readback, and
+/// are the values each tensor read alone gives.
 #[test]
 fn a_log_line_reads_back_once() {
     let Some(g) = gpu() else { return };
     let vocab = small_vocab();
-    let logits = g.tensor(&random(TARGETS.len() * vocab.len(), 3));
-    let norm = g.tensor(&[2.25]);
-    let objective = Objective {
+    let mut model = Captioner::new(&g, tiny_config(vocab.len()), 0).unwrap();
+    let objective = TokenObjective {
         mle_weight: 0.4,
-        ..Objective::smile()
+        ..TokenObjective::smile()
+    };
+    let mut trained = TokenLevel::new(objective, vocab.len());
+    let batch = TrainingBatch {
+        features: random(2 * 6, 2),
+        sequences: vec![vec![BOS, 4, 5, 6, EOS], vec![BOS, 7, 8, EOS]],
     };
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let t = BatchTargets::new(&g, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
-    let mut losses = Losses::new(&g, objective, TARGETS.len(), vocab.len());
-    losses.forward_backward(&g, &logits, &t, true);
+    trained
+        .step(&mut StepContext {
+            b: &g,
+            model: &mut model,
+            vocab: &vocab,
+            batch: &batch,
+            gradient_weight: 1.0,
+            rng: &mut rng,
+            monitor: true,
+        })
+        .unwrap();
+    let norm = g.tensor(&[2.25]);
     g.flush();
     let before = g.counters().readbacks;
-    let (values, sumsq) = losses.read_with(&g, &t, Some(&norm));
+    let (values, sumsq) = read_log(&g, &trained, &norm);
     assert_eq!(g.counters().readbacks - before, 1);
     assert_eq!(sumsq, 2.25);
-    assert_eq!(values, losses.read(&g, &t));
-    assert!(values.mle > 0.0 && values.smile > 0.0);
+    let alone: Vec<f32> = trained.logged().iter().map(|t| g.to_vec(t)[0]).collect();
+    assert_eq!(values, trained.report(&alone));
+    let names: Vec<&str> = values.iter().map(|v| v.0).collect();
+    assert_eq!(names, ["loss", "mle", "smile"]);
+    let (loss, mle, smile) = (values[0].1, values[1].1, values[2].1);
+    assert!(mle > 0.0 && smile > 0.0);
+    assert!((loss - (0.4 * mle + 0.6 * smile)).abs() < 1e-5);
 }

@@ -8,7 +8,7 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
-use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
+use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};
@@ -236,8 +236,8 @@ fn teacher_forced_logprob<B: Backend>(
     let inputs = TokenInputs::new(b, &c, &[seq[..seq.len() - 1].to_vec()]).unwrap();
     model.forward(b, features, &inputs).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let t = BatchTargets::new(b, &Objective::mle(), vocab, &targets, steps, &mut rng).unwrap();
-    let mut losses = Losses::new(b, Objective::mle(), inputs.rows(), c.vocab_size);
+    let t = BatchTargets::new(b, &TokenObjective::mle(), vocab, &targets, steps, &mut rng).unwrap();
+    let mut losses = Losses::new(b, TokenObjective::mle(), inputs.rows(), c.vocab_size);
     losses.forward_backward(b, model.logits(), &t, true);
     losses.row_logprobs(b).0[..g.ids.len()].iter().sum()
 }

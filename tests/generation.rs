@@ -13,7 +13,7 @@ use captune::captioner::decode::{
     BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
 };
 use captune::captioner::model::{Captioner, TokenInputs};
-use captune::captioner::objective::{BatchTargets, Losses, Objective, ObjectiveKind};
+use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::model::params::Params;
@@ -363,7 +363,11 @@ fn every_workspace_uses_the_current_weights() {
 
 /// Loss values and every parameter gradient of one batch of short
 /// captions, over all token positions or trimmed.
-fn loss_and_gradients<B: Backend>(b: &B, objective: Objective, trimmed: bool) -> Vec<Vec<f32>> {
+fn loss_and_gradients<B: Backend>(
+    b: &B,
+    objective: TokenObjective,
+    trimmed: bool,
+) -> Vec<Vec<f32>> {
     let mut config = captioner_config();
     config.max_len = 20;
     let mut model = Captioner::new(b, config, 4).unwrap();
@@ -407,10 +411,10 @@ fn trimmed_batches_give_the_same_losses_and_gradients() {
         ObjectiveKind::Smile,
         ObjectiveKind::SmileRandom,
     ] {
-        let objective = Objective {
+        let objective = TokenObjective {
             kind,
             mle_weight: 0.3,
-            ..Objective::smile()
+            ..TokenObjective::smile()
         };
         let c = CpuBackend::new();
         let full = loss_and_gradients(&c, objective, false);

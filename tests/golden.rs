@@ -12,7 +12,7 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::model::TokenInputs;
-use captune::captioner::objective::{BatchTargets, Losses, Objective};
+use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::cpu::CpuBackend;
 use captune::data::images::Images;
 use captune::data::vocab::PAD;
@@ -62,7 +62,7 @@ fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
         .collect();
     let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let objective = Objective::mle();
+    let objective = TokenObjective::mle();
     let batch = BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
     let model = &mut ck.model;

@@ -28,17 +28,53 @@ impl RecordFile {
     }
 }
 
-/// One `log.jsonl` line: the losses of one batch.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
+/// One `log.jsonl` line: what the objective reported for one batch, by
+/// name (`loss`, `mle`, `smile`, and whatever else an objective logs),
+/// and the optimiser's and the throughput's figures.
+#[derive(Clone, Debug, PartialEq)]
 pub struct LossPoint {
     pub step: usize,
     pub epoch: usize,
     pub objective: String,
-    pub loss: f64,
-    pub mle: f64,
-    pub smile: f64,
-    pub lr: f64,
-    pub tokens_per_s: f64,
+    /// Every other number on the line, by its key.
+    pub series: BTreeMap<String, f64>,
+}
+
+/// Keys of a log line that are not series: where the line stands.
+const LOG_POSITION: [&str; 3] = ["step", "epoch", "objective"];
+/// Series the trainer logs whatever the objective: the optimiser's and
+/// the throughput.
+pub const TRAINING_SERIES: [&str; 3] = ["lr", "grad_norm", "tokens_per_s"];
+
+impl LossPoint {
+    fn parse(line: &str) -> Option<LossPoint> {
+        let value: serde_json::Value = serde_json::from_str(line).ok()?;
+        let object = value.as_object()?;
+        let whole = |key: &str| Some(object.get(key)?.as_u64()? as usize);
+        Some(LossPoint {
+            step: whole("step")?,
+            epoch: whole("epoch")?,
+            objective: object.get("objective")?.as_str()?.to_string(),
+            series: object
+                .iter()
+                .filter(|(k, _)| !LOG_POSITION.contains(&k.as_str()))
+                .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
+                .collect(),
+        })
+    }
+
+    /// The value of series `key` (NaN where this line lacks it).
+    pub fn get(&self, key: &str) -> f64 {
+        self.series.get(key).copied().unwrap_or(f64::NAN)
+    }
+
+    /// The objective's series: every one but the trainer's own.
+    pub fn objective_series(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.series
+            .iter()
+            .filter(|(k, _)| !TRAINING_SERIES.contains(&k.as_str()))
+            .map(|(k, &v)| (k.as_str(), v))
+    }
 }
 
 /// One `metrics.jsonl` line: every numeric validation metric by its key.
@@ -87,7 +123,7 @@ impl History {
         let bad = || format!("{origin}: not a {} record", file.file_name());
         match file {
             RecordFile::Log => {
-                let point: LossPoint = serde_json::from_str(line).with_context(bad)?;
+                let point = LossPoint::parse(line).with_context(bad)?;
                 if self.losses.last().map(|p| &p.objective) != Some(&point.objective) {
                     self.switches.push(Switch {
                         step: point.step,
@@ -125,6 +161,28 @@ impl History {
         Ok(())
     }
 
+    /// The names of every objective series logged, in first-seen order
+    /// of their keys (sorted within a line).
+    pub fn objective_series_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for p in &self.losses {
+            for (k, _) in p.objective_series() {
+                if !names.iter().any(|n| n == k) {
+                    names.push(k.to_string());
+                }
+            }
+        }
+        names
+    }
+
+    /// The series `key` of the log over steps (lines without it skipped).
+    pub fn log_series(&self, key: &str) -> Vec<[f64; 2]> {
+        self.losses
+            .iter()
+            .filter_map(|p| Some([p.step as f64, *p.series.get(key)?]))
+            .collect()
+    }
+
     /// The series of metric `key` over steps.
     pub fn metric_series(&self, key: &str) -> Vec<[f64; 2]> {
         self.metrics
@@ -157,6 +215,28 @@ mod tests {
             .map(|s| (s.step, s.objective.as_str()))
             .collect();
         assert_eq!(steps, [(5, "mle"), (15, "smile")]);
+        assert_eq!(h.objective_series_names(), ["loss", "mle", "smile"]);
+        assert_eq!(h.log_series("mle").len(), 4);
+    }
+
+    #[test]
+    fn any_number_an_objective_logs_becomes_a_series() {
+        let mut h = History::default();
+        h.ingest(RecordFile::Log, &log(5, "mle"), "log").unwrap();
+        h.ingest(
+            RecordFile::Log,
+            r#"{"step":10,"epoch":1,"objective":"scst","loss":-0.5,"reward":1.25,"baseline":1.0,"note":"x","lr":0.001,"grad_norm":1.0,"tokens_per_s":100.0}"#,
+            "log",
+        )
+        .unwrap();
+        assert_eq!(
+            h.objective_series_names(),
+            ["loss", "mle", "smile", "baseline", "reward"]
+        );
+        assert_eq!(h.log_series("reward"), [[10.0, 1.25]]);
+        assert_eq!(h.log_series("mle"), [[5.0, 2.0]]);
+        assert!(h.losses[1].get("mle").is_nan());
+        assert!(!h.losses[1].series.contains_key("note"));
     }
 
     #[test]

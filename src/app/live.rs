@@ -6,7 +6,7 @@
 use super::scorer::ModelSink;
 use crate::backend::Backend;
 use crate::captioner::Checkpoint;
-use crate::captioner::objective::Objective;
+use crate::captioner::objectives::token::TokenObjective;
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::{Begin, RunFolder};
 use crate::captioner::train::{CaptionData, Event, Flow, Trainer, fresh_checkpoint};
@@ -29,7 +29,7 @@ pub enum Command {
     Stop,
     /// Train on with this objective and peak learning rate.
     Switch {
-        objective: Objective,
+        objective: TokenObjective,
         lr: f32,
     },
     /// Write the weights now to `step-N.safetensors` in the run folder.

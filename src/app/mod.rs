@@ -17,7 +17,7 @@ mod thumbnails;
 pub mod window;
 
 use crate::captioner::inspect::TokenScore;
-use crate::captioner::objective::{FirstToken, Objective, ObjectiveKind};
+use crate::captioner::objectives::token::{FirstToken, ObjectiveKind, TokenObjective};
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
@@ -124,8 +124,8 @@ impl Knobs {
         }
     }
 
-    pub fn objective(&self) -> Objective {
-        Objective {
+    pub fn objective(&self) -> TokenObjective {
+        TokenObjective {
             kind: self.objective,
             first_token: self.first_token,
             mle_weight: self.mle_weight,

@@ -1,7 +1,7 @@
 //! The panels: loss curves, metrics over time, the sample gallery, and
 //! the two per-token views (a chosen reference or sample; a typed caption).
 
-use super::history::History;
+use super::history::{History, TRAINING_SERIES};
 use super::scorer::{Asker, Request, Scorer};
 use super::thumbnails::Thumbnails;
 use super::{InspectorInput, PerTokenChoice};
@@ -9,7 +9,7 @@ use crate::captioner::inspect::{Prediction, TokenScore};
 use crate::captioner::train::CaptionData;
 use crate::data::tokenize::ptb_tokenize;
 use egui::{Color32, RichText};
-use egui_plot::{Bar, BarChart, Legend, Line, Plot, VLine};
+use egui_plot::{Bar, BarChart, Legend, Line, LineStyle, Plot, VLine};
 use std::collections::{HashMap, HashSet};
 
 const MLE_COLOUR: Color32 = Color32::from_rgb(70, 130, 220);
@@ -18,7 +18,10 @@ const SMILE_COLOUR: Color32 = Color32::from_rgb(230, 120, 40);
 const NOVEL_COLOUR: Color32 = Color32::from_rgb(220, 60, 160);
 const THUMBNAIL: f32 = 96.0;
 
-/// The MLE and the SMILE loss of the same batches, objective switches marked.
+/// Every series the objectives logged (MLE and SMILE on the same batches
+/// whatever trains, then whatever else an objective reports: reward,
+/// baseline, entropy...), objective switches marked; the trainer's own
+/// series (learning rate, gradient norm, throughput) in small plots below.
 /// `running`: a run is training or followed (else the panel says how to start one).
 pub fn losses(ui: &mut egui::Ui, history: &History, running: bool) {
     if history.losses.is_empty() {
@@ -29,29 +32,94 @@ pub fn losses(ui: &mut egui::Ui, history: &History, running: bool) {
              `captune app --follow runs/NAME` (a folder `captune train` writes)."
         });
     }
-    let series = |f: fn(&super::history::LossPoint) -> f64| -> Vec<[f64; 2]> {
-        history
-            .losses
-            .iter()
-            .map(|p| [p.step as f64, f(p)])
-            .collect()
-    };
+    // The objective's loss last, over the terms it often equals.
+    let mut names = history.objective_series_names();
+    names.sort_by_key(|n| n == "loss");
     if let Some(last) = history.losses.last() {
+        let values: Vec<String> = last
+            .objective_series()
+            .map(|(k, v)| format!("{} {v:.3}", short_name(k)))
+            .collect();
         ui.label(format!(
-            "step {}: MLE {:.3}, SMILE {:.3}, objective {} ({}), lr {:.2e}, {:.0} tokens/s",
-            last.step, last.mle, last.smile, last.objective, last.loss, last.lr, last.tokens_per_s
+            "step {}: {}; objective {}, lr {:.2e}, {:.0} tokens/s",
+            last.step,
+            values.join(", "),
+            last.objective,
+            last.get("lr"),
+            last.get("tokens_per_s")
         ));
     }
+    let plot_height = (ui.available_height() - 140.0).max(120.0);
     Plot::new("losses")
         .show_background(false)
         .legend(Legend::default())
+        .height(plot_height)
         .x_axis_label("step")
-        .y_axis_label("loss (nats per token)")
+        .y_axis_label("per token (losses) or per caption")
         .show(ui, |plot| {
-            plot.line(Line::new("MLE loss", series(|p| p.mle)).color(MLE_COLOUR));
-            plot.line(Line::new("SMILE loss", series(|p| p.smile)).color(SMILE_COLOUR));
+            for (i, name) in names.iter().enumerate() {
+                let mut line = Line::new(series_label(name), history.log_series(name))
+                    .color(series_colour(name, i));
+                // The objective's loss often equals one of its terms (MLE,
+                // or SMILE at lambda 0): dashed, so that both show.
+                if name == "loss" {
+                    line = line.style(LineStyle::dashed_loose()).width(2.0);
+                }
+                plot.line(line);
+            }
             switch_lines(plot, history);
         });
+    ui.columns(TRAINING_SERIES.len(), |columns| {
+        for (ui, (key, label)) in columns.iter_mut().zip([
+            ("lr", "learning rate"),
+            ("grad_norm", "gradient norm"),
+            ("tokens_per_s", "tokens/s"),
+        ]) {
+            ui.label(label);
+            Plot::new(format!("training {key}"))
+                .show_background(false)
+                .height(100.0)
+                .show(ui, |plot| {
+                    plot.line(Line::new(label, history.log_series(key)))
+                });
+        }
+    });
+}
+
+/// The legend's name of a logged series.
+fn series_label(name: &str) -> String {
+    match name {
+        "mle" | "smile" => format!("{} loss", short_name(name)),
+        "loss" => "objective's loss".into(),
+        other => short_name(other),
+    }
+}
+
+/// A logged series' name in the status line.
+fn short_name(name: &str) -> String {
+    match name {
+        "mle" => "MLE".into(),
+        "smile" => "SMILE".into(),
+        other => other.replace('_', " "),
+    }
+}
+
+/// MLE and SMILE keep their colours in every panel; other series take
+/// the palette's in turn.
+fn series_colour(name: &str, index: usize) -> Color32 {
+    const PALETTE: [Color32; 6] = [
+        Color32::from_rgb(90, 170, 90),
+        Color32::from_rgb(160, 90, 200),
+        Color32::from_rgb(200, 170, 40),
+        Color32::from_rgb(60, 180, 190),
+        Color32::from_rgb(200, 80, 80),
+        Color32::from_rgb(140, 140, 140),
+    ];
+    match name {
+        "mle" => MLE_COLOUR,
+        "smile" => SMILE_COLOUR,
+        _ => PALETTE[index % PALETTE.len()],
+    }
 }
 
 /// A grey vertical line at each objective change.

@@ -9,9 +9,10 @@
 
 use super::CaptionVocab;
 use super::model::Captioner;
-use super::objective::{LossesByWidth, Objective};
+use super::objectives::token::{TokenLevel, TokenObjective};
+use super::objectives::{Objective, StepContext, TrainingBatch};
 use super::run::RunConfig;
-use super::train::{Batch, optimise};
+use super::train::optimise;
 use crate::backend::{Backend, BackendKind, DeviceCounters};
 use crate::data::Split;
 use crate::data::shapes;
@@ -129,7 +130,7 @@ fn workload_batches(
 pub fn train_throughput<B: Backend>(
     b: &B,
     preset: &str,
-    objective: Objective,
+    objective: TokenObjective,
     workload: Workload,
     warmup: usize,
     steps: usize,
@@ -142,23 +143,27 @@ pub fn train_throughput<B: Backend>(
     let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut losses = LossesByWidth::new(objective, vocab.len());
+    let mut trained = TokenLevel::new(objective, vocab.len());
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
     // Returns the step's real tokens.
     let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
-        let batch = Batch::new(
+        let batch = TrainingBatch {
+            features: features.clone(),
+            sequences: sequences.to_vec(),
+        };
+        let mut cx = StepContext {
             b,
-            &objective,
-            &vocab,
-            &config,
-            sequences,
-            features.clone(),
-            &mut rng,
-        )?;
-        optimise(b, &mut model, &mut opt, &mut losses, &batch, false)?;
-        Ok(batch.tokens)
+            model: &mut model,
+            vocab: &vocab,
+            batch: &batch,
+            gradient_weight: 1.0,
+            rng: &mut rng,
+            monitor: false,
+        };
+        optimise(&mut opt, &mut trained, &mut cx)?;
+        Ok(batch.tokens())
     };
     for sequences in &batches[..warmup] {
         step(sequences)?;
@@ -179,7 +184,7 @@ pub fn train_throughput<B: Backend>(
         backend: b.kind(),
         adapter: b.adapter_name(),
         preset: preset.into(),
-        objective: objective.describe(),
+        objective: Objective::<B>::describe(&trained),
         workload,
         batch,
         tokens_per_step: tokens as f64 / steps as f64,

@@ -2,15 +2,15 @@
 //! to `prefix_len` prefix vectors, then a causal pre-LN decoder over
 //! `[prefix ; <bos> caption]` with learned positions and an output layer
 //! tied to the token embedding. Its configuration, vocabulary and
-//! checkpoints live here; the network in `model`, the training losses in
-//! `objective`, caption generation in `decode`.
+//! checkpoints live here; the network in `model`, the training objectives
+//! in `objectives`, caption generation in `decode`.
 
 pub mod bench;
 pub mod decode;
 pub mod evaluate;
 pub mod inspect;
 pub mod model;
-pub mod objective;
+pub mod objectives;
 pub mod run;
 pub mod run_folder;
 pub mod train;

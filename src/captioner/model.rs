@@ -163,6 +163,17 @@ impl<B: Backend> TokenInputs<B> {
     }
 }
 
+/// Teacher-forcing targets `[batch, steps]`: each sequence's ids after
+/// `<bos>`, then PAD.
+pub fn teacher_targets(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
+    let mut t = vec![PAD; sequences.len() * steps];
+    for (i, s) in sequences.iter().enumerate() {
+        let n = (s.len() - 1).min(steps);
+        t[i * steps..i * steps + n].copy_from_slice(&s[1..1 + n]);
+    }
+    t
+}
+
 impl<B: Backend> Workspace<B> {
     fn new(b: &B, m: &Captioner<B>, batch: usize, positions: usize) -> Result<Self> {
         let c = &m.config;

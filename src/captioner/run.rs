@@ -4,7 +4,7 @@
 //! of the same form.
 
 use super::CaptionerConfig;
-use super::objective::{FirstToken, Objective, ObjectiveKind};
+use super::objectives::token::{FirstToken, ObjectiveKind, TokenObjective};
 use crate::data::features::FeatureSource;
 use crate::model::transformer::TransformerConfig;
 use anyhow::{Context, Result, bail};
@@ -107,8 +107,8 @@ impl RunConfig {
         Ok(())
     }
 
-    pub fn objective(&self) -> Objective {
-        Objective {
+    pub fn objective(&self) -> TokenObjective {
+        TokenObjective {
             kind: self.train.objective,
             first_token: self.train.first_token,
             mle_weight: self.train.mle_weight,

@@ -7,14 +7,13 @@ use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
 use super::model::Captioner;
-use super::model::TokenInputs;
-use super::objective::{BatchTargets, LossValues, Losses, LossesByWidth, Objective};
+use super::objectives::token::{TokenLevel, TokenObjective};
+use super::objectives::{Objective, StepContext, TrainingBatch};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
-use crate::backend::Backend;
+use crate::backend::{Backend, Reduce};
 use crate::data::features::FeatureSource;
-use crate::data::vocab::PAD;
 use crate::data::{Dataset, Split};
 use crate::metrics::diversity::diversity;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
@@ -26,7 +25,7 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::time::Instant;
 
@@ -64,8 +63,11 @@ pub struct LogLine {
     pub step: usize,
     pub epoch: usize,
     pub objective: String,
+    /// What the objective reports, by name: `loss` (what it minimises),
+    /// then its own (`mle`, `smile`, ...). Each name is a series of the
+    /// app's loss panel.
     #[serde(flatten)]
-    pub losses: LossValues,
+    pub values: BTreeMap<String, f32>,
     pub lr: f32,
     pub grad_norm: f32,
     pub tokens_per_s: f64,
@@ -107,74 +109,41 @@ pub enum Flow {
     Stop,
 }
 
-/// Teacher-forcing targets `[batch, steps]`: each sequence's ids after <bos>.
-fn targets_of(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
-    let mut t = vec![PAD; sequences.len() * steps];
-    for (i, s) in sequences.iter().enumerate() {
-        t[i * steps..i * steps + s.len() - 1].copy_from_slice(&s[1..]);
-    }
-    t
-}
-
-/// One batch made ready for `optimise`: its image embeddings, decoder
-/// inputs trimmed to the longest caption, and targets.
-pub(crate) struct Batch<B: Backend> {
-    pub features: Vec<f32>,
-    pub inputs: TokenInputs<B>,
-    pub targets: BatchTargets<B>,
-    /// Real (not padding) target tokens.
-    pub tokens: usize,
-}
-
-impl<B: Backend> Batch<B> {
-    /// `sequences` are encoded captions (`<bos> .. <eos>`), one per row of
-    /// `features`; `rng` draws the objective's random subsets.
-    pub fn new(
-        b: &B,
-        objective: &Objective,
-        vocab: &CaptionVocab,
-        config: &super::CaptionerConfig,
-        sequences: &[Vec<u32>],
-        features: Vec<f32>,
-        rng: &mut ChaCha8Rng,
-    ) -> Result<Self> {
-        let inputs = TokenInputs::trimmed(b, config, sequences)?;
-        let steps = inputs.positions;
-        let ids = targets_of(sequences, steps);
-        let targets = BatchTargets::new(b, objective, vocab, &ids, steps, rng)?;
-        let tokens = ids.iter().filter(|&&id| id != PAD).count();
-        Ok(Batch {
-            features,
-            inputs,
-            targets,
-            tokens,
-        })
-    }
-}
-
-/// One optimisation step on `batch`: the forward, the objective's losses
-/// (with `monitor`, also the ones it does not train on, for a step that
-/// logs), the backward, AdamW, and the submission that lets a GPU start
-/// on it. Training runs it, and `bench train` times it. Returns the
-/// losses, to read when logging.
-pub(crate) fn optimise<'l, B: Backend>(
-    b: &B,
-    model: &mut Captioner<B>,
+/// One optimisation step: the objective's forwards and gradient (with
+/// `cx.monitor`, also the values it logs), AdamW, and the submission that
+/// lets a GPU start on it. Training runs it, and `bench train` times it.
+pub(crate) fn optimise<B: Backend>(
     opt: &mut AdamW<B>,
-    losses: &'l mut LossesByWidth<B>,
-    batch: &Batch<B>,
-    monitor: bool,
-) -> Result<&'l mut Losses<B>> {
-    let losses = losses.of(b, &batch.inputs);
-    model.forward(b, &batch.features, &batch.inputs)?;
-    losses.forward_backward(b, model.logits(), &batch.targets, monitor);
-    model.params.zero_grads(b);
-    model.backward(b, &batch.inputs, &losses.d_logits);
-    let mut values: Vec<&mut B::Tensor> = model.params.values.iter_mut().collect();
-    let grads: Vec<&B::Tensor> = model.params.grads.iter().collect();
+    objective: &mut dyn Objective<B>,
+    cx: &mut StepContext<'_, B>,
+) -> Result<()> {
+    let b = cx.b;
+    cx.model.params.zero_grads(b);
+    objective.step(cx)?;
+    let params = &mut cx.model.params;
+    let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
+    let grads: Vec<&B::Tensor> = params.grads.iter().collect();
     opt.step(b, &mut values, &grads);
     b.submit();
-    Ok(losses)
+    Ok(())
+}
+
+/// The objective's values of the last (monitored) step and the
+/// optimiser's squared gradient norm (`grad_sumsq`), gathered on the
+/// device and read back at once.
+pub fn read_log<B: Backend>(
+    b: &B,
+    objective: &dyn Objective<B>,
+    grad_sumsq: &B::Tensor,
+) -> (Vec<(&'static str, f32)>, f32) {
+    let logged = objective.logged();
+    let mut gathered = b.zeros(logged.len() + 1);
+    for (slot, x) in logged.iter().copied().chain([grad_sumsq]).enumerate() {
+        b.reduce(x, Reduce::Sum, &mut gathered, slot);
+    }
+    let read = b.to_vec(&gathered);
+    let (values, grad_sumsq) = read.split_at(logged.len());
+    (objective.report(values), grad_sumsq[0])
 }
 
 /// Batches drawn from this many batches' worth of captions at once are
@@ -242,7 +211,7 @@ pub struct Trainer<'d, B: Backend> {
     config: RunConfig,
     run: RunFolder,
     opt: AdamW<B>,
-    losses: LossesByWidth<B>,
+    objective: Box<dyn Objective<B>>,
     train_items: Vec<usize>,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
@@ -324,7 +293,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let losses = LossesByWidth::new(config.objective(), ck.model.config.vocab_size);
+        let objective = Box::new(TokenLevel::new(
+            config.objective(),
+            ck.model.config.vocab_size,
+        ));
         Ok(Trainer {
             ck,
             data,
@@ -332,7 +304,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             config,
             run,
             opt,
-            losses,
+            objective,
             train_items,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
@@ -373,7 +345,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// Trains on with `objective` (and `lr` as the schedule's peak) from
     /// the next batch; the run folder's config.toml records the change,
     /// so `--resume` continues with it.
-    pub fn set_objective(&mut self, objective: Objective, lr: f32) -> Result<()> {
+    pub fn set_objective(&mut self, objective: TokenObjective, lr: f32) -> Result<()> {
         let t = &mut self.config.train;
         (t.objective, t.first_token, t.mle_weight, t.lr) = (
             objective.kind,
@@ -382,8 +354,15 @@ impl<'d, B: Backend> Trainer<'d, B> {
             lr,
         );
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
-        self.losses = LossesByWidth::new(objective, self.ck.model.config.vocab_size);
+        self.objective = Box::new(TokenLevel::new(objective, self.ck.model.config.vocab_size));
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
+    }
+
+    /// Trains on with an objective of the caller's from the next batch.
+    /// The run folder's config.toml cannot name it: a resumed run goes on
+    /// with the configured objective.
+    pub fn use_objective(&mut self, objective: Box<dyn Objective<B>>) {
+        self.objective = objective;
     }
 
     /// Trains one batch; at the end of an epoch also writes the
@@ -421,48 +400,42 @@ impl<'d, B: Backend> Trainer<'d, B> {
             })
             .collect();
         let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
-        let features = self.data.features_of(&images);
-        let objective = self.config.objective();
-        let mut subset_rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(self.step as u64));
-        let mut batch = Batch::new(
-            b,
-            &objective,
-            &self.ck.vocab,
-            &c,
-            &sequences,
-            features,
-            &mut subset_rng,
-        )?;
-        self.tokens += batch.tokens;
-        // Batches of short captions would otherwise weigh each of their
-        // tokens more than batches of long ones (the loss is a per-token
-        // mean): weigh the gradient by the batch's share of tokens.
-        batch.targets.gradient_weight = batch.tokens as f32 / (t.batch as f32 * self.mean_tokens);
+        let batch = TrainingBatch {
+            features: self.data.features_of(&images),
+            sequences,
+        };
+        let tokens = batch.tokens();
+        self.tokens += tokens;
         // Steps that log read every loss; the others compute only the objective's.
         let logs =
             (self.step + 1).is_multiple_of(t.log_every.max(1)) || self.step + 1 == self.total;
         self.opt.config.lr = warmup_cosine(t.lr, t.warmup, self.step, self.total);
-        let losses = optimise(
+        let mut rng = ChaCha8Rng::seed_from_u64(t.seed.wrapping_add(self.step as u64));
+        let mut cx = StepContext {
             b,
-            &mut self.ck.model,
-            &mut self.opt,
-            &mut self.losses,
-            &batch,
-            logs,
-        )?;
+            model: &mut self.ck.model,
+            vocab: &self.ck.vocab,
+            batch: &batch,
+            // Batches of short captions would otherwise weigh each of their
+            // tokens more than batches of long ones (a loss is a per-token
+            // mean): weigh the gradient by the batch's share of tokens.
+            gradient_weight: tokens as f32 / (t.batch as f32 * self.mean_tokens),
+            rng: &mut rng,
+            monitor: logs,
+        };
+        optimise(&mut self.opt, self.objective.as_mut(), &mut cx)?;
         self.step += 1;
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
         if logs {
             // One readback for the whole log line.
-            let (values, grad_sumsq) =
-                losses.read_with(b, &batch.targets, Some(self.opt.grad_sumsq()));
-            if !values.loss.is_finite() {
+            let (values, grad_sumsq) = read_log(b, self.objective.as_ref(), self.opt.grad_sumsq());
+            let loss = values.first().map_or(f32::NAN, |v| v.1);
+            if !loss.is_finite() {
                 bail!(
-                    "the loss became {} at step {} (epoch {}); the last good checkpoint is {} \
+                    "the loss became {loss} at step {} (epoch {}); the last good checkpoint is {} \
                      (end of epoch {}); resume from it with `captune train --resume {}` after \
                      lowering lr in its config.toml",
-                    values.loss,
                     self.step,
                     self.epoch + 1,
                     self.run.checkpoint().display(),
@@ -473,8 +446,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
             let line = LogLine {
                 step: self.step,
                 epoch: self.epoch + 1,
-                objective: objective.describe(),
-                losses: values,
+                objective: self.objective.describe(),
+                values: values
+                    .into_iter()
+                    .map(|(k, v)| (k.to_string(), v))
+                    .collect(),
                 lr: self.opt.config.lr,
                 grad_norm: grad_sumsq.sqrt(),
                 tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
@@ -668,10 +644,12 @@ pub fn train<B: Backend>(
     while !trainer.finished() {
         let flow = trainer.train_batch(b, |e| {
             if let Event::Log(l) = e {
-                bar.set_message(format!(
-                    "epoch {} loss {:.3} (mle {:.3} smile {:.3})",
-                    l.epoch, l.losses.loss, l.losses.mle, l.losses.smile
-                ));
+                let values: Vec<String> = l
+                    .values
+                    .iter()
+                    .map(|(k, v)| format!("{k} {v:.3}"))
+                    .collect();
+                bar.set_message(format!("epoch {} {}", l.epoch, values.join(" ")));
             }
             progress.suspend(|| on_event(e))
         });

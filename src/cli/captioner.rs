@@ -7,7 +7,7 @@ use captune::cache;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::inspect::score_caption;
-use captune::captioner::objective::{FirstToken, ObjectiveKind};
+use captune::captioner::objectives::token::{FirstToken, ObjectiveKind};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};

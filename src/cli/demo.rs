@@ -9,7 +9,7 @@ use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
 use captune::captioner::evaluate::CaptionMetrics;
-use captune::captioner::objective::ObjectiveKind;
+use captune::captioner::objectives::token::ObjectiveKind;
 use captune::captioner::run_folder::RunFolder;
 use captune::captioner::train::{self as captioner_train, CaptionData};
 use captune::data::Split;

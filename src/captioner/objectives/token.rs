@@ -6,9 +6,10 @@
 //! always takes part). Every batch also reports the plain MLE and SMILE
 //! losses, whichever objective trains, so runs can be compared.
 
-use super::CaptionVocab;
-use super::model::TokenInputs;
+use super::{Objective, StepContext};
 use crate::backend::{Backend, Reduce};
+use crate::captioner::CaptionVocab;
+use crate::captioner::model::{TokenInputs, teacher_targets};
 use crate::data::vocab::PAD;
 use crate::index::{FULL_VOCAB, VocabSubsets};
 use crate::ops::cross_entropy::CrossEntropy;
@@ -42,17 +43,18 @@ pub enum FirstToken {
     None,
 }
 
+/// Which token-level objective trains, and its settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Objective {
+pub struct TokenObjective {
     pub kind: ObjectiveKind,
     pub first_token: FirstToken,
     /// lambda in lambda * MLE + (1 - lambda) * subset loss; ignored by `mle`.
     pub mle_weight: f32,
 }
 
-impl Objective {
+impl TokenObjective {
     pub fn mle() -> Self {
-        Objective {
+        TokenObjective {
             kind: ObjectiveKind::Mle,
             first_token: FirstToken::Mle,
             mle_weight: 0.0,
@@ -60,9 +62,9 @@ impl Objective {
     }
 
     pub fn smile() -> Self {
-        Objective {
+        TokenObjective {
             kind: ObjectiveKind::Smile,
-            ..Objective::mle()
+            ..TokenObjective::mle()
         }
     }
 
@@ -187,7 +189,7 @@ pub struct BatchTargets<B: Backend> {
 impl<B: Backend> BatchTargets<B> {
     pub fn new(
         b: &B,
-        objective: &Objective,
+        objective: &TokenObjective,
         vocab: &CaptionVocab,
         targets: &[u32],
         steps: usize,
@@ -238,26 +240,26 @@ impl<B: Backend> BatchTargets<B> {
 /// The losses of one batch: plain MLE and standard SMILE always, and the
 /// objective's own term when it is neither.
 pub struct Losses<B: Backend> {
-    pub objective: Objective,
+    pub objective: TokenObjective,
     mle: CrossEntropy<B>,
     smile: CrossEntropy<B>,
     term: CrossEntropy<B>,
     pub d_logits: B::Tensor,
-    /// Where `read` gathers the losses (and the caller's extra scalar),
-    /// so that a log line costs one readback.
+    /// Where `read` gathers the losses, so that reading them costs one
+    /// readback.
     gathered: B::Tensor,
 }
 
 /// The loss buffers of every batch width (token positions) trained so
 /// far, each made on first use: trimmed batches come in a few widths.
 pub struct LossesByWidth<B: Backend> {
-    objective: Objective,
+    objective: TokenObjective,
     vocab: usize,
     by_width: Vec<(usize, Losses<B>)>,
 }
 
 impl<B: Backend> LossesByWidth<B> {
-    pub fn new(objective: Objective, vocab: usize) -> Self {
+    pub fn new(objective: TokenObjective, vocab: usize) -> Self {
         LossesByWidth {
             objective,
             vocab,
@@ -267,11 +269,7 @@ impl<B: Backend> LossesByWidth<B> {
 
     /// The buffers for batches shaped as `inputs`.
     pub fn of(&mut self, b: &B, inputs: &TokenInputs<B>) -> &mut Losses<B> {
-        let at = match self
-            .by_width
-            .iter()
-            .position(|(p, _)| *p == inputs.positions)
-        {
+        let at = match self.position(inputs.positions) {
             Some(at) => at,
             None => {
                 let losses = Losses::new(b, self.objective, inputs.rows(), self.vocab);
@@ -280,6 +278,15 @@ impl<B: Backend> LossesByWidth<B> {
             }
         };
         &mut self.by_width[at].1
+    }
+
+    /// The buffers of batches `positions` wide, if one was trained.
+    pub fn width(&self, positions: usize) -> Option<&Losses<B>> {
+        Some(&self.by_width[self.position(positions)?].1)
+    }
+
+    fn position(&self, positions: usize) -> Option<usize> {
+        self.by_width.iter().position(|(p, _)| *p == positions)
     }
 }
 
@@ -293,14 +300,14 @@ pub struct LossValues {
 }
 
 impl<B: Backend> Losses<B> {
-    pub fn new(b: &B, objective: Objective, rows: usize, vocab: usize) -> Self {
+    pub fn new(b: &B, objective: TokenObjective, rows: usize, vocab: usize) -> Self {
         Losses {
             objective,
             mle: CrossEntropy::new(b, rows, vocab),
             smile: CrossEntropy::new(b, rows, vocab),
             term: CrossEntropy::new(b, rows, vocab),
             d_logits: b.zeros(rows * vocab),
-            gathered: b.zeros(4),
+            gathered: b.zeros(3),
         }
     }
 
@@ -374,36 +381,92 @@ impl<B: Backend> Losses<B> {
     /// Reads the losses back (this waits for the device); the last
     /// `forward_backward` must have monitored them.
     pub fn read(&mut self, b: &B, t: &BatchTargets<B>) -> LossValues {
-        self.read_with(b, t, None).0
-    }
-
-    /// The losses and `extra[0]` (the optimiser's squared gradient norm),
-    /// gathered on the device and read back at once.
-    pub fn read_with(
-        &mut self,
-        b: &B,
-        t: &BatchTargets<B>,
-        extra: Option<&B::Tensor>,
-    ) -> (LossValues, f32) {
         let scalars = [&self.mle.loss, &self.smile.loss, &self.term.loss];
-        for (slot, x) in scalars.into_iter().chain(extra).enumerate() {
+        for (slot, x) in scalars.into_iter().enumerate() {
             b.reduce(x, Reduce::Sum, &mut self.gathered, slot);
         }
         let got = b.to_vec(&self.gathered);
-        let (mle, smile) = (got[0], got[1]);
-        let term = if t.term.is_some() { got[2] } else { smile };
+        self.values([got[0], got[1], got[2]], t.term.is_some())
+    }
+
+    /// The MLE, SMILE and own-term losses on the device.
+    fn scalars(&self) -> [&B::Tensor; 3] {
+        [&self.mle.loss, &self.smile.loss, &self.term.loss]
+    }
+
+    /// The values of `scalars`, read, as the losses; `has_term`: the
+    /// batch had a term of its own.
+    fn values(&self, [mle, smile, term]: [f32; 3], has_term: bool) -> LossValues {
+        let term = if has_term { term } else { smile };
         let (lambda, rest) = self.mix();
-        let values = LossValues {
+        LossValues {
             loss: lambda * mle + rest * term,
             mle,
             smile,
-        };
-        (values, got[3])
+        }
     }
 
     /// log p(target) per row under the full vocabulary and under the
     /// standard SMILE subset (for `inspect`).
     pub fn row_logprobs(&self, b: &B) -> (Vec<f32>, Vec<f32>) {
         (b.to_vec(&self.mle.logp), b.to_vec(&self.smile.logp))
+    }
+}
+
+/// MLE and the SMILE family as an [`Objective`]: teacher forcing on each
+/// row's reference caption, the batch trimmed to its longest caption.
+pub struct TokenLevel<B: Backend> {
+    config: TokenObjective,
+    losses: LossesByWidth<B>,
+    /// The last step's width (token positions) and whether its batch had
+    /// a term of its own.
+    last: Option<(usize, bool)>,
+}
+
+impl<B: Backend> TokenLevel<B> {
+    pub fn new(config: TokenObjective, vocab: usize) -> Self {
+        TokenLevel {
+            config,
+            losses: LossesByWidth::new(config, vocab),
+            last: None,
+        }
+    }
+
+    fn last_losses(&self) -> (&Losses<B>, bool) {
+        let (width, has_term) = self.last.expect("a step before its log");
+        let losses = self.losses.width(width).expect("the last step's buffers");
+        (losses, has_term)
+    }
+}
+
+impl<B: Backend> Objective<B> for TokenLevel<B> {
+    fn describe(&self) -> String {
+        self.config.describe()
+    }
+
+    fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
+        let b = cx.b;
+        let sequences = &cx.batch.sequences;
+        let inputs = TokenInputs::trimmed(b, &cx.model.config, sequences)?;
+        let steps = inputs.positions;
+        let ids = teacher_targets(sequences, steps);
+        let mut targets = BatchTargets::new(b, &self.config, cx.vocab, &ids, steps, cx.rng)?;
+        targets.gradient_weight = cx.gradient_weight;
+        cx.model.forward(b, &cx.batch.features, &inputs)?;
+        let losses = self.losses.of(b, &inputs);
+        losses.forward_backward(b, cx.model.logits(), &targets, cx.monitor);
+        cx.model.backward(b, &inputs, &losses.d_logits);
+        self.last = Some((steps, targets.term.is_some()));
+        Ok(())
+    }
+
+    fn logged(&self) -> Vec<&B::Tensor> {
+        self.last_losses().0.scalars().to_vec()
+    }
+
+    fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
+        let (losses, has_term) = self.last_losses();
+        let v = losses.values([read[0], read[1], read[2]], has_term);
+        vec![("loss", v.loss), ("mle", v.mle), ("smile", v.smile)]
     }
 }
