@@ -9,7 +9,6 @@ mod common;
 use captune::app::history::RecordFile;
 use captune::app::live::State;
 use captune::app::{CaptuneApp, Source, Tab, TrainSetup};
-use captune::captioner::objectives::token::ObjectiveKind;
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
@@ -112,8 +111,14 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
         "a paused run trains no further"
     );
 
-    h.state_mut().knobs.objective = ObjectiveKind::Smile;
+    // The objective's knobs come from its declared settings: MLE has
+    // none, SMILE a first-token mode and lambda.
+    let shown =
+        |h: &Harness<'_, CaptuneApp>, label: &str| h.query_all_by_label_contains(label).count() > 0;
+    assert!(!shown(&h, "lambda"));
+    h.state_mut().knobs.objective = "smile".into();
     h.run();
+    assert!(shown(&h, "lambda (MLE weight)") && shown(&h, "first token"));
     // One click per frame, as a person clicks.
     for button in ["Apply objective", "Save checkpoint", "Resume"] {
         h.get_by_label(button).click_accesskit();
@@ -147,7 +152,7 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     );
     // The run folder records the switch for `captune train --resume`.
     let config = RunConfig::load(&out.join("config.toml")).unwrap();
-    assert_eq!(config.train.objective, ObjectiveKind::Smile);
+    assert_eq!(config.train.objective, "smile");
     assert!(!h.state().history.metrics.is_empty() && !h.state().history.samples.is_empty());
     std::fs::remove_dir_all(&out).unwrap();
 }

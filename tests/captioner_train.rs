@@ -8,7 +8,8 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
-use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
+use captune::captioner::objectives::settings::SettingValue;
+use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};
@@ -115,8 +116,10 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
     let b = CpuBackend::new();
     let data = tiny_data();
     let mut run = tiny_run(3);
-    run.train.objective = ObjectiveKind::SmileRandom;
-    run.train.mle_weight = 0.2;
+    run.train.objective = "smile-random".into();
+    run.train
+        .settings
+        .insert("mle_weight".into(), SettingValue::Number(0.2));
     let whole = RunFolder::new(temp("whole"));
     let mut ck = new_checkpoint(&b, &data, &run);
     train::train(

@@ -832,3 +832,58 @@ fn demo_prints_the_comparison_and_writes_its_json() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The objective's settings reach the command line from their
+/// declaration: listed in the help, refused for an objective that does
+/// not take them, and checked against their range.
+#[test]
+fn objective_settings_are_flags_from_their_declarations() {
+    let help = text(&captune(&["train", "--help"], &[]).stdout);
+    for flag in [
+        "--objective <NAME>",
+        "--mle-weight <X>",
+        "--first-token <NAME>",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from\n{help}");
+    }
+    let dir = std::env::temp_dir().join(format!("captune-cli-settings-{}", std::process::id()));
+    let out_dir = dir.to_str().unwrap();
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "train",
+            "--preset",
+            "tiny",
+            "--objective",
+            "mle",
+            "--mle-weight",
+            "0.3",
+            "--out",
+            out_dir,
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--mle-weight is not a setting of objective mle; its settings are: none"),
+        "{err}"
+    );
+    let out = captune(
+        &[
+            "train",
+            "--objective",
+            "smile",
+            "--mle-weight",
+            "1.5",
+            "--out",
+            out_dir,
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("--mle-weight: 1.5 is outside [0, 1]"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -6,7 +6,7 @@
 use super::scorer::ModelSink;
 use crate::backend::Backend;
 use crate::captioner::Checkpoint;
-use crate::captioner::objectives::token::TokenObjective;
+use crate::captioner::objectives::{self, settings::Settings};
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::{Begin, RunFolder};
 use crate::captioner::train::{CaptionData, Event, Flow, Trainer, fresh_checkpoint};
@@ -27,9 +27,10 @@ pub enum Command {
     Pause,
     Resume,
     Stop,
-    /// Train on with this objective and peak learning rate.
+    /// Train on with this objective, its settings and peak learning rate.
     Switch {
-        objective: TokenObjective,
+        objective: String,
+        settings: Settings,
         lr: f32,
     },
     /// Write the weights now to `step-N.safetensors` in the run folder.
@@ -87,7 +88,10 @@ impl LiveRun {
             state: State::Starting,
             step: 0,
             total: 0,
-            objective: setup.config.objective().describe(),
+            objective: objectives::describe(
+                &setup.config.train.objective,
+                &setup.config.train.settings,
+            ),
             backend: String::new(),
             note: String::new(),
         }));
@@ -217,9 +221,13 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
                     update(&|s| s.state = State::Running);
                 }
                 Command::Stop => return Ok(State::Stopped),
-                Command::Switch { objective, lr } => {
-                    trainer.set_objective(objective, lr)?;
-                    update(&|s| s.objective = objective.describe());
+                Command::Switch {
+                    objective,
+                    settings,
+                    lr,
+                } => {
+                    trainer.set_objective(&objective, &settings, lr)?;
+                    update(&|s| s.objective = objectives::describe(&objective, &settings));
                 }
                 Command::Save => {
                     let path = trainer

@@ -17,7 +17,8 @@ mod thumbnails;
 pub mod window;
 
 use crate::captioner::inspect::TokenScore;
-use crate::captioner::objectives::token::{FirstToken, ObjectiveKind, TokenObjective};
+use crate::captioner::objectives;
+use crate::captioner::objectives::settings::{SettingKind, SettingValue, Settings};
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
@@ -103,9 +104,10 @@ impl Tab {
 /// The training settings the UI edits.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Knobs {
-    pub objective: ObjectiveKind,
-    pub first_token: FirstToken,
-    pub mle_weight: f32,
+    /// The objective's name.
+    pub objective: String,
+    /// Every objective's settings: switching objective keeps each one's.
+    pub settings: Settings,
     pub lr: f32,
     pub batch: usize,
     pub epochs: usize,
@@ -114,38 +116,70 @@ pub struct Knobs {
 impl Knobs {
     fn of(config: &RunConfig) -> Knobs {
         let t = &config.train;
+        let mut settings = t.settings.clone();
+        for s in objectives::declared_settings() {
+            settings
+                .entry(s.key.to_string())
+                .or_insert_with(|| s.default_value());
+        }
         Knobs {
-            objective: t.objective,
-            first_token: t.first_token,
-            mle_weight: t.mle_weight,
+            objective: t.objective.clone(),
+            settings,
             lr: t.lr,
             batch: t.batch,
             epochs: t.epochs,
         }
     }
 
-    pub fn objective(&self) -> TokenObjective {
-        TokenObjective {
-            kind: self.objective,
-            first_token: self.first_token,
-            mle_weight: self.mle_weight,
-        }
+    /// The objective and its own settings, as a config holds them.
+    pub fn objective_settings(&self) -> Settings {
+        let info = objectives::find(&self.objective).expect("the knobs hold a known objective");
+        info.settings
+            .iter()
+            .filter_map(|s| Some((s.key.to_string(), self.settings.get(s.key)?.clone())))
+            .collect()
     }
 }
 
-/// A combo box over an option's command-line names (`smile-random`...).
-fn choice<T: clap::ValueEnum + PartialEq + Copy>(ui: &mut egui::Ui, label: &str, value: &mut T) {
-    let name = |v: &T| {
-        v.to_possible_value()
-            .map_or(String::new(), |p| p.get_name().to_string())
-    };
-    egui::ComboBox::from_label(label)
-        .selected_text(name(value))
+/// The objective's combo box, then a knob for each of its declared
+/// settings: a slider for a number, a combo box for a choice.
+fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
+    egui::ComboBox::from_label("objective")
+        .selected_text(knobs.objective.as_str())
         .show_ui(ui, |ui| {
-            for v in T::value_variants() {
-                ui.selectable_value(value, *v, name(v));
+            for o in objectives::OBJECTIVES {
+                ui.selectable_value(&mut knobs.objective, o.name.to_string(), o.name)
+                    .on_hover_text(o.help);
             }
         });
+    let Ok(info) = objectives::find(&knobs.objective) else {
+        return;
+    };
+    for setting in info.settings {
+        let value = knobs
+            .settings
+            .entry(setting.key.to_string())
+            .or_insert_with(|| setting.default_value());
+        match (setting.kind, value) {
+            (SettingKind::Number { min, max, .. }, SettingValue::Number(v)) => {
+                ui.add(egui::Slider::new(v, min..=max).text(setting.label))
+                    .on_hover_text(setting.help);
+            }
+            (SettingKind::Choice { choices, .. }, SettingValue::Choice(c)) => {
+                egui::ComboBox::from_label(setting.label)
+                    .selected_text(c.as_str())
+                    .show_ui(ui, |ui| {
+                        for choice in choices {
+                            ui.selectable_value(c, choice.to_string(), *choice);
+                        }
+                    })
+                    .response
+                    .on_hover_text(setting.help);
+            }
+            // The config was checked against the declaration.
+            (_, value) => *value = setting.default_value(),
+        }
+    }
 }
 
 /// The image and caption the per-token view shows: a validation image and
@@ -274,17 +308,9 @@ impl CaptuneApp {
         let mut config = setup.config.clone();
         let k = &self.knobs;
         let t = &mut config.train;
-        (
-            t.objective,
-            t.first_token,
-            t.mle_weight,
-            t.lr,
-            t.batch,
-            t.epochs,
-        ) = (
-            k.objective,
-            k.first_token,
-            k.mle_weight,
+        (t.objective, t.settings, t.lr, t.batch, t.epochs) = (
+            k.objective.clone(),
+            k.objective_settings(),
             k.lr,
             k.batch,
             k.epochs,
@@ -435,9 +461,7 @@ impl CaptuneApp {
             .is_some_and(|s| matches!(s.state, State::Starting | State::Running | State::Paused));
         ui.heading("Training");
         let k = &mut self.knobs;
-        choice(ui, "objective", &mut k.objective);
-        choice(ui, "first token", &mut k.first_token);
-        ui.add(egui::Slider::new(&mut k.mle_weight, 0.0..=1.0).text("lambda (MLE weight)"));
+        objective_knobs(ui, k);
         ui.add(
             egui::Slider::new(&mut k.lr, 1e-5..=1e-2)
                 .logarithmic(true)
@@ -474,11 +498,14 @@ impl CaptuneApp {
                 });
                 if ui
                     .button("Apply objective")
-                    .on_hover_text("Train on with the objective, lambda, first-token mode and learning rate above")
+                    .on_hover_text(
+                        "Train on with the objective, its settings and the learning rate above",
+                    )
                     .clicked()
                 {
                     run.send(Command::Switch {
-                        objective: self.knobs.objective(),
+                        objective: self.knobs.objective.clone(),
+                        settings: self.knobs.objective_settings(),
                         lr: self.knobs.lr,
                     });
                 }

@@ -4,7 +4,9 @@
 //! of the same form.
 
 use super::CaptionerConfig;
-use super::objectives::token::{FirstToken, ObjectiveKind, TokenObjective};
+use super::objectives::settings::Settings;
+use super::objectives::{self, Objective};
+use crate::backend::Backend;
 use crate::data::features::FeatureSource;
 use crate::model::transformer::TransformerConfig;
 use anyhow::{Context, Result, bail};
@@ -23,12 +25,12 @@ pub struct ModelSection {
     pub max_len: usize,
 }
 
+/// Unknown keys are refused by `RunConfig::check`: they would land in
+/// `settings` (serde cannot deny them beside a flattened map).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct TrainSection {
-    pub objective: ObjectiveKind,
-    pub first_token: FirstToken,
-    pub mle_weight: f32,
+    /// The objective's name (`captune train --help` lists them).
+    pub objective: String,
     /// Passes over the training images, one random reference each.
     pub epochs: usize,
     pub batch: usize,
@@ -44,6 +46,10 @@ pub struct TrainSection {
     /// Validation images scored each epoch (0: none).
     pub eval_images: usize,
     pub seed: u64,
+    /// The objectives' settings (`first_token`, `mle_weight`, ...), each
+    /// declared by the objectives that take it.
+    #[serde(flatten)]
+    pub settings: Settings,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -95,24 +101,17 @@ impl RunConfig {
         if t.batch == 0 || t.epochs == 0 {
             bail!("{origin}: [train] batch and epochs must be positive");
         }
-        if !(0.0..=1.0).contains(&t.mle_weight) {
-            bail!(
-                "{origin}: [train] mle_weight {} must lie in [0, 1]",
-                t.mle_weight
-            );
-        }
+        objectives::find(&t.objective).map_err(|e| anyhow::anyhow!("{origin}: [train] {e}"))?;
+        objectives::check_settings(&t.settings, &format!("{origin}: [train]"))?;
         if t.lr.is_nan() || t.lr <= 0.0 {
             bail!("{origin}: [train] lr must be positive");
         }
         Ok(())
     }
 
-    pub fn objective(&self) -> TokenObjective {
-        TokenObjective {
-            kind: self.train.objective,
-            first_token: self.train.first_token,
-            mle_weight: self.train.mle_weight,
-        }
+    /// The configured objective, for a vocabulary of `vocab` ids.
+    pub fn objective<B: Backend>(&self, vocab: usize) -> Result<Box<dyn Objective<B>>> {
+        objectives::build(&self.train.objective, &self.train.settings, vocab)
     }
 
     /// The network for image embeddings of `embed_dim` and `vocab_size` ids.
@@ -158,6 +157,24 @@ mod tests {
         let text = include_str!("../../assets/presets/tiny.toml")
             .replace("mle_weight = 0.0", "mle_weight = 2.0");
         let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
-        assert!(err.contains("mle_weight 2 must lie in [0, 1]"), "{err}");
+        assert!(
+            err.contains("my.toml") && err.contains("mle_weight: 2 is outside [0, 1]"),
+            "{err}"
+        );
+        // A misspelt key is named, with the keys [train] takes.
+        let text = include_str!("../../assets/presets/tiny.toml")
+            .replace("mle_weight = 0.0", "mle_wieght = 0.5");
+        let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown key \"mle_wieght\"") && err.contains("first_token, mle_weight"),
+            "{err}"
+        );
+        let text = include_str!("../../assets/presets/tiny.toml")
+            .replace("objective = \"mle\"", "objective = \"smiel\"");
+        let err = RunConfig::parse(&text, "my.toml").unwrap_err().to_string();
+        assert!(
+            err.contains("no objective \"smiel\"") && err.contains("smile-random"),
+            "{err}"
+        );
     }
 }

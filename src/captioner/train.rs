@@ -7,7 +7,7 @@ use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::{TokenScore, score_caption};
 use super::model::Captioner;
-use super::objectives::token::{TokenLevel, TokenObjective};
+use super::objectives::settings::Settings;
 use super::objectives::{Objective, StepContext, TrainingBatch};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
@@ -293,10 +293,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let objective = Box::new(TokenLevel::new(
-            config.objective(),
-            ck.model.config.vocab_size,
-        ));
+        let objective = config.objective(ck.model.config.vocab_size)?;
         Ok(Trainer {
             ck,
             data,
@@ -345,16 +342,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// Trains on with `objective` (and `lr` as the schedule's peak) from
     /// the next batch; the run folder's config.toml records the change,
     /// so `--resume` continues with it.
-    pub fn set_objective(&mut self, objective: TokenObjective, lr: f32) -> Result<()> {
+    pub fn set_objective(&mut self, name: &str, settings: &Settings, lr: f32) -> Result<()> {
         let t = &mut self.config.train;
-        (t.objective, t.first_token, t.mle_weight, t.lr) = (
-            objective.kind,
-            objective.first_token,
-            objective.mle_weight,
-            lr,
-        );
+        (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
-        self.objective = Box::new(TokenLevel::new(objective, self.ck.model.config.vocab_size));
+        self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
 

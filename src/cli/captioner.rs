@@ -7,7 +7,10 @@ use captune::cache;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::inspect::score_caption;
-use captune::captioner::objectives::token::{FirstToken, ObjectiveKind};
+use captune::captioner::objectives::{
+    self,
+    settings::{SettingKind, SettingValue, Settings},
+};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self, CaptionData, Event, Flow};
@@ -313,6 +316,86 @@ fn embed_cached<B: Backend>(
     Ok(features.embeddings)
 }
 
+/// `--objective NAME` and a flag for each objective setting, made from
+/// the objectives' declarations (`captune::captioner::objectives`), so a
+/// new objective's settings reach the command line with no code here.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectiveArgs {
+    pub objective: Option<String>,
+    /// The settings given, by key.
+    pub settings: Settings,
+}
+
+impl clap::FromArgMatches for ObjectiveArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = ObjectiveArgs::default();
+        args.update_from_arg_matches(m)?;
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        if let Some(o) = m.get_one::<String>("objective") {
+            self.objective = Some(o.clone());
+        }
+        for s in objectives::declared_settings() {
+            if let Some(v) = m.get_one::<SettingValue>(s.key) {
+                self.settings.insert(s.key.to_string(), v.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for ObjectiveArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let names: Vec<&str> = objectives::OBJECTIVES.iter().map(|o| o.name).collect();
+        let help: Vec<String> = objectives::OBJECTIVES
+            .iter()
+            .map(|o| format!("{}: {}", o.name, o.help))
+            .collect();
+        let mut cmd = cmd.arg(
+            clap::Arg::new("objective")
+                .long("objective")
+                .value_name("NAME")
+                .help(format!("The objective ({})", help.join("; ")))
+                .value_parser(clap::builder::PossibleValuesParser::new(names)),
+        );
+        for setting in objectives::declared_settings() {
+            let takers: Vec<&str> = objectives::OBJECTIVES
+                .iter()
+                .filter(|o| o.settings.iter().any(|s| s.key == setting.key))
+                .map(|o| o.name)
+                .collect();
+            let (value_name, range) = match setting.kind {
+                SettingKind::Number { min, max, default } => {
+                    ("X", format!("{min} to {max}, default {default}"))
+                }
+                SettingKind::Choice { choices, default } => {
+                    ("NAME", format!("{}, default {default}", choices.join(", ")))
+                }
+            };
+            // Flags live as long as the program.
+            let flag: &'static str = Box::leak(setting.flag().into_boxed_str());
+            cmd = cmd.arg(
+                clap::Arg::new(setting.key)
+                    .long(flag)
+                    .value_name(value_name)
+                    .help(format!(
+                        "{} ({range}; objectives {})",
+                        setting.help,
+                        takers.join(", ")
+                    ))
+                    .value_parser(move |text: &str| setting.parse(text)),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
 #[derive(clap::Args)]
 pub struct TrainArgs {
     #[command(flatten)]
@@ -325,13 +408,8 @@ pub struct TrainArgs {
     /// A run config (TOML, as assets/presets/*.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    #[arg(long, value_enum)]
-    pub objective: Option<ObjectiveKind>,
-    #[arg(long, value_enum)]
-    pub first_token: Option<FirstToken>,
-    /// lambda in lambda * MLE + (1 - lambda) * SMILE.
-    #[arg(long)]
-    pub mle_weight: Option<f32>,
+    #[command(flatten)]
+    pub objective: ObjectiveArgs,
     /// Epochs to train; with --resume, epochs to train beyond those done.
     #[arg(long)]
     pub epochs: Option<usize>,
@@ -364,14 +442,29 @@ impl TrainArgs {
             RunConfig::preset(self.preset.as_deref().unwrap_or("shapes"))?
         };
         let t = &mut c.train;
-        if let Some(o) = self.objective {
-            t.objective = o;
+        if let Some(o) = &self.objective.objective {
+            t.objective = o.clone();
         }
-        if let Some(f) = self.first_token {
-            t.first_token = f;
-        }
-        if let Some(w) = self.mle_weight {
-            t.mle_weight = w;
+        let info = objectives::find(&t.objective)?;
+        for (key, value) in &self.objective.settings {
+            if !info.settings.iter().any(|s| s.key == key) {
+                let own: Vec<String> = info
+                    .settings
+                    .iter()
+                    .map(|s| format!("--{}", s.flag()))
+                    .collect();
+                bail!(
+                    "--{} is not a setting of objective {}; its settings are: {}",
+                    key.replace('_', "-"),
+                    info.name,
+                    if own.is_empty() {
+                        "none".into()
+                    } else {
+                        own.join(", ")
+                    }
+                );
+            }
+            t.settings.insert(key.clone(), value.clone());
         }
         if let Some(e) = self.epochs {
             t.epochs = if self.resume {
@@ -458,7 +551,7 @@ pub fn train<B: Backend>(
         data.items(Split::Train).len(),
         ck.model.params.count(),
         ck.vocab.len(),
-        config.objective().describe()
+        objectives::describe(&config.train.objective, &config.train.settings)
     );
     train::train(
         b,

@@ -3,13 +3,14 @@
 //! train the captioner with MLE, continue with SMILE, and compare the two
 //! on the test images.
 
-use super::captioner::{self, FeatureArgs, TrainArgs, caption_data};
+use super::captioner::{self, FeatureArgs, ObjectiveArgs, TrainArgs, caption_data};
 use super::{DataArgs, check_new_output};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
 use captune::captioner::evaluate::CaptionMetrics;
-use captune::captioner::objectives::token::ObjectiveKind;
+use captune::captioner::objectives::settings::{SettingValue, Settings};
+use captune::captioner::objectives::token::{MLE, MLE_WEIGHT, SMILE};
 use captune::captioner::run_folder::RunFolder;
 use captune::captioner::train::{self as captioner_train, CaptionData};
 use captune::data::Split;
@@ -94,16 +95,25 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         prep.evaluate(b, &mut retriever, Split::Val)?
     };
     eprintln!("retriever on val: {retriever_recall}");
-    let stage = |objective: ObjectiveKind, epochs: usize, init: Option<PathBuf>| {
-        let smile = objective != ObjectiveKind::Mle;
+    let stage = |objective: &str, epochs: usize, init: Option<PathBuf>| {
+        let smile = objective != MLE.name;
+        let settings = if smile {
+            Settings::from([(
+                MLE_WEIGHT.key.to_string(),
+                SettingValue::Number(args.smile_mle_weight.into()),
+            )])
+        } else {
+            Settings::new()
+        };
         TrainArgs {
             data: data_args.clone(),
             features: features.clone(),
             preset: Some(args.preset.clone()),
             config: None,
-            objective: Some(objective),
-            first_token: None,
-            mle_weight: smile.then_some(args.smile_mle_weight),
+            objective: ObjectiveArgs {
+                objective: Some(objective.to_string()),
+                settings,
+            },
             epochs: Some(epochs),
             lr: smile.then_some(args.smile_lr),
             init,
@@ -113,11 +123,11 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         }
     };
     eprintln!("[3/5] training the captioner with MLE");
-    let mle_args = stage(ObjectiveKind::Mle, args.mle_epochs, None);
+    let mle_args = stage(MLE.name, args.mle_epochs, None);
     let mle = captioner::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[4/5] continuing with SMILE");
     let smile_args = stage(
-        ObjectiveKind::Smile,
+        SMILE.name,
         args.smile_epochs,
         Some(mle_args.out.join("checkpoint.safetensors")),
     );

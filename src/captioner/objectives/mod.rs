@@ -8,14 +8,127 @@
 //! (or in a test) and needs no change elsewhere.
 //!
 //! - [`token`]: MLE and the SMILE family (teacher-forced, token-level).
+//!
+//! An objective is known by name through [`OBJECTIVES`], with its settings
+//! declared there once ([`settings`]); [`build`] makes one from a name and
+//! settings. Adding an objective: its file, an entry in `OBJECTIVES` and
+//! an arm in `build`.
 
+pub mod settings;
 pub mod token;
 
 use super::CaptionVocab;
 use super::model::Captioner;
 use crate::backend::Backend;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
+use settings::{Setting, Settings};
+
+/// An objective as the config, the command line and the app know it.
+#[derive(Debug)]
+pub struct ObjectiveInfo {
+    /// What `[train] objective` and `--objective` say.
+    pub name: &'static str,
+    pub help: &'static str,
+    pub settings: &'static [&'static Setting],
+}
+
+/// Every objective, by name.
+pub const OBJECTIVES: [&ObjectiveInfo; 4] = [
+    &token::MLE,
+    &token::SMILE,
+    &token::SMILE_RANDOM,
+    &token::SMILE_REVERSE,
+];
+
+/// The objective called `name`.
+pub fn find(name: &str) -> Result<&'static ObjectiveInfo> {
+    match OBJECTIVES.iter().find(|o| o.name == name) {
+        Some(info) => Ok(info),
+        None => {
+            let names: Vec<&str> = OBJECTIVES.iter().map(|o| o.name).collect();
+            bail!(
+                "no objective {name:?}; the objectives are {}",
+                names.join(", ")
+            )
+        }
+    }
+}
+
+/// Every setting some objective declares, each key once, in the order
+/// of `OBJECTIVES`.
+pub fn declared_settings() -> Vec<&'static Setting> {
+    let mut all: Vec<&'static Setting> = Vec::new();
+    for s in OBJECTIVES.iter().flat_map(|o| o.settings.iter()) {
+        if !all.iter().any(|d| d.key == s.key) {
+            all.push(s);
+        }
+    }
+    all
+}
+
+/// Refuses a key no objective declares and a value its declaration
+/// refuses; `origin` names where they came from. Keys of other
+/// objectives than the one training are kept, for a switch back.
+pub fn check_settings(settings: &Settings, origin: &str) -> Result<()> {
+    let declared = declared_settings();
+    for (key, value) in settings {
+        let Some(setting) = declared.iter().find(|s| s.key == key) else {
+            let keys: Vec<&str> = declared.iter().map(|s| s.key).collect();
+            bail!(
+                "{origin}: unknown key {key:?}; besides the training fields, [train] takes the \
+                 objectives' settings: {}",
+                keys.join(", ")
+            );
+        };
+        if let Some(why) = setting.refuse(value) {
+            bail!("{origin}: {key}: {why}");
+        }
+    }
+    Ok(())
+}
+
+/// "name (setting: value, ...)" over the objective's own settings, as
+/// the log's `objective` field and the app show it.
+pub fn describe(name: &str, settings: &Settings) -> String {
+    let Ok(info) = find(name) else {
+        return name.into();
+    };
+    let values: Vec<String> = info
+        .settings
+        .iter()
+        .map(|s| {
+            let value = match settings.get(s.key).cloned().unwrap_or(s.default_value()) {
+                settings::SettingValue::Number(v) => format!("{v}"),
+                settings::SettingValue::Choice(c) => c,
+            };
+            format!("{}: {value}", s.key.replace('_', " "))
+        })
+        .collect();
+    if values.is_empty() {
+        name.into()
+    } else {
+        format!("{name} ({})", values.join(", "))
+    }
+}
+
+/// The objective `name` with `settings` (defaults for those not given),
+/// for a vocabulary of `vocab` ids.
+pub fn build<B: Backend>(
+    name: &str,
+    settings: &Settings,
+    vocab: usize,
+) -> Result<Box<dyn Objective<B>>> {
+    let info = find(name)?;
+    check_settings(settings, &format!("objective {name}"))?;
+    Ok(match info.name {
+        "mle" | "smile" | "smile-random" | "smile-reverse" => Box::new(token::TokenLevel::new(
+            token::TokenObjective::from_settings(info.name, settings)?,
+            vocab,
+        )),
+        other => unreachable!("objective {other} is listed but not built"),
+    })
+}
 
 /// One training step's batch as the host holds it.
 pub struct TrainingBatch {

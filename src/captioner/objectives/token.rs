@@ -6,7 +6,8 @@
 //! always takes part). Every batch also reports the plain MLE and SMILE
 //! losses, whichever objective trains, so runs can be compared.
 
-use super::{Objective, StepContext};
+use super::settings::{Setting, SettingKind, SettingValue, Settings};
+use super::{Objective, ObjectiveInfo, StepContext};
 use crate::backend::{Backend, Reduce};
 use crate::captioner::CaptionVocab;
 use crate::captioner::model::{TokenInputs, teacher_targets};
@@ -43,6 +44,54 @@ pub enum FirstToken {
     None,
 }
 
+/// How step 0 of a subset objective is trained (the `first_token` setting).
+pub const FIRST_TOKEN: Setting = Setting {
+    key: "first_token",
+    label: "first token",
+    help: "How step 0 is trained: mle (over the whole vocabulary), shift (its label becomes \
+           the word's reserved alternative id), none (over the subset like every step)",
+    kind: SettingKind::Choice {
+        choices: &["mle", "shift", "none"],
+        default: "mle",
+    },
+};
+
+/// lambda in lambda * MLE + (1 - lambda) * the subset loss.
+pub const MLE_WEIGHT: Setting = Setting {
+    key: "mle_weight",
+    label: "lambda (MLE weight)",
+    help: "lambda in lambda * MLE + (1 - lambda) * the subset loss",
+    kind: SettingKind::Number {
+        min: 0.0,
+        max: 1.0,
+        default: 0.0,
+    },
+};
+
+pub const MLE: ObjectiveInfo = ObjectiveInfo {
+    name: "mle",
+    help: "cross-entropy over the full vocabulary",
+    settings: &[],
+};
+
+pub const SMILE: ObjectiveInfo = ObjectiveInfo {
+    name: "smile",
+    help: "cross-entropy over the unique tokens of each target caption (SMILE)",
+    settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+};
+
+pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
+    name: "smile-random",
+    help: "ablation: over 10 random ids plus the label, drawn per step",
+    settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+};
+
+pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
+    name: "smile-reverse",
+    help: "ablation: over the ids the caption does not use, plus the label",
+    settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+};
+
 /// Which token-level objective trains, and its settings.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TokenObjective {
@@ -68,6 +117,21 @@ impl TokenObjective {
         }
     }
 
+    /// The objective `name` (one of this file's) with `settings`.
+    pub fn from_settings(name: &str, settings: &Settings) -> Result<Self> {
+        use clap::ValueEnum;
+        let kind = ObjectiveKind::from_str(name, false)
+            .map_err(|_| anyhow::anyhow!("{name:?} is not a token-level objective"))?;
+        let first = FIRST_TOKEN.choice(settings);
+        let first_token = FirstToken::from_str(first, false)
+            .map_err(|_| anyhow::anyhow!("first_token {first:?} is not mle, shift or none"))?;
+        Ok(TokenObjective {
+            kind,
+            first_token,
+            mle_weight: MLE_WEIGHT.number(settings) as f32,
+        })
+    }
+
     /// Whether the subset term is exactly the standard SMILE loss (which is
     /// computed anyway for the log).
     fn term_is_standard_smile(&self) -> bool {
@@ -75,21 +139,34 @@ impl TokenObjective {
     }
 
     pub fn describe(&self) -> String {
+        super::describe(self.name(), &self.settings())
+    }
+
+    /// Its name among the objectives.
+    pub fn name(&self) -> &'static str {
         match self.kind {
-            ObjectiveKind::Mle => "mle".into(),
-            _ => format!(
-                "{} (first token: {}, mle weight {})",
-                serde_json::to_value(self.kind)
-                    .expect("serialisable")
-                    .as_str()
-                    .unwrap_or_default(),
-                serde_json::to_value(self.first_token)
-                    .expect("serialisable")
-                    .as_str()
-                    .unwrap_or_default(),
-                self.mle_weight
-            ),
+            ObjectiveKind::Mle => MLE.name,
+            ObjectiveKind::Smile => SMILE.name,
+            ObjectiveKind::SmileRandom => SMILE_RANDOM.name,
+            ObjectiveKind::SmileReverse => SMILE_REVERSE.name,
         }
+    }
+
+    /// Its settings, as the config holds them.
+    pub fn settings(&self) -> Settings {
+        use clap::ValueEnum;
+        let first = self.first_token.to_possible_value().expect("named");
+        Settings::from([
+            (
+                FIRST_TOKEN.key.to_string(),
+                SettingValue::Choice(first.get_name().to_string()),
+            ),
+            (
+                MLE_WEIGHT.key.to_string(),
+                // Through its shortest decimal, so that 0.3f32 stays 0.3.
+                SettingValue::Number(self.mle_weight.to_string().parse().expect("a number")),
+            ),
+        ])
     }
 }
 
