@@ -3,7 +3,8 @@
 //! train the captioner with MLE, continue with SMILE, and compare the two
 //! on the test images.
 
-use super::captioner::{self, FeatureArgs, ObjectiveArgs, TrainArgs, caption_data};
+use super::captioner::{FeatureArgs, caption_data};
+use super::train::{self, ObjectiveArgs, TrainArgs};
 use super::{DataArgs, check_new_output};
 use anyhow::Result;
 use captune::backend::Backend;
@@ -124,14 +125,14 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
     };
     eprintln!("[3/5] training the captioner with MLE");
     let mle_args = stage(MLE.name, args.mle_epochs, None);
-    let mle = captioner::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
+    let mle = train::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[4/5] continuing with SMILE");
     let smile_args = stage(
         SMILE.name,
         args.smile_epochs,
         Some(mle_args.out.join("checkpoint.safetensors")),
     );
-    let smile = captioner::train(b, &smile_args, Some((&data, Some(&mut retriever))))?;
+    let smile = train::train(b, &smile_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[5/5] scoring {} test images", args.eval_images);
     let test: Vec<usize> = data
         .items(Split::Test)

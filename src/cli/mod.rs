@@ -1,9 +1,18 @@
-//! Command-line plumbing shared by the commands, and the captioner's and
-//! the demo's commands.
+//! The commands, one file each, and the command-line plumbing they share.
 
 pub mod app;
+pub mod bench;
+pub mod caption;
 pub mod captioner;
+pub mod data;
 pub mod demo;
+pub mod embed;
+pub mod eval;
+pub mod info;
+pub mod inspect;
+pub mod retriever;
+pub mod score;
+pub mod train;
 
 use anyhow::Result;
 use captune::data::shapes::ShapesConfig;

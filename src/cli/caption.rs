@@ -1,0 +1,124 @@
+//! `captune caption`: caption image files.
+
+use super::captioner::{Captioner, DecodeArgs, TrainedOn, check_same_encoder, default_retriever};
+use anyhow::{Result, bail};
+use captune::backend::Backend;
+use captune::captioner::decode::generate;
+use captune::data::features::FeatureSource;
+use captune::data::{Dataset, Item, Split, images};
+use captune::progress::Progress;
+use captune::retriever::Checkpoint as RetrieverCheckpoint;
+use captune::retriever::eval::embed_images;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct CaptionArgs {
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    /// The retriever whose image tower embeds the images. Default: the one
+    /// the captioner was trained with (on the shapes world, the carried one).
+    #[arg(long)]
+    pub retriever: Option<PathBuf>,
+    #[command(flatten)]
+    pub decoding: DecodeArgs,
+    /// Image files.
+    #[arg(required = true)]
+    pub images: Vec<PathBuf>,
+}
+
+pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
+    let captioner = Captioner::load(b, &args.checkpoint)?;
+    let ck_path = args.checkpoint.display();
+    if captioner.trained_on.is_none() && args.retriever.is_none() {
+        eprintln!(
+            "warning: {ck_path} does not record its features (it predates the record); \
+             embedding with the shapes retriever; pass --retriever for another"
+        );
+    }
+    let Some(file) = default_retriever(
+        args.retriever.as_deref(),
+        captioner.trained_on.as_ref(),
+        true,
+    )?
+    else {
+        bail!(
+            "{ck_path} was trained on {}, and `caption` embeds images only with a captune \
+             retriever: pass --retriever with the retriever of those features",
+            captioner
+                .trained_on
+                .as_ref()
+                .map_or("unrecorded features".into(), |t| t.origin())
+        );
+    };
+    let mut retriever = RetrieverCheckpoint::load(b, &file.path, 128)?;
+    let embed_dim = retriever.model.config.embed_dim;
+    let now = FeatureSource {
+        retriever: Some(file.path.clone()),
+        encoder: Some(file.encoder.clone()),
+        dim: embed_dim,
+        ..captioner
+            .trained_on
+            .clone()
+            .unwrap_or_else(|| FeatureSource {
+                data: "image files".into(),
+                dim: embed_dim,
+                images: None,
+                features: None,
+                retriever: None,
+                encoder: None,
+                shapes: None,
+            })
+    };
+    match TrainedOn::of(&args.checkpoint, &captioner.trained_on) {
+        Some(t) => check_same_encoder(t, &now)?,
+        None if embed_dim != captioner.ck.model.config.embed_dim => bail!(
+            "{ck_path} reads {}-dimensional image embeddings but the retriever {} makes \
+             {embed_dim}; pass the retriever it was trained with",
+            captioner.ck.model.config.embed_dim,
+            file.path.display()
+        ),
+        None => {}
+    }
+    let mut data = Dataset {
+        name: "images".into(),
+        items: args
+            .images
+            .iter()
+            .map(|p| Item {
+                id: p.display().to_string(),
+                split: Split::Test,
+                image: p.clone(),
+                captions: Vec::new(),
+                scene: None,
+            })
+            .collect(),
+        report: Default::default(),
+    };
+    let progress = Progress::terminal();
+    let n = data.items.len() as u64;
+    let bar = progress.start("loading images", n);
+    let images = images::load(&mut data, retriever.model.config.image_size, &bar)?;
+    bar.finish_and_clear();
+    if !data.report.is_clean() {
+        eprintln!("{}", data.report);
+    }
+    let all: Vec<usize> = (0..data.items.len()).collect();
+    let bar = progress.start("embedding images", all.len() as u64);
+    let features = embed_images(b, &mut retriever.model, &images, &all, &bar)?;
+    bar.finish_and_clear();
+    let ck = &captioner.ck;
+    let decode = &args.decoding.decode;
+    let bar = progress.start("captioning", all.len() as u64);
+    let generated = generate(
+        b,
+        &ck.model,
+        &features,
+        decode,
+        &args.decoding.options(&bar),
+    )?;
+    bar.finish_and_clear();
+    for g in generated {
+        println!("{}\t{}", data.items[g.image].id, g.text(&ck.vocab));
+    }
+    Ok(())
+}

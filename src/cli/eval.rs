@@ -1,0 +1,89 @@
+//! `captune eval`: caption a split and compute every metric; writes
+//! COCO-format results.
+
+use super::captioner::{
+    Captioner, DecodeArgs, FeatureArgs, TrainedOn, caption_data, parse_split, print_metrics,
+    result_id,
+};
+use super::{DataArgs, check_new_output};
+use anyhow::{Result, bail};
+use captune::backend::Backend;
+use captune::captioner::train;
+use captune::data::Split;
+use captune::progress::Progress;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub features: FeatureArgs,
+    #[arg(long)]
+    pub checkpoint: PathBuf,
+    #[arg(long, value_parser = parse_split, default_value = "test")]
+    pub split: Split,
+    #[command(flatten)]
+    pub decoding: DecodeArgs,
+    /// Where to write the COCO-format results (default: beside the checkpoint).
+    #[arg(long)]
+    pub results: Option<PathBuf>,
+    /// Replace the results file if it exists.
+    #[arg(long)]
+    pub overwrite: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
+    let path = args.results.clone().unwrap_or_else(|| {
+        args.checkpoint
+            .with_file_name(format!("results-{}.json", args.split.name()))
+    });
+    check_new_output(&path, args.overwrite, "--results")?;
+    let captioner = Captioner::load(b, &args.checkpoint)?;
+    let progress = Progress::terminal();
+    let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
+    let (data, mut retriever) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
+    captioner.check_dim(&args.checkpoint, &data)?;
+    let items = data.items(args.split);
+    if items.is_empty() {
+        bail!(
+            "{}: the {} split is empty",
+            data.data.name,
+            args.split.name()
+        );
+    }
+    let bar = progress.start(
+        &format!("captioning {} images", items.len()),
+        items.len() as u64,
+    );
+    let options = args.decoding.options(&bar);
+    let captions = train::caption_items(
+        b,
+        &captioner.ck,
+        &data,
+        &items,
+        &args.decoding.decode,
+        &options,
+    )?;
+    bar.finish_and_clear();
+    let results: Vec<serde_json::Value> = items
+        .iter()
+        .zip(&captions)
+        .flat_map(|(&i, caps)| {
+            let id = result_id(&data.data.items[i].id);
+            caps.iter()
+                .map(move |c| serde_json::json!({"image_id": id, "caption": c}))
+        })
+        .collect();
+    captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
+    let metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&metrics)?);
+    } else {
+        print_metrics(&metrics)?;
+        eprintln!("results: {}", path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,282 @@
+//! `captune train`: a captioner trained into a run folder, with the
+//! objective and its settings from the command line.
+
+use super::DataArgs;
+use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data, check_same_encoder};
+use anyhow::{Result, bail};
+use captune::backend::Backend;
+use captune::captioner::Checkpoint;
+use captune::captioner::objectives::{
+    self,
+    settings::{SettingKind, SettingValue, Settings},
+};
+use captune::captioner::run::RunConfig;
+use captune::captioner::run_folder::{Begin, RunFolder};
+use captune::captioner::train::{self, CaptionData, Event, Flow};
+use captune::data::Split;
+use captune::progress::Progress;
+use captune::retriever::Checkpoint as RetrieverCheckpoint;
+use std::path::PathBuf;
+
+/// `--objective NAME` and a flag for each objective setting, made from
+/// the objectives' declarations (`captune::captioner::objectives`), so a
+/// new objective's settings reach the command line with no code here.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectiveArgs {
+    pub objective: Option<String>,
+    /// The settings given, by key.
+    pub settings: Settings,
+}
+
+impl clap::FromArgMatches for ObjectiveArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut args = ObjectiveArgs::default();
+        args.update_from_arg_matches(m)?;
+        Ok(args)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        if let Some(o) = m.get_one::<String>("objective") {
+            self.objective = Some(o.clone());
+        }
+        for s in objectives::declared_settings() {
+            if let Some(v) = m.get_one::<SettingValue>(s.key) {
+                self.settings.insert(s.key.to_string(), v.clone());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for ObjectiveArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        let names: Vec<&str> = objectives::OBJECTIVES.iter().map(|o| o.name).collect();
+        let help: Vec<String> = objectives::OBJECTIVES
+            .iter()
+            .map(|o| format!("{}: {}", o.name, o.help))
+            .collect();
+        let mut cmd = cmd.arg(
+            clap::Arg::new("objective")
+                .long("objective")
+                .value_name("NAME")
+                .help(format!("The objective ({})", help.join("; ")))
+                .value_parser(clap::builder::PossibleValuesParser::new(names)),
+        );
+        for setting in objectives::declared_settings() {
+            let takers: Vec<&str> = objectives::OBJECTIVES
+                .iter()
+                .filter(|o| o.settings.iter().any(|s| s.key == setting.key))
+                .map(|o| o.name)
+                .collect();
+            let (value_name, range) = match setting.kind {
+                SettingKind::Number { min, max, default } => {
+                    ("X", format!("{min} to {max}, default {default}"))
+                }
+                SettingKind::Choice { choices, default } => {
+                    ("NAME", format!("{}, default {default}", choices.join(", ")))
+                }
+            };
+            // Flags live as long as the program.
+            let flag: &'static str = Box::leak(setting.flag().into_boxed_str());
+            cmd = cmd.arg(
+                clap::Arg::new(setting.key)
+                    .long(flag)
+                    .value_name(value_name)
+                    .help(format!(
+                        "{} ({range}; objectives {})",
+                        setting.help,
+                        takers.join(", ")
+                    ))
+                    .value_parser(move |text: &str| setting.parse(text)),
+            );
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
+}
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub features: FeatureArgs,
+    /// A preset: tiny, shapes or flickr8k.
+    #[arg(long, conflicts_with = "config")]
+    pub preset: Option<String>,
+    /// A run config (TOML, as assets/presets/*.toml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub objective: ObjectiveArgs,
+    /// Epochs to train; with --resume, epochs to train beyond those done.
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    #[arg(long)]
+    pub lr: Option<f32>,
+    /// Start from this captioner checkpoint's weights (its config and vocabulary win).
+    #[arg(long)]
+    pub init: Option<PathBuf>,
+    /// The run folder (config, logs, samples, metrics, checkpoints).
+    #[arg(long, default_value = "runs/captioner")]
+    pub out: PathBuf,
+    /// Continue the run in --out from its last saved state.
+    #[arg(long, conflicts_with = "overwrite")]
+    pub resume: bool,
+    /// Start a new run in --out even though one is there (its files are deleted).
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+impl TrainArgs {
+    /// The run's config: the folder's when resuming, else a file or a
+    /// preset; then the command line's overrides.
+    fn run_config(&self) -> Result<RunConfig> {
+        let run = RunFolder::new(&self.out);
+        let mut c = if self.resume {
+            RunConfig::load(&run.config())?
+        } else if let Some(path) = &self.config {
+            RunConfig::load(path)?
+        } else {
+            RunConfig::preset(self.preset.as_deref().unwrap_or("shapes"))?
+        };
+        let t = &mut c.train;
+        if let Some(o) = &self.objective.objective {
+            t.objective = o.clone();
+        }
+        let info = objectives::find(&t.objective)?;
+        for (key, value) in &self.objective.settings {
+            if !info.settings.iter().any(|s| s.key == key) {
+                let own: Vec<String> = info
+                    .settings
+                    .iter()
+                    .map(|s| format!("--{}", s.flag()))
+                    .collect();
+                bail!(
+                    "--{} is not a setting of objective {}; its settings are: {}",
+                    key.replace('_', "-"),
+                    info.name,
+                    if own.is_empty() {
+                        "none".into()
+                    } else {
+                        own.join(", ")
+                    }
+                );
+            }
+            t.settings.insert(key.clone(), value.clone());
+        }
+        if let Some(e) = self.epochs {
+            t.epochs = if self.resume {
+                run.position()?.epoch + e
+            } else {
+                e
+            };
+        }
+        if let Some(lr) = self.lr {
+            t.lr = lr;
+        }
+        RunConfig::parse(&c.to_toml(), "the run config with command-line overrides")
+    }
+}
+
+/// Trains into a run folder; returns the final checkpoint.
+pub fn train<B: Backend>(
+    b: &B,
+    args: &TrainArgs,
+    loaded: Option<(&CaptionData, Option<&mut RetrieverCheckpoint<B>>)>,
+) -> Result<Checkpoint<B>> {
+    let run = RunFolder::new(&args.out);
+    // Before anything slow: a resumable folder, or one free for a new run
+    // (an overwritten run's files go only once its --config and --init,
+    // which may lie inside it, are read).
+    let begin = match (args.resume, args.overwrite) {
+        (true, _) => {
+            run.recover()?;
+            Begin::Resume
+        }
+        (false, overwrite) => {
+            run.check_free(overwrite)?;
+            if overwrite {
+                Begin::Overwrite
+            } else {
+                Begin::New
+            }
+        }
+    };
+    let config = args.run_config()?;
+    let progress = Progress::terminal();
+    let mut owned = None;
+    let (data, retriever) = match loaded {
+        Some(l) => l,
+        None => {
+            let trained_on = if args.resume {
+                config.features.as_ref()
+            } else {
+                None
+            };
+            let trained_on = trained_on.map(|source| TrainedOn {
+                record: &args.out,
+                source,
+            });
+            let (d, r) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
+            let o = owned.insert((d, r));
+            (&o.0, o.1.as_mut())
+        }
+    };
+    let mut ck = if args.resume {
+        Checkpoint::load(b, &run.checkpoint())?
+    } else if let Some(init) = &args.init {
+        let start = Captioner::load(b, init)?;
+        if let (Some(t), Some(now)) = (TrainedOn::of(init, &start.trained_on), &data.source) {
+            check_same_encoder(t, now)?;
+        }
+        start.ck
+    } else {
+        train::fresh_checkpoint(b, data, &config)?
+    };
+    if ck.model.config.embed_dim != data.dim {
+        bail!(
+            "the captioner reads {}-dimensional image embeddings but {} gives {}",
+            ck.model.config.embed_dim,
+            data.source
+                .as_ref()
+                .map_or("the features".into(), |s| s.origin()),
+            data.dim
+        );
+    }
+    eprintln!(
+        "{}: {} train images; captioner {} parameters, vocabulary {} ids; objective {}",
+        data.data.name,
+        data.items(Split::Train).len(),
+        ck.model.params.count(),
+        ck.vocab.len(),
+        objectives::describe(&config.train.objective, &config.train.settings)
+    );
+    train::train(
+        b,
+        &mut ck,
+        data,
+        &config,
+        &run,
+        begin,
+        retriever,
+        &progress,
+        |e| {
+            match e {
+                Event::Log(_) => {}
+                Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
+                Event::Metrics(m) => eprintln!(
+                    "epoch {} val: {}",
+                    m.epoch,
+                    serde_json::to_string(&m.metrics).unwrap_or_default()
+                ),
+            }
+            Flow::Continue
+        },
+    )?;
+    eprintln!("run folder: {}", run.dir.display());
+    Ok(ck)
+}
