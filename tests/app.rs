@@ -116,7 +116,7 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     let shown =
         |h: &Harness<'_, CaptuneApp>, label: &str| h.query_all_by_label_contains(label).count() > 0;
     assert!(!shown(&h, "lambda"));
-    h.state_mut().knobs.objective = "smile".into();
+    h.state_mut().training.knobs.objective = "smile".into();
     h.run();
     assert!(shown(&h, "lambda (MLE weight)") && shown(&h, "first token"));
     // One click per frame, as a person clicks.
@@ -183,7 +183,7 @@ fn the_inspector_rescores_the_caption_as_it_is_typed() {
     h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
     h.get_by_role(Role::TextInput).type_text("a green circle");
     h.run();
-    assert_eq!(h.state().inspector.text, "a green circle");
+    assert_eq!(h.state().panels.inspector.text, "a green circle");
     step_until(&mut h, "the typed caption's scores", |a| {
         tokens(a).is_some_and(|t| t != before)
     });

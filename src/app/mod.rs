@@ -11,14 +11,12 @@
 pub mod follow;
 pub mod history;
 pub mod live;
-mod panels;
+pub mod panels;
 pub mod scorer;
 mod thumbnails;
 pub mod window;
 
 use crate::captioner::inspect::TokenScore;
-use crate::captioner::objectives;
-use crate::captioner::objectives::settings::{SettingKind, SettingValue, Settings};
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
@@ -26,7 +24,9 @@ use crate::data::Split;
 use crate::device::DeviceChoice;
 use follow::RunFiles;
 use history::History;
-use live::{Command, LiveRun, LiveSetup, State};
+use live::{LiveRun, LiveSetup};
+use panels::training::{Knobs, TrainingAction, TrainingPanel};
+use panels::{InspectorPanel, Panels, View};
 use scorer::{Asker, Scorer};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -101,103 +101,6 @@ impl Tab {
     }
 }
 
-/// The training settings the UI edits.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Knobs {
-    /// The objective's name.
-    pub objective: String,
-    /// Every objective's settings: switching objective keeps each one's.
-    pub settings: Settings,
-    pub lr: f32,
-    pub batch: usize,
-    pub epochs: usize,
-}
-
-impl Knobs {
-    fn of(config: &RunConfig) -> Knobs {
-        let t = &config.train;
-        let mut settings = t.settings.clone();
-        for s in objectives::declared_settings() {
-            settings
-                .entry(s.key.to_string())
-                .or_insert_with(|| s.default_value());
-        }
-        Knobs {
-            objective: t.objective.clone(),
-            settings,
-            lr: t.lr,
-            batch: t.batch,
-            epochs: t.epochs,
-        }
-    }
-
-    /// The objective and its own settings, as a config holds them.
-    pub fn objective_settings(&self) -> Settings {
-        let info = objectives::find(&self.objective).expect("the knobs hold a known objective");
-        info.settings
-            .iter()
-            .filter_map(|s| Some((s.key.to_string(), self.settings.get(s.key)?.clone())))
-            .collect()
-    }
-}
-
-/// The objective's combo box, then a knob for each of its declared
-/// settings: a slider for a number, a combo box for a choice.
-fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
-    egui::ComboBox::from_label("objective")
-        .selected_text(knobs.objective.as_str())
-        .show_ui(ui, |ui| {
-            for o in objectives::OBJECTIVES {
-                ui.selectable_value(&mut knobs.objective, o.name.to_string(), o.name)
-                    .on_hover_text(o.help);
-            }
-        });
-    let Ok(info) = objectives::find(&knobs.objective) else {
-        return;
-    };
-    for setting in info.settings {
-        let value = knobs
-            .settings
-            .entry(setting.key.to_string())
-            .or_insert_with(|| setting.default_value());
-        match (setting.kind, value) {
-            (SettingKind::Number { min, max, .. }, SettingValue::Number(v)) => {
-                ui.add(egui::Slider::new(v, min..=max).text(setting.label))
-                    .on_hover_text(setting.help);
-            }
-            (SettingKind::Choice { choices, .. }, SettingValue::Choice(c)) => {
-                egui::ComboBox::from_label(setting.label)
-                    .selected_text(c.as_str())
-                    .show_ui(ui, |ui| {
-                        for choice in choices {
-                            ui.selectable_value(c, choice.to_string(), *choice);
-                        }
-                    })
-                    .response
-                    .on_hover_text(setting.help);
-            }
-            // The config was checked against the declaration.
-            (_, value) => *value = setting.default_value(),
-        }
-    }
-}
-
-/// The image and caption the per-token view shows: a validation image and
-/// one of its captions (references first, then the newest samples).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct PerTokenChoice {
-    /// Index into the validation images.
-    pub image: usize,
-    pub caption: usize,
-}
-
-/// The inspector's image and the caption typed for it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct InspectorInput {
-    pub image: usize,
-    pub text: String,
-}
-
 pub struct CaptuneApp {
     data: Arc<CaptionData>,
     /// The validation images' item indices.
@@ -205,7 +108,7 @@ pub struct CaptuneApp {
     /// Item index by image id (records name images by id).
     by_id: HashMap<String, usize>,
     train: Option<TrainSetup>,
-    pub knobs: Knobs,
+    pub training: TrainingPanel,
     live: Option<LiveRun>,
     files: Option<RunFiles>,
     pub history: History,
@@ -215,8 +118,7 @@ pub struct CaptuneApp {
     scorer: Scorer,
     pub tab: Tab,
     thumbnails: Thumbnails,
-    pub per_token: PerTokenChoice,
-    pub inspector: InspectorInput,
+    pub panels: Panels,
     /// Whether the panels paint their background. The window clears to
     /// the panel colour instead: a software renderer then shades each
     /// pixel once less per frame.
@@ -231,7 +133,7 @@ impl CaptuneApp {
         }
         let repaint = ctx.clone();
         let scorer = Scorer::start(Arc::clone(&data), move || repaint.request_repaint());
-        let inspector = InspectorInput {
+        let inspector = InspectorPanel {
             image: 0,
             text: val
                 .first()
@@ -240,7 +142,9 @@ impl CaptuneApp {
                 .unwrap_or_default(),
         };
         let mut app = CaptuneApp {
-            knobs: Knobs::of(&RunConfig::preset("shapes").expect("the shapes preset parses")),
+            training: TrainingPanel {
+                knobs: Knobs::of(&RunConfig::preset("shapes").expect("the shapes preset parses")),
+            },
             by_id: (0..data.data.items.len())
                 .map(|i| (data.data.items[i].id.clone(), i))
                 .collect(),
@@ -255,13 +159,15 @@ impl CaptuneApp {
             scorer,
             tab: Tab::Losses,
             thumbnails: Thumbnails::default(),
-            per_token: PerTokenChoice::default(),
-            inspector,
+            panels: Panels {
+                inspector,
+                ..Panels::default()
+            },
             paint_background: true,
         };
         match source {
             Source::Train(setup) => {
-                app.knobs = Knobs::of(&setup.config);
+                app.training.knobs = Knobs::of(&setup.config);
                 let autostart = setup.autostart;
                 app.train = Some(*setup);
                 if autostart {
@@ -306,7 +212,7 @@ impl CaptuneApp {
             return;
         };
         let mut config = setup.config.clone();
-        let k = &self.knobs;
+        let k = &self.training.knobs;
         let t = &mut config.train;
         (t.objective, t.settings, t.lr, t.batch, t.epochs) = (
             k.objective.clone(),
@@ -392,41 +298,31 @@ impl CaptuneApp {
                 }
             });
         if self.train.is_some() {
-            egui::Panel::left("captune-training")
+            let status = self.live_status();
+            let action = egui::Panel::left("captune-training")
                 .frame(frame(egui::Frame::side_top_panel(&style)))
                 .default_size(230.0)
-                .show(ui, |ui| self.training_controls(ui));
+                .show(ui, |ui| self.training.ui(ui, status))
+                .inner;
+            match (action, &self.live) {
+                (Some(TrainingAction::Start), _) => self.start_training(&ctx),
+                (Some(TrainingAction::Send(command)), Some(run)) => run.send(command),
+                _ => {}
+            }
         }
+        let mut view = View {
+            data: &self.data,
+            val: &self.val,
+            by_id: &self.by_id,
+            history: &self.history,
+            scorer: &mut self.scorer,
+            thumbnails: &mut self.thumbnails,
+            active: self.files.is_some(),
+        };
+        let panel = self.panels.get(self.tab);
         egui::CentralPanel::default_margins()
             .frame(frame(egui::Frame::central_panel(&style)))
-            .show(ui, |ui| match self.tab {
-                Tab::Losses => panels::losses(ui, &self.history, self.is_active()),
-                Tab::Metrics => panels::metrics(ui, &self.history),
-                Tab::Samples => panels::samples(
-                    ui,
-                    &self.data,
-                    &self.by_id,
-                    &self.history,
-                    &mut self.thumbnails,
-                ),
-                Tab::PerToken => panels::per_token(
-                    ui,
-                    &self.data,
-                    &self.val,
-                    &self.history,
-                    &mut self.per_token,
-                    &mut self.scorer,
-                    &mut self.thumbnails,
-                ),
-                Tab::Inspector => panels::inspector(
-                    ui,
-                    &self.data,
-                    &self.val,
-                    &mut self.inspector,
-                    &mut self.scorer,
-                    &mut self.thumbnails,
-                ),
-            });
+            .show(ui, |ui| panel.ui(ui, &mut view));
     }
 
     fn source_line(&self) -> String {
@@ -451,83 +347,6 @@ impl CaptuneApp {
             (None, None, Some(model)) => format!("{data} | checkpoint: {model}"),
             (None, None, None) if self.train.is_some() => format!("{data} | not started"),
             (None, None, None) => format!("{data} | loading the checkpoint"),
-        }
-    }
-
-    fn training_controls(&mut self, ui: &mut egui::Ui) {
-        let status = self.live_status();
-        let running = status
-            .as_ref()
-            .is_some_and(|s| matches!(s.state, State::Starting | State::Running | State::Paused));
-        ui.heading("Training");
-        let k = &mut self.knobs;
-        objective_knobs(ui, k);
-        ui.add(
-            egui::Slider::new(&mut k.lr, 1e-5..=1e-2)
-                .logarithmic(true)
-                .text("learning rate"),
-        );
-        ui.add_enabled(
-            !running,
-            egui::Slider::new(&mut k.batch, 4..=512)
-                .logarithmic(true)
-                .text("batch"),
-        );
-        ui.add_enabled(
-            !running,
-            egui::Slider::new(&mut k.epochs, 1..=50).text("epochs"),
-        );
-        ui.separator();
-        let ctx = ui.ctx().clone();
-        match (&self.live, status) {
-            (Some(run), Some(s)) if running => {
-                ui.horizontal(|ui| {
-                    if s.state == State::Paused {
-                        if ui.button("Resume").clicked() {
-                            run.send(Command::Resume);
-                        }
-                    } else if ui.button("Pause").clicked() {
-                        run.send(Command::Pause);
-                    }
-                    if ui.button("Stop").clicked() {
-                        run.send(Command::Stop);
-                    }
-                    if ui.button("Save checkpoint").clicked() {
-                        run.send(Command::Save);
-                    }
-                });
-                if ui
-                    .button("Apply objective")
-                    .on_hover_text(
-                        "Train on with the objective, its settings and the learning rate above",
-                    )
-                    .clicked()
-                {
-                    run.send(Command::Switch {
-                        objective: self.knobs.objective.clone(),
-                        settings: self.knobs.objective_settings(),
-                        lr: self.knobs.lr,
-                    });
-                }
-                ui.label(format!("step {} of {}", s.step, s.total));
-                ui.add(egui::ProgressBar::new(
-                    s.step as f32 / s.total.max(1) as f32,
-                ));
-                ui.label(&s.backend);
-                ui.label(&s.note);
-            }
-            (_, status) => {
-                if let Some(s) = status {
-                    let text = match &s.state {
-                        State::Failed(why) => format!("failed: {why}"),
-                        other => format!("{other:?} at step {}", s.step),
-                    };
-                    ui.label(text);
-                }
-                if ui.button("Start").clicked() {
-                    self.start_training(&ctx);
-                }
-            }
         }
     }
 }
