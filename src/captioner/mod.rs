@@ -21,6 +21,7 @@ use crate::data::features::FeatureSource;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint;
+use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
 use anyhow::{Result, bail};
 use model::Captioner;
@@ -228,35 +229,42 @@ pub fn trained_on(path: &Path) -> Result<Option<FeatureSource>> {
         .transpose()
 }
 
-/// A captioner with its vocabulary, as a checkpoint holds them.
-pub struct Checkpoint<B: Backend> {
-    pub model: Captioner<B>,
-    pub vocab: CaptionVocab,
-}
+impl<B: Backend> checkpoint::Model for Captioner<B> {
+    type Backend = B;
+    type Config = CaptionerConfig;
+    type Vocab = CaptionVocab;
+    const KIND: checkpoint::Kind = KIND;
 
-impl<B: Backend> Checkpoint<B> {
-    /// Writes the weights (atomically), with the config and vocabulary in
-    /// the metadata.
-    pub fn save(&self, b: &B, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
-        let m = &self.model;
-        checkpoint::save(
-            b,
-            &KIND,
-            &m.params,
-            &m.config,
-            self.vocab.words.words(),
-            path,
-            metadata,
-        )
+    fn config(&self) -> &CaptionerConfig {
+        &self.config
     }
 
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+}
+
+impl checkpoint::WordList for CaptionVocab {
+    fn from_words(words: Vec<String>) -> Self {
+        CaptionVocab::from_words(words)
+    }
+
+    fn words(&self) -> &[String] {
+        self.words.words()
+    }
+}
+
+/// A captioner with its vocabulary, as a checkpoint holds them.
+pub type Checkpoint<B> = checkpoint::Checkpoint<Captioner<B>>;
+
+impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint.
     pub fn load(b: &B, path: &Path) -> Result<Self> {
-        let (config, words, mut file) = checkpoint::read::<CaptionerConfig>(&KIND, path)?;
-        let vocab = CaptionVocab::from_words(words);
-        let mut model = Captioner::new(b, config, 0)?;
-        model.params.load(b, path, &mut file)?;
-        Ok(Checkpoint { model, vocab })
+        Self::load_with(b, path, |config| Captioner::new(b, config, 0))
     }
 
     /// The same weights in a model on backend `to`.

@@ -1,5 +1,6 @@
-//! What both models' checkpoints share: the weights by name, with the
-//! model's config (JSON) and its word list in the safetensors metadata.
+//! Both models' checkpoints: the weights by name, with the model's config
+//! (JSON) and its word list in the safetensors metadata, written and read
+//! here once for both ([`Checkpoint`]).
 
 use super::params::Params;
 use crate::backend::Backend;
@@ -19,20 +20,63 @@ pub struct Kind {
     pub config_key: &'static str,
 }
 
-/// Writes `params` (atomically) with `config`, `words` and `metadata`.
-pub fn save<B: Backend>(
-    b: &B,
-    kind: &Kind,
-    params: &Params<B>,
-    config: &impl Serialize,
-    words: &[String],
-    path: &Path,
-    mut metadata: HashMap<String, String>,
-) -> Result<()> {
-    metadata.insert(kind.config_key.into(), serde_json::to_string(config)?);
-    metadata.insert(VOCAB_KEY.into(), serde_json::to_string(words)?);
-    metadata.insert("format".into(), kind.format.into());
-    params.save(b, path, metadata)
+/// A model a checkpoint holds.
+pub trait Model {
+    type Backend: Backend;
+    type Config: ModelConfig + Serialize;
+    /// Its vocabulary, kept as a word list in the metadata.
+    type Vocab: WordList;
+    const KIND: Kind;
+    fn config(&self) -> &Self::Config;
+    fn params(&self) -> &Params<Self::Backend>;
+    fn params_mut(&mut self) -> &mut Params<Self::Backend>;
+}
+
+/// A vocabulary as the words after the specials, in id order.
+pub trait WordList {
+    fn from_words(words: Vec<String>) -> Self;
+    fn words(&self) -> &[String];
+}
+
+/// A model with its vocabulary, as a checkpoint holds them.
+pub struct Checkpoint<M: Model> {
+    pub model: M,
+    pub vocab: M::Vocab,
+}
+
+impl<M: Model> Checkpoint<M> {
+    /// Writes the weights (atomically), with the config and vocabulary in
+    /// the metadata.
+    pub fn save(
+        &self,
+        b: &M::Backend,
+        path: &Path,
+        mut metadata: HashMap<String, String>,
+    ) -> Result<()> {
+        let kind = &M::KIND;
+        let config = serde_json::to_string(self.model.config())?;
+        metadata.insert(kind.config_key.into(), config);
+        let words = serde_json::to_string(self.vocab.words())?;
+        metadata.insert(VOCAB_KEY.into(), words);
+        metadata.insert("format".into(), kind.format.into());
+        self.model.params().save(b, path, metadata)
+    }
+
+    /// Reads a checkpoint: its config is checked against the file (`read`)
+    /// before `build` makes the model, whose weights are then loaded.
+    pub fn load_with(
+        b: &M::Backend,
+        path: &Path,
+        build: impl FnOnce(M::Config) -> Result<M>,
+    ) -> Result<Self> {
+        let (config, words, mut file) = read::<M::Config>(&M::KIND, path)?;
+        let mut model = build(config)?;
+        model.params_mut().load(b, path, &mut file)?;
+        Ok(Checkpoint {
+            model,
+            vocab: M::Vocab::from_words(words),
+        })
+    }
 }
 
 /// What loading checks of a model's config before the model is built.
@@ -48,7 +92,7 @@ pub trait ModelConfig: DeserializeOwned {
 /// is invalid or does not fit the file's tensors or words, before any
 /// model of it is allocated (a damaged config could ask for any size).
 /// The file stays open for `Params::load`.
-pub fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
+fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
     let file = tensorfile::read(path)?;
     let config: C = serde_json::from_str(file.meta(kind.config_key, path)?).with_context(|| {
         format!(

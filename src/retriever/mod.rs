@@ -9,11 +9,11 @@ use crate::backend::Backend;
 use crate::data::images::Images;
 use crate::data::vocab::Vocab;
 use crate::model::checkpoint;
+use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
 use anyhow::{Result, bail};
 use model::Retriever;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,34 +125,41 @@ const KIND: checkpoint::Kind = checkpoint::Kind {
     config_key: "retriever_config",
 };
 
-/// A trained retriever with its vocabulary, as a checkpoint holds them.
-pub struct Checkpoint<B: Backend> {
-    pub model: Retriever<B>,
-    pub vocab: Vocab,
-}
+impl<B: Backend> checkpoint::Model for Retriever<B> {
+    type Backend = B;
+    type Config = RetrieverConfig;
+    type Vocab = Vocab;
+    const KIND: checkpoint::Kind = KIND;
 
-impl<B: Backend> Checkpoint<B> {
-    /// Writes the weights (atomically), with the config and vocabulary in
-    /// the metadata.
-    pub fn save(&self, b: &B, path: &Path, metadata: HashMap<String, String>) -> Result<()> {
-        let m = &self.model;
-        checkpoint::save(
-            b,
-            &KIND,
-            &m.params,
-            &m.config,
-            self.vocab.words(),
-            path,
-            metadata,
-        )
+    fn config(&self) -> &RetrieverConfig {
+        &self.config
     }
 
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+}
+
+impl checkpoint::WordList for Vocab {
+    fn from_words(words: Vec<String>) -> Self {
+        Vocab::from_words(words)
+    }
+
+    fn words(&self) -> &[String] {
+        Vocab::words(self)
+    }
+}
+
+/// A trained retriever with its vocabulary, as a checkpoint holds them.
+pub type Checkpoint<B> = checkpoint::Checkpoint<Retriever<B>>;
+
+impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint into a model built for batches of `batch`.
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
-        let (config, words, mut file) = checkpoint::read::<RetrieverConfig>(&KIND, path)?;
-        let vocab = Vocab::from_words(words);
-        let mut model = Retriever::new(b, config, batch, 0)?;
-        model.params.load(b, path, &mut file)?;
-        Ok(Checkpoint { model, vocab })
+        Self::load_with(b, path, |config| Retriever::new(b, config, batch, 0))
     }
 }
