@@ -12,7 +12,7 @@ use captune::captioner::objectives::token::{
     TokenObjective,
 };
 use captune::captioner::objectives::{Objective, StepContext, TrainingBatch};
-use captune::captioner::train::read_log;
+use captune::captioner::records::read_log;
 use captune::captioner::{CaptionVocab, CaptionerConfig};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};

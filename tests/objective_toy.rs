@@ -8,9 +8,10 @@ use captune::app::{CaptuneApp, Source};
 use captune::backend::Backend;
 use captune::captioner::model::{TokenInputs, teacher_targets};
 use captune::captioner::objectives::{Objective, StepContext};
+use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{Flow, Trainer, fresh_checkpoint};
+use captune::captioner::train::{Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::index::VocabSubsets;
 use captune::ops::cross_entropy::CrossEntropy;
@@ -90,7 +91,7 @@ fn an_objective_defined_in_a_test_trains_logs_its_series_and_reaches_the_app() {
     while !trainer.finished() {
         let flow = trainer
             .train_batch(&b, |e| {
-                if let captune::captioner::train::Event::Log(l) = e {
+                if let Event::Log(l) = e {
                     assert_eq!(l.objective, "first-word");
                     assert_eq!(l.values["loss"], l.values["first_word"]);
                     first_words.push(l.values["first_word"]);

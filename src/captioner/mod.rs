@@ -11,6 +11,7 @@ pub mod evaluate;
 pub mod inspect;
 pub mod model;
 pub mod objectives;
+pub mod records;
 pub mod run;
 pub mod run_folder;
 pub mod train;

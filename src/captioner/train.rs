@@ -5,14 +5,15 @@
 
 use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
-use super::inspect::{TokenScore, score_caption};
+use super::inspect::score_caption;
 use super::model::Captioner;
 use super::objectives::settings::Settings;
 use super::objectives::{Objective, StepContext, TrainingBatch};
+use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
-use crate::backend::{Backend, Reduce};
+use crate::backend::Backend;
 use crate::data::features::FeatureSource;
 use crate::data::{Dataset, Split};
 use crate::metrics::diversity::diversity;
@@ -24,8 +25,7 @@ use anyhow::{Result, bail};
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use serde::Serialize;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -58,57 +58,6 @@ impl CaptionData {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
-pub struct LogLine {
-    pub step: usize,
-    pub epoch: usize,
-    pub objective: String,
-    /// What the objective reports, by name: `loss` (what it minimises),
-    /// then its own (`mle`, `smile`, ...). Each name is a series of the
-    /// app's loss panel.
-    #[serde(flatten)]
-    pub values: BTreeMap<String, f32>,
-    pub lr: f32,
-    pub grad_norm: f32,
-    pub tokens_per_s: f64,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Sample {
-    pub epoch: usize,
-    pub step: usize,
-    pub image_id: String,
-    /// The greedy caption, scored token by token.
-    pub caption: String,
-    pub tokens: Vec<TokenScore>,
-    /// Sampled captions (temperature 1).
-    pub samples: Vec<String>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct EpochMetrics {
-    pub epoch: usize,
-    pub step: usize,
-    #[serde(flatten)]
-    pub metrics: CaptionMetrics,
-}
-
-/// What the caller sees as training goes.
-pub enum Event<'a> {
-    Log(&'a LogLine),
-    Sample(&'a Sample),
-    Metrics(&'a EpochMetrics),
-}
-
-/// The caller's answer to an event.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flow {
-    Continue,
-    /// End training now. The run folder keeps the last epoch's checkpoint;
-    /// `--resume` continues from there.
-    Stop,
-}
-
 /// One optimisation step: the objective's forwards and gradient (with
 /// `cx.monitor`, also the values it logs), AdamW, and the submission that
 /// lets a GPU start on it. Training runs it, and `bench train` times it.
@@ -126,24 +75,6 @@ pub(crate) fn optimise<B: Backend>(
     opt.step(b, &mut values, &grads);
     b.submit();
     Ok(())
-}
-
-/// The objective's values of the last (monitored) step and the
-/// optimiser's squared gradient norm (`grad_sumsq`), gathered on the
-/// device and read back at once.
-pub fn read_log<B: Backend>(
-    b: &B,
-    objective: &dyn Objective<B>,
-    grad_sumsq: &B::Tensor,
-) -> (Vec<(&'static str, f32)>, f32) {
-    let logged = objective.logged();
-    let mut gathered = b.zeros(logged.len() + 1);
-    for (slot, x) in logged.iter().copied().chain([grad_sumsq]).enumerate() {
-        b.reduce(x, Reduce::Sum, &mut gathered, slot);
-    }
-    let read = b.to_vec(&gathered);
-    let (values, grad_sumsq) = read.split_at(logged.len());
-    (objective.report(values), grad_sumsq[0])
 }
 
 /// Batches drawn from this many batches' worth of captions at once are
@@ -365,37 +296,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
         let t = self.config.train.clone();
-        let c = self.ck.model.config;
-        if self.batches_done == 0 {
-            self.rng =
-                ChaCha8Rng::seed_from_u64(t.seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
-            let mut images = self.train_items.clone();
-            images.shuffle(&mut self.rng);
-            let items = &self.data.data.items;
-            let picks: Vec<(usize, usize)> = images
-                .into_iter()
-                .map(|i| (i, self.rng.random_range(0..items[i].captions.len())))
-                .collect();
-            let words = |&(i, r): &(usize, usize)| items[i].captions[r].tokens.len();
-            self.order = batches_by_length(picks, t.batch, words, &mut self.rng);
-            // Each caption's targets: its words, then <eos>, within max_len.
-            let targets = |p: &(usize, usize)| (words(p) + 1).min(c.token_positions());
-            self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
-                / self.order.len().max(1) as f32;
-        }
-        let chunk = &self.order[self.batches_done * t.batch..(self.batches_done + 1) * t.batch];
-        let sequences: Vec<Vec<u32>> = chunk
-            .iter()
-            .map(|&(i, r)| {
-                let caption = &self.data.data.items[i].captions[r];
-                self.ck.vocab.encode(&caption.tokens, c.max_len)
-            })
-            .collect();
-        let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
-        let batch = TrainingBatch {
-            features: self.data.features_of(&images),
-            sequences,
-        };
+        let batch = self.next_batch();
         let tokens = batch.tokens();
         self.tokens += tokens;
         // Steps that log read every loss; the others compute only the objective's.
@@ -420,34 +321,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.batches_done += 1;
         crate::killpoint::here("batch", || {});
         if logs {
-            // One readback for the whole log line.
-            let (values, grad_sumsq) = read_log(b, self.objective.as_ref(), self.opt.grad_sumsq());
-            let loss = values.first().map_or(f32::NAN, |v| v.1);
-            if !loss.is_finite() {
-                bail!(
-                    "the loss became {loss} at step {} (epoch {}); the last good checkpoint is {} \
-                     (end of epoch {}); resume from it with `captune train --resume {}` after \
-                     lowering lr in its config.toml",
-                    self.step,
-                    self.epoch + 1,
-                    self.run.checkpoint().display(),
-                    self.epoch,
-                    self.run.dir.display()
-                );
-            }
-            let line = LogLine {
-                step: self.step,
-                epoch: self.epoch + 1,
-                objective: self.objective.describe(),
-                values: values
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v))
-                    .collect(),
-                lr: self.opt.config.lr,
-                grad_norm: grad_sumsq.sqrt(),
-                tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
-            };
-            (self.since, self.tokens) = (Instant::now(), 0);
+            let line = self.log_line(b)?;
             self.run.append(run_folder::LOG, &line)?;
             if on_event(Event::Log(&line)) == Flow::Stop {
                 return Ok(Flow::Stop);
@@ -457,6 +331,77 @@ impl<'d, B: Backend> Trainer<'d, B> {
             return self.end_epoch(b, on_event);
         }
         Ok(Flow::Continue)
+    }
+
+    /// The next batch of (image, reference) pairs; at an epoch's start,
+    /// draws the epoch's order (seeded by the epoch, so a resumed run
+    /// draws the same).
+    fn next_batch(&mut self) -> TrainingBatch {
+        let (batch, seed) = (self.config.train.batch, self.config.train.seed);
+        let c = self.ck.model.config;
+        let items = &self.data.data.items;
+        if self.batches_done == 0 {
+            self.rng =
+                ChaCha8Rng::seed_from_u64(seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
+            let mut images = self.train_items.clone();
+            images.shuffle(&mut self.rng);
+            let picks: Vec<(usize, usize)> = images
+                .into_iter()
+                .map(|i| (i, self.rng.random_range(0..items[i].captions.len())))
+                .collect();
+            let words = |&(i, r): &(usize, usize)| items[i].captions[r].tokens.len();
+            self.order = batches_by_length(picks, batch, words, &mut self.rng);
+            // Each caption's targets: its words, then <eos>, within max_len.
+            let targets = |p: &(usize, usize)| (words(p) + 1).min(c.token_positions());
+            self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
+                / self.order.len().max(1) as f32;
+        }
+        let chunk = &self.order[self.batches_done * batch..(self.batches_done + 1) * batch];
+        let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
+        TrainingBatch {
+            features: self.data.features_of(&images),
+            sequences: chunk
+                .iter()
+                .map(|&(i, r)| {
+                    self.ck
+                        .vocab
+                        .encode(&items[i].captions[r].tokens, c.max_len)
+                })
+                .collect(),
+        }
+    }
+
+    /// The log line of the step just taken (one readback); a loss that is
+    /// not finite stops training with the last good checkpoint named.
+    fn log_line(&mut self, b: &B) -> Result<LogLine> {
+        let (values, grad_sumsq) = read_log(b, self.objective.as_ref(), self.opt.grad_sumsq());
+        let loss = values.first().map_or(f32::NAN, |v| v.1);
+        if !loss.is_finite() {
+            bail!(
+                "the loss became {loss} at step {} (epoch {}); the last good checkpoint is {} \
+                 (end of epoch {}); resume from it with `captune train --resume {}` after \
+                 lowering lr in its config.toml",
+                self.step,
+                self.epoch + 1,
+                self.run.checkpoint().display(),
+                self.epoch,
+                self.run.dir.display()
+            );
+        }
+        let line = LogLine {
+            step: self.step,
+            epoch: self.epoch + 1,
+            objective: self.objective.describe(),
+            values: values
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            lr: self.opt.config.lr,
+            grad_norm: grad_sumsq.sqrt(),
+            tokens_per_s: self.tokens as f64 / self.since.elapsed().as_secs_f64(),
+        };
+        (self.since, self.tokens) = (Instant::now(), 0);
+        Ok(line)
     }
 
     /// Validates (samples, then metrics) and saves the state. Validation

@@ -10,9 +10,10 @@ use captune::captioner::objectives::{
     self,
     settings::{SettingKind, SettingValue, Settings},
 };
+use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{self, CaptionData, Event, Flow};
+use captune::captioner::train::{self, CaptionData};
 use captune::data::Split;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
