@@ -1,8 +1,7 @@
 //! Index structures built on the host from token ids, which the host knows
 //! when it assembles a batch. Building them there keeps the GPU kernels
-//! deterministic without atomics.
-
-use crate::backend::Backend;
+//! deterministic without atomics. The device copies the ops take are
+//! `backend::TokenIndex` and `backend::VocabSubsets`.
 
 /// `row_subset` value meaning "the whole vocabulary".
 pub const FULL_VOCAB: u32 = u32::MAX;
@@ -34,109 +33,65 @@ fn check_ids(ids: &[u32], vocab: usize) -> Result<(), IndexError> {
     }
 }
 
-/// Token ids, and the same positions grouped by id for the embedding
-/// backward: `unique[u]`'s positions are `order[offsets[u]..offsets[u + 1]]`,
+/// Token positions grouped by id, for the embedding backward:
+/// `unique[u]`'s positions are `order[offsets[u]..offsets[u + 1]]`,
 /// ascending, so every gradient row is summed in a fixed order.
-pub struct TokenIndex<B: Backend> {
-    pub ids: B::Ids,
-    pub unique: B::Ids,
-    pub offsets: B::Ids,
-    pub order: B::Ids,
-    len: usize,
-    unique_len: usize,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenGroups {
+    pub unique: Vec<u32>,
+    pub offsets: Vec<u32>,
+    pub order: Vec<u32>,
 }
 
-impl<B: Backend> TokenIndex<B> {
-    pub fn new(backend: &B, ids: &[u32], vocab: usize) -> Result<Self, IndexError> {
+/// Groups the positions of `ids` by id, after checking every id against
+/// the vocabulary.
+pub fn group_by_id(ids: &[u32], vocab: usize) -> Result<TokenGroups, IndexError> {
+    check_ids(ids, vocab)?;
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    order.sort_by_key(|&i| ids[i as usize]); // stable: positions stay ascending per id
+    let mut unique = Vec::new();
+    let mut offsets = Vec::new();
+    for (k, &pos) in order.iter().enumerate() {
+        let id = ids[pos as usize];
+        if unique.last() != Some(&id) {
+            unique.push(id);
+            offsets.push(k as u32);
+        }
+    }
+    offsets.push(order.len() as u32);
+    Ok(TokenGroups {
+        unique,
+        offsets,
+        order,
+    })
+}
+
+/// The bitsets of `subsets` (`words` u32 per set, bit j = token j), after
+/// checking their ids and that every row of `row_subset` names one of
+/// them or [`FULL_VOCAB`]. Returns (bits, words).
+pub fn subset_bits(
+    vocab: usize,
+    subsets: &[Vec<u32>],
+    row_subset: &[u32],
+) -> Result<(Vec<u32>, usize), IndexError> {
+    let words = vocab.div_ceil(32).max(1);
+    let mut bits = vec![0u32; (subsets.len() * words).max(1)];
+    for (s, ids) in subsets.iter().enumerate() {
         check_ids(ids, vocab)?;
-        let mut order: Vec<u32> = (0..ids.len() as u32).collect();
-        order.sort_by_key(|&i| ids[i as usize]); // stable: positions stay ascending per id
-        let mut unique = Vec::new();
-        let mut offsets = Vec::new();
-        for (k, &pos) in order.iter().enumerate() {
-            let id = ids[pos as usize];
-            if unique.last() != Some(&id) {
-                unique.push(id);
-                offsets.push(k as u32);
-            }
-        }
-        offsets.push(order.len() as u32);
-        Ok(TokenIndex {
-            ids: backend.ids(ids),
-            unique: backend.ids(&unique),
-            offsets: backend.ids(&offsets),
-            order: backend.ids(&order),
-            len: ids.len(),
-            unique_len: unique.len(),
-        })
-    }
-
-    /// Number of tokens.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Number of distinct ids.
-    pub fn unique_len(&self) -> usize {
-        self.unique_len
-    }
-}
-
-/// Which vocabulary each row of a logits matrix normalises over: row r uses
-/// subset `row_subset[r]` (a bitset over the vocabulary), or the whole
-/// vocabulary when it is [`FULL_VOCAB`]. The row's target always counts.
-pub struct VocabSubsets<B: Backend> {
-    pub row_subset: B::Ids,
-    pub bits: B::Ids,
-    /// u32 words per bitset.
-    pub words: usize,
-}
-
-impl<B: Backend> VocabSubsets<B> {
-    /// Every row over the whole vocabulary (plain cross-entropy).
-    pub fn full(backend: &B, rows: usize) -> Self {
-        VocabSubsets {
-            row_subset: backend.ids(&vec![FULL_VOCAB; rows]),
-            bits: backend.ids(&[0]),
-            words: 1,
+        for &id in ids {
+            bits[s * words + id as usize / 32] |= 1 << (id % 32);
         }
     }
-
-    /// `subsets[s]` lists the token ids of subset s; `row_subset[r]` picks a
-    /// subset for row r, or is [`FULL_VOCAB`].
-    pub fn new(
-        backend: &B,
-        vocab: usize,
-        subsets: &[Vec<u32>],
-        row_subset: &[u32],
-    ) -> Result<Self, IndexError> {
-        let words = vocab.div_ceil(32).max(1);
-        let mut bits = vec![0u32; (subsets.len() * words).max(1)];
-        for (s, ids) in subsets.iter().enumerate() {
-            check_ids(ids, vocab)?;
-            for &id in ids {
-                bits[s * words + id as usize / 32] |= 1 << (id % 32);
-            }
+    for (row, &subset) in row_subset.iter().enumerate() {
+        if subset != FULL_VOCAB && subset as usize >= subsets.len() {
+            return Err(IndexError::NoSuchSubset {
+                row,
+                subset,
+                count: subsets.len(),
+            });
         }
-        for (row, &subset) in row_subset.iter().enumerate() {
-            if subset != FULL_VOCAB && subset as usize >= subsets.len() {
-                return Err(IndexError::NoSuchSubset {
-                    row,
-                    subset,
-                    count: subsets.len(),
-                });
-            }
-        }
-        Ok(VocabSubsets {
-            row_subset: backend.ids(row_subset),
-            bits: backend.ids(&bits),
-            words,
-        })
     }
+    Ok((bits, words))
 }
 
 /// Whether token j takes part in row r's softmax (the CPU twin of
@@ -159,20 +114,18 @@ pub fn allowed(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::CpuBackend;
 
     #[test]
-    fn token_index_groups_positions_by_id_in_order() {
-        let idx = TokenIndex::new(&CpuBackend, &[4, 1, 4, 0, 1, 4], 5).unwrap();
-        assert_eq!(idx.unique, vec![0, 1, 4]);
-        assert_eq!(idx.offsets, vec![0, 1, 3, 6]);
-        assert_eq!(idx.order, vec![3, 1, 4, 0, 2, 5]);
-        assert_eq!((idx.len(), idx.unique_len()), (6, 3));
+    fn positions_are_grouped_by_id_in_order() {
+        let g = group_by_id(&[4, 1, 4, 0, 1, 4], 5).unwrap();
+        assert_eq!(g.unique, vec![0, 1, 4]);
+        assert_eq!(g.offsets, vec![0, 1, 3, 6]);
+        assert_eq!(g.order, vec![3, 1, 4, 0, 2, 5]);
     }
 
     #[test]
     fn out_of_range_tokens_and_subsets_are_named() {
-        let err = TokenIndex::new(&CpuBackend, &[1, 7], 5).err().unwrap();
+        let err = group_by_id(&[1, 7], 5).unwrap_err();
         assert_eq!(
             err,
             IndexError::TokenOutOfRange {
@@ -182,9 +135,7 @@ mod tests {
             }
         );
         assert!(err.to_string().contains("token id 7 at position 1"));
-        let err = VocabSubsets::new(&CpuBackend, 5, &[vec![1]], &[0, 3])
-            .err()
-            .unwrap();
+        let err = subset_bits(5, &[vec![1]], &[0, 3]).unwrap_err();
         assert_eq!(
             err,
             IndexError::NoSuchSubset {
@@ -197,9 +148,10 @@ mod tests {
 
     #[test]
     fn subsets_always_admit_the_target() {
-        let s = VocabSubsets::new(&CpuBackend, 40, &[vec![2, 33]], &[0, FULL_VOCAB]).unwrap();
+        let row_subset = [0, FULL_VOCAB];
+        let (bits, words) = subset_bits(40, &[vec![2, 33]], &row_subset).unwrap();
         let targets = [5, 6];
-        let ok = |row, j| allowed(&s.row_subset, &s.bits, s.words, &targets, row, j);
+        let ok = |row, j| allowed(&row_subset, &bits, words, &targets, row, j);
         assert!(ok(0, 2) && ok(0, 33) && ok(0, 5));
         assert!(!ok(0, 6) && !ok(0, 32));
         assert!((0..40).all(|j| ok(1, j)));

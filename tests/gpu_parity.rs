@@ -6,11 +6,11 @@ mod common;
 
 use captune::backend::{
     AdamWStep, Backend, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows, Storage,
-    TokenChoice,
+    TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
-use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
+use captune::index::FULL_VOCAB;
 use captune::ops::attention::{Attention, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;

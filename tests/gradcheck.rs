@@ -4,9 +4,9 @@
 
 mod common;
 
-use captune::backend::{Backend, Matmul, SoftmaxRows};
+use captune::backend::{Backend, Matmul, SoftmaxRows, TokenIndex, VocabSubsets};
 use captune::cpu::CpuBackend;
-use captune::index::{FULL_VOCAB, TokenIndex, VocabSubsets};
+use captune::index::FULL_VOCAB;
 use captune::ops::attention::{Attention, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;

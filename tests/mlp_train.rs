@@ -3,9 +3,8 @@
 
 mod common;
 
-use captune::backend::Backend;
+use captune::backend::{Backend, VocabSubsets};
 use captune::cpu::CpuBackend;
-use captune::index::VocabSubsets;
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::linear::Linear;
 use captune::optim::{AdamW, AdamWConfig};

@@ -5,7 +5,7 @@
 mod common;
 
 use captune::app::{CaptuneApp, Source};
-use captune::backend::Backend;
+use captune::backend::{Backend, VocabSubsets};
 use captune::captioner::model::{TokenInputs, teacher_targets};
 use captune::captioner::objectives::{Objective, StepContext};
 use captune::captioner::records::{Event, Flow};
@@ -13,7 +13,6 @@ use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
-use captune::index::VocabSubsets;
 use captune::ops::cross_entropy::CrossEntropy;
 use common::tiny_data;
 use egui_kittest::Harness;

@@ -17,9 +17,8 @@
 //! (`decode`).
 
 use super::CaptionerConfig;
-use crate::backend::{Backend, HeadLayout, Matmul, Operand};
+use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
 use crate::data::vocab::PAD;
-use crate::index::TokenIndex;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};

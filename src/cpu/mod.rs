@@ -17,8 +17,8 @@ mod softmax;
 
 use crate::backend::{
     AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, TokenChoice,
+    TokenIndex, VocabSubsets,
 };
-use crate::index::{TokenIndex, VocabSubsets};
 
 #[derive(Clone, Debug, Default)]
 pub struct CpuBackend;

@@ -5,9 +5,8 @@
 use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
 use crate::backend::{
     AdamWStep, Backend, BackendKind, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows,
-    Storage, TokenChoice,
+    Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
-use crate::index::{TokenIndex, VocabSubsets};
 use bytemuck::{Pod, Zeroable};
 
 #[repr(C)]

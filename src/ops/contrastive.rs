@@ -5,8 +5,7 @@
 //! with the matching pair as the target.
 
 use super::cross_entropy::CrossEntropy;
-use crate::backend::{Backend, Matmul, Reduce};
-use crate::index::VocabSubsets;
+use crate::backend::{Backend, Matmul, Reduce, VocabSubsets};
 
 pub struct Contrastive<B: Backend> {
     pub batch: usize,

@@ -3,8 +3,7 @@
 //! per-row subset (SMILE). Row weights are 0 for padding. The loss stays on
 //! the device; read it only when logging.
 
-use crate::backend::{Backend, Reduce};
-use crate::index::VocabSubsets;
+use crate::backend::{Backend, Reduce, VocabSubsets};
 
 pub struct CrossEntropy<B: Backend> {
     pub rows: usize,

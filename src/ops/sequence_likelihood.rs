@@ -6,8 +6,7 @@
 //! `CrossEntropy`, nothing is renormalised by the sum of the weights: a
 //! batch whose advantages sum to zero or less still has its gradient.
 
-use crate::backend::{Backend, Reduce};
-use crate::index::VocabSubsets;
+use crate::backend::{Backend, Reduce, VocabSubsets};
 
 pub struct SequenceLikelihood<B: Backend> {
     pub rows: usize,

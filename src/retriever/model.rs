@@ -5,9 +5,8 @@
 //! towers share the one transformer implementation.
 
 use super::RetrieverConfig;
-use crate::backend::Backend;
+use crate::backend::{Backend, TokenIndex};
 use crate::data::vocab::PAD;
-use crate::index::TokenIndex;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};

@@ -8,11 +8,11 @@
 
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use super::{Objective, ObjectiveInfo, StepContext};
-use crate::backend::{Backend, Reduce};
+use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
 use crate::captioner::model::{TokenInputs, teacher_targets};
 use crate::data::vocab::PAD;
-use crate::index::{FULL_VOCAB, VocabSubsets};
+use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
 use anyhow::Result;
 use rand::Rng;
