@@ -525,7 +525,7 @@ fn images() {
                     split: Split::Test,
                     image: p.to_path_buf(),
                     captions: Vec::new(),
-                    scene: None,
+                    extensions: Default::default(),
                 }],
                 report: Default::default(),
             };

@@ -166,8 +166,8 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
     assert_eq!(data.split(Split::Test).count(), 2);
     let first_val = data.split(Split::Val).next().unwrap();
     assert_eq!(
-        first_val.scene.as_ref(),
-        Some(&shapes::generate(3, Split::Val, 0).scene)
+        shapes::scene(first_val),
+        Some(shapes::generate(3, Split::Val, 0).scene)
     );
     assert_eq!(first_val.captions.len(), shapes::REFERENCES);
     std::fs::remove_dir_all(&tmp).unwrap();

@@ -4,7 +4,7 @@
 //! RefCompare; on the shapes world, fact precision and recall.
 
 use crate::backend::Backend;
-use crate::data::shapes::facts;
+use crate::data::shapes::{self, Scene, facts};
 use crate::data::{Caption, Item};
 use crate::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use crate::metrics::{CocoScores, coco_scores};
@@ -76,12 +76,13 @@ pub fn evaluate<B: Backend>(
         let d = diversity(generated);
         (m.div1, m.div2, m.mbleu4) = (Some(d.div1), Some(d.div2), Some(d.mbleu4));
     }
-    if items.iter().all(|i| i.scene.is_some()) {
+    let scenes: Option<Vec<Scene>> = items.iter().map(|i| shapes::scene(i)).collect();
+    if let Some(scenes) = scenes {
         let (mut p, mut r) = (0.0, 0.0);
         let (mut objects, mut attributes) = (0, 0);
-        for (item, c) in items.iter().zip(&firsts) {
+        for (scene, c) in scenes.iter().zip(&firsts) {
             let statements = facts::parse(&c.join(" "));
-            let checked = statements.check(item.scene.as_ref().expect("checked above"));
+            let checked = statements.check(scene);
             p += checked.precision();
             r += checked.recall();
             let (o, a) = statements.described();

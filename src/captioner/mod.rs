@@ -309,7 +309,7 @@ mod tests {
                     tokens: c.split(' ').map(str::to_string).collect(),
                 })
                 .collect(),
-            scene: None,
+            extensions: Default::default(),
         }
     }
 

@@ -89,7 +89,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
                 split: Split::Test,
                 image: p.clone(),
                 captions: Vec::new(),
-                scene: None,
+                extensions: Default::default(),
             })
             .collect(),
         report: Default::default(),

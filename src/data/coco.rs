@@ -114,7 +114,7 @@ fn read(path: &Path, images: Option<&Path>) -> Result<Dataset> {
             split,
             image: file,
             captions: item_captions,
-            scene: None,
+            extensions: Default::default(),
         });
     }
     if items.is_empty() {

@@ -1,9 +1,10 @@
 //! Karpathy split files (`dataset_coco.json`, `dataset_flickr8k.json`,
 //! `dataset_flickr30k.json`): `{"images": [{"filename", "filepath"?,
 //! "imgid", "cocoid"?, "split", "sentences": [{"raw", ...}]}]}`. The shapes
-//! world writes the same layout, with each image's `scene` added.
+//! world writes the same layout, with each image's `scene` added: fields
+//! beyond the Karpathy ones ride along in `Item::extensions`.
 
-use super::{Dataset, Item, LoadReport, Split, caption, shapes::Scene};
+use super::{Dataset, Extensions, Item, LoadReport, Split, caption};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -19,8 +20,9 @@ struct Entry {
     cocoid: Option<serde_json::Value>,
     split: String,
     sentences: Vec<Sentence>,
-    #[serde(default)]
-    scene: Option<Scene>,
+    /// Every other field (`sentids`, the shapes world's `scene`...).
+    #[serde(flatten)]
+    extensions: Extensions,
 }
 
 #[derive(Deserialize)]
@@ -129,7 +131,7 @@ fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Data
             split,
             image,
             captions,
-            scene: entry.scene,
+            extensions: entry.extensions,
         });
     }
     if items.is_empty() {

@@ -64,9 +64,14 @@ pub struct Item {
     pub split: Split,
     pub image: PathBuf,
     pub captions: Vec<Caption>,
-    /// The scene, for shapes-world items.
-    pub scene: Option<shapes::Scene>,
+    /// What the data set's file carries per image beyond these fields,
+    /// by key, as read: the module that knows a key reads it (the shapes
+    /// world's `scene`: `shapes::scene`).
+    pub extensions: Extensions,
 }
+
+/// An item's extra fields, by key.
+pub type Extensions = std::collections::BTreeMap<String, serde_json::Value>;
 
 #[derive(Clone, Debug, Default)]
 pub struct Dataset {

@@ -14,7 +14,7 @@ pub use captions::Verbosity;
 pub use scene::Scene;
 
 use super::{Dataset, Split};
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
@@ -199,7 +199,35 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
         eprintln!("generating the shapes world into {} (once)", dir.display());
         write(config, &dir)?;
     }
-    let mut data = super::karpathy::load(&dir.join(SPLIT_FILE), None)?;
+    let file = dir.join(SPLIT_FILE);
+    let mut data = super::karpathy::load(&file, None)?;
     data.name = "shapes".into();
+    // Every image carries its scene: the facts metrics read them.
+    for item in &data.items {
+        let Some(value) = item.extensions.get(SCENE_KEY) else {
+            bail!(
+                "{}: image {} has no scene; delete {} to generate the world again",
+                file.display(),
+                item.id,
+                dir.display()
+            );
+        };
+        serde_json::from_value::<Scene>(value.clone()).with_context(|| {
+            format!(
+                "{}: image {}: the scene does not parse; delete {} to generate the world again",
+                file.display(),
+                item.id,
+                dir.display()
+            )
+        })?;
+    }
     Ok(data)
+}
+
+/// The key of an image's scene in the split file.
+const SCENE_KEY: &str = "scene";
+
+/// The scene of a shapes-world item (`None` for any other data set's).
+pub fn scene(item: &super::Item) -> Option<Scene> {
+    serde_json::from_value(item.extensions.get(SCENE_KEY)?.clone()).ok()
 }
