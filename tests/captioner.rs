@@ -390,6 +390,7 @@ fn a_log_line_reads_back_once() {
     let batch = TrainingBatch {
         features: random(2 * 6, 2),
         sequences: vec![vec![BOS, 4, 5, 6, EOS], vec![BOS, 7, 8, EOS]],
+        references: Vec::new(),
     };
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     trained
@@ -399,6 +400,7 @@ fn a_log_line_reads_back_once() {
             vocab: &vocab,
             batch: &batch,
             gradient_weight: 1.0,
+            retriever: None,
             rng: &mut rng,
             monitor: true,
         })

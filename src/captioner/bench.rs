@@ -152,6 +152,8 @@ pub fn train_throughput<B: Backend>(
         let batch = TrainingBatch {
             features: features.clone(),
             sequences: sequences.to_vec(),
+            // Token-level objectives read no references.
+            references: Vec::new(),
         };
         let mut cx = StepContext {
             b,
@@ -159,6 +161,7 @@ pub fn train_throughput<B: Backend>(
             vocab: &vocab,
             batch: &batch,
             gradient_weight: 1.0,
+            retriever: None,
             rng: &mut rng,
             monitor: false,
         };

@@ -313,6 +313,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             // tokens more than batches of long ones (a loss is a per-token
             // mean): weigh the gradient by the batch's share of tokens.
             gradient_weight: tokens as f32 / (t.batch as f32 * self.mean_tokens),
+            retriever: self.retriever.as_deref_mut(),
             rng: &mut rng,
             monitor: logs,
         };
@@ -367,6 +368,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
                         .vocab
                         .encode(&items[i].captions[r].tokens, c.max_len)
                 })
+                .collect(),
+            references: images
+                .iter()
+                .map(|&i| items[i].captions.iter().map(|c| c.tokens.clone()).collect())
                 .collect(),
         }
     }

@@ -1,6 +1,8 @@
 //! Training objectives behind one trait. An objective gets a step's
-//! context (the model with its parameters and workspaces, the batch as the
-//! host holds it, the vocabulary, a generator seeded for the step),
+//! context (the model with its parameters and workspaces, which also
+//! decodes and samples with the current weights; the batch as the host
+//! holds it, references included; the vocabulary; the frozen retriever
+//! when the run has one; a generator seeded for the step),
 //! accumulates its gradient into the model's parameter gradients, and
 //! names the values it logs. The trainer zeroes the gradients before and
 //! runs the optimiser after; the log line, the run folder and the app take
@@ -20,6 +22,7 @@ pub mod token;
 use super::CaptionVocab;
 use super::model::Captioner;
 use crate::backend::Backend;
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
 use settings::{Setting, Settings};
@@ -137,6 +140,9 @@ pub struct TrainingBatch {
     /// Each row's reference caption, encoded `<bos> .. <eos>` within the
     /// model's `max_len`.
     pub sequences: Vec<Vec<u32>>,
+    /// Every reference caption of each row's image, as PTB tokens (what
+    /// a metric reward scores samples against).
+    pub references: Vec<Vec<Vec<String>>>,
 }
 
 impl TrainingBatch {
@@ -153,7 +159,8 @@ impl TrainingBatch {
 /// What an objective sees at one training step.
 pub struct StepContext<'a, B: Backend> {
     pub b: &'a B,
-    /// Its parameters' gradients are zero when the step begins.
+    /// Its parameters' gradients are zero when the step begins. It also
+    /// decodes and samples with the current weights (`decode::generate`).
     pub model: &'a mut Captioner<B>,
     pub vocab: &'a CaptionVocab,
     pub batch: &'a TrainingBatch,
@@ -162,6 +169,9 @@ pub struct StepContext<'a, B: Backend> {
     /// every token weighs what it would in a random batch
     /// (docs/training.md#batches); 1 elsewhere.
     pub gradient_weight: f32,
+    /// The frozen retriever the run was given, if any (its weights are
+    /// not trained).
+    pub retriever: Option<&'a mut RetrieverCheckpoint<B>>,
     /// Seeded by the run's seed and the step: subsets, samples.
     pub rng: &'a mut ChaCha8Rng,
     /// The step is logged: compute every value `logged` names, also the
