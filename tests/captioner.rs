@@ -11,7 +11,7 @@ use captune::captioner::objectives::token::{
     self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,
     TokenObjective,
 };
-use captune::captioner::objectives::{Objective, StepContext, TrainingBatch};
+use captune::captioner::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::records::read_log;
 use captune::captioner::{CaptionVocab, CaptionerConfig};
 use captune::cpu::CpuBackend;
@@ -390,7 +390,7 @@ fn a_log_line_reads_back_once() {
     let batch = TrainingBatch {
         features: random(2 * 6, 2),
         sequences: vec![vec![BOS, 4, 5, 6, EOS], vec![BOS, 7, 8, EOS]],
-        references: Vec::new(),
+        images: Vec::new(),
     };
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     trained
@@ -399,6 +399,7 @@ fn a_log_line_reads_back_once() {
             model: &mut model,
             vocab: &vocab,
             batch: &batch,
+            corpus: &TrainingCorpus::default(),
             gradient_weight: 1.0,
             retriever: None,
             rng: &mut rng,

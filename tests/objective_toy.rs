@@ -35,8 +35,13 @@ impl<B: Backend> Objective<B> for FirstWord<B> {
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> anyhow::Result<()> {
         let b = cx.b;
         // Each row comes with its image's references; this run has no retriever.
-        assert_eq!(cx.batch.references.len(), cx.batch.sequences.len());
-        assert!(cx.batch.references.iter().all(|r| !r.is_empty()));
+        assert_eq!(cx.batch.images.len(), cx.batch.sequences.len());
+        assert!(
+            cx.batch
+                .images
+                .iter()
+                .all(|&i| !cx.corpus.references[i].is_empty())
+        );
         assert!(cx.retriever.is_none());
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &cx.batch.sequences)?;
         let steps = inputs.positions;

@@ -3,10 +3,15 @@
 //! training device stays free) and answers the newest request of each
 //! asker, so typing never queues up stale work. A new model (a live
 //! run's snapshot, or a followed run's rewritten checkpoint) rescores the
-//! last requests.
+//! last requests. Asked to, it also explains a caption's reward under a
+//! sequence-level objective (`objectives::sequence::explain`).
 
 use crate::captioner::Checkpoint;
 use crate::captioner::inspect::{TokenScore, score_caption};
+use crate::captioner::objectives::TrainingCorpus;
+use crate::captioner::objectives::sequence::{RewardExplanation, explain};
+use crate::captioner::objectives::settings::Settings;
+use crate::captioner::reward::CiderReward;
 use crate::captioner::train::CaptionData;
 use crate::cpu::CpuBackend;
 use crate::data::tokenize::ptb_tokenize;
@@ -28,12 +33,17 @@ pub struct Request {
     /// The data set's item index.
     pub item: usize,
     pub caption: String,
+    /// Also explain the caption's reward under this sequence-level
+    /// objective (default settings), as a sample at a training step.
+    pub reward_under: Option<&'static str>,
 }
 
 #[derive(Clone, Debug)]
 pub struct Scored {
     pub request: Request,
     pub result: Result<Vec<TokenScore>, String>,
+    /// When asked for: why the caption would be rewarded or punished.
+    pub reward: Option<Result<RewardExplanation, String>>,
 }
 
 enum Message {
@@ -135,6 +145,9 @@ fn work(
 ) {
     let cpu = CpuBackend::new();
     let mut model: Option<Checkpoint<CpuBackend>> = None;
+    // The training references' CIDEr-D statistics for the model's
+    // vocabulary, made on the first explanation after each new model.
+    let mut reward: Option<CiderReward> = None;
     let mut latest: HashMap<Asker, Request> = HashMap::new();
     while let Ok(first) = inbox.recv() {
         // Everything waiting: keep the newest model and each asker's newest request.
@@ -148,11 +161,15 @@ fn work(
                 }
                 Message::Model(ck) => {
                     model = install(*ck, notes);
+                    reward = None;
                     rescore_all = true;
                 }
                 Message::Load(path) => {
                     match Checkpoint::load(&cpu, &path) {
-                        Ok(ck) => model = install(ck, notes),
+                        Ok(ck) => {
+                            model = install(ck, notes);
+                            reward = None;
+                        }
                         Err(e) => {
                             let _ = notes.send(format!("{e:#}"));
                         }
@@ -167,11 +184,32 @@ fn work(
             .cloned()
             .collect();
         for request in due {
-            let result = match model.as_mut() {
-                None => Err("no model yet: it arrives after the first epoch".to_string()),
-                Some(ck) => score(&cpu, ck, data, &request),
+            let (result, explained) = match model.as_mut() {
+                None => (
+                    Err("no model yet: it arrives after the first epoch".to_string()),
+                    None,
+                ),
+                Some(ck) => {
+                    let result = score(&cpu, ck, data, &request);
+                    let explained = match (request.reward_under, &result) {
+                        (Some(name), Ok(_)) => {
+                            let reward = reward.get_or_insert_with(|| {
+                                let (corpus, _) = TrainingCorpus::training_split(&data.data);
+                                CiderReward::for_training(&corpus, &ck.vocab)
+                            });
+                            Some(explain_reward(&cpu, ck, data, reward, &request, name))
+                        }
+                        _ => None,
+                    };
+                    (result, explained)
+                }
             };
-            if outbox.send(Scored { request, result }).is_err() {
+            let scored = Scored {
+                request,
+                result,
+                reward: explained,
+            };
+            if outbox.send(scored).is_err() {
                 return;
             }
         }
@@ -187,6 +225,37 @@ fn install(ck: Checkpoint<CpuBackend>, notes: &Sender<String>) -> Option<Checkpo
         ck.vocab.len()
     ));
     Some(ck)
+}
+
+fn explain_reward(
+    cpu: &CpuBackend,
+    ck: &mut Checkpoint<CpuBackend>,
+    data: &CaptionData,
+    reward: &CiderReward,
+    request: &Request,
+    objective: &str,
+) -> Result<RewardExplanation, String> {
+    let ids = ck
+        .vocab
+        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
+    let references: Vec<Vec<String>> = data.data.items[request.item]
+        .captions
+        .iter()
+        .map(|c| c.tokens.clone())
+        .collect();
+    explain(
+        cpu,
+        &mut ck.model,
+        &ck.vocab,
+        reward,
+        &references,
+        &data.features_of(&[request.item]),
+        &ids,
+        objective,
+        &Settings::new(),
+        0,
+    )
+    .map_err(|e| format!("{e:#}"))
 }
 
 fn score(

@@ -10,7 +10,7 @@
 use super::CaptionVocab;
 use super::model::Captioner;
 use super::objectives::token::{TokenLevel, TokenObjective};
-use super::objectives::{Objective, StepContext, TrainingBatch};
+use super::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::run::RunConfig;
 use super::train::optimise;
 use crate::backend::{Backend, BackendKind, DeviceCounters};
@@ -153,13 +153,14 @@ pub fn train_throughput<B: Backend>(
             features: features.clone(),
             sequences: sequences.to_vec(),
             // Token-level objectives read no references.
-            references: Vec::new(),
+            images: Vec::new(),
         };
         let mut cx = StepContext {
             b,
             model: &mut model,
             vocab: &vocab,
             batch: &batch,
+            corpus: &TrainingCorpus::default(),
             gradient_weight: 1.0,
             retriever: None,
             rng: &mut rng,

@@ -12,6 +12,7 @@ pub mod inspect;
 pub mod model;
 pub mod objectives;
 pub mod records;
+pub mod reward;
 pub mod run;
 pub mod run_folder;
 pub mod train;

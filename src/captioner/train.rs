@@ -8,7 +8,7 @@ use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
 use super::model::Captioner;
 use super::objectives::settings::Settings;
-use super::objectives::{Objective, StepContext, TrainingBatch};
+use super::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
@@ -144,6 +144,10 @@ pub struct Trainer<'d, B: Backend> {
     opt: AdamW<B>,
     objective: Box<dyn Objective<B>>,
     train_items: Vec<usize>,
+    /// The training images' references, by position in `train_items`.
+    corpus: TrainingCorpus,
+    /// Item -> its position in `train_items`.
+    corpus_index: HashMap<usize, usize>,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
     total: usize,
@@ -225,6 +229,13 @@ impl<'d, B: Backend> Trainer<'d, B> {
         };
         let val_items = data.items(Split::Val);
         let objective = config.objective(ck.model.config.vocab_size)?;
+        let (corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
+        debug_assert_eq!(corpus_items, train_items);
+        let corpus_index = train_items
+            .iter()
+            .enumerate()
+            .map(|(p, &i)| (i, p))
+            .collect();
         Ok(Trainer {
             ck,
             data,
@@ -234,6 +245,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             opt,
             objective,
             train_items,
+            corpus,
+            corpus_index,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
             total,
@@ -309,6 +322,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             model: &mut self.ck.model,
             vocab: &self.ck.vocab,
             batch: &batch,
+            corpus: &self.corpus,
             // Batches of short captions would otherwise weigh each of their
             // tokens more than batches of long ones (a loss is a per-token
             // mean): weigh the gradient by the batch's share of tokens.
@@ -369,10 +383,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                         .encode(&items[i].captions[r].tokens, c.max_len)
                 })
                 .collect(),
-            references: images
-                .iter()
-                .map(|&i| items[i].captions.iter().map(|c| c.tokens.clone()).collect())
-                .collect(),
+            images: images.iter().map(|i| self.corpus_index[i]).collect(),
         }
     }
 

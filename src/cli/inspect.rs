@@ -1,11 +1,17 @@
 //! `captune inspect`: per token, the MLE and SMILE losses and the
-//! predictions.
+//! predictions; with a sequence-level `--objective`, also why the caption
+//! as a sample would be rewarded or punished (reward, baseline, advantage
+//! and each token's term of the loss).
 
 use super::DataArgs;
 use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data};
+use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::inspect::score_caption;
+use captune::captioner::objectives::TrainingCorpus;
+use captune::captioner::objectives::sequence::{RewardExplanation, explain};
+use captune::captioner::reward::CiderReward;
 use captune::data::tokenize::ptb_tokenize;
 use captune::progress::Progress;
 use std::path::PathBuf;
@@ -24,6 +30,14 @@ pub struct InspectArgs {
     /// The caption to score (tokenised as the references are).
     #[arg(long)]
     pub caption: String,
+    /// Also explain the caption's reward under this sequence-level
+    /// objective (scst, sll-me, sle) with its settings, as a sample of the
+    /// image at a training step would be.
+    #[command(flatten)]
+    pub objective: ObjectiveArgs,
+    /// Seeds the other samples a mean baseline or SLE compares with.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     #[arg(long)]
     pub json: bool,
 }
@@ -48,8 +62,47 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
     let features = data.features_of(&[i]);
     let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
+    let explained = match &args.objective.objective {
+        None => None,
+        Some(name) => {
+            let (corpus, _) = TrainingCorpus::training_split(&data.data);
+            let reward = CiderReward::for_training(&corpus, &ck.vocab);
+            let references: Vec<Vec<String>> = data.data.items[i]
+                .captions
+                .iter()
+                .map(|c| c.tokens.clone())
+                .collect();
+            let settings = &args.objective.settings;
+            Some(
+                explain(
+                    b,
+                    &mut ck.model,
+                    &ck.vocab,
+                    &reward,
+                    &references,
+                    &features,
+                    &ids,
+                    name,
+                    settings,
+                    args.seed,
+                )
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "--objective {name}: {e}; inspect explains the reward of scst, sll-me \
+                         and sle (the table always shows MLE and SMILE)"
+                    )
+                })?,
+            )
+        }
+    };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&scores)?);
+        match explained {
+            None => println!("{}", serde_json::to_string_pretty(&scores)?),
+            Some(e) => println!(
+                "{}",
+                serde_json::to_string_pretty(&serde_json::json!({"tokens": scores, "reward": e}))?
+            ),
+        }
         return Ok(());
     }
     println!(
@@ -74,5 +127,47 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
             top(&s.top5_subset)
         );
     }
+    if let Some(e) = explained {
+        print_explanation(&e);
+    }
     Ok(())
+}
+
+fn print_explanation(e: &RewardExplanation) {
+    println!("\n{}: {:?}", e.objective, e.caption);
+    println!(
+        "reward {:.3}, baseline {:.3}, advantage {:+.3} ({})",
+        e.reward,
+        e.baseline,
+        e.advantage,
+        if e.advantage > 0.0 {
+            "its tokens are made more likely"
+        } else if e.advantage < 0.0 {
+            "its tokens are made less likely"
+        } else {
+            "no gradient"
+        }
+    );
+    for (caption, reward) in &e.compared_with {
+        println!("  compared with {reward:>7.3}  {caption}");
+    }
+    println!(
+        "{:>12} {:>8} {:>10} {:>8} {:>10}",
+        "token", "log p", "-A log p", "entropy", "bonus"
+    );
+    for t in &e.tokens {
+        println!(
+            "{:>12} {:>8.3} {:>10.3} {:>8.3} {:>10.4}",
+            t.token, t.logprob, t.likelihood_term, t.entropy, t.entropy_term
+        );
+    }
+    let total: f32 = e
+        .tokens
+        .iter()
+        .map(|t| t.likelihood_term + t.entropy_term)
+        .sum();
+    println!(
+        "{:>12} {:>8} {total:>10.3}  (this caption's loss)",
+        "total", ""
+    );
 }

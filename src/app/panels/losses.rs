@@ -2,13 +2,16 @@
 
 use super::{MLE_COLOUR, Panel, SMILE_COLOUR, View, switch_lines};
 use crate::app::history::TRAINING_SERIES;
+use crate::captioner::objectives::series_groups;
 use egui::Color32;
 use egui_plot::{Legend, Line, LineStyle, Plot};
 
 /// Every series the objectives logged (MLE and SMILE on the same batches
-/// whatever trains, then whatever else an objective reports: reward,
-/// baseline, entropy...), objective switches marked; the trainer's own
-/// series (learning rate, gradient norm, throughput) in small plots below.
+/// whatever trains, then whatever else an objective reports), objective
+/// switches marked; the series an objective groups (rewards, diversity of
+/// the samples...: `ObjectiveInfo::plots`) a plot per group below; the
+/// trainer's own series (learning rate, gradient norm, throughput) in
+/// small plots at the bottom.
 #[derive(Default)]
 pub struct LossesPanel;
 
@@ -23,9 +26,18 @@ impl Panel for LossesPanel {
                  `captune app --follow runs/NAME` (a folder `captune train` writes)."
             });
         }
+        let groups = series_groups();
+        let grouped = |n: &str| groups.iter().any(|g| g.series.contains(&n));
         // The objective's loss last, over the terms it often equals.
         let mut names = history.objective_series_names();
+        names.retain(|n| !grouped(n));
         names.sort_by_key(|n| n == "loss");
+        // The groups of series this run logged, each plotted apart.
+        let logged = history.objective_series_names();
+        let shown: Vec<_> = groups
+            .into_iter()
+            .filter(|g| g.series.iter().any(|s| logged.iter().any(|l| l == s)))
+            .collect();
         if let Some(last) = history.losses.last() {
             let values: Vec<String> = last
                 .objective_series()
@@ -40,7 +52,8 @@ impl Panel for LossesPanel {
                 last.get("tokens_per_s")
             ));
         }
-        let plot_height = (ui.available_height() - 140.0).max(120.0);
+        let group_height = if shown.is_empty() { 0.0 } else { 150.0 };
+        let plot_height = (ui.available_height() - 140.0 - group_height).max(120.0);
         Plot::new("losses")
             .show_background(false)
             .legend(Legend::default())
@@ -60,6 +73,25 @@ impl Panel for LossesPanel {
                 }
                 switch_lines(plot, history);
             });
+        if !shown.is_empty() {
+            ui.columns(shown.len(), |columns| {
+                for (ui, group) in columns.iter_mut().zip(&shown) {
+                    ui.label(group.title);
+                    Plot::new(format!("series {}", group.title))
+                        .show_background(false)
+                        .legend(Legend::default())
+                        .height(120.0)
+                        .show(ui, |plot| {
+                            for (i, name) in group.series.iter().enumerate() {
+                                let line = Line::new(short_name(name), history.log_series(name))
+                                    .color(series_colour(name, i));
+                                plot.line(line);
+                            }
+                            switch_lines(plot, history);
+                        });
+                }
+            });
+        }
         ui.columns(TRAINING_SERIES.len(), |columns| {
             for (ui, (key, label)) in columns.iter_mut().zip([
                 ("lr", "learning rate"),

@@ -1,12 +1,15 @@
 //! The per-token view of a chosen caption: a reference of a validation
 //! image, or its newest greedy caption or sample.
 
-use super::tokens::scores;
+use super::tokens::{bars, paired_bars, scores};
 use super::{Panel, View, highlighted, image_picker, reference_words};
 use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
+use crate::captioner::objectives::sequence::{RewardExplanation, SEQUENCE_OBJECTIVES, TokenTerm};
 use crate::captioner::train::CaptionData;
 use crate::data::tokenize::ptb_tokenize;
+use egui::RichText;
+use egui_plot::BarChart;
 
 /// The image and caption shown: a validation image and one of its
 /// captions (references first, then the newest samples).
@@ -15,6 +18,9 @@ pub struct PerTokenPanel {
     /// Index into the validation images.
     pub image: usize,
     pub caption: usize,
+    /// The sequence-level objective whose reward of the caption is
+    /// explained beside the losses, if any.
+    pub reward_under: Option<&'static str>,
 }
 
 impl Panel for PerTokenPanel {
@@ -34,13 +40,54 @@ impl Panel for PerTokenPanel {
         };
         let references = reference_words(data, i);
         highlighted(ui, &ptb_tokenize(caption).join(" "), &references);
+        ui.horizontal(|ui| {
+            ui.label("reward as a sample under:");
+            ui.selectable_value(&mut self.reward_under, None, "none");
+            for info in SEQUENCE_OBJECTIVES {
+                ui.selectable_value(&mut self.reward_under, Some(info.name), info.name);
+            }
+        });
         view.scorer.ask(Request {
             asker: Asker::PerToken,
             item: i,
             caption: caption.clone(),
+            reward_under: self.reward_under,
         });
+        if let Some(answer) = view.scorer.answer(Asker::PerToken) {
+            match &answer.reward {
+                Some(Ok(e)) => reward_view(ui, e),
+                Some(Err(why)) => {
+                    ui.colored_label(ui.visuals().error_fg_color, why);
+                }
+                None => {}
+            }
+        }
         scores(ui, view.scorer, Asker::PerToken);
     }
+}
+
+/// A caption's reward, baseline and advantage, and each token's term of
+/// the loss as bars (negative: the token is pushed up).
+fn reward_view(ui: &mut egui::Ui, e: &RewardExplanation) {
+    ui.label(format!(
+        "{}: reward {:.3}, baseline {:.3}, advantage {:+.3}",
+        e.objective, e.reward, e.baseline, e.advantage
+    ));
+    for (caption, reward) in &e.compared_with {
+        ui.label(RichText::new(format!("compared with {reward:.3}: {caption}")).weak());
+    }
+    let labels: Vec<String> = e.tokens.iter().map(|t| t.token.clone()).collect();
+    let terms = |f: fn(&TokenTerm) -> f32, offset| bars(&e.tokens, f, offset);
+    paired_bars(
+        ui,
+        "reward-bars",
+        140.0,
+        labels,
+        [
+            BarChart::new("-advantage x log p", terms(|t| t.likelihood_term, -0.2)),
+            BarChart::new("entropy bonus", terms(|t| t.entropy_term, 0.2)),
+        ],
+    );
 }
 
 /// The captions the per-token view offers for item `i`: its references,

@@ -42,17 +42,39 @@ pub fn scores(ui: &mut egui::Ui, scorer: &Scorer, asker: Asker) {
 }
 
 fn token_bars(ui: &mut egui::Ui, tokens: &[TokenScore]) {
-    let bars = |f: fn(&TokenScore) -> f32, offset: f64| -> Vec<Bar> {
-        tokens
-            .iter()
-            .enumerate()
-            .map(|(k, t)| Bar::new(k as f64 + offset, f(t) as f64).width(0.38))
-            .collect()
-    };
     let labels: Vec<String> = tokens.iter().map(|t| t.token.clone()).collect();
-    Plot::new("token-bars")
+    paired_bars(
+        ui,
+        "token-bars",
+        180.0,
+        labels,
+        [
+            BarChart::new("MLE loss", bars(tokens, |t| t.mle_loss, -0.2)).color(MLE_COLOUR),
+            BarChart::new("SMILE loss", bars(tokens, |t| t.smile_loss, 0.2)).color(SMILE_COLOUR),
+        ],
+    );
+}
+
+/// One bar per token of `f`, shifted by `offset` so that two series pair up.
+pub(super) fn bars<T>(tokens: &[T], f: impl Fn(&T) -> f32, offset: f64) -> Vec<Bar> {
+    tokens
+        .iter()
+        .enumerate()
+        .map(|(k, t)| Bar::new(k as f64 + offset, f(t) as f64).width(0.38))
+        .collect()
+}
+
+/// Two bar series over a caption's tokens, the tokens on the x axis.
+pub(super) fn paired_bars(
+    ui: &mut egui::Ui,
+    id: &str,
+    height: f32,
+    labels: Vec<String>,
+    charts: [BarChart; 2],
+) {
+    Plot::new(id)
         .show_background(false)
-        .height(180.0)
+        .height(height)
         .legend(Legend::default())
         .allow_scroll(false)
         .include_y(0.0)
@@ -65,10 +87,9 @@ fn token_bars(ui: &mut egui::Ui, tokens: &[TokenScore]) {
             }
         })
         .show(ui, |plot| {
-            plot.bar_chart(BarChart::new("MLE loss", bars(|t| t.mle_loss, -0.2)).color(MLE_COLOUR));
-            plot.bar_chart(
-                BarChart::new("SMILE loss", bars(|t| t.smile_loss, 0.2)).color(SMILE_COLOUR),
-            );
+            for chart in charts {
+                plot.bar_chart(chart);
+            }
         });
 }
 

@@ -10,18 +10,21 @@
 //! (or in a test) and needs no change elsewhere.
 //!
 //! - [`token`]: MLE and the SMILE family (teacher-forced, token-level).
+//! - [`sequence`]: SCST, SLL-ME and SLE (REINFORCE on sampled captions).
 //!
 //! An objective is known by name through [`OBJECTIVES`], with its settings
 //! declared there once ([`settings`]); [`build`] makes one from a name and
 //! settings. Adding an objective: its file, an entry in `OBJECTIVES` and
 //! an arm in `build`.
 
+pub mod sequence;
 pub mod settings;
 pub mod token;
 
 use super::CaptionVocab;
 use super::model::Captioner;
 use crate::backend::Backend;
+use crate::data::{Dataset, Split};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
@@ -34,14 +37,38 @@ pub struct ObjectiveInfo {
     pub name: &'static str,
     pub help: &'static str,
     pub settings: &'static [&'static Setting],
+    /// Series it logs that the app plots apart from the losses, a plot
+    /// per group; series in no group share the loss plot.
+    pub plots: &'static [&'static SeriesGroup],
+}
+
+/// Logged series the app plots together.
+#[derive(Debug)]
+pub struct SeriesGroup {
+    pub title: &'static str,
+    pub series: &'static [&'static str],
+}
+
+/// Every objective's series groups, each once, in the order of `OBJECTIVES`.
+pub fn series_groups() -> Vec<&'static SeriesGroup> {
+    let mut all: Vec<&'static SeriesGroup> = Vec::new();
+    for g in OBJECTIVES.iter().flat_map(|o| o.plots.iter()) {
+        if !all.iter().any(|d| d.title == g.title) {
+            all.push(g);
+        }
+    }
+    all
 }
 
 /// Every objective, by name.
-pub const OBJECTIVES: [&ObjectiveInfo; 4] = [
+pub const OBJECTIVES: [&ObjectiveInfo; 7] = [
     &token::MLE,
     &token::SMILE,
     &token::SMILE_RANDOM,
     &token::SMILE_REVERSE,
+    &sequence::SCST,
+    &sequence::SLL_ME,
+    &sequence::SLE,
 ];
 
 /// The objective called `name`.
@@ -129,6 +156,9 @@ pub fn build<B: Backend>(
             token::TokenObjective::from_settings(info.name, settings)?,
             vocab,
         )),
+        "scst" | "sll-me" | "sle" => {
+            Box::new(sequence::SequenceLevel::new(info.name, settings, vocab)?)
+        }
         other => unreachable!("objective {other} is listed but not built"),
     })
 }
@@ -140,9 +170,42 @@ pub struct TrainingBatch {
     /// Each row's reference caption, encoded `<bos> .. <eos>` within the
     /// model's `max_len`.
     pub sequences: Vec<Vec<u32>>,
-    /// Every reference caption of each row's image, as PTB tokens (what
-    /// a metric reward scores samples against).
+    /// Each row's image, as an index into the run's [`TrainingCorpus`]
+    /// (whose references a metric reward scores samples against).
+    pub images: Vec<usize>,
+}
+
+/// The training split as objectives see it beyond one batch: every
+/// training image's references, over which statistics (CIDEr-D's
+/// document frequencies) are computed once.
+#[derive(Clone, Debug, Default)]
+pub struct TrainingCorpus {
+    /// The data set's name (part of the on-disk cache's key).
+    pub name: String,
+    /// Every training image's reference captions as PTB tokens, by the
+    /// index `TrainingBatch::images` gives.
     pub references: Vec<Vec<Vec<String>>>,
+}
+
+impl TrainingCorpus {
+    /// The training split of `data`, and the item of each corpus image.
+    pub fn training_split(data: &Dataset) -> (TrainingCorpus, Vec<usize>) {
+        let items: Vec<usize> = (0..data.items.len())
+            .filter(|&i| data.items[i].split == Split::Train)
+            .collect();
+        let references = items
+            .iter()
+            .map(|&i| {
+                let captions = &data.items[i].captions;
+                captions.iter().map(|c| c.tokens.clone()).collect()
+            })
+            .collect();
+        let corpus = TrainingCorpus {
+            name: data.name.clone(),
+            references,
+        };
+        (corpus, items)
+    }
 }
 
 impl TrainingBatch {
@@ -164,6 +227,7 @@ pub struct StepContext<'a, B: Backend> {
     pub model: &'a mut Captioner<B>,
     pub vocab: &'a CaptionVocab,
     pub batch: &'a TrainingBatch,
+    pub corpus: &'a TrainingCorpus,
     /// What the gradient (not a reported loss) is multiplied by: the
     /// batch's share of tokens when batches are formed by length, so that
     /// every token weighs what it would in a random batch

@@ -60,7 +60,7 @@ pub const FIRST_TOKEN: Setting = Setting {
 pub const MLE_WEIGHT: Setting = Setting {
     key: "mle_weight",
     label: "lambda (MLE weight)",
-    help: "lambda in lambda * MLE + (1 - lambda) * the subset loss",
+    help: "lambda in lambda * MLE on the references + (1 - lambda) * the objective's own loss",
     kind: SettingKind::Number {
         min: 0.0,
         max: 1.0,
@@ -72,24 +72,28 @@ pub const MLE: ObjectiveInfo = ObjectiveInfo {
     name: "mle",
     help: "cross-entropy over the full vocabulary",
     settings: &[],
+    plots: &[],
 };
 
 pub const SMILE: ObjectiveInfo = ObjectiveInfo {
     name: "smile",
     help: "cross-entropy over the unique tokens of each target caption (SMILE)",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+    plots: &[],
 };
 
 pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
     name: "smile-random",
     help: "ablation: over 10 random ids plus the label, drawn per step",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+    plots: &[],
 };
 
 pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
     name: "smile-reverse",
     help: "ablation: over the ids the caption does not use, plus the label",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
+    plots: &[],
 };
 
 /// Which token-level objective trains, and its settings.

@@ -1,0 +1,791 @@
+//! Sequence-level objectives (spec section 3, the SLE paper): SCST
+//! (self-critical sequence training) with the greedy or the mean-of-others
+//! baseline, SLL-ME (SCST plus an entropy bonus) and SLE (sequence-level
+//! exploration: a precision term and a diversity term).
+//!
+//! A step samples n captions per image at temperature 1 from the current
+//! weights on the device, reads their ids back (the one readback a step
+//! needs), scores them on the host ([`CiderReward`] against the image's
+//! references with the training statistics, plus an optional BLEU-4
+//! weight), turns rewards into one advantage A_j per sample, and trains
+//! the REINFORCE surrogate
+//!   -(1/N) sum_j A_j sum_t log p(y_jt)   (<eos> included, N = samples)
+//! minus the entropy bonus, teacher-forcing the model on its own samples.
+
+use super::settings::{Setting, SettingKind, Settings};
+use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
+use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
+use crate::backend::{Backend, Reduce};
+use crate::captioner::CaptionVocab;
+use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
+use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
+use crate::captioner::reward::CiderReward;
+use crate::data::vocab::{BOS, PAD};
+use crate::metrics::bleu::sentence_bleu;
+use crate::metrics::diversity::diversity;
+use crate::ops::sequence_likelihood::SequenceLikelihood;
+use anyhow::Result;
+use rand::Rng;
+use serde::Serialize;
+
+pub const SAMPLES: Setting = Setting {
+    key: "samples",
+    label: "samples per image",
+    help: "Captions sampled per image at each step (temperature 1)",
+    kind: SettingKind::Number {
+        min: 2.0,
+        max: 16.0,
+        default: 5.0,
+    },
+};
+
+pub const BASELINE: Setting = Setting {
+    key: "baseline",
+    label: "baseline",
+    help: "What a sample's reward is measured against: greedy (the reward of the greedy \
+           caption under the current weights) or mean (the mean reward of the image's other \
+           samples, \"new self-critical\")",
+    kind: SettingKind::Choice {
+        choices: &["greedy", "mean"],
+        default: "greedy",
+    },
+};
+
+pub const REWARD: Setting = Setting {
+    key: "reward",
+    label: "reward",
+    help: "The sequence reward: cider-d (CIDEr-D against the image's references, with \
+           document frequencies from the training references)",
+    kind: SettingKind::Choice {
+        choices: &["cider-d"],
+        default: "cider-d",
+    },
+};
+
+pub const BLEU4_WEIGHT: Setting = Setting {
+    key: "bleu4_weight",
+    label: "BLEU-4 weight",
+    help: "Reward = CIDEr-D + this times the sample's BLEU-4 against its references",
+    kind: SettingKind::Number {
+        min: 0.0,
+        max: 10.0,
+        default: 0.0,
+    },
+};
+
+pub const ENTROPY_WEIGHT: Setting = Setting {
+    key: "entropy_weight",
+    label: "entropy weight",
+    help: "SLL-ME: the loss minus this times the mean entropy of the next-token \
+           distribution over the sampled tokens",
+    kind: SettingKind::Number {
+        min: 0.0,
+        max: 1.0,
+        default: 1e-2,
+    },
+};
+
+pub const ALPHA: Setting = Setting {
+    key: "alpha",
+    label: "alpha (precision weight)",
+    help: "SLE: alpha * the precision (reward) term + (1 - alpha) * the diversity term",
+    kind: SettingKind::Number {
+        min: 0.0,
+        max: 1.0,
+        default: 0.75,
+    },
+};
+
+/// The reward, its baseline and the spread of the advantages (per caption).
+pub const REWARDS_PLOT: SeriesGroup = SeriesGroup {
+    title: "rewards (per sampled caption)",
+    series: &["reward", "baseline", "advantage_spread"],
+};
+
+/// The diversity of each image's samples at each logged step.
+pub const DIVERSITY_PLOT: SeriesGroup = SeriesGroup {
+    title: "diversity of each image's samples",
+    series: &["div1", "div2", "mbleu4"],
+};
+
+/// What the samples look like: entropy of the sampled steps, words.
+pub const SAMPLES_PLOT: SeriesGroup = SeriesGroup {
+    title: "samples: entropy (nats per step), length (words)",
+    series: &["entropy", "sample_length"],
+};
+
+const PLOTS: &[&SeriesGroup] = &[&REWARDS_PLOT, &DIVERSITY_PLOT, &SAMPLES_PLOT];
+
+pub const SCST: ObjectiveInfo = ObjectiveInfo {
+    name: "scst",
+    help: "self-critical sequence training: REINFORCE on sampled captions with a CIDEr-D \
+           reward and a greedy or mean-of-others baseline",
+    settings: &[&SAMPLES, &BASELINE, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
+    plots: PLOTS,
+};
+
+pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
+    name: "sll-me",
+    help: "SCST plus an entropy bonus on every sampled step",
+    settings: &[
+        &SAMPLES,
+        &BASELINE,
+        &REWARD,
+        &BLEU4_WEIGHT,
+        &ENTROPY_WEIGHT,
+        &MLE_WEIGHT,
+    ],
+    plots: PLOTS,
+};
+
+pub const SLE: ObjectiveInfo = ObjectiveInfo {
+    name: "sle",
+    help: "sequence-level exploration: a CIDEr-D precision term (greedy baseline) and a \
+           diversity term rewarding samples far from the image's other samples",
+    settings: &[&SAMPLES, &ALPHA, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
+    plots: PLOTS,
+};
+
+/// The objectives of this file.
+pub const SEQUENCE_OBJECTIVES: [&ObjectiveInfo; 3] = [&SCST, &SLL_ME, &SLE];
+
+/// Which sequence-level objective, with its settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SequenceObjective {
+    pub kind: SequenceKind,
+    pub samples: usize,
+    pub baseline: Baseline,
+    pub bleu4_weight: f64,
+    /// The entropy bonus's weight (SLL-ME; 0 otherwise).
+    pub entropy_weight: f32,
+    /// SLE's alpha (1 otherwise: the precision term alone).
+    pub alpha: f64,
+    /// lambda in lambda * MLE on the references + (1 - lambda) * this loss.
+    pub mle_weight: f32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SequenceKind {
+    Scst,
+    SllMe,
+    Sle,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Baseline {
+    /// The reward of the image's greedy caption.
+    Greedy,
+    /// The mean reward of the image's other samples.
+    MeanOfOthers,
+}
+
+impl SequenceObjective {
+    /// The objective `name` (one of this file's) with `settings`.
+    pub fn from_settings(name: &str, settings: &Settings) -> Result<Self> {
+        let kind = match name {
+            "scst" => SequenceKind::Scst,
+            "sll-me" => SequenceKind::SllMe,
+            "sle" => SequenceKind::Sle,
+            other => anyhow::bail!("{other:?} is not a sequence-level objective"),
+        };
+        let baseline = match (kind, BASELINE.choice(settings)) {
+            (SequenceKind::Sle, _) | (_, "greedy") => Baseline::Greedy,
+            _ => Baseline::MeanOfOthers,
+        };
+        Ok(SequenceObjective {
+            kind,
+            samples: SAMPLES.number(settings).round() as usize,
+            baseline,
+            bleu4_weight: BLEU4_WEIGHT.number(settings),
+            entropy_weight: match kind {
+                SequenceKind::SllMe => ENTROPY_WEIGHT.number(settings) as f32,
+                _ => 0.0,
+            },
+            alpha: match kind {
+                SequenceKind::Sle => ALPHA.number(settings),
+                _ => 1.0,
+            },
+            mle_weight: MLE_WEIGHT.number(settings) as f32,
+        })
+    }
+
+    fn needs_greedy(&self) -> bool {
+        self.baseline == Baseline::Greedy
+    }
+}
+
+/// One image's samples scored: rewards, the baseline each is measured
+/// against, and the advantages that weigh their log-likelihoods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Advantages {
+    pub rewards: Vec<f64>,
+    pub baselines: Vec<f64>,
+    pub advantages: Vec<f64>,
+}
+
+/// SCST's advantages of one image's sample rewards: r_j - the greedy
+/// caption's reward, or r_j - the mean of the other samples' rewards.
+pub fn self_critical(rewards: &[f64], baseline: Baseline, greedy: f64) -> Advantages {
+    let s = rewards.len();
+    let total: f64 = rewards.iter().sum();
+    let baselines: Vec<f64> = match baseline {
+        Baseline::Greedy => vec![greedy; s],
+        Baseline::MeanOfOthers => rewards
+            .iter()
+            .map(|r| (total - r) / (s - 1).max(1) as f64)
+            .collect(),
+    };
+    Advantages {
+        advantages: rewards.iter().zip(&baselines).map(|(r, b)| r - b).collect(),
+        rewards: rewards.to_vec(),
+        baselines,
+    }
+}
+
+/// SLE's distance between two captions: 1 - (BLEU-3 + BLEU-4) / 2 of `a`
+/// against `b` alone; 0 from a caption to itself.
+pub fn distance(a: &[&str], b: &[&str]) -> f64 {
+    let bleu = sentence_bleu(a, &[b.to_vec()]);
+    1.0 - (bleu[2] + bleu[3]) / 2.0
+}
+
+/// SLE's advantages of one image's samples (the paper's eq. 16 with its
+/// baselines): A_j = alpha (r_j - b1) + (1 - alpha) (2/s) sum_k (d_jk - b2)
+/// over all k (d_jj = 0), b1 the greedy caption's reward, b2 the mean of
+/// all s^2 distances.
+pub fn sle(rewards: &[f64], greedy: f64, distances: &[Vec<f64>], alpha: f64) -> Advantages {
+    let s = rewards.len() as f64;
+    let b2 = distances.iter().flatten().sum::<f64>() / (s * s);
+    let advantages = rewards
+        .iter()
+        .zip(distances)
+        .map(|(r, d)| {
+            let spread: f64 = d.iter().map(|d| d - b2).sum();
+            alpha * (r - greedy) + (1.0 - alpha) * 2.0 / s * spread
+        })
+        .collect();
+    Advantages {
+        rewards: rewards.to_vec(),
+        baselines: vec![greedy; rewards.len()],
+        advantages,
+    }
+}
+
+/// The pairwise distances of one image's samples (words), d[j][k].
+pub fn distances(samples: &[Vec<&str>]) -> Vec<Vec<f64>> {
+    samples
+        .iter()
+        .enumerate()
+        .map(|(j, a)| {
+            samples
+                .iter()
+                .enumerate()
+                .map(|(k, b)| if j == k { 0.0 } else { distance(a, b) })
+                .collect()
+        })
+        .collect()
+}
+
+/// The surrogate loss on the device: -(1/N) sum_j A_j sum_t log p(y_jt)
+/// minus `entropy_weight` times the mean entropy of the sampled steps'
+/// next-token distributions; `d_logits` its gradient.
+pub struct Surrogate<B: Backend> {
+    pub likelihood: SequenceLikelihood<B>,
+    advantages: B::Tensor,
+    /// 1 / (real tokens) on each real token's row, 0 on padding.
+    token_mean: B::Tensor,
+    /// d loss / d entropy[r]: -entropy_weight * token_mean[r].
+    d_entropy: B::Tensor,
+    entropy: B::Tensor,
+    lse: B::Tensor,
+    weighted: B::Tensor,
+    /// The mean entropy over real tokens, one element.
+    pub mean_entropy: B::Tensor,
+    pub d_logits: B::Tensor,
+}
+
+impl<B: Backend> Surrogate<B> {
+    pub fn new(b: &B, sequences: usize, per_sequence: usize, vocab: usize) -> Self {
+        let rows = sequences * per_sequence;
+        Surrogate {
+            likelihood: SequenceLikelihood::new(b, sequences, per_sequence, vocab, PAD),
+            advantages: b.zeros(sequences),
+            token_mean: b.zeros(rows),
+            d_entropy: b.zeros(rows),
+            entropy: b.zeros(rows),
+            lse: b.zeros(rows),
+            weighted: b.zeros(rows),
+            mean_entropy: b.zeros(1),
+            d_logits: b.zeros(rows * vocab),
+        }
+    }
+
+    /// The loss of `logits` for the sampled `targets` (host copy
+    /// `host_targets`, PAD after each sequence's end) and `advantages`
+    /// (one per sequence, already scaled as the gradient should be);
+    /// `d_logits` its gradient. With `monitor`, also the mean entropy
+    /// when it is not trained.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_backward(
+        &mut self,
+        b: &B,
+        logits: &B::Tensor,
+        targets: &B::Ids,
+        host_targets: &[u32],
+        advantages: &[f32],
+        entropy_weight: f32,
+        monitor: bool,
+    ) {
+        let l = &mut self.likelihood;
+        let vocab = l.vocab;
+        b.write(&mut self.advantages, advantages);
+        l.forward(
+            b,
+            logits,
+            targets,
+            &self.advantages,
+            advantages.len() as f32,
+        );
+        l.backward(b, logits, targets, &mut self.d_logits, false);
+        if entropy_weight == 0.0 && !monitor {
+            return;
+        }
+        let real = host_targets.iter().filter(|&&t| t != PAD).count().max(1) as f32;
+        let token_mean: Vec<f32> = host_targets
+            .iter()
+            .map(|&t| if t == PAD { 0.0 } else { 1.0 / real })
+            .collect();
+        b.write(&mut self.token_mean, &token_mean);
+        b.softmax_entropy(logits, vocab, &mut self.entropy, &mut self.lse);
+        b.mul(1.0, &self.token_mean, &self.entropy, &mut self.weighted);
+        b.reduce(&self.weighted, Reduce::Sum, &mut self.mean_entropy, 0);
+        if entropy_weight != 0.0 {
+            let d: Vec<f32> = token_mean.iter().map(|m| -entropy_weight * m).collect();
+            b.write(&mut self.d_entropy, &d);
+            b.softmax_entropy_backward(
+                logits,
+                vocab,
+                &self.entropy,
+                &self.lse,
+                &self.d_entropy,
+                &mut self.d_logits,
+                true,
+            );
+        }
+    }
+}
+
+/// What a step's samples looked like, for its log line (host values).
+#[derive(Clone, Debug, Default)]
+struct StepFigures {
+    reward: f64,
+    baseline: f64,
+    advantage_spread: f64,
+    div1: f64,
+    div2: f64,
+    mbleu4: f64,
+    sample_length: f64,
+}
+
+/// SCST, SLL-ME and SLE as an [`Objective`].
+pub struct SequenceLevel<B: Backend> {
+    config: SequenceObjective,
+    /// What `describe` shows.
+    described: String,
+    /// Made on the first step, from the run's training corpus.
+    reward: Option<CiderReward>,
+    /// The surrogate's buffers for each (sequences, positions) seen.
+    surrogates: Vec<((usize, usize), Surrogate<B>)>,
+    /// The last step's surrogate.
+    last: usize,
+    mle: TokenLevel<B>,
+    figures: StepFigures,
+}
+
+impl<B: Backend> SequenceLevel<B> {
+    /// The objective `name` (one of this file's) with `settings`.
+    pub fn new(name: &str, settings: &Settings, vocab: usize) -> Result<Self> {
+        Ok(SequenceLevel {
+            config: SequenceObjective::from_settings(name, settings)?,
+            described: super::describe(name, settings),
+            reward: None,
+            surrogates: Vec::new(),
+            last: 0,
+            mle: TokenLevel::new(TokenObjective::mle(), vocab),
+            figures: StepFigures::default(),
+        })
+    }
+
+    fn surrogate(&mut self, b: &B, sequences: usize, positions: usize, vocab: usize) -> usize {
+        let key = (sequences, positions);
+        self.last = match self.surrogates.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let s = Surrogate::new(b, sequences, positions, vocab);
+                self.surrogates.push((key, s));
+                self.surrogates.len() - 1
+            }
+        };
+        self.last
+    }
+
+    /// Scores each image's samples; `greedy` holds the greedy captions
+    /// when the baseline needs them.
+    fn score(
+        &self,
+        vocab: &CaptionVocab,
+        references: &[Vec<Vec<String>>],
+        images: &[usize],
+        samples: &[Generated],
+        greedy: Option<&[Generated]>,
+    ) -> Vec<Advantages> {
+        let c = &self.config;
+        let reward = self.reward.as_ref().expect("made before scoring");
+        let n = c.samples;
+        let mut scored: Vec<(usize, &[u32])> = samples
+            .iter()
+            .map(|g| (images[g.image], g.ids.as_slice()))
+            .collect();
+        if let Some(greedy) = greedy {
+            scored.extend(greedy.iter().map(|g| (images[g.image], g.ids.as_slice())));
+        }
+        let mut rewards = reward.rewards(&scored);
+        let words: Vec<Vec<String>> = samples.iter().map(|g| words_of(vocab, &g.ids)).collect();
+        if c.bleu4_weight > 0.0 {
+            let greedy_words: Vec<Vec<String>> = greedy
+                .unwrap_or_default()
+                .iter()
+                .map(|g| words_of(vocab, &g.ids))
+                .collect();
+            let captions = words
+                .iter()
+                .zip(samples)
+                .chain(greedy_words.iter().zip(greedy.unwrap_or_default()));
+            for (r, (w, g)) in rewards.iter_mut().zip(captions) {
+                *r += c.bleu4_weight * sentence_bleu(w, &references[images[g.image]])[3];
+            }
+        }
+        let greedy_reward = |i: usize| rewards.get(samples.len() + i).copied().unwrap_or(0.0);
+        (0..images.len())
+            .map(|i| {
+                let own = &rewards[i * n..(i + 1) * n];
+                match c.kind {
+                    SequenceKind::Sle => {
+                        let w: Vec<Vec<&str>> = words[i * n..(i + 1) * n]
+                            .iter()
+                            .map(|s| s.iter().map(String::as_str).collect())
+                            .collect();
+                        sle(own, greedy_reward(i), &distances(&w), c.alpha)
+                    }
+                    _ => self_critical(own, c.baseline, greedy_reward(i)),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The words of generated ids.
+fn words_of(vocab: &CaptionVocab, ids: &[u32]) -> Vec<String> {
+    vocab
+        .decode(ids)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    sum / n.max(1) as f64
+}
+
+impl<B: Backend> Objective<B> for SequenceLevel<B> {
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+
+    fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
+        let b = cx.b;
+        let c = self.config;
+        let n = c.samples;
+        if self.reward.is_none() {
+            self.reward = Some(CiderReward::for_training(cx.corpus, cx.vocab));
+        }
+        let features = &cx.batch.features;
+        let sampling = Decoding::Sample {
+            n,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: cx.rng.random(),
+        };
+        let options = DecodeOptions::default();
+        let samples = generate(b, cx.model, features, &sampling, &options)?;
+        let greedy = if c.needs_greedy() {
+            Some(generate(
+                b,
+                cx.model,
+                features,
+                &Decoding::Greedy,
+                &options,
+            )?)
+        } else {
+            None
+        };
+        let scored = self.score(
+            cx.vocab,
+            &cx.corpus.references,
+            &cx.batch.images,
+            &samples,
+            greedy.as_deref(),
+        );
+        // The mixed loss: lambda * MLE + (1 - lambda) * this one.
+        let rest = 1.0 - c.mle_weight;
+        let advantages: Vec<f32> = scored
+            .iter()
+            .flat_map(|a| a.advantages.iter().map(|&v| v as f32 * rest))
+            .collect();
+        let sequences: Vec<Vec<u32>> = samples
+            .iter()
+            .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
+            .collect();
+        let dim = features.len() / cx.batch.images.len().max(1);
+        let repeated: Vec<f32> = samples
+            .iter()
+            .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
+            .collect();
+        let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
+        let host_targets = teacher_targets(&sequences, inputs.positions);
+        let targets = b.ids(&host_targets);
+        cx.model.forward(b, &repeated, &inputs)?;
+        let vocab = cx.model.config.vocab_size;
+        let at = self.surrogate(b, sequences.len(), inputs.positions, vocab);
+        let surrogate = &mut self.surrogates[at].1;
+        surrogate.forward_backward(
+            b,
+            cx.model.logits(),
+            &targets,
+            &host_targets,
+            &advantages,
+            c.entropy_weight * rest,
+            cx.monitor,
+        );
+        cx.model.backward(b, &inputs, &surrogate.d_logits);
+        if c.mle_weight > 0.0 {
+            let weight = cx.gradient_weight;
+            cx.gradient_weight = weight * c.mle_weight;
+            let mle = self.mle.step(cx);
+            cx.gradient_weight = weight;
+            mle?;
+        }
+        if cx.monitor {
+            let all = |f: fn(&Advantages) -> &Vec<f64>| scored.iter().flat_map(f).copied();
+            let adv_mean = mean(all(|a| &a.advantages));
+            let sets: Vec<Vec<Vec<String>>> = samples
+                .chunks(n)
+                .map(|set| set.iter().map(|g| words_of(cx.vocab, &g.ids)).collect())
+                .collect();
+            let d = diversity(&sets);
+            self.figures = StepFigures {
+                reward: mean(all(|a| &a.rewards)),
+                baseline: mean(all(|a| &a.baselines)),
+                advantage_spread: mean(all(|a| &a.advantages).map(|v| (v - adv_mean).powi(2)))
+                    .sqrt(),
+                div1: d.div1,
+                div2: d.div2,
+                mbleu4: d.mbleu4,
+                sample_length: mean(sets.iter().flatten().map(|w| w.len() as f64)),
+            };
+        }
+        Ok(())
+    }
+
+    fn logged(&self) -> Vec<&B::Tensor> {
+        let s = &self.surrogates[self.last].1;
+        let mut out = vec![&s.likelihood.loss, &s.mean_entropy];
+        if self.config.mle_weight > 0.0 {
+            out.extend(self.mle.logged());
+        }
+        out
+    }
+
+    fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
+        let c = &self.config;
+        let rest = 1.0 - c.mle_weight;
+        let (surrogate, entropy) = (read[0], read[1]);
+        let mut loss = surrogate - rest * c.entropy_weight * entropy;
+        let mut mle = None;
+        if c.mle_weight > 0.0 {
+            let values = self.mle.report(&read[2..]);
+            let m = values[0].1;
+            loss += c.mle_weight * m;
+            mle = Some(m);
+        }
+        let f = &self.figures;
+        let mut values = vec![
+            ("loss", loss),
+            ("reward", f.reward as f32),
+            ("baseline", f.baseline as f32),
+            ("advantage_spread", f.advantage_spread as f32),
+            ("entropy", entropy),
+            ("sample_length", f.sample_length as f32),
+            ("div1", f.div1 as f32),
+            ("div2", f.div2 as f32),
+            ("mbleu4", f.mbleu4 as f32),
+        ];
+        if let Some(m) = mle {
+            values.push(("mle", m));
+        }
+        values
+    }
+}
+
+/// One token's part in a sampled caption's surrogate loss.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TokenTerm {
+    pub token: String,
+    /// log p of the token under the current weights (full vocabulary).
+    pub logprob: f32,
+    /// -advantage * log p: what the token adds to the caption's loss.
+    pub likelihood_term: f32,
+    /// The entropy (nats) of the next-token distribution at this step.
+    pub entropy: f32,
+    /// -entropy_weight * entropy / tokens: the bonus's part (SLL-ME; 0 elsewhere).
+    pub entropy_term: f32,
+}
+
+/// Why a caption of an image is rewarded or punished by a sequence-level
+/// objective, as if it were one of that image's samples at a step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RewardExplanation {
+    pub objective: String,
+    pub caption: String,
+    /// CIDEr-D (plus the BLEU-4 weight's part) against the image's references.
+    pub reward: f64,
+    /// What the reward is measured against (SLE: its precision baseline).
+    pub baseline: f64,
+    pub advantage: f64,
+    /// The captions the baseline (and SLE's distances) came from, with
+    /// their rewards: the greedy caption, or the other samples.
+    pub compared_with: Vec<(String, f64)>,
+    pub tokens: Vec<TokenTerm>,
+}
+
+/// Explains `ids` (`<bos> .. <eos>`) as a sample of the image with
+/// embedding `features` and `references` under objective `name` with
+/// `settings`: its reward, baseline and advantage from the current
+/// weights' greedy caption or `samples - 1` other samples (drawn with
+/// `seed`), and each token's term of the loss.
+#[allow(clippy::too_many_arguments)]
+pub fn explain<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    reward: &CiderReward,
+    references: &[Vec<String>],
+    features: &[f32],
+    ids: &[u32],
+    name: &str,
+    settings: &Settings,
+    seed: u64,
+) -> Result<RewardExplanation> {
+    let c = SequenceObjective::from_settings(name, settings)?;
+    let words = |ids: &[u32]| words_of(vocab, ids);
+    let score = |ids: &[u32]| {
+        let bleu = if c.bleu4_weight > 0.0 {
+            c.bleu4_weight * sentence_bleu(&words(ids), references)[3]
+        } else {
+            0.0
+        };
+        reward.reward_against(ids, references) + bleu
+    };
+    let caption = &ids[1..];
+    let own = score(caption);
+    let options = DecodeOptions::default();
+    let greedy = if c.needs_greedy() {
+        let g = generate(b, model, features, &Decoding::Greedy, &options)?;
+        Some((g[0].ids.clone(), score(&g[0].ids)))
+    } else {
+        None
+    };
+    let others: Vec<(Vec<u32>, f64)> = if c.needs_greedy() && c.kind != SequenceKind::Sle {
+        Vec::new()
+    } else {
+        let sampling = Decoding::Sample {
+            n: c.samples - 1,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+        };
+        generate(b, model, features, &sampling, &options)?
+            .into_iter()
+            .map(|g| {
+                let r = score(&g.ids);
+                (g.ids, r)
+            })
+            .collect()
+    };
+    let rewards: Vec<f64> = std::iter::once(own)
+        .chain(others.iter().map(|o| o.1))
+        .collect();
+    let greedy_reward = greedy.as_ref().map_or(0.0, |g| g.1);
+    let scored = match c.kind {
+        SequenceKind::Sle => {
+            let all: Vec<Vec<String>> = std::iter::once(caption)
+                .chain(others.iter().map(|o| o.0.as_slice()))
+                .map(words)
+                .collect();
+            let w: Vec<Vec<&str>> = all
+                .iter()
+                .map(|s| s.iter().map(String::as_str).collect())
+                .collect();
+            sle(&rewards, greedy_reward, &distances(&w), c.alpha)
+        }
+        _ => self_critical(&rewards, c.baseline, greedy_reward),
+    };
+    let advantage = scored.advantages[0];
+    // The caption's own forward: log p and entropy of each step.
+    let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
+    model.forward(b, features, &inputs)?;
+    let v = model.config.vocab_size;
+    let logits = b.to_vec(model.logits());
+    let steps = caption.len();
+    let tokens = caption
+        .iter()
+        .enumerate()
+        .map(|(t, &label)| {
+            let z = &logits[t * v..(t + 1) * v];
+            let max = z.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
+            let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let entropy: f64 = z
+                .iter()
+                .map(|&x| {
+                    let lp = x as f64 - lse;
+                    -lp.exp() * lp
+                })
+                .sum();
+            let logprob = z[label as usize] as f64 - lse;
+            TokenTerm {
+                token: vocab.words.word(label).to_string(),
+                logprob: logprob as f32,
+                likelihood_term: (-advantage * logprob) as f32,
+                entropy: entropy as f32,
+                entropy_term: -c.entropy_weight * entropy as f32 / steps as f32,
+            }
+        })
+        .collect();
+    let compared_with = greedy
+        .iter()
+        .chain(&others)
+        .map(|(ids, r)| (vocab.decode(ids), *r))
+        .collect();
+    Ok(RewardExplanation {
+        objective: super::describe(name, settings),
+        caption: vocab.decode(caption),
+        reward: own,
+        baseline: scored.baselines[0],
+        advantage,
+        compared_with,
+        tokens,
+    })
+}
