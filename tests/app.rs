@@ -273,3 +273,80 @@ fn following_a_run_folder_fills_every_panel_as_it_grows() {
     h.snapshot("follow_samples");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn a_sequence_level_run_gets_its_rewards_diversity_and_samples_plots() {
+    let dir = temp("follow-scst");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lines: Vec<String> = (1..=10)
+        .map(|s| {
+            let r = 1.0 + s as f64 / 10.0;
+            format!(
+                r#"{{"step":{},"epoch":1,"objective":"scst (samples: 5)","loss":-0.2,"reward":{r},"baseline":{},"advantage_spread":0.5,"entropy":0.8,"sample_length":9.0,"div1":0.4,"div2":{},"mbleu4":0.25,"lr":0.00005,"grad_norm":1.0,"tokens_per_s":1000.0}}"#,
+                s * 10,
+                r + 0.1,
+                0.7 - s as f64 / 100.0
+            )
+        })
+        .collect();
+    append(&dir, RecordFile::Log, &lines);
+    let mut h = harness(Source::Follow(dir.clone()));
+    step_until(&mut h, "the log", |a| a.history.losses.len() == 10);
+    h.run();
+    // The objective's groups, each a plot of its own, from the log alone.
+    for title in [
+        "rewards (per sampled caption)",
+        "diversity of each image's samples",
+        "samples: entropy (nats per step), length (words)",
+    ] {
+        assert!(
+            h.query_by_label(title).is_some(),
+            "no plot titled {title:?}"
+        );
+    }
+    for legend in [
+        "reward",
+        "baseline",
+        "advantage spread",
+        "div2",
+        "mbleu4",
+        "sample length",
+    ] {
+        assert!(
+            h.query_all_by_label(legend).count() > 0,
+            "no legend entry {legend:?}"
+        );
+    }
+    h.snapshot("follow_rewards");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_per_token_view_explains_a_reference_as_an_scst_sample() {
+    let dir = temp("per-token-reward");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.safetensors");
+    tiny_checkpoint(&path);
+    let mut h = harness(Source::Checkpoint(path));
+    h.get_by_label("Per-token view").click();
+    h.run();
+    h.get_by_label("scst").click();
+    h.run();
+    assert_eq!(h.state().panels.per_token.reward_under, Some("scst"));
+    let explained = |a: &CaptuneApp| {
+        let e = a.reward_explained(captune::app::scorer::Asker::PerToken)?;
+        Some((e.reward, e.baseline, e.advantage, e.tokens.len()))
+    };
+    step_until(&mut h, "the reward's explanation", |a| {
+        explained(a).is_some()
+    });
+    let (reward, baseline, advantage, tokens) = explained(h.state()).unwrap();
+    assert!((advantage - (reward - baseline)).abs() < 1e-9);
+    assert!(
+        reward > 0.0,
+        "a reference scores against its own image's references"
+    );
+    assert!(tokens > 1);
+    assert!(h.query_all_by_label_contains("advantage").count() > 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

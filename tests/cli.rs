@@ -169,6 +169,11 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
             ],
             "per_step",
         ),
+        (
+            "scst",
+            vec!["scst", "--preset", "tiny", "--steps", "1", "--warmup", "2"],
+            "per_step",
+        ),
     ] {
         let mut full = vec!["--device", devices, "bench"];
         full.extend(&args);
@@ -179,11 +184,18 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
         assert_eq!(records.len(), devices.split(',').count(), "{records:?}");
         for r in &records {
             assert_eq!(r["op"], what, "{r}");
-            let speed = if what == "decode" {
-                "captions_per_s"
-            } else {
-                "tokens_per_s"
+            let speed = match what {
+                "decode" => "captions_per_s",
+                "scst" => "steps_per_s",
+                _ => "tokens_per_s",
             };
+            if what == "scst" {
+                let share = |k: &str| r[k].as_f64().unwrap();
+                let shares = ["sampling_share", "rewards_share", "update_share"];
+                assert!(shares.iter().all(|k| share(k) >= 0.0), "{r}");
+                let total: f64 = shares.iter().map(|k| share(k)).sum();
+                assert!((total - 1.0).abs() < 1e-9, "{r}");
+            }
             assert!(r[speed].as_f64().unwrap() > 0.0, "{r}");
             if r["backend"] == "gpu" {
                 let c = &r[counters];
@@ -204,6 +216,11 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                     // tiny preset has one) and 33 around them
                     // (docs/internals.md, "Fused where a GPU pays").
                     assert!(count("dispatches") <= 63, "{r}");
+                } else if what == "scst" {
+                    // Only the samples' and the greedy captions' decoding
+                    // reads back (each at most ceil(23 / 4) + 2 times);
+                    // the update reads nothing.
+                    assert!((2..=16).contains(&count("readbacks")), "{r}");
                 } else {
                     // 23 steps (tiny preset), ends checked every 4: at most
                     // ceil(23 / 4) + 2 readbacks per batch.
@@ -547,6 +564,81 @@ fn captioner_commands(
             "the subset has 4 tokens"
         );
     }
+    // As an SLL-ME sample with the mean baseline: the reward, what it is
+    // measured against, and each token's terms, which sum to its loss.
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "inspect",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        r,
+        "--image",
+        image,
+        "--caption",
+        "A red circle.",
+        "--objective",
+        "sll-me",
+        "--baseline",
+        "mean",
+        "--samples",
+        "3",
+        "--json",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(both["tokens"].as_array().unwrap().len(), 4);
+    let e = &both["reward"];
+    let f = |k: &str| e[k].as_f64().unwrap();
+    assert!(
+        (f("advantage") - (f("reward") - f("baseline"))).abs() < 1e-9,
+        "{e}"
+    );
+    let others = e["compared_with"].as_array().unwrap();
+    assert_eq!(others.len(), 2, "samples - 1 other samples: {e}");
+    assert!(others.iter().all(|o| o["kind"] == "sample"), "{e}");
+    let mean: f64 = others
+        .iter()
+        .map(|o| o["reward"].as_f64().unwrap())
+        .sum::<f64>()
+        / 2.0;
+    assert!((f("baseline") - mean).abs() < 1e-9, "{e}");
+    for t in e["tokens"].as_array().unwrap() {
+        let term = t["likelihood_term"].as_f64().unwrap();
+        let want = -f("advantage") * t["logprob"].as_f64().unwrap();
+        assert!((term - want).abs() < 1e-4 * want.abs().max(1.0), "{t}");
+        assert!(
+            t["entropy_term"].as_f64().unwrap() < 0.0,
+            "a bonus lowers the loss: {t}"
+        );
+    }
+    // A token-level objective has no reward to explain.
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "inspect",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        r,
+        "--image",
+        image,
+        "--caption",
+        "A red circle.",
+        "--objective",
+        "smile",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--objective smile"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let png = look.join("images/test/00000.png");
     let out = captune(

@@ -17,6 +17,7 @@ mod thumbnails;
 pub mod window;
 
 use crate::captioner::inspect::TokenScore;
+use crate::captioner::objectives::sequence::RewardExplanation;
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
@@ -200,6 +201,15 @@ impl CaptuneApp {
             .as_ref()
             .ok()
             .map(Vec::as_slice)
+    }
+
+    /// The reward explanation a panel shows (when it asked for one), once
+    /// the scorer has answered its newest request.
+    pub fn reward_explained(&self, asker: Asker) -> Option<&RewardExplanation> {
+        if !self.scorer.is_current(asker) {
+            return None;
+        }
+        self.scorer.answer(asker)?.reward.as_ref()?.as_ref().ok()
     }
 
     /// Whether a run is training or followed (the app then keeps polling).

@@ -6,9 +6,15 @@
 //! every caption the full `max_len - 1` tokens, no padding), and real
 //! shapes-world captions in batches trimmed as training trims them.
 //! `captune bench decode`: captions per second of generation.
+//! `captune bench scst`: SCST steps per second (5 samples and the greedy
+//! caption per image, CIDEr-D rewards, the update) on a synthetic corpus
+//! that `scripts/bench_torch_scst.py` reproduces in PyTorch, and the
+//! step's split into sampling, rewards and the update.
 
 use super::CaptionVocab;
 use super::model::Captioner;
+use super::objectives::sequence::SequenceLevel;
+use super::objectives::settings::Settings;
 use super::objectives::token::{TokenLevel, TokenObjective};
 use super::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::run::RunConfig;
@@ -301,5 +307,146 @@ pub fn decode_throughput<B: Backend>(
         captions_per_s: generated.len() as f64 / seconds,
         tokens_per_s: tokens as f64 / seconds,
         per_batch: per(b.counters(), before, batches),
+    })
+}
+
+/// Synthetic training images in `bench scst`'s corpus (rewards' statistics).
+pub const SCST_CORPUS_IMAGES: usize = 1000;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ScstBench {
+    pub op: String,
+    pub backend: BackendKind,
+    pub adapter: String,
+    pub preset: String,
+    pub objective: String,
+    /// Images per step.
+    pub batch: usize,
+    pub samples_per_image: usize,
+    pub steps: usize,
+    pub seconds_per_step: f64,
+    pub steps_per_s: f64,
+    /// Shares of the step: sampling (with the greedy captions), rewards
+    /// (with the advantages) and the update (teacher-forced forward on the
+    /// samples, backward, AdamW).
+    pub sampling_share: f64,
+    pub rewards_share: f64,
+    pub update_share: f64,
+    /// Per step, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_step: Option<DeviceCounters>,
+}
+
+impl std::fmt::Display for ScstBench {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<4} scst {} batch {} x {} samples: {:.2} steps/s ({:.0} ms/step: sampling {:.0}%, \
+             rewards {:.0}%, update {:.0}%)",
+            self.backend,
+            self.preset,
+            self.batch,
+            self.samples_per_image,
+            self.steps_per_s,
+            self.seconds_per_step * 1e3,
+            self.sampling_share * 100.0,
+            self.rewards_share * 100.0,
+            self.update_share * 100.0
+        )?;
+        if let Some(c) = &self.per_step {
+            write!(f, "; per step: {c}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Times SCST steps (greedy baseline, 5 samples) with the preset's network
+/// from fresh weights (whose samples run to the maximum length: the most
+/// work a step can take) on random image embeddings, against a corpus of
+/// [`SCST_CORPUS_IMAGES`] images with 5 random references of 8 to 14 words
+/// over the synthetic vocabulary.
+pub fn scst_throughput<B: Backend>(
+    b: &B,
+    preset: &str,
+    warmup: usize,
+    steps: usize,
+) -> Result<ScstBench> {
+    let run = RunConfig::preset(preset)?;
+    let batch = run.train.batch;
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
+    let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..VOCAB));
+    let corpus = TrainingCorpus {
+        name: "bench-scst-synthetic".into(),
+        references: (0..SCST_CORPUS_IMAGES)
+            .map(|_| {
+                (0..5)
+                    .map(|_| {
+                        (0..rng.random_range(8..=14))
+                            .map(|_| word(&mut rng))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect(),
+    };
+    let mut model = Captioner::new(b, run.captioner(EMBED_DIM, vocab.len()), 0)?;
+    let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
+    let mut scst = SequenceLevel::new("scst", &Settings::new(), vocab.len())?;
+    let features: Vec<f32> = (0..batch * EMBED_DIM)
+        .map(|_| rng.random_range(-0.1..0.1))
+        .collect();
+    let (mut sampling, mut rewards, mut total) = (0.0, 0.0, 0.0);
+    let mut before = None;
+    for step in 0..warmup + steps {
+        if step == warmup {
+            b.flush();
+            before = b.counters();
+        }
+        let first = step * batch % SCST_CORPUS_IMAGES;
+        let batch_of = TrainingBatch {
+            features: features.clone(),
+            sequences: Vec::new(),
+            images: (0..batch)
+                .map(|i| (first + i) % SCST_CORPUS_IMAGES)
+                .collect(),
+        };
+        let start = Instant::now();
+        let mut cx = StepContext {
+            b,
+            model: &mut model,
+            vocab: &vocab,
+            batch: &batch_of,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: None,
+            rng: &mut rng,
+            monitor: false,
+        };
+        optimise(&mut opt, &mut scst, &mut cx)?;
+        b.flush();
+        if step >= warmup {
+            total += start.elapsed().as_secs_f64();
+            sampling += scst.timing.sampling.as_secs_f64();
+            rewards += scst.timing.rewards.as_secs_f64();
+        }
+    }
+    let per_step = per(b.counters(), before, steps);
+    let seconds = total / steps as f64;
+    Ok(ScstBench {
+        op: "scst".into(),
+        backend: b.kind(),
+        adapter: b.adapter_name(),
+        preset: preset.into(),
+        objective: Objective::<B>::describe(&scst),
+        batch,
+        samples_per_image: 5,
+        steps,
+        seconds_per_step: seconds,
+        steps_per_s: 1.0 / seconds,
+        sampling_share: sampling / total,
+        rewards_share: rewards / total,
+        update_share: (total - sampling - rewards) / total,
+        per_step,
     })
 }

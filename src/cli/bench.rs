@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use captune::bench;
-use captune::captioner::bench::{Workload, decode_throughput, train_throughput};
+use captune::captioner::bench::{Workload, decode_throughput, scst_throughput, train_throughput};
 use captune::captioner::objectives::token::{ObjectiveKind, TokenObjective};
 use captune::device::{self, DeviceChoice};
 use clap::Subcommand;
@@ -48,6 +48,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3)]
         warmup: usize,
     },
+    /// SCST steps per second (5 samples and the greedy caption per image,
+    /// CIDEr-D rewards, update) of a preset's network, and the step's
+    /// split; scripts/bench_torch_scst.py is the PyTorch reference.
+    Scst {
+        /// Print a JSON array of records instead of a table.
+        #[arg(long)]
+        json: bool,
+        #[arg(long, default_value = "shapes")]
+        preset: String,
+        #[arg(long, default_value_t = 10)]
+        steps: usize,
+        #[arg(long, default_value_t = 2)]
+        warmup: usize,
+    },
     /// Caption decoding throughput (captions/s, tokens/s) of a preset's
     /// network on random image embeddings, with the GPU's counts per decoded batch.
     Decode {
@@ -88,6 +102,17 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
         } => bench_each(devices, json, |selection, emit| {
             emit(captune::with_backend!(&selection.backend, b => {
                 decode_throughput(b, &preset, checkpoint.as_deref(), &decode, images)
+            })?);
+            Ok(())
+        }),
+        BenchCommand::Scst {
+            json,
+            preset,
+            steps,
+            warmup,
+        } => bench_each(devices, json, |selection, emit| {
+            emit(captune::with_backend!(&selection.backend, b => {
+                scst_throughput(b, &preset, warmup, steps)
             })?);
             Ok(())
         }),

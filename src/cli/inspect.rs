@@ -148,8 +148,8 @@ fn print_explanation(e: &RewardExplanation) {
             "no gradient"
         }
     );
-    for (caption, reward) in &e.compared_with {
-        println!("  compared with {reward:>7.3}  {caption}");
+    for c in &e.compared_with {
+        println!("  {:>6} {:>7.3}  {}", c.kind, c.reward, c.caption);
     }
     println!(
         "{:>12} {:>8} {:>10} {:>8} {:>10}",

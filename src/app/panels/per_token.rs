@@ -73,8 +73,9 @@ fn reward_view(ui: &mut egui::Ui, e: &RewardExplanation) {
         "{}: reward {:.3}, baseline {:.3}, advantage {:+.3}",
         e.objective, e.reward, e.baseline, e.advantage
     ));
-    for (caption, reward) in &e.compared_with {
-        ui.label(RichText::new(format!("compared with {reward:.3}: {caption}")).weak());
+    for c in &e.compared_with {
+        let line = format!("{} {:.3}: {}", c.kind, c.reward, c.caption);
+        ui.label(RichText::new(line).weak());
     }
     let labels: Vec<String> = e.tokens.iter().map(|t| t.token.clone()).collect();
     let terms = |f: fn(&TokenTerm) -> f32, offset| bars(&e.tokens, f, offset);

@@ -27,6 +27,7 @@ use crate::ops::sequence_likelihood::SequenceLikelihood;
 use anyhow::Result;
 use rand::Rng;
 use serde::Serialize;
+use std::time::{Duration, Instant};
 
 pub const SAMPLES: Setting = Setting {
     key: "samples",
@@ -387,8 +388,20 @@ struct StepFigures {
     sample_length: f64,
 }
 
+/// Where the last step's time went on the host's clock (sampling ends
+/// with a readback, so it includes the device's work on it).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTiming {
+    /// Sampling and the greedy captions.
+    pub sampling: Duration,
+    /// Rewards, baselines and advantages.
+    pub rewards: Duration,
+}
+
 /// SCST, SLL-ME and SLE as an [`Objective`].
 pub struct SequenceLevel<B: Backend> {
+    /// The last step's split, for `captune bench scst`.
+    pub timing: StepTiming,
     config: SequenceObjective,
     /// What `describe` shows.
     described: String,
@@ -413,6 +426,7 @@ impl<B: Backend> SequenceLevel<B> {
             last: 0,
             mle: TokenLevel::new(TokenObjective::mle(), vocab),
             figures: StepFigures::default(),
+            timing: StepTiming::default(),
         })
     }
 
@@ -511,6 +525,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             self.reward = Some(CiderReward::for_training(cx.corpus, cx.vocab));
         }
         let features = &cx.batch.features;
+        let start = Instant::now();
         let sampling = Decoding::Sample {
             n,
             temperature: 1.0,
@@ -531,6 +546,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         } else {
             None
         };
+        let sampled = Instant::now();
         let scored = self.score(
             cx.vocab,
             &cx.corpus.references,
@@ -538,6 +554,10 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             &samples,
             greedy.as_deref(),
         );
+        self.timing = StepTiming {
+            sampling: sampled - start,
+            rewards: sampled.elapsed(),
+        };
         // The mixed loss: lambda * MLE + (1 - lambda) * this one.
         let rest = 1.0 - c.mle_weight;
         let advantages: Vec<f32> = scored
@@ -653,6 +673,15 @@ pub struct TokenTerm {
     pub entropy_term: f32,
 }
 
+/// A caption an explained caption is measured against.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Compared {
+    /// "greedy" or "sample".
+    pub kind: &'static str,
+    pub caption: String,
+    pub reward: f64,
+}
+
 /// Why a caption of an image is rewarded or punished by a sequence-level
 /// objective, as if it were one of that image's samples at a step.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -665,8 +694,8 @@ pub struct RewardExplanation {
     pub baseline: f64,
     pub advantage: f64,
     /// The captions the baseline (and SLE's distances) came from, with
-    /// their rewards: the greedy caption, or the other samples.
-    pub compared_with: Vec<(String, f64)>,
+    /// their rewards: the greedy caption, then the other samples.
+    pub compared_with: Vec<Compared>,
     pub tokens: Vec<TokenTerm>,
 }
 
@@ -774,10 +803,13 @@ pub fn explain<B: Backend>(
             }
         })
         .collect();
-    let compared_with = greedy
-        .iter()
-        .chain(&others)
-        .map(|(ids, r)| (vocab.decode(ids), *r))
+    let compared = |kind, (ids, reward): &(Vec<u32>, f64)| Compared {
+        kind,
+        caption: vocab.decode(ids),
+        reward: *reward,
+    };
+    let compared_with = (greedy.iter().map(|g| compared("greedy", g)))
+        .chain(others.iter().map(|o| compared("sample", o)))
         .collect();
     Ok(RewardExplanation {
         objective: super::describe(name, settings),

@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""PyTorch reference for `captune bench scst`: one SCST step as
+self-critical.pytorch users run it, on the captioner of
+scripts/bench_torch_captioner.py (fresh weights, 128-d random image
+embeddings, 79 ids): 5 samples per image at temperature 1 and the greedy
+caption (under torch.no_grad, with the KV cache of
+scripts/bench_torch_decode.py), CIDEr-D rewards in Python as
+pycocoevalcap / self-critical.pytorch compute them (document frequencies
+from the training references counted once; each step cooks every sample
+and its image's references), advantages r - r(greedy), then the
+teacher-forced forward on the samples, -(A * sum_t log p).mean(),
+backward, gradient clipping and AdamW. The corpus: 1000 images with 5
+random references of 8 to 14 words over the same vocabulary.
+
+    python3 scripts/bench_torch_scst.py --preset shapes [--device cpu|cuda] [--steps 10] [--json]
+"""
+import argparse
+import json
+import math
+import pathlib
+import random
+import time
+import tomllib
+from collections import defaultdict
+
+import torch
+import torch.nn.functional as F
+
+from bench_torch_captioner import EMBED_DIM, VOCAB, Captioner
+from bench_torch_decode import EOS, decode_cached, greedy, sample
+
+CORPUS, SAMPLES, SIGMA = 1000, 5, 6.0
+
+
+def ngrams(words, n=4):
+    counts = defaultdict(int)
+    for k in range(1, n + 1):
+        for i in range(len(words) - k + 1):
+            counts[tuple(words[i:i + k])] += 1
+    return counts
+
+
+class CiderD:
+    """CIDEr-D with fixed document frequencies (the training references)."""
+
+    def __init__(self, references):
+        self.df = defaultdict(float)
+        for refs in references:
+            for gram in {g for r in refs for g in ngrams(r)}:
+                self.df[gram] += 1
+        self.log_docs = math.log(len(references))
+
+    def vec(self, counts):
+        vec, norm, length = [{} for _ in range(4)], [0.0] * 4, 0
+        for gram, tf in counts.items():
+            n = len(gram) - 1
+            w = tf * (self.log_docs - math.log(max(1.0, self.df[gram])))
+            vec[n][gram] = w
+            norm[n] += w * w
+            if n == 1:
+                length += tf
+        return vec, [math.sqrt(x) for x in norm], length
+
+    def score(self, candidate, refs):
+        vec, norm, length = self.vec(ngrams(candidate))
+        total = [0.0] * 4
+        for r in refs:
+            rvec, rnorm, rlength = self.vec(ngrams(r))
+            delta = length - rlength
+            for n in range(4):
+                val = sum(min(w, rvec[n].get(g, 0.0)) * rvec[n].get(g, 0.0) for g, w in vec[n].items())
+                if norm[n] != 0 and rnorm[n] != 0:
+                    val /= norm[n] * rnorm[n]
+                total[n] += val * math.exp(-(delta ** 2) / (2 * SIGMA ** 2))
+        return sum(total) / 4 / len(refs) * 10.0
+
+
+def words_of(ids):
+    out = []
+    for i in ids:
+        if i == EOS:
+            break
+        out.append(f"w{i}")
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="shapes")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    a = p.parse_args()
+    root = pathlib.Path(__file__).resolve().parent.parent
+    preset = tomllib.loads((root / "assets/presets" / f"{a.preset}.toml").read_text())
+    m, batch = preset["model"], preset["train"]["batch"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    rng = random.Random(0)
+    corpus = [[[f"w{rng.randrange(4, VOCAB)}" for _ in range(rng.randint(8, 14))] for _ in range(5)]
+              for _ in range(CORPUS)]
+    cider = CiderD(corpus)
+    dev = torch.device(a.device)
+    model = Captioner(m).to(dev)
+    with torch.no_grad():
+        torch.nn.init.normal_(model.positions, std=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
+    features = torch.rand(batch, EMBED_DIM, device=dev) * 0.2 - 0.1
+    steps = m["max_len"] - 1
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+
+    def step(first):
+        t0 = time.perf_counter()
+        model.eval()
+        with torch.no_grad():
+            samples = decode_cached(model, features.repeat_interleave(SAMPLES, dim=0), steps, sample)
+            best = decode_cached(model, features, steps, greedy)
+        samples_host, best_host = samples.tolist(), best.tolist()
+        t1 = time.perf_counter()
+        images = [(first + i) % CORPUS for i in range(batch)]
+        rewards = [cider.score(words_of(s), corpus[images[j // SAMPLES]]) for j, s in enumerate(samples_host)]
+        baselines = [cider.score(words_of(s), corpus[images[i]]) for i, s in enumerate(best_host)]
+        adv = torch.tensor([r - baselines[j // SAMPLES] for j, r in enumerate(rewards)], device=dev)
+        t2 = time.perf_counter()
+        model.train()
+        inputs = F.pad(samples[:, :-1], (1, 0), value=1)  # <bos>, then the samples' ids
+        inputs = F.pad(inputs, (0, steps - inputs.shape[1]))
+        targets = F.pad(samples, (0, steps - samples.shape[1]))
+        ended = (targets == EOS).int().cumsum(dim=1)
+        mask = ((ended == 0) | ((ended == 1) & (targets == EOS))).float()
+        logp = F.log_softmax(model(features.repeat_interleave(SAMPLES, dim=0), inputs), dim=-1)
+        token_logp = logp.gather(2, targets[:, :, None])[:, :, 0] * mask
+        loss = -(adv * token_logp.sum(dim=1)).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sync()
+        t3 = time.perf_counter()
+        return t1 - t0, t2 - t1, t3 - t2
+
+    for s in range(a.warmup):
+        step(s * batch)
+    parts = [0.0, 0.0, 0.0]
+    for s in range(a.warmup, a.warmup + a.steps):
+        for k, x in enumerate(step(s * batch)):
+            parts[k] += x
+    total = sum(parts)
+    seconds = total / a.steps
+    record = {
+        "op": "scst", "backend": "pytorch-" + dev.type, "preset": a.preset, "batch": batch,
+        "samples_per_image": SAMPLES, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "steps": a.steps, "seconds_per_step": seconds, "steps_per_s": 1 / seconds,
+        "sampling_share": parts[0] / total, "rewards_share": parts[1] / total, "update_share": parts[2] / total,
+    }
+    print(json.dumps(record) if a.json else
+          f"pytorch {dev.type} scst {a.preset} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "
+          f"({seconds * 1e3:.0f} ms/step: sampling {parts[0] / total:.0%}, rewards {parts[1] / total:.0%}, "
+          f"update {parts[2] / total:.0%})")
+
+
+if __name__ == "__main__":
+    main()
