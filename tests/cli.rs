@@ -526,22 +526,26 @@ fn captioner_commands(
 
     let image = written[0]["image_id"].to_string();
     let image = image.as_str();
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "inspect",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--retriever",
-        r,
-        "--image",
-        image,
-        "--caption",
-        "A red circle.",
-        "--json",
-    ];
-    args.extend(shapes);
-    let out = captune(&args, env);
+    // `inspect` of "A red circle." on that image, with `extra` options.
+    let inspect = |extra: &[&str]| {
+        let mut args = vec![
+            "--device",
+            "cpu",
+            "inspect",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--retriever",
+            r,
+            "--image",
+            image,
+            "--caption",
+            "A red circle.",
+        ];
+        args.extend(extra);
+        args.extend(shapes);
+        captune(&args, env)
+    };
+    let out = inspect(&["--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let tokens: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
     let labels: Vec<&str> = tokens
@@ -566,18 +570,7 @@ fn captioner_commands(
     }
     // As an SLL-ME sample with the mean baseline: the reward, what it is
     // measured against, and each token's terms, which sum to its loss.
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "inspect",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--retriever",
-        r,
-        "--image",
-        image,
-        "--caption",
-        "A red circle.",
+    let out = inspect(&[
         "--objective",
         "sll-me",
         "--baseline",
@@ -585,9 +578,7 @@ fn captioner_commands(
         "--samples",
         "3",
         "--json",
-    ];
-    args.extend(shapes);
-    let out = captune(&args, env);
+    ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(both["tokens"].as_array().unwrap().len(), 4);
@@ -616,23 +607,7 @@ fn captioner_commands(
         );
     }
     // A token-level objective has no reward to explain.
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "inspect",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--retriever",
-        r,
-        "--image",
-        image,
-        "--caption",
-        "A red circle.",
-        "--objective",
-        "smile",
-    ];
-    args.extend(shapes);
-    let out = captune(&args, env);
+    let out = inspect(&["--objective", "smile"]);
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("--objective smile"),

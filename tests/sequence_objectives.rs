@@ -27,6 +27,7 @@ use captune::optim::{AdamW, AdamWConfig};
 use common::{assert_close, gpu, random, tiny_data};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::collections::HashSet;
 use std::path::Path;
 
 const FLICKR8K: &str = "../shared/data/flickr8k/dataset_flickr8k.json";
@@ -35,15 +36,18 @@ fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_string).collect()
 }
 
-/// A vocabulary of `words` (specials first, as a stored word list has them).
-fn vocab_of(words: &[String]) -> CaptionVocab {
+/// A vocabulary of every word of `corpus` and `extra` (specials first,
+/// as a stored word list has them).
+fn vocab_of(corpus: &TrainingCorpus, extra: &[&str]) -> CaptionVocab {
     let mut list: Vec<String> = ["<pad>", "<bos>", "<eos>", "<unk>"]
         .iter()
         .map(|s| s.to_string())
         .collect();
-    for w in words {
-        if !list.contains(w) {
-            list.push(w.clone());
+    let mut seen: HashSet<String> = list.iter().cloned().collect();
+    let words = corpus.references.iter().flatten().flatten();
+    for w in words.map(String::as_str).chain(extra.iter().copied()) {
+        if seen.insert(w.to_string()) {
+            list.push(w.to_string());
         }
     }
     CaptionVocab::from_words(list)
@@ -71,16 +75,8 @@ fn the_reward_equals_metrics_cider_given_the_same_references() {
             ],
         ],
     };
-    let mut all: Vec<String> = corpus
-        .references
-        .iter()
-        .flatten()
-        .flatten()
-        .cloned()
-        .collect();
-    // A word of the vocabulary no reference holds.
-    all.push("hexagon".into());
-    let vocab = vocab_of(&all);
+    // "hexagon": a word of the vocabulary no reference holds.
+    let vocab = vocab_of(&corpus, &["hexagon"]);
     let reward = CiderReward::counted(&corpus, &vocab);
     let cider = CiderD::new(&corpus.references);
     let candidates = [
@@ -149,14 +145,7 @@ fn the_reward_equals_pycocoevalcap_with_training_statistics_on_flickr8k() {
         name: format!("flickr8kTrainTest{}", std::process::id()),
         references,
     };
-    let all: Vec<String> = corpus
-        .references
-        .iter()
-        .flatten()
-        .flatten()
-        .cloned()
-        .collect();
-    let vocab = vocab_of(&all);
+    let vocab = vocab_of(&corpus, &[]);
     let expected: serde_json::Value =
         serde_json::from_str(include_str!("data/cider_reward_flickr8k.json")).unwrap();
     assert_eq!(
