@@ -643,6 +643,53 @@ fn captioner_commands(
 
     scoring_needs_only_references(dir, look, &results, &sample_results, env);
     features_must_be_the_captioners(dir, &ck, r, &png, &metrics, env);
+    switching_to_scst_on_resume(&run, r, shapes, env);
+}
+
+/// `train --resume --objective scst` continues a SMILE run with SCST:
+/// the folder's config says so, and the new log lines carry the rewards.
+fn switching_to_scst_on_resume(
+    run: &std::path::Path,
+    retriever: &str,
+    shapes: &[&str],
+    env: &[(&str, &str)],
+) {
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "train",
+        "--resume",
+        "--out",
+        run.to_str().unwrap(),
+        "--retriever",
+        retriever,
+        "--objective",
+        "scst",
+        "--baseline",
+        "mean",
+        "--epochs",
+        "1",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        config.contains("objective = \"scst\"") && config.contains("baseline = \"mean\""),
+        "{config}"
+    );
+    let log = std::fs::read_to_string(run.join("log.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert!(
+        last["objective"].as_str().unwrap().starts_with("scst"),
+        "{last}"
+    );
+    for key in ["reward", "baseline", "advantage_spread", "div2", "entropy"] {
+        assert!(
+            last[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {last}"
+        );
+    }
 }
 
 /// `score` reads only the captions: the split file alone, its images
