@@ -12,7 +12,12 @@ teacher-forced forward on the samples, -(A * sum_t log p).mean(),
 backward, gradient clipping and AdamW. The corpus: 1000 images with 5
 random references of 8 to 14 words over the same vocabulary.
 
-    python3 scripts/bench_torch_scst.py --preset shapes [--device cpu|cuda] [--steps 10] [--json]
+--no-cache samples as self-critical.pytorch's TransformerModel does: each
+step runs the decoder over the whole prefix so far (`core` concatenates
+the new token to the state and decodes all of it) and keeps the last
+position's logits.
+
+    python3 scripts/bench_torch_scst.py --preset shapes [--no-cache] [--device cpu|cuda] [--steps 10] [--json]
 """
 import argparse
 import json
@@ -27,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from bench_torch_captioner import EMBED_DIM, VOCAB, Captioner
-from bench_torch_decode import EOS, decode_cached, greedy, sample
+from bench_torch_decode import BOS, EOS, decode_cached, greedy, sample
 
 CORPUS, SAMPLES, SIGMA = 1000, 5, 6.0
 
@@ -75,6 +80,25 @@ class CiderD:
         return sum(total) / 4 / len(refs) * 10.0
 
 
+def decode_growing(model, features, steps, choose):
+    """Sampling without a cache: at step t the decoder runs over the
+    prefix, <bos> and the t tokens chosen so far."""
+    b = features.shape[0]
+    prefix = model.mapper(features).view(b, model.k, model.d)
+    seqs = torch.full((b, 1), BOS, dtype=torch.long, device=features.device)
+    done = torch.zeros(b, dtype=torch.bool, device=features.device)
+    for t in range(steps):
+        x = torch.cat([prefix, model.tokens(seqs)], dim=1) + model.positions[: model.k + seqs.shape[1]]
+        for block in model.blocks:
+            x = block(x)
+        nxt = choose(model.ln_f(x[:, -1]) @ model.tokens.weight.T)
+        seqs = torch.cat([seqs, nxt[:, None]], dim=1)
+        done |= nxt == EOS
+        if bool(done.all()):
+            break
+    return seqs[:, 1:]
+
+
 def words_of(ids):
     out = []
     for i in ids:
@@ -90,8 +114,10 @@ def main():
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-cache", action="store_true", help="sample as self-critical.pytorch: no KV cache")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
+    decode = decode_growing if a.no_cache else decode_cached
     root = pathlib.Path(__file__).resolve().parent.parent
     preset = tomllib.loads((root / "assets/presets" / f"{a.preset}.toml").read_text())
     m, batch = preset["model"], preset["train"]["batch"]
@@ -114,8 +140,8 @@ def main():
         t0 = time.perf_counter()
         model.eval()
         with torch.no_grad():
-            samples = decode_cached(model, features.repeat_interleave(SAMPLES, dim=0), steps, sample)
-            best = decode_cached(model, features, steps, greedy)
+            samples = decode(model, features.repeat_interleave(SAMPLES, dim=0), steps, sample)
+            best = decode(model, features, steps, greedy)
         samples_host, best_host = samples.tolist(), best.tolist()
         t1 = time.perf_counter()
         images = [(first + i) % CORPUS for i in range(batch)]
@@ -150,12 +176,13 @@ def main():
     seconds = total / a.steps
     record = {
         "op": "scst", "backend": "pytorch-" + dev.type, "preset": a.preset, "batch": batch,
+        "sampling": "no cache" if a.no_cache else "kv cache",
         "samples_per_image": SAMPLES, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "steps": a.steps, "seconds_per_step": seconds, "steps_per_s": 1 / seconds,
         "sampling_share": parts[0] / total, "rewards_share": parts[1] / total, "update_share": parts[2] / total,
     }
     print(json.dumps(record) if a.json else
-          f"pytorch {dev.type} scst {a.preset} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "
+          f"pytorch {dev.type} scst ({record['sampling']}) {a.preset} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "
           f"({seconds * 1e3:.0f} ms/step: sampling {parts[0] / total:.0%}, rewards {parts[1] / total:.0%}, "
           f"update {parts[2] / total:.0%})")
 
