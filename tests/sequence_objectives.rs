@@ -101,6 +101,11 @@ fn the_reward_equals_metrics_cider_given_the_same_references() {
     let with_unk = reward.reward(0, &[id("a"), UNK, id("circle"), EOS, id("red")]);
     let want = cider.score(&words("a <unk> circle"), &corpus.references[0]);
     assert!((with_unk - want).abs() < 1e-9, "{with_unk} vs {want}");
+    // References outside the corpus: each unseen word stays its own word.
+    let outside = vec![words("a zebra and a giraffe"), words("zebra giraffe okapi")];
+    let against = reward.reward_against(&encode(&vocab, &words("a red circle")), &outside);
+    let want = CiderD::new(&corpus.references).score(&words("a red circle"), &outside);
+    assert!((against - want).abs() < 1e-9, "{against} vs {want}");
     // Many at once, in parallel, give the same values in order.
     let ids: Vec<Vec<u32>> = candidates
         .iter()
@@ -227,6 +232,8 @@ fn advantages_by_hand() {
             < 1e-9
     );
     assert!((distance(&c("a red circle on the left"), &c("two blue squares")) - 1.0).abs() < 1e-6);
+    // Equal captions are 0 apart however short (BLEU alone would not say so).
+    assert_eq!(distance(&c("a circle"), &c("a circle")), 0.0);
     let d = distances(&[c("a b c d"), c("a b c d"), c("e f g h")]);
     assert_eq!(d[0][0], 0.0);
     assert!(

@@ -6,13 +6,13 @@
 //! last requests. Asked to, it also explains a caption's reward under a
 //! sequence-level objective (`objectives::sequence::explain`).
 
-use crate::captioner::Checkpoint;
 use crate::captioner::inspect::{TokenScore, score_caption};
 use crate::captioner::objectives::TrainingCorpus;
 use crate::captioner::objectives::sequence::{RewardExplanation, explain};
 use crate::captioner::objectives::settings::Settings;
 use crate::captioner::reward::CiderReward;
 use crate::captioner::train::CaptionData;
+use crate::captioner::{CaptionVocab, Checkpoint};
 use crate::cpu::CpuBackend;
 use crate::data::tokenize::ptb_tokenize;
 use std::collections::HashMap;
@@ -145,9 +145,9 @@ fn work(
 ) {
     let cpu = CpuBackend::new();
     let mut model: Option<Checkpoint<CpuBackend>> = None;
-    // The training references' CIDEr-D statistics for the model's
-    // vocabulary, made on the first explanation after each new model.
-    let mut reward: Option<CiderReward> = None;
+    // The training references' CIDEr-D statistics for a vocabulary, made
+    // on the first explanation and again only for a model with another.
+    let mut reward: Option<(CaptionVocab, CiderReward)> = None;
     let mut latest: HashMap<Asker, Request> = HashMap::new();
     while let Ok(first) = inbox.recv() {
         // Everything waiting: keep the newest model and each asker's newest request.
@@ -161,15 +161,11 @@ fn work(
                 }
                 Message::Model(ck) => {
                     model = install(*ck, notes);
-                    reward = None;
                     rescore_all = true;
                 }
                 Message::Load(path) => {
                     match Checkpoint::load(&cpu, &path) {
-                        Ok(ck) => {
-                            model = install(ck, notes);
-                            reward = None;
-                        }
+                        Ok(ck) => model = install(ck, notes),
                         Err(e) => {
                             let _ = notes.send(format!("{e:#}"));
                         }
@@ -193,11 +189,13 @@ fn work(
                     let result = score(&cpu, ck, data, &request);
                     let explained = match (request.reward_under, &result) {
                         (Some(name), Ok(_)) => {
-                            let reward = reward.get_or_insert_with(|| {
+                            if reward.as_ref().is_none_or(|(v, _)| *v != ck.vocab) {
                                 let (corpus, _) = TrainingCorpus::training_split(&data.data);
-                                CiderReward::for_training(&corpus, &ck.vocab)
-                            });
-                            Some(explain_reward(&cpu, ck, data, reward, &request, name))
+                                let made = CiderReward::for_training(&corpus, &ck.vocab);
+                                reward = Some((ck.vocab.clone(), made));
+                            }
+                            let (_, made) = reward.as_ref().expect("made above");
+                            Some(explain_reward(&cpu, ck, data, made, &request, name))
                         }
                         _ => None,
                     };

@@ -216,17 +216,26 @@ impl CiderReward {
     }
 
     fn reference_vectors(&self, references: &[Vec<String>]) -> Vec<Vector> {
-        references
-            .iter()
-            .map(|r| {
-                // A word the statistics never saw matches nothing.
-                let ids: Vec<u32> = r
-                    .iter()
-                    .map(|w| self.word_ids.get(w).copied().unwrap_or(u32::MAX - 1))
-                    .collect();
-                self.vector(&ids)
-            })
-            .collect()
+        // Words the statistics never saw (an image outside the corpus)
+        // get ids of their own past every known word's: each stays a
+        // distinct word, and no candidate word matches them.
+        let mut unseen: HashMap<&str, u32> = HashMap::new();
+        let mut vectors = Vec::with_capacity(references.len());
+        for r in references {
+            let mut ids = Vec::with_capacity(r.len());
+            for w in r {
+                let id = match self.word_ids.get(w) {
+                    Some(&id) => id,
+                    None => {
+                        let next = (self.word_ids.len() + unseen.len()) as u32;
+                        *unseen.entry(w).or_insert(next)
+                    }
+                };
+                ids.push(id);
+            }
+            vectors.push(self.vector(&ids));
+        }
+        vectors
     }
 
     fn vector(&self, words: &[u32]) -> Vector {
@@ -271,7 +280,12 @@ impl CiderReward {
             .iter()
             .take_while(|&&id| id != EOS)
             .filter(|&&id| id != BOS && id != PAD)
-            .map(|&id| self.vocab_words[id as usize])
+            // An id past the vocabulary (a model wider than its word
+            // list) is a word no reference holds.
+            .map(|&id| {
+                let word = self.vocab_words.get(id as usize);
+                word.copied().unwrap_or(u32::MAX - 1)
+            })
             .collect();
         let cand = self.vector(&words);
         let mut sum = [0.0f64; N];

@@ -4,8 +4,8 @@
 //! exploration: a precision term and a diversity term).
 //!
 //! A step samples n captions per image at temperature 1 from the current
-//! weights on the device, reads their ids back (the one readback a step
-//! needs), scores them on the host ([`CiderReward`] against the image's
+//! weights on the device, reads their ids back (with the greedy captions'
+//! and decoding's end checks, all a step reads back), scores them on the host ([`CiderReward`] against the image's
 //! references with the training statistics, plus an optional BLEU-4
 //! weight), turns rewards into one advantage A_j per sample, and trains
 //! the REINFORCE surrogate
@@ -244,8 +244,13 @@ pub fn self_critical(rewards: &[f64], baseline: Baseline, greedy: f64) -> Advant
 }
 
 /// SLE's distance between two captions: 1 - (BLEU-3 + BLEU-4) / 2 of `a`
-/// against `b` alone; 0 from a caption to itself.
+/// against `b` alone; 0 between equal captions (BLEU's smoothing would
+/// put two equal captions of under four words far apart, and so reward
+/// duplicate short samples as diverse).
 pub fn distance(a: &[&str], b: &[&str]) -> f64 {
+    if a == b {
+        return 0.0;
+    }
     let bleu = sentence_bleu(a, &[b.to_vec()]);
     1.0 - (bleu[2] + bleu[3]) / 2.0
 }
@@ -558,7 +563,9 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             sampling: sampled - start,
             rewards: sampled.elapsed(),
         };
-        // The mixed loss: lambda * MLE + (1 - lambda) * this one.
+        // The mixed loss: lambda * MLE + (1 - lambda) * this one. The
+        // gradient weight evens out reference captions' lengths, which
+        // samples do not have: only the MLE term takes it.
         let rest = 1.0 - c.mle_weight;
         let advantages: Vec<f32> = scored
             .iter()
@@ -665,11 +672,15 @@ pub struct TokenTerm {
     pub token: String,
     /// log p of the token under the current weights (full vocabulary).
     pub logprob: f32,
-    /// -advantage * log p: what the token adds to the caption's loss.
+    /// -(1 - lambda) * advantage * log p: what the token adds to the
+    /// caption's loss as one sample (a step divides the sum over its
+    /// samples by their number).
     pub likelihood_term: f32,
     /// The entropy (nats) of the next-token distribution at this step.
     pub entropy: f32,
-    /// -entropy_weight * entropy / tokens: the bonus's part (SLL-ME; 0 elsewhere).
+    /// -(1 - lambda) * entropy_weight * entropy / (the caption's tokens):
+    /// the bonus's part, as if the caption were the step's only sample
+    /// (SLL-ME; 0 elsewhere).
     pub entropy_term: f32,
 }
 
@@ -773,6 +784,7 @@ pub fn explain<B: Backend>(
         _ => self_critical(&rewards, c.baseline, greedy_reward),
     };
     let advantage = scored.advantages[0];
+    let rest = 1.0 - c.mle_weight as f64;
     // The caption's own forward: log p and entropy of each step.
     let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
     model.forward(b, features, &inputs)?;
@@ -797,9 +809,9 @@ pub fn explain<B: Backend>(
             TokenTerm {
                 token: vocab.words.word(label).to_string(),
                 logprob: logprob as f32,
-                likelihood_term: (-advantage * logprob) as f32,
+                likelihood_term: (-rest * advantage * logprob) as f32,
                 entropy: entropy as f32,
-                entropy_term: -c.entropy_weight * entropy as f32 / steps as f32,
+                entropy_term: (-rest * c.entropy_weight as f64 * entropy / steps as f64) as f32,
             }
         })
         .collect();
