@@ -1,7 +1,8 @@
 //! The on-disk cache (`$CAPTUNE_CACHE`, else `$XDG_CACHE_HOME/captune`,
 //! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
-//! the binary carries, and image embeddings. Everything in it can be
-//! deleted; it is made again when needed.
+//! the binary carries, image embeddings, and CIDEr-D statistics of
+//! training references. Everything in it can be deleted; it is made again
+//! when needed.
 
 use crate::tensorfile;
 use anyhow::Result;
@@ -43,11 +44,23 @@ pub fn shapes_retriever() -> Result<PathBuf> {
 /// Where the image embeddings of a data set by an encoder are kept;
 /// `key` is the fingerprint of both.
 pub fn features(data_name: &str, key: &str) -> PathBuf {
-    let name: String = data_name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
     root()
         .join("features")
-        .join(format!("{name}-{key}.safetensors"))
+        .join(format!("{}-{key}.safetensors", file_name(data_name)))
+}
+
+/// Where the CIDEr-D document frequencies of a data set's training
+/// references are kept; `key` is the fingerprint of the references.
+pub fn cider_statistics(data_name: &str, key: &str) -> PathBuf {
+    root()
+        .join("cider")
+        .join(format!("{}-{key}.json", file_name(data_name)))
+}
+
+/// A data set's name as part of a file name.
+fn file_name(data_name: &str) -> String {
+    data_name
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect()
 }

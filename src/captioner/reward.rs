@@ -105,15 +105,7 @@ fn cache_path(corpus: &TrainingCorpus) -> PathBuf {
         }
         text.push('\n');
     }
-    let name: String = corpus
-        .name
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-        .collect();
-    cache::root().join("cider").join(format!(
-        "{name}-{}.json",
-        tensorfile::fingerprint(text.as_bytes())
-    ))
+    cache::cider_statistics(&corpus.name, &tensorfile::fingerprint(text.as_bytes()))
 }
 
 /// Words to ids, in order of first appearance.
