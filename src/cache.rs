@@ -1,7 +1,7 @@
 //! The on-disk cache (`$CAPTUNE_CACHE`, else `$XDG_CACHE_HOME/captune`,
 //! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
-//! the binary carries, image embeddings, and CIDEr-D statistics of
-//! training references. Everything in it can be deleted; it is made again
+//! the binary carries, image embeddings, CIDEr-D statistics of
+//! training references and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
 //! when needed.
 
 use crate::tensorfile;
@@ -55,6 +55,14 @@ pub fn cider_statistics(data_name: &str, key: &str) -> PathBuf {
     root()
         .join("cider")
         .join(format!("{}-{key}.json", file_name(data_name)))
+}
+
+/// Where each image's nearest neighbours by embedding cosine are kept;
+/// `key` names k and the embeddings' fingerprint.
+pub fn neighbours(data_name: &str, key: &str) -> PathBuf {
+    root()
+        .join("neighbours")
+        .join(format!("{}-{key}.u32", file_name(data_name)))
 }
 
 /// A data set's name as part of a file name.

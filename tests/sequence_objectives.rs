@@ -62,6 +62,7 @@ fn encode(vocab: &CaptionVocab, words: &[String]) -> Vec<u32> {
 fn the_reward_equals_metrics_cider_given_the_same_references() {
     let corpus = TrainingCorpus {
         name: "hand-made".into(),
+        image_embeddings: Vec::new(),
         references: vec![
             vec![
                 words("a red circle on the left"),
@@ -148,6 +149,7 @@ fn the_reward_equals_pycocoevalcap_with_training_statistics_on_flickr8k() {
         .collect();
     let corpus = TrainingCorpus {
         name: format!("flickr8kTrainTest{}", std::process::id()),
+        image_embeddings: Vec::new(),
         references,
     };
     let vocab = vocab_of(&corpus, &[]);
@@ -341,6 +343,7 @@ fn corpus_and_batch(
     let train = data.items(Split::Train);
     let corpus = TrainingCorpus {
         name: "tiny-world-test".into(),
+        image_embeddings: Vec::new(),
         references: train
             .iter()
             .map(|&i| {

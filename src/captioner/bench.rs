@@ -378,6 +378,7 @@ pub fn scst_throughput<B: Backend>(
     let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..VOCAB));
     let corpus = TrainingCorpus {
         name: "bench-scst-synthetic".into(),
+        image_embeddings: Vec::new(),
         references: (0..SCST_CORPUS_IMAGES)
             .map(|_| {
                 (0..5)

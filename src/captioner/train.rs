@@ -229,8 +229,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
         };
         let val_items = data.items(Split::Val);
         let objective = config.objective(ck.model.config.vocab_size)?;
-        let (corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
+        let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
         debug_assert_eq!(corpus_items, train_items);
+        corpus.image_embeddings = data.features_of(&corpus_items);
         let corpus_index = train_items
             .iter()
             .enumerate()

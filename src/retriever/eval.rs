@@ -68,13 +68,25 @@ pub fn embed_captions<B: Backend>(
     vocab: &Vocab,
     captions: &[&Caption],
 ) -> Result<Vec<f32>> {
+    let max_len = model.config.max_len;
+    let ids: Vec<Vec<u32>> = captions
+        .iter()
+        .map(|c| vocab.encode(&c.tokens, max_len))
+        .collect();
+    embed_ids(b, model, &ids)
+}
+
+/// The unit-norm embeddings of captions already encoded with the
+/// retriever's vocabulary (`<bos> .. <eos>`, at most its `max_len` ids).
+pub fn embed_ids<B: Backend>(
+    b: &B,
+    model: &mut Retriever<B>,
+    ids: &[Vec<u32>],
+) -> Result<Vec<f32>> {
     let config = model.config;
-    embed_in_batches(model, captions.len(), &ProgressBar::hidden(), |m, idx| {
-        let ids: Vec<Vec<u32>> = idx
-            .iter()
-            .map(|&k| vocab.encode(&captions[k].tokens, config.max_len))
-            .collect();
-        let batch = TextBatch::new(b, &config, &ids)?;
+    embed_in_batches(model, ids.len(), &ProgressBar::hidden(), |m, idx| {
+        let chosen: Vec<Vec<u32>> = idx.iter().map(|&k| ids[k].clone()).collect();
+        let batch = TextBatch::new(b, &config, &chosen)?;
         m.encode_texts(b, &batch);
         Ok(b.to_vec(&m.text_embeddings))
     })

@@ -3,6 +3,7 @@
 
 pub mod eval;
 pub mod model;
+pub mod neighbours;
 pub mod train;
 
 use crate::backend::Backend;

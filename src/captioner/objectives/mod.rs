@@ -11,12 +11,15 @@
 //!
 //! - [`token`]: MLE and the SMILE family (teacher-forced, token-level).
 //! - [`sequence`]: SCST, SLL-ME and SLE (REINFORCE on sampled captions).
+//! - [`discritune`]: DiscriTune (REINFORCE with the frozen retriever's
+//!   discriminative reward).
 //!
 //! An objective is known by name through [`OBJECTIVES`], with its settings
 //! declared there once ([`settings`]); [`build`] makes one from a name and
 //! settings. Adding an objective: its file, an entry in `OBJECTIVES` and
 //! an arm in `build`.
 
+pub mod discritune;
 pub mod sequence;
 pub mod settings;
 pub mod token;
@@ -61,7 +64,7 @@ pub fn series_groups() -> Vec<&'static SeriesGroup> {
 }
 
 /// Every objective, by name.
-pub const OBJECTIVES: [&ObjectiveInfo; 7] = [
+pub const OBJECTIVES: [&ObjectiveInfo; 8] = [
     &token::MLE,
     &token::SMILE,
     &token::SMILE_RANDOM,
@@ -69,6 +72,7 @@ pub const OBJECTIVES: [&ObjectiveInfo; 7] = [
     &sequence::SCST,
     &sequence::SLL_ME,
     &sequence::SLE,
+    &discritune::DISCRITUNE,
 ];
 
 /// The objective called `name`.
@@ -159,6 +163,7 @@ pub fn build<B: Backend>(
         "scst" | "sll-me" | "sle" => {
             Box::new(sequence::SequenceLevel::new(info.name, settings, vocab)?)
         }
+        "discritune" => Box::new(discritune::DiscriTune::new(settings, vocab)),
         other => unreachable!("objective {other} is listed but not built"),
     })
 }
@@ -185,6 +190,9 @@ pub struct TrainingCorpus {
     /// Every training image's reference captions as PTB tokens, by the
     /// index `TrainingBatch::images` gives.
     pub references: Vec<Vec<Vec<String>>>,
+    /// Every training image's embedding `[images, embed_dim]` (unit
+    /// rows), in the same order; empty where no objective needs them.
+    pub image_embeddings: Vec<f32>,
 }
 
 impl TrainingCorpus {
@@ -203,6 +211,7 @@ impl TrainingCorpus {
         let corpus = TrainingCorpus {
             name: data.name.clone(),
             references,
+            image_embeddings: Vec::new(),
         };
         (corpus, items)
     }

@@ -381,6 +381,80 @@ impl<B: Backend> Surrogate<B> {
     }
 }
 
+/// The surrogate's buffers for each (sequences, positions) shape seen,
+/// and REINFORCE's update on generated captions.
+pub struct Surrogates<B: Backend> {
+    shapes: Vec<((usize, usize), Surrogate<B>)>,
+    /// The last step's.
+    last: usize,
+}
+
+impl<B: Backend> Default for Surrogates<B> {
+    fn default() -> Self {
+        Surrogates {
+            shapes: Vec::new(),
+            last: 0,
+        }
+    }
+}
+
+impl<B: Backend> Surrogates<B> {
+    /// The last step's surrogate (its loss and mean entropy).
+    pub fn last(&self) -> &Surrogate<B> {
+        &self.shapes[self.last].1
+    }
+
+    /// Teacher-forces the model on its own `generated` captions (of the
+    /// images whose `features` they were generated from) and adds the
+    /// gradient of -(1/N) sum_j advantages[j] sum_t log p(y_jt) minus
+    /// `entropy_weight` times the mean entropy of the generated steps.
+    pub fn train(
+        &mut self,
+        cx: &mut StepContext<'_, B>,
+        features: &[f32],
+        generated: &[Generated],
+        advantages: &[f32],
+        entropy_weight: f32,
+    ) -> Result<()> {
+        let b = cx.b;
+        let sequences: Vec<Vec<u32>> = generated
+            .iter()
+            .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
+            .collect();
+        let dim = cx.model.config.embed_dim;
+        let repeated: Vec<f32> = generated
+            .iter()
+            .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
+            .collect();
+        let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
+        let host_targets = teacher_targets(&sequences, inputs.positions);
+        let targets = b.ids(&host_targets);
+        cx.model.forward(b, &repeated, &inputs)?;
+        let vocab = cx.model.config.vocab_size;
+        let key = (sequences.len(), inputs.positions);
+        self.last = match self.shapes.iter().position(|(k, _)| *k == key) {
+            Some(i) => i,
+            None => {
+                let s = Surrogate::new(b, sequences.len(), inputs.positions, vocab);
+                self.shapes.push((key, s));
+                self.shapes.len() - 1
+            }
+        };
+        let surrogate = &mut self.shapes[self.last].1;
+        surrogate.forward_backward(
+            b,
+            cx.model.logits(),
+            &targets,
+            &host_targets,
+            advantages,
+            entropy_weight,
+            cx.monitor,
+        );
+        cx.model.backward(b, &inputs, &surrogate.d_logits);
+        Ok(())
+    }
+}
+
 /// What a step's samples looked like, for its log line (host values).
 #[derive(Clone, Debug, Default)]
 struct StepFigures {
@@ -412,10 +486,7 @@ pub struct SequenceLevel<B: Backend> {
     described: String,
     /// Made on the first step, from the run's training corpus.
     reward: Option<CiderReward>,
-    /// The surrogate's buffers for each (sequences, positions) seen.
-    surrogates: Vec<((usize, usize), Surrogate<B>)>,
-    /// The last step's surrogate.
-    last: usize,
+    surrogates: Surrogates<B>,
     mle: TokenLevel<B>,
     figures: StepFigures,
 }
@@ -427,25 +498,11 @@ impl<B: Backend> SequenceLevel<B> {
             config: SequenceObjective::from_settings(name, settings)?,
             described: super::describe(name, settings),
             reward: None,
-            surrogates: Vec::new(),
-            last: 0,
+            surrogates: Surrogates::default(),
             mle: TokenLevel::new(TokenObjective::mle(), vocab),
             figures: StepFigures::default(),
             timing: StepTiming::default(),
         })
-    }
-
-    fn surrogate(&mut self, b: &B, sequences: usize, positions: usize, vocab: usize) -> usize {
-        let key = (sequences, positions);
-        self.last = match self.surrogates.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let s = Surrogate::new(b, sequences, positions, vocab);
-                self.surrogates.push((key, s));
-                self.surrogates.len() - 1
-            }
-        };
-        self.last
     }
 
     /// Scores each image's samples; `greedy` holds the greedy captions
@@ -571,38 +628,10 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             .iter()
             .flat_map(|a| a.advantages.iter().map(|&v| v as f32 * rest))
             .collect();
-        let sequences: Vec<Vec<u32>> = samples
-            .iter()
-            .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
-            .collect();
-        let dim = features.len() / cx.batch.images.len().max(1);
-        let repeated: Vec<f32> = samples
-            .iter()
-            .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
-            .collect();
-        let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
-        let host_targets = teacher_targets(&sequences, inputs.positions);
-        let targets = b.ids(&host_targets);
-        cx.model.forward(b, &repeated, &inputs)?;
-        let vocab = cx.model.config.vocab_size;
-        let at = self.surrogate(b, sequences.len(), inputs.positions, vocab);
-        let surrogate = &mut self.surrogates[at].1;
-        surrogate.forward_backward(
-            b,
-            cx.model.logits(),
-            &targets,
-            &host_targets,
-            &advantages,
-            c.entropy_weight * rest,
-            cx.monitor,
-        );
-        cx.model.backward(b, &inputs, &surrogate.d_logits);
+        self.surrogates
+            .train(cx, features, &samples, &advantages, c.entropy_weight * rest)?;
         if c.mle_weight > 0.0 {
-            let weight = cx.gradient_weight;
-            cx.gradient_weight = weight * c.mle_weight;
-            let mle = self.mle.step(cx);
-            cx.gradient_weight = weight;
-            mle?;
+            self.mle.step_weighted(cx, c.mle_weight)?;
         }
         if cx.monitor {
             let all = |f: fn(&Advantages) -> &Vec<f64>| scored.iter().flat_map(f).copied();
@@ -627,7 +656,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
     }
 
     fn logged(&self) -> Vec<&B::Tensor> {
-        let s = &self.surrogates[self.last].1;
+        let s = self.surrogates.last();
         let mut out = vec![&s.likelihood.loss, &s.mean_entropy];
         if self.config.mle_weight > 0.0 {
             out.extend(self.mle.logged());

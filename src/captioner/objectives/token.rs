@@ -513,6 +513,16 @@ impl<B: Backend> TokenLevel<B> {
         }
     }
 
+    /// MLE on the references as `weight` of a mixed loss: the step with
+    /// its gradient scaled by `weight`.
+    pub fn step_weighted(&mut self, cx: &mut StepContext<'_, B>, weight: f32) -> Result<()> {
+        let full = cx.gradient_weight;
+        cx.gradient_weight = full * weight;
+        let stepped = self.step(cx);
+        cx.gradient_weight = full;
+        stepped
+    }
+
     fn last_losses(&self) -> (&Losses<B>, bool) {
         let (width, has_term) = self.last.expect("a step before its log");
         let losses = self.losses.width(width).expect("the last step's buffers");

@@ -1,0 +1,402 @@
+//! The retriever-in-the-loop objectives: DiscriTune's step against a hand
+//! computation (captions, the frozen retriever's reward over the batch
+//! and hard negatives, the running-mean baseline, the loss), the
+//! retriever left untouched, and one step GPU vs CPU.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::captioner::Checkpoint;
+use captune::captioner::decode::{DecodeOptions, Decoding, generate};
+use captune::captioner::inspect::score_caption;
+use captune::captioner::listener::{VocabMap, embed_generated};
+use captune::captioner::objectives::discritune::judge;
+use captune::captioner::objectives::settings::{SettingValue, Settings};
+use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
+use captune::captioner::run::RunConfig;
+use captune::captioner::train::{CaptionData, fresh_checkpoint};
+use captune::cpu::CpuBackend;
+use captune::data::vocab::{BOS, Vocab};
+use captune::model::transformer::TransformerConfig;
+use captune::optim::{AdamW, AdamWConfig};
+use captune::retriever::model::Retriever;
+use captune::retriever::neighbours::Neighbours;
+use captune::retriever::{Checkpoint as RetrieverCheckpoint, RetrieverConfig};
+use common::{TINY_DIM, assert_close, gpu, tiny_data};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+/// The tiny world with unit features (as a features file loads them).
+fn unit_data() -> CaptionData {
+    let mut data = tiny_data();
+    for row in data.features.chunks_mut(data.dim) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    data
+}
+
+/// A fresh retriever over the tiny world's words that embeds in the
+/// features' width, for batches of `batch`.
+fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> RetrieverCheckpoint<B> {
+    let vocab = Vocab::build(&data.data, 1);
+    let tower = |causal| TransformerConfig {
+        width: 16,
+        layers: 1,
+        heads: 2,
+        causal,
+    };
+    let config = RetrieverConfig {
+        image_size: 32,
+        patch: 8,
+        image: tower(false),
+        text: tower(true),
+        max_len: 24,
+        vocab_size: vocab.len(),
+        embed_dim: TINY_DIM,
+    };
+    RetrieverCheckpoint {
+        model: Retriever::new(b, config, batch, 5).unwrap(),
+        vocab,
+    }
+}
+
+/// The training split as a corpus (embeddings included) and a batch of
+/// rows `rows` (corpus indices; a repeated image is one candidate).
+fn corpus_and_batch(
+    data: &CaptionData,
+    ck_vocab: &captune::captioner::CaptionVocab,
+    rows: &[usize],
+) -> (TrainingCorpus, TrainingBatch) {
+    let (mut corpus, items) = TrainingCorpus::training_split(&data.data);
+    corpus.image_embeddings = data.features_of(&items);
+    let chosen: Vec<usize> = rows.iter().map(|&r| items[r]).collect();
+    let batch = TrainingBatch {
+        features: data.features_of(&chosen),
+        sequences: chosen
+            .iter()
+            .map(|&i| ck_vocab.encode(&data.data.items[i].captions[0].tokens, 24))
+            .collect(),
+        images: rows.to_vec(),
+    };
+    (corpus, batch)
+}
+
+fn tiny_run() -> RunConfig {
+    let mut config = RunConfig::preset("tiny").unwrap();
+    config.train.batch = 8;
+    config
+}
+
+/// `steps` steps of `name`; returns the last step's report.
+#[allow(clippy::too_many_arguments)]
+fn train_steps<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    retriever: &mut RetrieverCheckpoint<B>,
+    corpus: &TrainingCorpus,
+    batch: &TrainingBatch,
+    name: &str,
+    settings: &Settings,
+    lr: f32,
+    steps: usize,
+) -> Vec<(&'static str, f32)> {
+    let mut objective = objectives::build::<B>(name, settings, ck.model.config.vocab_size).unwrap();
+    let mut opt = AdamW::new(
+        b,
+        AdamWConfig {
+            lr,
+            ..AdamWConfig::default()
+        },
+        &ck.model.params.optimizer_layout(),
+    );
+    let mut report = Vec::new();
+    for step in 0..steps {
+        let mut rng = ChaCha8Rng::seed_from_u64(step as u64);
+        ck.model.params.zero_grads(b);
+        let mut cx = StepContext {
+            b,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch,
+            corpus,
+            gradient_weight: 1.0,
+            retriever: Some(&mut *retriever),
+            rng: &mut rng,
+            monitor: step + 1 == steps,
+        };
+        objective.step(&mut cx).unwrap();
+        if step + 1 == steps {
+            let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+            report = objective.report(&read);
+        }
+        let params = &mut ck.model.params;
+        let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
+        let grads: Vec<&B::Tensor> = params.grads.iter().collect();
+        opt.step(b, &mut values, &grads);
+    }
+    report
+}
+
+fn value(report: &[(&str, f32)], name: &str) -> f32 {
+    report
+        .iter()
+        .find(|(n, _)| *n == name)
+        .unwrap_or_else(|| panic!("{name} is not logged: {report:?}"))
+        .1
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
+}
+
+/// DiscriTune's first step by hand: greedy captions of the batch's
+/// distinct images, the retriever's unit text embeddings, rewards over
+/// the batch's images and each image's `hard` nearest training images,
+/// the baseline (the step's own mean on a first step)
+/// and the loss (1/N) sum_j (R_j - b) / T_j * sum_t -log p(y_jt).
+fn discritune_by_hand<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    retriever: &mut RetrieverCheckpoint<B>,
+    corpus: &TrainingCorpus,
+    rows: &[usize],
+    hard: usize,
+) -> (f64, f64, f64) {
+    let dim = TINY_DIM;
+    let mut images: Vec<usize> = Vec::new();
+    for &r in rows {
+        if !images.contains(&r) {
+            images.push(r);
+        }
+    }
+    let e = &corpus.image_embeddings;
+    let row = |i: usize| &e[i * dim..(i + 1) * dim];
+    let features: Vec<f32> = images.iter().flat_map(|&i| row(i).to_vec()).collect();
+    let captions = generate(
+        b,
+        &ck.model,
+        &features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    let map = VocabMap::new(&ck.vocab, &retriever.vocab);
+    let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
+    let text = embed_generated(b, &mut retriever.model, &map, &ids).unwrap();
+    let m = &retriever.model;
+    let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
+    let neighbours = Neighbours::compute(e, dim, e.len() / dim);
+    let rewards: Vec<f64> = (0..images.len())
+        .map(|j| {
+            let t = &text[j * dim..(j + 1) * dim];
+            let mut others: Vec<f64> = images
+                .iter()
+                .filter(|&&k| k != images[j])
+                .map(|&k| dot(t, row(k)))
+                .collect();
+            // The `hard` nearest; one already in the batch is not added twice.
+            let nearest = neighbours.of(images[j]).iter().take(hard);
+            let added = nearest.map(|&k| k as usize).filter(|k| !images.contains(k));
+            others.extend(added.map(|k| dot(t, row(k))));
+            judge(scale, dot(t, row(images[j])), &others).reward
+        })
+        .collect();
+    let n = rewards.len() as f64;
+    let baseline = rewards.iter().sum::<f64>() / n;
+    let mut loss = 0.0;
+    for (g, r) in captions.iter().zip(&rewards) {
+        let ids: Vec<u32> = std::iter::once(BOS).chain(g.ids.iter().copied()).collect();
+        let f = &features[g.image * dim..(g.image + 1) * dim];
+        let scores = score_caption(b, &mut ck.model, &ck.vocab, f, &ids).unwrap();
+        let nll: f64 = scores.iter().map(|s| s.mle_loss as f64).sum();
+        loss += (r - baseline) / g.ids.len() as f64 * nll;
+    }
+    (loss / n, rewards.iter().sum::<f64>() / n, baseline)
+}
+
+#[test]
+fn a_discritune_step_by_hand_with_and_without_hard_negatives() {
+    let b = CpuBackend::new();
+    let data = unit_data();
+    let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
+    let mut retriever = tiny_retriever(&b, &data, 4);
+    // Rows 0 and 3 show one image twice: five rows, four candidates.
+    let rows = [0, 3, 7, 3, 12];
+    let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &rows);
+    // A little MLE first, so that captions differ between images.
+    train_steps(
+        &b,
+        &mut ck,
+        &mut retriever,
+        &corpus,
+        &batch,
+        "mle",
+        &Settings::new(),
+        3e-3,
+        20,
+    );
+    let retriever_before: Vec<Vec<f32>> = retriever
+        .model
+        .params
+        .values
+        .iter()
+        .map(|v| b.to_vec(v))
+        .collect();
+    for hard in [0, 3] {
+        let settings = Settings::from([(
+            "hard_negatives".to_string(),
+            SettingValue::Number(hard as f64),
+        )]);
+        let (loss, reward, baseline) =
+            discritune_by_hand(&b, &mut ck, &mut retriever, &corpus, &rows, hard);
+        let mut stepped = Checkpoint {
+            model: ck.model_on(&b, &b).unwrap(),
+            vocab: ck.vocab.clone(),
+        };
+        let report = train_steps(
+            &b,
+            &mut stepped,
+            &mut retriever,
+            &corpus,
+            &batch,
+            "discritune",
+            &settings,
+            1e-3,
+            1,
+        );
+        let close = |name: &str, want: f64| {
+            let got = value(&report, name) as f64;
+            assert!(
+                (got - want).abs() <= 1e-4 + 1e-4 * want.abs(),
+                "hard negatives {hard}: {name} {got}, by hand {want}"
+            );
+        };
+        close("loss", loss);
+        close("reward", reward);
+        close("baseline", baseline);
+        assert!(reward < 0.0, "a log probability among candidates");
+        let rank = value(&report, "rank");
+        assert!((1.0..=4.0 + hard as f32).contains(&rank), "{rank}");
+    }
+    // The retriever is frozen.
+    for (i, v) in retriever.model.params.values.iter().enumerate() {
+        assert_eq!(
+            b.to_vec(v),
+            retriever_before[i],
+            "retriever parameter {i} moved"
+        );
+    }
+}
+
+#[test]
+fn discritune_refuses_a_run_without_a_matching_retriever() {
+    let b = CpuBackend::new();
+    let data = unit_data();
+    let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
+    let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &[0, 1]);
+    let mut objective =
+        objectives::build::<CpuBackend>("discritune", &Settings::new(), ck.model.config.vocab_size)
+            .unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(0);
+    let mut cx = StepContext {
+        b: &b,
+        model: &mut ck.model,
+        vocab: &ck.vocab,
+        batch: &batch,
+        corpus: &corpus,
+        gradient_weight: 1.0,
+        retriever: None,
+        rng: &mut rng,
+        monitor: false,
+    };
+    let e = objective.step(&mut cx).unwrap_err().to_string();
+    assert!(e.contains("--retriever"), "{e}");
+    // A retriever of another width than the features.
+    let mut other = tiny_retriever(&b, &data, 2);
+    let mut config = other.model.config;
+    config.embed_dim = TINY_DIM * 2;
+    other.model = Retriever::new(&b, config, 2, 0).unwrap();
+    cx.retriever = Some(&mut other);
+    let e = objective.step(&mut cx).unwrap_err().to_string();
+    assert!(e.contains("captune embed --checkpoint"), "{e}");
+}
+
+#[test]
+fn one_discritune_step_agrees_gpu_vs_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let data = unit_data();
+    let mut on_cpu = fresh_checkpoint(&c, &data, &tiny_run()).unwrap();
+    let mut retriever_cpu = tiny_retriever(&c, &data, 4);
+    let rows = [0, 3, 7, 12];
+    let (corpus, batch) = corpus_and_batch(&data, &on_cpu.vocab, &rows);
+    train_steps(
+        &c,
+        &mut on_cpu,
+        &mut retriever_cpu,
+        &corpus,
+        &batch,
+        "mle",
+        &Settings::new(),
+        3e-3,
+        20,
+    );
+    let mut on_gpu = Checkpoint {
+        model: on_cpu.model_on(&c, &g).unwrap(),
+        vocab: on_cpu.vocab.clone(),
+    };
+    let mut retriever_gpu = RetrieverCheckpoint {
+        model: Retriever::new(&g, retriever_cpu.model.config, 4, 5).unwrap(),
+        vocab: retriever_cpu.vocab.clone(),
+    };
+    let settings = Settings::from([
+        ("hard_negatives".to_string(), SettingValue::Number(2.0)),
+        ("mle_weight".to_string(), SettingValue::Number(0.2)),
+        ("discritune_entropy".to_string(), SettingValue::Number(0.05)),
+    ]);
+    let cpu_report = train_steps(
+        &c,
+        &mut on_cpu,
+        &mut retriever_cpu,
+        &corpus,
+        &batch,
+        "discritune",
+        &settings,
+        1e-3,
+        1,
+    );
+    let gpu_report = train_steps(
+        &g,
+        &mut on_gpu,
+        &mut retriever_gpu,
+        &corpus,
+        &batch,
+        "discritune",
+        &settings,
+        1e-3,
+        1,
+    );
+    for ((n, x), (_, y)) in cpu_report.iter().zip(&gpu_report) {
+        assert!(
+            (x - y).abs() <= 1e-3 + 1e-3 * x.abs(),
+            "discritune {n}: cpu {x}, gpu {y}"
+        );
+    }
+    for (i, (x, y)) in on_cpu
+        .model
+        .params
+        .grads
+        .iter()
+        .zip(&on_gpu.model.params.grads)
+        .enumerate()
+    {
+        assert_close(
+            &format!("discritune: gradient {i}"),
+            &g.to_vec(y),
+            &c.to_vec(x),
+            2e-3,
+            2e-4,
+        );
+    }
+}
