@@ -615,6 +615,49 @@ fn captioner_commands(
         text(&out.stderr)
     );
 
+    // As DiscriTune's caption: its rank among 8 candidates and up to 2
+    // hard negatives, the reward that makes and each token's share of it.
+    let out = inspect(&[
+        "--objective",
+        "discritune",
+        "--hard-negatives",
+        "2",
+        "--candidates",
+        "8",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let e = &both["retrieval"];
+    let f = |k: &str| e[k].as_f64().unwrap();
+    // A hard negative already drawn counts once.
+    assert!((8.0..=10.0).contains(&f("candidates")), "{e}");
+    assert!((1.0..=f("candidates")).contains(&f("rank")), "{e}");
+    assert!(f("reward") <= 0.0, "a log probability: {e}");
+    assert!(
+        (f("advantage") - (f("reward") - f("baseline"))).abs() < 1e-9,
+        "{e}"
+    );
+    let best = e["best_matches"].as_array().unwrap();
+    assert_eq!(best.len(), 5, "{e}");
+    let p: f64 = best
+        .iter()
+        .map(|c| c["probability"].as_f64().unwrap())
+        .sum();
+    assert!(p > 0.0 && p <= 1.0 + 1e-9, "{e}");
+    let own = best.iter().find(|c| c["index"] == 0);
+    if let Some(own) = own {
+        let p_own = own["probability"].as_f64().unwrap();
+        assert!((p_own.ln() - f("reward")).abs() < 1e-6, "{e}");
+    }
+    let steps = e["tokens"].as_array().unwrap().len() as f64;
+    for t in e["tokens"].as_array().unwrap() {
+        let term = t["likelihood_term"].as_f64().unwrap();
+        let want = -f("advantage") / steps * t["logprob"].as_f64().unwrap();
+        assert!((term - want).abs() < 1e-4 * want.abs().max(1.0), "{t}");
+    }
+    discritune_run(dir, &ck, r, shapes, env);
+
     let png = look.join("images/test/00000.png");
     let out = captune(
         &[
@@ -690,6 +733,56 @@ fn switching_to_scst_on_resume(
             "{key}: {last}"
         );
     }
+}
+
+/// `train --init --objective discritune`: the log carries the reward,
+/// its baseline and the rank of each caption's image.
+fn discritune_run(
+    dir: &std::path::Path,
+    ck: &std::path::Path,
+    retriever: &str,
+    shapes: &[&str],
+    env: &[(&str, &str)],
+) {
+    let run = dir.join("run-discritune");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "train",
+        "--preset",
+        "tiny",
+        "--init",
+        ck.to_str().unwrap(),
+        "--out",
+        run.to_str().unwrap(),
+        "--retriever",
+        retriever,
+        "--objective",
+        "discritune",
+        "--hard-negatives",
+        "3",
+        "--epochs",
+        "1",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = std::fs::read_to_string(run.join("log.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert!(
+        last["objective"]
+            .as_str()
+            .unwrap()
+            .starts_with("discritune (hard negatives: 3"),
+        "{last}"
+    );
+    for key in ["reward", "baseline", "rank", "accuracy", "entropy"] {
+        assert!(
+            last[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {last}"
+        );
+    }
+    assert!(last["rank"].as_f64().unwrap() >= 1.0, "{last}");
 }
 
 /// `score` reads only the captions: the split file alone, its images

@@ -1,7 +1,9 @@
 //! `captune inspect`: per token, the MLE and SMILE losses and the
 //! predictions; with a sequence-level `--objective`, also why the caption
 //! as a sample would be rewarded or punished (reward, baseline, advantage
-//! and each token's term of the loss).
+//! and each token's term of the loss); with `--objective discritune`,
+//! where the caption ranks among a batch of candidate images and the
+//! reward that makes.
 
 use super::DataArgs;
 use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data};
@@ -10,10 +12,15 @@ use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::inspect::score_caption;
 use captune::captioner::objectives::TrainingCorpus;
+use captune::captioner::objectives::discritune::{self, HARD_NEGATIVES, RetrievalExplanation};
 use captune::captioner::objectives::sequence::{RewardExplanation, explain};
 use captune::captioner::reward::CiderReward;
+use captune::captioner::train::CaptionData;
 use captune::data::tokenize::ptb_tokenize;
 use captune::progress::Progress;
+use captune::retriever::neighbours::nearest;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -35,9 +42,15 @@ pub struct InspectArgs {
     /// image at a training step would be.
     #[command(flatten)]
     pub objective: ObjectiveArgs,
-    /// Seeds the other samples a mean baseline or SLE compares with.
+    /// Seeds the other samples a mean baseline or SLE compares with, and
+    /// DiscriTune's other candidate images.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// DiscriTune: the candidate images, the caption's own and others
+    /// drawn from its split (a training batch's images), before the hard
+    /// negatives.
+    #[arg(long, default_value_t = 64)]
+    pub candidates: usize,
     #[arg(long)]
     pub json: bool,
 }
@@ -45,7 +58,7 @@ pub struct InspectArgs {
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
-    let (data, _) = caption_data(
+    let (data, mut retriever) = caption_data(
         b,
         &args.data,
         &args.features,
@@ -62,6 +75,29 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
     let features = data.features_of(&[i]);
     let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
+    if args.objective.objective.as_deref() == Some("discritune") {
+        let Some(retriever) = retriever.as_mut() else {
+            bail!("--objective discritune: inspect needs the run's retriever (--retriever PATH)");
+        };
+        let (candidates, ids_of) = candidates(&data, i, args);
+        let e = discritune::explain(
+            b,
+            &mut ck.model,
+            &ck.vocab,
+            retriever,
+            &candidates,
+            &ids,
+            &args.objective.settings,
+        )?;
+        if args.json {
+            let json = serde_json::json!({"tokens": scores, "retrieval": e});
+            println!("{}", serde_json::to_string_pretty(&json)?);
+        } else {
+            print_scores(&scores);
+            print_retrieval(&e, &ids_of);
+        }
+        return Ok(());
+    }
     let explained = match &args.objective.objective {
         None => None,
         Some(name) => {
@@ -105,28 +141,7 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         }
         return Ok(());
     }
-    println!(
-        "{:>12} {:>8} {:>8} {:>7} {:>7}  {:<44} top-5 subset",
-        "token", "MLE", "SMILE", "p full", "p sub", "top-5 full"
-    );
-    let top = |p: &[captune::captioner::inspect::Prediction]| {
-        p.iter()
-            .map(|x| format!("{} {:.2}", x.token, x.probability))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    for s in &scores {
-        println!(
-            "{:>12} {:>8.3} {:>8.3} {:>7.3} {:>7.3}  {:<44} {}",
-            s.token,
-            s.mle_loss,
-            s.smile_loss,
-            s.p_full,
-            s.p_subset,
-            top(&s.top5_full),
-            top(&s.top5_subset)
-        );
-    }
+    print_scores(&scores);
     if let Some(e) = explained {
         print_explanation(&e);
     }
@@ -168,6 +183,96 @@ fn print_explanation(e: &RewardExplanation) {
         .sum();
     println!(
         "{:>12} {:>8} {total:>10.3}  (this caption's loss)",
+        "total", ""
+    );
+}
+
+fn print_scores(scores: &[captune::captioner::inspect::TokenScore]) {
+    println!(
+        "{:>12} {:>8} {:>8} {:>7} {:>7}  {:<44} top-5 subset",
+        "token", "MLE", "SMILE", "p full", "p sub", "top-5 full"
+    );
+    let top = |p: &[captune::captioner::inspect::Prediction]| {
+        p.iter()
+            .map(|x| format!("{} {:.2}", x.token, x.probability))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for s in scores {
+        println!(
+            "{:>12} {:>8.3} {:>8.3} {:>7.3} {:>7.3}  {:<44} {}",
+            s.token,
+            s.mle_loss,
+            s.smile_loss,
+            s.p_full,
+            s.p_subset,
+            top(&s.top5_full),
+            top(&s.top5_subset)
+        );
+    }
+}
+
+/// Image `i`'s embedding first, then `--candidates` - 1 others of its
+/// split drawn with `--seed`, then its `--hard-negatives` nearest in the
+/// split not drawn already; with each candidate's image id.
+fn candidates(data: &CaptionData, i: usize, args: &InspectArgs) -> (Vec<f32>, Vec<String>) {
+    let split = data.items(data.data.items[i].split);
+    let mut others: Vec<usize> = split.iter().copied().filter(|&j| j != i).collect();
+    others.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(args.seed));
+    others.truncate(args.candidates.saturating_sub(1));
+    let mut chosen = vec![i];
+    chosen.extend(others);
+    let hard = HARD_NEGATIVES.number(&args.objective.settings).round() as usize;
+    if hard > 0 {
+        let e = data.features_of(&split);
+        let own = data.features_of(&[i]);
+        let at = split.iter().position(|&j| j == i);
+        let near = nearest(&e, data.dim, &own, at, hard)
+            .into_iter()
+            .map(|k| split[k]);
+        let new: Vec<usize> = near.filter(|j| !chosen.contains(j)).collect();
+        chosen.extend(new);
+    }
+    let ids = chosen
+        .iter()
+        .map(|&j| data.data.items[j].id.clone())
+        .collect();
+    (data.features_of(&chosen), ids)
+}
+
+fn print_retrieval(e: &RetrievalExplanation, ids: &[String]) {
+    println!("\n{}: {:?}", e.objective, e.caption);
+    println!(
+        "rank {} of {} candidates, reward (log p of its own image) {:.3}, baseline {:.3}, \
+         advantage {:+.3}",
+        e.rank, e.candidates, e.reward, e.baseline, e.advantage
+    );
+    println!("best matches:");
+    for c in &e.best_matches {
+        let own = if c.index == 0 {
+            "  (its own image)"
+        } else {
+            ""
+        };
+        println!(
+            "  image {:>10}  cosine {:.3}  p {:.3}{own}",
+            ids[c.index], c.cosine, c.probability
+        );
+    }
+    println!("{:>12} {:>8} {:>12}", "token", "log p", "-A/T log p");
+    for t in &e.tokens {
+        println!(
+            "{:>12} {:>8.3} {:>12.4}",
+            t.token, t.logprob, t.likelihood_term
+        );
+    }
+    let total: f32 = e
+        .tokens
+        .iter()
+        .map(|t| t.likelihood_term + t.entropy_term)
+        .sum();
+    println!(
+        "{:>12} {:>8} {total:>12.4}  (this caption's loss)",
         "total", ""
     );
 }

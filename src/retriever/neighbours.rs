@@ -22,21 +22,8 @@ impl Neighbours {
         let row = |i: usize| &embeddings[i * dim..(i + 1) * dim];
         let table = (0..n)
             .into_par_iter()
-            .flat_map_iter(|i| {
-                let own = row(i);
-                let mut scored: Vec<(f32, u32)> = (0..n)
-                    .filter(|&j| j != i)
-                    .map(|j| (own.iter().zip(row(j)).map(|(a, b)| a * b).sum(), j as u32))
-                    .collect();
-                let nearest =
-                    |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-                if k < scored.len() {
-                    scored.select_nth_unstable_by(k, nearest);
-                    scored.truncate(k);
-                }
-                scored.sort_by(nearest);
-                scored.into_iter().map(|(_, j)| j)
-            })
+            .flat_map_iter(|i| nearest(embeddings, dim, row(i), Some(i), k))
+            .map(|j| j as u32)
             .collect();
         Neighbours { k, table }
     }
@@ -83,6 +70,32 @@ impl Neighbours {
     pub fn of(&self, i: usize) -> &[u32] {
         &self.table[i * self.k..(i + 1) * self.k]
     }
+}
+
+/// The `k` rows of unit `[n, dim]` `embeddings` nearest `query` by
+/// cosine, nearest first (ties to the lower index), row `except` left out.
+pub fn nearest(
+    embeddings: &[f32],
+    dim: usize,
+    query: &[f32],
+    except: Option<usize>,
+    k: usize,
+) -> Vec<usize> {
+    let n = embeddings.len() / dim.max(1);
+    let mut scored: Vec<(f32, usize)> = (0..n)
+        .filter(|&j| Some(j) != except)
+        .map(|j| {
+            let row = &embeddings[j * dim..(j + 1) * dim];
+            (query.iter().zip(row).map(|(a, b)| a * b).sum(), j)
+        })
+        .collect();
+    let order = |a: &(f32, usize), b: &(f32, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if k < scored.len() {
+        scored.select_nth_unstable_by(k, order);
+        scored.truncate(k);
+    }
+    scored.sort_by(order);
+    scored.into_iter().map(|(_, j)| j).collect()
 }
 
 #[cfg(test)]

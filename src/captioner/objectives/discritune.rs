@@ -10,16 +10,20 @@
 //! the batch's captions goes through REINFORCE's surrogate on the device.
 //! No gradient flows into the retriever.
 
-use super::sequence::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates};
+use super::sequence::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
 use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
 use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
 use crate::backend::Backend;
+use crate::captioner::CaptionVocab;
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::listener::{VocabMap, embed_generated};
+use crate::captioner::model::Captioner;
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::neighbours::Neighbours;
 use anyhow::{Result, bail};
 use rand::Rng;
+use serde::Serialize;
 
 pub const HARD_NEGATIVES: Setting = Setting {
     key: "hard_negatives",
@@ -363,6 +367,121 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         values.extend(mle.map(|m| ("mle", m)));
         values
     }
+}
+
+/// One candidate image as the retriever matches it with a caption.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Candidate {
+    /// Its index in the candidates given (0: the caption's own image).
+    pub index: usize,
+    pub cosine: f64,
+    /// The retriever's probability of picking it for the caption.
+    pub probability: f64,
+}
+
+/// Where a caption ranks among candidate images, and what DiscriTune
+/// would make of it as the caption of the first candidate at a step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RetrievalExplanation {
+    pub objective: String,
+    pub caption: String,
+    pub reward: f64,
+    pub rank: usize,
+    pub candidates: usize,
+    /// The mean reward of every candidate's own greedy caption among the
+    /// same candidates: what a first step's baseline would be.
+    pub baseline: f64,
+    pub advantage: f64,
+    /// The five candidates the caption matches best, best first.
+    pub best_matches: Vec<Candidate>,
+    /// Each token's term of the loss, (R - b) spread over the tokens.
+    pub tokens: Vec<TokenTerm>,
+}
+
+/// Explains `ids` (`<bos> .. <eos>`) as DiscriTune's caption of the first
+/// of `candidates` (unit image embeddings `[n, dim]`, the retriever's)
+/// with `settings`.
+pub fn explain<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    retriever: &mut RetrieverCheckpoint<B>,
+    candidates: &[f32],
+    ids: &[u32],
+    settings: &Settings,
+) -> Result<RetrievalExplanation> {
+    let c = DiscriTuneConfig::from_settings(settings);
+    let dim = retriever.model.config.embed_dim;
+    if candidates.len() % dim != 0 || candidates.is_empty() {
+        bail!("the candidates are not {dim}-wide image embeddings of the retriever");
+    }
+    let n = candidates.len() / dim;
+    let map = VocabMap::new(vocab, &retriever.vocab);
+    let m = &retriever.model;
+    let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
+    let greedy = generate(
+        b,
+        model,
+        candidates,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )?;
+    let mut captions: Vec<&[u32]> = vec![&ids[1..]];
+    captions.extend(greedy.iter().map(|g| g.ids.as_slice()));
+    let text = embed_generated(b, &mut retriever.model, &map, &captions)?;
+    // Row j of `text` against every candidate, and judged as image `own`'s.
+    let cosines = |j: usize| -> Vec<f64> {
+        (0..n)
+            .map(|k| {
+                cosine(
+                    &text[j * dim..(j + 1) * dim],
+                    &candidates[k * dim..(k + 1) * dim],
+                )
+            })
+            .collect()
+    };
+    let judged = |j: usize, own: usize| {
+        let all = cosines(j);
+        let others: Vec<f64> = (0..n).filter(|&k| k != own).map(|k| all[k]).collect();
+        judge(scale, all[own], &others)
+    };
+    let own = judged(0, 0);
+    let baseline = (0..n).map(|k| judged(k + 1, k).reward).sum::<f64>() / n as f64;
+    let advantage = own.reward - baseline;
+    let all = cosines(0);
+    let mut best: Vec<Candidate> = all
+        .iter()
+        .enumerate()
+        .map(|(index, &cos)| Candidate {
+            index,
+            cosine: cos,
+            probability: (scale * cos - (scale * all[0] - own.reward)).exp(),
+        })
+        .collect();
+    best.sort_by(|a, b| b.cosine.total_cmp(&a.cosine).then(a.index.cmp(&b.index)));
+    best.truncate(5);
+    let rest = 1.0 - c.mle_weight as f64;
+    let steps = (ids.len() - 1) as f64;
+    let tokens = token_terms(
+        b,
+        model,
+        vocab,
+        &candidates[..dim],
+        ids,
+        rest * advantage / steps,
+        rest * c.entropy_weight as f64 / steps,
+    )?;
+    Ok(RetrievalExplanation {
+        objective: super::describe(DISCRITUNE.name, settings),
+        caption: vocab.decode(&ids[1..]),
+        reward: own.reward,
+        rank: own.rank,
+        candidates: n,
+        baseline,
+        advantage,
+        best_matches: best,
+        tokens,
+    })
 }
 
 #[cfg(test)]

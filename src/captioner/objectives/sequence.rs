@@ -701,9 +701,9 @@ pub struct TokenTerm {
     pub token: String,
     /// log p of the token under the current weights (full vocabulary).
     pub logprob: f32,
-    /// -(1 - lambda) * advantage * log p: what the token adds to the
-    /// caption's loss as one sample (a step divides the sum over its
-    /// samples by their number).
+    /// -(1 - lambda) * advantage * log p (DiscriTune: the advantage over
+    /// the caption's tokens): what the token adds to the caption's loss as
+    /// one sample (a step divides the sum over its samples by their number).
     pub likelihood_term: f32,
     /// The entropy (nats) of the next-token distribution at this step.
     pub entropy: f32,
@@ -814,36 +814,16 @@ pub fn explain<B: Backend>(
     };
     let advantage = scored.advantages[0];
     let rest = 1.0 - c.mle_weight as f64;
-    // The caption's own forward: log p and entropy of each step.
-    let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
-    model.forward(b, features, &inputs)?;
-    let v = model.config.vocab_size;
-    let logits = b.to_vec(model.logits());
-    let steps = caption.len();
-    let tokens = caption
-        .iter()
-        .enumerate()
-        .map(|(t, &label)| {
-            let z = &logits[t * v..(t + 1) * v];
-            let max = z.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
-            let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-            let entropy: f64 = z
-                .iter()
-                .map(|&x| {
-                    let lp = x as f64 - lse;
-                    -lp.exp() * lp
-                })
-                .sum();
-            let logprob = z[label as usize] as f64 - lse;
-            TokenTerm {
-                token: vocab.words.word(label).to_string(),
-                logprob: logprob as f32,
-                likelihood_term: (-rest * advantage * logprob) as f32,
-                entropy: entropy as f32,
-                entropy_term: (-rest * c.entropy_weight as f64 * entropy / steps as f64) as f32,
-            }
-        })
-        .collect();
+    let steps = (ids.len() - 1) as f64;
+    let tokens = token_terms(
+        b,
+        model,
+        vocab,
+        features,
+        ids,
+        rest * advantage,
+        rest * c.entropy_weight as f64 / steps,
+    )?;
     let compared = |kind, (ids, reward): &(Vec<u32>, f64)| Compared {
         kind,
         caption: vocab.decode(ids),
@@ -861,4 +841,47 @@ pub fn explain<B: Backend>(
         compared_with,
         tokens,
     })
+}
+
+/// Each token of `ids` (`<bos> .. <eos>`) as a caption of the image with
+/// embedding `features` under the current weights: its log p and entropy,
+/// and its terms of a REINFORCE loss, -`weight` * log p and
+/// -`entropy_weight` * entropy.
+pub fn token_terms<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    features: &[f32],
+    ids: &[u32],
+    weight: f64,
+    entropy_weight: f64,
+) -> Result<Vec<TokenTerm>> {
+    let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
+    model.forward(b, features, &inputs)?;
+    let v = model.config.vocab_size;
+    let logits = b.to_vec(model.logits());
+    Ok(ids[1..]
+        .iter()
+        .enumerate()
+        .map(|(t, &label)| {
+            let z = &logits[t * v..(t + 1) * v];
+            let max = z.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
+            let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let entropy: f64 = z
+                .iter()
+                .map(|&x| {
+                    let lp = x as f64 - lse;
+                    -lp.exp() * lp
+                })
+                .sum();
+            let logprob = z[label as usize] as f64 - lse;
+            TokenTerm {
+                token: vocab.words.word(label).to_string(),
+                logprob: logprob as f32,
+                likelihood_term: (-weight * logprob) as f32,
+                entropy: entropy as f32,
+                entropy_term: (-entropy_weight * entropy) as f32,
+            }
+        })
+        .collect())
 }
