@@ -412,7 +412,7 @@ pub fn explain<B: Backend>(
 ) -> Result<RetrievalExplanation> {
     let c = DiscriTuneConfig::from_settings(settings);
     let dim = retriever.model.config.embed_dim;
-    if candidates.len() % dim != 0 || candidates.is_empty() {
+    if !candidates.len().is_multiple_of(dim) || candidates.is_empty() {
         bail!("the candidates are not {dim}-wide image embeddings of the retriever");
     }
     let n = candidates.len() / dim;
