@@ -8,7 +8,7 @@ use captune::backend::Backend;
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::karpathy;
-use captune::data::shapes::{self, ShapesConfig};
+use captune::data::shapes::{self, Domain, ShapesConfig};
 use captune::data::{Dataset, Split};
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
@@ -35,6 +35,7 @@ fn tiny_world() -> Dataset {
             train: 64,
             val: 16,
             test: 16,
+            domain: Domain::Default,
         };
         shapes::write(&config, &dir).unwrap();
         dir

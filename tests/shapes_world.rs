@@ -4,7 +4,7 @@
 use captune::data::shapes::facts::{self, SceneFact};
 use captune::data::shapes::render::{Placement, background_rgb, colour_rgb, render};
 use captune::data::shapes::scene::{Background, Cell, Colour, Fill, Object, Scene, Shape, Size};
-use captune::data::shapes::{self, ShapesConfig, Verbosity, stats};
+use captune::data::shapes::{self, Domain, ShapesConfig, Verbosity, stats};
 use captune::data::{Split, karpathy};
 
 fn object(shape: Shape, colour: Colour, size: Size, fill: Fill, row: u8, col: u8) -> Object {
@@ -121,8 +121,8 @@ fn every_shape_paints_its_centre_and_not_its_bounding_box_corner() {
 
 #[test]
 fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
-    let a = shapes::generate(7, Split::Train, 42);
-    let b = shapes::generate(7, Split::Train, 42);
+    let a = shapes::generate(7, Domain::Default, Split::Train, 42);
+    let b = shapes::generate(7, Domain::Default, Split::Train, 42);
     assert_eq!(a.scene, b.scene);
     assert_eq!(a.references, b.references);
     assert_eq!(
@@ -131,7 +131,8 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
     );
     let differing = (0..20)
         .filter(|&i| {
-            shapes::generate(8, Split::Train, i).scene != shapes::generate(7, Split::Train, i).scene
+            shapes::generate(8, Domain::Default, Split::Train, i).scene
+                != shapes::generate(7, Domain::Default, Split::Train, i).scene
         })
         .count();
     assert!(
@@ -146,6 +147,7 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
         train: 6,
         val: 2,
         test: 2,
+        domain: Domain::Default,
     };
     let read = |dir: &std::path::Path| {
         let json = std::fs::read(dir.join(shapes::SPLIT_FILE)).unwrap();
@@ -167,7 +169,7 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
     let first_val = data.split(Split::Val).next().unwrap();
     assert_eq!(
         shapes::scene(first_val),
-        Some(shapes::generate(3, Split::Val, 0).scene)
+        Some(shapes::generate(3, Domain::Default, Split::Val, 0).scene)
     );
     assert_eq!(first_val.captions.len(), shapes::REFERENCES);
     std::fs::remove_dir_all(&tmp).unwrap();
@@ -176,7 +178,7 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
 #[test]
 fn caption_mix_is_mostly_concise_with_rare_rich_captions() {
     let split: Vec<_> = (0..400)
-        .map(|i| shapes::generate(0, Split::Val, i))
+        .map(|i| shapes::generate(0, Domain::Default, Split::Val, i))
         .collect();
     let s = stats::split_stats(&split);
     let by = |v: Verbosity| s.by_verbosity.iter().find(|x| x.verbosity == v).unwrap();
@@ -225,8 +227,12 @@ fn caption_mix_is_mostly_concise_with_rare_rich_captions() {
 
 #[test]
 fn every_reference_states_only_true_facts() {
-    for i in 0..300 {
-        let g = shapes::generate(1, Split::Train, i);
+    let worlds = [Domain::Default, Domain::Shifted];
+    for (domain, i) in worlds
+        .into_iter()
+        .flat_map(|d| (0..300).map(move |i| (d, i)))
+    {
+        let g = shapes::generate(1, domain, Split::Train, i);
         for (v, caption) in &g.references {
             let checked = facts::check(caption, &g.scene);
             assert!(checked.stated > 0, "{caption:?} states something");
@@ -244,6 +250,72 @@ fn every_reference_states_only_true_facts() {
             }
         }
     }
+}
+
+/// The default world is the one every figure in docs/ was measured on:
+/// its scenes and references are pinned (a fingerprint of the first 200
+/// training images of seed 0, taken when the shifted world was added and
+/// checked then against the generator before it, byte for byte).
+#[test]
+fn the_default_world_is_pinned() {
+    let json: Vec<String> = (0..200)
+        .map(|i| {
+            let g = shapes::generate(0, Domain::Default, Split::Train, i);
+            serde_json::to_string(&(&g.scene, &g.references)).unwrap()
+        })
+        .collect();
+    let fingerprint = captune::tensorfile::fingerprint(json.join("\n").as_bytes());
+    assert_eq!(fingerprint, PINNED_DEFAULT_WORLD);
+}
+
+const PINNED_DEFAULT_WORLD: &str = "88d004b65cecccf5";
+
+/// The shifted world moves every frequency: more objects, other
+/// colours, sizes and backgrounds, more rich captions.
+#[test]
+fn the_shifted_world_moves_every_frequency() {
+    let world: Vec<_> = (0..600)
+        .map(|i| shapes::generate(0, Domain::Shifted, Split::Test, i))
+        .collect();
+    let objects: Vec<&Object> = world.iter().flat_map(|g| &g.scene.objects).collect();
+    let share = |f: &dyn Fn(&Object) -> bool| {
+        objects.iter().filter(|o| f(o)).count() as f64 / objects.len() as f64
+    };
+    assert!(
+        world
+            .iter()
+            .all(|g| (3..=6).contains(&g.scene.objects.len()))
+    );
+    assert!(world.iter().any(|g| g.scene.objects.len() == 6));
+    let warm = |o: &Object| {
+        matches!(
+            o.colour,
+            Colour::Purple | Colour::Orange | Colour::Pink | Colour::Brown
+        )
+    };
+    // 24 of 29 by the weights, against 4 of 8 in the default world.
+    assert!((0.78..0.88).contains(&share(&warm)), "{}", share(&warm));
+    let small = share(&|o: &Object| o.size == Size::Small);
+    assert!((0.75..0.85).contains(&small), "{small}");
+    let backgrounds: std::collections::HashSet<Background> =
+        world.iter().map(|g| g.scene.background).collect();
+    assert_eq!(
+        backgrounds,
+        [Background::Beige, Background::Teal, Background::Black].into()
+    );
+    let s = stats::split_stats(&world);
+    let rich = s
+        .by_verbosity
+        .iter()
+        .find(|x| x.verbosity == Verbosity::Rich);
+    assert!((0.25..0.35).contains(&rich.unwrap().share), "{s:?}");
+    // The default world never draws the shifted world's backgrounds.
+    assert!((0..600).all(|i| {
+        let b = shapes::generate(0, Domain::Default, Split::Test, i)
+            .scene
+            .background;
+        [Background::White, Background::Gray, Background::Black].contains(&b)
+    }));
 }
 
 /// (caption, stated facts, true ones, scene facts covered).

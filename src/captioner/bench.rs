@@ -116,7 +116,7 @@ fn workload_batches(
         Workload::Shapes => {
             let captions: Vec<Vec<String>> = (0..batch * batches)
                 .map(|i| {
-                    let image = shapes::generate(0, Split::Train, i);
+                    let image = shapes::generate(0, shapes::Domain::Default, Split::Train, i);
                     let refs = &image.references;
                     ptb_tokenize(&refs[rng.random_range(0..refs.len())].1)
                 })

@@ -37,7 +37,7 @@ pub fn run(what: DataCommand) -> Result<()> {
 fn shapes_world(out: &std::path::Path, config: &ShapesConfig) -> Result<()> {
     shapes::write(config, out)?;
     let val: Vec<_> = (0..config.val)
-        .map(|i| shapes::generate(config.seed, Split::Val, i))
+        .map(|i| shapes::generate(config.seed, config.domain, Split::Val, i))
         .collect();
     let stats = shapes::stats::split_stats(&val);
     println!(

@@ -3,7 +3,7 @@
 
 use captune::captioner::train::CaptionData;
 use captune::data::karpathy;
-use captune::data::shapes::{self, ShapesConfig};
+use captune::data::shapes::{self, Domain, ShapesConfig};
 use captune::gpu::{GpuBackend, adapter};
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
@@ -158,6 +158,7 @@ pub fn tiny_data() -> CaptionData {
             train: 96,
             val: 16,
             test: 16,
+            domain: Domain::Default,
         };
         shapes::write(&config, &dir).unwrap();
         dir

@@ -10,6 +10,7 @@
 //! Templates and synonyms vary within each, so several correct captions
 //! exist for one image, they differ in detail, and their syntax differs.
 
+use super::domain::Domain;
 use super::lexicon::{self, cell_phrase};
 use super::scene::{Object, Scene};
 use rand::Rng;
@@ -25,23 +26,12 @@ pub enum Verbosity {
 impl Verbosity {
     pub const ALL: [Verbosity; 3] = [Verbosity::Concise, Verbosity::Medium, Verbosity::Rich];
 
-    /// The share of captions each annotator writes.
+    /// The share of captions each annotator writes in the default world.
     pub fn share(self) -> f64 {
         match self {
             Verbosity::Concise => 0.62,
             Verbosity::Medium => 0.30,
             Verbosity::Rich => 0.08,
-        }
-    }
-
-    fn draw(rng: &mut impl Rng) -> Verbosity {
-        let u: f64 = rng.random();
-        if u < Verbosity::Concise.share() {
-            Verbosity::Concise
-        } else if u < Verbosity::Concise.share() + Verbosity::Medium.share() {
-            Verbosity::Medium
-        } else {
-            Verbosity::Rich
         }
     }
 }
@@ -245,10 +235,15 @@ pub fn caption(rng: &mut impl Rng, scene: &Scene, verbosity: Verbosity) -> Strin
 }
 
 /// `count` references, each from an annotator drawn by [`Verbosity::share`].
-pub fn references(rng: &mut impl Rng, scene: &Scene, count: usize) -> Vec<(Verbosity, String)> {
+pub fn references(
+    rng: &mut impl Rng,
+    scene: &Scene,
+    domain: Domain,
+    count: usize,
+) -> Vec<(Verbosity, String)> {
     (0..count)
         .map(|_| {
-            let v = Verbosity::draw(rng);
+            let v = domain.verbosity(rng);
             (v, caption(rng, scene, v))
         })
         .collect()

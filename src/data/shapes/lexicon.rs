@@ -43,6 +43,8 @@ pub fn background_words(b: Background) -> &'static [&'static str] {
         Background::White => &["white"],
         Background::Gray => &["gray", "grey"],
         Background::Black => &["black"],
+        Background::Beige => &["beige"],
+        Background::Teal => &["teal"],
     }
 }
 

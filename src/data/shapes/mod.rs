@@ -4,6 +4,7 @@
 //! with each scene added) and read back like any Karpathy data set.
 
 pub mod captions;
+pub mod domain;
 pub mod facts;
 pub mod lexicon;
 pub mod render;
@@ -11,6 +12,7 @@ pub mod scene;
 pub mod stats;
 
 pub use captions::Verbosity;
+pub use domain::Domain;
 pub use scene::Scene;
 
 use super::{Dataset, Split};
@@ -41,6 +43,12 @@ pub struct ShapesConfig {
     pub val: usize,
     #[arg(id = "shapes_test", long = "shapes-test", default_value_t = 1_000)]
     pub test: usize,
+    /// The world's distributions: default, or shifted (other colour and
+    /// size frequencies, more objects, other backgrounds, another caption
+    /// mix) to evaluate out of domain.
+    #[arg(id = "shapes_domain", long = "shapes-domain", value_enum, default_value_t = Domain::Default)]
+    #[serde(default, skip_serializing_if = "Domain::is_default")]
+    pub domain: Domain,
 }
 
 impl Default for ShapesConfig {
@@ -51,6 +59,7 @@ impl Default for ShapesConfig {
             train: 20_000,
             val: 1_000,
             test: 1_000,
+            domain: Domain::Default,
         }
     }
 }
@@ -66,8 +75,12 @@ impl ShapesConfig {
 
     /// The cache folder's name: every setting that changes the output.
     fn cache_name(&self) -> String {
+        let domain = match self.domain {
+            Domain::Default => String::new(),
+            d => format!("-{}", d.data_name().trim_start_matches("shapes-")),
+        };
         format!(
-            "shapes-v{GENERATOR_VERSION}-seed{}-{}px-{}-{}-{}",
+            "shapes-v{GENERATOR_VERSION}-seed{}-{}px-{}-{}-{}{domain}",
             self.seed, self.image_size, self.train, self.val, self.test
         )
     }
@@ -88,10 +101,10 @@ fn rng_for(seed: u64, split: Split, index: usize) -> ChaCha8Rng {
     rng
 }
 
-pub fn generate(seed: u64, split: Split, index: usize) -> Generated {
+pub fn generate(seed: u64, domain: Domain, split: Split, index: usize) -> Generated {
     let mut rng = rng_for(seed, split, index);
-    let scene = Scene::random(&mut rng);
-    let references = captions::references(&mut rng, &scene, REFERENCES);
+    let scene = Scene::random(&mut rng, domain);
+    let references = captions::references(&mut rng, &scene, domain, REFERENCES);
     Generated { scene, references }
 }
 
@@ -138,7 +151,7 @@ pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
         generated.extend(
             (0..config.count(split))
                 .into_par_iter()
-                .map(|i| generate(config.seed, split, i))
+                .map(|i| generate(config.seed, config.domain, split, i))
                 .collect::<Vec<_>>(),
         );
         generated[start..]
@@ -176,7 +189,7 @@ pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
         })
         .collect();
     let json = serde_json::json!({
-        "dataset": "shapes",
+        "dataset": config.domain.data_name(),
         "generator": config,
         "images": images,
     });
@@ -201,7 +214,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
     }
     let file = dir.join(SPLIT_FILE);
     let mut data = super::karpathy::load(&file, None)?;
-    data.name = "shapes".into();
+    data.name = config.domain.data_name().into();
     // Every image carries its scene: the facts metrics read them.
     for item in &data.items {
         let Some(value) = item.extensions.get(SCENE_KEY) else {

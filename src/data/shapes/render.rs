@@ -23,6 +23,8 @@ pub fn background_rgb(b: Background) -> Rgb<u8> {
         Background::White => [245, 245, 245],
         Background::Gray => [128, 128, 128],
         Background::Black => [20, 20, 20],
+        Background::Beige => [225, 210, 175],
+        Background::Teal => [20, 110, 115],
     })
 }
 

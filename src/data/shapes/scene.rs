@@ -1,7 +1,8 @@
-//! A shapes-world scene: a background and 1-4 objects on a 3x3 grid, each
+//! A shapes-world scene: a background and 1-6 objects on a 3x3 grid, each
 //! with a shape, colour, size and fill. Scenes are drawn from a seeded RNG
 //! per image, so image i of a split never depends on the others.
 
+use super::domain::Domain;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,9 @@ attribute!(Background {
     White = "white",
     Gray = "gray",
     Black = "black",
+    // Only the shifted world draws these (domain.rs).
+    Beige = "beige",
+    Teal = "teal",
 });
 
 /// A grid cell: row 0 is the top, column 0 the left.
@@ -82,16 +86,11 @@ pub struct Scene {
     pub objects: Vec<Object>,
 }
 
-pub const MAX_OBJECTS: usize = 4;
-
-fn pick<T: Copy>(rng: &mut impl Rng, items: &[T]) -> T {
-    items[rng.random_range(0..items.len())]
-}
-
 impl Scene {
-    /// 1-4 objects (uniform), in distinct cells, listed in reading order.
-    pub fn random(rng: &mut impl Rng) -> Scene {
-        let count = rng.random_range(1..=MAX_OBJECTS);
+    /// Objects in distinct cells, listed in reading order, drawn from
+    /// `domain`'s distributions.
+    pub fn random(rng: &mut impl Rng, domain: Domain) -> Scene {
+        let count = domain.object_count(rng);
         let mut cells: Vec<Cell> = (0..GRID)
             .flat_map(|row| (0..GRID).map(move |col| Cell { row, col }))
             .collect();
@@ -101,15 +100,15 @@ impl Scene {
         let objects = cells
             .into_iter()
             .map(|cell| Object {
-                shape: pick(rng, Shape::ALL),
-                colour: pick(rng, Colour::ALL),
-                size: pick(rng, Size::ALL),
-                fill: pick(rng, Fill::ALL),
+                shape: domain.shape(rng),
+                colour: domain.colour(rng),
+                size: domain.size(rng),
+                fill: domain.fill(rng),
                 cell,
             })
             .collect();
         Scene {
-            background: pick(rng, Background::ALL),
+            background: domain.background(rng),
             objects,
         }
     }
