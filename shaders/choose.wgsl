@@ -1,6 +1,9 @@
 // Token choice for generation, on the device: each row's next token from
-// its logits [rows, vocab], greedy (argmax, lowest id on ties) or sampled
-// with temperature, top-k and top-p. One thread per row, walking the
+// its logits [rows, vocab], greedy (argmax, lowest id on ties), sampled
+// with temperature, top-k and top-p, or by the Gumbel-max trick (argmax of
+// the logits plus Gumbel noise hashed from (seed, row, step, token)); and
+// the Gumbel-softmax relaxation of that last choice (gumbel_logits), which
+// draws the same noise again. One thread per row, walking the
 // vocabulary in id order, so the CPU twin (src/cpu/choose.rs) runs the
 // same arithmetic in the same order and draws the same random bits.
 //
@@ -22,7 +25,7 @@ struct Params {
     vocab: u32,
     step: u32,
     steps: u32,        // columns of history and logprobs
-    sample: u32,       // 0: greedy
+    sample: u32,       // 0: greedy, 1: sample, 2: Gumbel-max
     top_k: u32,        // 0: every token
     temperature: f32,
     top_p: f32,
@@ -60,6 +63,18 @@ fn random_unit(row: u32, step: u32) -> f32 {
     h = mix32(h ^ row);
     h = mix32(h ^ step);
     return f32(h >> 8u) * (1.0 / 16777216.0);
+}
+
+// Gumbel noise -log(-log u) for token j, u in (0, 1) from the counter
+// (seed, row, step, j).
+fn gumbel(seed_lo: u32, seed_hi: u32, row: u32, step: u32, j: u32) -> f32 {
+    var h = mix32(seed_lo ^ 0x85ebca6bu);
+    h = mix32(h ^ seed_hi);
+    h = mix32(h ^ row);
+    h = mix32(h ^ step);
+    h = mix32(h ^ j);
+    let u = (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
+    return -log(-log(u));
 }
 
 // Larger floats get larger keys.
@@ -130,6 +145,16 @@ fn choose_tokens(@builtin(global_invocation_id) gid: vec3<u32>) {
                 found = true;
             }
         }
+    } else if (p.sample == 2u) {
+        var best = NEG_INF;
+        for (var j = 0u; j < p.vocab; j++) {
+            let v = logits[base + j] + gumbel(p.seed_lo, p.seed_hi, p.first_row + row, p.step, j);
+            if (allowed(j) && (!found || v > best)) {
+                chosen = j;
+                best = v;
+                found = true;
+            }
+        }
     } else {
         var candidates = 0u;
         var best = NEG_INF;
@@ -174,4 +199,32 @@ fn choose_tokens(@builtin(global_invocation_id) gid: vec3<u32>) {
     history[out] = chosen;
     logprobs[out] = logits[base + chosen] - lse;
     next[row] = chosen;
+}
+
+// gumbel_logits: out[r, j] = (logits[r, j] + gumbel(seed, first_row +
+// r / positions, r % positions, j)) / tau, one thread per element.
+struct GumbelParams {
+    len: u32,
+    vocab: u32,
+    positions: u32,
+    first_row: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    tau: f32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> g: GumbelParams;
+@group(0) @binding(1) var<storage, read> teacher_logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> perturbed: array<f32>;
+
+@compute @workgroup_size(256)
+fn gumbel_logits(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i >= g.len) { return; }
+    let r = i / g.vocab;
+    let j = i % g.vocab;
+    let noise = gumbel(g.seed_lo, g.seed_hi, g.first_row + r / g.positions, r % g.positions, j);
+    perturbed[i] = (teacher_logits[i] + noise) / g.tau;
 }

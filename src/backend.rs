@@ -522,8 +522,21 @@ pub struct Sampling {
     pub top_p: f32,
 }
 
+/// How a [`TokenChoice`] picks a row's token.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ChoiceRule {
+    /// The most likely allowed token (lowest id on ties).
+    Greedy,
+    Sample(Sampling),
+    /// The allowed token with the largest logit plus Gumbel noise
+    /// g(seed, row, step, token) (a sample at temperature 1 by the
+    /// Gumbel-max trick), whose noise [`Backend::gumbel_logits`] draws
+    /// again for the relaxation of the same choice.
+    Gumbel,
+}
+
 /// One step of token choice over `[rows, vocab]` logits (see
-/// `shaders/choose.wgsl`): greedy when `sample` is `None`.
+/// `shaders/choose.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TokenChoice {
     pub rows: usize,
@@ -532,7 +545,7 @@ pub struct TokenChoice {
     pub step: u32,
     /// Columns of `history` and `logprobs`.
     pub steps: usize,
-    pub sample: Option<Sampling>,
+    pub rule: ChoiceRule,
     pub seed: u64,
     /// Added to the row index in the random counter, so that the rows of
     /// successive batches draw different numbers.
@@ -903,6 +916,22 @@ pub trait Backend: 'static {
         next: &mut Self::Ids,
         history: &mut Self::Ids,
         logprobs: &mut Self::Tensor,
+    );
+    /// out[r, j] = (logits[r, j] + g(seed, first_row + r / positions,
+    /// r % positions, j)) / tau over teacher-forced rows `[sequences *
+    /// positions, vocab]`: the noise [`ChoiceRule::Gumbel`] chose sequence
+    /// r / positions's token at step r % positions with, so a softmax of
+    /// `out` is the Gumbel-softmax relaxation of that choice.
+    #[allow(clippy::too_many_arguments)]
+    fn gumbel_logits(
+        &self,
+        logits: &Self::Tensor,
+        vocab: usize,
+        positions: usize,
+        seed: u64,
+        first_row: u32,
+        tau: f32,
+        out: &mut Self::Tensor,
     );
 
     // ---- optimiser ----

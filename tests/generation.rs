@@ -7,7 +7,7 @@
 
 mod common;
 
-use captune::backend::{Backend, Storage, TokenChoice};
+use captune::backend::{Backend, ChoiceRule, Storage, TokenChoice};
 use captune::captioner::CaptionerConfig;
 use captune::captioner::decode::{
     BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
@@ -153,7 +153,7 @@ fn recomputed<B: Backend>(
     let (d, v, steps) = (c.embed_dim, c.vocab_size, c.token_positions());
     let per_image = decoding.rows_per_image();
     let rows = features.len() / d * per_image;
-    let (sample, seed) = match *decoding {
+    let (rule, seed) = match *decoding {
         Decoding::Sample {
             temperature,
             top_k,
@@ -161,14 +161,15 @@ fn recomputed<B: Backend>(
             seed,
             ..
         } => (
-            Some(captune::backend::Sampling {
+            ChoiceRule::Sample(captune::backend::Sampling {
                 temperature,
                 top_k: top_k as u32,
                 top_p,
             }),
             seed,
         ),
-        _ => (None, 0),
+        Decoding::Gumbel { seed, .. } => (ChoiceRule::Gumbel, seed),
+        _ => (ChoiceRule::Greedy, 0),
     };
     let row_features: Vec<f32> = (0..rows)
         .flat_map(|r| features[r / per_image * d..][..d].to_vec())
@@ -191,7 +192,7 @@ fn recomputed<B: Backend>(
             vocab: v,
             step: step as u32,
             steps,
-            sample,
+            rule,
             seed,
             first_row: 0,
             banned,
@@ -230,6 +231,7 @@ fn decodings() -> Vec<(Decoding, bool)> {
     ]
     .into_iter()
     .map(|(text, suppress)| (Decoding::parse(text).unwrap(), suppress))
+    .chain([(Decoding::Gumbel { n: 3, seed: 15 }, true)])
     .collect()
 }
 
@@ -503,4 +505,63 @@ fn beam_search_over_the_cache_equals_recomputation() {
     check("cpu", beams_both_ways(&CpuBackend::new()));
     let Some(g) = gpu() else { return };
     check("gpu", beams_both_ways(&g));
+}
+
+/// Gumbel-max choice samples the softmax: over 6000 rows of the same
+/// logits, each token's share is within 0.02 of its probability; and
+/// `gumbel_logits` draws the noise it chose with: the perturbed row's
+/// largest allowed entry is the chosen token, at any temperature.
+#[test]
+fn gumbel_max_samples_the_softmax_and_its_noise_is_drawn_again() {
+    let b = CpuBackend::new();
+    let (rows, vocab) = (6000, 6);
+    let z = [0.0f32, 0.0, 1.0, 0.5, -1.0, 2.0];
+    let logits: Vec<f32> = (0..rows).flat_map(|_| z).collect();
+    let logits = b.tensor(&logits);
+    let (mut next, mut history, mut logprobs) = (
+        b.ids(&vec![0; rows]),
+        b.ids(&vec![PAD; rows]),
+        b.zeros(rows),
+    );
+    let choice = TokenChoice {
+        rows,
+        vocab,
+        step: 0,
+        steps: 1,
+        rule: ChoiceRule::Gumbel,
+        seed: 99,
+        first_row: 0,
+        banned: u32::MAX,
+        bos: 0,
+        eos: 1,
+        pad: 4,
+    };
+    b.choose_tokens(&logits, &choice, &mut next, &mut history, &mut logprobs);
+    let chosen = b.ids_to_vec(&next);
+    // Tokens 0 and 4 (bos, pad) are never chosen: the rest share the mass.
+    let allowed = [1usize, 2, 3, 5];
+    let total: f64 = allowed.iter().map(|&j| (z[j] as f64).exp()).sum();
+    for (j, &zj) in z.iter().enumerate() {
+        let share = chosen.iter().filter(|&&c| c as usize == j).count() as f64 / rows as f64;
+        let p = if allowed.contains(&j) {
+            (zj as f64).exp() / total
+        } else {
+            0.0
+        };
+        assert!((share - p).abs() < 0.02, "token {j}: share {share}, p {p}");
+    }
+    for tau in [0.3, 1.0, 3.0] {
+        let mut perturbed = b.zeros(rows * vocab);
+        b.gumbel_logits(&logits, vocab, 1, 99, 0, tau, &mut perturbed);
+        let perturbed = b.to_vec(&perturbed);
+        for (r, &c) in chosen.iter().enumerate() {
+            let row = &perturbed[r * vocab..(r + 1) * vocab];
+            let best = allowed
+                .iter()
+                .copied()
+                .max_by(|&x, &y| row[x].total_cmp(&row[y]))
+                .unwrap();
+            assert_eq!(best as u32, c, "row {r} at tau {tau}");
+        }
+    }
 }

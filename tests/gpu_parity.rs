@@ -5,8 +5,8 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows, Storage,
-    TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, Backend, ChoiceRule, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows,
+    Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
@@ -662,7 +662,8 @@ fn recorded_work_runs_in_program_order_around_writes() {
 // ---- token choice ----
 
 /// Greedy, plain sampling, temperature with top-k, top-p, both with a
-/// banned token, over rows of which some ended at the previous step.
+/// banned token, and Gumbel-max (banned token too), over rows of which
+/// some ended at the previous step.
 /// The chosen ids must be identical (compared exactly), the
 /// log-probabilities close.
 fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
@@ -676,6 +677,7 @@ fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
         Some((0.7, 5, 1.0)),
         Some((1.3, 0, 0.9)),
         Some((1.0, 40, 0.8)),
+        None,
     ];
     let mut outs = Vec::new();
     for (i, setting) in settings.into_iter().enumerate() {
@@ -691,11 +693,15 @@ fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
             vocab,
             step: 1,
             steps,
-            sample: setting.map(|(temperature, top_k, top_p)| Sampling {
-                temperature,
-                top_k,
-                top_p,
-            }),
+            rule: match setting {
+                None if i == 0 => ChoiceRule::Greedy,
+                None => ChoiceRule::Gumbel,
+                Some((temperature, top_k, top_p)) => ChoiceRule::Sample(Sampling {
+                    temperature,
+                    top_k,
+                    top_p,
+                }),
+            },
             seed: 0x1234_5678_9abc_def0 + i as u64,
             first_row: 100,
             banned: if i >= 3 { 3 } else { u32::MAX },
@@ -715,6 +721,26 @@ fn choose_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn token_choice_matches_cpu() {
     parity!(choose_cases, 1e-5, 1e-5);
+}
+
+/// The Gumbel-perturbed, tempered logits of 5 sequences x 7 positions,
+/// at two temperatures and a seed past 32 bits.
+fn gumbel_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, vocab) = (5 * 7, 129);
+    let logits = b.tensor(&random(rows * vocab, 4));
+    [(0.5, 3u64, 0u32), (2.0, 0xfeed_0000_0001, 40)]
+        .into_iter()
+        .map(|(tau, seed, first_row)| {
+            let mut out = b.zeros(rows * vocab);
+            b.gumbel_logits(&logits, vocab, 7, seed, first_row, tau, &mut out);
+            b.to_vec(&out)
+        })
+        .collect()
+}
+
+#[test]
+fn gumbel_logits_match_cpu() {
+    parity!(gumbel_cases, 1e-4, 1e-4);
 }
 
 /// A buffer dropped after recording serves the next allocation at once,

@@ -13,7 +13,7 @@
 
 use super::CaptionVocab;
 use super::model::{Captioner, MapperActivations};
-use crate::backend::{Backend, HeadLayout, Matmul, Sampling, TokenChoice};
+use crate::backend::{Backend, ChoiceRule, HeadLayout, Matmul, Sampling, TokenChoice};
 use crate::data::vocab::{BOS, EOS, PAD, UNK};
 use crate::model::kv_cache::KvCache;
 use anyhow::{Result, bail};
@@ -36,6 +36,14 @@ pub enum Decoding {
         temperature: f32,
         top_k: usize,
         top_p: f32,
+        seed: u64,
+    },
+    /// `n` samples per image at temperature 1 by the Gumbel-max trick,
+    /// with noise `Backend::gumbel_logits` draws again (row = the
+    /// sample's index among all images' samples, step = its position):
+    /// what a straight-through Gumbel-softmax objective relaxes.
+    Gumbel {
+        n: usize,
         seed: u64,
     },
 }
@@ -124,7 +132,7 @@ impl Decoding {
         match *self {
             Decoding::Greedy => 1,
             Decoding::Beam { width, .. } => width,
-            Decoding::Sample { n, .. } => n,
+            Decoding::Sample { n, .. } | Decoding::Gumbel { n, .. } => n,
         }
     }
 
@@ -133,7 +141,7 @@ impl Decoding {
         match *self {
             Decoding::Greedy => 1,
             Decoding::Beam { n_best, .. } => n_best,
-            Decoding::Sample { n, .. } => n,
+            Decoding::Sample { n, .. } | Decoding::Gumbel { n, .. } => n,
         }
     }
 }
@@ -337,7 +345,12 @@ pub fn generate<B: Backend>(
             .collect();
         decoder.start(b, &rows_features);
         let generated = match *decoding {
-            Decoding::Greedy => choose_on_device(b, &mut decoder, None, 0, 0, banned),
+            Decoding::Greedy => choose_on_device(b, &mut decoder, ChoiceRule::Greedy, 0, 0, banned),
+            Decoding::Gumbel { seed, .. } => {
+                let first_row = (first * per_row) as u32;
+                let rule = ChoiceRule::Gumbel;
+                choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
+            }
             Decoding::Sample {
                 temperature,
                 top_k,
@@ -351,7 +364,8 @@ pub fn generate<B: Backend>(
                     top_p,
                 };
                 let first_row = (first * per_row) as u32;
-                choose_on_device(b, &mut decoder, Some(sampling), seed, first_row, banned)
+                let rule = ChoiceRule::Sample(sampling);
+                choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
             }
             Decoding::Beam { width, n_best } => beam_rows(
                 b,
@@ -382,7 +396,7 @@ pub fn generate<B: Backend>(
 fn choose_on_device<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
-    sample: Option<Sampling>,
+    rule: ChoiceRule,
     seed: u64,
     first_row: u32,
     banned: u32,
@@ -397,7 +411,7 @@ fn choose_on_device<B: Backend>(
             vocab: decoder.model.config.vocab_size,
             step: step as u32,
             steps,
-            sample,
+            rule,
             seed,
             first_row,
             banned,

@@ -3,7 +3,7 @@
 //! backends choose the same ids for the same seed (up to a device's `exp`
 //! and `log` rounding, for a draw on the boundary between two tokens).
 
-use crate::backend::TokenChoice;
+use crate::backend::{ChoiceRule, TokenChoice};
 use rayon::prelude::*;
 
 fn mix32(v: u32) -> u32 {
@@ -23,6 +23,18 @@ pub fn random_unit(seed: u64, row: u32, step: u32) -> f32 {
     h = mix32(h ^ row);
     h = mix32(h ^ step);
     (h >> 8) as f32 * (1.0 / 16_777_216.0)
+}
+
+/// Gumbel noise -ln(-ln u) for token j, u in (0, 1) from the counter
+/// (seed, row, step, j).
+pub fn gumbel(seed: u64, row: u32, step: u32, j: u32) -> f32 {
+    let mut h = mix32(seed as u32 ^ 0x85eb_ca6b);
+    h = mix32(h ^ (seed >> 32) as u32);
+    h = mix32(h ^ row);
+    h = mix32(h ^ step);
+    h = mix32(h ^ j);
+    let u = ((h >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0);
+    -(-u.ln()).ln()
 }
 
 /// Larger floats get larger keys.
@@ -48,8 +60,8 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
     let top = z.iter().fold(f32::MIN, |m, &x| m.max(x));
     let sum: f32 = z.iter().fold(0.0, |s, &x| s + (x - top).exp());
     let lse = top + sum.ln();
-    let chosen = match c.sample {
-        None => {
+    let chosen = match c.rule {
+        ChoiceRule::Greedy => {
             let mut chosen = None::<usize>;
             for j in (0..z.len()).filter(|&j| allowed(j)) {
                 if chosen.is_none_or(|k| z[j] > z[k]) {
@@ -58,7 +70,17 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
             }
             chosen.unwrap_or(0)
         }
-        Some(s) => {
+        ChoiceRule::Gumbel => {
+            let mut chosen = None::<(usize, f32)>;
+            for j in (0..z.len()).filter(|&j| allowed(j)) {
+                let v = z[j] + gumbel(c.seed, c.first_row + row, c.step, j as u32);
+                if chosen.is_none_or(|(_, best)| v > best) {
+                    chosen = Some((j, v));
+                }
+            }
+            chosen.map_or(0, |c| c.0)
+        }
+        ChoiceRule::Sample(s) => {
             let tempered = |j: usize| (z[j] - lse) / s.temperature;
             let candidates = (0..z.len()).filter(|&j| allowed(j)).count();
             let best = (0..z.len())
@@ -140,4 +162,25 @@ pub fn choose_tokens(
         logprobs[r * steps + step] = logprob;
         next[r] = token;
     }
+}
+
+/// CPU twin of the `gumbel_logits` kernel.
+pub fn gumbel_logits(
+    logits: &[f32],
+    vocab: usize,
+    positions: usize,
+    seed: u64,
+    first_row: u32,
+    tau: f32,
+    out: &mut [f32],
+) {
+    out.par_chunks_mut(vocab)
+        .zip(logits.par_chunks(vocab))
+        .enumerate()
+        .for_each(|(r, (o, z))| {
+            let (sequence, step) = ((r / positions) as u32, (r % positions) as u32);
+            for (j, (o, &z)) in o.iter_mut().zip(z).enumerate() {
+                *o = (z + gumbel(seed, first_row + sequence, step, j as u32)) / tau;
+            }
+        });
 }

@@ -355,6 +355,23 @@ impl Backend for CpuBackend {
         choose::choose_tokens(logits, choice, next, history, logprobs);
     }
 
+    fn gumbel_logits(
+        &self,
+        logits: &Vec<f32>,
+        vocab: usize,
+        positions: usize,
+        seed: u64,
+        first_row: u32,
+        tau: f32,
+        out: &mut Vec<f32>,
+    ) {
+        assert!(
+            out.len() == logits.len() && logits.len().is_multiple_of(vocab * positions),
+            "gumbel_logits: shapes do not fit"
+        );
+        choose::gumbel_logits(logits, vocab, positions, seed, first_row, tau, out);
+    }
+
     fn log_softmax_gather(
         &self,
         logits: &Vec<f32>,

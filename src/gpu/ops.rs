@@ -4,8 +4,8 @@
 
 use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows,
-    Storage, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, Backend, BackendKind, ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce,
+    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -148,6 +148,19 @@ struct ChooseParams {
     bos: u32,
     eos: u32,
     pad: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct GumbelParams {
+    len: u32,
+    vocab: u32,
+    positions: u32,
+    first_row: u32,
+    seed_lo: u32,
+    seed_hi: u32,
+    tau: f32,
     _pad: u32,
 }
 
@@ -952,7 +965,12 @@ impl Backend for GpuBackend {
         history: &mut GpuIds,
         logprobs: &mut GpuTensor,
     ) {
-        let sampling = choice.sample.unwrap_or(crate::backend::Sampling {
+        let (rule, sampling) = match choice.rule {
+            ChoiceRule::Greedy => (0, None),
+            ChoiceRule::Sample(s) => (1, Some(s)),
+            ChoiceRule::Gumbel => (2, None),
+        };
+        let sampling = sampling.unwrap_or(crate::backend::Sampling {
             temperature: 1.0,
             top_k: 0,
             top_p: 1.0,
@@ -962,7 +980,7 @@ impl Backend for GpuBackend {
             vocab: u(choice.vocab),
             step: choice.step,
             steps: u(choice.steps),
-            sample: choice.sample.is_some() as u32,
+            sample: rule,
             top_k: sampling.top_k,
             temperature: sampling.temperature,
             top_p: sampling.top_p,
@@ -981,6 +999,40 @@ impl Backend for GpuBackend {
             &params,
             &[&logits.0, &next.0, &history.0, &logprobs.0],
             [u(choice.rows.div_ceil(64)), 1, 1],
+        );
+    }
+
+    fn gumbel_logits(
+        &self,
+        logits: &GpuTensor,
+        vocab: usize,
+        positions: usize,
+        seed: u64,
+        first_row: u32,
+        tau: f32,
+        out: &mut GpuTensor,
+    ) {
+        let len = logits.len();
+        assert!(
+            out.len() == len && len.is_multiple_of(vocab * positions),
+            "gumbel_logits: shapes do not fit"
+        );
+        let params = GumbelParams {
+            len: u(len),
+            vocab: u(vocab),
+            positions: u(positions),
+            first_row,
+            seed_lo: seed as u32,
+            seed_hi: (seed >> 32) as u32,
+            tau,
+            _pad: 0,
+        };
+        self.dispatch(
+            "choose",
+            "gumbel_logits",
+            &params,
+            &[&logits.0, &out.0],
+            self.grid_for(len),
         );
     }
 
