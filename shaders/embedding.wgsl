@@ -1,5 +1,7 @@
 // Embedding lookup and its deterministic backward.
-// Forward: out[i, c] (+)= table[ids[i], c]. One thread per output element.
+// Forward: out[i, c] (+)= table[ids[i], c], or 0 where ids[i] is
+// 0xffffffff (NO_ROW: a gather that moves rows between layouts leaves the
+// rows with no source at zero). One thread per output element.
 // Backward: the host groups token positions by id (see src/index.rs):
 // `unique` holds each distinct id once, positions of unique[u] are
 // order[offsets[u] .. offsets[u + 1]] in ascending order. One thread per
@@ -26,7 +28,8 @@ fn embedding_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     if (i >= p.len) { return; }
     let token = i / p.dim;
     let c = i % p.dim;
-    var v = table[ids[token] * p.dim + c];
+    var v = 0.0;
+    if (ids[token] != 0xffffffffu) { v = table[ids[token] * p.dim + c]; }
     if (p.accumulate != 0u) { v += out[i]; }
     out[i] = v;
 }

@@ -522,6 +522,9 @@ pub struct Sampling {
     pub top_p: f32,
 }
 
+/// An id [`Backend::embedding`] reads as a row of zeros.
+pub const NO_ROW: u32 = u32::MAX;
+
 /// How a [`TokenChoice`] picks a row's token.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ChoiceRule {
@@ -820,7 +823,8 @@ pub trait Backend: 'static {
     // ---- embeddings ----
     /// out[i, :] (+)= table[ids[i], :] for every i of `ids`, which must
     /// name rows of `table` (a [`TokenIndex`] checked them, or a kernel
-    /// wrote them).
+    /// wrote them) or be [`NO_ROW`] (a zero row: a gather moving rows
+    /// between layouts leaves the rows without a source at zero).
     fn embedding(
         &self,
         table: &Self::Tensor,

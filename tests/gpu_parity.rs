@@ -5,8 +5,8 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, ChoiceRule, HeadLayout, Matmul, Operand, Reduce, Sampling, SoftmaxRows,
-    Storage, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, Backend, ChoiceRule, HeadLayout, Matmul, NO_ROW, Operand, Reduce, Sampling,
+    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::MatmulKernel;
@@ -407,7 +407,20 @@ fn embedding_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     b.embedding(&table, &ids.ids, &mut out, dim, true);
     let mut dtable = b.tensor(&random(vocab * dim, 4));
     b.embedding_backward(&b.tensor(&random(n * dim, 5)), &ids, &mut dtable, dim);
-    vec![b.to_vec(&out), b.to_vec(&dtable)]
+    // A gather with rows of no source: zero when written, unchanged when added.
+    let mut moved = random_ids(n, vocab as u32, 6);
+    moved.iter_mut().step_by(3).for_each(|id| *id = NO_ROW);
+    let moved = b.ids(&moved);
+    let mut written = b.tensor(&random(n * dim, 7));
+    b.embedding(&table, &moved, &mut written, dim, false);
+    let mut added = b.tensor(&random(n * dim, 8));
+    b.embedding(&table, &moved, &mut added, dim, true);
+    vec![
+        b.to_vec(&out),
+        b.to_vec(&dtable),
+        b.to_vec(&written),
+        b.to_vec(&added),
+    ]
 }
 
 #[test]
