@@ -6,17 +6,20 @@
 mod common;
 
 use captune::backend::Backend;
+use captune::captioner::CaptionVocab;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::inspect::score_caption;
-use captune::captioner::listener::{VocabMap, embed_generated};
+use captune::captioner::listener::{
+    Relaxation, RelaxedListener, VocabMap, embed_generated, negative_cosine,
+};
 use captune::captioner::objectives::discritune::judge;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{CaptionData, fresh_checkpoint};
 use captune::cpu::CpuBackend;
-use captune::data::vocab::{BOS, Vocab};
+use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::model::Retriever;
@@ -65,7 +68,7 @@ fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> Retrie
 /// rows `rows` (corpus indices; a repeated image is one candidate).
 fn corpus_and_batch(
     data: &CaptionData,
-    ck_vocab: &captune::captioner::CaptionVocab,
+    ck_vocab: &CaptionVocab,
     rows: &[usize],
 ) -> (TrainingCorpus, TrainingBatch) {
     let (mut corpus, items) = TrainingCorpus::training_split(&data.data);
@@ -399,4 +402,201 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
             2e-4,
         );
     }
+}
+
+/// A relaxed listener over a made-up pair of vocabularies (the captioner
+/// knows "zebra", the retriever does not), a fresh retriever of 6
+/// positions, and three captions: one that fits, one cut at the tower's
+/// length, one empty.
+fn relaxed_setup<B: Backend>(b: &B) -> (RelaxedListener<B>, Vec<Vec<u32>>, usize, usize) {
+    let words = |list: &[&str]| list.iter().map(|w| w.to_string()).collect::<Vec<_>>();
+    let captioner =
+        CaptionVocab::from_words(words(&["a", "red", "blue", "circle", "square", "zebra"]));
+    let vocab = Vocab::from_words(words(&["circle", "a", "red", "blue", "square"]));
+    let tower = |causal| TransformerConfig {
+        width: 16,
+        layers: 1,
+        heads: 2,
+        causal,
+    };
+    let config = RetrieverConfig {
+        image_size: 8,
+        patch: 4,
+        image: tower(false),
+        text: tower(true),
+        max_len: 6,
+        vocab_size: vocab.len(),
+        embed_dim: 8,
+    };
+    let retriever = RetrieverCheckpoint {
+        model: Retriever::new(b, config, 2, 11).unwrap(),
+        vocab,
+    };
+    let id = |w: &str| captioner.words.id(w);
+    let captions = vec![
+        vec![id("a"), id("red"), id("circle"), EOS],
+        vec![
+            id("blue"),
+            id("square"),
+            id("zebra"),
+            id("a"),
+            id("red"),
+            id("circle"),
+            EOS,
+        ],
+        vec![EOS],
+    ];
+    let map = VocabMap::new(&captioner, &retriever.vocab);
+    let listener = RelaxedListener::new(b, &retriever, map, 4).unwrap();
+    (listener, captions, 7, captioner.len())
+}
+
+fn relaxed_loss<B: Backend>(
+    b: &B,
+    listener: &mut RelaxedListener<B>,
+    captions: &[Vec<u32>],
+    positions: usize,
+    logits: &[f32],
+    images: &[f32],
+    relaxation: Relaxation,
+) -> (f64, Vec<f32>) {
+    let texts = listener
+        .forward(
+            b,
+            &b.tensor(logits),
+            captions,
+            positions,
+            5,
+            0.7,
+            relaxation,
+        )
+        .unwrap();
+    let (loss, _, d_texts) = negative_cosine(images, &texts, 8);
+    (loss, d_texts)
+}
+
+/// Finite differences through the whole relaxed path, decoder logits to
+/// -cos: the Gumbel-softmax at temperature 0.7, the mixture of the
+/// retriever's token embeddings, the frozen text tower and the cosine;
+/// steps past a caption's end or cut from the tower get no gradient.
+#[test]
+fn finite_differences_from_the_logits_through_the_frozen_text_tower() {
+    let b = CpuBackend::new();
+    let (mut listener, captions, positions, vocab) = relaxed_setup(&b);
+    let rows = captions.len() * positions;
+    let logits: Vec<f32> = common::random(rows * vocab, 21)
+        .iter()
+        .map(|x| 2.0 * x)
+        .collect();
+    let mut images = common::random(captions.len() * 8, 22);
+    for row in images.chunks_mut(8) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    let soft = Relaxation::Soft;
+    let (_, d_texts) = relaxed_loss(
+        &b,
+        &mut listener,
+        &captions,
+        positions,
+        &logits,
+        &images,
+        soft,
+    );
+    let mut d_logits = b.zeros(rows * vocab);
+    listener.backward(&b, &d_texts, &mut d_logits);
+    let analytic = b.to_vec(&d_logits);
+    let eps = 1e-2f32;
+    for i in (0..rows * vocab).step_by(5) {
+        let mut at = |delta: f32| {
+            let mut z = logits.clone();
+            z[i] += delta;
+            relaxed_loss(&b, &mut listener, &captions, positions, &z, &images, soft).0
+        };
+        let numeric = (at(eps) - at(-eps)) / (2.0 * eps as f64);
+        let (row, t) = (i / vocab, i / vocab % positions);
+        let caption = &captions[row / positions];
+        // Caption 1's sixth token and later do not fit the tower's 6 positions.
+        let reaches = t < caption.len() && !(row / positions == 1 && t >= 4);
+        if !reaches {
+            assert_eq!(analytic[i], 0.0, "row {row} (step {t}) reaches no input");
+        }
+        assert!(
+            (analytic[i] as f64 - numeric).abs() <= 2e-3 + 2e-2 * numeric.abs(),
+            "logit {i} (row {row}, step {t}): analytic {}, numeric {numeric}",
+            analytic[i]
+        );
+    }
+    // Straight-through reads exactly the chosen tokens: the embeddings of
+    // the retriever's own encoding of the captions' words.
+    let st = listener
+        .forward(
+            &b,
+            &b.tensor(&logits),
+            &captions,
+            positions,
+            5,
+            0.7,
+            Relaxation::StraightThrough,
+        )
+        .unwrap();
+    let (mut again, _, _, _) = relaxed_setup(&b);
+    let moved: Vec<f32> = logits.iter().map(|z| z + 3.0).collect();
+    let other = again
+        .forward(
+            &b,
+            &b.tensor(&moved),
+            &captions,
+            positions,
+            9,
+            2.0,
+            Relaxation::StraightThrough,
+        )
+        .unwrap();
+    assert_eq!(
+        st, other,
+        "the forward of straight-through ignores the logits"
+    );
+}
+
+#[test]
+fn the_relaxed_listener_agrees_gpu_vs_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let run = |relaxation| {
+        let (mut on_cpu, captions, positions, vocab) = relaxed_setup(&c);
+        let (mut on_gpu, _, _, _) = relaxed_setup(&g);
+        let rows = captions.len() * positions;
+        let logits = common::random(rows * vocab, 31);
+        let t_cpu = on_cpu
+            .forward(
+                &c,
+                &c.tensor(&logits),
+                &captions,
+                positions,
+                5,
+                0.5,
+                relaxation,
+            )
+            .unwrap();
+        let t_gpu = on_gpu
+            .forward(
+                &g,
+                &g.tensor(&logits),
+                &captions,
+                positions,
+                5,
+                0.5,
+                relaxation,
+            )
+            .unwrap();
+        assert_close("relaxed embeddings", &t_gpu, &t_cpu, 1e-4, 1e-5);
+        let d = common::random(t_cpu.len(), 32);
+        let (mut d_cpu, mut d_gpu) = (c.zeros(rows * vocab), g.zeros(rows * vocab));
+        on_cpu.backward(&c, &d, &mut d_cpu);
+        on_gpu.backward(&g, &d, &mut d_gpu);
+        assert_close("d logits", &g.to_vec(&d_gpu), &c.to_vec(&d_cpu), 1e-3, 1e-5);
+    };
+    run(Relaxation::Soft);
+    run(Relaxation::StraightThrough);
 }

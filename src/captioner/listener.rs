@@ -1,13 +1,16 @@
 //! The frozen retriever reading the captioner's captions (the "listener"
 //! of the retriever-in-the-loop objectives): the two models' vocabularies
 //! differ, so a caption's ids go through a map built once, then through
-//! the retriever's text tower.
+//! the retriever's text tower. [`RelaxedListener`] also reads captions
+//! relaxed by the Gumbel-softmax and carries the gradient of its embedding
+//! back to the captioner's logits.
 
 use super::CaptionVocab;
-use crate::backend::Backend;
-use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
+use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::eval::embed_ids;
-use crate::retriever::model::Retriever;
+use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::Result;
 
 /// Captioner id -> retriever id: the same word, or the retriever's
@@ -63,6 +66,234 @@ pub fn embed_generated<B: Backend>(
     let max_len = retriever.config.max_len;
     let ids: Vec<Vec<u32>> = captions.iter().map(|c| map.caption(c, max_len)).collect();
     embed_ids(b, retriever, &ids)
+}
+
+/// How a relaxed caption reaches the text tower.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relaxation {
+    /// The chosen tokens' embeddings forward, the softmax's gradient
+    /// backward (straight-through).
+    StraightThrough,
+    /// The softmax's mixture of token embeddings both ways.
+    Soft,
+}
+
+/// The frozen retriever reading captions sampled by the Gumbel-max trick
+/// (`Decoding::Gumbel`), relaxed: at each step of caption n, y =
+/// softmax((z + g) / tau) over the teacher-forced logits z with the noise
+/// g the choice was made with; the text tower's input at that position is
+/// y times the retriever's token embeddings (mapped to the captioner's
+/// vocabulary), or, straight-through, the chosen token's embedding
+/// forward with y's gradient backward. Its own copy of the retriever holds
+/// `capacity` captions; the retriever is never trained.
+pub struct RelaxedListener<B: Backend> {
+    retriever: Retriever<B>,
+    /// `[captioner vocab, text width]`: the retriever's embedding of each
+    /// captioner id's word.
+    mapped_table: B::Tensor,
+    map: VocabMap,
+    capacity: usize,
+    step: Option<RelaxedStep<B>>,
+}
+
+/// What a forward keeps for its backward.
+struct RelaxedStep<B: Backend> {
+    texts: TextBatch<B>,
+    /// Captioner row (n * positions + t) -> the text tower's row of that
+    /// token, or NO_ROW.
+    tower_row: B::Ids,
+    /// y, `[captions * positions, vocab]`.
+    relaxed: B::Tensor,
+    rows: usize,
+    tau: f32,
+}
+
+impl<B: Backend> RelaxedListener<B> {
+    pub fn new(
+        b: &B,
+        retriever: &RetrieverCheckpoint<B>,
+        map: VocabMap,
+        capacity: usize,
+    ) -> Result<Self> {
+        let config = retriever.model.config;
+        let mut own = Retriever::new(b, config, capacity, 0)?;
+        for (dst, src) in own
+            .params
+            .values
+            .iter_mut()
+            .zip(&retriever.model.params.values)
+        {
+            b.axpby(1.0, src, 0.0, dst);
+        }
+        let width = config.text.width;
+        let mut mapped_table = b.zeros(map.ids.len() * width);
+        b.embedding(
+            own.token_table(),
+            &b.ids(&map.ids),
+            &mut mapped_table,
+            width,
+            false,
+        );
+        Ok(RelaxedListener {
+            retriever: own,
+            mapped_table,
+            map,
+            capacity,
+            step: None,
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// The text embeddings `[captions, embed_dim]` (not normalised) of
+    /// `captions` (the chosen ids after `<bos>`, as `Decoding::Gumbel`
+    /// chose them with `seed`), relaxed with `logits`, the model's
+    /// teacher-forced logits over `positions` steps per caption.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &mut self,
+        b: &B,
+        logits: &B::Tensor,
+        captions: &[Vec<u32>],
+        positions: usize,
+        seed: u64,
+        tau: f32,
+        relaxation: Relaxation,
+    ) -> Result<Vec<f32>> {
+        let n = captions.len();
+        assert!(n <= self.capacity, "more captions than the listener holds");
+        let config = self.retriever.config;
+        let (max_len, width) = (config.max_len, config.text.width);
+        let vocab = self.map.ids.len();
+        let rows = n * positions;
+        // Each caption as the tower reads it: <bos>, its tokens (mapped),
+        // <eos>; the tower's row of each captioner row, and back.
+        let mut sequences = Vec::with_capacity(self.capacity);
+        let mut source = vec![NO_ROW; self.capacity * max_len];
+        let mut tower_row = vec![NO_ROW; rows];
+        let mut chosen = vec![PAD; rows];
+        for (c, caption) in captions.iter().enumerate() {
+            let mut ids = vec![BOS];
+            for (t, &token) in caption.iter().take(positions).enumerate() {
+                chosen[c * positions + t] = token;
+                if ids.len() < max_len {
+                    source[c * max_len + ids.len()] = (c * positions + t) as u32;
+                    tower_row[c * positions + t] = (c * max_len + ids.len()) as u32;
+                    ids.push(self.map.map(token));
+                }
+            }
+            if ids.last() != Some(&EOS) {
+                // Cut short: the tower still reads an end, with no gradient.
+                if ids.len() == max_len {
+                    let last = c * max_len + max_len - 1;
+                    let row = source[last] as usize;
+                    tower_row[row] = NO_ROW;
+                    source[last] = NO_ROW;
+                    ids[max_len - 1] = EOS;
+                } else {
+                    ids.push(EOS);
+                }
+            }
+            sequences.push(ids);
+        }
+        sequences.resize(self.capacity, vec![BOS, EOS]);
+        let texts = TextBatch::new(b, &config, &sequences)?;
+        let mut perturbed = b.zeros(rows * vocab);
+        b.gumbel_logits(logits, vocab, positions, seed, 0, tau, &mut perturbed);
+        let mut relaxed = b.zeros(rows * vocab);
+        b.softmax(
+            &perturbed,
+            &mut relaxed,
+            &SoftmaxRows::plain(rows, vocab),
+            None,
+        );
+        let shift = match relaxation {
+            Relaxation::StraightThrough => None,
+            Relaxation::Soft => {
+                // Soft minus chosen embeddings, moved to the tower's rows.
+                let mut soft = b.zeros(rows * width);
+                b.matmul(
+                    &relaxed,
+                    &self.mapped_table,
+                    &mut soft,
+                    &Matmul::new(rows, width, vocab),
+                );
+                let mut hard = b.zeros(rows * width);
+                b.embedding(&self.mapped_table, &b.ids(&chosen), &mut hard, width, false);
+                let mut difference = b.zeros(rows * width);
+                b.add(1.0, &soft, -1.0, &hard, &mut difference);
+                let mut shift = b.zeros(self.capacity * max_len * width);
+                b.embedding(&difference, &b.ids(&source), &mut shift, width, false);
+                Some(shift)
+            }
+        };
+        self.retriever.encode_text_inputs(b, &texts, shift.as_ref());
+        let dim = config.embed_dim;
+        let mut embeddings = b.to_vec(&self.retriever.text_embeddings);
+        embeddings.truncate(n * dim);
+        self.step = Some(RelaxedStep {
+            texts,
+            tower_row: b.ids(&tower_row),
+            relaxed,
+            rows,
+            tau,
+        });
+        Ok(embeddings)
+    }
+
+    /// The gradient of the last forward's logits given `d_embeddings`
+    /// (`[captions, embed_dim]`) on its embeddings, into `d_logits`.
+    pub fn backward(&mut self, b: &B, d_embeddings: &[f32], d_logits: &mut B::Tensor) {
+        let s = self.step.as_ref().expect("a forward before its backward");
+        let config = self.retriever.config;
+        let width = config.text.width;
+        let vocab = self.map.ids.len();
+        let mut d_text = d_embeddings.to_vec();
+        d_text.resize(self.capacity * config.embed_dim, 0.0);
+        let d_input = self.retriever.text_input_gradient(b, &s.texts, &d_text);
+        let mut d_rows = b.zeros(s.rows * width);
+        b.embedding(d_input, &s.tower_row, &mut d_rows, width, false);
+        let mut d_relaxed = b.zeros(s.rows * vocab);
+        let mut shape = Matmul::new(s.rows, vocab, width);
+        shape.trans_b = true;
+        shape.alpha = 1.0 / s.tau;
+        b.matmul(&d_rows, &self.mapped_table, &mut d_relaxed, &shape);
+        b.softmax_backward(&s.relaxed, &d_relaxed, d_logits, vocab, false);
+    }
+}
+
+/// CLIP relevance's loss -mean_n cos(image_n, text_n) of unit `images`
+/// and raw `texts` (`[n, dim]` each): (loss, each cosine, d loss / d texts).
+pub fn negative_cosine(images: &[f32], texts: &[f32], dim: usize) -> (f64, Vec<f64>, Vec<f32>) {
+    let n = texts.len() / dim;
+    let mut cosines = Vec::with_capacity(n);
+    let mut d = vec![0.0f32; texts.len()];
+    for i in 0..n {
+        let v = &images[i * dim..(i + 1) * dim];
+        let t = &texts[i * dim..(i + 1) * dim];
+        let norm = t
+            .iter()
+            .map(|&x| x as f64 * x as f64)
+            .sum::<f64>()
+            .sqrt()
+            .max(1e-12);
+        let cos = v
+            .iter()
+            .zip(t)
+            .map(|(&a, &b)| a as f64 * b as f64)
+            .sum::<f64>()
+            / norm;
+        // d(-cos / n) / dt = -(v - cos * t / |t|) / (n |t|).
+        for (k, out) in d[i * dim..(i + 1) * dim].iter_mut().enumerate() {
+            let unit = t[k] as f64 / norm;
+            *out = (-(v[k] as f64 - cos * unit) / (n as f64 * norm)) as f32;
+        }
+        cosines.push(cos);
+    }
+    let loss = -cosines.iter().sum::<f64>() / n.max(1) as f64;
+    (loss, cosines, d)
 }
 
 #[cfg(test)]

@@ -212,6 +212,11 @@ impl<B: Backend> Activations<B> {
     pub fn input(&mut self) -> &mut B::Tensor {
         &mut self.stream[0]
     }
+
+    /// The gradient of the input, as the last `Transformer::backward` left it.
+    pub fn d_input(&self) -> &B::Tensor {
+        &self.d_stream
+    }
 }
 
 impl Transformer {

@@ -191,11 +191,26 @@ impl<B: Backend> Retriever<B> {
 
     /// text_embeddings = the text tower on a batch of captions.
     pub fn encode_texts(&mut self, b: &B, batch: &TextBatch<B>) {
+        self.encode_text_inputs(b, batch, None);
+    }
+
+    /// The retriever's token embedding table `[vocab, text width]`.
+    pub fn token_table(&self) -> &B::Tensor {
+        self.params.value(self.text.tokens)
+    }
+
+    /// As `encode_texts`, with `shift` (`[batch * max_len, text width]`)
+    /// added to the token embeddings: a relaxed caption's tokens are
+    /// mixtures of the table's rows.
+    pub fn encode_text_inputs(&mut self, b: &B, batch: &TextBatch<B>, shift: Option<&B::Tensor>) {
         let t = &mut self.text;
         let p = &self.params;
         let tw = self.config.text.width;
         let input = t.activations.input();
         b.embedding(p.value(t.tokens), &batch.token_ids.ids, input, tw, false);
+        if let Some(shift) = shift {
+            b.axpby(1.0, shift, 1.0, input);
+        }
         b.embedding(p.value(t.positions), &t.position_ids.ids, input, tw, true);
         t.transformer.forward(
             b,
@@ -253,6 +268,31 @@ impl<B: Backend> Retriever<B> {
     }
 
     fn backward_text(&mut self, b: &B, texts: &TextBatch<B>) {
+        self.text_tower_backward(b, texts);
+        let (t, p, tw) = (&mut self.text, &mut self.params, self.config.text.width);
+        let d_input = t.activations.d_input();
+        b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), tw);
+        b.embedding_backward(d_input, &texts.token_ids, p.grad(t.tokens), tw);
+    }
+
+    /// The gradient of the text tower's token inputs `[batch * max_len,
+    /// text width]` given `d_text` on its last `encode_text_inputs`'
+    /// embeddings, for a frozen retriever: the tower's weights are not
+    /// trained (their gradients are written on the way, and zeroed first).
+    pub fn text_input_gradient(
+        &mut self,
+        b: &B,
+        texts: &TextBatch<B>,
+        d_text: &[f32],
+    ) -> &B::Tensor {
+        b.write(&mut self.d_text, d_text);
+        self.params.zero_grads(b);
+        self.text_tower_backward(b, texts);
+        self.text.activations.d_input()
+    }
+
+    /// From d_text back to the gradient of the transformer's input.
+    fn text_tower_backward(&mut self, b: &B, texts: &TextBatch<B>) {
         let (t, p, tw) = (&mut self.text, &mut self.params, self.config.text.width);
         t.proj.backward(
             b,
@@ -263,10 +303,7 @@ impl<B: Backend> Retriever<B> {
         );
         b.fill(&mut t.d_hidden, 0.0);
         b.embedding_backward(&t.d_pooled, &texts.end_rows, &mut t.d_hidden, tw);
-        let d_input = t
-            .transformer
+        t.transformer
             .backward(b, p, &mut t.activations, &t.d_hidden);
-        b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), tw);
-        b.embedding_backward(d_input, &texts.token_ids, p.grad(t.tokens), tw);
     }
 }
