@@ -1,7 +1,9 @@
 //! The retriever-in-the-loop objectives: DiscriTune's step against a hand
 //! computation (captions, the frozen retriever's reward over the batch
 //! and hard negatives, the running-mean baseline, the loss), the
-//! retriever left untouched, and one step GPU vs CPU.
+//! retriever left untouched, and one step GPU vs CPU; CLIP relevance's
+//! relaxed listener by finite differences from the logits to -cos, its
+//! step against the captions it draws, and GPU vs CPU.
 
 mod common;
 
@@ -599,4 +601,174 @@ fn the_relaxed_listener_agrees_gpu_vs_cpu() {
     };
     run(Relaxation::Soft);
     run(Relaxation::StraightThrough);
+}
+
+/// A CLIP-relevance step: its logged cosine is the mean cosine of each
+/// image with the retriever's embedding of the caption the Gumbel-max
+/// trick chose for it (straight-through reads exactly those captions),
+/// and the gradient reaches the decoder, not the retriever.
+#[test]
+fn a_clip_relevance_step_scores_its_own_captions() {
+    let b = CpuBackend::new();
+    let data = unit_data();
+    let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
+    let mut retriever = tiny_retriever(&b, &data, 4);
+    let rows = [0, 3, 7, 3, 12];
+    let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &rows);
+    train_steps(
+        &b,
+        &mut ck,
+        &mut retriever,
+        &corpus,
+        &batch,
+        "mle",
+        &Settings::new(),
+        3e-3,
+        20,
+    );
+    let retriever_before: Vec<Vec<f32>> = retriever
+        .model
+        .params
+        .values
+        .iter()
+        .map(|v| b.to_vec(v))
+        .collect();
+    // The captions the step will draw: its generator's first number seeds them.
+    let seed: u64 = rand::Rng::random(&mut ChaCha8Rng::seed_from_u64(0));
+    let (_, features) = batch.distinct_images(TINY_DIM);
+    let decoding = Decoding::Gumbel { n: 1, seed };
+    let captions = generate(
+        &b,
+        &ck.model,
+        &features,
+        &decoding,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    let map = VocabMap::new(&ck.vocab, &retriever.vocab);
+    let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
+    let text = embed_generated(&b, &mut retriever.model, &map, &ids).unwrap();
+    let by_hand: f64 = (0..captions.len())
+        .map(|j| {
+            dot(
+                &text[j * TINY_DIM..][..TINY_DIM],
+                &features[j * TINY_DIM..][..TINY_DIM],
+            )
+        })
+        .sum::<f64>()
+        / captions.len() as f64;
+    let report = train_steps(
+        &b,
+        &mut ck,
+        &mut retriever,
+        &corpus,
+        &batch,
+        "clip-relevance",
+        &Settings::new(),
+        1e-3,
+        1,
+    );
+    let cosine = value(&report, "cosine") as f64;
+    assert!(
+        (cosine - by_hand).abs() < 1e-4,
+        "logged {cosine}, by hand {by_hand}"
+    );
+    assert!(
+        (value(&report, "loss") as f64 + cosine).abs() < 1e-4,
+        "{report:?}"
+    );
+    assert_eq!(value(&report, "tau"), 1.0);
+    let moved = ck
+        .model
+        .params
+        .grads
+        .iter()
+        .any(|g| b.to_vec(g).iter().any(|&x| x != 0.0));
+    assert!(moved, "the decoder gets a gradient");
+    for (i, v) in retriever.model.params.values.iter().enumerate() {
+        assert_eq!(
+            b.to_vec(v),
+            retriever_before[i],
+            "retriever parameter {i} moved"
+        );
+    }
+}
+
+#[test]
+fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
+    let Some(g) = gpu() else { return };
+    let c = CpuBackend::new();
+    let data = unit_data();
+    for settings in [
+        Settings::from([("mle_weight".to_string(), SettingValue::Number(0.2))]),
+        Settings::from([
+            ("gumbel".to_string(), SettingValue::Choice("soft".into())),
+            ("tau".to_string(), SettingValue::Number(0.5)),
+        ]),
+    ] {
+        let mut on_cpu = fresh_checkpoint(&c, &data, &tiny_run()).unwrap();
+        let mut retriever_cpu = tiny_retriever(&c, &data, 4);
+        let (corpus, batch) = corpus_and_batch(&data, &on_cpu.vocab, &[0, 3, 7, 12]);
+        train_steps(
+            &c,
+            &mut on_cpu,
+            &mut retriever_cpu,
+            &corpus,
+            &batch,
+            "mle",
+            &Settings::new(),
+            3e-3,
+            20,
+        );
+        let mut on_gpu = Checkpoint {
+            model: on_cpu.model_on(&c, &g).unwrap(),
+            vocab: on_cpu.vocab.clone(),
+        };
+        let mut retriever_gpu = tiny_retriever(&g, &data, 4);
+        let name = "clip-relevance";
+        let cpu_report = train_steps(
+            &c,
+            &mut on_cpu,
+            &mut retriever_cpu,
+            &corpus,
+            &batch,
+            name,
+            &settings,
+            1e-3,
+            1,
+        );
+        let gpu_report = train_steps(
+            &g,
+            &mut on_gpu,
+            &mut retriever_gpu,
+            &corpus,
+            &batch,
+            name,
+            &settings,
+            1e-3,
+            1,
+        );
+        for ((n, x), (_, y)) in cpu_report.iter().zip(&gpu_report) {
+            assert!(
+                (x - y).abs() <= 1e-3 + 1e-3 * x.abs(),
+                "{name} {n}: cpu {x}, gpu {y}"
+            );
+        }
+        for (i, (x, y)) in on_cpu
+            .model
+            .params
+            .grads
+            .iter()
+            .zip(&on_gpu.model.params.grads)
+            .enumerate()
+        {
+            assert_close(
+                &format!("{name}: gradient {i}"),
+                &g.to_vec(y),
+                &c.to_vec(x),
+                2e-3,
+                2e-4,
+            );
+        }
+    }
 }

@@ -168,14 +168,19 @@ impl<B: Backend> RelaxedListener<B> {
         let (max_len, width) = (config.max_len, config.text.width);
         let vocab = self.map.ids.len();
         let rows = n * positions;
-        // Each caption as the tower reads it: <bos>, its tokens (mapped),
-        // <eos>; the tower's row of each captioner row, and back.
+        // Each caption as the tower reads it (`VocabMap::caption`): <bos>,
+        // its tokens (mapped), <eos>; the tower's row of each captioner
+        // row, and back.
         let mut sequences = Vec::with_capacity(self.capacity);
         let mut source = vec![NO_ROW; self.capacity * max_len];
         let mut tower_row = vec![NO_ROW; rows];
         let mut chosen = vec![PAD; rows];
         for (c, caption) in captions.iter().enumerate() {
             let mut ids = vec![BOS];
+            if caption.first() == Some(&EOS) {
+                // An empty caption reads as <unk>, as evaluation embeds it.
+                ids.push(UNK);
+            }
             for (t, &token) in caption.iter().take(positions).enumerate() {
                 chosen[c * positions + t] = token;
                 if ids.len() < max_len {

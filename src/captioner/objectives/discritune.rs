@@ -208,21 +208,8 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
         let c = self.config;
-        let Some(retriever) = cx.retriever.as_deref_mut() else {
-            bail!(
-                "discritune needs the frozen retriever: pass --retriever PATH, the retriever whose \
-                 image embeddings are the run's features"
-            );
-        };
         let dim = cx.model.config.embed_dim;
-        if retriever.model.config.embed_dim != dim {
-            bail!(
-                "discritune: the retriever embeds in {} dimensions but the run's features have {dim}; \
-                 the features must be this retriever's image embeddings (captune embed --checkpoint \
-                 RETRIEVER)",
-                retriever.model.config.embed_dim
-            );
-        }
+        let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         if self.listener.is_none() {
             let neighbours = if c.hard_negatives > 0 {
                 let e = &cx.corpus.image_embeddings;
@@ -247,14 +234,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         }
         let listener = self.listener.as_ref().expect("made above");
         // One caption per image: rows of the same image are one candidate.
-        let mut images: Vec<usize> = Vec::new();
-        let mut features: Vec<f32> = Vec::new();
-        for (row, &image) in cx.batch.images.iter().enumerate() {
-            if !images.contains(&image) {
-                images.push(image);
-                features.extend_from_slice(&cx.batch.features[row * dim..(row + 1) * dim]);
-            }
-        }
+        let (images, features) = cx.batch.distinct_images(dim);
         let decoding = if c.sample {
             Decoding::Sample {
                 n: 1,
@@ -367,6 +347,30 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         values.extend(mle.map(|m| ("mle", m)));
         values
     }
+}
+
+/// The run's retriever (`StepContext::retriever`), checked to embed in
+/// the features' `dim`, for `objective`.
+pub fn frozen_retriever<'r, B: Backend>(
+    retriever: Option<&'r mut RetrieverCheckpoint<B>>,
+    dim: usize,
+    objective: &str,
+) -> Result<&'r mut RetrieverCheckpoint<B>> {
+    let Some(retriever) = retriever else {
+        bail!(
+            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
+             image embeddings are the run's features"
+        );
+    };
+    if retriever.model.config.embed_dim != dim {
+        bail!(
+            "{objective}: the retriever embeds in {} dimensions but the run's features have {dim}; \
+             the features must be this retriever's image embeddings (captune embed --checkpoint \
+             RETRIEVER)",
+            retriever.model.config.embed_dim
+        );
+    }
+    Ok(retriever)
 }
 
 /// One candidate image as the retriever matches it with a caption.

@@ -13,6 +13,8 @@
 //! - [`sequence`]: SCST, SLL-ME and SLE (REINFORCE on sampled captions).
 //! - [`discritune`]: DiscriTune (REINFORCE with the frozen retriever's
 //!   discriminative reward).
+//! - [`relevance`]: CLIP relevance (Gumbel-softmax captions through the
+//!   frozen text tower).
 //!
 //! An objective is known by name through [`OBJECTIVES`], with its settings
 //! declared there once ([`settings`]); [`build`] makes one from a name and
@@ -20,6 +22,7 @@
 //! an arm in `build`.
 
 pub mod discritune;
+pub mod relevance;
 pub mod sequence;
 pub mod settings;
 pub mod token;
@@ -64,7 +67,7 @@ pub fn series_groups() -> Vec<&'static SeriesGroup> {
 }
 
 /// Every objective, by name.
-pub const OBJECTIVES: [&ObjectiveInfo; 8] = [
+pub const OBJECTIVES: [&ObjectiveInfo; 9] = [
     &token::MLE,
     &token::SMILE,
     &token::SMILE_RANDOM,
@@ -73,6 +76,7 @@ pub const OBJECTIVES: [&ObjectiveInfo; 8] = [
     &sequence::SLL_ME,
     &sequence::SLE,
     &discritune::DISCRITUNE,
+    &relevance::CLIP_RELEVANCE,
 ];
 
 /// The objective called `name`.
@@ -164,6 +168,7 @@ pub fn build<B: Backend>(
             Box::new(sequence::SequenceLevel::new(info.name, settings, vocab)?)
         }
         "discritune" => Box::new(discritune::DiscriTune::new(settings, vocab)),
+        "clip-relevance" => Box::new(relevance::ClipRelevance::new(settings, vocab)),
         other => unreachable!("objective {other} is listed but not built"),
     })
 }
@@ -218,6 +223,20 @@ impl TrainingCorpus {
 }
 
 impl TrainingBatch {
+    /// The batch's distinct images in order of first appearance, as
+    /// indices into the corpus, and their embeddings `[images, dim]`.
+    pub fn distinct_images(&self, dim: usize) -> (Vec<usize>, Vec<f32>) {
+        let mut images: Vec<usize> = Vec::new();
+        let mut features: Vec<f32> = Vec::new();
+        for (row, &image) in self.images.iter().enumerate() {
+            if !images.contains(&image) {
+                images.push(image);
+                features.extend_from_slice(&self.features[row * dim..(row + 1) * dim]);
+            }
+        }
+        (images, features)
+    }
+
     /// Real target tokens (each caption's ids after `<bos>`): what the
     /// trainer's tokens/s counts.
     pub fn tokens(&self) -> usize {

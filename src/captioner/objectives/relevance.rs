@@ -1,0 +1,186 @@
+//! CLIP relevance (spec section 3, the CLIP-relevance paper): the
+//! captioner captions each image of the batch by the Gumbel-max trick on
+//! the device; the captions, relaxed by the Gumbel-softmax at temperature
+//! tau (straight-through by default, or soft), are read by the frozen
+//! retriever's text tower ([`RelaxedListener`]), and the loss
+//! -mean cos(image embedding, text embedding) is minimised through the
+//! tower (input gradients only) into the decoder. After a supervised
+//! (MLE) stage, this needs no captions: the labelled-fraction setting of
+//! the paper trains it on the images whose captions are not used.
+
+use super::discritune::frozen_retriever;
+use super::settings::{Setting, SettingKind, Settings};
+use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
+use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
+use crate::backend::Backend;
+use crate::captioner::decode::{DecodeOptions, Decoding, generate};
+use crate::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
+use crate::captioner::model::TokenInputs;
+use crate::data::vocab::BOS;
+use anyhow::Result;
+use rand::Rng;
+
+pub const GUMBEL: Setting = Setting {
+    key: "gumbel",
+    label: "Gumbel-softmax",
+    help: "CLIP relevance: hard (straight-through: the sampled tokens forward, the softmax's \
+           gradient back) or soft (the softmax's mixture of token embeddings both ways)",
+    kind: SettingKind::Choice {
+        choices: &["hard", "soft"],
+        default: "hard",
+    },
+};
+
+pub const TAU: Setting = Setting {
+    key: "tau",
+    label: "Gumbel temperature",
+    help: "CLIP relevance: the Gumbel-softmax temperature (lower: closer to one-hot, noisier \
+           gradients)",
+    kind: SettingKind::Number {
+        min: 0.05,
+        max: 10.0,
+        default: 1.0,
+    },
+};
+
+/// How well each caption matches its image, to the retriever.
+pub const COSINE_PLOT: SeriesGroup = SeriesGroup {
+    title: "relevance: cosine of each caption with its image",
+    series: &["cosine"],
+};
+
+pub const TAU_PLOT: SeriesGroup = SeriesGroup {
+    title: "Gumbel-softmax temperature",
+    series: &["tau"],
+};
+
+pub const CLIP_RELEVANCE: ObjectiveInfo = ObjectiveInfo {
+    name: "clip-relevance",
+    help: "self-supervised relevance: Gumbel-softmax captions read by the frozen retriever's \
+           text tower, -cos(image, caption) minimised through it; needs --retriever, the \
+           encoder of --features",
+    settings: &[&GUMBEL, &TAU, &MLE_WEIGHT],
+    plots: &[&COSINE_PLOT, &TAU_PLOT],
+};
+
+#[derive(Clone, Copy, Debug, Default)]
+struct StepFigures {
+    loss: f64,
+    cosine: f64,
+    sample_length: f64,
+}
+
+pub struct ClipRelevance<B: Backend> {
+    relaxation: Relaxation,
+    tau: f32,
+    mle_weight: f32,
+    described: String,
+    listener: Option<RelaxedListener<B>>,
+    mle: TokenLevel<B>,
+    figures: StepFigures,
+}
+
+impl<B: Backend> ClipRelevance<B> {
+    pub fn new(settings: &Settings, vocab: usize) -> Self {
+        ClipRelevance {
+            relaxation: match GUMBEL.choice(settings) {
+                "soft" => Relaxation::Soft,
+                _ => Relaxation::StraightThrough,
+            },
+            tau: TAU.number(settings) as f32,
+            mle_weight: MLE_WEIGHT.number(settings) as f32,
+            described: super::describe(CLIP_RELEVANCE.name, settings),
+            listener: None,
+            mle: TokenLevel::new(TokenObjective::mle(), vocab),
+            figures: StepFigures::default(),
+        }
+    }
+}
+
+impl<B: Backend> Objective<B> for ClipRelevance<B> {
+    fn describe(&self) -> String {
+        self.described.clone()
+    }
+
+    fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
+        let b = cx.b;
+        let dim = cx.model.config.embed_dim;
+        let name = CLIP_RELEVANCE.name;
+        let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, name)?;
+        let (images, features) = cx.batch.distinct_images(dim);
+        if self
+            .listener
+            .as_ref()
+            .is_none_or(|l| l.capacity() < images.len())
+        {
+            let map = VocabMap::new(cx.vocab, &retriever.vocab);
+            self.listener = Some(RelaxedListener::new(b, retriever, map, images.len())?);
+        }
+        let listener = self.listener.as_mut().expect("made above");
+        let seed: u64 = cx.rng.random();
+        let decoding = Decoding::Gumbel { n: 1, seed };
+        let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;
+        let ids: Vec<Vec<u32>> = captions.iter().map(|g| g.ids.clone()).collect();
+        let sequences: Vec<Vec<u32>> = ids
+            .iter()
+            .map(|c| std::iter::once(BOS).chain(c.iter().copied()).collect())
+            .collect();
+        let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
+        cx.model.forward(b, &features, &inputs)?;
+        let texts = listener.forward(
+            b,
+            cx.model.logits(),
+            &ids,
+            inputs.positions,
+            seed,
+            self.tau,
+            self.relaxation,
+        )?;
+        let (loss, cosines, mut d_texts) = negative_cosine(&features, &texts, dim);
+        let rest = 1.0 - self.mle_weight;
+        d_texts.iter_mut().for_each(|d| *d *= rest);
+        let vocab = cx.model.config.vocab_size;
+        let mut d_logits = b.zeros(ids.len() * inputs.positions * vocab);
+        listener.backward(b, &d_texts, &mut d_logits);
+        cx.model.backward(b, &inputs, &d_logits);
+        if self.mle_weight > 0.0 {
+            self.mle.step_weighted(cx, self.mle_weight)?;
+        }
+        if cx.monitor {
+            let n = cosines.len().max(1) as f64;
+            self.figures = StepFigures {
+                loss,
+                cosine: cosines.iter().sum::<f64>() / n,
+                sample_length: captions
+                    .iter()
+                    .map(|g| cx.vocab.decode(&g.ids).split_whitespace().count() as f64)
+                    .sum::<f64>()
+                    / n,
+            };
+        }
+        Ok(())
+    }
+
+    fn logged(&self) -> Vec<&B::Tensor> {
+        if self.mle_weight > 0.0 {
+            self.mle.logged()
+        } else {
+            Vec::new()
+        }
+    }
+
+    fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
+        let f = &self.figures;
+        let rest = 1.0 - self.mle_weight;
+        let mle = (self.mle_weight > 0.0).then(|| self.mle.report(read)[0].1);
+        let loss = rest * f.loss as f32 + mle.map_or(0.0, |m| self.mle_weight * m);
+        let mut values = vec![
+            ("loss", loss),
+            ("cosine", f.cosine as f32),
+            ("tau", self.tau),
+            ("sample_length", f.sample_length as f32),
+        ];
+        values.extend(mle.map(|m| ("mle", m)));
+        values
+    }
+}
