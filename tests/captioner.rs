@@ -391,6 +391,7 @@ fn a_log_line_reads_back_once() {
         features: random(2 * 6, 2),
         sequences: vec![vec![BOS, 4, 5, 6, EOS], vec![BOS, 7, 8, EOS]],
         images: Vec::new(),
+        labelled: None,
     };
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     trained

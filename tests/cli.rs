@@ -657,6 +657,7 @@ fn captioner_commands(
         assert!((term - want).abs() < 1e-4 * want.abs().max(1.0), "{t}");
     }
     discritune_run(dir, &ck, r, shapes, env);
+    labelled_stages(dir, r, shapes, env);
 
     let png = look.join("images/test/00000.png");
     let out = captune(
@@ -783,6 +784,83 @@ fn discritune_run(
         );
     }
     assert!(last["rank"].as_f64().unwrap() >= 1.0, "{last}");
+}
+
+/// The labelled-fraction setting's two stages from the command line: MLE
+/// on a third of the tiny world's 48 training images (one batch of 16 an
+/// epoch), then CLIP relevance with an MLE mix from its checkpoint on the
+/// other 32 (two batches); a resume that would change the images a run
+/// trains on is refused with the command to use instead.
+fn labelled_stages(dir: &std::path::Path, retriever: &str, shapes: &[&str], env: &[(&str, &str)]) {
+    let few = dir.join("run-few");
+    let train = |extra: &[&str]| {
+        let mut args = vec!["--device", "cpu", "train", "--retriever", retriever];
+        args.extend(extra);
+        args.extend(shapes);
+        captune(&args, env)
+    };
+    let out = train(&[
+        "--preset",
+        "tiny",
+        "--labelled",
+        "0.34",
+        "--epochs",
+        "2",
+        "--out",
+        few.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let config = std::fs::read_to_string(few.join("config.toml")).unwrap();
+    assert!(config.contains("labelled = 0.34"), "{config}");
+    let log = std::fs::read_to_string(few.join("log.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(last["step"], 2, "one step an epoch: {last}");
+
+    for refused in [
+        &["--labelled", "0.5"][..],
+        &["--objective", "clip-relevance"][..],
+    ] {
+        let mut args = vec!["--resume", "--out", few.to_str().unwrap(), "--epochs", "1"];
+        args.extend(refused);
+        let out = train(&args);
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{refused:?} was accepted");
+        assert!(err.contains("--init") && err.contains("run-few"), "{err}");
+    }
+
+    let relevance = dir.join("run-few-relevance");
+    let ck = few.join("checkpoint.safetensors");
+    let out = train(&[
+        "--preset",
+        "tiny",
+        "--init",
+        ck.to_str().unwrap(),
+        "--labelled",
+        "0.34",
+        "--objective",
+        "clip-relevance",
+        "--mle-weight",
+        "0.5",
+        "--lr",
+        "1e-4",
+        "--epochs",
+        "1",
+        "--out",
+        relevance.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = std::fs::read_to_string(relevance.join("log.jsonl")).unwrap();
+    let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        last["step"], 2,
+        "two steps over 32 unlabelled images: {last}"
+    );
+    for key in ["cosine", "mle", "tau"] {
+        assert!(
+            last[key].as_f64().is_some_and(f64::is_finite),
+            "{key}: {last}"
+        );
+    }
 }
 
 /// `score` reads only the captions: the split file alone, its images

@@ -18,8 +18,10 @@ use captune::captioner::listener::{
 use captune::captioner::objectives::discritune::judge;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
+use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{CaptionData, fresh_checkpoint};
+use captune::captioner::run_folder::{Begin, RunFolder};
+use captune::captioner::train::{CaptionData, Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::model::transformer::TransformerConfig;
@@ -83,6 +85,7 @@ fn corpus_and_batch(
             .map(|&i| ck_vocab.encode(&data.data.items[i].captions[0].tokens, 24))
             .collect(),
         images: rows.to_vec(),
+        labelled: None,
     };
     (corpus, batch)
 }
@@ -771,4 +774,60 @@ fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
             );
         }
     }
+}
+
+/// The labelled-fraction setting end to end: CLIP relevance with an MLE
+/// mix on a quarter of the images' captions trains through the trainer,
+/// one epoch over the 72 unlabelled images, logging its cosine and the
+/// mix's loss on the labelled batches.
+#[test]
+fn clip_relevance_trains_on_the_unlabelled_images_with_an_mle_mix() {
+    let b = CpuBackend::new();
+    let data = unit_data();
+    let mut config = tiny_run();
+    config.train.objective = "clip-relevance".into();
+    config.train.labelled = 0.25;
+    config.train.epochs = 1;
+    config.train.log_every = 1;
+    config.train.eval_images = 0;
+    config.train.sample_images = 0;
+    config
+        .train
+        .settings
+        .insert("mle_weight".into(), SettingValue::Number(0.5));
+    let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
+    let mut retriever = tiny_retriever(&b, &data, 8);
+    let dir = std::env::temp_dir().join(format!("captune-labelled-clip-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut trainer = Trainer::new(
+        &b,
+        &mut ck,
+        &data,
+        &config,
+        RunFolder::new(&dir),
+        Begin::New,
+        Some(&mut retriever),
+    )
+    .unwrap();
+    let mut lines = Vec::new();
+    while !trainer.finished() {
+        trainer
+            .train_batch(&b, |e| {
+                if let Event::Log(l) = e {
+                    lines.push(l.values.clone());
+                }
+                Flow::Continue
+            })
+            .unwrap();
+    }
+    drop(trainer);
+    assert_eq!(lines.len(), 9);
+    for v in &lines {
+        let (loss, cosine, mle) = (v["loss"], v["cosine"], v["mle"]);
+        assert!(mle.is_finite() && mle > 0.0, "{v:?}");
+        assert!((-1.0..=1.0).contains(&cosine), "{v:?}");
+        // loss = (1 - w) (-cos) + w mle, w = 0.5
+        assert!((loss - 0.5 * (mle - cosine)).abs() < 1e-4, "{v:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -363,6 +363,7 @@ fn corpus_and_batch(
             .map(|&i| vocab.encode(&data.data.items[i].captions[0].tokens, 24))
             .collect(),
         images,
+        labelled: None,
     };
     (corpus, batch)
 }

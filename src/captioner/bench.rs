@@ -160,6 +160,7 @@ pub fn train_throughput<B: Backend>(
             sequences: sequences.to_vec(),
             // Token-level objectives read no references.
             images: Vec::new(),
+            labelled: None,
         };
         let mut cx = StepContext {
             b,
@@ -411,6 +412,7 @@ pub fn scst_throughput<B: Backend>(
             images: (0..batch)
                 .map(|i| (first + i) % SCST_CORPUS_IMAGES)
                 .collect(),
+            labelled: None,
         };
         let start = Instant::now();
         let mut cx = StepContext {

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod decode;
 pub mod evaluate;
 pub mod inspect;
+pub mod labelled;
 pub mod listener;
 pub mod model;
 pub mod objectives;

@@ -63,7 +63,8 @@ impl DocumentFrequencies {
         DocumentFrequencies {
             format: FORMAT.into(),
             words: words.list,
-            documents: references.len(),
+            // Images without references (unlabelled ones) are no documents.
+            documents: documents(references),
             grams,
         }
     }
@@ -75,7 +76,7 @@ impl DocumentFrequencies {
         let read = std::fs::read(&path)
             .ok()
             .and_then(|bytes| serde_json::from_slice::<DocumentFrequencies>(&bytes).ok())
-            .filter(|d| d.format == FORMAT && d.documents == corpus.references.len());
+            .filter(|d| d.format == FORMAT && d.documents == documents(&corpus.references));
         if let Some(df) = read {
             return df;
         }
@@ -92,6 +93,10 @@ impl DocumentFrequencies {
         }
         df
     }
+}
+
+fn documents(references: &[Vec<Vec<String>>]) -> usize {
+    references.iter().filter(|r| !r.is_empty()).count()
 }
 
 /// Where the counts of `corpus` are cached: named by the data set and a

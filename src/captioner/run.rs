@@ -46,10 +46,18 @@ pub struct TrainSection {
     /// Validation images scored each epoch (0: none).
     pub eval_images: usize,
     pub seed: u64,
+    /// The fraction of the training images whose captions training may
+    /// read (the CLIP-relevance paper's setting; `captioner::labelled`).
+    #[serde(default = "all_labelled")]
+    pub labelled: f64,
     /// The objectives' settings (`first_token`, `mle_weight`, ...), each
     /// declared by the objectives that take it.
     #[serde(flatten)]
     pub settings: Settings,
+}
+
+fn all_labelled() -> f64 {
+    1.0
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -105,6 +113,13 @@ impl RunConfig {
         objectives::check_settings(&t.settings, &format!("{origin}: [train]"))?;
         if t.lr.is_nan() || t.lr <= 0.0 {
             bail!("{origin}: [train] lr must be positive");
+        }
+        if !(t.labelled > 0.0 && t.labelled <= 1.0) {
+            bail!(
+                "{origin}: [train] labelled is {}; it is the fraction of training images whose \
+                 captions are used, above 0 and at most 1",
+                t.labelled
+            );
         }
         Ok(())
     }

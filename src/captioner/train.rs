@@ -6,9 +6,10 @@
 use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
+use super::labelled::LabelledSplit;
 use super::model::Captioner;
 use super::objectives::settings::Settings;
-use super::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
+use super::objectives::{self, Objective, StepContext, TrainingBatch, TrainingCorpus, TrainsOn};
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, Position, RunFolder};
@@ -28,6 +29,15 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
+
+/// "labelled" or "unlabelled": the images an objective trains on under
+/// a labelled fraction.
+fn images_of(trains_on: TrainsOn) -> &'static str {
+    match trains_on {
+        TrainsOn::Captions => "labelled",
+        TrainsOn::Images => "unlabelled",
+    }
+}
 
 /// A data set with one image embedding per item.
 pub struct CaptionData {
@@ -123,7 +133,13 @@ pub fn fresh_checkpoint<B: Backend>(
     data: &CaptionData,
     config: &RunConfig,
 ) -> Result<Checkpoint<B>> {
-    let vocab = CaptionVocab::build(&data.data, config.train.min_count)?;
+    let train_items = data.items(Split::Train);
+    let split = LabelledSplit::new(&data.data, &train_items, config.train.labelled);
+    let vocab = if split.is_full() {
+        CaptionVocab::build(&data.data, config.train.min_count)?
+    } else {
+        CaptionVocab::build(&split.captioned(&data.data), config.train.min_count)?
+    };
     let model_config = config.captioner(data.dim, vocab.len());
     Ok(Checkpoint {
         model: Captioner::new(b, model_config, config.train.seed)?,
@@ -143,20 +159,31 @@ pub struct Trainer<'d, B: Backend> {
     run: RunFolder,
     opt: AdamW<B>,
     objective: Box<dyn Objective<B>>,
+    /// Which training images keep their captions.
+    split: LabelledSplit,
+    /// What the configured objective learns from.
+    trains_on: TrainsOn,
+    /// The images an epoch passes over: the labelled ones, or the
+    /// unlabelled ones for an objective that learns from images alone.
     train_items: Vec<usize>,
-    /// The training images' references, by position in `train_items`.
+    /// Every training image's references (none for unlabelled ones).
     corpus: TrainingCorpus,
-    /// Item -> its position in `train_items`.
+    /// Item -> its position in the corpus.
     corpus_index: HashMap<usize, usize>,
+    /// The labelled images in one pass's order, each with its reference,
+    /// and the pass: the batches an MLE mix beside unlabelled images
+    /// reads, drawn by step (see `labelled_batch`).
+    labelled_pass: Option<(usize, Vec<(usize, usize)>)>,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
     total: usize,
     step: usize,
     /// Epochs completed.
     epoch: usize,
-    /// This epoch's (image, reference) pairs, batch after batch, and the
-    /// batches of it done so far.
-    order: Vec<(usize, usize)>,
+    /// This epoch's images, each with its reference (none for images
+    /// without captions), batch after batch, and the batches of it done
+    /// so far.
+    order: Vec<(usize, Option<usize>)>,
     /// Target tokens per caption of this epoch's pairs, on average.
     mean_tokens: f32,
     batches_done: usize,
@@ -182,13 +209,41 @@ impl<'d, B: Backend> Trainer<'d, B> {
         retriever: Option<&'d mut RetrieverCheckpoint<B>>,
     ) -> Result<Self> {
         let t = &config.train;
-        let train_items = data.items(Split::Train);
+        let all_train = data.items(Split::Train);
+        let split = LabelledSplit::new(&data.data, &all_train, t.labelled);
+        let trains_on = objectives::find(&t.objective)?.trains_on;
+        let train_items = if trains_on == TrainsOn::Images && !split.is_full() {
+            split.unlabelled.clone()
+        } else {
+            split.labelled.clone()
+        };
         if train_items.len() < t.batch {
+            let which = if split.is_full() {
+                String::new()
+            } else if trains_on == TrainsOn::Images {
+                format!(
+                    " unlabelled (of {}, labelled {})",
+                    all_train.len(),
+                    t.labelled
+                )
+            } else {
+                format!(
+                    " labelled (of {}, labelled {})",
+                    all_train.len(),
+                    t.labelled
+                )
+            };
             bail!(
-                "{}: {} training images, fewer than one batch of {}; lower [train] batch",
+                "{}: {}{which} training images, fewer than one batch of {}; lower [train] \
+                 batch{}",
                 data.data.name,
                 train_items.len(),
-                t.batch
+                t.batch,
+                if split.is_full() {
+                    ""
+                } else {
+                    " or change [train] labelled"
+                }
             );
         }
         let total = train_items.len() / t.batch * t.epochs;
@@ -230,13 +285,16 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let val_items = data.items(Split::Val);
         let objective = config.objective(ck.model.config.vocab_size)?;
         let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
-        debug_assert_eq!(corpus_items, train_items);
+        debug_assert_eq!(corpus_items, all_train);
         corpus.image_embeddings = data.features_of(&corpus_items);
-        let corpus_index = train_items
+        let corpus_index: HashMap<usize, usize> = corpus_items
             .iter()
             .enumerate()
             .map(|(p, &i)| (i, p))
             .collect();
+        for i in &split.unlabelled {
+            corpus.references[corpus_index[i]].clear();
+        }
         Ok(Trainer {
             ck,
             data,
@@ -245,9 +303,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             run,
             opt,
             objective,
+            split,
+            trains_on,
             train_items,
             corpus,
             corpus_index,
+            labelled_pass: None,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
             total,
@@ -288,6 +349,16 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// the next batch; the run folder's config.toml records the change,
     /// so `--resume` continues with it.
     pub fn set_objective(&mut self, name: &str, settings: &Settings, lr: f32) -> Result<()> {
+        let trains_on = objectives::find(name)?.trains_on;
+        if trains_on != self.trains_on && !self.split.is_full() {
+            bail!(
+                "{name} trains on the {} images and this run on the {}; with [train] labelled {} \
+                 start it as a new run from this one's checkpoint (`captune train --init`)",
+                images_of(trains_on),
+                images_of(self.trains_on),
+                self.split.fraction
+            );
+        }
         let t = &mut self.config.train;
         (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
@@ -311,7 +382,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     ) -> Result<Flow> {
         let t = self.config.train.clone();
         let batch = self.next_batch();
-        let tokens = batch.tokens();
+        let tokens = batch.references().tokens();
         self.tokens += tokens;
         // Steps that log read every loss; the others compute only the objective's.
         let logs =
@@ -327,7 +398,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             // Batches of short captions would otherwise weigh each of their
             // tokens more than batches of long ones (a loss is a per-token
             // mean): weigh the gradient by the batch's share of tokens.
-            gradient_weight: tokens as f32 / (t.batch as f32 * self.mean_tokens),
+            // (A labelled batch beside unlabelled images is a random draw.)
+            gradient_weight: if batch.labelled.is_some() {
+                1.0
+            } else {
+                tokens as f32 / (t.batch as f32 * self.mean_tokens)
+            },
             retriever: self.retriever.as_deref_mut(),
             rng: &mut rng,
             monitor: logs,
@@ -361,31 +437,87 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 ChaCha8Rng::seed_from_u64(seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
             let mut images = self.train_items.clone();
             images.shuffle(&mut self.rng);
-            let picks: Vec<(usize, usize)> = images
-                .into_iter()
-                .map(|i| (i, self.rng.random_range(0..items[i].captions.len())))
-                .collect();
-            let words = |&(i, r): &(usize, usize)| items[i].captions[r].tokens.len();
-            self.order = batches_by_length(picks, batch, words, &mut self.rng);
-            // Each caption's targets: its words, then <eos>, within max_len.
-            let targets = |p: &(usize, usize)| (words(p) + 1).min(c.token_positions());
-            self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
-                / self.order.len().max(1) as f32;
+            if self.reads_references() {
+                let picks: Vec<(usize, Option<usize>)> = images
+                    .into_iter()
+                    .map(|i| (i, Some(self.rng.random_range(0..items[i].captions.len()))))
+                    .collect();
+                let words = |&(i, r): &(usize, Option<usize>)| {
+                    r.map_or(0, |r| items[i].captions[r].tokens.len())
+                };
+                self.order = batches_by_length(picks, batch, words, &mut self.rng);
+                // Each caption's targets: its words, then <eos>, within max_len.
+                let targets = |p: &(usize, Option<usize>)| (words(p) + 1).min(c.token_positions());
+                self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
+                    / self.order.len().max(1) as f32;
+            } else {
+                self.order = images.into_iter().map(|i| (i, None)).collect();
+            }
         }
         let chunk = &self.order[self.batches_done * batch..(self.batches_done + 1) * batch];
+        let pairs: Vec<(usize, usize)> = chunk
+            .iter()
+            .filter_map(|&(i, r)| r.map(|r| (i, r)))
+            .collect();
         let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
+        let mut assembled = self.batch_of(&images, &pairs);
+        if !self.reads_references() {
+            let labelled = self.labelled_batch();
+            assembled.labelled = Some(Box::new(labelled));
+        }
+        assembled
+    }
+
+    /// Whether this run's batches carry references: not when the
+    /// objective learns from images alone and trains on unlabelled ones.
+    fn reads_references(&self) -> bool {
+        self.trains_on == TrainsOn::Captions || self.split.is_full()
+    }
+
+    /// The batch of `images`, with the references of `pairs` (image,
+    /// reference index): all of them or none.
+    fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> TrainingBatch {
+        let (items, max_len) = (&self.data.data.items, self.ck.model.config.max_len);
         TrainingBatch {
-            features: self.data.features_of(&images),
-            sequences: chunk
+            features: self.data.features_of(images),
+            sequences: pairs
                 .iter()
-                .map(|&(i, r)| {
-                    self.ck
-                        .vocab
-                        .encode(&items[i].captions[r].tokens, c.max_len)
-                })
+                .map(|&(i, r)| self.ck.vocab.encode(&items[i].captions[r].tokens, max_len))
                 .collect(),
             images: images.iter().map(|i| self.corpus_index[i]).collect(),
+            labelled: None,
         }
+    }
+
+    /// The step's batch of labelled images (with one reference each) for
+    /// an MLE mix beside unlabelled images: positions `step * batch ..`
+    /// of an endless sequence of passes over the labelled images, each
+    /// pass in its own order, seeded by the run's seed and the pass, so
+    /// a resumed run draws the same.
+    fn labelled_batch(&mut self) -> TrainingBatch {
+        let (batch, seed) = (self.config.train.batch, self.config.train.seed);
+        let n = self.split.labelled.len();
+        let mut pairs = Vec::with_capacity(batch);
+        for position in self.step * batch..(self.step + 1) * batch {
+            let pass = position / n;
+            if self.labelled_pass.as_ref().is_none_or(|(p, _)| *p != pass) {
+                let mut rng = ChaCha8Rng::seed_from_u64(
+                    seed ^ 0x6c61_6265_6c6c_6564 ^ (pass as u64).wrapping_mul(0x9e37_79b9),
+                );
+                let mut images = self.split.labelled.clone();
+                images.shuffle(&mut rng);
+                let items = &self.data.data.items;
+                let order = images
+                    .into_iter()
+                    .map(|i| (i, rng.random_range(0..items[i].captions.len())))
+                    .collect();
+                self.labelled_pass = Some((pass, order));
+            }
+            let (_, order) = self.labelled_pass.as_ref().expect("drawn above");
+            pairs.push(order[position % n]);
+        }
+        let images: Vec<usize> = pairs.iter().map(|&(i, _)| i).collect();
+        self.batch_of(&images, &pairs)
     }
 
     /// The log line of the step just taken (one readback); a loss that is

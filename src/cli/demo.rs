@@ -117,6 +117,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             },
             epochs: Some(epochs),
             lr: smile.then_some(args.smile_lr),
+            labelled: None,
             init,
             out: out.join(if smile { "smile" } else { "mle" }),
             resume: false,

@@ -118,6 +118,13 @@ pub struct TrainArgs {
     pub epochs: Option<usize>,
     #[arg(long)]
     pub lr: Option<f32>,
+    /// The fraction of the training images whose captions are used, above
+    /// 0 and at most 1 (default 1): objectives that learn from captions
+    /// train on those images, clip-relevance and discritune on the rest
+    /// (with their --mle-weight mix on the labelled ones). Which images are
+    /// labelled depends on their ids only, so runs with one fraction agree.
+    #[arg(long, value_name = "FRACTION")]
+    pub labelled: Option<f64>,
     /// Start from this captioner checkpoint's weights (its config and vocabulary win).
     #[arg(long)]
     pub init: Option<PathBuf>,
@@ -144,6 +151,7 @@ impl TrainArgs {
         } else {
             RunConfig::preset(self.preset.as_deref().unwrap_or("shapes"))?
         };
+        let before = c.train.clone();
         let t = &mut c.train;
         if let Some(o) = &self.objective.objective {
             t.objective = o.clone();
@@ -178,6 +186,35 @@ impl TrainArgs {
         }
         if let Some(lr) = self.lr {
             t.lr = lr;
+        }
+        if let Some(fraction) = self.labelled {
+            t.labelled = fraction;
+        }
+        if self.resume {
+            let new_run = format!(
+                "start a new run from its checkpoint (--init {}) instead",
+                run.checkpoint().display()
+            );
+            if t.labelled != before.labelled {
+                bail!(
+                    "--labelled {}: {} was trained with labelled {}, and a run keeps its \
+                     labelled fraction; {new_run}",
+                    t.labelled,
+                    run.dir.display(),
+                    before.labelled
+                );
+            }
+            let trained_on = objectives::find(&before.objective)?.trains_on;
+            if t.labelled < 1.0 && info.trains_on != trained_on {
+                bail!(
+                    "--objective {}: with labelled {} it trains on other images than {} did \
+                     (objective {}); {new_run}",
+                    info.name,
+                    t.labelled,
+                    run.dir.display(),
+                    before.objective
+                );
+            }
         }
         RunConfig::parse(&c.to_toml(), "the run config with command-line overrides")
     }

@@ -13,7 +13,7 @@
 use super::sequence::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
 use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
+use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
 use crate::captioner::CaptionVocab;
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
@@ -85,6 +85,7 @@ pub const DISCRITUNE: ObjectiveInfo = ObjectiveInfo {
         &MLE_WEIGHT,
     ],
     plots: &[&REWARDS_PLOT, &RANK_PLOT, &ACCURACY_PLOT, &SAMPLES_PLOT],
+    trains_on: TrainsOn::Images,
 };
 
 /// DiscriTune's settings.

@@ -46,6 +46,20 @@ pub struct ObjectiveInfo {
     /// Series it logs that the app plots apart from the losses, a plot
     /// per group; series in no group share the loss plot.
     pub plots: &'static [&'static SeriesGroup],
+    /// What it learns from, which decides the images it trains on under
+    /// a labelled fraction ([`super::labelled`]).
+    pub trains_on: TrainsOn,
+}
+
+/// What an objective's own term learns from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainsOn {
+    /// Each row's reference caption (or rewards against the image's
+    /// references): trains on the labelled images.
+    Captions,
+    /// The images alone: trains on the unlabelled images when some are;
+    /// an MLE mix reads [`TrainingBatch::references`].
+    Images,
 }
 
 /// Logged series the app plots together.
@@ -183,6 +197,9 @@ pub struct TrainingBatch {
     /// Each row's image, as an index into the run's [`TrainingCorpus`]
     /// (whose references a metric reward scores samples against).
     pub images: Vec<usize>,
+    /// Under a labelled fraction, a batch of unlabelled images (no
+    /// `sequences`) carries a batch of labelled ones for an MLE mix.
+    pub labelled: Option<Box<TrainingBatch>>,
 }
 
 /// The training split as objectives see it beyond one batch: every
@@ -223,6 +240,12 @@ impl TrainingCorpus {
 }
 
 impl TrainingBatch {
+    /// The batch whose reference captions training may read: the
+    /// labelled batch beside unlabelled images, else this one.
+    pub fn references(&self) -> &TrainingBatch {
+        self.labelled.as_deref().unwrap_or(self)
+    }
+
     /// The batch's distinct images in order of first appearance, as
     /// indices into the corpus, and their embeddings `[images, dim]`.
     pub fn distinct_images(&self, dim: usize) -> (Vec<usize>, Vec<f32>) {

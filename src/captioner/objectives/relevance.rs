@@ -11,7 +11,7 @@
 use super::discritune::frozen_retriever;
 use super::settings::{Setting, SettingKind, Settings};
 use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
+use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
@@ -61,6 +61,7 @@ pub const CLIP_RELEVANCE: ObjectiveInfo = ObjectiveInfo {
            encoder of --features",
     settings: &[&GUMBEL, &TAU, &MLE_WEIGHT],
     plots: &[&COSINE_PLOT, &TAU_PLOT],
+    trains_on: TrainsOn::Images,
 };
 
 #[derive(Clone, Copy, Debug, Default)]

@@ -14,7 +14,7 @@
 
 use super::settings::{Setting, SettingKind, Settings};
 use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext};
+use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::{Backend, Reduce};
 use crate::captioner::CaptionVocab;
 use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
@@ -123,6 +123,7 @@ pub const SCST: ObjectiveInfo = ObjectiveInfo {
            reward and a greedy or mean-of-others baseline",
     settings: &[&SAMPLES, &BASELINE, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
     plots: PLOTS,
+    trains_on: TrainsOn::Captions,
 };
 
 pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
@@ -137,6 +138,7 @@ pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
         &MLE_WEIGHT,
     ],
     plots: PLOTS,
+    trains_on: TrainsOn::Captions,
 };
 
 pub const SLE: ObjectiveInfo = ObjectiveInfo {
@@ -145,6 +147,7 @@ pub const SLE: ObjectiveInfo = ObjectiveInfo {
            diversity term rewarding samples far from the image's other samples",
     settings: &[&SAMPLES, &ALPHA, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
     plots: PLOTS,
+    trains_on: TrainsOn::Captions,
 };
 
 /// The objectives of this file.

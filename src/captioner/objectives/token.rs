@@ -7,7 +7,7 @@
 //! losses, whichever objective trains, so runs can be compared.
 
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
-use super::{Objective, ObjectiveInfo, StepContext};
+use super::{Objective, ObjectiveInfo, StepContext, TrainsOn};
 use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
 use crate::captioner::model::{TokenInputs, teacher_targets};
@@ -73,6 +73,7 @@ pub const MLE: ObjectiveInfo = ObjectiveInfo {
     help: "cross-entropy over the full vocabulary",
     settings: &[],
     plots: &[],
+    trains_on: TrainsOn::Captions,
 };
 
 pub const SMILE: ObjectiveInfo = ObjectiveInfo {
@@ -80,6 +81,7 @@ pub const SMILE: ObjectiveInfo = ObjectiveInfo {
     help: "cross-entropy over the unique tokens of each target caption (SMILE)",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
+    trains_on: TrainsOn::Captions,
 };
 
 pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
@@ -87,6 +89,7 @@ pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
     help: "ablation: over 10 random ids plus the label, drawn per step",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
+    trains_on: TrainsOn::Captions,
 };
 
 pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
@@ -94,6 +97,7 @@ pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
     help: "ablation: over the ids the caption does not use, plus the label",
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
+    trains_on: TrainsOn::Captions,
 };
 
 /// Which token-level objective trains, and its settings.
@@ -537,13 +541,15 @@ impl<B: Backend> Objective<B> for TokenLevel<B> {
 
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
-        let sequences = &cx.batch.sequences;
+        // An MLE mix beside images without captions reads the labelled batch.
+        let batch = cx.batch.references();
+        let sequences = &batch.sequences;
         let inputs = TokenInputs::trimmed(b, &cx.model.config, sequences)?;
         let steps = inputs.positions;
         let ids = teacher_targets(sequences, steps);
         let mut targets = BatchTargets::new(b, &self.config, cx.vocab, &ids, steps, cx.rng)?;
         targets.gradient_weight = cx.gradient_weight;
-        cx.model.forward(b, &cx.batch.features, &inputs)?;
+        cx.model.forward(b, &batch.features, &inputs)?;
         let losses = self.losses.of(b, &inputs);
         losses.forward_backward(b, cx.model.logits(), &targets, cx.monitor);
         cx.model.backward(b, &inputs, &losses.d_logits);
