@@ -65,8 +65,10 @@ fn random_unit(row: u32, step: u32) -> f32 {
     return f32(h >> 8u) * (1.0 / 16777216.0);
 }
 
-// Gumbel noise -log(-log u) for token j, u in (0, 1) from the counter
-// (seed, row, step, j).
+// Gumbel noise -log(-log u) for token j, u from the counter (seed, row,
+// step, j). f32 rounds u to 1 for the largest bits: -log u is kept at
+// least the smallest normal float, so the noise stays finite (an
+// infinite one turns the Gumbel-softmax into NaN).
 fn gumbel(seed_lo: u32, seed_hi: u32, row: u32, step: u32, j: u32) -> f32 {
     var h = mix32(seed_lo ^ 0x85ebca6bu);
     h = mix32(h ^ seed_hi);
@@ -74,7 +76,7 @@ fn gumbel(seed_lo: u32, seed_hi: u32, row: u32, step: u32, j: u32) -> f32 {
     h = mix32(h ^ step);
     h = mix32(h ^ j);
     let u = (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
-    return -log(-log(u));
+    return -log(max(-log(u), 1.17549435e-38));
 }
 
 // Larger floats get larger keys.

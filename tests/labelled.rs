@@ -10,12 +10,11 @@ use captune::captioner::labelled::LabelledSplit;
 use captune::captioner::objectives::{Objective, StepContext};
 use captune::captioner::records::Flow;
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{CaptionData, Trainer, fresh_checkpoint};
+use captune::captioner::train::{CaptionData, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::Split;
 use captune::data::vocab::Vocab;
-use common::tiny_data;
+use common::{new_run, tiny_data};
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
@@ -74,19 +73,8 @@ fn config(objective: &str, labelled: f64) -> RunConfig {
 /// replaced by the recorder.
 fn record(data: &CaptionData, config: &RunConfig, name: &str) -> Vec<Seen> {
     let b = CpuBackend::new();
-    let dir = std::env::temp_dir().join(format!("captune-labelled-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let mut ck = fresh_checkpoint(&b, data, config).unwrap();
-    let mut trainer = Trainer::new(
-        &b,
-        &mut ck,
-        data,
-        config,
-        RunFolder::new(&dir),
-        Begin::New,
-        None,
-    )
-    .unwrap();
+    let (mut trainer, dir) = new_run(&b, &mut ck, data, config, &format!("labelled-{name}"), None);
     let seen = Arc::new(Mutex::new(Vec::new()));
     trainer.use_objective(Box::new(Recorder(seen.clone())));
     while !trainer.finished() {
@@ -215,19 +203,8 @@ fn a_run_refuses_to_switch_to_an_objective_that_trains_on_other_images() {
     let data = tiny_data();
     let b = CpuBackend::new();
     let config = config("mle", 0.25);
-    let dir = std::env::temp_dir().join(format!("captune-labelled-switch-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
-    let mut trainer = Trainer::new(
-        &b,
-        &mut ck,
-        &data,
-        &config,
-        RunFolder::new(&dir),
-        Begin::New,
-        None,
-    )
-    .unwrap();
+    let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, "labelled-switch", None);
     let settings = Default::default();
     let refused = trainer
         .set_objective("clip-relevance", &settings, 1e-3)

@@ -10,11 +10,10 @@ use captune::captioner::model::{TokenInputs, teacher_targets};
 use captune::captioner::objectives::{Objective, StepContext};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{Trainer, fresh_checkpoint};
+use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
 use captune::ops::cross_entropy::CrossEntropy;
-use common::tiny_data;
+use common::{new_run, tiny_data};
 use egui_kittest::Harness;
 use egui_kittest::kittest::Queryable;
 use std::sync::Arc;
@@ -81,19 +80,8 @@ fn an_objective_defined_in_a_test_trains_logs_its_series_and_reaches_the_app() {
     config.train.sample_images = 1;
     config.train.eval_images = 2;
     config.train.lr = 3e-3;
-    let dir = std::env::temp_dir().join(format!("captune-toy-objective-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
     let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
-    let mut trainer = Trainer::new(
-        &b,
-        &mut ck,
-        &data,
-        &config,
-        RunFolder::new(&dir),
-        Begin::New,
-        None,
-    )
-    .unwrap();
+    let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, "toy-objective", None);
     trainer.use_objective(Box::new(FirstWord { last: None }));
     let mut first_words = Vec::new();
     while !trainer.finished() {

@@ -20,8 +20,7 @@ use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{CaptionData, Trainer, fresh_checkpoint};
+use captune::captioner::train::{CaptionData, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::model::transformer::TransformerConfig;
@@ -29,7 +28,7 @@ use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::model::Retriever;
 use captune::retriever::neighbours::Neighbours;
 use captune::retriever::{Checkpoint as RetrieverCheckpoint, RetrieverConfig};
-use common::{TINY_DIM, assert_close, gpu, tiny_data};
+use common::{TINY_DIM, assert_close, gpu, new_run, tiny_data};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -797,18 +796,14 @@ fn clip_relevance_trains_on_the_unlabelled_images_with_an_mle_mix() {
         .insert("mle_weight".into(), SettingValue::Number(0.5));
     let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
     let mut retriever = tiny_retriever(&b, &data, 8);
-    let dir = std::env::temp_dir().join(format!("captune-labelled-clip-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut trainer = Trainer::new(
+    let (mut trainer, dir) = new_run(
         &b,
         &mut ck,
         &data,
         &config,
-        RunFolder::new(&dir),
-        Begin::New,
+        "labelled-clip",
         Some(&mut retriever),
-    )
-    .unwrap();
+    );
     let mut lines = Vec::new();
     while !trainer.finished() {
         trainer

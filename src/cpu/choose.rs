@@ -25,7 +25,7 @@ pub fn random_unit(seed: u64, row: u32, step: u32) -> f32 {
     (h >> 8) as f32 * (1.0 / 16_777_216.0)
 }
 
-/// Gumbel noise -ln(-ln u) for token j, u in (0, 1) from the counter
+/// Gumbel noise -ln(-ln u) for token j, u from the counter
 /// (seed, row, step, j).
 pub fn gumbel(seed: u64, row: u32, step: u32, j: u32) -> f32 {
     let mut h = mix32(seed as u32 ^ 0x85eb_ca6b);
@@ -33,8 +33,16 @@ pub fn gumbel(seed: u64, row: u32, step: u32, j: u32) -> f32 {
     h = mix32(h ^ row);
     h = mix32(h ^ step);
     h = mix32(h ^ j);
-    let u = ((h >> 8) as f32 + 0.5) * (1.0 / 16_777_216.0);
-    -(-u.ln()).ln()
+    gumbel_of_bits(h >> 8)
+}
+
+/// The noise of 24 random bits: u = (bits + 0.5) / 2^24, which f32
+/// rounds to 1 for the largest bits (one draw in 2^24), so -ln u is kept
+/// at least the smallest normal float: the noise stays finite (at most
+/// 87.3), since an infinite one turns the Gumbel-softmax into NaN.
+pub fn gumbel_of_bits(bits: u32) -> f32 {
+    let u = (bits as f32 + 0.5) * (1.0 / 16_777_216.0);
+    -(-u.ln()).max(f32::MIN_POSITIVE).ln()
 }
 
 /// Larger floats get larger keys.
@@ -183,4 +191,23 @@ pub fn gumbel_logits(
                 *o = (z + gumbel(seed, first_row + sequence, step, j as u32)) / tau;
             }
         });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gumbel_noise_is_finite_for_every_draw() {
+        // The largest bits round u to exactly 1 in f32.
+        assert_eq!((0xff_ffff as f32 + 0.5) * (1.0 / 16_777_216.0), 1.0);
+        for bits in [0, 1, 0x80_0000, 0xff_fffe, 0xff_ffff] {
+            let g = gumbel_of_bits(bits);
+            assert!(g.is_finite(), "{bits:#x}: {g}");
+        }
+        assert!((gumbel_of_bits(0xff_ffff) - 87.336_54).abs() < 1e-3);
+        // Every other draw is -ln(-ln u) as it was.
+        let u = (0x12_3456 as f32 + 0.5) * (1.0 / 16_777_216.0);
+        assert_eq!(gumbel_of_bits(0x12_3456), -(-u.ln()).ln());
+    }
 }

@@ -1,10 +1,15 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)] // each test binary uses a different subset
 
-use captune::captioner::train::CaptionData;
+use captune::backend::Backend;
+use captune::captioner::Checkpoint;
+use captune::captioner::run::RunConfig;
+use captune::captioner::run_folder::{Begin, RunFolder};
+use captune::captioner::train::{CaptionData, Trainer};
 use captune::data::karpathy;
 use captune::data::shapes::{self, Domain, ShapesConfig};
 use captune::gpu::{GpuBackend, adapter};
+use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -171,4 +176,21 @@ pub fn tiny_data() -> CaptionData {
         dim: TINY_DIM,
         source: None,
     }
+}
+
+/// A new training run of `config` in an empty temporary folder named
+/// after `name` (the caller removes it): the trainer and the folder.
+pub fn new_run<'d, B: Backend>(
+    b: &B,
+    ck: &'d mut Checkpoint<B>,
+    data: &'d CaptionData,
+    config: &RunConfig,
+    name: &str,
+    retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+) -> (Trainer<'d, B>, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("captune-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = RunFolder::new(&dir);
+    let trainer = Trainer::new(b, ck, data, config, run, Begin::New, retriever).unwrap();
+    (trainer, dir)
 }
