@@ -13,9 +13,9 @@
 # The shapes world by default; for another data set set DATA (as --data),
 # PRESET and RETRIEVER, e.g. DATA=karpathy:PATH PRESET=flickr8k (no
 # shifted world there). EPOCHS (default 2), LR (default 2e-5) and HARD
-# (hard negatives, default 5) set the DiscriTune and relevance runs;
-# TAU (default 1) and MIX (relevance's --mle-weight, default 0.5) the
-# relevance runs; FRACTION (default 0.02) the labelled fraction,
+# (hard negatives, default 5) set the DiscriTune runs; REL_LR (default
+# 2e-4), TAU (default 1) and MIX (relevance's --mle-weight, default 0.2)
+# the relevance runs; FRACTION (default 0.02) the labelled fraction,
 # FEW_EPOCHS (default 60) and FEW_LR (default 2e-3) its MLE stage.
 # STAGES (default "discritune relevance few") picks the runs to make;
 # the tables list every model evaluated in OUT_DIR, by this call or an
@@ -30,8 +30,9 @@ RETRIEVER=${RETRIEVER:-assets/shapes-retriever.safetensors}
 EPOCHS=${EPOCHS:-2}
 LR=${LR:-2e-5}
 HARD=${HARD:-5}
+REL_LR=${REL_LR:-2e-4}
 TAU=${TAU:-1}
-MIX=${MIX:-0.5}
+MIX=${MIX:-0.2}
 FRACTION=${FRACTION:-0.02}
 FEW_EPOCHS=${FEW_EPOCHS:-60}
 FEW_LR=${FEW_LR:-2e-3}
@@ -73,14 +74,14 @@ for stage in $STAGES; do
         ;;
     relevance)
         train clip-relevance --init "$MLE" --objective clip-relevance --tau "$TAU" \
-            --mle-weight "$MIX" --lr "$LR" --epochs "$EPOCHS"
+            --mle-weight "$MIX" --lr "$REL_LR" --epochs "$EPOCHS"
         ;;
     few)
         train mle-few --objective mle --labelled "$FRACTION" --lr "$FEW_LR" \
             --epochs "$FEW_EPOCHS"
         train clip-relevance-few --init "$OUT/mle-few/checkpoint.safetensors" \
             --objective clip-relevance --labelled "$FRACTION" --tau "$TAU" \
-            --mle-weight "$MIX" --lr "$LR" --epochs "$EPOCHS"
+            --mle-weight "$MIX" --lr "$REL_LR" --epochs "$EPOCHS"
         ;;
     *)
         echo "retrieval_table.sh: unknown stage $stage" >&2
