@@ -101,14 +101,19 @@ pub fn resolve_data(data: &DataArgs, trained_on: Option<TrainedOn<'_>>) -> Resul
             shapes: recorded_shapes,
         }),
         Some(asked) => {
-            let differs = asked.absolute().to_string() != t.source.data
-                || (asked == &DataSource::Shapes && data.shapes != recorded_shapes);
+            let same_set = asked.absolute().to_string() == t.source.data;
+            let differs =
+                !same_set || (asked == &DataSource::Shapes && data.shapes != recorded_shapes);
             if differs {
+                // Two shapes worlds differ in their settings, not their names.
+                let (trained, using) = if same_set {
+                    (recorded_shapes.cache_name(), data.shapes.cache_name())
+                } else {
+                    (t.source.data.clone(), asked.to_string())
+                };
                 eprintln!(
-                    "warning: {} was trained on {}; using {} as asked",
-                    t.record.display(),
-                    t.source.data,
-                    asked
+                    "warning: {} was trained on {trained}; using {using} as asked",
+                    t.record.display()
                 );
             }
             Ok(data.clone())

@@ -74,7 +74,7 @@ impl ShapesConfig {
     }
 
     /// The cache folder's name: every setting that changes the output.
-    fn cache_name(&self) -> String {
+    pub fn cache_name(&self) -> String {
         let domain = match self.domain {
             Domain::Default => String::new(),
             d => format!("-{}", d.data_name().trim_start_matches("shapes-")),
