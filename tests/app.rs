@@ -157,6 +157,45 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// Under a labelled fraction, Apply objective with an objective that
+/// trains on the other images is refused with a note saying what to do,
+/// and the run trains on as it was.
+#[test]
+fn a_refused_objective_switch_is_a_note_and_the_run_trains_on() {
+    let out = temp("labelled-switch");
+    let mut config = tiny_config();
+    config.train.epochs = 400;
+    config.train.labelled = 0.25;
+    let mut h = harness(Source::Train(Box::new(TrainSetup {
+        device: DeviceChoice::Cpu,
+        config,
+        out: out.clone(),
+        init: None,
+        retriever: None,
+        autostart: true,
+    })));
+    step_until(&mut h, "a loss point", |a| !a.history.losses.is_empty());
+    h.state_mut().training.knobs.objective = "clip-relevance".into();
+    h.run();
+    h.get_by_label("Apply objective").click_accesskit();
+    h.run();
+    step_until(&mut h, "the refusal", |a| {
+        a.live_status().unwrap().note.contains("--init")
+    });
+    let seen = h.state().history.losses.len();
+    step_until(&mut h, "more loss points", |a| {
+        a.history.losses.len() > seen + 3
+    });
+    let status = h.state().live_status().unwrap();
+    assert_eq!(status.state, State::Running);
+    assert!(status.objective.starts_with("mle"), "{}", status.objective);
+    h.get_by_label("Stop").click_accesskit();
+    step_until(&mut h, "the stop", |a| {
+        a.live_status().unwrap().state == State::Stopped
+    });
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 fn tiny_checkpoint(path: &Path) {
     let cpu = CpuBackend::new();
     let ck = fresh_checkpoint(&cpu, &tiny_data(), &tiny_config()).unwrap();

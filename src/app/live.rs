@@ -55,7 +55,8 @@ pub struct LiveStatus {
     pub total: usize,
     pub objective: String,
     pub backend: String,
-    /// The last thing worth telling (a saved checkpoint's path).
+    /// The last thing worth telling (a saved checkpoint's path, a
+    /// refused objective switch).
     pub note: String,
 }
 
@@ -227,8 +228,17 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
                     settings,
                     lr,
                 } => {
-                    trainer.set_objective(&objective, &settings, lr)?;
-                    update(&|s| s.objective = objectives::describe(&objective, &settings));
+                    // A switch the run refuses (another labelled fraction's
+                    // images) is said, and training goes on as it was.
+                    match trainer.set_objective(&objective, &settings, lr) {
+                        Ok(()) => {
+                            update(&|s| s.objective = objectives::describe(&objective, &settings))
+                        }
+                        Err(e) => {
+                            let note = format!("{e:#}");
+                            update(&|s| s.note = note.clone());
+                        }
+                    }
                 }
                 Command::Save => {
                     let path = trainer
