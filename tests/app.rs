@@ -55,6 +55,18 @@ fn step_until(h: &mut Harness<'_, CaptuneApp>, what: &str, done: impl Fn(&Captun
     h.run();
 }
 
+/// Training `config` in the app on the CPU into `out`, from fresh weights.
+fn live_cpu_run(config: RunConfig, out: &Path, autostart: bool) -> Source {
+    Source::Train(Box::new(TrainSetup {
+        device: DeviceChoice::Cpu,
+        config,
+        out: out.to_path_buf(),
+        init: None,
+        retriever: None,
+        autostart,
+    }))
+}
+
 fn tiny_config() -> RunConfig {
     let mut c = RunConfig::preset("tiny").unwrap();
     c.train.epochs = 8;
@@ -70,14 +82,7 @@ fn a_live_run_fills_the_loss_curves_pauses_and_switches_objective() {
     // Epochs enough that the run is still training when Pause is pressed.
     let mut config = tiny_config();
     config.train.epochs = 30;
-    let mut h = harness(Source::Train(Box::new(TrainSetup {
-        device: DeviceChoice::Cpu,
-        config,
-        out: out.clone(),
-        init: None,
-        retriever: None,
-        autostart: false,
-    })));
+    let mut h = harness(live_cpu_run(config, &out, false));
     h.run();
     // Before Start, the empty loss panel says how to begin.
     assert!(
@@ -166,14 +171,7 @@ fn a_refused_objective_switch_is_a_note_and_the_run_trains_on() {
     let mut config = tiny_config();
     config.train.epochs = 400;
     config.train.labelled = 0.25;
-    let mut h = harness(Source::Train(Box::new(TrainSetup {
-        device: DeviceChoice::Cpu,
-        config,
-        out: out.clone(),
-        init: None,
-        retriever: None,
-        autostart: true,
-    })));
+    let mut h = harness(live_cpu_run(config, &out, true));
     step_until(&mut h, "a loss point", |a| !a.history.losses.is_empty());
     h.state_mut().training.knobs.objective = "clip-relevance".into();
     h.run();
