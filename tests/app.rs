@@ -367,6 +367,18 @@ fn the_per_token_view_explains_a_reference_as_an_scst_sample() {
     let mut h = harness(Source::Checkpoint(path));
     h.get_by_label("Per-token view").click();
     h.run();
+    assert_eq!(h.state().tab, Tab::PerToken);
+    // On a loaded machine the view can take more frames than one run
+    // gives it to lay out its rows (CI once found no "scst" here).
+    let start = Instant::now();
+    while h.query_by_label("scst").is_none() {
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "the per-token view offered no reward choice"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+        h.step();
+    }
     h.get_by_label("scst").click();
     h.run();
     assert_eq!(h.state().panels.per_token.reward_under, Some("scst"));
