@@ -10,6 +10,7 @@
 //! it (two runs) agree; and a smaller fraction's images are among a
 //! larger one's.
 
+use super::objectives::TrainsOn;
 use crate::data::Dataset;
 use crate::tensorfile::fingerprint;
 
@@ -54,6 +55,21 @@ impl LabelledSplit {
     /// Whether every training image is labelled.
     pub fn is_full(&self) -> bool {
         self.unlabelled.is_empty()
+    }
+
+    /// Whether an objective that learns from `trains_on` trains on the
+    /// unlabelled images (its batches then carry no captions).
+    pub fn trains_unlabelled(&self, trains_on: TrainsOn) -> bool {
+        trains_on == TrainsOn::Images && !self.is_full()
+    }
+
+    /// The images an objective that learns from `trains_on` trains on.
+    pub fn images_for(&self, trains_on: TrainsOn) -> &[usize] {
+        if self.trains_unlabelled(trains_on) {
+            &self.unlabelled
+        } else {
+            &self.labelled
+        }
     }
 
     /// `data` with the unlabelled images' captions dropped: what the

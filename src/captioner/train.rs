@@ -212,23 +212,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let all_train = data.items(Split::Train);
         let split = LabelledSplit::new(&data.data, &all_train, t.labelled);
         let trains_on = objectives::find(&t.objective)?.trains_on;
-        let train_items = if trains_on == TrainsOn::Images && !split.is_full() {
-            split.unlabelled.clone()
-        } else {
-            split.labelled.clone()
-        };
+        let train_items = split.images_for(trains_on).to_vec();
         if train_items.len() < t.batch {
             let which = if split.is_full() {
                 String::new()
-            } else if trains_on == TrainsOn::Images {
-                format!(
-                    " unlabelled (of {}, labelled {})",
-                    all_train.len(),
-                    t.labelled
-                )
             } else {
                 format!(
-                    " labelled (of {}, labelled {})",
+                    " {} (of {}, labelled {})",
+                    images_of(trains_on),
                     all_train.len(),
                     t.labelled
                 )
@@ -471,7 +462,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// Whether this run's batches carry references: not when the
     /// objective learns from images alone and trains on unlabelled ones.
     fn reads_references(&self) -> bool {
-        self.trains_on == TrainsOn::Captions || self.split.is_full()
+        !self.split.trains_unlabelled(self.trains_on)
     }
 
     /// The batch of `images`, with the references of `pairs` (image,
