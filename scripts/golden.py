@@ -101,7 +101,8 @@ def block(x, p, pre, causal=True):
 
 
 def loss_of(p, features, inputs, targets):
-    """MLE: the mean over real (non-pad) targets of -log softmax."""
+    """MLE: the mean over real (non-pad) targets of -log softmax, over the
+    policy: <pad> and <bos> are never generated and have no probability."""
     batch = features.shape[0]
     prefix = dense(gelu(dense(features, p, "mapper.fc1")), p, "mapper.fc2").reshape(batch, K, WIDTH)
     x = torch.cat([prefix, p["decoder.tokens"][inputs]], dim=1) + p["decoder.positions"]
@@ -109,10 +110,12 @@ def loss_of(p, features, inputs, targets):
         x = block(x, p, f"decoder.blocks.{i}")
     h = layer_norm(x, p["decoder.ln_f.weight"], p["decoder.ln_f.bias"])[:, K:]
     logits = h @ p["decoder.tokens"].T  # tied output layer
-    logp = torch.log_softmax(logits, dim=-1)
+    never = torch.zeros(VOCAB, dtype=torch.bool)
+    never[[PAD, BOS]] = True
+    logp = torch.log_softmax(logits.masked_fill(never, float("-inf")), dim=-1)
     real = targets != PAD
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return -(picked * real).sum() / real.sum()
+    return -picked.masked_fill(~real, 0.0).sum() / real.sum()
 
 
 def random_params(shapes_by_name):

@@ -18,7 +18,8 @@
 // suppressed). A row whose previous token was <eos> or padding is done: it
 // gets padding and log-probability 0. history[row, step] and
 // logprobs[row, step] record the choice and its log-probability under the
-// full vocabulary; next[row] feeds the next step's embedding.
+// policy: the tokens that may be chosen, at temperature 1 (the ids never
+// chosen have none of its mass); next[row] feeds the next step's embedding.
 
 struct Params {
     rows: u32,
@@ -131,11 +132,15 @@ fn choose_tokens(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
     }
     let base = row * p.vocab;
-    // Log-sum-exp over the whole vocabulary.
+    // Log-sum-exp over the tokens that may be chosen.
     var top = NEG_INF;
-    for (var j = 0u; j < p.vocab; j++) { top = max(top, logits[base + j]); }
+    for (var j = 0u; j < p.vocab; j++) {
+        if (allowed(j)) { top = max(top, logits[base + j]); }
+    }
     var sum = 0.0;
-    for (var j = 0u; j < p.vocab; j++) { sum += exp(logits[base + j] - top); }
+    for (var j = 0u; j < p.vocab; j++) {
+        if (allowed(j)) { sum += exp(logits[base + j] - top); }
+    }
     let lse = top + log(sum);
 
     var chosen = 0u;

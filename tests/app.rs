@@ -334,7 +334,7 @@ fn a_sequence_level_run_gets_its_rewards_diversity_and_samples_plots() {
     for title in [
         "rewards (per sampled caption)",
         "diversity of each image's samples",
-        "samples: entropy (nats per step), length (words)",
+        "samples: entropy (nats per step), length (words), repetition",
     ] {
         assert!(
             h.query_by_label(title).is_some(),

@@ -6,7 +6,7 @@
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs};
 use captune::captioner::objectives::token::{
     self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,
     TokenObjective,
@@ -192,9 +192,14 @@ fn ablation_plans_random_and_reverse_subsets() {
             continue;
         }
         let ids = &random.subsets[set as usize];
-        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1);
+        // Drawn among the policy's ids: never <pad> or <bos>.
+        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1 - MASKED_IDS.len());
         assert_eq!(ids.len(), want, "row {r}: distinct random ids");
         assert!(!ids.contains(&y), "row {r}: the label is added, not drawn");
+        assert!(
+            !ids.iter().any(|id| MASKED_IDS.contains(id)),
+            "row {r}: {ids:?}"
+        );
         assert!(ids.windows(2).all(|w| w[0] < w[1]));
     }
     let distinct: std::collections::BTreeSet<_> = random

@@ -435,7 +435,6 @@ fn captioner_commands(
         "p1_among_100",
         "clipscore",
         "refcompare",
-        "fact_precision",
         "fact_recall",
         "objects_named",
         "attributes_per_object",
@@ -445,6 +444,15 @@ fn captioner_commands(
             "eval --json lacks {key}: {metrics}"
         );
     }
+    // Precision is undefined (null) where no caption states a fact, as a
+    // barely trained captioner's repeated word does; else a share.
+    let precision = metrics
+        .get("fact_precision")
+        .expect("eval --json: fact_precision");
+    assert!(
+        precision.is_null() || precision.as_f64().is_some_and(|p| (0.0..=1.0).contains(&p)),
+        "eval --json: fact_precision {precision}"
+    );
     let written: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
     assert_eq!(written.len(), 16);
@@ -1107,13 +1115,18 @@ fn demo_prints_the_comparison_and_writes_its_json() {
             "self_retrieval_r1",
             "self_retrieval_r5",
             "clipscore",
-            "fact_precision",
             "fact_recall",
             "BLEU-4",
             "CIDEr-D",
         ] {
             assert!(v[side][key].is_number(), "{side} lacks {key}: {v}");
         }
+        // Present, undefined (null) when no caption states a fact.
+        let precision = v[side].get("fact_precision");
+        assert!(
+            precision.is_some_and(|p| p.is_number() || p.is_null()),
+            "{side}: {v}"
+        );
     }
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -10,7 +10,7 @@ use captune::app::follow::RunFiles;
 use captune::app::history::History;
 use captune::captioner::model::Captioner;
 use captune::captioner::run::RunConfig;
-use captune::captioner::run_folder::{self, Position, RunFolder};
+use captune::captioner::run_folder::{self, ObjectiveState, Position, RunFolder};
 use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
@@ -357,6 +357,11 @@ fn checkpoints_and_optimizer_state() {
         &b,
         &ck,
         &opt,
+        // DiscriTune's running mean: the fuzzed file carries an objective's state.
+        &ObjectiveState {
+            objective: "discritune".into(),
+            values: vec![-1.5, 12.0],
+        },
         Position { step: 3, epoch: 1 },
         HashMap::new(),
     )
@@ -404,7 +409,7 @@ fn checkpoints_and_optimizer_state() {
             AdamWConfig::default(),
             &ck.model.params.optimizer_layout(),
         );
-        run_folder::load_optimizer(&b, &mut opt, p)
+        run_folder::load_optimizer(&b, &mut opt, p).map(|_| ())
     });
 
     let vocab = Vocab::from_words(vec!["a".into(), "red".into()]);
@@ -473,6 +478,7 @@ fn run_folder_records_and_configs() {
                 &b,
                 &ck,
                 &opt,
+                &Default::default(),
                 Position { step: 1, epoch: 1 },
                 HashMap::new(),
             )

@@ -210,7 +210,12 @@ fn a_run_folder_is_never_taken_over_and_resume_adds_epochs() {
 /// Starts a run that stops at `point` (see src/killpoint.rs), kills it
 /// with SIGKILL there, then resumes it to the end.
 fn kill_then_resume(s: &Scratch, run: &Path, point: &str) {
-    let args = s.train_args(run, &[]);
+    kill_then_resume_with(s, run, point, &[]);
+}
+
+/// The same, the run started with `extra` arguments.
+fn kill_then_resume_with(s: &Scratch, run: &Path, point: &str, extra: &[&str]) {
+    let args = s.train_args(run, extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut child = s
         .command(&args)
@@ -281,5 +286,37 @@ fn a_run_killed_anywhere_resumes_to_the_uninterrupted_result() {
             .filter(|n| n.contains(".next") || n.contains(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{point}: {leftovers:?}");
+    }
+}
+
+/// The same for the objectives that generate their own captions: SCST
+/// (samples and greedy captions drawn by step) and DiscriTune, whose
+/// running-mean baseline of every earlier reward is saved with the state.
+/// Killed in the second epoch, each resumes from the first epoch's end to
+/// the uninterrupted run's log and weights.
+#[test]
+fn sequence_and_retrieval_runs_killed_mid_run_resume_exactly() {
+    let s = Scratch::new("runs-kill-objectives");
+    for objective in ["scst", "discritune"] {
+        let extra = ["--objective", objective];
+        let whole = s.dir.join(format!("{objective}-whole"));
+        succeeded(&s.train(&whole, &extra));
+        let run = s.dir.join(format!("{objective}-killed"));
+        kill_then_resume_with(&s, &run, "batch:5", &extra);
+        let log = records(&run, "log.jsonl");
+        assert!(
+            log.iter()
+                .all(|l| l["objective"].as_str().unwrap().starts_with(objective)),
+            "{log:?}"
+        );
+        assert!(log.iter().all(|l| l["baseline"].is_number()), "{log:?}");
+        for file in ["log.jsonl", "samples.jsonl", "metrics.jsonl"] {
+            assert_eq!(
+                records(&run, file),
+                records(&whole, file),
+                "{objective}: {file} after a kill at batch:5"
+            );
+        }
+        assert_eq!(weights(&run), weights(&whole), "{objective}: weights");
     }
 }

@@ -112,6 +112,9 @@ pub struct Switch {
 pub struct History {
     pub losses: Vec<LossPoint>,
     pub metrics: Vec<MetricPoint>,
+    /// Every metric key of `metrics.jsonl`, in first-seen order, those
+    /// whose value is undefined (null) included.
+    pub metric_keys: Vec<String>,
     /// The newest samples of each image, in the order images first appeared.
     pub samples: Vec<SampleRecord>,
     pub switches: Vec<Switch>,
@@ -136,6 +139,12 @@ impl History {
                 let value: serde_json::Value = serde_json::from_str(line).with_context(bad)?;
                 let object = value.as_object().with_context(bad)?;
                 let whole = |key: &str| object.get(key).and_then(|v| v.as_u64()).unwrap_or(0);
+                for key in object.keys() {
+                    let metric = !matches!(key.as_str(), "step" | "epoch" | "images");
+                    if metric && !self.metric_keys.contains(key) {
+                        self.metric_keys.push(key.clone());
+                    }
+                }
                 self.metrics.push(MetricPoint {
                     step: whole("step") as usize,
                     epoch: whole("epoch") as usize,

@@ -195,6 +195,11 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         s.total = trainer.total_steps();
     });
     repaint();
+    if setup.init.is_some() {
+        // Metrics of the weights the run starts from: the "before" point.
+        trainer.validate_start(b, |_| Flow::Continue)?;
+        repaint();
+    }
     let mut paused = false;
     let mut refreshed = Instant::now();
     loop {
@@ -258,13 +263,19 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         }
         let mut epoch_ended = false;
         let mut logged = false;
+        let mut warning = None;
         trainer.train_batch(b, |e| {
             match e {
                 Event::Log(_) => logged = true,
+                Event::Warning(w) => warning = Some(w.to_string()),
                 Event::Sample(_) | Event::Metrics(_) => epoch_ended = true,
             }
             Flow::Continue
         })?;
+        if let Some(w) = warning {
+            update(&|s| s.note = w.clone());
+            repaint();
+        }
         if epoch_ended || refreshed.elapsed() > REFRESH {
             if !epoch_ended {
                 trainer.write_samples(b, |_| Flow::Continue)?;

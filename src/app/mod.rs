@@ -144,7 +144,10 @@ impl CaptuneApp {
         };
         let mut app = CaptuneApp {
             training: TrainingPanel {
-                knobs: Knobs::of(&RunConfig::preset("shapes").expect("the shapes preset parses")),
+                knobs: Knobs::of(
+                    &RunConfig::preset("shapes").expect("the shapes preset parses"),
+                    false,
+                ),
             },
             by_id: (0..data.data.items.len())
                 .map(|i| (data.data.items[i].id.clone(), i))
@@ -168,7 +171,7 @@ impl CaptuneApp {
         };
         match source {
             Source::Train(setup) => {
-                app.training.knobs = Knobs::of(&setup.config);
+                app.training.knobs = Knobs::of(&setup.config, setup.init.is_some());
                 let autostart = setup.autostart;
                 app.train = Some(*setup);
                 if autostart {

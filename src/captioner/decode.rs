@@ -1,5 +1,7 @@
 //! Caption generation: greedy, sampling (temperature, top-k, top-p) and
-//! beam search, always over the full vocabulary, with the current weights.
+//! beam search, from the model's policy (its distribution, which gives
+//! `<pad>` and `<bos>` no mass; `<unk>` none either when suppressed),
+//! with the current weights.
 //!
 //! The decoder runs one position at a time over a KV cache
 //! ([`crate::model::kv_cache`]): the prefix and <bos> once, then one
@@ -13,7 +15,7 @@
 
 use super::CaptionVocab;
 use super::model::{Captioner, MapperActivations};
-use crate::backend::{Backend, ChoiceRule, HeadLayout, Matmul, Sampling, TokenChoice};
+use crate::backend::{Backend, ChoiceRule, HeadLayout, Sampling, TokenChoice};
 use crate::data::vocab::{BOS, EOS, PAD, UNK};
 use crate::model::kv_cache::KvCache;
 use anyhow::{Result, bail};
@@ -164,7 +166,9 @@ pub struct Generated {
     pub image: usize,
     /// Chosen ids after <bos>, ending with <eos> unless cut at the maximum length.
     pub ids: Vec<u32>,
-    /// Sum of the log-probabilities of the chosen ids (full vocabulary).
+    /// Sum of the log-probabilities of the chosen ids under the policy
+    /// that chose them (`<pad>`, `<bos>` and a suppressed `<unk>` have
+    /// none of its mass; temperature 1, before top-k and top-p).
     pub logprob: f32,
 }
 
@@ -290,12 +294,8 @@ impl<'m, B: Backend> Decoder<'m, B> {
         self.add_position(b);
         m.decoder
             .forward_cached(b, p, &mut self.cache, &mut self.hidden);
-        b.matmul(
-            &self.hidden,
-            p.value(m.tokens),
-            &mut self.logits,
-            &Matmul::new(self.rows, c.vocab_size, c.decoder.width).trans_b(),
-        );
+        m.output
+            .forward(b, p, c, &self.hidden, &mut self.logits, self.rows);
     }
 }
 
@@ -500,8 +500,8 @@ pub struct BeamShape {
 /// `(parents, next)`; `None` at the first step, when every row is fed
 /// `<bos>`). Beam k of image i runs on row i * width + k. Returns `n_best`
 /// captions per image (ids after `<bos>`), best first, ranked by total
-/// log-probability under the full vocabulary; `<pad>`, `<bos>` and, when
-/// suppressed, `<unk>` are never chosen.
+/// log-probability under the policy: `<pad>`, `<bos>` and, when
+/// suppressed, `<unk>` are never chosen and have none of its mass.
 pub fn beam_search(
     shape: &BeamShape,
     mut logits: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<f32>,
@@ -525,15 +525,15 @@ pub fn beam_search(
         }
         let z = logits(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
         let logp = |row: usize| {
-            let mut lp = log_softmax(&z[row * vocab..(row + 1) * vocab]);
-            // Out of every choice, as on the device; the others keep their
-            // full-vocabulary log-probability.
-            lp[PAD as usize] = f32::NEG_INFINITY;
-            lp[BOS as usize] = f32::NEG_INFINITY;
+            // Out of every choice, as on the device, and out of the
+            // distribution the others' log-probabilities are taken over.
+            let mut z = z[row * vocab..(row + 1) * vocab].to_vec();
+            z[PAD as usize] = f32::NEG_INFINITY;
+            z[BOS as usize] = f32::NEG_INFINITY;
             if suppress_unk {
-                lp[UNK as usize] = f32::NEG_INFINITY;
+                z[UNK as usize] = f32::NEG_INFINITY;
             }
-            lp
+            log_softmax(&z)
         };
         let last_step = step + 1 == steps;
         let mut parents: Vec<u32> = (0..rows as u32).collect();

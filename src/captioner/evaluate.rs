@@ -78,18 +78,22 @@ pub fn evaluate<B: Backend>(
     }
     let scenes: Option<Vec<Scene>> = items.iter().map(|i| shapes::scene(i)).collect();
     if let Some(scenes) = scenes {
-        let (mut p, mut r) = (0.0, 0.0);
+        let (mut p, mut stating, mut r) = (0.0, 0, 0.0);
         let (mut objects, mut attributes) = (0, 0);
         for (scene, c) in scenes.iter().zip(&firsts) {
             let statements = facts::parse(&c.join(" "));
             let checked = statements.check(scene);
-            p += checked.precision();
+            if let Some(precision) = checked.precision() {
+                (p, stating) = (p + precision, stating + 1);
+            }
             r += checked.recall();
             let (o, a) = statements.described();
             (objects, attributes) = (objects + o, attributes + a);
         }
         let n = items.len().max(1) as f64;
-        (m.fact_precision, m.fact_recall) = (Some(p / n), Some(r / n));
+        // Over the captions that state a fact: undefined when none does.
+        m.fact_precision = (stating > 0).then(|| p / stating as f64);
+        m.fact_recall = Some(r / n);
         m.objects_named = Some(objects as f64 / n);
         m.attributes_per_object = Some(attributes as f64 / objects.max(1) as f64);
     }

@@ -6,6 +6,7 @@
 //! in `objectives`, caption generation in `decode`.
 
 pub mod bench;
+pub mod collapse;
 pub mod decode;
 pub mod evaluate;
 pub mod inspect;

@@ -2,7 +2,10 @@
 //! image embedding into k prefix vectors; the decoder reads
 //! `[prefix ; <bos> w1 .. wn]` plus learned positions, and the logits of
 //! the token positions come from the tied token embedding:
-//! logits = h E^T.
+//! logits = h E^T + m, where the policy mask m is [`MASKED_LOGIT`] at
+//! `<pad>` and `<bos>` and 0 elsewhere: decoding never chooses those two
+//! ids, so the distribution every loss, sample and explanation reads is
+//! the one captions are generated from (docs/training.md#one-policy).
 //!
 //! The prefix and the token embeddings are placed into the decoder's
 //! `[batch, prefix + tokens, width]` input by strided copies (the
@@ -18,7 +21,7 @@
 
 use super::CaptionerConfig;
 use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
-use crate::data::vocab::PAD;
+use crate::data::vocab::{BOS, PAD};
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
@@ -31,6 +34,14 @@ use anyhow::Result;
 /// of 31), and a finer step buys little (about 5% of a shapes step).
 const TRIM_STEP: usize = 8;
 
+/// The logit of an id outside the policy: exp of it underflows to exactly
+/// 0 in every softmax, while staying finite, so that 0 * log p is 0 in
+/// an entropy and a weighted-out `<pad>` target adds 0 to a loss.
+pub const MASKED_LOGIT: f32 = -1e30;
+
+/// The ids no caption contains: their logits are [`MASKED_LOGIT`].
+pub const MASKED_IDS: [u32; 2] = [PAD, BOS];
+
 pub struct Captioner<B: Backend> {
     pub config: CaptionerConfig,
     pub params: Params<B>,
@@ -39,6 +50,7 @@ pub struct Captioner<B: Backend> {
     pub(super) tokens: ParamId,
     pub(super) positions: ParamId,
     pub(super) decoder: Transformer,
+    pub(super) output: OutputLayer<B>,
     workspaces: Vec<Workspace<B>>,
     /// The workspace of the last `forward`.
     current: usize,
@@ -63,6 +75,35 @@ struct Workspace<B: Backend> {
     d_token_embed: B::Tensor,
     d_prefix: B::Tensor,
     d_mapper_hidden: B::Tensor,
+}
+
+/// The output layer: the tied token embedding and the policy mask.
+pub(super) struct OutputLayer<B: Backend> {
+    tokens: ParamId,
+    /// `[vocab]`: [`MASKED_LOGIT`] at [`MASKED_IDS`], else 0.
+    policy_mask: B::Tensor,
+}
+
+impl<B: Backend> OutputLayer<B> {
+    /// logits `[rows, vocab]` = hidden E^T + the policy mask, for teacher
+    /// forcing and decoding alike.
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        c: &CaptionerConfig,
+        hidden: &B::Tensor,
+        logits: &mut B::Tensor,
+        rows: usize,
+    ) {
+        b.matmul_bias(
+            hidden,
+            p.value(self.tokens),
+            &self.policy_mask,
+            logits,
+            &Matmul::new(rows, c.vocab_size, c.decoder.width).trans_b(),
+        );
+    }
 }
 
 /// The mapper: an image embedding to k prefix vectors (fc1, GELU, fc2).
@@ -238,7 +279,15 @@ impl<B: Backend> Captioner<B> {
         );
         let decoder = Transformer::new(&mut p, "decoder", c.decoder);
         p.finish(b);
+        let mut mask = vec![0.0; c.vocab_size];
+        for id in MASKED_IDS {
+            mask[id as usize] = MASKED_LOGIT;
+        }
         Ok(Captioner {
+            output: OutputLayer {
+                tokens,
+                policy_mask: b.tensor(&mask),
+            },
             config,
             mapper,
             tokens,
@@ -308,12 +357,8 @@ impl<B: Backend> Captioner<B> {
         self.decoder
             .forward(b, p, &mut ws.decoder, None, &mut ws.hidden);
         b.tokens_to_heads(&ws.hidden, &mut ws.token_hidden, &ws.token_layout);
-        b.matmul(
-            &ws.token_hidden,
-            p.value(self.tokens),
-            &mut ws.logits,
-            &Matmul::new(inputs.rows(), c.vocab_size, w).trans_b(),
-        );
+        self.output
+            .forward(b, p, &c, &ws.token_hidden, &mut ws.logits, inputs.rows());
         Ok(())
     }
 

@@ -51,6 +51,9 @@ pub struct EpochMetrics {
 /// What the caller sees as training goes.
 pub enum Event<'a> {
     Log(&'a LogLine),
+    /// Something the person running it should see at once, with advice
+    /// (the first sign of a collapse).
+    Warning(&'a str),
     Sample(&'a Sample),
     Metrics(&'a EpochMetrics),
 }

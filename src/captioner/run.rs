@@ -50,6 +50,10 @@ pub struct TrainSection {
     /// read (the CLIP-relevance paper's setting; `captioner::labelled`).
     #[serde(default = "all_labelled")]
     pub labelled: f64,
+    /// Stop when the captions collapse (`captioner::collapse`), keeping
+    /// the last good checkpoint; false only warns.
+    #[serde(default = "stops_on_collapse")]
+    pub collapse_stop: bool,
     /// The objectives' settings (`first_token`, `mle_weight`, ...), each
     /// declared by the objectives that take it.
     #[serde(flatten)]
@@ -58,6 +62,10 @@ pub struct TrainSection {
 
 fn all_labelled() -> f64 {
     1.0
+}
+
+fn stops_on_collapse() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,6 +130,30 @@ impl RunConfig {
             );
         }
         Ok(())
+    }
+
+    /// Sets the peak learning rate of a run: `given` (`--lr`) when there
+    /// is one, else for a run from a checkpoint the objective's
+    /// fine-tuning rate when it declares one, else the config's (read
+    /// from `origin`). Returns what the run prints: the rate and why.
+    pub fn choose_lr(&mut self, given: Option<f32>, from_checkpoint: bool, origin: &str) -> String {
+        let t = &mut self.train;
+        if let Some(lr) = given {
+            t.lr = lr;
+            return format!("learning rate {lr:e} (--lr)");
+        }
+        let configured = t.lr;
+        let lr = objectives::default_lr(&t.objective, from_checkpoint, configured);
+        if lr == configured {
+            return format!("learning rate {lr:e} (from {origin})");
+        }
+        t.lr = lr;
+        format!(
+            "learning rate {lr:e}: {}'s fine-tuning rate, for a run started from a checkpoint \
+             (--init) without --lr ({origin} says {configured:e}, a rate for training from \
+             scratch); --lr sets another",
+            t.objective
+        )
     }
 
     /// The configured objective, for a vocabulary of `vocab` ids.

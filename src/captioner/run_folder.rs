@@ -51,6 +51,18 @@ const RUN_FILES: [&str; 6] = [CONFIG, LOG, SAMPLES, METRICS, CHECKPOINT, OPTIMIZ
 const STEP_KEY: &str = "step";
 const EPOCH_KEY: &str = "epoch";
 const ADAMW_STEP_KEY: &str = "adamw_step";
+/// Optimizer metadata key of the objective's own state ([`ObjectiveState`]).
+const OBJECTIVE_STATE_KEY: &str = "objective_state";
+
+/// What an objective carries from step to step (DiscriTune's running
+/// mean of rewards), saved with the optimizer so that a resumed run
+/// continues exactly; JSON in the optimizer file's metadata.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ObjectiveState {
+    /// The objective it belongs to: another one starts afresh.
+    pub objective: String,
+    pub values: Vec<f64>,
+}
 
 /// How a training run begins in its folder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,6 +200,7 @@ impl RunFolder {
         b: &B,
         ck: &Checkpoint<B>,
         opt: &AdamW<B>,
+        objective: &ObjectiveState,
         position: Position,
         mut metadata: HashMap<String, String>,
     ) -> Result<()> {
@@ -195,7 +208,7 @@ impl RunFolder {
         let (checkpoint, optimizer) = (self.checkpoint(), self.optimizer());
         ck.save(b, &Self::next(&checkpoint), metadata)?;
         crate::killpoint::here("checkpoint", || {});
-        save_optimizer(b, opt, &Self::next(&optimizer), position)?;
+        save_optimizer(b, opt, objective, &Self::next(&optimizer), position)?;
         rename(&Self::next(&optimizer), &optimizer)?;
         crate::killpoint::here("commit", || {});
         rename(&Self::next(&checkpoint), &checkpoint)
@@ -310,6 +323,7 @@ fn truncate_records(path: &Path, step: usize) -> Result<()> {
 fn save_optimizer<B: Backend>(
     b: &B,
     opt: &AdamW<B>,
+    objective: &ObjectiveState,
     path: &Path,
     position: Position,
 ) -> Result<()> {
@@ -324,11 +338,20 @@ fn save_optimizer<B: Backend>(
         .collect();
     let mut metadata: HashMap<String, String> = position_metadata(position).into();
     metadata.insert(ADAMW_STEP_KEY.into(), t.to_string());
+    if !objective.values.is_empty() {
+        let json = serde_json::to_string(objective).expect("an objective state serialises");
+        metadata.insert(OBJECTIVE_STATE_KEY.into(), json);
+    }
     tensorfile::write(path, &tensors, metadata)
 }
 
-/// Restores AdamW's moments from the run's optimizer file.
-pub fn load_optimizer<B: Backend>(b: &B, opt: &mut AdamW<B>, path: &Path) -> Result<()> {
+/// Restores AdamW's moments from the run's optimizer file, and returns
+/// the objective's state saved with them, if any.
+pub fn load_optimizer<B: Backend>(
+    b: &B,
+    opt: &mut AdamW<B>,
+    path: &Path,
+) -> Result<Option<ObjectiveState>> {
     let mut file = tensorfile::read(path)?;
     let t: u64 = file.meta(ADAMW_STEP_KEY, path)?.parse().with_context(|| {
         format!(
@@ -353,6 +376,19 @@ pub fn load_optimizer<B: Backend>(b: &B, opt: &mut AdamW<B>, path: &Path) -> Res
             into.push(t.data);
         }
     }
+    let objective = file
+        .metadata
+        .get(OBJECTIVE_STATE_KEY)
+        .map(|json| {
+            serde_json::from_str::<ObjectiveState>(json).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: metadata {OBJECTIVE_STATE_KEY:?} is not an objective's state ({e}); \
+                     start a new run from its checkpoint (`captune train --init`)",
+                    path.display()
+                )
+            })
+        })
+        .transpose()?;
     opt.restore(b, t, &m, &v);
-    Ok(())
+    Ok(objective)
 }

@@ -3,6 +3,7 @@
 //! as the uninterrupted run would have: batch order and random subsets
 //! are drawn from generators seeded by epoch and step.
 
+use super::collapse::CollapseGuard;
 use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
@@ -12,7 +13,7 @@ use super::objectives::settings::Settings;
 use super::objectives::{self, Objective, StepContext, TrainingBatch, TrainingCorpus, TrainsOn};
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
 use super::run::RunConfig;
-use super::run_folder::{self, Begin, Position, RunFolder};
+use super::run_folder::{self, Begin, ObjectiveState, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
 use crate::data::features::FeatureSource;
@@ -193,6 +194,10 @@ pub struct Trainer<'d, B: Backend> {
     tokens: usize,
     /// Where validation reports its progress (hidden unless set).
     progress: Progress,
+    /// Reads each log line for signs of a collapse.
+    guard: CollapseGuard,
+    /// The step of the state in the run folder (what a resume starts from).
+    saved_step: usize,
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
@@ -260,9 +265,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
         if data.source.is_some() {
             config.features = data.source.clone();
         }
+        let mut objective = config.objective(ck.model.config.vocab_size)?;
         let Position { step, epoch } = if begin == Begin::Resume {
             let position = run.recover()?;
-            run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
+            let saved = run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
+            // The objective's own state, when the run goes on with it.
+            if let Some(s) = saved.filter(|s| s.objective == config.train.objective) {
+                objective.restore(&s.values)?;
+            }
             tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
             position
         } else {
@@ -270,11 +280,15 @@ impl<'d, B: Backend> Trainer<'d, B> {
             tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
             // The starting state, so that a run killed in its first epoch resumes.
             let start = Position { step: 0, epoch: 0 };
-            run.save_state(b, ck, &opt, start, checkpoint_metadata(data))?;
+            let state = ObjectiveState::default();
+            run.save_state(b, ck, &opt, &state, start, checkpoint_metadata(data))?;
             start
         };
         let val_items = data.items(Split::Val);
-        let objective = config.objective(ck.model.config.vocab_size)?;
+        let guard = CollapseGuard::new(
+            Some(objectives::find(&config.train.objective)?),
+            ck.model.config.token_positions(),
+        );
         let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
         debug_assert_eq!(corpus_items, all_train);
         corpus.image_embeddings = data.features_of(&corpus_items);
@@ -312,6 +326,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             since: Instant::now(),
             tokens: 0,
             progress: Progress::hidden(),
+            guard,
+            saved_step: step,
         })
     }
 
@@ -354,6 +370,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
         (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
+        let positions = self.ck.model.config.token_positions();
+        self.guard = CollapseGuard::new(Some(objectives::find(name)?), positions);
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
 
@@ -362,6 +380,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// with the configured objective.
     pub fn use_objective(&mut self, objective: Box<dyn Objective<B>>) {
         self.objective = objective;
+        self.guard = CollapseGuard::new(None, self.ck.model.config.token_positions());
     }
 
     /// Trains one batch; at the end of an epoch also writes the
@@ -408,6 +427,55 @@ impl<'d, B: Backend> Trainer<'d, B> {
             self.run.append(run_folder::LOG, &line)?;
             if on_event(Event::Log(&line)) == Flow::Stop {
                 return Ok(Flow::Stop);
+            }
+            if let Some(collapse) = self.guard.observe(self.step, &line.values) {
+                let signs = collapse.signs.join("; ");
+                let resume = format!(
+                    "captune train --resume --out {} --lr {}",
+                    self.run.dir.display(),
+                    lower_rate(self.config.train.lr)
+                );
+                if self.config.train.collapse_stop && collapse.stops() {
+                    let saved_after = if self.saved_step >= collapse.since {
+                        format!(
+                            " (saved after the first sign, at step {}: if its captions are \
+                             already collapsed, start again from the checkpoint this run began \
+                             from, with --init and a lower --lr)",
+                            collapse.since
+                        )
+                    } else {
+                        String::new()
+                    };
+                    bail!(
+                        "the captions collapsed at step {} (epoch {}): {signs}; training stopped \
+                         after {} logged steps like this. {}{saved_after}; resume from it at a \
+                         lower rate with `{resume}`, or train on regardless with \
+                         --no-collapse-stop ([train] collapse_stop = false)",
+                        self.step,
+                        self.epoch + 1,
+                        collapse.streak,
+                        self.last_good_checkpoint()
+                    );
+                }
+                if collapse.streak == 1 {
+                    let then = if self.config.train.collapse_stop {
+                        format!(
+                            "the run stops if {} logged steps in a row look like this",
+                            super::collapse::STOP_AFTER
+                        )
+                    } else {
+                        "the run trains on (collapse_stop is off)".into()
+                    };
+                    let warning = format!(
+                        "warning: the captions may be collapsing at step {}: {signs}. The \
+                         learning rate ({:e}) is likely too high for fine-tuning: stop and \
+                         resume at a lower one with `{resume}`; {then}",
+                        self.step, self.config.train.lr
+                    );
+                    if on_event(Event::Warning(&warning)) == Flow::Stop {
+                        return Ok(Flow::Stop);
+                    }
+                }
             }
         }
         if self.batches_done == self.train_items.len() / t.batch {
@@ -518,14 +586,13 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let loss = values.first().map_or(f32::NAN, |v| v.1);
         if !loss.is_finite() {
             bail!(
-                "the loss became {loss} at step {} (epoch {}); the last good checkpoint is {} \
-                 (end of epoch {}); resume from it with `captune train --resume {}` after \
-                 lowering lr in its config.toml",
+                "the loss became {loss} at step {} (epoch {}); {}; resume from it at a lower \
+                 rate with `captune train --resume --out {} --lr {}`",
                 self.step,
                 self.epoch + 1,
-                self.run.checkpoint().display(),
-                self.epoch,
-                self.run.dir.display()
+                self.last_good_checkpoint(),
+                self.run.dir.display(),
+                lower_rate(self.config.train.lr)
             );
         }
         let line = LogLine {
@@ -542,6 +609,38 @@ impl<'d, B: Backend> Trainer<'d, B> {
         };
         (self.since, self.tokens) = (Instant::now(), 0);
         Ok(line)
+    }
+
+    /// Validates the weights the run starts from, as epoch 0 at step 0, so
+    /// that a run from a checkpoint has a "before" point in its metrics.
+    pub fn validate_start(
+        &mut self,
+        b: &B,
+        mut on_event: impl FnMut(Event<'_>) -> Flow,
+    ) -> Result<Flow> {
+        if self.eval_items.is_empty() {
+            return Ok(Flow::Continue);
+        }
+        let record = EpochMetrics {
+            epoch: 0,
+            step: self.step,
+            metrics: self.validate(b)?,
+        };
+        self.run.append(run_folder::METRICS, &record)?;
+        Ok(on_event(Event::Metrics(&record)))
+    }
+
+    /// "the last good checkpoint is PATH (...)": the state a resume starts from.
+    fn last_good_checkpoint(&self) -> String {
+        let when = if self.epoch == 0 {
+            "the run's start".to_string()
+        } else {
+            format!("end of epoch {}", self.epoch)
+        };
+        format!(
+            "the last good checkpoint is {} ({when})",
+            self.run.checkpoint().display()
+        )
     }
 
     /// Validates (samples, then metrics) and saves the state. Validation
@@ -570,13 +669,19 @@ impl<'d, B: Backend> Trainer<'d, B> {
             step: self.step,
             epoch: self.epoch,
         };
+        let state = ObjectiveState {
+            objective: self.config.train.objective.clone(),
+            values: self.objective.state(),
+        };
         self.run.save_state(
             b,
             self.ck,
             &self.opt,
+            &state,
             position,
             checkpoint_metadata(self.data),
         )?;
+        self.saved_step = self.step;
         (self.since, self.tokens) = (Instant::now(), 0);
         Ok(flow)
     }
@@ -678,6 +783,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
     }
 }
 
+/// A tenth of `lr`, as a flag's value ("3e-4", not "3.0000001e-4").
+fn lower_rate(lr: f32) -> String {
+    let tenth: f64 = format!("{:.2e}", lr as f64 / 10.0)
+        .parse()
+        .expect("a number");
+    format!("{tenth:e}")
+}
+
 /// Default decoding limits, reporting to `bar`.
 fn progress_only(bar: &indicatif::ProgressBar) -> DecodeOptions {
     DecodeOptions {
@@ -686,7 +799,7 @@ fn progress_only(bar: &indicatif::ProgressBar) -> DecodeOptions {
     }
 }
 
-/// The samples' decoding: temperature 1 over the full vocabulary, seeded
+/// The samples' decoding: temperature 1 from the policy, seeded
 /// by the step so that a resumed run draws the same ones.
 fn sampling(step: usize) -> Decoding {
     Decoding::Sample {
@@ -701,7 +814,8 @@ fn sampling(step: usize) -> Decoding {
 /// Trains `ck` on the training split to the end of the run, writing the
 /// run folder, with progress bars in `progress`; `begin` says whether it
 /// starts a run in the folder or continues the one there. The retriever, when given, adds its metrics
-/// to the per-epoch validation.
+/// to the per-epoch validation. With `validate_start` (a new run from a
+/// checkpoint), the starting weights are validated first, as epoch 0.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: Backend>(
     b: &B,
@@ -710,12 +824,19 @@ pub fn train<B: Backend>(
     config: &RunConfig,
     run: &RunFolder,
     begin: Begin,
+    validate_start: bool,
     retriever: Option<&mut RetrieverCheckpoint<B>>,
     progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), begin, retriever)?;
     trainer.show_progress(progress.clone());
+    if validate_start
+        && trainer.step() == 0
+        && trainer.validate_start(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop
+    {
+        return Ok(());
+    }
     let bar = progress.start("training", trainer.total_steps() as u64);
     bar.set_position(trainer.step() as u64);
     while !trainer.finished() {

@@ -122,6 +122,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             out: out.join(if smile { "smile" } else { "mle" }),
             resume: false,
             overwrite: args.overwrite,
+            no_collapse_stop: false,
         }
     };
     eprintln!("[3/5] training the captioner with MLE");
@@ -193,7 +194,7 @@ fn print_table(
     for (label, key, digits) in ROWS {
         let cell = |v: &serde_json::Value| match v[key].as_f64() {
             Some(x) => format!("{x:>12.digits$}"),
-            None => format!("{:>12}", "-"),
+            None => format!("{:>12}", "–"),
         };
         println!("{label:<22}{}{}", cell(&values[0]), cell(&values[1]));
     }

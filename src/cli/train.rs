@@ -137,19 +137,27 @@ pub struct TrainArgs {
     /// Start a new run in --out even though one is there (its files are deleted).
     #[arg(long)]
     pub overwrite: bool,
+    /// When the captions collapse (one word repeated, no entropy left at
+    /// the maximum length, or the objective's reward far below its start),
+    /// warn but train on instead of stopping ([train] collapse_stop = false).
+    #[arg(long)]
+    pub no_collapse_stop: bool,
 }
 
 impl TrainArgs {
     /// The run's config: the folder's when resuming, else a file or a
-    /// preset; then the command line's overrides.
-    fn run_config(&self) -> Result<RunConfig> {
+    /// preset; then the command line's overrides. Also what the run says
+    /// of its learning rate.
+    fn run_config(&self) -> Result<(RunConfig, String)> {
         let run = RunFolder::new(&self.out);
-        let mut c = if self.resume {
-            RunConfig::load(&run.config())?
+        let (mut c, origin) = if self.resume {
+            let path = run.config();
+            (RunConfig::load(&path)?, path.display().to_string())
         } else if let Some(path) = &self.config {
-            RunConfig::load(path)?
+            (RunConfig::load(path)?, path.display().to_string())
         } else {
-            RunConfig::preset(self.preset.as_deref().unwrap_or("shapes"))?
+            let preset = self.preset.as_deref().unwrap_or("shapes");
+            (RunConfig::preset(preset)?, format!("preset {preset}"))
         };
         let before = c.train.clone();
         let t = &mut c.train;
@@ -184,11 +192,11 @@ impl TrainArgs {
                 e
             };
         }
-        if let Some(lr) = self.lr {
-            t.lr = lr;
-        }
         if let Some(fraction) = self.labelled {
             t.labelled = fraction;
+        }
+        if self.no_collapse_stop {
+            t.collapse_stop = false;
         }
         if self.resume {
             let new_run = format!(
@@ -216,7 +224,10 @@ impl TrainArgs {
                 );
             }
         }
-        RunConfig::parse(&c.to_toml(), "the run config with command-line overrides")
+        let from_checkpoint = self.init.is_some() && !self.resume;
+        let lr_reason = c.choose_lr(self.lr, from_checkpoint, &origin);
+        let c = RunConfig::parse(&c.to_toml(), "the run config with command-line overrides")?;
+        Ok((c, lr_reason))
     }
 }
 
@@ -244,7 +255,7 @@ pub fn train<B: Backend>(
             }
         }
     };
-    let config = args.run_config()?;
+    let (config, lr_reason) = args.run_config()?;
     let progress = Progress::terminal();
     let mut owned = None;
     let (data, retriever) = match loaded {
@@ -293,6 +304,7 @@ pub fn train<B: Backend>(
         ck.vocab.len(),
         objectives::describe(&config.train.objective, &config.train.settings)
     );
+    eprintln!("{lr_reason}");
     train::train(
         b,
         &mut ck,
@@ -300,11 +312,13 @@ pub fn train<B: Backend>(
         &config,
         &run,
         begin,
+        args.init.is_some() && !args.resume,
         retriever,
         &progress,
         |e| {
             match e {
                 Event::Log(_) => {}
+                Event::Warning(w) => eprintln!("{w}"),
                 Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
                 Event::Metrics(m) => eprintln!(
                     "epoch {} val: {}",

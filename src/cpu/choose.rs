@@ -65,8 +65,13 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
         let j = j as u32;
         j != c.banned && j != c.bos && j != c.pad
     };
-    let top = z.iter().fold(f32::MIN, |m, &x| m.max(x));
-    let sum: f32 = z.iter().fold(0.0, |s, &x| s + (x - top).exp());
+    // Log-sum-exp over the tokens that may be chosen.
+    let top = (0..z.len())
+        .filter(|&j| allowed(j))
+        .fold(f32::NEG_INFINITY, |m, j| m.max(z[j]));
+    let sum: f32 = (0..z.len())
+        .filter(|&j| allowed(j))
+        .fold(0.0, |s, j| s + (z[j] - top).exp());
     let lse = top + sum.ln();
     let chosen = match c.rule {
         ChoiceRule::Greedy => {

@@ -1,22 +1,57 @@
-//! Metrics over time: every validation metric per epoch.
+//! Metrics over time: every validation metric a run records, per epoch
+//! (and at step 0 for a run started from a checkpoint).
 
 use super::{MLE_COLOUR, Panel, View, switch_lines};
 use egui::RichText;
-use egui_plot::{Line, Plot};
+use egui_plot::{Line, Plot, Points};
 
-/// Every metric the per-epoch validation records, one small plot each.
-const METRICS: [(&str, &str); 10] = [
+/// Titles of the metrics the per-epoch validation records, in the order
+/// they are shown; a metric not listed comes after them under its key.
+const TITLES: [(&str, &str); 21] = [
     ("mean_length", "mean length"),
     ("div1", "Div-1"),
     ("div2", "Div-2"),
     ("mbleu4", "mBLEU-4"),
     ("vocabulary_usage", "vocabulary usage"),
+    ("lexical_diversity", "lexical diversity"),
     ("self_retrieval_r1", "self-retrieval R@1"),
+    ("self_retrieval_r5", "self-retrieval R@5"),
+    ("p1_among_100", "P@1 among 100"),
+    ("clipscore", "CLIPScore-style"),
+    ("refcompare", "RefCompare"),
     ("CIDEr-D", "CIDEr-D"),
+    ("BLEU-1", "BLEU-1"),
+    ("BLEU-2", "BLEU-2"),
+    ("BLEU-3", "BLEU-3"),
+    ("BLEU-4", "BLEU-4"),
+    ("ROUGE-L", "ROUGE-L"),
     ("fact_precision", "fact precision"),
     ("fact_recall", "fact recall"),
-    ("BLEU-4", "BLEU-4"),
+    ("objects_named", "objects named"),
+    ("attributes_per_object", "attributes per object"),
 ];
+
+/// The metrics `keys` in the order of `TITLES`, each with its title.
+fn ordered(keys: &[String]) -> Vec<(String, String)> {
+    let rank = |key: &str| {
+        TITLES
+            .iter()
+            .position(|(k, _)| *k == key)
+            .unwrap_or(TITLES.len())
+    };
+    let mut out: Vec<(String, String)> = keys
+        .iter()
+        .map(|key| {
+            let title = TITLES
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or(key.as_str(), |t| t.1);
+            (key.clone(), title.to_string())
+        })
+        .collect();
+    out.sort_by_key(|(key, _)| rank(key));
+    out
+}
 
 /// One small plot per metric, objective switches marked.
 #[derive(Default)]
@@ -32,18 +67,28 @@ impl Panel for MetricsPanel {
         let width = (ui.available_width() / columns as f32 - 12.0).max(120.0);
         egui::ScrollArea::vertical().show(ui, |ui| {
             egui::Grid::new("metric-grid").show(ui, |ui| {
-                for (k, (key, title)) in METRICS.iter().enumerate() {
+                for (k, (key, title)) in ordered(&history.metric_keys).iter().enumerate() {
                     let points = history.metric_series(key);
+                    // The newest validation's value: undefined ones (fact
+                    // precision of captions stating no fact) show as "–".
+                    let newest = history.metrics.last().and_then(|m| m.values.get(key));
+                    let shown = newest.map_or("–".into(), |v| format!("{v:.3}"));
                     ui.vertical(|ui| {
-                        let last = points.last().map_or("-".into(), |p| format!("{:.3}", p[1]));
-                        ui.label(RichText::new(format!("{title}: {last}")).strong());
+                        ui.label(RichText::new(format!("{title}: {shown}")).strong());
                         Plot::new(format!("metric {key}"))
                             .show_background(false)
                             .width(width)
                             .height(150.0)
                             .allow_scroll(false)
                             .show(ui, |plot| {
-                                plot.line(Line::new(*title, points).color(MLE_COLOUR));
+                                // Markers too: a one-epoch run has one point per
+                                // metric, which a line alone does not draw.
+                                plot.points(
+                                    Points::new(title.as_str(), points.clone())
+                                        .radius(3.0)
+                                        .color(MLE_COLOUR),
+                                );
+                                plot.line(Line::new(title.as_str(), points).color(MLE_COLOUR));
                                 switch_lines(plot, history);
                             });
                     });
@@ -53,5 +98,22 @@ impl Panel for MetricsPanel {
                 }
             });
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_come_in_title_order_and_unknown_ones_last() {
+        let keys: Vec<String> = ["my_metric", "fact_precision", "refcompare", "mean_length"]
+            .map(String::from)
+            .to_vec();
+        let titles: Vec<String> = ordered(&keys).into_iter().map(|(_, t)| t).collect();
+        assert_eq!(
+            titles,
+            ["mean length", "RefCompare", "fact precision", "my_metric"]
+        );
     }
 }

@@ -17,10 +17,16 @@ pub struct Knobs {
     pub lr: f32,
     pub batch: usize,
     pub epochs: usize,
+    /// The run starts from a checkpoint: choosing an objective sets the
+    /// learning rate to its fine-tuning rate.
+    pub from_checkpoint: bool,
+    /// The config's learning rate, for objectives that declare none.
+    pub config_lr: f32,
 }
 
 impl Knobs {
-    pub fn of(config: &RunConfig) -> Knobs {
+    /// The knobs of `config`, for a run that starts from a checkpoint or not.
+    pub fn of(config: &RunConfig, from_checkpoint: bool) -> Knobs {
         let t = &config.train;
         let mut settings = t.settings.clone();
         for s in objectives::declared_settings() {
@@ -31,9 +37,11 @@ impl Knobs {
         Knobs {
             objective: t.objective.clone(),
             settings,
-            lr: t.lr,
+            lr: objectives::default_lr(&t.objective, from_checkpoint, t.lr),
             batch: t.batch,
             epochs: t.epochs,
+            from_checkpoint,
+            config_lr: t.lr,
         }
     }
 
@@ -50,6 +58,7 @@ impl Knobs {
 /// The objective's combo box, then a knob for each of its declared
 /// settings: a slider for a number, a combo box for a choice.
 fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
+    let before = knobs.objective.clone();
     egui::ComboBox::from_label("objective")
         .selected_text(knobs.objective.as_str())
         .show_ui(ui, |ui| {
@@ -58,6 +67,9 @@ fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
                     .on_hover_text(o.help);
             }
         });
+    if knobs.objective != before {
+        knobs.lr = objectives::default_lr(&knobs.objective, knobs.from_checkpoint, knobs.config_lr);
+    }
     let Ok(info) = objectives::find(&knobs.objective) else {
         return;
     };

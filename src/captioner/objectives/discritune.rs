@@ -16,6 +16,7 @@ use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
 use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
 use crate::captioner::CaptionVocab;
+use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::listener::{VocabMap, embed_generated};
 use crate::captioner::model::Captioner;
@@ -86,6 +87,15 @@ pub const DISCRITUNE: ObjectiveInfo = ObjectiveInfo {
     ],
     plots: &[&REWARDS_PLOT, &RANK_PLOT, &ACCURACY_PLOT, &SAMPLES_PLOT],
     trains_on: TrainsOn::Images,
+    // With the shapes world's retriever; a weak retriever needs less
+    // (2e-6 on Flickr8k: docs/training.md#discritune).
+    fine_tune_lr: Some(2e-5),
+    // A log-probability near 0 has no useful half: a collapse is the own
+    // image's probability quartered (ln 4).
+    reward: Some(RewardWatch {
+        series: "reward",
+        min_drop: 1.386,
+    }),
 };
 
 /// DiscriTune's settings.
@@ -141,6 +151,26 @@ pub struct RunningMean {
 }
 
 impl RunningMean {
+    /// The sum and the count, as a run's state saves them.
+    pub fn saved(&self) -> Vec<f64> {
+        vec![self.sum, self.count as f64]
+    }
+
+    /// From `saved`'s values.
+    pub fn from_saved(values: &[f64]) -> Result<Self> {
+        match *values {
+            [sum, count] if count >= 0.0 && count.fract() == 0.0 && sum.is_finite() => {
+                Ok(RunningMean {
+                    sum,
+                    count: count as u64,
+                })
+            }
+            _ => {
+                bail!("discritune's saved baseline is not a sum and a count of rewards: {values:?}")
+            }
+        }
+    }
+
     /// The baseline for a step with `rewards`, which then join the mean.
     pub fn baseline_then_add(&mut self, rewards: &[f64]) -> f64 {
         let baseline = if self.count == 0 {
@@ -168,6 +198,7 @@ struct StepFigures {
     rank: f64,
     accuracy: f64,
     sample_length: f64,
+    repetition: f64,
 }
 
 /// What is made on the first step from the run's retriever and corpus.
@@ -294,9 +325,13 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         if cx.monitor {
             let n = rewards.len().max(1) as f64;
             let mean_reward = rewards.iter().sum::<f64>() / n;
-            let words = |g: &&crate::captioner::decode::Generated| {
-                cx.vocab.decode(&g.ids).split_whitespace().count() as f64
-            };
+            let words: Vec<Vec<String>> = captions
+                .iter()
+                .map(|g| {
+                    let text = cx.vocab.decode(&g.ids);
+                    text.split_whitespace().map(str::to_string).collect()
+                })
+                .collect();
             self.figures = StepFigures {
                 reward: mean_reward,
                 baseline,
@@ -308,7 +343,8 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
                     .sqrt(),
                 rank: judged.iter().map(|j| j.rank as f64).sum::<f64>() / n,
                 accuracy: judged.iter().filter(|j| j.rank == 1).count() as f64 / n,
-                sample_length: captions.iter().map(|g| words(&g)).sum::<f64>() / n,
+                sample_length: words.iter().map(|w| w.len() as f64).sum::<f64>() / n,
+                repetition: repetition(&words),
             };
         }
         Ok(())
@@ -321,6 +357,15 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             out.extend(self.mle.logged());
         }
         out
+    }
+
+    fn state(&self) -> Vec<f64> {
+        self.baseline.saved()
+    }
+
+    fn restore(&mut self, state: &[f64]) -> Result<()> {
+        self.baseline = RunningMean::from_saved(state)?;
+        Ok(())
     }
 
     fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
@@ -344,6 +389,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             ("accuracy", f.accuracy as f32),
             ("entropy", entropy),
             ("sample_length", f.sample_length as f32),
+            ("repetition", f.repetition as f32),
         ];
         values.extend(mle.map(|m| ("mle", m)));
         values
@@ -514,5 +560,11 @@ mod tests {
         assert_eq!(m.baseline_then_add(&[-6.0]), -2.0);
         // (-1 - 3 - 6) / 3.
         assert!((m.baseline_then_add(&[0.0]) + 10.0 / 3.0).abs() < 1e-12);
+        // Saved and restored, it goes on as it was.
+        let mut again = RunningMean::from_saved(&m.saved()).unwrap();
+        assert_eq!(again, m);
+        assert_eq!(again.baseline_then_add(&[1.0]), m.baseline_then_add(&[1.0]));
+        assert!(RunningMean::from_saved(&[1.0]).is_err());
+        assert!(RunningMean::from_saved(&[1.0, 0.5]).is_err());
     }
 }

@@ -28,6 +28,7 @@ pub mod settings;
 pub mod token;
 
 use super::CaptionVocab;
+use super::collapse::RewardWatch;
 use super::model::Captioner;
 use crate::backend::Backend;
 use crate::data::{Dataset, Split};
@@ -49,6 +50,12 @@ pub struct ObjectiveInfo {
     /// What it learns from, which decides the images it trains on under
     /// a labelled fraction ([`super::labelled`]).
     pub trains_on: TrainsOn,
+    /// The peak learning rate of a run that starts from a checkpoint
+    /// (`--init`) without `--lr`: fine-tuning a converged captioner at a
+    /// from-scratch rate collapses it. None: the config's rate.
+    pub fine_tune_lr: Option<f32>,
+    /// The logged series it raises, which the collapse guard watches.
+    pub reward: Option<RewardWatch>,
 }
 
 /// What an objective's own term learns from.
@@ -104,6 +111,17 @@ pub fn find(name: &str) -> Result<&'static ObjectiveInfo> {
                 names.join(", ")
             )
         }
+    }
+}
+
+/// The peak learning rate of a run of objective `name` when none is
+/// given: its fine-tuning rate when the run starts from a checkpoint and
+/// the objective declares one, else `config_lr`.
+pub fn default_lr(name: &str, from_checkpoint: bool, config_lr: f32) -> f32 {
+    let declared = find(name).ok().and_then(|o| o.fine_tune_lr);
+    match declared {
+        Some(lr) if from_checkpoint => lr,
+        _ => config_lr,
     }
 }
 
@@ -312,4 +330,23 @@ pub trait Objective<B: Backend> {
     /// tensors in order. `loss`, what the objective minimises, comes
     /// first; the names are the log's series.
     fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)>;
+
+    /// What it carries from one step to the next (none by default), saved
+    /// with the run's state so that a resumed run continues exactly.
+    fn state(&self) -> Vec<f64> {
+        Vec::new()
+    }
+
+    /// Continues from a `state` it returned.
+    fn restore(&mut self, state: &[f64]) -> Result<()> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "{} carries no state, but {} values were saved",
+                self.describe(),
+                state.len()
+            )
+        }
+    }
 }

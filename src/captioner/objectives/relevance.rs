@@ -13,6 +13,7 @@ use super::settings::{Setting, SettingKind, Settings};
 use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
 use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
+use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
 use crate::captioner::model::TokenInputs;
@@ -62,6 +63,12 @@ pub const CLIP_RELEVANCE: ObjectiveInfo = ObjectiveInfo {
     settings: &[&GUMBEL, &TAU, &MLE_WEIGHT],
     plots: &[&COSINE_PLOT, &TAU_PLOT],
     trains_on: TrainsOn::Images,
+    fine_tune_lr: Some(2e-4),
+    // Half of a small start is noise: at least 0.2 of cosine.
+    reward: Some(RewardWatch {
+        series: "cosine",
+        min_drop: 0.2,
+    }),
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -69,6 +76,7 @@ struct StepFigures {
     loss: f64,
     cosine: f64,
     sample_length: f64,
+    repetition: f64,
 }
 
 pub struct ClipRelevance<B: Backend> {
@@ -149,14 +157,18 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         }
         if cx.monitor {
             let n = cosines.len().max(1) as f64;
+            let words: Vec<Vec<String>> = captions
+                .iter()
+                .map(|g| {
+                    let text = cx.vocab.decode(&g.ids);
+                    text.split_whitespace().map(str::to_string).collect()
+                })
+                .collect();
             self.figures = StepFigures {
                 loss,
                 cosine: cosines.iter().sum::<f64>() / n,
-                sample_length: captions
-                    .iter()
-                    .map(|g| cx.vocab.decode(&g.ids).split_whitespace().count() as f64)
-                    .sum::<f64>()
-                    / n,
+                sample_length: words.iter().map(|w| w.len() as f64).sum::<f64>() / n,
+                repetition: repetition(&words),
             };
         }
         Ok(())
@@ -180,6 +192,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             ("cosine", f.cosine as f32),
             ("tau", self.tau),
             ("sample_length", f.sample_length as f32),
+            ("repetition", f.repetition as f32),
         ];
         values.extend(mle.map(|m| ("mle", m)));
         values

@@ -17,6 +17,7 @@ use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
 use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::{Backend, Reduce};
 use crate::captioner::CaptionVocab;
+use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use crate::captioner::reward::CiderReward;
@@ -109,10 +110,22 @@ pub const DIVERSITY_PLOT: SeriesGroup = SeriesGroup {
     series: &["div1", "div2", "mbleu4"],
 };
 
-/// What the samples look like: entropy of the sampled steps, words.
+/// What the samples look like: entropy of the sampled steps, words, and
+/// the share of a caption's words its most frequent word takes.
 pub const SAMPLES_PLOT: SeriesGroup = SeriesGroup {
-    title: "samples: entropy (nats per step), length (words)",
-    series: &["entropy", "sample_length"],
+    title: "samples: entropy (nats per step), length (words), repetition",
+    series: &["entropy", "sample_length", "repetition"],
+};
+
+/// Started from an MLE checkpoint, as self-critical.pytorch recommends,
+/// at a low rate.
+const FINE_TUNE_LR: f32 = 5e-5;
+
+/// A CIDEr-D reward collapses when it falls below half its start (and
+/// by at least 0.05, under which a barely trained model's reward is noise).
+const CIDER_WATCH: RewardWatch = RewardWatch {
+    series: "reward",
+    min_drop: 0.05,
 };
 
 const PLOTS: &[&SeriesGroup] = &[&REWARDS_PLOT, &DIVERSITY_PLOT, &SAMPLES_PLOT];
@@ -124,6 +137,8 @@ pub const SCST: ObjectiveInfo = ObjectiveInfo {
     settings: &[&SAMPLES, &BASELINE, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
     plots: PLOTS,
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(FINE_TUNE_LR),
+    reward: Some(CIDER_WATCH),
 };
 
 pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
@@ -139,6 +154,8 @@ pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
     ],
     plots: PLOTS,
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(FINE_TUNE_LR),
+    reward: Some(CIDER_WATCH),
 };
 
 pub const SLE: ObjectiveInfo = ObjectiveInfo {
@@ -148,6 +165,8 @@ pub const SLE: ObjectiveInfo = ObjectiveInfo {
     settings: &[&SAMPLES, &ALPHA, &REWARD, &BLEU4_WEIGHT, &MLE_WEIGHT],
     plots: PLOTS,
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(FINE_TUNE_LR),
+    reward: Some(CIDER_WATCH),
 };
 
 /// The objectives of this file.
@@ -468,6 +487,7 @@ struct StepFigures {
     div2: f64,
     mbleu4: f64,
     sample_length: f64,
+    repetition: f64,
 }
 
 /// Where the last step's time went on the host's clock (sampling ends
@@ -653,6 +673,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
                 div2: d.div2,
                 mbleu4: d.mbleu4,
                 sample_length: mean(sets.iter().flatten().map(|w| w.len() as f64)),
+                repetition: repetition(&sets.concat()),
             };
         }
         Ok(())
@@ -687,6 +708,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             ("advantage_spread", f.advantage_spread as f32),
             ("entropy", entropy),
             ("sample_length", f.sample_length as f32),
+            ("repetition", f.repetition as f32),
             ("div1", f.div1 as f32),
             ("div2", f.div2 as f32),
             ("mbleu4", f.mbleu4 as f32),
@@ -702,7 +724,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TokenTerm {
     pub token: String,
-    /// log p of the token under the current weights (full vocabulary).
+    /// log p of the token under the current weights (the policy).
     pub logprob: f32,
     /// -(1 - lambda) * advantage * log p (DiscriTune: the advantage over
     /// the caption's tokens): what the token adds to the caption's loss as

@@ -10,7 +10,7 @@ use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use super::{Objective, ObjectiveInfo, StepContext, TrainsOn};
 use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
-use crate::captioner::model::{TokenInputs, teacher_targets};
+use crate::captioner::model::{MASKED_IDS, TokenInputs, teacher_targets};
 use crate::data::vocab::PAD;
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
@@ -26,7 +26,8 @@ pub enum ObjectiveKind {
     Mle,
     /// Cross-entropy over the unique tokens of the target sequence.
     Smile,
-    /// Ablation: over 10 random ids plus the label, drawn per step.
+    /// Ablation: over 10 random ids (never `<pad>` or `<bos>`) plus the
+    /// label, drawn per step.
     SmileRandom,
     /// Ablation: over the complement of the sequence's tokens, plus the label.
     SmileReverse,
@@ -68,12 +69,17 @@ pub const MLE_WEIGHT: Setting = Setting {
     },
 };
 
+/// The SMILE family's fine-tuning rate: the demo's SMILE stage.
+const SMILE_FINE_TUNE_LR: f32 = 5e-4;
+
 pub const MLE: ObjectiveInfo = ObjectiveInfo {
     name: "mle",
     help: "cross-entropy over the full vocabulary",
     settings: &[],
     plots: &[],
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: None,
+    reward: None,
 };
 
 pub const SMILE: ObjectiveInfo = ObjectiveInfo {
@@ -82,6 +88,8 @@ pub const SMILE: ObjectiveInfo = ObjectiveInfo {
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
+    reward: None,
 };
 
 pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
@@ -90,6 +98,8 @@ pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
+    reward: None,
 };
 
 pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
@@ -98,6 +108,8 @@ pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
     settings: &[&FIRST_TOKEN, &MLE_WEIGHT],
     plots: &[],
     trains_on: TrainsOn::Captions,
+    fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
+    reward: None,
 };
 
 /// Which token-level objective trains, and its settings.
@@ -231,10 +243,12 @@ pub fn plan(
                     if label == PAD {
                         continue;
                     }
+                    // Ids of the policy (no <pad>, no <bos>) besides the label.
+                    let others = v as usize - 1 - MASKED_IDS.len();
                     let mut drawn = BTreeSet::new();
-                    while drawn.len() < RANDOM_SUBSET_SIZE.min(v as usize - 1) {
+                    while drawn.len() < RANDOM_SUBSET_SIZE.min(others) {
                         let id = rng.random_range(0..v);
-                        if id != label {
+                        if id != label && !MASKED_IDS.contains(&id) {
                             drawn.insert(id);
                         }
                     }

@@ -306,13 +306,10 @@ pub struct Checked {
 }
 
 impl Checked {
-    /// Stated facts that hold / stated facts (1 when nothing is stated).
-    pub fn precision(&self) -> f64 {
-        if self.stated == 0 {
-            1.0
-        } else {
-            self.true_stated as f64 / self.stated as f64
-        }
+    /// Stated facts that hold / stated facts; undefined (None) when
+    /// nothing is stated: a caption that says nothing is not precise.
+    pub fn precision(&self) -> Option<f64> {
+        (self.stated > 0).then(|| self.true_stated as f64 / self.stated as f64)
     }
 
     pub fn recall(&self) -> f64 {

@@ -1,0 +1,190 @@
+//! One policy: the distribution decoding samples from is the one every
+//! loss reads. `<pad>` and `<bos>`, which no caption contains, have no
+//! probability in the model's output; a sampled caption's recorded
+//! log-probability is the teacher-forced one; a suppressed `<unk>` is
+//! left out of the recorded log-probability; and a REINFORCE surrogate
+//! with a negative advantage moves no probability onto the masked ids.
+//! On the CPU and, where an adapter exists, on the GPU.
+
+mod common;
+
+use captune::backend::{Backend, Storage};
+use captune::captioner::CaptionerConfig;
+use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
+use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs, teacher_targets};
+use captune::captioner::objectives::sequence::Surrogate;
+use captune::cpu::CpuBackend;
+use captune::data::vocab::{BOS, PAD, UNK};
+use captune::model::transformer::TransformerConfig;
+use common::{gpu, random};
+
+const VOCAB: usize = 19;
+
+fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
+    let config = CaptionerConfig {
+        embed_dim: 6,
+        prefix_len: 2,
+        mapper_hidden: 10,
+        decoder: TransformerConfig {
+            width: 12,
+            layers: 2,
+            heads: 3,
+            causal: true,
+        },
+        max_len: 9,
+        vocab_size: VOCAB,
+    };
+    let mut model = Captioner::new(b, config, 5).unwrap();
+    // Weights larger than the initialisation: every id, <pad> and <bos>
+    // too, would have mass without the mask.
+    for (i, value) in model.params.values.iter_mut().enumerate() {
+        let v: Vec<f32> = random(value.len(), 90 + i as u64)
+            .iter()
+            .map(|x| 0.6 * x)
+            .collect();
+        b.write(value, &v);
+    }
+    model
+}
+
+/// The teacher-forced log-softmax rows `[captions * positions, vocab]`
+/// of `generated` (f64, from the read-back logits) and the inputs' width.
+fn teacher_forced<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    features: &[f32],
+    generated: &[Generated],
+) -> (Vec<Vec<f64>>, usize, Vec<Vec<u32>>) {
+    let sequences: Vec<Vec<u32>> = generated
+        .iter()
+        .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
+        .collect();
+    let dim = model.config.embed_dim;
+    let rows: Vec<f32> = generated
+        .iter()
+        .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].to_vec())
+        .collect();
+    let inputs = TokenInputs::new(b, &model.config, &sequences).unwrap();
+    model.forward(b, &rows, &inputs).unwrap();
+    let logits = b.to_vec(model.logits());
+    let logp = logits
+        .chunks(VOCAB)
+        .map(|z| {
+            let max = z.iter().fold(f64::MIN, |m, &x| m.max(x as f64));
+            let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            z.iter().map(|&x| x as f64 - lse).collect()
+        })
+        .collect();
+    (logp, inputs.positions, sequences)
+}
+
+fn check_policy<B: Backend>(b: &B, what: &str) {
+    let mut model = random_captioner(b);
+    let features = random(4 * 6, 7);
+    let sampling = Decoding::Sample {
+        n: 3,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: 11,
+    };
+    let options = DecodeOptions::default();
+    let samples = generate(b, &model, &features, &sampling, &options).unwrap();
+    let (logp, positions, sequences) = teacher_forced(b, &mut model, &features, &samples);
+    for (r, row) in logp.iter().enumerate() {
+        for id in MASKED_IDS {
+            assert_eq!(
+                row[id as usize].exp(),
+                0.0,
+                "{what}: row {r}: id {id} has mass"
+            );
+        }
+        let total: f64 = row.iter().map(|lp| lp.exp()).sum();
+        assert!(
+            (total - 1.0).abs() < 1e-9,
+            "{what}: row {r} sums to {total}"
+        );
+    }
+    // Each sample's recorded log-probability is the teacher-forced one.
+    for (n, g) in samples.iter().enumerate() {
+        let forced: f64 = (g.ids.iter().enumerate())
+            .map(|(t, &id)| logp[n * positions + t][id as usize])
+            .sum();
+        assert!(
+            (forced - g.logprob as f64).abs() < 1e-4 * (1.0 + forced.abs()),
+            "{what}: sample {n}: recorded {} vs teacher-forced {forced}",
+            g.logprob
+        );
+    }
+
+    // With <unk> suppressed, the recorded log-probability is renormalised
+    // over the ids that remain.
+    let suppressed = DecodeOptions {
+        suppress_unk: true,
+        ..DecodeOptions::default()
+    };
+    let greedy = generate(b, &model, &features, &Decoding::Greedy, &suppressed).unwrap();
+    let (logp, positions, _) = teacher_forced(b, &mut model, &features, &greedy);
+    for (n, g) in greedy.iter().enumerate() {
+        assert!(
+            !g.ids.contains(&UNK),
+            "{what}: <unk> chosen while suppressed"
+        );
+        let renormalised: f64 = (g.ids.iter().enumerate())
+            .map(|(t, &id)| {
+                let row = &logp[n * positions + t];
+                row[id as usize] - (1.0 - row[UNK as usize].exp()).ln()
+            })
+            .sum();
+        assert!(
+            (renormalised - g.logprob as f64).abs() < 1e-4 * (1.0 + renormalised.abs()),
+            "{what}: greedy {n}: recorded {} vs renormalised {renormalised}",
+            g.logprob
+        );
+    }
+
+    // A negative advantage (with the entropy bonus too) puts no gradient
+    // on the masked ids' logits: nothing moves probability onto them.
+    let (logp, positions, _) = teacher_forced(b, &mut model, &features, &samples);
+    assert_eq!(logp.len(), samples.len() * positions);
+    let targets = teacher_targets(&sequences, positions);
+    let mut surrogate = Surrogate::new(b, samples.len(), positions, VOCAB);
+    let advantages = vec![-1.0f32; samples.len()];
+    surrogate.forward_backward(
+        b,
+        model.logits(),
+        &b.ids(&targets),
+        &targets,
+        &advantages,
+        0.1,
+        true,
+    );
+    let d = b.to_vec(&surrogate.d_logits);
+    let mut moved = 0.0f32;
+    for (r, row) in d.chunks(VOCAB).enumerate() {
+        if targets[r] == PAD {
+            continue;
+        }
+        moved = moved.max(row.iter().fold(0.0f32, |m, x| m.max(x.abs())));
+        for id in MASKED_IDS {
+            assert_eq!(
+                row[id as usize], 0.0,
+                "{what}: row {r}: gradient on id {id}"
+            );
+        }
+    }
+    assert!(moved > 0.0, "{what}: the surrogate has a gradient");
+    assert!(
+        samples
+            .iter()
+            .all(|g| !g.ids.contains(&PAD) && !g.ids.contains(&BOS))
+    );
+}
+
+#[test]
+fn one_policy_on_both_backends() {
+    check_policy(&CpuBackend::new(), "cpu");
+    if let Some(g) = gpu() {
+        check_policy(&g, "gpu");
+    }
+}
