@@ -100,9 +100,9 @@ def block(x, p, pre, causal=True):
     return x + dense(gelu(dense(h, p, pre + ".mlp.fc1")), p, pre + ".mlp.fc2")
 
 
-def loss_of(p, features, inputs, targets):
-    """MLE: the mean over real (non-pad) targets of -log softmax, over the
-    policy: <pad> and <bos> are never generated and have no probability."""
+def logits_of(p, features, inputs):
+    """The decoder's logits [batch, T, vocab] of the token positions, with
+    <pad> and <bos> masked out of the policy (-inf)."""
     batch = features.shape[0]
     prefix = dense(gelu(dense(features, p, "mapper.fc1")), p, "mapper.fc2").reshape(batch, K, WIDTH)
     x = torch.cat([prefix, p["decoder.tokens"][inputs]], dim=1) + p["decoder.positions"]
@@ -110,12 +110,26 @@ def loss_of(p, features, inputs, targets):
         x = block(x, p, f"decoder.blocks.{i}")
     h = layer_norm(x, p["decoder.ln_f.weight"], p["decoder.ln_f.bias"])[:, K:]
     logits = h @ p["decoder.tokens"].T  # tied output layer
-    never = torch.zeros(VOCAB, dtype=torch.bool)
+    never = torch.zeros(logits.shape[-1], dtype=torch.bool)
     never[[PAD, BOS]] = True
-    logp = torch.log_softmax(logits.masked_fill(never, float("-inf")), dim=-1)
+    return logits.masked_fill(never, float("-inf"))
+
+
+def mean_nll(logits, targets, allowed=None):
+    """The mean over real (non-pad) targets of -log softmax over the ids
+    `allowed` ([batch, T, vocab] booleans; all of them when None)."""
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = torch.log_softmax(logits, dim=-1)
     real = targets != PAD
-    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    picked = logp.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     return -picked.masked_fill(~real, 0.0).sum() / real.sum()
+
+
+def loss_of(p, features, inputs, targets):
+    """MLE: the mean over real (non-pad) targets of -log softmax, over the
+    policy: <pad> and <bos> are never generated and have no probability."""
+    return mean_nll(logits_of(p, features, inputs), targets)
 
 
 def random_params(shapes_by_name):
@@ -263,7 +277,74 @@ def retriever(out_dir):
          {"pixels": pixels, "ids": ids}, stepped)
 
 
+# The SMILE family on the captioner's batch, with the vocabulary's
+# reserved first-token alternatives: "##a" and "##big", the alternatives
+# of the words that begin a caption (docs/training.md).
+ALTERNATIVES = {4: VOCAB, 10: VOCAB + 1}
+SMILE_CASES = [  # (name, first_token, lambda)
+    ("smile", "mle", 0.0),
+    ("smile_none", "none", 0.0),
+    ("smile_shift_mixed", "shift", 0.3),
+]
+
+
+def smile_loss(p, features, inputs, targets, first_token, mle_weight):
+    """lambda * MLE + (1 - lambda) * SMILE: at each step a softmax over the
+    unique ids of the caption's target (with <eos>, without padding; after
+    first-token shifting, step 0's label is its word's alternative), except
+    that with first_token "mle" step 0 runs over the whole vocabulary."""
+    logits = logits_of(p, features, inputs)
+    own = targets.clone()
+    if first_token == "shift":
+        own[:, 0] = torch.tensor([ALTERNATIVES[int(t)] for t in targets[:, 0]])
+    allowed = torch.zeros(logits.shape, dtype=torch.bool)
+    for r in range(own.shape[0]):
+        ids = [int(t) for t in own[r] if int(t) != PAD]
+        allowed[r, :, ids] = True
+    if first_token == "mle":
+        allowed[:, 0, :] = True
+    subset = mean_nll(logits, own, allowed)
+    return mle_weight * mean_nll(logits, targets) + (1 - mle_weight) * subset
+
+
+def smile(out_dir):
+    torch.manual_seed(2)
+    vocab = VOCAB + len(ALTERNATIVES)
+    shapes_by_name = shapes()
+    shapes_by_name["decoder.tokens"] = (vocab, WIDTH)
+    params = random_params(shapes_by_name)
+    captions = [[BOS, 4, 5, 6, EOS], [BOS, 4, 7, 8, 9, 6, 6, EOS], [BOS, 10, 5, EOS]]
+    inputs = torch.full((3, T), PAD, dtype=torch.long)
+    targets = torch.full((3, T), PAD, dtype=torch.long)
+    for r, c in enumerate(captions):
+        inputs[r, :len(c) - 1] = torch.tensor(c[:-1])
+        targets[r, :len(c) - 1] = torch.tensor(c[1:])
+    features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
+    expected = {"features": f32(features), "inputs": f32(inputs), "targets": f32(targets)}
+    for name, first_token, mle_weight in SMILE_CASES:
+        leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+        loss = smile_loss(leaves, features, inputs, targets, first_token, mle_weight)
+        loss.backward()
+        expected[f"{name}.loss"] = f32(loss.reshape(1))
+        expected.update({f"{name}.grad.{n}": f32(t.grad) for n, t in leaves.items()})
+        print(f"{name}: loss {float(loss.detach()):.6f}")
+    config = {
+        "embed_dim": EMBED, "prefix_len": K, "mapper_hidden": HIDDEN,
+        "decoder": {"width": WIDTH, "layers": LAYERS, "heads": HEADS, "causal": True},
+        "max_len": MAX_LEN, "vocab_size": vocab,
+    }
+    words = WORDS + ["##a", "##big"]
+    save_file({n: f32(t) for n, t in params.items()}, f"{out_dir}/golden_smile.safetensors",
+              metadata={"format": "captune captioner", "captioner_config": json.dumps(config),
+                        "vocab": json.dumps(words)})
+    cases = [{"name": n, "first_token": f, "mle_weight": w} for n, f, w in SMILE_CASES]
+    save_file(expected, f"{out_dir}/golden_smile_expected.safetensors", metadata={
+        "cases": json.dumps(cases),
+        "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     captioner(out)
     retriever(out)
+    smile(out)

@@ -235,23 +235,31 @@ fn coco_seed() -> Vec<u8> {
 #[test]
 fn data_set_files() {
     let dir = scratch("data");
-    let mut total = 0;
     let target = dir.join("fuzz-input-dataset_tiny.json");
-    total += fuzz("karpathy", &[karpathy_seed()], &target, |p| {
+    let karpathy = fuzz("karpathy", &[karpathy_seed()], &target, |p| {
         karpathy::load_references(p).map(|_| ())
-    })
-    .0;
+    });
     // With images looked for (none exist: every entry is skipped and named).
-    total += fuzz("karpathy with images", &[karpathy_seed()], &target, |p| {
+    let with_images = fuzz("karpathy with images", &[karpathy_seed()], &target, |p| {
         karpathy::load(p, Some(&dir)).map(|_| ())
-    })
-    .0;
+    });
     let target = dir.join("fuzz-input-captions_val2014.json");
-    total += fuzz("coco", &[coco_seed()], &target, |p| {
+    let coco = fuzz("coco", &[coco_seed()], &target, |p| {
         coco::load_references(p).map(|_| ())
-    })
-    .0;
-    assert_eq!(total, 3 * BUDGET);
+    });
+    // The mutations reach both sides: inputs that still load, and inputs
+    // refused (with the file named, checked inside `fuzz`).
+    for (name, (_, loaded, refused)) in [("karpathy", karpathy), ("coco", coco)] {
+        assert!(
+            loaded > 0 && refused > 0,
+            "{name}: {loaded} loaded, {refused} refused"
+        );
+    }
+    // No listed image exists: every input, readable or not, is refused.
+    assert_eq!(
+        with_images.2, with_images.0,
+        "karpathy with images: {with_images:?}"
+    );
 }
 
 fn features_seed(dir: &Path) -> (Vec<u8>, Vec<u8>) {

@@ -12,7 +12,9 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::model::TokenInputs;
-use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
+use captune::captioner::objectives::token::{
+    BatchTargets, FirstToken, Losses, ObjectiveKind, TokenObjective,
+};
 use captune::cpu::CpuBackend;
 use captune::data::images::Images;
 use captune::data::vocab::PAD;
@@ -235,5 +237,86 @@ fn both_backends_reproduce_an_independent_retriever() {
     );
     if let Some(g) = common::gpu() {
         check("GPU", &retriever_step(&g, &expected), &expected);
+    }
+}
+
+/// The SMILE family against the same independent implementation
+/// (`golden_smile*.safetensors`): on a checkpoint whose vocabulary holds
+/// the first-token alternatives, for each case (first-token MLE, none,
+/// shift with an MLE mix) the loss and every parameter's gradient.
+fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
+    let mut ck = Checkpoint::load(b, &data("golden_smile.safetensors")).unwrap();
+    let c = ck.model.config;
+    let steps = c.token_positions();
+    let (inputs, targets) = (ids(expected, "inputs"), ids(expected, "targets"));
+    let sequences: Vec<Vec<u32>> = (0..3)
+        .map(|r| {
+            let row = r * steps..(r + 1) * steps;
+            std::iter::once(inputs[row.start])
+                .chain(targets[row].iter().copied().take_while(|&id| id != PAD))
+                .collect()
+        })
+        .collect();
+    let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
+    let mut out = Vec::new();
+    for case in cases {
+        let first_token = match case["first_token"].as_str().unwrap() {
+            "mle" => FirstToken::Mle,
+            "shift" => FirstToken::Shift,
+            _ => FirstToken::None,
+        };
+        let objective = TokenObjective {
+            kind: ObjectiveKind::Smile,
+            first_token,
+            mle_weight: case["mle_weight"].as_f64().unwrap() as f32,
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        let batch = BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut rng).unwrap();
+        let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
+        let model = &mut ck.model;
+        model
+            .forward(b, &expected.tensors["features"].data, &token_inputs)
+            .unwrap();
+        losses.forward_backward(b, model.logits(), &batch, true);
+        model.params.zero_grads(b);
+        model.backward(b, &token_inputs, &losses.d_logits);
+        let loss = losses.read(b, &batch).loss;
+        let grads = model.params.grads.iter().map(|g| b.to_vec(g)).collect();
+        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
+    }
+    out
+}
+
+#[test]
+fn both_backends_reproduce_the_smile_family_independently() {
+    let expected = tensorfile::read(&data("golden_smile_expected.safetensors")).unwrap();
+    let names: Vec<String> = {
+        let ck = Checkpoint::load(&CpuBackend::new(), &data("golden_smile.safetensors")).unwrap();
+        ck.model
+            .params
+            .specs
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
+        assert_eq!(got.len(), 3, "{backend}: three cases");
+        for (case, loss, grads) in got {
+            let want = expected.tensors[&format!("{case}.loss")].data[0];
+            assert!(
+                (loss - want).abs() <= 1e-5 * want.abs(),
+                "{backend} {case}: loss {loss} against PyTorch's {want}"
+            );
+            for (name, grad) in names.iter().zip(&grads) {
+                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
+                let what = format!("{backend} {case}: gradient of {name}");
+                common::assert_close(&what, grad, want, 1e-5, 1e-6);
+            }
+        }
+    };
+    check_backend("CPU", smile_steps(&CpuBackend::new(), &expected));
+    if let Some(g) = common::gpu() {
+        check_backend("GPU", smile_steps(&g, &expected));
     }
 }

@@ -9,7 +9,7 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::Captioner;
+use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::sequence::{
     Advantages, Baseline, Surrogate, distance, distances, self_critical, sle,
 };
@@ -556,4 +556,289 @@ fn one_step_of_each_objective_agrees_gpu_vs_cpu() {
             );
         }
     }
+}
+
+/// A batch of the tiny world's training images `images` (corpus indices,
+/// not batch positions), with their first captions.
+fn batch_of(data: &CaptionData, vocab: &CaptionVocab, images: &[usize]) -> TrainingBatch {
+    let train = data.items(Split::Train);
+    let items: Vec<usize> = images.iter().map(|&i| train[i]).collect();
+    TrainingBatch {
+        features: data.features_of(&items),
+        sequences: items
+            .iter()
+            .map(|&i| vocab.encode(&data.data.items[i].captions[0].tokens, 24))
+            .collect(),
+        images: images.to_vec(),
+        labelled: None,
+    }
+}
+
+/// -log p of each caption's ids (after `<bos>`) under the model's policy,
+/// teacher-forced on image `features`, summed per caption; and the mean
+/// entropy (nats) of the next-token distribution over all their steps.
+fn nll_and_entropy(
+    b: &CpuBackend,
+    model: &mut Captioner<CpuBackend>,
+    features: &[f32],
+    captions: &[&[u32]],
+) -> (Vec<f64>, f64) {
+    let (mut nll, mut entropy, mut steps) = (Vec::new(), 0.0, 0usize);
+    for &ids in captions {
+        let sequence: Vec<u32> = std::iter::once(captune::data::vocab::BOS)
+            .chain(ids.iter().copied())
+            .collect();
+        let inputs = TokenInputs::new(b, &model.config, &[sequence]).unwrap();
+        model.forward(b, features, &inputs).unwrap();
+        let logits = b.to_vec(model.logits());
+        let v = model.config.vocab_size;
+        let mut sum = 0.0;
+        for (t, &id) in ids.iter().enumerate() {
+            let lp = log_softmax(&logits[t * v..(t + 1) * v]);
+            sum -= lp[id as usize];
+            entropy -= lp.iter().map(|&l| l.exp() * l).sum::<f64>();
+            steps += 1;
+        }
+        nll.push(sum);
+    }
+    (nll, entropy / steps as f64)
+}
+
+/// One step of SCST (greedy and mean baselines, with and without a BLEU-4
+/// weight), SLE and SLL-ME on a batch whose images are not its positions,
+/// reproduced by hand: the same samples (drawn with the step's seed) and
+/// greedy captions, their CIDEr-D (plus W x BLEU-4) against their own
+/// image's references, the baselines and advantages, and the logged
+/// reward, baseline, advantage spread, entropy and loss
+/// -(1/N) sum_j A_j sum_t log p(y_jt) - w x entropy.
+#[test]
+fn a_sequence_level_step_by_hand() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
+    let (corpus, warm) = corpus_and_batch(&data, &ck.vocab, 8);
+    train_steps(
+        &b,
+        &mut ck,
+        &corpus,
+        &warm,
+        "mle",
+        &Settings::new(),
+        3e-3,
+        40,
+    );
+    let images = [5, 2, 9, 0];
+    let batch = batch_of(&data, &ck.vocab, &images);
+    let reward = CiderReward::for_training(&corpus, &ck.vocab);
+    let choice = |c: &str| SettingValue::Choice(c.into());
+    let cases: Vec<(&str, Vec<(&str, SettingValue)>)> = vec![
+        ("scst", vec![("baseline", choice("greedy"))]),
+        ("scst", vec![("baseline", choice("mean"))]),
+        ("scst", vec![("bleu4_weight", SettingValue::Number(1.0))]),
+        ("sle", vec![]),
+        (
+            "sll-me",
+            vec![("entropy_weight", SettingValue::Number(0.05))],
+        ),
+    ];
+    for (name, settings) in cases {
+        let settings: Settings = settings
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+        let what = format!("{name} {settings:?}");
+        let number = |key: &str, default: f64| match settings.get(key) {
+            Some(SettingValue::Number(x)) => *x,
+            _ => default,
+        };
+        let mean_baseline = settings.get("baseline") == Some(&choice("mean"));
+        let (bleu_weight, entropy_weight) =
+            (number("bleu4_weight", 0.0), number("entropy_weight", 0.0));
+        // The step's samples: 5 per image, seeded by the step's first draw.
+        let seed: u64 = rand::Rng::random(&mut ChaCha8Rng::seed_from_u64(0));
+        let sampling = Decoding::Sample {
+            n: 5,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed,
+        };
+        let options = DecodeOptions::default();
+        let samples = generate(&b, &ck.model, &batch.features, &sampling, &options).unwrap();
+        let greedy = generate(&b, &ck.model, &batch.features, &Decoding::Greedy, &options).unwrap();
+        let score = |g: &captune::captioner::decode::Generated| {
+            let image = images[g.image];
+            let refs = &corpus.references[image];
+            let text = ck.vocab.decode(&g.ids);
+            let w: Vec<String> = text.split_whitespace().map(str::to_string).collect();
+            let bleu = captune::metrics::bleu::sentence_bleu(&w, refs)[3];
+            reward.reward(image, &g.ids) + bleu_weight * bleu
+        };
+        let rewards: Vec<f64> = samples.iter().map(score).collect();
+        let greedy_rewards: Vec<f64> = greedy.iter().map(score).collect();
+        let mut baselines = Vec::new();
+        let mut advantages = Vec::new();
+        for (i, own) in rewards.chunks(5).enumerate() {
+            for (j, r) in own.iter().enumerate() {
+                let b = if mean_baseline {
+                    (own.iter().sum::<f64>() - r) / 4.0
+                } else {
+                    greedy_rewards[i]
+                };
+                baselines.push(b);
+                advantages.push(r - b);
+                if name == "sle" {
+                    // alpha (r - b1) + (1 - alpha) (2/s) sum_k (d_jk - b2).
+                    let texts: Vec<String> = samples[i * 5..(i + 1) * 5]
+                        .iter()
+                        .map(|g| ck.vocab.decode(&g.ids))
+                        .collect();
+                    let w: Vec<Vec<&str>> = texts
+                        .iter()
+                        .map(|t| t.split_whitespace().collect())
+                        .collect();
+                    let d = |x: usize, y: usize| if x == y { 0.0 } else { distance(&w[x], &w[y]) };
+                    let b2 = (0..5)
+                        .flat_map(|x| (0..5).map(move |y| (x, y)))
+                        .map(|(x, y)| d(x, y))
+                        .sum::<f64>()
+                        / 25.0;
+                    let spread: f64 = (0..5).map(|k| d(j, k) - b2).sum();
+                    *advantages.last_mut().unwrap() = 0.75 * (r - b) + 0.25 * 2.0 / 5.0 * spread;
+                }
+            }
+        }
+        let dim = data.dim;
+        let mut nll = Vec::new();
+        let mut entropy_sum = 0.0;
+        let mut tokens = 0usize;
+        for g in &samples {
+            let f = &batch.features[g.image * dim..(g.image + 1) * dim];
+            let (n, h) = nll_and_entropy(&b, &mut ck.model, f, &[g.ids.as_slice()]);
+            nll.push(n[0]);
+            entropy_sum += h * g.ids.len() as f64;
+            tokens += g.ids.len();
+        }
+        let n = samples.len() as f64;
+        let surrogate: f64 = advantages.iter().zip(&nll).map(|(a, l)| a * l).sum::<f64>() / n;
+        let entropy = entropy_sum / tokens as f64;
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let a_mean = mean(&advantages);
+        let spread = (advantages.iter().map(|a| (a - a_mean).powi(2)).sum::<f64>() / n).sqrt();
+
+        let mut stepped = Checkpoint {
+            model: ck.model_on(&b, &b).unwrap(),
+            vocab: ck.vocab.clone(),
+        };
+        let report = train_steps(&b, &mut stepped, &corpus, &batch, name, &settings, 1e-3, 1);
+        let got = |key: &str| report.iter().find(|(k, _)| *k == key).unwrap().1 as f64;
+        for (key, want) in [
+            ("reward", mean(&rewards)),
+            ("baseline", mean(&baselines)),
+            ("advantage_spread", spread),
+            ("entropy", entropy),
+            ("loss", surrogate - entropy_weight * entropy),
+        ] {
+            assert!(
+                (got(key) - want).abs() <= 1e-4 + 1e-4 * want.abs(),
+                "{what}: {key} {}, by hand {want}",
+                got(key)
+            );
+        }
+    }
+}
+
+/// The parameter gradients of one step of `name` from `ck`'s weights.
+fn step_gradients(
+    ck: &Checkpoint<CpuBackend>,
+    corpus: &TrainingCorpus,
+    batch: &TrainingBatch,
+    name: &str,
+    settings: &Settings,
+) -> Vec<f32> {
+    let b = CpuBackend::new();
+    let mut stepped = Checkpoint {
+        model: ck.model_on(&b, &b).unwrap(),
+        vocab: ck.vocab.clone(),
+    };
+    train_steps(&b, &mut stepped, corpus, batch, name, settings, 1e-3, 1);
+    stepped
+        .model
+        .params
+        .grads
+        .iter()
+        .flat_map(|g| b.to_vec(g))
+        .collect()
+}
+
+/// SLL-ME's entropy bonus reaches the gradient: with the same samples,
+/// its gradient minus SCST's is -w times the entropy's gradient, so twice
+/// the weight gives twice the difference, and it is not zero.
+#[test]
+fn the_entropy_weight_scales_sll_me_s_gradient() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
+    let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, 4);
+    train_steps(
+        &b,
+        &mut ck,
+        &corpus,
+        &batch,
+        "mle",
+        &Settings::new(),
+        3e-3,
+        20,
+    );
+    let weight = |w: f64| Settings::from([("entropy_weight".to_string(), SettingValue::Number(w))]);
+    let scst = step_gradients(&ck, &corpus, &batch, "scst", &Settings::new());
+    let once = step_gradients(&ck, &corpus, &batch, "sll-me", &weight(0.01));
+    let twice = step_gradients(&ck, &corpus, &batch, "sll-me", &weight(0.02));
+    let d1: Vec<f32> = once.iter().zip(&scst).map(|(a, b)| a - b).collect();
+    let d2: Vec<f32> = twice
+        .iter()
+        .zip(&scst)
+        .map(|(a, b)| (a - b) / 2.0)
+        .collect();
+    let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!(
+        norm(&d1) > 1e-4,
+        "the bonus changes no gradient ({})",
+        norm(&d1)
+    );
+    // The differences cancel most of two nearly equal gradients: compared
+    // as vectors, not element by element.
+    let off: Vec<f32> = d2.iter().zip(&d1).map(|(a, b)| a - b).collect();
+    let relative = norm(&off) / norm(&d1);
+    assert!(
+        relative < 1e-2,
+        "twice the weight, {relative} off twice the difference"
+    );
+}
+
+/// The CIDEr-D statistics are cached under a fingerprint of every
+/// reference: a changed corpus of the same name and size is counted
+/// afresh, not served the first one's document frequencies.
+#[test]
+fn a_changed_corpus_of_the_same_name_and_size_gets_fresh_statistics() {
+    let corpus = |refs: &[&str]| TrainingCorpus {
+        name: "cider-cache-test".into(),
+        references: refs.iter().map(|r| vec![words(r)]).collect(),
+        image_embeddings: Vec::new(),
+    };
+    let first = corpus(&["a red circle", "a blue star", "two green squares"]);
+    // Every image alike: every n-gram is in every document, so its idf
+    // and every reward are 0.
+    let changed = corpus(&["a red circle", "a red circle", "a red circle"]);
+    let vocab = vocab_of(&first, &[]);
+    let caption = encode(&vocab, &words("a red circle"));
+    let cached = CiderReward::for_training(&first, &vocab).reward(0, &caption);
+    assert!(cached > 1.0, "{cached}");
+    let fresh = CiderReward::for_training(&changed, &vocab).reward(0, &caption);
+    let counted = CiderReward::counted(&changed, &vocab).reward(0, &caption);
+    assert_eq!(counted, 0.0);
+    assert_eq!(
+        fresh, counted,
+        "the changed corpus was served stale statistics"
+    );
 }
