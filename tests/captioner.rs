@@ -7,11 +7,11 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs};
+use captune::captioner::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{
     self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,
     TokenObjective,
 };
-use captune::captioner::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::records::read_log;
 use captune::captioner::{CaptionVocab, CaptionerConfig};
 use captune::cpu::CpuBackend;

@@ -8,7 +8,8 @@
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::objectives::{self, Objective, StepContext};
+use captune::captioner::objective::{Objective, StepContext};
+use captune::captioner::objectives;
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;

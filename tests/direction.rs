@@ -10,8 +10,9 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
+use captune::captioner::objective::{Objective, StepContext};
+use captune::captioner::objectives;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
-use captune::captioner::objectives::{self, Objective, StepContext};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{CaptionData, fresh_checkpoint};

@@ -7,7 +7,7 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::CaptionVocab;
 use captune::captioner::labelled::LabelledSplit;
-use captune::captioner::objectives::{Objective, StepContext};
+use captune::captioner::objective::{Objective, StepContext};
 use captune::captioner::records::Flow;
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{CaptionData, fresh_checkpoint};

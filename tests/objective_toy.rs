@@ -7,7 +7,7 @@ mod common;
 use captune::app::{CaptuneApp, Source};
 use captune::backend::{Backend, VocabSubsets};
 use captune::captioner::model::{TokenInputs, teacher_targets};
-use captune::captioner::objectives::{Objective, StepContext};
+use captune::captioner::objective::{Objective, StepContext};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;

@@ -12,7 +12,7 @@ use captune::backend::{Backend, Storage};
 use captune::captioner::CaptionerConfig;
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs, teacher_targets};
-use captune::captioner::objectives::sequence::Surrogate;
+use captune::captioner::objectives::reinforce::Surrogate;
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, PAD, UNK};
 use captune::model::transformer::TransformerConfig;

@@ -15,9 +15,10 @@ use captune::captioner::inspect::score_caption;
 use captune::captioner::listener::{
     Relaxation, RelaxedListener, VocabMap, embed_generated, negative_cosine,
 };
+use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
+use captune::captioner::objectives;
 use captune::captioner::objectives::discritune::judge;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
-use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{CaptionData, fresh_checkpoint};

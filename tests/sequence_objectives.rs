@@ -10,11 +10,13 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
+use captune::captioner::objectives;
+use captune::captioner::objectives::reinforce::Surrogate;
 use captune::captioner::objectives::sequence::{
-    Advantages, Baseline, Surrogate, distance, distances, self_critical, sle,
+    Advantages, Baseline, distance, distances, self_critical, sle,
 };
 use captune::captioner::objectives::settings::{SettingValue, Settings};
-use captune::captioner::objectives::{self, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::reward::CiderReward;
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::{CaptionData, fresh_checkpoint};

@@ -7,7 +7,7 @@
 //! sequence-level objective (`objectives::sequence::explain`).
 
 use crate::captioner::inspect::{TokenScore, score_caption};
-use crate::captioner::objectives::TrainingCorpus;
+use crate::captioner::objective::TrainingCorpus;
 use crate::captioner::objectives::sequence::{RewardExplanation, explain};
 use crate::captioner::objectives::settings::Settings;
 use crate::captioner::reward::CiderReward;

@@ -13,10 +13,10 @@
 
 use super::CaptionVocab;
 use super::model::Captioner;
+use super::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::objectives::sequence::SequenceLevel;
 use super::objectives::settings::Settings;
 use super::objectives::token::{TokenLevel, TokenObjective};
-use super::objectives::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::run::RunConfig;
 use super::train::optimise;
 use crate::backend::{Backend, BackendKind, DeviceCounters};
@@ -394,7 +394,7 @@ pub fn scst_throughput<B: Backend>(
     };
     let mut model = Captioner::new(b, run.captioner(EMBED_DIM, vocab.len()), 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut scst = SequenceLevel::new("scst", &Settings::new(), vocab.len())?;
+    let mut scst = SequenceLevel::new("scst", &Settings::new())?;
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();

@@ -23,7 +23,7 @@
 //! [`STOP_AFTER`] logged steps in a row the run stops (unless the run
 //! says otherwise), keeping its last good checkpoint.
 
-use super::objectives::ObjectiveInfo;
+use super::objective::ObjectiveInfo;
 use std::collections::{BTreeMap, HashMap};
 
 /// `repetition` at which captions count as one repeated word.

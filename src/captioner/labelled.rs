@@ -10,7 +10,7 @@
 //! it (two runs) agree; and a smaller fraction's images are among a
 //! larger one's.
 
-use super::objectives::TrainsOn;
+use super::objective::TrainsOn;
 use crate::data::Dataset;
 use crate::tensorfile::fingerprint;
 

@@ -11,7 +11,7 @@ use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::eval::embed_ids;
 use crate::retriever::model::{Retriever, TextBatch};
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// Captioner id -> retriever id: the same word, or the retriever's
 /// `<unk>` for a word it does not know; an alternative (SMILE's reserved
@@ -66,6 +66,30 @@ pub fn embed_generated<B: Backend>(
     let max_len = retriever.config.max_len;
     let ids: Vec<Vec<u32>> = captions.iter().map(|c| map.caption(c, max_len)).collect();
     embed_ids(b, retriever, &ids)
+}
+
+/// The run's retriever (`StepContext::retriever`), checked to embed in
+/// the features' `dim`, for `objective`.
+pub fn frozen_retriever<'r, B: Backend>(
+    retriever: Option<&'r mut RetrieverCheckpoint<B>>,
+    dim: usize,
+    objective: &str,
+) -> Result<&'r mut RetrieverCheckpoint<B>> {
+    let Some(retriever) = retriever else {
+        bail!(
+            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
+             image embeddings are the run's features"
+        );
+    };
+    if retriever.model.config.embed_dim != dim {
+        bail!(
+            "{objective}: the retriever embeds in {} dimensions but the run's features have {dim}; \
+             the features must be this retriever's image embeddings (captune embed --checkpoint \
+             RETRIEVER)",
+            retriever.model.config.embed_dim
+        );
+    }
+    Ok(retriever)
 }
 
 /// How a relaxed caption reaches the text tower.

@@ -5,7 +5,7 @@
 
 use super::evaluate::CaptionMetrics;
 use super::inspect::TokenScore;
-use super::objectives::Objective;
+use super::objective::Objective;
 use crate::backend::{Backend, Reduce};
 use serde::Serialize;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@
 //! and the two agree given the same references (tests/sequence_objectives.rs).
 
 use super::CaptionVocab;
-use super::objectives::TrainingCorpus;
+use super::objective::TrainingCorpus;
 use crate::data::vocab::{BOS, EOS, PAD};
 use crate::{cache, tensorfile};
 use anyhow::Context;

@@ -4,8 +4,9 @@
 //! of the same form.
 
 use super::CaptionerConfig;
+use super::objective::Objective;
+use super::objectives;
 use super::objectives::settings::Settings;
-use super::objectives::{self, Objective};
 use crate::backend::Backend;
 use crate::data::features::FeatureSource;
 use crate::model::transformer::TransformerConfig;

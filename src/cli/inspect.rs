@@ -11,7 +11,7 @@ use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::inspect::score_caption;
-use captune::captioner::objectives::TrainingCorpus;
+use captune::captioner::objective::TrainingCorpus;
 use captune::captioner::objectives::discritune::{self, HARD_NEGATIVES, RetrievalExplanation};
 use captune::captioner::objectives::sequence::{RewardExplanation, explain};
 use captune::captioner::reward::CiderReward;

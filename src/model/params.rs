@@ -173,6 +173,12 @@ impl<B: Backend> Params<B> {
         for_each_group(b, &mut self.grads, &groups, |g| b.fill(g, 0.0));
     }
 
+    /// Every gradient times `factor` (one dispatch per group on the GPU).
+    pub fn scale_grads(&mut self, b: &B, factor: f32) {
+        let groups = self.groups();
+        for_each_group(b, &mut self.grads, &groups, |g| b.scale(g, factor));
+    }
+
     /// (element count, decays) per parameter, for the optimiser.
     pub fn optimizer_layout(&self) -> Vec<(usize, bool)> {
         self.specs.iter().map(|s| (s.len(), s.decay)).collect()

@@ -10,16 +10,17 @@
 //! the batch's captions goes through REINFORCE's surrogate on the device.
 //! No gradient flows into the retriever.
 
-use super::sequence::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
+use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
-use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
 use crate::captioner::CaptionVocab;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
-use crate::captioner::listener::{VocabMap, embed_generated};
+use crate::captioner::listener::{VocabMap, embed_generated, frozen_retriever};
 use crate::captioner::model::Captioner;
+use crate::captioner::objective::{
+    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::neighbours::Neighbours;
 use anyhow::{Result, bail};
@@ -214,19 +215,17 @@ pub struct DiscriTune<B: Backend> {
     listener: Option<Listener>,
     baseline: RunningMean,
     surrogates: Surrogates<B>,
-    mle: TokenLevel<B>,
     figures: StepFigures,
 }
 
 impl<B: Backend> DiscriTune<B> {
-    pub fn new(settings: &Settings, vocab: usize) -> Self {
+    pub fn new(settings: &Settings) -> Self {
         DiscriTune {
             config: DiscriTuneConfig::from_settings(settings),
-            described: super::describe(DISCRITUNE.name, settings),
+            described: DISCRITUNE.describe(settings),
             listener: None,
             baseline: RunningMean::default(),
             surrogates: Surrogates::default(),
-            mle: TokenLevel::new(TokenObjective::mle(), vocab),
             figures: StepFigures::default(),
         }
     }
@@ -306,22 +305,13 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         let rewards: Vec<f64> = judged.iter().map(|j| j.reward).collect();
         let baseline = self.baseline.baseline_then_add(&rewards);
         // -(R - b) mean_t log p: the sequence's advantage over its tokens.
-        let rest = 1.0 - c.mle_weight;
         let advantages: Vec<f32> = captions
             .iter()
             .zip(&rewards)
-            .map(|(g, r)| ((r - baseline) / g.ids.len().max(1) as f64) as f32 * rest)
+            .map(|(g, r)| ((r - baseline) / g.ids.len().max(1) as f64) as f32)
             .collect();
-        self.surrogates.train(
-            cx,
-            &features,
-            &captions,
-            &advantages,
-            c.entropy_weight * rest,
-        )?;
-        if c.mle_weight > 0.0 {
-            self.mle.step_weighted(cx, c.mle_weight)?;
-        }
+        self.surrogates
+            .train(cx, &features, &captions, &advantages, c.entropy_weight)?;
         if cx.monitor {
             let n = rewards.len().max(1) as f64;
             let mean_reward = rewards.iter().sum::<f64>() / n;
@@ -352,11 +342,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
 
     fn logged(&self) -> Vec<&B::Tensor> {
         let s = self.surrogates.last();
-        let mut out = vec![&s.likelihood.loss, &s.mean_entropy];
-        if self.config.mle_weight > 0.0 {
-            out.extend(self.mle.logged());
-        }
-        out
+        vec![&s.likelihood.loss, &s.mean_entropy]
     }
 
     fn state(&self) -> Vec<f64> {
@@ -369,18 +355,10 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
     }
 
     fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
-        let c = &self.config;
-        let rest = 1.0 - c.mle_weight;
         let (surrogate, entropy) = (read[0], read[1]);
-        let mut loss = surrogate - rest * c.entropy_weight * entropy;
-        let mut mle = None;
-        if c.mle_weight > 0.0 {
-            let m = self.mle.report(&read[2..])[0].1;
-            loss += c.mle_weight * m;
-            mle = Some(m);
-        }
+        let loss = surrogate - self.config.entropy_weight * entropy;
         let f = &self.figures;
-        let mut values = vec![
+        vec![
             ("loss", loss),
             ("reward", f.reward as f32),
             ("baseline", f.baseline as f32),
@@ -390,34 +368,8 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             ("entropy", entropy),
             ("sample_length", f.sample_length as f32),
             ("repetition", f.repetition as f32),
-        ];
-        values.extend(mle.map(|m| ("mle", m)));
-        values
+        ]
     }
-}
-
-/// The run's retriever (`StepContext::retriever`), checked to embed in
-/// the features' `dim`, for `objective`.
-pub fn frozen_retriever<'r, B: Backend>(
-    retriever: Option<&'r mut RetrieverCheckpoint<B>>,
-    dim: usize,
-    objective: &str,
-) -> Result<&'r mut RetrieverCheckpoint<B>> {
-    let Some(retriever) = retriever else {
-        bail!(
-            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
-             image embeddings are the run's features"
-        );
-    };
-    if retriever.model.config.embed_dim != dim {
-        bail!(
-            "{objective}: the retriever embeds in {} dimensions but the run's features have {dim}; \
-             the features must be this retriever's image embeddings (captune embed --checkpoint \
-             RETRIEVER)",
-            retriever.model.config.embed_dim
-        );
-    }
-    Ok(retriever)
 }
 
 /// One candidate image as the retriever matches it with a caption.
@@ -523,7 +475,7 @@ pub fn explain<B: Backend>(
         rest * c.entropy_weight as f64 / steps,
     )?;
     Ok(RetrievalExplanation {
-        objective: super::describe(DISCRITUNE.name, settings),
+        objective: DISCRITUNE.describe(settings),
         caption: vocab.decode(&ids[1..]),
         reward: own.reward,
         rank: own.rank,

@@ -8,15 +8,17 @@
 //! (MLE) stage, this needs no captions: the labelled-fraction setting of
 //! the paper trains it on the images whose captions are not used.
 
-use super::discritune::frozen_retriever;
 use super::settings::{Setting, SettingKind, Settings};
-use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
 use crate::backend::Backend;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
-use crate::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
+use crate::captioner::listener::{
+    Relaxation, RelaxedListener, VocabMap, frozen_retriever, negative_cosine,
+};
 use crate::captioner::model::TokenInputs;
+use crate::captioner::objective::{
+    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+};
 use crate::data::vocab::BOS;
 use anyhow::Result;
 use rand::Rng;
@@ -82,25 +84,21 @@ struct StepFigures {
 pub struct ClipRelevance<B: Backend> {
     relaxation: Relaxation,
     tau: f32,
-    mle_weight: f32,
     described: String,
     listener: Option<RelaxedListener<B>>,
-    mle: TokenLevel<B>,
     figures: StepFigures,
 }
 
 impl<B: Backend> ClipRelevance<B> {
-    pub fn new(settings: &Settings, vocab: usize) -> Self {
+    pub fn new(settings: &Settings) -> Self {
         ClipRelevance {
             relaxation: match GUMBEL.choice(settings) {
                 "soft" => Relaxation::Soft,
                 _ => Relaxation::StraightThrough,
             },
             tau: TAU.number(settings) as f32,
-            mle_weight: MLE_WEIGHT.number(settings) as f32,
-            described: super::describe(CLIP_RELEVANCE.name, settings),
+            described: CLIP_RELEVANCE.describe(settings),
             listener: None,
-            mle: TokenLevel::new(TokenObjective::mle(), vocab),
             figures: StepFigures::default(),
         }
     }
@@ -145,16 +143,11 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             self.tau,
             self.relaxation,
         )?;
-        let (loss, cosines, mut d_texts) = negative_cosine(&features, &texts, dim);
-        let rest = 1.0 - self.mle_weight;
-        d_texts.iter_mut().for_each(|d| *d *= rest);
+        let (loss, cosines, d_texts) = negative_cosine(&features, &texts, dim);
         let vocab = cx.model.config.vocab_size;
         let mut d_logits = b.zeros(ids.len() * inputs.positions * vocab);
         listener.backward(b, &d_texts, &mut d_logits);
         cx.model.backward(b, &inputs, &d_logits);
-        if self.mle_weight > 0.0 {
-            self.mle.step_weighted(cx, self.mle_weight)?;
-        }
         if cx.monitor {
             let n = cosines.len().max(1) as f64;
             let words: Vec<Vec<String>> = captions
@@ -174,27 +167,19 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         Ok(())
     }
 
+    /// Its figures come from the host: nothing to read from the device.
     fn logged(&self) -> Vec<&B::Tensor> {
-        if self.mle_weight > 0.0 {
-            self.mle.logged()
-        } else {
-            Vec::new()
-        }
+        Vec::new()
     }
 
-    fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
+    fn report(&self, _: &[f32]) -> Vec<(&'static str, f32)> {
         let f = &self.figures;
-        let rest = 1.0 - self.mle_weight;
-        let mle = (self.mle_weight > 0.0).then(|| self.mle.report(read)[0].1);
-        let loss = rest * f.loss as f32 + mle.map_or(0.0, |m| self.mle_weight * m);
-        let mut values = vec![
-            ("loss", loss),
+        vec![
+            ("loss", f.loss as f32),
             ("cosine", f.cosine as f32),
             ("tau", self.tau),
             ("sample_length", f.sample_length as f32),
             ("repetition", f.repetition as f32),
-        ];
-        values.extend(mle.map(|m| ("mle", m)));
-        values
+        ]
     }
 }

@@ -12,19 +12,19 @@
 //!   -(1/N) sum_j A_j sum_t log p(y_jt)   (<eos> included, N = samples)
 //! minus the entropy bonus, teacher-forcing the model on its own samples.
 
+use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
-use super::token::{MLE_WEIGHT, TokenLevel, TokenObjective};
-use super::{Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn};
-use crate::backend::{Backend, Reduce};
+use crate::backend::Backend;
 use crate::captioner::CaptionVocab;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
-use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
+use crate::captioner::model::Captioner;
+use crate::captioner::objective::{
+    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+};
 use crate::captioner::reward::CiderReward;
-use crate::data::vocab::{BOS, PAD};
 use crate::metrics::bleu::sentence_bleu;
 use crate::metrics::diversity::diversity;
-use crate::ops::sequence_likelihood::SequenceLikelihood;
 use anyhow::Result;
 use rand::Rng;
 use serde::Serialize;
@@ -98,23 +98,10 @@ pub const ALPHA: Setting = Setting {
     },
 };
 
-/// The reward, its baseline and the spread of the advantages (per caption).
-pub const REWARDS_PLOT: SeriesGroup = SeriesGroup {
-    title: "rewards (per sampled caption)",
-    series: &["reward", "baseline", "advantage_spread"],
-};
-
 /// The diversity of each image's samples at each logged step.
 pub const DIVERSITY_PLOT: SeriesGroup = SeriesGroup {
     title: "diversity of each image's samples",
     series: &["div1", "div2", "mbleu4"],
-};
-
-/// What the samples look like: entropy of the sampled steps, words, and
-/// the share of a caption's words its most frequent word takes.
-pub const SAMPLES_PLOT: SeriesGroup = SeriesGroup {
-    title: "samples: entropy (nats per step), length (words), repetition",
-    series: &["entropy", "sample_length", "repetition"],
 };
 
 /// Started from an MLE checkpoint, as self-critical.pytorch recommends,
@@ -171,6 +158,14 @@ pub const SLE: ObjectiveInfo = ObjectiveInfo {
 
 /// The objectives of this file.
 pub const SEQUENCE_OBJECTIVES: [&ObjectiveInfo; 3] = [&SCST, &SLL_ME, &SLE];
+
+/// The declaration of `name`, one of this file's objectives.
+fn info_of(name: &str) -> Result<&'static ObjectiveInfo> {
+    match SEQUENCE_OBJECTIVES.iter().find(|o| o.name == name) {
+        Some(info) => Ok(info),
+        None => anyhow::bail!("{name:?} is not a sequence-level objective"),
+    }
+}
 
 /// Which sequence-level objective, with its settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -314,169 +309,6 @@ pub fn distances(samples: &[Vec<&str>]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-/// The surrogate loss on the device: -(1/N) sum_j A_j sum_t log p(y_jt)
-/// minus `entropy_weight` times the mean entropy of the sampled steps'
-/// next-token distributions; `d_logits` its gradient.
-pub struct Surrogate<B: Backend> {
-    pub likelihood: SequenceLikelihood<B>,
-    advantages: B::Tensor,
-    /// 1 / (real tokens) on each real token's row, 0 on padding.
-    token_mean: B::Tensor,
-    /// d loss / d entropy[r]: -entropy_weight * token_mean[r].
-    d_entropy: B::Tensor,
-    entropy: B::Tensor,
-    lse: B::Tensor,
-    weighted: B::Tensor,
-    /// The mean entropy over real tokens, one element.
-    pub mean_entropy: B::Tensor,
-    pub d_logits: B::Tensor,
-}
-
-impl<B: Backend> Surrogate<B> {
-    pub fn new(b: &B, sequences: usize, per_sequence: usize, vocab: usize) -> Self {
-        let rows = sequences * per_sequence;
-        Surrogate {
-            likelihood: SequenceLikelihood::new(b, sequences, per_sequence, vocab, PAD),
-            advantages: b.zeros(sequences),
-            token_mean: b.zeros(rows),
-            d_entropy: b.zeros(rows),
-            entropy: b.zeros(rows),
-            lse: b.zeros(rows),
-            weighted: b.zeros(rows),
-            mean_entropy: b.zeros(1),
-            d_logits: b.zeros(rows * vocab),
-        }
-    }
-
-    /// The loss of `logits` for the sampled `targets` (host copy
-    /// `host_targets`, PAD after each sequence's end) and `advantages`
-    /// (one per sequence, already scaled as the gradient should be);
-    /// `d_logits` its gradient. With `monitor`, also the mean entropy
-    /// when it is not trained.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_backward(
-        &mut self,
-        b: &B,
-        logits: &B::Tensor,
-        targets: &B::Ids,
-        host_targets: &[u32],
-        advantages: &[f32],
-        entropy_weight: f32,
-        monitor: bool,
-    ) {
-        let l = &mut self.likelihood;
-        let vocab = l.vocab;
-        b.write(&mut self.advantages, advantages);
-        l.forward(
-            b,
-            logits,
-            targets,
-            &self.advantages,
-            advantages.len() as f32,
-        );
-        l.backward(b, logits, targets, &mut self.d_logits, false);
-        if entropy_weight == 0.0 && !monitor {
-            return;
-        }
-        let real = host_targets.iter().filter(|&&t| t != PAD).count().max(1) as f32;
-        let token_mean: Vec<f32> = host_targets
-            .iter()
-            .map(|&t| if t == PAD { 0.0 } else { 1.0 / real })
-            .collect();
-        b.write(&mut self.token_mean, &token_mean);
-        b.softmax_entropy(logits, vocab, &mut self.entropy, &mut self.lse);
-        b.mul(1.0, &self.token_mean, &self.entropy, &mut self.weighted);
-        b.reduce(&self.weighted, Reduce::Sum, &mut self.mean_entropy, 0);
-        if entropy_weight != 0.0 {
-            let d: Vec<f32> = token_mean.iter().map(|m| -entropy_weight * m).collect();
-            b.write(&mut self.d_entropy, &d);
-            b.softmax_entropy_backward(
-                logits,
-                vocab,
-                &self.entropy,
-                &self.lse,
-                &self.d_entropy,
-                &mut self.d_logits,
-                true,
-            );
-        }
-    }
-}
-
-/// The surrogate's buffers for each (sequences, positions) shape seen,
-/// and REINFORCE's update on generated captions.
-pub struct Surrogates<B: Backend> {
-    shapes: Vec<((usize, usize), Surrogate<B>)>,
-    /// The last step's.
-    last: usize,
-}
-
-impl<B: Backend> Default for Surrogates<B> {
-    fn default() -> Self {
-        Surrogates {
-            shapes: Vec::new(),
-            last: 0,
-        }
-    }
-}
-
-impl<B: Backend> Surrogates<B> {
-    /// The last step's surrogate (its loss and mean entropy).
-    pub fn last(&self) -> &Surrogate<B> {
-        &self.shapes[self.last].1
-    }
-
-    /// Teacher-forces the model on its own `generated` captions (of the
-    /// images whose `features` they were generated from) and adds the
-    /// gradient of -(1/N) sum_j advantages[j] sum_t log p(y_jt) minus
-    /// `entropy_weight` times the mean entropy of the generated steps.
-    pub fn train(
-        &mut self,
-        cx: &mut StepContext<'_, B>,
-        features: &[f32],
-        generated: &[Generated],
-        advantages: &[f32],
-        entropy_weight: f32,
-    ) -> Result<()> {
-        let b = cx.b;
-        let sequences: Vec<Vec<u32>> = generated
-            .iter()
-            .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
-            .collect();
-        let dim = cx.model.config.embed_dim;
-        let repeated: Vec<f32> = generated
-            .iter()
-            .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
-            .collect();
-        let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
-        let host_targets = teacher_targets(&sequences, inputs.positions);
-        let targets = b.ids(&host_targets);
-        cx.model.forward(b, &repeated, &inputs)?;
-        let vocab = cx.model.config.vocab_size;
-        let key = (sequences.len(), inputs.positions);
-        self.last = match self.shapes.iter().position(|(k, _)| *k == key) {
-            Some(i) => i,
-            None => {
-                let s = Surrogate::new(b, sequences.len(), inputs.positions, vocab);
-                self.shapes.push((key, s));
-                self.shapes.len() - 1
-            }
-        };
-        let surrogate = &mut self.shapes[self.last].1;
-        surrogate.forward_backward(
-            b,
-            cx.model.logits(),
-            &targets,
-            &host_targets,
-            advantages,
-            entropy_weight,
-            cx.monitor,
-        );
-        cx.model.backward(b, &inputs, &surrogate.d_logits);
-        Ok(())
-    }
-}
-
 /// What a step's samples looked like, for its log line (host values).
 #[derive(Clone, Debug, Default)]
 struct StepFigures {
@@ -510,19 +342,17 @@ pub struct SequenceLevel<B: Backend> {
     /// Made on the first step, from the run's training corpus.
     reward: Option<CiderReward>,
     surrogates: Surrogates<B>,
-    mle: TokenLevel<B>,
     figures: StepFigures,
 }
 
 impl<B: Backend> SequenceLevel<B> {
     /// The objective `name` (one of this file's) with `settings`.
-    pub fn new(name: &str, settings: &Settings, vocab: usize) -> Result<Self> {
+    pub fn new(name: &str, settings: &Settings) -> Result<Self> {
         Ok(SequenceLevel {
             config: SequenceObjective::from_settings(name, settings)?,
-            described: super::describe(name, settings),
+            described: info_of(name)?.describe(settings),
             reward: None,
             surrogates: Surrogates::default(),
-            mle: TokenLevel::new(TokenObjective::mle(), vocab),
             figures: StepFigures::default(),
             timing: StepTiming::default(),
         })
@@ -643,19 +473,14 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             sampling: sampled - start,
             rewards: sampled.elapsed(),
         };
-        // The mixed loss: lambda * MLE + (1 - lambda) * this one. The
-        // gradient weight evens out reference captions' lengths, which
-        // samples do not have: only the MLE term takes it.
-        let rest = 1.0 - c.mle_weight;
+        // The gradient weight evens out reference captions' lengths, which
+        // samples do not have: the surrogate does not take it.
         let advantages: Vec<f32> = scored
             .iter()
-            .flat_map(|a| a.advantages.iter().map(|&v| v as f32 * rest))
+            .flat_map(|a| a.advantages.iter().map(|&v| v as f32))
             .collect();
         self.surrogates
-            .train(cx, features, &samples, &advantages, c.entropy_weight * rest)?;
-        if c.mle_weight > 0.0 {
-            self.mle.step_weighted(cx, c.mle_weight)?;
-        }
+            .train(cx, features, &samples, &advantages, c.entropy_weight)?;
         if cx.monitor {
             let all = |f: fn(&Advantages) -> &Vec<f64>| scored.iter().flat_map(f).copied();
             let adv_mean = mean(all(|a| &a.advantages));
@@ -681,27 +506,14 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
 
     fn logged(&self) -> Vec<&B::Tensor> {
         let s = self.surrogates.last();
-        let mut out = vec![&s.likelihood.loss, &s.mean_entropy];
-        if self.config.mle_weight > 0.0 {
-            out.extend(self.mle.logged());
-        }
-        out
+        vec![&s.likelihood.loss, &s.mean_entropy]
     }
 
     fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)> {
-        let c = &self.config;
-        let rest = 1.0 - c.mle_weight;
         let (surrogate, entropy) = (read[0], read[1]);
-        let mut loss = surrogate - rest * c.entropy_weight * entropy;
-        let mut mle = None;
-        if c.mle_weight > 0.0 {
-            let values = self.mle.report(&read[2..]);
-            let m = values[0].1;
-            loss += c.mle_weight * m;
-            mle = Some(m);
-        }
+        let loss = surrogate - self.config.entropy_weight * entropy;
         let f = &self.figures;
-        let mut values = vec![
+        vec![
             ("loss", loss),
             ("reward", f.reward as f32),
             ("baseline", f.baseline as f32),
@@ -712,30 +524,8 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             ("div1", f.div1 as f32),
             ("div2", f.div2 as f32),
             ("mbleu4", f.mbleu4 as f32),
-        ];
-        if let Some(m) = mle {
-            values.push(("mle", m));
-        }
-        values
+        ]
     }
-}
-
-/// One token's part in a sampled caption's surrogate loss.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TokenTerm {
-    pub token: String,
-    /// log p of the token under the current weights (the policy).
-    pub logprob: f32,
-    /// -(1 - lambda) * advantage * log p (DiscriTune: the advantage over
-    /// the caption's tokens): what the token adds to the caption's loss as
-    /// one sample (a step divides the sum over its samples by their number).
-    pub likelihood_term: f32,
-    /// The entropy (nats) of the next-token distribution at this step.
-    pub entropy: f32,
-    /// -(1 - lambda) * entropy_weight * entropy / (the caption's tokens):
-    /// the bonus's part, as if the caption were the step's only sample
-    /// (SLL-ME; 0 elsewhere).
-    pub entropy_term: f32,
 }
 
 /// A caption an explained caption is measured against.
@@ -858,7 +648,7 @@ pub fn explain<B: Backend>(
         .chain(others.iter().map(|o| compared("sample", o)))
         .collect();
     Ok(RewardExplanation {
-        objective: super::describe(name, settings),
+        objective: info_of(name)?.describe(settings),
         caption: vocab.decode(caption),
         reward: own,
         baseline: scored.baselines[0],
@@ -866,47 +656,4 @@ pub fn explain<B: Backend>(
         compared_with,
         tokens,
     })
-}
-
-/// Each token of `ids` (`<bos> .. <eos>`) as a caption of the image with
-/// embedding `features` under the current weights: its log p and entropy,
-/// and its terms of a REINFORCE loss, -`weight` * log p and
-/// -`entropy_weight` * entropy.
-pub fn token_terms<B: Backend>(
-    b: &B,
-    model: &mut Captioner<B>,
-    vocab: &CaptionVocab,
-    features: &[f32],
-    ids: &[u32],
-    weight: f64,
-    entropy_weight: f64,
-) -> Result<Vec<TokenTerm>> {
-    let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
-    model.forward(b, features, &inputs)?;
-    let v = model.config.vocab_size;
-    let logits = b.to_vec(model.logits());
-    Ok(ids[1..]
-        .iter()
-        .enumerate()
-        .map(|(t, &label)| {
-            let z = &logits[t * v..(t + 1) * v];
-            let max = z.iter().fold(f32::MIN, |m, &x| m.max(x)) as f64;
-            let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-            let entropy: f64 = z
-                .iter()
-                .map(|&x| {
-                    let lp = x as f64 - lse;
-                    -lp.exp() * lp
-                })
-                .sum();
-            let logprob = z[label as usize] as f64 - lse;
-            TokenTerm {
-                token: vocab.words.word(label).to_string(),
-                logprob: logprob as f32,
-                likelihood_term: (-weight * logprob) as f32,
-                entropy: entropy as f32,
-                entropy_term: (-entropy_weight * entropy) as f32,
-            }
-        })
-        .collect())
 }

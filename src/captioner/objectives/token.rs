@@ -7,10 +7,10 @@
 //! losses, whichever objective trains, so runs can be compared.
 
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
-use super::{Objective, ObjectiveInfo, StepContext, TrainsOn};
 use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
 use crate::captioner::model::{MASKED_IDS, TokenInputs, teacher_targets};
+use crate::captioner::objective::{MLE_WEIGHT, Objective, ObjectiveInfo, StepContext, TrainsOn};
 use crate::data::vocab::PAD;
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
@@ -54,18 +54,6 @@ pub const FIRST_TOKEN: Setting = Setting {
     kind: SettingKind::Choice {
         choices: &["mle", "shift", "none"],
         default: "mle",
-    },
-};
-
-/// lambda in lambda * MLE + (1 - lambda) * the subset loss.
-pub const MLE_WEIGHT: Setting = Setting {
-    key: "mle_weight",
-    label: "lambda (MLE weight)",
-    help: "lambda in lambda * MLE on the references + (1 - lambda) * the objective's own loss",
-    kind: SettingKind::Number {
-        min: 0.0,
-        max: 1.0,
-        default: 0.0,
     },
 };
 
@@ -159,16 +147,21 @@ impl TokenObjective {
     }
 
     pub fn describe(&self) -> String {
-        super::describe(self.name(), &self.settings())
+        self.info().describe(&self.settings())
     }
 
     /// Its name among the objectives.
     pub fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    /// Its declaration.
+    fn info(&self) -> &'static ObjectiveInfo {
         match self.kind {
-            ObjectiveKind::Mle => MLE.name,
-            ObjectiveKind::Smile => SMILE.name,
-            ObjectiveKind::SmileRandom => SMILE_RANDOM.name,
-            ObjectiveKind::SmileReverse => SMILE_REVERSE.name,
+            ObjectiveKind::Mle => &MLE,
+            ObjectiveKind::Smile => &SMILE,
+            ObjectiveKind::SmileRandom => &SMILE_RANDOM,
+            ObjectiveKind::SmileReverse => &SMILE_REVERSE,
         }
     }
 

@@ -1,0 +1,245 @@
+//! The interface between the training core and an objective: what an
+//! objective is to the config, the command line and the app
+//! ([`ObjectiveInfo`]), what it sees at a step ([`StepContext`]: the model
+//! with its parameters and workspaces, which also decodes and samples with
+//! the current weights; the batch as the host holds it, references
+//! included; the training corpus; the vocabulary; the frozen retriever
+//! when the run has one; a generator seeded for the step), and what it
+//! does ([`Objective`]): it accumulates its gradient into the model's
+//! parameter gradients and names the values it logs. The trainer zeroes
+//! the gradients before and runs the optimiser after; the log line, the
+//! run folder and the app take whatever names an objective reports. The
+//! objectives themselves and their registry are in `objectives`.
+
+use super::CaptionVocab;
+use super::collapse::RewardWatch;
+use super::model::Captioner;
+use super::objectives::settings::{Setting, SettingKind, SettingValue, Settings};
+use crate::backend::Backend;
+use crate::data::{Dataset, Split};
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use anyhow::{Result, bail};
+use rand_chacha::ChaCha8Rng;
+
+/// lambda in lambda * MLE on the references + (1 - lambda) * an
+/// objective's own loss: SMILE's mix inside its softmax pass, every other
+/// objective's through the core's wrapper ([`super::mle_mix`]).
+pub const MLE_WEIGHT: Setting = Setting {
+    key: "mle_weight",
+    label: "lambda (MLE weight)",
+    help: "lambda in lambda * MLE on the references + (1 - lambda) * the objective's own loss",
+    kind: SettingKind::Number {
+        min: 0.0,
+        max: 1.0,
+        default: 0.0,
+    },
+};
+
+/// An objective as the config, the command line and the app know it.
+#[derive(Debug)]
+pub struct ObjectiveInfo {
+    /// What `[train] objective` and `--objective` say.
+    pub name: &'static str,
+    pub help: &'static str,
+    pub settings: &'static [&'static Setting],
+    /// Series it logs that the app plots apart from the losses, a plot
+    /// per group; series in no group share the loss plot.
+    pub plots: &'static [&'static SeriesGroup],
+    /// What it learns from, which decides the images it trains on under
+    /// a labelled fraction ([`super::labelled`]).
+    pub trains_on: TrainsOn,
+    /// The peak learning rate of a run that starts from a checkpoint
+    /// (`--init`) without `--lr`: fine-tuning a converged captioner at a
+    /// from-scratch rate collapses it. None: the config's rate.
+    pub fine_tune_lr: Option<f32>,
+    /// The logged series it raises, which the collapse guard watches.
+    pub reward: Option<RewardWatch>,
+}
+
+impl ObjectiveInfo {
+    /// "name (setting: value, ...)" over its own settings in `settings`
+    /// (defaults for those not given), as the log's `objective` field and
+    /// the app show it.
+    pub fn describe(&self, settings: &Settings) -> String {
+        let values: Vec<String> = self
+            .settings
+            .iter()
+            .map(|s| {
+                let value = match settings.get(s.key).cloned().unwrap_or(s.default_value()) {
+                    SettingValue::Number(v) => format!("{v}"),
+                    SettingValue::Choice(c) => c,
+                };
+                format!("{}: {value}", s.key.replace('_', " "))
+            })
+            .collect();
+        if values.is_empty() {
+            self.name.into()
+        } else {
+            format!("{} ({})", self.name, values.join(", "))
+        }
+    }
+}
+
+/// What an objective's own term learns from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrainsOn {
+    /// Each row's reference caption (or rewards against the image's
+    /// references): trains on the labelled images.
+    Captions,
+    /// The images alone: trains on the unlabelled images when some are;
+    /// an MLE mix reads [`TrainingBatch::references`].
+    Images,
+}
+
+/// Logged series the app plots together.
+#[derive(Debug)]
+pub struct SeriesGroup {
+    pub title: &'static str,
+    pub series: &'static [&'static str],
+}
+
+/// One training step's batch as the host holds it.
+pub struct TrainingBatch {
+    /// `[batch, embed_dim]` image embeddings, one row per caption.
+    pub features: Vec<f32>,
+    /// Each row's reference caption, encoded `<bos> .. <eos>` within the
+    /// model's `max_len`.
+    pub sequences: Vec<Vec<u32>>,
+    /// Each row's image, as an index into the run's [`TrainingCorpus`]
+    /// (whose references a metric reward scores samples against).
+    pub images: Vec<usize>,
+    /// Under a labelled fraction, a batch of unlabelled images (no
+    /// `sequences`) carries a batch of labelled ones for an MLE mix.
+    pub labelled: Option<Box<TrainingBatch>>,
+}
+
+/// The training split as objectives see it beyond one batch: every
+/// training image's references, over which statistics (CIDEr-D's
+/// document frequencies) are computed once.
+#[derive(Clone, Debug, Default)]
+pub struct TrainingCorpus {
+    /// The data set's name (part of the on-disk cache's key).
+    pub name: String,
+    /// Every training image's reference captions as PTB tokens, by the
+    /// index `TrainingBatch::images` gives.
+    pub references: Vec<Vec<Vec<String>>>,
+    /// Every training image's embedding `[images, embed_dim]` (unit
+    /// rows), in the same order; empty where no objective needs them.
+    pub image_embeddings: Vec<f32>,
+}
+
+impl TrainingCorpus {
+    /// The training split of `data`, and the item of each corpus image.
+    pub fn training_split(data: &Dataset) -> (TrainingCorpus, Vec<usize>) {
+        let items: Vec<usize> = (0..data.items.len())
+            .filter(|&i| data.items[i].split == Split::Train)
+            .collect();
+        let references = items
+            .iter()
+            .map(|&i| {
+                let captions = &data.items[i].captions;
+                captions.iter().map(|c| c.tokens.clone()).collect()
+            })
+            .collect();
+        let corpus = TrainingCorpus {
+            name: data.name.clone(),
+            references,
+            image_embeddings: Vec::new(),
+        };
+        (corpus, items)
+    }
+}
+
+impl TrainingBatch {
+    /// The batch whose reference captions training may read: the
+    /// labelled batch beside unlabelled images, else this one.
+    pub fn references(&self) -> &TrainingBatch {
+        self.labelled.as_deref().unwrap_or(self)
+    }
+
+    /// The batch's distinct images in order of first appearance, as
+    /// indices into the corpus, and their embeddings `[images, dim]`.
+    pub fn distinct_images(&self, dim: usize) -> (Vec<usize>, Vec<f32>) {
+        let mut images: Vec<usize> = Vec::new();
+        let mut features: Vec<f32> = Vec::new();
+        for (row, &image) in self.images.iter().enumerate() {
+            if !images.contains(&image) {
+                images.push(image);
+                features.extend_from_slice(&self.features[row * dim..(row + 1) * dim]);
+            }
+        }
+        (images, features)
+    }
+
+    /// Real target tokens (each caption's ids after `<bos>`): what the
+    /// trainer's tokens/s counts.
+    pub fn tokens(&self) -> usize {
+        self.sequences
+            .iter()
+            .map(|s| s.len().saturating_sub(1))
+            .sum()
+    }
+}
+
+/// What an objective sees at one training step.
+pub struct StepContext<'a, B: Backend> {
+    pub b: &'a B,
+    /// Its parameters' gradients are zero when the step begins. It also
+    /// decodes and samples with the current weights (`decode::generate`).
+    pub model: &'a mut Captioner<B>,
+    pub vocab: &'a CaptionVocab,
+    pub batch: &'a TrainingBatch,
+    pub corpus: &'a TrainingCorpus,
+    /// What the gradient (not a reported loss) is multiplied by: the
+    /// batch's share of tokens when batches are formed by length, so that
+    /// every token weighs what it would in a random batch
+    /// (docs/training.md#batches); 1 elsewhere.
+    pub gradient_weight: f32,
+    /// The frozen retriever the run was given, if any (its weights are
+    /// not trained).
+    pub retriever: Option<&'a mut RetrieverCheckpoint<B>>,
+    /// Seeded by the run's seed and the step: subsets, samples.
+    pub rng: &'a mut ChaCha8Rng,
+    /// The step is logged: compute every value `logged` names, also the
+    /// ones the objective does not train on.
+    pub monitor: bool,
+}
+
+/// A training objective.
+pub trait Objective<B: Backend> {
+    /// What the log's `objective` field and the app show.
+    fn describe(&self) -> String;
+
+    /// Runs the forwards the objective needs on `cx.batch` and adds its
+    /// gradient to `cx.model`'s parameter gradients. Nothing is read back.
+    fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()>;
+
+    /// After a monitored step: the one-element device tensors whose
+    /// values `report` turns into the log's values. The trainer gathers
+    /// them with the optimiser's figures and reads them back at once.
+    fn logged(&self) -> Vec<&B::Tensor>;
+
+    /// The named values of the log line, from the values of `logged`'s
+    /// tensors in order. `loss`, what the objective minimises, comes
+    /// first; the names are the log's series.
+    fn report(&self, read: &[f32]) -> Vec<(&'static str, f32)>;
+
+    /// What it carries from one step to the next (none by default), saved
+    /// with the run's state so that a resumed run continues exactly.
+    fn state(&self) -> Vec<f64> {
+        Vec::new()
+    }
+
+    /// Continues from a `state` it returned.
+    fn restore(&mut self, state: &[f64]) -> Result<()> {
+        if state.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "{} carries no state, but {} values were saved",
+                self.describe(),
+                state.len()
+            )
+        }
+    }
+}
