@@ -14,7 +14,16 @@ decay on the 2-D `*.weight` tensors of dense layers only, as
 docs/training.md says), with AdamW's two moments after the step.
 Everything is computed in float64 and stored as float32.
 
-    pip install torch safetensors
+It also computes, from the same docs, the SMILE family's loss and
+gradients (first-token MLE, none, and shift mixed with MLE) on a
+checkpoint whose vocabulary holds the first-token alternatives, and those
+of SCST (greedy and mean baselines), SLE and SLL-ME for the samples and
+greedy captions captune drew for one step (golden_sequence_inputs, written
+by the ignored test `write_sequence_inputs` in tests/golden.rs), with
+rewards by pycocoevalcap's CIDEr-D over the corpus' statistics.
+
+    pip install torch safetensors pycocoevalcap
+    cargo test --test golden -- --ignored    # only if the sampler or the golden captioner changed
     python3 scripts/golden.py tests/data
 """
 import json
@@ -343,8 +352,130 @@ def smile(out_dir):
         "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
 
 
+# The sequence-level objectives on the captioner's checkpoint, from the
+# samples and greedy captions captune drew for one step
+# (golden_sequence_inputs.safetensors, written by
+# `cargo test --test golden -- --ignored`).
+SEQUENCE_CASES = [  # (name, objective, settings)
+    ("scst_greedy", "scst", {"baseline": "greedy"}),
+    ("scst_mean", "scst", {"baseline": "mean"}),
+    ("sle", "sle", {}),
+    ("sll_me", "sll-me", {"entropy_weight": 0.05}),
+]
+
+
+def words_of(ids):
+    """A generated caption's words: the ids up to <eos>, as words."""
+    out = []
+    for i in ids:
+        if i == EOS or i == PAD:
+            break
+        out.append(WORDS[i - 4])
+    return " ".join(out)
+
+
+def cider_d(candidates, images, references):
+    """pycocoevalcap's CIDEr-D of candidates[r] against the references of
+    corpus image images[r], with document frequencies and log(#images)
+    over the whole corpus: every corpus image takes part in the scorer."""
+    from pycocoevalcap.cider.cider_scorer import CiderScorer
+    scorer = CiderScorer(n=4, sigma=6.0)
+    chosen = dict(zip(images, candidates))
+    for c, refs in enumerate(references):
+        scorer += (chosen.get(c, refs[0]), refs)
+    _, scores = scorer.compute_score()
+    return [float(scores[c]) for c in images]
+
+
+def sle_distance(a, b):
+    """1 - (BLEU-3 + BLEU-4) / 2 of caption a against b alone (pycocoevalcap's
+    per-sentence BLEU); 0 between equal captions."""
+    from pycocoevalcap.bleu.bleu_scorer import BleuScorer
+    if a == b:
+        return 0.0
+    scorer = BleuScorer(n=4)
+    scorer += (a, [b])
+    _, scores = scorer.compute_score(option="closest", verbose=0)
+    return 1.0 - (scores[2][0] + scores[3][0]) / 2
+
+
+def sequence(out_dir):
+    from safetensors.torch import load_file
+    from safetensors import safe_open
+    path = f"{out_dir}/golden_sequence_inputs.safetensors"
+    inputs = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    references = json.loads(meta["references"])
+    images = json.loads(meta["images"])
+    params = load_file(f"{out_dir}/golden_captioner.safetensors")
+    params = {n: t.to(DT) for n, t in params.items()}
+    features = inputs["features"].to(DT)
+    samples = inputs["samples"].long().tolist()
+    greedy = inputs["greedy"].long().tolist()
+    s = len(samples) // len(images)
+    sample_text = [words_of(ids) for ids in samples]
+    greedy_text = [words_of(ids) for ids in greedy]
+    # rewards[i][k]: sample k of batch row i; one scorer per round.
+    rewards = [[0.0] * s for _ in images]
+    for k in range(s):
+        cands = [sample_text[i * s + k] for i in range(len(images))]
+        for i, r in enumerate(cider_d(cands, images, references)):
+            rewards[i][k] = r
+    greedy_rewards = cider_d(greedy_text, images, references)
+    # Each sample's ids (<eos> included when generated), teacher-forced.
+    lengths = []
+    tf_inputs = torch.full((len(samples), T), PAD, dtype=torch.long)
+    tf_targets = torch.full((len(samples), T), PAD, dtype=torch.long)
+    for j, ids in enumerate(samples):
+        ids = ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD]
+        lengths.append(len(ids))
+        seq = [BOS] + ids
+        tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
+        tf_targets[j, :len(ids)] = torch.tensor(ids)
+    rows = torch.tensor([j // s for j in range(len(samples))])
+    expected = {}
+    cases = []
+    for name, objective, settings in SEQUENCE_CASES:
+        advantages = []
+        for i in range(len(images)):
+            own = rewards[i]
+            for k, r in enumerate(own):
+                if objective == "sle":
+                    texts = [sample_text[i * s + m] for m in range(s)]
+                    d = [[sle_distance(texts[x], texts[y]) for y in range(s)] for x in range(s)]
+                    b2 = sum(map(sum, d)) / (s * s)
+                    spread = sum(d[k][m] - b2 for m in range(s))
+                    advantages.append(0.75 * (r - greedy_rewards[i]) + 0.25 * 2 / s * spread)
+                elif settings.get("baseline") == "mean":
+                    advantages.append(r - (sum(own) - r) / (s - 1))
+                else:
+                    advantages.append(r - greedy_rewards[i])
+        adv = torch.tensor(advantages, dtype=DT)
+        weight = settings.get("entropy_weight", 0.0)
+        leaves = {n: t.clone().requires_grad_(True) for n, t in params.items()}
+        logits = logits_of(leaves, features[rows], tf_inputs)
+        logp = torch.log_softmax(logits, dim=-1)
+        real = tf_targets != PAD
+        picked = logp.gather(-1, tf_targets.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)
+        surrogate = -(adv * picked.sum(-1)).sum() / len(samples)
+        p_ = logp.exp()
+        entropy = -(p_ * logp.masked_fill(p_ == 0, 0.0)).sum(-1)
+        mean_entropy = entropy.masked_fill(~real, 0.0).sum() / real.sum()
+        loss = surrogate - weight * mean_entropy
+        loss.backward()
+        expected[f"{name}.loss"] = f32(loss.reshape(1))
+        expected.update({f"{name}.grad.{n}": f32(t.grad) for n, t in leaves.items()})
+        cases.append({"name": name, "objective": objective, "settings": settings})
+        print(f"{name}: loss {float(loss.detach()):.6f}, rewards {rewards}, greedy {greedy_rewards}")
+    save_file(expected, f"{out_dir}/golden_sequence_expected.safetensors", metadata={
+        "cases": json.dumps(cases),
+        "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     captioner(out)
     retriever(out)
     smile(out)
+    sequence(out)

@@ -320,3 +320,171 @@ fn both_backends_reproduce_the_smile_family_independently() {
         check_backend("GPU", smile_steps(&g, &expected));
     }
 }
+
+/// The sequence-level golden batch: three rows showing training images 2,
+/// 0 and 3 (corpus indices, not positions) of a corpus of four, whose
+/// references use the golden captioner's words.
+const SEQUENCE_IMAGES: [usize; 3] = [2, 0, 3];
+const SEQUENCE_REFERENCES: [&[&str]; 4] = [
+    &[
+        "a red circle",
+        "a big red circle",
+        "a red circle and a blue star",
+    ],
+    &["a blue star", "a small blue star"],
+    &["a big circle and a small star", "a red circle and a star"],
+    &["a small red star", "a red star", "a star"],
+];
+/// Samples per image.
+const SEQUENCE_SAMPLES: usize = 5;
+
+fn sequence_corpus() -> captune::captioner::objective::TrainingCorpus {
+    captune::captioner::objective::TrainingCorpus {
+        name: "golden-sequence".into(),
+        references: SEQUENCE_REFERENCES
+            .iter()
+            .map(|refs| {
+                refs.iter()
+                    .map(|r| r.split(' ').map(str::to_string).collect())
+                    .collect()
+            })
+            .collect(),
+        image_embeddings: Vec::new(),
+    }
+}
+
+/// The samples and greedy captions a sequence-level step on the golden
+/// captioner draws with the trainer's first step's generator, for
+/// scripts/golden.py (`cargo test --test golden -- --ignored`).
+#[test]
+#[ignore = "writes tests/data/golden_sequence_inputs.safetensors for scripts/golden.py"]
+fn write_sequence_inputs() {
+    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
+    use rand::Rng;
+    let b = CpuBackend::new();
+    let ck = Checkpoint::load(&b, &data("golden_captioner.safetensors")).unwrap();
+    let expected = tensorfile::read(&data("golden_captioner_expected.safetensors")).unwrap();
+    let features = expected.tensors["features"].data.clone();
+    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
+    let sampling = Decoding::Sample {
+        n: SEQUENCE_SAMPLES,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+    };
+    let options = DecodeOptions::default();
+    let t = ck.model.config.token_positions();
+    let padded = |gs: &[captune::captioner::decode::Generated]| -> Vec<f32> {
+        gs.iter()
+            .flat_map(|g| {
+                let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
+                row.resize(t, PAD as f32);
+                row
+            })
+            .collect()
+    };
+    let samples = padded(&generate(&b, &ck.model, &features, &sampling, &options).unwrap());
+    let greedy = padded(&generate(&b, &ck.model, &features, &Decoding::Greedy, &options).unwrap());
+    let references = serde_json::to_string(&SEQUENCE_REFERENCES).unwrap();
+    let metadata = std::collections::HashMap::from([
+        ("references".to_string(), references),
+        (
+            "images".to_string(),
+            serde_json::to_string(&SEQUENCE_IMAGES).unwrap(),
+        ),
+        (
+            "made_by".to_string(),
+            "tests/golden.rs write_sequence_inputs".to_string(),
+        ),
+    ]);
+    tensorfile::write(
+        &data("golden_sequence_inputs.safetensors"),
+        &[
+            ("features", vec![3, features.len() / 3], &features),
+            ("samples", vec![3 * SEQUENCE_SAMPLES, t], &samples),
+            ("greedy", vec![3, t], &greedy),
+        ],
+        metadata,
+    )
+    .unwrap();
+}
+
+/// One step of each sequence-level objective against scripts/golden.py
+/// (`golden_sequence_expected.safetensors`): the same samples, rewards by
+/// pycocoevalcap's CIDEr-D with the corpus' statistics, SLE's distances by
+/// its BLEU, and the loss and every parameter's gradient in float64.
+fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
+    use captune::captioner::objective::{StepContext, TrainingBatch};
+    use captune::captioner::objectives::{self, settings::Settings};
+    let inputs = tensorfile::read(&data("golden_sequence_inputs.safetensors")).unwrap();
+    let corpus = sequence_corpus();
+    let batch = TrainingBatch {
+        features: inputs.tensors["features"].data.clone(),
+        sequences: Vec::new(),
+        images: SEQUENCE_IMAGES.to_vec(),
+        labelled: None,
+    };
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
+    let mut out = Vec::new();
+    for case in cases {
+        let mut ck = Checkpoint::load(b, &data("golden_captioner.safetensors")).unwrap();
+        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
+        let name = case["objective"].as_str().unwrap();
+        let vocab = ck.model.config.vocab_size;
+        let mut objective = objectives::build::<B>(name, &settings, vocab).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        ck.model.params.zero_grads(b);
+        let mut cx = StepContext {
+            b,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch: &batch,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: None,
+            rng: &mut rng,
+            monitor: true,
+        };
+        objective.step(&mut cx).unwrap();
+        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+        let loss = objective.report(&read)[0].1;
+        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
+        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
+    }
+    out
+}
+
+#[test]
+fn both_backends_reproduce_the_sequence_level_objectives_independently() {
+    let expected = tensorfile::read(&data("golden_sequence_expected.safetensors")).unwrap();
+    let names: Vec<String> = {
+        let ck = Checkpoint::load(&CpuBackend::new(), &data("golden_captioner.safetensors"));
+        ck.unwrap()
+            .model
+            .params
+            .specs
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
+        assert_eq!(got.len(), 4, "{backend}: four cases");
+        for (case, loss, grads) in got {
+            let want = expected.tensors[&format!("{case}.loss")].data[0];
+            assert!(
+                (loss - want).abs() <= 1e-5 * want.abs().max(1e-2),
+                "{backend} {case}: loss {loss} against PyTorch's {want}"
+            );
+            for (name, grad) in names.iter().zip(&grads) {
+                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
+                let what = format!("{backend} {case}: gradient of {name}");
+                common::assert_close(&what, grad, want, 1e-4, 1e-6);
+            }
+        }
+    };
+    check_backend("CPU", sequence_steps(&CpuBackend::new(), &expected));
+    if let Some(g) = common::gpu() {
+        check_backend("GPU", sequence_steps(&g, &expected));
+    }
+}
