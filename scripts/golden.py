@@ -20,7 +20,10 @@ checkpoint whose vocabulary holds the first-token alternatives, and those
 of SCST (greedy and mean baselines), SLE and SLL-ME for the samples and
 greedy captions captune drew for one step (golden_sequence_inputs, written
 by the ignored test `write_sequence_inputs` in tests/golden.rs), with
-rewards by pycocoevalcap's CIDEr-D over the corpus' statistics.
+rewards by pycocoevalcap's CIDEr-D over the corpus' statistics; and
+DiscriTune's (greedy, with hard negatives, sampled) with the golden
+retriever's text tower as the listener, for the captions captune drew
+(golden_discritune_inputs, from the ignored test `write_discritune_inputs`).
 
     pip install torch safetensors pycocoevalcap
     cargo test --test golden -- --ignored    # only if the sampler or the golden captioner changed
@@ -39,7 +42,7 @@ DT = torch.float64
 EMBED, K, HIDDEN, WIDTH, LAYERS, HEADS, MAX_LEN = 6, 2, 8, 16, 2, 2, 8
 WORDS = ["a", "red", "circle", "blue", "star", "and", "big", "small"]
 VOCAB = 4 + len(WORDS)  # <pad> <bos> <eos> <unk>, then the words
-PAD, BOS, EOS = 0, 1, 2
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
 T = MAX_LEN - 1  # token positions: <bos> and the words
 S = K + T
 # The optimiser step the golden values take.
@@ -249,6 +252,17 @@ def patches_of(pixels):
     return x.reshape(b, PATCHES, PATCH_DIM)
 
 
+def text_tower(p, x, lengths):
+    """The text tower on input embeddings x [n, R_MAX_LEN, width]: learned
+    positions, causal blocks, the final layer norm, the position of each
+    caption's <eos> (lengths - 1), the projection (not normalised)."""
+    t = x + p["text.positions"]
+    for i in range(R_LAYERS):
+        t = block(t, p, f"text.blocks.{i}", causal=True)
+    t = layer_norm(t, p["text.ln_f.weight"], p["text.ln_f.bias"])
+    return dense(t[torch.arange(t.shape[0]), lengths - 1], p, "text.proj")
+
+
 def retriever_loss(p, pixels, ids, lengths):
     """Symmetric InfoNCE: L2-normalised embeddings, cosines times exp(logit_scale)."""
     x = dense(patches_of(pixels), p, "image.patch_embed") + p["image.positions"]
@@ -256,12 +270,7 @@ def retriever_loss(p, pixels, ids, lengths):
         x = block(x, p, f"image.blocks.{i}", causal=False)
     x = layer_norm(x, p["image.ln_f.weight"], p["image.ln_f.bias"]).mean(dim=1)
     image = torch.nn.functional.normalize(dense(x, p, "image.proj"), dim=-1)
-    t = p["text.tokens"][ids] + p["text.positions"]
-    for i in range(R_LAYERS):
-        t = block(t, p, f"text.blocks.{i}", causal=True)
-    t = layer_norm(t, p["text.ln_f.weight"], p["text.ln_f.bias"])
-    at_eos = t[torch.arange(t.shape[0]), lengths - 1]
-    text = torch.nn.functional.normalize(dense(at_eos, p, "text.proj"), dim=-1)
+    text = torch.nn.functional.normalize(text_tower(p, p["text.tokens"][ids], lengths), dim=-1)
     logits = torch.exp(p["logit_scale"]) * image @ text.T
     labels = torch.arange(logits.shape[0])
     return (torch.nn.functional.cross_entropy(logits, labels)
@@ -473,9 +482,114 @@ def sequence(out_dir):
         "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
 
 
+# DiscriTune with the golden retriever as the listener, on a captioner
+# that reads its 8-wide embeddings (golden_listener_captioner), from the
+# captions captune drew for one step (golden_discritune_inputs, written by
+# `cargo test --test golden -- --ignored`).
+DISCRITUNE_CASES = [  # (name, settings, which captions)
+    ("discritune", {}, "greedy"),
+    ("discritune_hard", {"hard_negatives": 2}, "greedy"),
+    ("discritune_sampled", {"caption_decoding": "sample"}, "sampled"),
+]
+
+
+def listener_captioner(out_dir):
+    torch.manual_seed(3)
+    shapes_by_name = shapes()
+    shapes_by_name["mapper.fc1.weight"] = (R_EMBED, HIDDEN)
+    params = random_params(shapes_by_name)
+    config = {
+        "embed_dim": R_EMBED, "prefix_len": K, "mapper_hidden": HIDDEN,
+        "decoder": {"width": WIDTH, "layers": LAYERS, "heads": HEADS, "causal": True},
+        "max_len": MAX_LEN, "vocab_size": VOCAB,
+    }
+    save_file({n: f32(t) for n, t in params.items()},
+              f"{out_dir}/golden_listener_captioner.safetensors",
+              metadata={"format": "captune captioner", "captioner_config": json.dumps(config),
+                        "vocab": json.dumps(WORDS)})
+
+
+def retriever_ids(ids):
+    """A generated caption as the retriever reads it: <bos>, each word up to
+    <eos> mapped to the retriever's vocabulary (<unk> if it has no such
+    word), at most R_MAX_LEN - 2 of them, <eos>; an empty caption reads as
+    <unk>. Returns the ids padded to R_MAX_LEN and their count."""
+    words = []
+    for i in ids:
+        if i == EOS or i == PAD:
+            break
+        w = WORDS[i - 4]
+        words.append(R_WORDS.index(w) + 4 if w in R_WORDS else UNK)
+    words = (words or [UNK])[:R_MAX_LEN - 2]
+    seq = [BOS] + words + [EOS]
+    return seq + [PAD] * (R_MAX_LEN - len(seq)), len(seq)
+
+
+def discritune(out_dir):
+    import os
+    from safetensors.torch import load_file
+    path = f"{out_dir}/golden_discritune_inputs.safetensors"
+    if not os.path.exists(path):
+        print("discritune: no inputs yet (cargo test --test golden -- --ignored)")
+        return
+    inputs = load_file(path)
+    cap = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_listener_captioner.safetensors").items()}
+    ret = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_retriever.safetensors").items()}
+    corpus = inputs["corpus_embeddings"].to(DT)
+    rows = [int(i) for i in inputs["batch_images"]]
+    distinct = list(dict.fromkeys(rows))
+    scale = float(torch.exp(ret["logit_scale"]))
+    expected = {}
+    cases = []
+    for name, settings, which in DISCRITUNE_CASES:
+        captions = inputs[which].long().tolist()
+        ids_list = []
+        for ids in captions:
+            ids_list.append(ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD])
+        r_ids, r_len = zip(*(retriever_ids(ids) for ids in captions))
+        with torch.no_grad():
+            x = ret["text.tokens"][torch.tensor(r_ids)]
+            text = torch.nn.functional.normalize(text_tower(ret, x, torch.tensor(r_len)), dim=-1)
+        hard = settings.get("hard_negatives", 0)
+        rewards = []
+        for j, image in enumerate(distinct):
+            cos = lambda k: float(text[j] @ corpus[k])
+            others = [cos(k) for k in distinct if k != image]
+            if hard:
+                sims = [(float(corpus[image] @ corpus[k]), k) for k in range(len(corpus)) if k != image]
+                nearest = [k for _, k in sorted(sims, reverse=True)[:hard]]
+                others += [cos(k) for k in nearest if k not in distinct]
+            logits = torch.tensor([scale * cos(image)] + [scale * c for c in others], dtype=DT)
+            rewards.append(float(logits[0] - torch.logsumexp(logits, 0)))
+        baseline = sum(rewards) / len(rewards)
+        tf_inputs = torch.full((len(distinct), T), PAD, dtype=torch.long)
+        tf_targets = torch.full((len(distinct), T), PAD, dtype=torch.long)
+        for j, ids in enumerate(ids_list):
+            seq = [BOS] + ids
+            tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
+            tf_targets[j, :len(ids)] = torch.tensor(ids)
+        adv = torch.tensor([(r - baseline) / len(ids) for r, ids in zip(rewards, ids_list)], dtype=DT)
+        leaves = {n: t.clone().requires_grad_(True) for n, t in cap.items()}
+        logp = torch.log_softmax(logits_of(leaves, corpus[distinct], tf_inputs), dim=-1)
+        real = tf_targets != PAD
+        picked = logp.gather(-1, tf_targets.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)
+        loss = -(adv * picked.sum(-1)).sum() / len(distinct)
+        loss.backward()
+        expected[f"{name}.loss"] = f32(loss.reshape(1))
+        expected[f"{name}.reward"] = f32(torch.tensor([sum(rewards) / len(rewards)]))
+        expected.update({f"{name}.grad.{n}": f32(t.grad) for n, t in leaves.items()})
+        cases.append({"name": name, "settings": settings})
+        print(f"{name}: loss {float(loss.detach()):.6f}, rewards {rewards}")
+    save_file(expected, f"{out_dir}/golden_discritune_expected.safetensors", metadata={
+        "cases": json.dumps(cases),
+        "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     captioner(out)
     retriever(out)
     smile(out)
     sequence(out)
+    listener_captioner(out)
+    discritune(out)

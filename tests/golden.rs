@@ -488,3 +488,172 @@ fn both_backends_reproduce_the_sequence_level_objectives_independently() {
         check_backend("GPU", sequence_steps(&g, &expected));
     }
 }
+
+/// DiscriTune's golden batch: four rows showing corpus images 1, 3, 1
+/// and 0 (three distinct: one caption each) of a corpus of five random
+/// unit embeddings in the golden retriever's width.
+const DISCRITUNE_ROWS: [usize; 4] = [1, 3, 1, 0];
+
+fn discritune_corpus(embeddings: &[f32]) -> captune::captioner::objective::TrainingCorpus {
+    captune::captioner::objective::TrainingCorpus {
+        name: "golden-discritune".into(),
+        references: vec![vec![vec!["a".to_string()]]; embeddings.len() / 8],
+        image_embeddings: embeddings.to_vec(),
+    }
+}
+
+/// The corpus embeddings and the greedy and sampled captions of the
+/// batch's distinct images a DiscriTune step on the golden listener
+/// captioner draws, for scripts/golden.py.
+#[test]
+#[ignore = "writes tests/data/golden_discritune_inputs.safetensors for scripts/golden.py"]
+fn write_discritune_inputs() {
+    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
+    use rand::Rng;
+    let b = CpuBackend::new();
+    let ck = Checkpoint::load(&b, &data("golden_listener_captioner.safetensors")).unwrap();
+    let mut corpus = common::random(5 * 8, 41);
+    for row in corpus.chunks_mut(8) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        row.iter_mut().for_each(|x| *x /= norm);
+    }
+    let mut distinct: Vec<usize> = Vec::new();
+    for &r in &DISCRITUNE_ROWS {
+        if !distinct.contains(&r) {
+            distinct.push(r);
+        }
+    }
+    let features: Vec<f32> = distinct
+        .iter()
+        .flat_map(|&i| corpus[i * 8..(i + 1) * 8].to_vec())
+        .collect();
+    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
+    let sampled = Decoding::Sample {
+        n: 1,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed,
+    };
+    let t = ck.model.config.token_positions();
+    let options = DecodeOptions::default();
+    let padded = |d: &Decoding| -> Vec<f32> {
+        generate(&b, &ck.model, &features, d, &options)
+            .unwrap()
+            .iter()
+            .flat_map(|g| {
+                let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
+                row.resize(t, PAD as f32);
+                row
+            })
+            .collect()
+    };
+    let (greedy, sample) = (padded(&Decoding::Greedy), padded(&sampled));
+    let rows: Vec<f32> = DISCRITUNE_ROWS.iter().map(|&r| r as f32).collect();
+    let n = distinct.len();
+    tensorfile::write(
+        &data("golden_discritune_inputs.safetensors"),
+        &[
+            ("corpus_embeddings", vec![5, 8], &corpus),
+            ("batch_images", vec![rows.len()], &rows),
+            ("greedy", vec![n, t], &greedy),
+            ("sampled", vec![n, t], &sample),
+        ],
+        std::collections::HashMap::from([(
+            "made_by".to_string(),
+            "tests/golden.rs write_discritune_inputs".to_string(),
+        )]),
+    )
+    .unwrap();
+}
+
+/// One DiscriTune step of each case (greedy, with 2 hard negatives,
+/// sampled captions) against scripts/golden.py: the golden retriever's
+/// text tower in PyTorch reading the captions through the vocabulary map,
+/// the rewards over the candidates at its scale, the first step's baseline,
+/// and the loss and every captioner gradient.
+fn discritune_steps<B: Backend>(
+    b: &B,
+    expected: &TensorFile,
+) -> Vec<(String, [f32; 2], Vec<Vec<f32>>)> {
+    use captune::captioner::objective::{StepContext, TrainingBatch};
+    use captune::captioner::objectives::{self, settings::Settings};
+    let inputs = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
+    let corpus = discritune_corpus(&inputs.tensors["corpus_embeddings"].data);
+    let batch = TrainingBatch {
+        features: DISCRITUNE_ROWS
+            .iter()
+            .flat_map(|&i| corpus.image_embeddings[i * 8..(i + 1) * 8].to_vec())
+            .collect(),
+        sequences: Vec::new(),
+        images: DISCRITUNE_ROWS.to_vec(),
+        labelled: None,
+    };
+    let mut retriever =
+        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
+    let mut out = Vec::new();
+    for case in cases {
+        let mut ck = Checkpoint::load(b, &data("golden_listener_captioner.safetensors")).unwrap();
+        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
+        let vocab = ck.model.config.vocab_size;
+        let mut objective = objectives::build::<B>("discritune", &settings, vocab).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        ck.model.params.zero_grads(b);
+        let mut cx = StepContext {
+            b,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch: &batch,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: Some(&mut retriever),
+            rng: &mut rng,
+            monitor: true,
+        };
+        objective.step(&mut cx).unwrap();
+        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+        let report = objective.report(&read);
+        let value = |key: &str| report.iter().find(|(k, _)| *k == key).unwrap().1;
+        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
+        let name = case["name"].as_str().unwrap().to_string();
+        out.push((name, [value("loss"), value("reward")], grads));
+    }
+    out
+}
+
+#[test]
+fn both_backends_reproduce_discritune_independently() {
+    let expected = tensorfile::read(&data("golden_discritune_expected.safetensors")).unwrap();
+    let names: Vec<String> = {
+        let path = data("golden_listener_captioner.safetensors");
+        let ck = Checkpoint::load(&CpuBackend::new(), &path).unwrap();
+        ck.model
+            .params
+            .specs
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let check_backend = |backend: &str, got: Vec<(String, [f32; 2], Vec<Vec<f32>>)>| {
+        assert_eq!(got.len(), 3, "{backend}: three cases");
+        for (case, [loss, reward], grads) in got {
+            for (what, got, key) in [("loss", loss, "loss"), ("mean reward", reward, "reward")] {
+                let want = expected.tensors[&format!("{case}.{key}")].data[0];
+                assert!(
+                    (got - want).abs() <= 1e-5 * want.abs().max(1e-2),
+                    "{backend} {case}: {what} {got} against PyTorch's {want}"
+                );
+            }
+            for (name, grad) in names.iter().zip(&grads) {
+                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
+                let what = format!("{backend} {case}: gradient of {name}");
+                common::assert_close(&what, grad, want, 1e-4, 1e-6);
+            }
+        }
+    };
+    check_backend("CPU", discritune_steps(&CpuBackend::new(), &expected));
+    if let Some(g) = common::gpu() {
+        check_backend("GPU", discritune_steps(&g, &expected));
+    }
+}
