@@ -23,7 +23,10 @@ by the ignored test `write_sequence_inputs` in tests/golden.rs), with
 rewards by pycocoevalcap's CIDEr-D over the corpus' statistics; and
 DiscriTune's (greedy, with hard negatives, sampled) with the golden
 retriever's text tower as the listener, for the captions captune drew
-(golden_discritune_inputs, from the ignored test `write_discritune_inputs`).
+(golden_discritune_inputs, from the ignored test `write_discritune_inputs`);
+and CLIP relevance's (straight-through and soft) through the same text
+tower, for the Gumbel-max captions and the Gumbel noise captune drew
+(golden_relevance_inputs, from the ignored test `write_relevance_inputs`).
 
     pip install torch safetensors pycocoevalcap
     cargo test --test golden -- --ignored    # only if the sampler or the golden captioner changed
@@ -585,6 +588,83 @@ def discritune(out_dir):
         "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
 
 
+# CLIP relevance with the same listener and captioner, from the captions
+# captune chose by the Gumbel-max trick and the Gumbel noise it drew
+# (golden_relevance_inputs, written by `cargo test --test golden -- --ignored`).
+RELEVANCE_CASES = [  # (name, settings)
+    ("relevance_hard", {"gumbel": "hard", "tau": 1.0}),
+    ("relevance_soft", {"gumbel": "soft", "tau": 0.5}),
+]
+
+
+def relevance(out_dir):
+    import os
+    from safetensors.torch import load_file
+    path = f"{out_dir}/golden_relevance_inputs.safetensors"
+    if not os.path.exists(path):
+        print("relevance: no inputs yet (cargo test --test golden -- --ignored)")
+        return
+    inputs = load_file(path)
+    cap = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_listener_captioner.safetensors").items()}
+    ret = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_retriever.safetensors").items()}
+    features = inputs["features"].to(DT)
+    noise = inputs["noise"].to(DT)  # [captions, T, VOCAB]
+    captions = inputs["captions"].long().tolist()
+    n = len(captions)
+    # The retriever's embedding of each captioner id's word (specials as specials).
+    r_id = [i if i < 4 else (R_WORDS.index(WORDS[i - 4]) + 4 if WORDS[i - 4] in R_WORDS else UNK)
+            for i in range(VOCAB)]
+    table = ret["text.tokens"][torch.tensor(r_id)]  # [VOCAB, width]
+    ids_list = [ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD]
+                for ids in captions]
+    tf_inputs = torch.full((n, T), PAD, dtype=torch.long)
+    for j, ids in enumerate(ids_list):
+        seq = [BOS] + ids
+        tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
+    expected = {}
+    cases = []
+    for name, settings in RELEVANCE_CASES:
+        tau = settings["tau"]
+        leaves = {k: t.clone().requires_grad_(True) for k, t in cap.items()}
+        logits = logits_of(leaves, features, tf_inputs)
+        # The Gumbel-softmax with the noise the choice was made with.
+        y = torch.softmax((logits + noise) / tau, dim=-1)  # [n, T, VOCAB]
+        rows, lengths = [], []
+        for c, ids in enumerate(ids_list):
+            # <bos>, (<unk> for an empty caption), the tokens while they fit,
+            # <eos> (in place of the last token when cut, with no gradient).
+            x, last = [ret["text.tokens"][BOS]], BOS
+            if ids[0] == EOS:
+                x, last = x + [ret["text.tokens"][UNK]], UNK
+            for t, token in enumerate(ids):
+                if len(x) == R_MAX_LEN:
+                    break
+                if settings["gumbel"] == "soft":
+                    x.append(y[c, t] @ table)
+                else:  # straight-through: the token forward, y's gradient back
+                    x.append(table[token] + (y[c, t] - y[c, t].detach()) @ table)
+                last = r_id[token]
+            if last != EOS:
+                if len(x) == R_MAX_LEN:
+                    x[-1] = ret["text.tokens"][EOS]
+                else:
+                    x.append(ret["text.tokens"][EOS])
+            lengths.append(len(x))
+            x += [ret["text.tokens"][PAD]] * (R_MAX_LEN - len(x))
+            rows.append(torch.stack(x))
+        text = text_tower(ret, torch.stack(rows), torch.tensor(lengths))
+        cos = torch.nn.functional.cosine_similarity(text, features, dim=-1)
+        loss = -cos.mean()
+        loss.backward()
+        expected[f"{name}.loss"] = f32(loss.reshape(1))
+        expected.update({f"{name}.grad.{k}": f32(t.grad) for k, t in leaves.items()})
+        cases.append({"name": name, "settings": settings})
+        print(f"{name}: loss {float(loss.detach()):.6f}")
+    save_file(expected, f"{out_dir}/golden_relevance_expected.safetensors", metadata={
+        "cases": json.dumps(cases),
+        "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
+
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
     captioner(out)
@@ -593,3 +673,4 @@ if __name__ == "__main__":
     sequence(out)
     listener_captioner(out)
     discritune(out)
+    relevance(out)

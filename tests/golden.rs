@@ -657,3 +657,146 @@ fn both_backends_reproduce_discritune_independently() {
         check_backend("GPU", discritune_steps(&g, &expected));
     }
 }
+
+/// CLIP relevance's golden batch: the discritune corpus' images 1, 3 and
+/// 0, one Gumbel-max caption each.
+const RELEVANCE_IMAGES: [usize; 3] = [1, 3, 0];
+
+/// The captions a CLIP-relevance step on the golden listener captioner
+/// chooses by the Gumbel-max trick, and the Gumbel noise it draws at every
+/// (caption, step, token), for scripts/golden.py.
+#[test]
+#[ignore = "writes tests/data/golden_relevance_inputs.safetensors for scripts/golden.py"]
+fn write_relevance_inputs() {
+    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
+    use rand::Rng;
+    let b = CpuBackend::new();
+    let ck = Checkpoint::load(&b, &data("golden_listener_captioner.safetensors")).unwrap();
+    let corpus = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
+    let e = &corpus.tensors["corpus_embeddings"].data;
+    let features: Vec<f32> = RELEVANCE_IMAGES
+        .iter()
+        .flat_map(|&i| e[i * 8..(i + 1) * 8].to_vec())
+        .collect();
+    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
+    let decoding = Decoding::Gumbel { n: 1, seed };
+    let (t, v) = (
+        ck.model.config.token_positions(),
+        ck.model.config.vocab_size,
+    );
+    let captions: Vec<f32> = generate(
+        &b,
+        &ck.model,
+        &features,
+        &decoding,
+        &DecodeOptions::default(),
+    )
+    .unwrap()
+    .iter()
+    .flat_map(|g| {
+        let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
+        row.resize(t, PAD as f32);
+        row
+    })
+    .collect();
+    let n = RELEVANCE_IMAGES.len();
+    let noise: Vec<f32> = (0..n)
+        .flat_map(|c| (0..t).flat_map(move |s| (0..v).map(move |j| (c, s, j))))
+        .map(|(c, s, j)| captune::cpu::choose::gumbel(seed, c as u32, s as u32, j as u32))
+        .collect();
+    tensorfile::write(
+        &data("golden_relevance_inputs.safetensors"),
+        &[
+            ("features", vec![n, 8], &features),
+            ("captions", vec![n, t], &captions),
+            ("noise", vec![n, t, v], &noise),
+        ],
+        std::collections::HashMap::from([(
+            "made_by".to_string(),
+            "tests/golden.rs write_relevance_inputs".to_string(),
+        )]),
+    )
+    .unwrap();
+}
+
+/// One CLIP-relevance step of each case (straight-through at tau 1, soft
+/// at tau 0.5) against scripts/golden.py: the Gumbel-softmax of the
+/// teacher-forced logits with captune's noise, read by the golden
+/// retriever's text tower in PyTorch, -mean cos, and every captioner
+/// gradient through the tower.
+fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
+    use captune::captioner::objective::{StepContext, TrainingBatch};
+    use captune::captioner::objectives::{self, settings::Settings};
+    let inputs = tensorfile::read(&data("golden_relevance_inputs.safetensors")).unwrap();
+    let corpus = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
+    let corpus = discritune_corpus(&corpus.tensors["corpus_embeddings"].data);
+    let batch = TrainingBatch {
+        features: inputs.tensors["features"].data.clone(),
+        sequences: Vec::new(),
+        images: RELEVANCE_IMAGES.to_vec(),
+        labelled: None,
+    };
+    let mut retriever =
+        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
+    let mut out = Vec::new();
+    for case in cases {
+        let mut ck = Checkpoint::load(b, &data("golden_listener_captioner.safetensors")).unwrap();
+        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
+        let vocab = ck.model.config.vocab_size;
+        let mut objective = objectives::build::<B>("clip-relevance", &settings, vocab).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        ck.model.params.zero_grads(b);
+        let mut cx = StepContext {
+            b,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch: &batch,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: Some(&mut retriever),
+            rng: &mut rng,
+            monitor: true,
+        };
+        objective.step(&mut cx).unwrap();
+        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+        let loss = objective.report(&read)[0].1;
+        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
+        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
+    }
+    out
+}
+
+#[test]
+fn both_backends_reproduce_clip_relevance_independently() {
+    let expected = tensorfile::read(&data("golden_relevance_expected.safetensors")).unwrap();
+    let names: Vec<String> = {
+        let path = data("golden_listener_captioner.safetensors");
+        let ck = Checkpoint::load(&CpuBackend::new(), &path).unwrap();
+        ck.model
+            .params
+            .specs
+            .iter()
+            .map(|s| s.name.clone())
+            .collect()
+    };
+    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
+        assert_eq!(got.len(), 2, "{backend}: two cases");
+        for (case, loss, grads) in got {
+            let want = expected.tensors[&format!("{case}.loss")].data[0];
+            assert!(
+                (loss - want).abs() <= 1e-5 * want.abs().max(1e-2),
+                "{backend} {case}: loss {loss} against PyTorch's {want}"
+            );
+            for (name, grad) in names.iter().zip(&grads) {
+                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
+                let what = format!("{backend} {case}: gradient of {name}");
+                common::assert_close(&what, grad, want, 1e-4, 1e-6);
+            }
+        }
+    };
+    check_backend("CPU", relevance_steps(&CpuBackend::new(), &expected));
+    if let Some(g) = common::gpu() {
+        check_backend("GPU", relevance_steps(&g, &expected));
+    }
+}
