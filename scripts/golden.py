@@ -358,7 +358,8 @@ def smile(out_dir):
     save_file({n: f32(t) for n, t in params.items()}, f"{out_dir}/golden_smile.safetensors",
               metadata={"format": "captune captioner", "captioner_config": json.dumps(config),
                         "vocab": json.dumps(words)})
-    cases = [{"name": n, "first_token": f, "mle_weight": w} for n, f, w in SMILE_CASES]
+    cases = [{"name": n, "objective": "smile", "settings": {"first_token": f, "mle_weight": w}}
+             for n, f, w in SMILE_CASES]
     save_file(expected, f"{out_dir}/golden_smile_expected.safetensors", metadata={
         "cases": json.dumps(cases),
         "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
@@ -581,7 +582,7 @@ def discritune(out_dir):
         expected[f"{name}.loss"] = f32(loss.reshape(1))
         expected[f"{name}.reward"] = f32(torch.tensor([sum(rewards) / len(rewards)]))
         expected.update({f"{name}.grad.{n}": f32(t.grad) for n, t in leaves.items()})
-        cases.append({"name": name, "settings": settings})
+        cases.append({"name": name, "objective": "discritune", "settings": settings})
         print(f"{name}: loss {float(loss.detach()):.6f}, rewards {rewards}")
     save_file(expected, f"{out_dir}/golden_discritune_expected.safetensors", metadata={
         "cases": json.dumps(cases),
@@ -658,7 +659,7 @@ def relevance(out_dir):
         loss.backward()
         expected[f"{name}.loss"] = f32(loss.reshape(1))
         expected.update({f"{name}.grad.{k}": f32(t.grad) for k, t in leaves.items()})
-        cases.append({"name": name, "settings": settings})
+        cases.append({"name": name, "objective": "clip-relevance", "settings": settings})
         print(f"{name}: loss {float(loss.detach()):.6f}")
     save_file(expected, f"{out_dir}/golden_relevance_expected.safetensors", metadata={
         "cases": json.dumps(cases),

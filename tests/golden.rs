@@ -12,9 +12,9 @@ mod common;
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::model::TokenInputs;
-use captune::captioner::objectives::token::{
-    BatchTargets, FirstToken, Losses, ObjectiveKind, TokenObjective,
-};
+use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
+use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
+use captune::captioner::objectives::{self, settings::Settings};
 use captune::cpu::CpuBackend;
 use captune::data::images::Images;
 use captune::data::vocab::PAD;
@@ -244,10 +244,8 @@ fn both_backends_reproduce_an_independent_retriever() {
 /// (`golden_smile*.safetensors`): on a checkpoint whose vocabulary holds
 /// the first-token alternatives, for each case (first-token MLE, none,
 /// shift with an MLE mix) the loss and every parameter's gradient.
-fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
-    let mut ck = Checkpoint::load(b, &data("golden_smile.safetensors")).unwrap();
-    let c = ck.model.config;
-    let steps = c.token_positions();
+fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
+    let steps = 7;
     let (inputs, targets) = (ids(expected, "inputs"), ids(expected, "targets"));
     let sequences: Vec<Vec<u32>> = (0..3)
         .map(|r| {
@@ -257,67 +255,39 @@ fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Ve
                 .collect()
         })
         .collect();
-    let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
-    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
-    let mut out = Vec::new();
-    for case in cases {
-        let first_token = match case["first_token"].as_str().unwrap() {
-            "mle" => FirstToken::Mle,
-            "shift" => FirstToken::Shift,
-            _ => FirstToken::None,
-        };
-        let objective = TokenObjective {
-            kind: ObjectiveKind::Smile,
-            first_token,
-            mle_weight: case["mle_weight"].as_f64().unwrap() as f32,
-        };
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        let batch = BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut rng).unwrap();
-        let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
-        let model = &mut ck.model;
-        model
-            .forward(b, &expected.tensors["features"].data, &token_inputs)
-            .unwrap();
-        losses.forward_backward(b, model.logits(), &batch, true);
-        model.params.zero_grads(b);
-        model.backward(b, &token_inputs, &losses.d_logits);
-        let loss = losses.read(b, &batch).loss;
-        let grads = model.params.grads.iter().map(|g| b.to_vec(g)).collect();
-        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
-    }
-    out
+    let batch = TrainingBatch {
+        features: expected.tensors["features"].data.clone(),
+        sequences,
+        images: vec![0, 1, 2],
+        labelled: None,
+    };
+    let at = Golden {
+        checkpoint: "golden_smile.safetensors",
+        batch: &batch,
+        corpus: &TrainingCorpus::new("golden-smile", vec![Vec::new(); 3]),
+    };
+    objective_steps(b, expected, &at, None)
 }
 
 #[test]
 fn both_backends_reproduce_the_smile_family_independently() {
     let expected = tensorfile::read(&data("golden_smile_expected.safetensors")).unwrap();
-    let names: Vec<String> = {
-        let ck = Checkpoint::load(&CpuBackend::new(), &data("golden_smile.safetensors")).unwrap();
-        ck.model
-            .params
-            .specs
-            .iter()
-            .map(|s| s.name.clone())
-            .collect()
-    };
-    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
-        assert_eq!(got.len(), 3, "{backend}: three cases");
-        for (case, loss, grads) in got {
-            let want = expected.tensors[&format!("{case}.loss")].data[0];
-            assert!(
-                (loss - want).abs() <= 1e-5 * want.abs(),
-                "{backend} {case}: loss {loss} against PyTorch's {want}"
-            );
-            for (name, grad) in names.iter().zip(&grads) {
-                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
-                let what = format!("{backend} {case}: gradient of {name}");
-                common::assert_close(&what, grad, want, 1e-5, 1e-6);
-            }
-        }
-    };
-    check_backend("CPU", smile_steps(&CpuBackend::new(), &expected));
+    let file = "golden_smile.safetensors";
+    check_outcomes(
+        "CPU",
+        smile_steps(&CpuBackend::new(), &expected),
+        &expected,
+        file,
+        &["loss"],
+    );
     if let Some(g) = common::gpu() {
-        check_backend("GPU", smile_steps(&g, &expected));
+        check_outcomes(
+            "GPU",
+            smile_steps(&g, &expected),
+            &expected,
+            file,
+            &["loss"],
+        );
     }
 }
 
@@ -338,19 +308,16 @@ const SEQUENCE_REFERENCES: [&[&str]; 4] = [
 /// Samples per image.
 const SEQUENCE_SAMPLES: usize = 5;
 
-fn sequence_corpus() -> captune::captioner::objective::TrainingCorpus {
-    captune::captioner::objective::TrainingCorpus {
-        name: "golden-sequence".into(),
-        references: SEQUENCE_REFERENCES
-            .iter()
-            .map(|refs| {
-                refs.iter()
-                    .map(|r| r.split(' ').map(str::to_string).collect())
-                    .collect()
-            })
-            .collect(),
-        image_embeddings: Vec::new(),
-    }
+fn sequence_corpus() -> TrainingCorpus {
+    let references = SEQUENCE_REFERENCES
+        .iter()
+        .map(|refs| {
+            refs.iter()
+                .map(|r| r.split(' ').map(str::to_string).collect())
+                .collect()
+        })
+        .collect();
+    TrainingCorpus::new("golden-sequence", references)
 }
 
 /// The samples and greedy captions a sequence-level step on the golden
@@ -414,78 +381,139 @@ fn write_sequence_inputs() {
 /// (`golden_sequence_expected.safetensors`): the same samples, rewards by
 /// pycocoevalcap's CIDEr-D with the corpus' statistics, SLE's distances by
 /// its BLEU, and the loss and every parameter's gradient in float64.
-fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
-    use captune::captioner::objective::{StepContext, TrainingBatch};
-    use captune::captioner::objectives::{self, settings::Settings};
+fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_sequence_inputs.safetensors")).unwrap();
-    let corpus = sequence_corpus();
     let batch = TrainingBatch {
         features: inputs.tensors["features"].data.clone(),
         sequences: Vec::new(),
         images: SEQUENCE_IMAGES.to_vec(),
         labelled: None,
     };
+    let at = Golden {
+        checkpoint: "golden_captioner.safetensors",
+        batch: &batch,
+        corpus: &sequence_corpus(),
+    };
+    objective_steps(b, expected, &at, None)
+}
+
+#[test]
+fn both_backends_reproduce_the_sequence_level_objectives_independently() {
+    let expected = tensorfile::read(&data("golden_sequence_expected.safetensors")).unwrap();
+    let file = "golden_captioner.safetensors";
+    check_outcomes(
+        "CPU",
+        sequence_steps(&CpuBackend::new(), &expected),
+        &expected,
+        file,
+        &["loss"],
+    );
+    if let Some(g) = common::gpu() {
+        check_outcomes(
+            "GPU",
+            sequence_steps(&g, &expected),
+            &expected,
+            file,
+            &["loss"],
+        );
+    }
+}
+
+/// Where a golden objective step runs: the checkpoint (in tests/data), the
+/// batch and the training corpus.
+struct Golden<'a> {
+    checkpoint: &'a str,
+    batch: &'a TrainingBatch,
+    corpus: &'a TrainingCorpus,
+}
+
+/// A case's step: its name, its logged values and every parameter's gradient.
+struct Outcome {
+    case: String,
+    values: Vec<(&'static str, f32)>,
+    grads: Vec<Vec<f32>>,
+}
+
+/// One step of each case of `expected` (its metadata's `cases`: a name,
+/// the objective and its settings) from the checkpoint, with the
+/// generator of a run's first step and, when given, the retriever.
+fn objective_steps<B: Backend>(
+    b: &B,
+    expected: &TensorFile,
+    at: &Golden<'_>,
+    mut retriever: Option<&mut captune::retriever::Checkpoint<B>>,
+) -> Vec<Outcome> {
     let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
     let mut out = Vec::new();
     for case in cases {
-        let mut ck = Checkpoint::load(b, &data("golden_captioner.safetensors")).unwrap();
+        let name = case["name"].as_str().unwrap().to_string();
+        let objective = case["objective"].as_str().unwrap();
         let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
-        let name = case["objective"].as_str().unwrap();
+        let mut ck = Checkpoint::load(b, &data(at.checkpoint)).unwrap();
         let vocab = ck.model.config.vocab_size;
-        let mut objective = objectives::build::<B>(name, &settings, vocab).unwrap();
+        let mut objective = objectives::build::<B>(objective, &settings, vocab).unwrap();
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
         ck.model.params.zero_grads(b);
         let mut cx = StepContext {
             b,
             model: &mut ck.model,
             vocab: &ck.vocab,
-            batch: &batch,
-            corpus: &corpus,
+            batch: at.batch,
+            corpus: at.corpus,
             gradient_weight: 1.0,
-            retriever: None,
+            retriever: retriever.as_deref_mut(),
             rng: &mut rng,
             monitor: true,
         };
         objective.step(&mut cx).unwrap();
         let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
-        let loss = objective.report(&read)[0].1;
+        let values = objective.report(&read);
         let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
-        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
+        out.push(Outcome {
+            case: name,
+            values,
+            grads,
+        });
     }
     out
 }
 
-#[test]
-fn both_backends_reproduce_the_sequence_level_objectives_independently() {
-    let expected = tensorfile::read(&data("golden_sequence_expected.safetensors")).unwrap();
+/// Each outcome's logged `keys` (`{case}.{key}`, 1e-5 relative) and every
+/// gradient (`{case}.grad.{name}`, 1e-4 relative) against `expected`, for
+/// the parameters of the checkpoint `file`; every case of it must be there.
+fn check_outcomes(
+    backend: &str,
+    got: Vec<Outcome>,
+    expected: &TensorFile,
+    file: &str,
+    keys: &[&str],
+) {
     let names: Vec<String> = {
-        let ck = Checkpoint::load(&CpuBackend::new(), &data("golden_captioner.safetensors"));
-        ck.unwrap()
-            .model
+        let ck = Checkpoint::load(&CpuBackend::new(), &data(file)).unwrap();
+        ck.model
             .params
             .specs
             .iter()
             .map(|s| s.name.clone())
             .collect()
     };
-    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
-        assert_eq!(got.len(), 4, "{backend}: four cases");
-        for (case, loss, grads) in got {
-            let want = expected.tensors[&format!("{case}.loss")].data[0];
+    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
+    assert_eq!(got.len(), cases.len(), "{backend}: one outcome per case");
+    for o in got {
+        for key in keys {
+            let value = o.values.iter().find(|(k, _)| k == key).unwrap().1;
+            let want = expected.tensors[&format!("{}.{key}", o.case)].data[0];
             assert!(
-                (loss - want).abs() <= 1e-5 * want.abs().max(1e-2),
-                "{backend} {case}: loss {loss} against PyTorch's {want}"
+                (value - want).abs() <= 1e-5 * want.abs().max(1e-2),
+                "{backend} {}: {key} {value} against PyTorch's {want}",
+                o.case
             );
-            for (name, grad) in names.iter().zip(&grads) {
-                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
-                let what = format!("{backend} {case}: gradient of {name}");
-                common::assert_close(&what, grad, want, 1e-4, 1e-6);
-            }
         }
-    };
-    check_backend("CPU", sequence_steps(&CpuBackend::new(), &expected));
-    if let Some(g) = common::gpu() {
-        check_backend("GPU", sequence_steps(&g, &expected));
+        for (name, grad) in names.iter().zip(&o.grads) {
+            let want = &expected.tensors[&format!("{}.grad.{name}", o.case)].data;
+            let what = format!("{backend} {}: gradient of {name}", o.case);
+            common::assert_close(&what, grad, want, 1e-4, 1e-6);
+        }
     }
 }
 
@@ -494,12 +522,9 @@ fn both_backends_reproduce_the_sequence_level_objectives_independently() {
 /// unit embeddings in the golden retriever's width.
 const DISCRITUNE_ROWS: [usize; 4] = [1, 3, 1, 0];
 
-fn discritune_corpus(embeddings: &[f32]) -> captune::captioner::objective::TrainingCorpus {
-    captune::captioner::objective::TrainingCorpus {
-        name: "golden-discritune".into(),
-        references: vec![vec![vec!["a".to_string()]]; embeddings.len() / 8],
-        image_embeddings: embeddings.to_vec(),
-    }
+fn discritune_corpus(embeddings: &[f32]) -> TrainingCorpus {
+    let references = vec![vec![vec!["a".to_string()]]; embeddings.len() / 8];
+    TrainingCorpus::new("golden-discritune", references).with_image_embeddings(embeddings.to_vec())
 }
 
 /// The corpus embeddings and the greedy and sampled captions of the
@@ -571,13 +596,8 @@ fn write_discritune_inputs() {
 /// sampled captions) against scripts/golden.py: the golden retriever's
 /// text tower in PyTorch reading the captions through the vocabulary map,
 /// the rewards over the candidates at its scale, the first step's baseline,
-/// and the loss and every captioner gradient.
-fn discritune_steps<B: Backend>(
-    b: &B,
-    expected: &TensorFile,
-) -> Vec<(String, [f32; 2], Vec<Vec<f32>>)> {
-    use captune::captioner::objective::{StepContext, TrainingBatch};
-    use captune::captioner::objectives::{self, settings::Settings};
+/// and the loss, the mean reward and every captioner gradient.
+fn discritune_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&inputs.tensors["corpus_embeddings"].data);
     let batch = TrainingBatch {
@@ -591,70 +611,33 @@ fn discritune_steps<B: Backend>(
     };
     let mut retriever =
         captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
-    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
-    let mut out = Vec::new();
-    for case in cases {
-        let mut ck = Checkpoint::load(b, &data("golden_listener_captioner.safetensors")).unwrap();
-        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
-        let vocab = ck.model.config.vocab_size;
-        let mut objective = objectives::build::<B>("discritune", &settings, vocab).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        ck.model.params.zero_grads(b);
-        let mut cx = StepContext {
-            b,
-            model: &mut ck.model,
-            vocab: &ck.vocab,
-            batch: &batch,
-            corpus: &corpus,
-            gradient_weight: 1.0,
-            retriever: Some(&mut retriever),
-            rng: &mut rng,
-            monitor: true,
-        };
-        objective.step(&mut cx).unwrap();
-        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
-        let report = objective.report(&read);
-        let value = |key: &str| report.iter().find(|(k, _)| *k == key).unwrap().1;
-        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
-        let name = case["name"].as_str().unwrap().to_string();
-        out.push((name, [value("loss"), value("reward")], grads));
-    }
-    out
+    let at = Golden {
+        checkpoint: "golden_listener_captioner.safetensors",
+        batch: &batch,
+        corpus: &corpus,
+    };
+    objective_steps(b, expected, &at, Some(&mut retriever))
 }
 
 #[test]
 fn both_backends_reproduce_discritune_independently() {
     let expected = tensorfile::read(&data("golden_discritune_expected.safetensors")).unwrap();
-    let names: Vec<String> = {
-        let path = data("golden_listener_captioner.safetensors");
-        let ck = Checkpoint::load(&CpuBackend::new(), &path).unwrap();
-        ck.model
-            .params
-            .specs
-            .iter()
-            .map(|s| s.name.clone())
-            .collect()
-    };
-    let check_backend = |backend: &str, got: Vec<(String, [f32; 2], Vec<Vec<f32>>)>| {
-        assert_eq!(got.len(), 3, "{backend}: three cases");
-        for (case, [loss, reward], grads) in got {
-            for (what, got, key) in [("loss", loss, "loss"), ("mean reward", reward, "reward")] {
-                let want = expected.tensors[&format!("{case}.{key}")].data[0];
-                assert!(
-                    (got - want).abs() <= 1e-5 * want.abs().max(1e-2),
-                    "{backend} {case}: {what} {got} against PyTorch's {want}"
-                );
-            }
-            for (name, grad) in names.iter().zip(&grads) {
-                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
-                let what = format!("{backend} {case}: gradient of {name}");
-                common::assert_close(&what, grad, want, 1e-4, 1e-6);
-            }
-        }
-    };
-    check_backend("CPU", discritune_steps(&CpuBackend::new(), &expected));
+    let (file, keys) = ("golden_listener_captioner.safetensors", ["loss", "reward"]);
+    check_outcomes(
+        "CPU",
+        discritune_steps(&CpuBackend::new(), &expected),
+        &expected,
+        file,
+        &keys,
+    );
     if let Some(g) = common::gpu() {
-        check_backend("GPU", discritune_steps(&g, &expected));
+        check_outcomes(
+            "GPU",
+            discritune_steps(&g, &expected),
+            &expected,
+            file,
+            &keys,
+        );
     }
 }
 
@@ -724,9 +707,7 @@ fn write_relevance_inputs() {
 /// teacher-forced logits with captune's noise, read by the golden
 /// retriever's text tower in PyTorch, -mean cos, and every captioner
 /// gradient through the tower.
-fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32, Vec<Vec<f32>>)> {
-    use captune::captioner::objective::{StepContext, TrainingBatch};
-    use captune::captioner::objectives::{self, settings::Settings};
+fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_relevance_inputs.safetensors")).unwrap();
     let corpus = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&corpus.tensors["corpus_embeddings"].data);
@@ -738,65 +719,32 @@ fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<(String, f32
     };
     let mut retriever =
         captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
-    let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
-    let mut out = Vec::new();
-    for case in cases {
-        let mut ck = Checkpoint::load(b, &data("golden_listener_captioner.safetensors")).unwrap();
-        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
-        let vocab = ck.model.config.vocab_size;
-        let mut objective = objectives::build::<B>("clip-relevance", &settings, vocab).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        ck.model.params.zero_grads(b);
-        let mut cx = StepContext {
-            b,
-            model: &mut ck.model,
-            vocab: &ck.vocab,
-            batch: &batch,
-            corpus: &corpus,
-            gradient_weight: 1.0,
-            retriever: Some(&mut retriever),
-            rng: &mut rng,
-            monitor: true,
-        };
-        objective.step(&mut cx).unwrap();
-        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
-        let loss = objective.report(&read)[0].1;
-        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
-        out.push((case["name"].as_str().unwrap().to_string(), loss, grads));
-    }
-    out
+    let at = Golden {
+        checkpoint: "golden_listener_captioner.safetensors",
+        batch: &batch,
+        corpus: &corpus,
+    };
+    objective_steps(b, expected, &at, Some(&mut retriever))
 }
 
 #[test]
 fn both_backends_reproduce_clip_relevance_independently() {
     let expected = tensorfile::read(&data("golden_relevance_expected.safetensors")).unwrap();
-    let names: Vec<String> = {
-        let path = data("golden_listener_captioner.safetensors");
-        let ck = Checkpoint::load(&CpuBackend::new(), &path).unwrap();
-        ck.model
-            .params
-            .specs
-            .iter()
-            .map(|s| s.name.clone())
-            .collect()
-    };
-    let check_backend = |backend: &str, got: Vec<(String, f32, Vec<Vec<f32>>)>| {
-        assert_eq!(got.len(), 2, "{backend}: two cases");
-        for (case, loss, grads) in got {
-            let want = expected.tensors[&format!("{case}.loss")].data[0];
-            assert!(
-                (loss - want).abs() <= 1e-5 * want.abs().max(1e-2),
-                "{backend} {case}: loss {loss} against PyTorch's {want}"
-            );
-            for (name, grad) in names.iter().zip(&grads) {
-                let want = &expected.tensors[&format!("{case}.grad.{name}")].data;
-                let what = format!("{backend} {case}: gradient of {name}");
-                common::assert_close(&what, grad, want, 1e-4, 1e-6);
-            }
-        }
-    };
-    check_backend("CPU", relevance_steps(&CpuBackend::new(), &expected));
+    let file = "golden_listener_captioner.safetensors";
+    check_outcomes(
+        "CPU",
+        relevance_steps(&CpuBackend::new(), &expected),
+        &expected,
+        file,
+        &["loss"],
+    );
     if let Some(g) = common::gpu() {
-        check_backend("GPU", relevance_steps(&g, &expected));
+        check_outcomes(
+            "GPU",
+            relevance_steps(&g, &expected),
+            &expected,
+            file,
+            &["loss"],
+        );
     }
 }

@@ -74,7 +74,10 @@ fn config(objective: &str, labelled: f64) -> RunConfig {
 fn record(data: &CaptionData, config: &RunConfig, name: &str) -> Vec<Seen> {
     let b = CpuBackend::new();
     let mut ck = fresh_checkpoint(&b, data, config).unwrap();
-    let (mut trainer, dir) = new_run(&b, &mut ck, data, config, &format!("labelled-{name}"), None);
+    // The image objectives need a retriever, which the recorder never reads.
+    let mut retriever = common::tiny_retriever(&b, data, 8);
+    let name = format!("labelled-{name}");
+    let (mut trainer, dir) = new_run(&b, &mut ck, data, config, &name, Some(&mut retriever));
     let seen = Arc::new(Mutex::new(Vec::new()));
     trainer.use_objective(Box::new(Recorder(seen.clone())));
     while !trainer.finished() {

@@ -21,7 +21,8 @@ use captune::captioner::objectives::discritune::judge;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{CaptionData, fresh_checkpoint};
+use captune::captioner::run_folder::{Begin, RunFolder};
+use captune::captioner::train::{CaptionData, Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::model::transformer::TransformerConfig;
@@ -29,7 +30,7 @@ use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::model::Retriever;
 use captune::retriever::neighbours::Neighbours;
 use captune::retriever::{Checkpoint as RetrieverCheckpoint, RetrieverConfig};
-use common::{TINY_DIM, assert_close, gpu, new_run, tiny_data};
+use common::{TINY_DIM, assert_close, gpu, new_run, tiny_data, tiny_retriever};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -41,31 +42,6 @@ fn unit_data() -> CaptionData {
         row.iter_mut().for_each(|x| *x /= norm);
     }
     data
-}
-
-/// A fresh retriever over the tiny world's words that embeds in the
-/// features' width, for batches of `batch`.
-fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> RetrieverCheckpoint<B> {
-    let vocab = Vocab::build(&data.data, 1);
-    let tower = |causal| TransformerConfig {
-        width: 16,
-        layers: 1,
-        heads: 2,
-        causal,
-    };
-    let config = RetrieverConfig {
-        image_size: 32,
-        patch: 8,
-        image: tower(false),
-        text: tower(true),
-        max_len: 24,
-        vocab_size: vocab.len(),
-        embed_dim: TINY_DIM,
-    };
-    RetrieverCheckpoint {
-        model: Retriever::new(b, config, batch, 5).unwrap(),
-        vocab,
-    }
 }
 
 /// The training split as a corpus (embeddings included) and a batch of
@@ -910,5 +886,26 @@ fn every_mle_mix_is_the_weighted_sum_of_its_parts() {
             .map(|(o, m)| (o - m).abs())
             .fold(0.0, f32::max);
         assert!(apart > 1e-4, "{name}: its own gradient equals MLE's");
+    }
+}
+
+/// What an objective declares it needs is checked before a run starts:
+/// DiscriTune and CLIP relevance without a retriever are refused by
+/// `Trainer::new`, naming the flag, and the run folder is not created.
+#[test]
+fn a_run_missing_what_its_objective_needs_is_refused_before_it_starts() {
+    let b = CpuBackend::new();
+    let data = unit_data();
+    for name in ["discritune", "clip-relevance"] {
+        let mut config = tiny_run();
+        config.train.objective = name.into();
+        let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
+        let dir = std::env::temp_dir().join(format!("captune-needs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let run = RunFolder::new(&dir);
+        let refused = Trainer::new(&b, &mut ck, &data, &config, run, Begin::New, None);
+        let e = format!("{:#}", refused.err().expect("refused"));
+        assert!(e.contains(name) && e.contains("--retriever"), "{e}");
+        assert!(!dir.exists(), "{name}: the run folder was created");
     }
 }

@@ -62,10 +62,9 @@ fn encode(vocab: &CaptionVocab, words: &[String]) -> Vec<u32> {
 
 #[test]
 fn the_reward_equals_metrics_cider_given_the_same_references() {
-    let corpus = TrainingCorpus {
-        name: "hand-made".into(),
-        image_embeddings: Vec::new(),
-        references: vec![
+    let corpus = TrainingCorpus::new(
+        "hand-made",
+        vec![
             vec![
                 words("a red circle on the left"),
                 words("a circle"),
@@ -77,7 +76,7 @@ fn the_reward_equals_metrics_cider_given_the_same_references() {
                 words("a triangle"),
             ],
         ],
-    };
+    );
     // "hexagon": a word of the vocabulary no reference holds.
     let vocab = vocab_of(&corpus, &["hexagon"]);
     let reward = CiderReward::counted(&corpus, &vocab);
@@ -149,11 +148,10 @@ fn the_reward_equals_pycocoevalcap_with_training_statistics_on_flickr8k() {
                 .collect()
         })
         .collect();
-    let corpus = TrainingCorpus {
-        name: format!("flickr8kTrainTest{}", std::process::id()),
-        image_embeddings: Vec::new(),
+    let corpus = TrainingCorpus::new(
+        format!("flickr8kTrainTest{}", std::process::id()),
         references,
-    };
+    );
     let vocab = vocab_of(&corpus, &[]);
     let expected: serde_json::Value =
         serde_json::from_str(include_str!("data/cider_reward_flickr8k.json")).unwrap();
@@ -343,20 +341,14 @@ fn corpus_and_batch(
     n: usize,
 ) -> (TrainingCorpus, TrainingBatch) {
     let train = data.items(Split::Train);
-    let corpus = TrainingCorpus {
-        name: "tiny-world-test".into(),
-        image_embeddings: Vec::new(),
-        references: train
-            .iter()
-            .map(|&i| {
-                data.data.items[i]
-                    .captions
-                    .iter()
-                    .map(|c| c.tokens.clone())
-                    .collect()
-            })
-            .collect(),
-    };
+    let references = train
+        .iter()
+        .map(|&i| {
+            let captions = &data.data.items[i].captions;
+            captions.iter().map(|c| c.tokens.clone()).collect()
+        })
+        .collect();
+    let corpus = TrainingCorpus::new("tiny-world-test", references);
     let images: Vec<usize> = (0..n).collect();
     let batch = TrainingBatch {
         features: data.features_of(&train[..n]),
@@ -823,10 +815,11 @@ fn the_entropy_weight_scales_sll_me_s_gradient() {
 /// afresh, not served the first one's document frequencies.
 #[test]
 fn a_changed_corpus_of_the_same_name_and_size_gets_fresh_statistics() {
-    let corpus = |refs: &[&str]| TrainingCorpus {
-        name: "cider-cache-test".into(),
-        references: refs.iter().map(|r| vec![words(r)]).collect(),
-        image_embeddings: Vec::new(),
+    let corpus = |refs: &[&str]| {
+        TrainingCorpus::new(
+            "cider-cache-test",
+            refs.iter().map(|r| vec![words(r)]).collect(),
+        )
     };
     let first = corpus(&["a red circle", "a blue star", "two green squares"]);
     // Every image alike: every n-gram is in every document, so its idf

@@ -377,21 +377,18 @@ pub fn scst_throughput<B: Backend>(
     let mut rng = ChaCha8Rng::seed_from_u64(0);
     let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
     let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..VOCAB));
-    let corpus = TrainingCorpus {
-        name: "bench-scst-synthetic".into(),
-        image_embeddings: Vec::new(),
-        references: (0..SCST_CORPUS_IMAGES)
-            .map(|_| {
-                (0..5)
-                    .map(|_| {
-                        (0..rng.random_range(8..=14))
-                            .map(|_| word(&mut rng))
-                            .collect()
-                    })
-                    .collect()
-            })
-            .collect(),
-    };
+    let references = (0..SCST_CORPUS_IMAGES)
+        .map(|_| {
+            (0..5)
+                .map(|_| {
+                    (0..rng.random_range(8..=14))
+                        .map(|_| word(&mut rng))
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let corpus = TrainingCorpus::new("bench-scst-synthetic", references);
     let mut model = Captioner::new(b, run.captioner(EMBED_DIM, vocab.len()), 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
     let mut scst = SequenceLevel::new("scst", &Settings::new())?;

@@ -176,6 +176,11 @@ impl Generated {
     pub fn text(&self, vocab: &CaptionVocab) -> String {
         vocab.decode(&self.ids)
     }
+
+    /// Its words, as metrics and rewards read them.
+    pub fn words(&self, vocab: &CaptionVocab) -> Vec<String> {
+        vocab.decode_words(&self.ids)
+    }
 }
 
 /// Steps between two reads of whether every caption has ended: each read

@@ -187,6 +187,13 @@ impl CaptionVocab {
         self.words.encode(tokens, max_len)
     }
 
+    /// The words of generated ids, up to the first <eos>, one by one, as
+    /// metrics and rewards read them.
+    pub fn decode_words(&self, ids: &[u32]) -> Vec<String> {
+        let text = self.decode(ids);
+        text.split_whitespace().map(str::to_string).collect()
+    }
+
     /// The words of generated ids, up to the first <eos>.
     pub fn decode(&self, ids: &[u32]) -> String {
         let words: Vec<u32> = ids

@@ -54,6 +54,33 @@ pub struct ObjectiveInfo {
     pub fine_tune_lr: Option<f32>,
     /// The logged series it raises, which the collapse guard watches.
     pub reward: Option<RewardWatch>,
+    /// What it needs besides the batch, with these settings: the trainer
+    /// supplies exactly that, and refuses a run that cannot.
+    pub needs: fn(&Settings) -> Needs,
+}
+
+/// What an objective needs besides its batch and the corpus' references.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// The run's frozen retriever (`--retriever`).
+    pub retriever: bool,
+    /// Every training image's embedding (`TrainingCorpus::image_embeddings`).
+    pub image_embeddings: bool,
+}
+
+impl Needs {
+    /// Nothing beyond the batch: `ObjectiveInfo::needs` of most objectives.
+    pub fn nothing(_: &Settings) -> Needs {
+        Needs::default()
+    }
+
+    /// The frozen retriever and nothing else.
+    pub fn retriever(_: &Settings) -> Needs {
+        Needs {
+            retriever: true,
+            image_embeddings: false,
+        }
+    }
 }
 
 impl ObjectiveInfo {
@@ -129,6 +156,22 @@ pub struct TrainingCorpus {
 }
 
 impl TrainingCorpus {
+    /// A corpus called `name` (the on-disk caches' key) of images with
+    /// these `references` (PTB tokens), without image embeddings.
+    pub fn new(name: impl Into<String>, references: Vec<Vec<Vec<String>>>) -> Self {
+        TrainingCorpus {
+            name: name.into(),
+            references,
+            image_embeddings: Vec::new(),
+        }
+    }
+
+    /// With every image's unit embedding, `[images, dim]` in corpus order.
+    pub fn with_image_embeddings(mut self, embeddings: Vec<f32>) -> Self {
+        self.image_embeddings = embeddings;
+        self
+    }
+
     /// The training split of `data`, and the item of each corpus image.
     pub fn training_split(data: &Dataset) -> (TrainingCorpus, Vec<usize>) {
         let items: Vec<usize> = (0..data.items.len())
@@ -141,12 +184,7 @@ impl TrainingCorpus {
                 captions.iter().map(|c| c.tokens.clone()).collect()
             })
             .collect();
-        let corpus = TrainingCorpus {
-            name: data.name.clone(),
-            references,
-            image_embeddings: Vec::new(),
-        };
-        (corpus, items)
+        (TrainingCorpus::new(data.name.clone(), references), items)
     }
 }
 

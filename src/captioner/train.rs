@@ -9,7 +9,7 @@ use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
 use super::model::Captioner;
-use super::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus, TrainsOn};
+use super::objective::{Needs, Objective, StepContext, TrainingBatch, TrainingCorpus, TrainsOn};
 use super::objectives;
 use super::objectives::settings::Settings;
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
@@ -39,6 +39,17 @@ fn images_of(trains_on: TrainsOn) -> &'static str {
         TrainsOn::Captions => "labelled",
         TrainsOn::Images => "unlabelled",
     }
+}
+
+/// Refuses to train `objective` when it needs a retriever the run lacks.
+fn refuse_unmet(objective: &str, needs: Needs, has_retriever: bool) -> Result<()> {
+    if needs.retriever && !has_retriever {
+        bail!(
+            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
+             image embeddings are the run's features"
+        );
+    }
+    Ok(())
 }
 
 /// A data set with one image embedding per item.
@@ -217,7 +228,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let t = &config.train;
         let all_train = data.items(Split::Train);
         let split = LabelledSplit::new(&data.data, &all_train, t.labelled);
-        let trains_on = objectives::find(&t.objective)?.trains_on;
+        let info = objectives::find(&t.objective)?;
+        let trains_on = info.trains_on;
+        let needs = (info.needs)(&t.settings);
+        refuse_unmet(info.name, needs, retriever.is_some())?;
         let train_items = split.images_for(trains_on).to_vec();
         if train_items.len() < t.batch {
             let which = if split.is_full() {
@@ -292,7 +306,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
         );
         let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
         debug_assert_eq!(corpus_items, all_train);
-        corpus.image_embeddings = data.features_of(&corpus_items);
+        if needs.image_embeddings {
+            corpus.image_embeddings = data.features_of(&corpus_items);
+        }
         let corpus_index: HashMap<usize, usize> = corpus_items
             .iter()
             .enumerate()
@@ -357,7 +373,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// the next batch; the run folder's config.toml records the change,
     /// so `--resume` continues with it.
     pub fn set_objective(&mut self, name: &str, settings: &Settings, lr: f32) -> Result<()> {
-        let trains_on = objectives::find(name)?.trains_on;
+        let info = objectives::find(name)?;
+        let trains_on = info.trains_on;
+        let needs = (info.needs)(settings);
         if trains_on != self.trains_on && !self.split.is_full() {
             bail!(
                 "{name} trains on the {} images and this run on the {}; with [train] labelled {} \
@@ -367,12 +385,17 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 self.split.fraction
             );
         }
+        refuse_unmet(name, needs, self.retriever.is_some())?;
         let t = &mut self.config.train;
         (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
-        self.guard = CollapseGuard::new(Some(objectives::find(name)?), positions);
+        self.guard = CollapseGuard::new(Some(info), positions);
+        if needs.image_embeddings && self.corpus.image_embeddings.is_empty() {
+            let all_train = self.data.items(Split::Train);
+            self.corpus.image_embeddings = self.data.features_of(&all_train);
+        }
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
 

@@ -194,3 +194,32 @@ pub fn new_run<'d, B: Backend>(
     let trainer = Trainer::new(b, ck, data, config, run, Begin::New, retriever).unwrap();
     (trainer, dir)
 }
+
+/// A fresh retriever over the tiny world's words that embeds in the
+/// features' width ([`tiny_data`]'s), for batches of `batch`.
+pub fn tiny_retriever<B: Backend>(
+    b: &B,
+    data: &CaptionData,
+    batch: usize,
+) -> RetrieverCheckpoint<B> {
+    let vocab = captune::data::vocab::Vocab::build(&data.data, 1);
+    let tower = |causal| captune::model::transformer::TransformerConfig {
+        width: 16,
+        layers: 1,
+        heads: 2,
+        causal,
+    };
+    let config = captune::retriever::RetrieverConfig {
+        image_size: 32,
+        patch: 8,
+        image: tower(false),
+        text: tower(true),
+        max_len: 24,
+        vocab_size: vocab.len(),
+        embed_dim: TINY_DIM,
+    };
+    RetrieverCheckpoint {
+        model: captune::retriever::model::Retriever::new(b, config, batch, 5).unwrap(),
+        vocab,
+    }
+}

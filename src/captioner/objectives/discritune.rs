@@ -19,7 +19,7 @@ use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::listener::{VocabMap, embed_generated, frozen_retriever};
 use crate::captioner::model::Captioner;
 use crate::captioner::objective::{
-    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+    MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::neighbours::Neighbours;
@@ -97,7 +97,17 @@ pub const DISCRITUNE: ObjectiveInfo = ObjectiveInfo {
         series: "reward",
         min_drop: 1.386,
     }),
+    needs: discritune_needs,
 };
+
+/// The frozen retriever, and with hard negatives every training image's
+/// embedding (the nearest ones are mined among them).
+fn discritune_needs(settings: &Settings) -> Needs {
+    Needs {
+        retriever: true,
+        image_embeddings: HARD_NEGATIVES.number(settings) > 0.0,
+    }
+}
 
 /// DiscriTune's settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -315,13 +325,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         if cx.monitor {
             let n = rewards.len().max(1) as f64;
             let mean_reward = rewards.iter().sum::<f64>() / n;
-            let words: Vec<Vec<String>> = captions
-                .iter()
-                .map(|g| {
-                    let text = cx.vocab.decode(&g.ids);
-                    text.split_whitespace().map(str::to_string).collect()
-                })
-                .collect();
+            let words: Vec<Vec<String>> = captions.iter().map(|g| g.words(cx.vocab)).collect();
             self.figures = StepFigures {
                 reward: mean_reward,
                 baseline,

@@ -17,7 +17,7 @@ use crate::captioner::listener::{
 };
 use crate::captioner::model::TokenInputs;
 use crate::captioner::objective::{
-    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+    MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
 use crate::data::vocab::BOS;
 use anyhow::Result;
@@ -71,6 +71,7 @@ pub const CLIP_RELEVANCE: ObjectiveInfo = ObjectiveInfo {
         series: "cosine",
         min_drop: 0.2,
     }),
+    needs: Needs::retriever,
 };
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -150,13 +151,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         cx.model.backward(b, &inputs, &d_logits);
         if cx.monitor {
             let n = cosines.len().max(1) as f64;
-            let words: Vec<Vec<String>> = captions
-                .iter()
-                .map(|g| {
-                    let text = cx.vocab.decode(&g.ids);
-                    text.split_whitespace().map(str::to_string).collect()
-                })
-                .collect();
+            let words: Vec<Vec<String>> = captions.iter().map(|g| g.words(cx.vocab)).collect();
             self.figures = StepFigures {
                 loss,
                 cosine: cosines.iter().sum::<f64>() / n,

@@ -20,7 +20,7 @@ use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use crate::captioner::model::Captioner;
 use crate::captioner::objective::{
-    MLE_WEIGHT, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
+    MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
 use crate::captioner::reward::CiderReward;
 use crate::metrics::bleu::sentence_bleu;
@@ -126,6 +126,7 @@ pub const SCST: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
+    needs: Needs::nothing,
 };
 
 pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
@@ -143,6 +144,7 @@ pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
+    needs: Needs::nothing,
 };
 
 pub const SLE: ObjectiveInfo = ObjectiveInfo {
@@ -154,6 +156,7 @@ pub const SLE: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
+    needs: Needs::nothing,
 };
 
 /// The objectives of this file.
@@ -379,12 +382,12 @@ impl<B: Backend> SequenceLevel<B> {
             scored.extend(greedy.iter().map(|g| (images[g.image], g.ids.as_slice())));
         }
         let mut rewards = reward.rewards(&scored);
-        let words: Vec<Vec<String>> = samples.iter().map(|g| words_of(vocab, &g.ids)).collect();
+        let words: Vec<Vec<String>> = samples.iter().map(|g| g.words(vocab)).collect();
         if c.bleu4_weight > 0.0 {
             let greedy_words: Vec<Vec<String>> = greedy
                 .unwrap_or_default()
                 .iter()
-                .map(|g| words_of(vocab, &g.ids))
+                .map(|g| g.words(vocab))
                 .collect();
             let captions = words
                 .iter()
@@ -414,14 +417,6 @@ impl<B: Backend> SequenceLevel<B> {
 }
 
 /// The words of generated ids.
-fn words_of(vocab: &CaptionVocab, ids: &[u32]) -> Vec<String> {
-    vocab
-        .decode(ids)
-        .split_whitespace()
-        .map(str::to_string)
-        .collect()
-}
-
 fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     let (sum, n) = xs.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
     sum / n.max(1) as f64
@@ -486,7 +481,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             let adv_mean = mean(all(|a| &a.advantages));
             let sets: Vec<Vec<Vec<String>>> = samples
                 .chunks(n)
-                .map(|set| set.iter().map(|g| words_of(cx.vocab, &g.ids)).collect())
+                .map(|set| set.iter().map(|g| g.words(cx.vocab)).collect())
                 .collect();
             let d = diversity(&sets);
             self.figures = StepFigures {
@@ -573,7 +568,7 @@ pub fn explain<B: Backend>(
     seed: u64,
 ) -> Result<RewardExplanation> {
     let c = SequenceObjective::from_settings(name, settings)?;
-    let words = |ids: &[u32]| words_of(vocab, ids);
+    let words = |ids: &[u32]| vocab.decode_words(ids);
     let score = |ids: &[u32]| {
         let bleu = if c.bleu4_weight > 0.0 {
             c.bleu4_weight * sentence_bleu(&words(ids), references)[3]

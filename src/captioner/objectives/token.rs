@@ -10,7 +10,9 @@ use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
 use crate::captioner::model::{MASKED_IDS, TokenInputs, teacher_targets};
-use crate::captioner::objective::{MLE_WEIGHT, Objective, ObjectiveInfo, StepContext, TrainsOn};
+use crate::captioner::objective::{
+    MLE_WEIGHT, Needs, Objective, ObjectiveInfo, StepContext, TrainsOn,
+};
 use crate::data::vocab::PAD;
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
@@ -68,6 +70,7 @@ pub const MLE: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: None,
     reward: None,
+    needs: Needs::nothing,
 };
 
 pub const SMILE: ObjectiveInfo = ObjectiveInfo {
@@ -78,6 +81,7 @@ pub const SMILE: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
+    needs: Needs::nothing,
 };
 
 pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
@@ -88,6 +92,7 @@ pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
+    needs: Needs::nothing,
 };
 
 pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
@@ -98,6 +103,7 @@ pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
     trains_on: TrainsOn::Captions,
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
+    needs: Needs::nothing,
 };
 
 /// Which token-level objective trains, and its settings.
