@@ -10,31 +10,10 @@
 //! Templates and synonyms vary within each, so several correct captions
 //! exist for one image, they differ in detail, and their syntax differs.
 
-use super::domain::Domain;
+use super::domain::{Domain, Verbosity};
 use super::lexicon::{self, cell_phrase};
 use super::scene::{Object, Scene};
 use rand::Rng;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Verbosity {
-    Concise,
-    Medium,
-    Rich,
-}
-
-impl Verbosity {
-    pub const ALL: [Verbosity; 3] = [Verbosity::Concise, Verbosity::Medium, Verbosity::Rich];
-
-    /// The share of captions each annotator writes in the default world.
-    pub fn share(self) -> f64 {
-        match self {
-            Verbosity::Concise => 0.62,
-            Verbosity::Medium => 0.30,
-            Verbosity::Rich => 0.08,
-        }
-    }
-}
 
 fn pick<'a>(rng: &mut impl Rng, words: &[&'a str]) -> &'a str {
     words[rng.random_range(0..words.len())]

@@ -5,9 +5,9 @@
 //! on the default world can be evaluated out of domain, as DiscriTune
 //! evaluates COCO-trained captioners on other data sets.
 
-use super::captions::Verbosity;
-use super::scene::{Background, Colour, Fill, Shape, Size};
+use super::scene::{Background, Cell, Colour, Fill, GRID, Object, Scene, Shape, Size};
 use rand::Rng;
+use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 #[derive(
@@ -25,6 +25,27 @@ pub enum Domain {
     /// backgrounds (beige and teal unseen in the default world); 30%
     /// concise, 40% medium and 30% rich captions.
     Shifted,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verbosity {
+    Concise,
+    Medium,
+    Rich,
+}
+
+impl Verbosity {
+    pub const ALL: [Verbosity; 3] = [Verbosity::Concise, Verbosity::Medium, Verbosity::Rich];
+
+    /// The share of captions each annotator writes in the default world.
+    pub fn share(self) -> f64 {
+        match self {
+            Verbosity::Concise => 0.62,
+            Verbosity::Medium => 0.30,
+            Verbosity::Rich => 0.08,
+        }
+    }
 }
 
 fn pick<T: Copy>(rng: &mut impl Rng, items: &[T]) -> T {
@@ -45,6 +66,32 @@ fn weighted<T: Copy>(rng: &mut impl Rng, items: &[(T, f64)]) -> T {
 }
 
 impl Domain {
+    /// A scene: objects in distinct cells, listed in reading order, drawn
+    /// from this world's distributions.
+    pub fn scene(self, rng: &mut impl Rng) -> Scene {
+        let count = self.object_count(rng);
+        let mut cells: Vec<Cell> = (0..GRID)
+            .flat_map(|row| (0..GRID).map(move |col| Cell { row, col }))
+            .collect();
+        cells.shuffle(rng);
+        let mut cells = cells[..count].to_vec();
+        cells.sort_by_key(|c| (c.row, c.col));
+        let objects = cells
+            .into_iter()
+            .map(|cell| Object {
+                shape: self.shape(rng),
+                colour: self.colour(rng),
+                size: self.size(rng),
+                fill: self.fill(rng),
+                cell,
+            })
+            .collect();
+        Scene {
+            background: self.background(rng),
+            objects,
+        }
+    }
+
     pub fn is_default(&self) -> bool {
         *self == Domain::Default
     }

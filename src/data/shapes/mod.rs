@@ -11,8 +11,8 @@ pub mod render;
 pub mod scene;
 pub mod stats;
 
-pub use captions::Verbosity;
 pub use domain::Domain;
+pub use domain::Verbosity;
 pub use scene::Scene;
 
 use super::{Dataset, Split};
@@ -103,7 +103,7 @@ fn rng_for(seed: u64, split: Split, index: usize) -> ChaCha8Rng {
 
 pub fn generate(seed: u64, domain: Domain, split: Split, index: usize) -> Generated {
     let mut rng = rng_for(seed, split, index);
-    let scene = Scene::random(&mut rng, domain);
+    let scene = domain.scene(&mut rng);
     let references = captions::references(&mut rng, &scene, domain, REFERENCES);
     Generated { scene, references }
 }

@@ -2,9 +2,6 @@
 //! with a shape, colour, size and fill. Scenes are drawn from a seeded RNG
 //! per image, so image i of a split never depends on the others.
 
-use super::domain::Domain;
-use rand::Rng;
-use rand::seq::SliceRandom;
 use serde::{Deserialize, Serialize};
 
 macro_rules! attribute {
@@ -86,30 +83,4 @@ pub struct Scene {
     pub objects: Vec<Object>,
 }
 
-impl Scene {
-    /// Objects in distinct cells, listed in reading order, drawn from
-    /// `domain`'s distributions.
-    pub fn random(rng: &mut impl Rng, domain: Domain) -> Scene {
-        let count = domain.object_count(rng);
-        let mut cells: Vec<Cell> = (0..GRID)
-            .flat_map(|row| (0..GRID).map(move |col| Cell { row, col }))
-            .collect();
-        cells.shuffle(rng);
-        let mut cells = cells[..count].to_vec();
-        cells.sort_by_key(|c| (c.row, c.col));
-        let objects = cells
-            .into_iter()
-            .map(|cell| Object {
-                shape: domain.shape(rng),
-                colour: domain.colour(rng),
-                size: domain.size(rng),
-                fill: domain.fill(rng),
-                cell,
-            })
-            .collect();
-        Scene {
-            background: domain.background(rng),
-            objects,
-        }
-    }
-}
+impl Scene {}

@@ -2,7 +2,7 @@
 //! and how well the captions can identify their image at all.
 
 use super::Generated;
-use super::captions::Verbosity;
+use super::domain::Verbosity;
 use super::facts;
 use rayon::prelude::*;
 use serde::Serialize;
