@@ -117,7 +117,44 @@ pub struct RelaxedListener<B: Backend> {
     mapped_table: B::Tensor,
     map: VocabMap,
     capacity: usize,
+    /// The buffers of each number of captioner rows seen, kept: steps of
+    /// one shape allocate no tensor.
+    buffers: Vec<Buffers<B>>,
     step: Option<RelaxedStep<B>>,
+}
+
+/// A forward's and its backward's device tensors over `rows` captioner rows.
+struct Buffers<B: Backend> {
+    rows: usize,
+    /// (z + g) / tau, then y, `[rows, vocab]`.
+    perturbed: B::Tensor,
+    relaxed: B::Tensor,
+    /// Soft: y's mixture of token embeddings, the chosen ones', their
+    /// difference `[rows, width]`, moved to the tower's rows.
+    soft: B::Tensor,
+    hard: B::Tensor,
+    difference: B::Tensor,
+    shift: B::Tensor,
+    d_rows: B::Tensor,
+    d_relaxed: B::Tensor,
+    d_logits: B::Tensor,
+}
+
+impl<B: Backend> Buffers<B> {
+    fn new(b: &B, rows: usize, vocab: usize, width: usize, tower_rows: usize) -> Self {
+        Buffers {
+            rows,
+            perturbed: b.zeros(rows * vocab),
+            relaxed: b.zeros(rows * vocab),
+            soft: b.zeros(rows * width),
+            hard: b.zeros(rows * width),
+            difference: b.zeros(rows * width),
+            shift: b.zeros(tower_rows * width),
+            d_rows: b.zeros(rows * width),
+            d_relaxed: b.zeros(rows * vocab),
+            d_logits: b.zeros(rows * vocab),
+        }
+    }
 }
 
 /// What a forward keeps for its backward.
@@ -126,9 +163,8 @@ struct RelaxedStep<B: Backend> {
     /// Captioner row (n * positions + t) -> the text tower's row of that
     /// token, or NO_ROW.
     tower_row: B::Ids,
-    /// y, `[captions * positions, vocab]`.
-    relaxed: B::Tensor,
-    rows: usize,
+    /// Its buffers (y among them), by index.
+    buffers: usize,
     tau: f32,
 }
 
@@ -163,6 +199,7 @@ impl<B: Backend> RelaxedListener<B> {
             mapped_table,
             map,
             capacity,
+            buffers: Vec::new(),
             step: None,
         })
     }
@@ -229,12 +266,20 @@ impl<B: Backend> RelaxedListener<B> {
         }
         sequences.resize(self.capacity, vec![BOS, EOS]);
         let texts = TextBatch::new(b, &config, &sequences)?;
-        let mut perturbed = b.zeros(rows * vocab);
-        b.gumbel_logits(logits, vocab, positions, seed, 0, tau, &mut perturbed);
-        let mut relaxed = b.zeros(rows * vocab);
+        let at = match self.buffers.iter().position(|w| w.rows == rows) {
+            Some(at) => at,
+            None => {
+                let tower_rows = self.capacity * max_len;
+                self.buffers
+                    .push(Buffers::new(b, rows, vocab, width, tower_rows));
+                self.buffers.len() - 1
+            }
+        };
+        let w = &mut self.buffers[at];
+        b.gumbel_logits(logits, vocab, positions, seed, 0, tau, &mut w.perturbed);
         b.softmax(
-            &perturbed,
-            &mut relaxed,
+            &w.perturbed,
+            &mut w.relaxed,
             &SoftmaxRows::plain(rows, vocab),
             None,
         );
@@ -242,39 +287,36 @@ impl<B: Backend> RelaxedListener<B> {
             Relaxation::StraightThrough => None,
             Relaxation::Soft => {
                 // Soft minus chosen embeddings, moved to the tower's rows.
-                let mut soft = b.zeros(rows * width);
                 b.matmul(
-                    &relaxed,
+                    &w.relaxed,
                     &self.mapped_table,
-                    &mut soft,
+                    &mut w.soft,
                     &Matmul::new(rows, width, vocab),
                 );
-                let mut hard = b.zeros(rows * width);
-                b.embedding(&self.mapped_table, &b.ids(&chosen), &mut hard, width, false);
-                let mut difference = b.zeros(rows * width);
-                b.add(1.0, &soft, -1.0, &hard, &mut difference);
-                let mut shift = b.zeros(self.capacity * max_len * width);
-                b.embedding(&difference, &b.ids(&source), &mut shift, width, false);
-                Some(shift)
+                let chosen = b.ids(&chosen);
+                b.embedding(&self.mapped_table, &chosen, &mut w.hard, width, false);
+                b.add(1.0, &w.soft, -1.0, &w.hard, &mut w.difference);
+                b.embedding(&w.difference, &b.ids(&source), &mut w.shift, width, false);
+                Some(&w.shift)
             }
         };
-        self.retriever.encode_text_inputs(b, &texts, shift.as_ref());
+        self.retriever.encode_text_inputs(b, &texts, shift);
         let dim = config.embed_dim;
         let mut embeddings = b.to_vec(&self.retriever.text_embeddings);
         embeddings.truncate(n * dim);
         self.step = Some(RelaxedStep {
             texts,
             tower_row: b.ids(&tower_row),
-            relaxed,
-            rows,
+            buffers: at,
             tau,
         });
         Ok(embeddings)
     }
 
-    /// The gradient of the last forward's logits given `d_embeddings`
-    /// (`[captions, embed_dim]`) on its embeddings, into `d_logits`.
-    pub fn backward(&mut self, b: &B, d_embeddings: &[f32], d_logits: &mut B::Tensor) {
+    /// The gradient of the last forward's logits (`[captions * positions,
+    /// vocab]`) given `d_embeddings` (`[captions, embed_dim]`) on its
+    /// embeddings.
+    pub fn backward(&mut self, b: &B, d_embeddings: &[f32]) -> &B::Tensor {
         let s = self.step.as_ref().expect("a forward before its backward");
         let config = self.retriever.config;
         let width = config.text.width;
@@ -282,14 +324,14 @@ impl<B: Backend> RelaxedListener<B> {
         let mut d_text = d_embeddings.to_vec();
         d_text.resize(self.capacity * config.embed_dim, 0.0);
         let d_input = self.retriever.text_input_gradient(b, &s.texts, &d_text);
-        let mut d_rows = b.zeros(s.rows * width);
-        b.embedding(d_input, &s.tower_row, &mut d_rows, width, false);
-        let mut d_relaxed = b.zeros(s.rows * vocab);
-        let mut shape = Matmul::new(s.rows, vocab, width);
+        let w = &mut self.buffers[s.buffers];
+        b.embedding(d_input, &s.tower_row, &mut w.d_rows, width, false);
+        let mut shape = Matmul::new(w.rows, vocab, width);
         shape.trans_b = true;
         shape.alpha = 1.0 / s.tau;
-        b.matmul(&d_rows, &self.mapped_table, &mut d_relaxed, &shape);
-        b.softmax_backward(&s.relaxed, &d_relaxed, d_logits, vocab, false);
+        b.matmul(&w.d_rows, &self.mapped_table, &mut w.d_relaxed, &shape);
+        b.softmax_backward(&w.relaxed, &w.d_relaxed, &mut w.d_logits, vocab, false);
+        &w.d_logits
     }
 }
 

@@ -145,10 +145,8 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             self.relaxation,
         )?;
         let (loss, cosines, d_texts) = negative_cosine(&features, &texts, dim);
-        let vocab = cx.model.config.vocab_size;
-        let mut d_logits = b.zeros(ids.len() * inputs.positions * vocab);
-        listener.backward(b, &d_texts, &mut d_logits);
-        cx.model.backward(b, &inputs, &d_logits);
+        let d_logits = listener.backward(b, &d_texts);
+        cx.model.backward(b, &inputs, d_logits);
         if cx.monitor {
             let n = cosines.len().max(1) as f64;
             let words: Vec<Vec<String>> = captions.iter().map(|g| g.words(cx.vocab)).collect();
