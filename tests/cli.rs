@@ -769,6 +769,21 @@ fn discritune_run(
     args.extend(shapes);
     let out = captune(&args, env);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    // From a checkpoint without --lr: DiscriTune's own rate, said, and
+    // the starting weights validated as epoch 0.
+    assert!(
+        text(&out.stderr).contains("learning rate 2e-5: discritune's fine-tuning rate"),
+        "{}",
+        text(&out.stderr)
+    );
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("lr = 0.00002"), "{config}");
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(metrics.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        (first["epoch"].as_u64(), first["step"].as_u64()),
+        (Some(0), Some(0))
+    );
     let log = std::fs::read_to_string(run.join("log.jsonl")).unwrap();
     let last: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
     assert!(

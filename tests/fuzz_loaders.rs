@@ -369,6 +369,7 @@ fn checkpoints_and_optimizer_state() {
         &ObjectiveState {
             objective: "discritune".into(),
             values: vec![-1.5, 12.0],
+            guard: Default::default(),
         },
         Position { step: 3, epoch: 1 },
         HashMap::new(),

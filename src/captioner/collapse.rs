@@ -24,6 +24,7 @@
 //! says otherwise), keeping its last good checkpoint.
 
 use super::objective::ObjectiveInfo;
+use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
 /// `repetition` at which captions count as one repeated word.
@@ -84,14 +85,22 @@ pub struct CollapseGuard {
     reward: Option<RewardWatch>,
     /// Words of a caption that runs to the model's maximum length.
     max_words: usize,
+    seen: GuardState,
+}
+
+/// What the guard has seen of a run, saved with the run's state so that a
+/// resumed run compares with the same first log line and keeps its streak.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GuardState {
     /// What the first logged step showed.
     first: Option<First>,
+    /// Logged steps in a row with a sign, and the step of its first.
     streak: usize,
     since: usize,
 }
 
 /// The first logged step's values, which later ones are compared with.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 struct First {
     repetition: Option<f64>,
     no_entropy_at_full_length: bool,
@@ -105,10 +114,18 @@ impl CollapseGuard {
         CollapseGuard {
             reward: objective.and_then(|o| o.reward),
             max_words,
-            first: None,
-            streak: 0,
-            since: 0,
+            seen: GuardState::default(),
         }
+    }
+
+    /// What it has seen, to save with the run's state.
+    pub fn state(&self) -> GuardState {
+        self.seen
+    }
+
+    /// Goes on from a saved `state`.
+    pub fn restore(&mut self, state: GuardState) {
+        self.seen = state;
     }
 
     /// The signs of collapse in the values of the log line of `step`, if
@@ -122,7 +139,7 @@ impl CollapseGuard {
             _ => false,
         };
         let reward = self.reward.and_then(|w| value(w.series));
-        let first = *self.first.get_or_insert(First {
+        let first = *self.seen.first.get_or_insert(First {
             repetition,
             no_entropy_at_full_length,
             reward,
@@ -154,18 +171,19 @@ impl CollapseGuard {
                 ));
             }
         }
+        let seen = &mut self.seen;
         if signs.is_empty() {
-            self.streak = 0;
+            seen.streak = 0;
             return None;
         }
-        if self.streak == 0 {
-            self.since = step;
+        if seen.streak == 0 {
+            seen.since = step;
         }
-        self.streak += 1;
+        seen.streak += 1;
         Some(Collapse {
             signs,
-            streak: self.streak,
-            since: self.since,
+            streak: seen.streak,
+            since: seen.since,
         })
     }
 }
@@ -232,6 +250,16 @@ mod tests {
         let mut g = CollapseGuard::new(None, 31);
         assert_eq!(g.observe(1, &line(&full)), None);
         assert_eq!(g.observe(2, &line(&full)), None);
+        // Saved and restored (a resumed run), the guard keeps its first
+        // line and its streak: the third sign in a row still stops.
+        let mut g = CollapseGuard::new(None, 31);
+        assert_eq!(g.observe(1, &line(&[("repetition", 0.2)])), None);
+        assert!(g.observe(2, &line(&[("repetition", 0.9)])).is_some());
+        assert!(g.observe(3, &line(&[("repetition", 0.9)])).is_some());
+        let mut resumed = CollapseGuard::new(None, 31);
+        resumed.restore(g.state());
+        let c = resumed.observe(4, &line(&[("repetition", 0.95)])).unwrap();
+        assert_eq!((c.streak, c.since, c.stops()), (3, 2, true));
         // A positive reward counts from half its start, or min_drop.
         let mut g = CollapseGuard::new(None, 31);
         g.reward = Some(RewardWatch {

@@ -134,27 +134,35 @@ impl RunConfig {
     }
 
     /// Sets the peak learning rate of a run: `given` (`--lr`) when there
-    /// is one, else for a run from a checkpoint the objective's
-    /// fine-tuning rate when it declares one, else the config's (read
-    /// from `origin`). Returns what the run prints: the rate and why.
-    pub fn choose_lr(&mut self, given: Option<f32>, from_checkpoint: bool, origin: &str) -> String {
+    /// is one; else, when the run fine-tunes a trained captioner
+    /// (`fine_tuning` says how: from a checkpoint, or by a switch of
+    /// objective), the objective's fine-tuning rate when it declares one;
+    /// else the config's (read from `origin`). Returns what the run prints:
+    /// the rate and why.
+    pub fn choose_lr(
+        &mut self,
+        given: Option<f32>,
+        fine_tuning: Option<&str>,
+        origin: &str,
+    ) -> String {
         let t = &mut self.train;
         if let Some(lr) = given {
             t.lr = lr;
             return format!("learning rate {lr:e} (--lr)");
         }
         let configured = t.lr;
-        let lr = objectives::default_lr(&t.objective, from_checkpoint, configured);
-        if lr == configured {
-            return format!("learning rate {lr:e} (from {origin})");
+        let lr = objectives::default_lr(&t.objective, fine_tuning.is_some(), configured);
+        match fine_tuning {
+            Some(how) if lr != configured => {
+                t.lr = lr;
+                format!(
+                    "learning rate {lr:e}: {}'s fine-tuning rate, for {how} without --lr ({origin} \
+                     says {configured:e}, a rate for training from scratch); --lr sets another",
+                    t.objective
+                )
+            }
+            _ => format!("learning rate {lr:e} (from {origin})"),
         }
-        t.lr = lr;
-        format!(
-            "learning rate {lr:e}: {}'s fine-tuning rate, for a run started from a checkpoint \
-             (--init) without --lr ({origin} says {configured:e}, a rate for training from \
-             scratch); --lr sets another",
-            t.objective
-        )
     }
 
     /// The configured objective, for a vocabulary of `vocab` ids.

@@ -22,6 +22,7 @@
 //!   cut short is trained and validated again, exactly as before.
 
 use super::Checkpoint;
+use super::collapse::GuardState;
 use crate::backend::Backend;
 use crate::optim::AdamW;
 use crate::tensorfile;
@@ -54,14 +55,17 @@ const ADAMW_STEP_KEY: &str = "adamw_step";
 /// Optimizer metadata key of the objective's own state ([`ObjectiveState`]).
 const OBJECTIVE_STATE_KEY: &str = "objective_state";
 
-/// What an objective carries from step to step (DiscriTune's running
-/// mean of rewards), saved with the optimizer so that a resumed run
+/// What training an objective carries from step to step: the objective's
+/// own state (DiscriTune's running mean of rewards) and what the collapse
+/// guard has seen; saved with the optimizer so that a resumed run
 /// continues exactly; JSON in the optimizer file's metadata.
 #[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ObjectiveState {
     /// The objective it belongs to: another one starts afresh.
     pub objective: String,
     pub values: Vec<f64>,
+    #[serde(default)]
+    pub guard: GuardState,
 }
 
 /// How a training run begins in its folder.
@@ -338,7 +342,7 @@ fn save_optimizer<B: Backend>(
         .collect();
     let mut metadata: HashMap<String, String> = position_metadata(position).into();
     metadata.insert(ADAMW_STEP_KEY.into(), t.to_string());
-    if !objective.values.is_empty() {
+    if *objective != ObjectiveState::default() {
         let json = serde_json::to_string(objective).expect("an objective state serialises");
         metadata.insert(OBJECTIVE_STATE_KEY.into(), json);
     }

@@ -210,6 +210,8 @@ pub struct Trainer<'d, B: Backend> {
     guard: CollapseGuard,
     /// The step of the state in the run folder (what a resume starts from).
     saved_step: usize,
+    /// What the objective needs besides the batch.
+    needs: Needs,
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
@@ -281,12 +283,15 @@ impl<'d, B: Backend> Trainer<'d, B> {
             config.features = data.source.clone();
         }
         let mut objective = config.objective(ck.model.config.vocab_size)?;
+        let mut guard = CollapseGuard::new(Some(info), ck.model.config.token_positions());
         let Position { step, epoch } = if begin == Begin::Resume {
             let position = run.recover()?;
             let saved = run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
-            // The objective's own state, when the run goes on with it.
+            // The objective's own state and the guard's, when the run
+            // goes on with the same objective.
             if let Some(s) = saved.filter(|s| s.objective == config.train.objective) {
                 objective.restore(&s.values)?;
+                guard.restore(s.guard);
             }
             tensorfile::write_atomic(&run.config(), config.to_toml().as_bytes())?;
             position
@@ -300,10 +305,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let guard = CollapseGuard::new(
-            Some(objectives::find(&config.train.objective)?),
-            ck.model.config.token_positions(),
-        );
         let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
         debug_assert_eq!(corpus_items, all_train);
         if needs.image_embeddings {
@@ -345,6 +346,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             progress: Progress::hidden(),
             guard,
             saved_step: step,
+            needs,
         })
     }
 
@@ -392,6 +394,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
         self.guard = CollapseGuard::new(Some(info), positions);
+        self.needs = needs;
         if needs.image_embeddings && self.corpus.image_embeddings.is_empty() {
             let all_train = self.data.items(Split::Train);
             self.corpus.image_embeddings = self.data.features_of(&all_train);
@@ -454,11 +457,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             }
             if let Some(collapse) = self.guard.observe(self.step, &line.values) {
                 let signs = collapse.signs.join("; ");
-                let resume = format!(
-                    "captune train --resume --out {} --lr {}",
-                    self.run.dir.display(),
-                    lower_rate(self.config.train.lr)
-                );
+                let resume = self.resume_command();
                 if self.config.train.collapse_stop && collapse.stops() {
                     let saved_after = if self.saved_step >= collapse.since {
                         format!(
@@ -611,12 +610,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
         if !loss.is_finite() {
             bail!(
                 "the loss became {loss} at step {} (epoch {}); {}; resume from it at a lower \
-                 rate with `captune train --resume --out {} --lr {}`",
+                 rate with `{}`",
                 self.step,
                 self.epoch + 1,
                 self.last_good_checkpoint(),
-                self.run.dir.display(),
-                lower_rate(self.config.train.lr)
+                self.resume_command()
             );
         }
         let line = LogLine {
@@ -652,6 +650,28 @@ impl<'d, B: Backend> Trainer<'d, B> {
         };
         self.run.append(run_folder::METRICS, &record)?;
         Ok(on_event(Event::Metrics(&record)))
+    }
+
+    /// The command that resumes this run at a tenth of its rate; with the
+    /// retriever its objective needs, which the run folder records only
+    /// when the features came from it.
+    fn resume_command(&self) -> String {
+        let retriever = if self.needs.retriever
+            && self
+                .data
+                .source
+                .as_ref()
+                .is_none_or(|s| s.retriever.is_none())
+        {
+            " --retriever RETRIEVER"
+        } else {
+            ""
+        };
+        format!(
+            "captune train --resume --out {} --lr {}{retriever}",
+            self.run.dir.display(),
+            lower_rate(self.config.train.lr)
+        )
     }
 
     /// "the last good checkpoint is PATH (...)": the state a resume starts from.
@@ -696,6 +716,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let state = ObjectiveState {
             objective: self.config.train.objective.clone(),
             values: self.objective.state(),
+            guard: self.guard.state(),
         };
         self.run.save_state(
             b,

@@ -224,8 +224,16 @@ impl TrainArgs {
                 );
             }
         }
-        let from_checkpoint = self.init.is_some() && !self.resume;
-        let lr_reason = c.choose_lr(self.lr, from_checkpoint, &origin);
+        // Fine-tuning: a new run from a checkpoint with a preset's rate (a
+        // --config file's rate is the user's), or a switch of objective on
+        // --resume.
+        let fine_tuning = if self.resume {
+            (c.train.objective != before.objective).then_some("a switch of objective on --resume")
+        } else {
+            (self.init.is_some() && self.config.is_none())
+                .then_some("a run started from a checkpoint (--init)")
+        };
+        let lr_reason = c.choose_lr(self.lr, fine_tuning, &origin);
         let c = RunConfig::parse(&c.to_toml(), "the run config with command-line overrides")?;
         Ok((c, lr_reason))
     }

@@ -18,7 +18,8 @@ pub struct Knobs {
     pub batch: usize,
     pub epochs: usize,
     /// The run starts from a checkpoint: choosing an objective sets the
-    /// learning rate to its fine-tuning rate.
+    /// learning rate to its fine-tuning rate (as it does while a run is
+    /// live, for a switch).
     pub from_checkpoint: bool,
     /// The config's learning rate, for objectives that declare none.
     pub config_lr: f32,
@@ -56,8 +57,11 @@ impl Knobs {
 }
 
 /// The objective's combo box, then a knob for each of its declared
-/// settings: a slider for a number, a combo box for a choice.
-fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
+/// settings: a slider for a number, a combo box for a choice. When the
+/// model is being fine-tuned (started from a checkpoint, or a live run
+/// switching objective), choosing an objective sets the learning rate to
+/// its fine-tuning rate.
+fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs, fine_tuning: bool) {
     let before = knobs.objective.clone();
     egui::ComboBox::from_label("objective")
         .selected_text(knobs.objective.as_str())
@@ -68,7 +72,7 @@ fn objective_knobs(ui: &mut egui::Ui, knobs: &mut Knobs) {
             }
         });
     if knobs.objective != before {
-        knobs.lr = objectives::default_lr(&knobs.objective, knobs.from_checkpoint, knobs.config_lr);
+        knobs.lr = objectives::default_lr(&knobs.objective, fine_tuning, knobs.config_lr);
     }
     let Ok(info) = objectives::find(&knobs.objective) else {
         return;
@@ -122,7 +126,8 @@ impl TrainingPanel {
             .is_some_and(|s| matches!(s.state, State::Starting | State::Running | State::Paused));
         ui.heading("Training");
         let k = &mut self.knobs;
-        objective_knobs(ui, k);
+        let fine_tuning = k.from_checkpoint || running;
+        objective_knobs(ui, k, fine_tuning);
         ui.add(
             egui::Slider::new(&mut k.lr, 1e-5..=1e-2)
                 .logarithmic(true)
