@@ -18,6 +18,7 @@ use captune::captioner::objectives::{self, settings::Settings};
 use captune::cpu::CpuBackend;
 use captune::data::images::Images;
 use captune::data::vocab::PAD;
+use captune::gpu::GpuBackend;
 use captune::model::params::Params;
 use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::model::TextBatch;
@@ -271,24 +272,12 @@ fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
 
 #[test]
 fn both_backends_reproduce_the_smile_family_independently() {
-    let expected = tensorfile::read(&data("golden_smile_expected.safetensors")).unwrap();
-    let file = "golden_smile.safetensors";
-    check_outcomes(
-        "CPU",
-        smile_steps(&CpuBackend::new(), &expected),
-        &expected,
-        file,
+    check_both(
+        "golden_smile_expected.safetensors",
+        "golden_smile.safetensors",
         &["loss"],
+        (smile_steps, smile_steps),
     );
-    if let Some(g) = common::gpu() {
-        check_outcomes(
-            "GPU",
-            smile_steps(&g, &expected),
-            &expected,
-            file,
-            &["loss"],
-        );
-    }
 }
 
 /// The sequence-level golden batch: three rows showing training images 2,
@@ -399,24 +388,12 @@ fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
 
 #[test]
 fn both_backends_reproduce_the_sequence_level_objectives_independently() {
-    let expected = tensorfile::read(&data("golden_sequence_expected.safetensors")).unwrap();
-    let file = "golden_captioner.safetensors";
-    check_outcomes(
-        "CPU",
-        sequence_steps(&CpuBackend::new(), &expected),
-        &expected,
-        file,
+    check_both(
+        "golden_sequence_expected.safetensors",
+        "golden_captioner.safetensors",
         &["loss"],
+        (sequence_steps, sequence_steps),
     );
-    if let Some(g) = common::gpu() {
-        check_outcomes(
-            "GPU",
-            sequence_steps(&g, &expected),
-            &expected,
-            file,
-            &["loss"],
-        );
-    }
 }
 
 /// Where a golden objective step runs: the checkpoint (in tests/data), the
@@ -476,6 +453,29 @@ fn objective_steps<B: Backend>(
         });
     }
     out
+}
+
+/// An objective's golden cases on the CPU and, where an adapter exists,
+/// the GPU: `steps` (one function, for each backend) against the expected
+/// file, for the parameters of the checkpoint `file`.
+type Steps<B> = fn(&B, &TensorFile) -> Vec<Outcome>;
+fn check_both(
+    expected: &str,
+    file: &str,
+    keys: &[&str],
+    steps: (Steps<CpuBackend>, Steps<GpuBackend>),
+) {
+    let expected = tensorfile::read(&data(expected)).unwrap();
+    check_outcomes(
+        "CPU",
+        steps.0(&CpuBackend::new(), &expected),
+        &expected,
+        file,
+        keys,
+    );
+    if let Some(g) = common::gpu() {
+        check_outcomes("GPU", steps.1(&g, &expected), &expected, file, keys);
+    }
 }
 
 /// Each outcome's logged `keys` (`{case}.{key}`, 1e-5 relative) and every
@@ -621,24 +621,12 @@ fn discritune_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
 
 #[test]
 fn both_backends_reproduce_discritune_independently() {
-    let expected = tensorfile::read(&data("golden_discritune_expected.safetensors")).unwrap();
-    let (file, keys) = ("golden_listener_captioner.safetensors", ["loss", "reward"]);
-    check_outcomes(
-        "CPU",
-        discritune_steps(&CpuBackend::new(), &expected),
-        &expected,
-        file,
-        &keys,
+    check_both(
+        "golden_discritune_expected.safetensors",
+        "golden_listener_captioner.safetensors",
+        &["loss", "reward"],
+        (discritune_steps, discritune_steps),
     );
-    if let Some(g) = common::gpu() {
-        check_outcomes(
-            "GPU",
-            discritune_steps(&g, &expected),
-            &expected,
-            file,
-            &keys,
-        );
-    }
 }
 
 /// CLIP relevance's golden batch: the discritune corpus' images 1, 3 and
@@ -729,22 +717,10 @@ fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
 
 #[test]
 fn both_backends_reproduce_clip_relevance_independently() {
-    let expected = tensorfile::read(&data("golden_relevance_expected.safetensors")).unwrap();
-    let file = "golden_listener_captioner.safetensors";
-    check_outcomes(
-        "CPU",
-        relevance_steps(&CpuBackend::new(), &expected),
-        &expected,
-        file,
+    check_both(
+        "golden_relevance_expected.safetensors",
+        "golden_listener_captioner.safetensors",
         &["loss"],
+        (relevance_steps, relevance_steps),
     );
-    if let Some(g) = common::gpu() {
-        check_outcomes(
-            "GPU",
-            relevance_steps(&g, &expected),
-            &expected,
-            file,
-            &["loss"],
-        );
-    }
 }
