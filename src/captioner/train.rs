@@ -8,8 +8,11 @@ use super::decode::{DecodeOptions, Decoding, generate};
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
+use super::listener::frozen_retriever;
 use super::model::Captioner;
-use super::objective::{Needs, Objective, StepContext, TrainingBatch, TrainingCorpus, TrainsOn};
+use super::objective::{
+    Needs, Objective, ObjectiveInfo, StepContext, TrainingBatch, TrainingCorpus, TrainsOn,
+};
 use super::objectives;
 use super::objectives::settings::Settings;
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
@@ -41,15 +44,20 @@ fn images_of(trains_on: TrainsOn) -> &'static str {
     }
 }
 
-/// Refuses to train `objective` when it needs a retriever the run lacks.
-fn refuse_unmet(objective: &str, needs: Needs, has_retriever: bool) -> Result<()> {
-    if needs.retriever && !has_retriever {
-        bail!(
-            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
-             image embeddings are the run's features"
-        );
+/// What `objective` with `settings` needs besides the batch; refused
+/// when it needs a retriever the run lacks, or one that does not embed in
+/// the captioner's `dim` (the check the objective's own step makes).
+fn needs_met<B: Backend>(
+    objective: &ObjectiveInfo,
+    settings: &Settings,
+    retriever: Option<&mut RetrieverCheckpoint<B>>,
+    dim: usize,
+) -> Result<Needs> {
+    let needs = (objective.needs)(settings);
+    if needs.retriever {
+        frozen_retriever(retriever, dim, objective.name)?;
     }
-    Ok(())
+    Ok(needs)
 }
 
 /// A data set with one image embedding per item.
@@ -210,8 +218,6 @@ pub struct Trainer<'d, B: Backend> {
     guard: CollapseGuard,
     /// The step of the state in the run folder (what a resume starts from).
     saved_step: usize,
-    /// What the objective needs besides the batch.
-    needs: Needs,
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
@@ -225,15 +231,15 @@ impl<'d, B: Backend> Trainer<'d, B> {
         config: &RunConfig,
         run: RunFolder,
         begin: Begin,
-        retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+        mut retriever: Option<&'d mut RetrieverCheckpoint<B>>,
     ) -> Result<Self> {
         let t = &config.train;
         let all_train = data.items(Split::Train);
         let split = LabelledSplit::new(&data.data, &all_train, t.labelled);
         let info = objectives::find(&t.objective)?;
         let trains_on = info.trains_on;
-        let needs = (info.needs)(&t.settings);
-        refuse_unmet(info.name, needs, retriever.is_some())?;
+        let dim = ck.model.config.embed_dim;
+        let needs = needs_met(info, &t.settings, retriever.as_deref_mut(), dim)?;
         let train_items = split.images_for(trains_on).to_vec();
         if train_items.len() < t.batch {
             let which = if split.is_full() {
@@ -346,7 +352,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
             progress: Progress::hidden(),
             guard,
             saved_step: step,
-            needs,
         })
     }
 
@@ -377,7 +382,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
     pub fn set_objective(&mut self, name: &str, settings: &Settings, lr: f32) -> Result<()> {
         let info = objectives::find(name)?;
         let trains_on = info.trains_on;
-        let needs = (info.needs)(settings);
         if trains_on != self.trains_on && !self.split.is_full() {
             bail!(
                 "{name} trains on the {} images and this run on the {}; with [train] labelled {} \
@@ -387,14 +391,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 self.split.fraction
             );
         }
-        refuse_unmet(name, needs, self.retriever.is_some())?;
+        let dim = self.ck.model.config.embed_dim;
+        let needs = needs_met(info, settings, self.retriever.as_deref_mut(), dim)?;
         let t = &mut self.config.train;
         (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
         self.guard = CollapseGuard::new(Some(info), positions);
-        self.needs = needs;
         if needs.image_embeddings && self.corpus.image_embeddings.is_empty() {
             let all_train = self.data.items(Split::Train);
             self.corpus.image_embeddings = self.data.features_of(&all_train);
@@ -455,50 +459,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             if on_event(Event::Log(&line)) == Flow::Stop {
                 return Ok(Flow::Stop);
             }
-            if let Some(collapse) = self.guard.observe(self.step, &line.values) {
-                let signs = collapse.signs.join("; ");
-                let resume = self.resume_command();
-                if self.config.train.collapse_stop && collapse.stops() {
-                    let saved_after = if self.saved_step >= collapse.since {
-                        format!(
-                            " (saved after the first sign, at step {}: if its captions are \
-                             already collapsed, start again from the checkpoint this run began \
-                             from, with --init and a lower --lr)",
-                            collapse.since
-                        )
-                    } else {
-                        String::new()
-                    };
-                    bail!(
-                        "the captions collapsed at step {} (epoch {}): {signs}; training stopped \
-                         after {} logged steps like this. {}{saved_after}; resume from it at a \
-                         lower rate with `{resume}`, or train on regardless with \
-                         --no-collapse-stop ([train] collapse_stop = false)",
-                        self.step,
-                        self.epoch + 1,
-                        collapse.streak,
-                        self.last_good_checkpoint()
-                    );
-                }
-                if collapse.streak == 1 {
-                    let then = if self.config.train.collapse_stop {
-                        format!(
-                            "the run stops if {} logged steps in a row look like this",
-                            super::collapse::STOP_AFTER
-                        )
-                    } else {
-                        "the run trains on (collapse_stop is off)".into()
-                    };
-                    let warning = format!(
-                        "warning: the captions may be collapsing at step {}: {signs}. The \
-                         learning rate ({:e}) is likely too high for fine-tuning: stop and \
-                         resume at a lower one with `{resume}`; {then}",
-                        self.step, self.config.train.lr
-                    );
-                    if on_event(Event::Warning(&warning)) == Flow::Stop {
-                        return Ok(Flow::Stop);
-                    }
-                }
+            if self.watch_for_collapse(&line, &mut on_event)? == Flow::Stop {
+                return Ok(Flow::Stop);
             }
         }
         if self.batches_done == self.train_items.len() / t.batch {
@@ -633,6 +595,62 @@ impl<'d, B: Backend> Trainer<'d, B> {
         Ok(line)
     }
 
+    /// Reads a log line for signs of a collapse: warns at the first of a
+    /// run of them, and at the third in a row stops the run (an error
+    /// naming the checkpoint kept and the command to resume) unless
+    /// `collapse_stop` is off.
+    fn watch_for_collapse(
+        &mut self,
+        line: &LogLine,
+        mut on_event: impl FnMut(Event<'_>) -> Flow,
+    ) -> Result<Flow> {
+        let Some(collapse) = self.guard.observe(self.step, &line.values) else {
+            return Ok(Flow::Continue);
+        };
+        let signs = collapse.signs.join("; ");
+        let resume = self.resume_command();
+        if self.config.train.collapse_stop && collapse.stops() {
+            let saved_after = if self.saved_step >= collapse.since {
+                format!(
+                    " (saved after the first sign, at step {}: if its captions are \
+                     already collapsed, start again from the checkpoint this run began \
+                     from, with --init and a lower --lr)",
+                    collapse.since
+                )
+            } else {
+                String::new()
+            };
+            bail!(
+                "the captions collapsed at step {} (epoch {}): {signs}; training stopped \
+                 after {} logged steps like this. {}{saved_after}; resume from it at a \
+                 lower rate with `{resume}`, or train on regardless with \
+                 --no-collapse-stop ([train] collapse_stop = false)",
+                self.step,
+                self.epoch + 1,
+                collapse.streak,
+                self.last_good_checkpoint()
+            );
+        }
+        if collapse.streak == 1 {
+            let then = if self.config.train.collapse_stop {
+                format!(
+                    "the run stops if {} logged steps in a row look like this",
+                    super::collapse::STOP_AFTER
+                )
+            } else {
+                "the run trains on (collapse_stop is off)".into()
+            };
+            let warning = format!(
+                "warning: the captions may be collapsing at step {}: {signs}. The \
+                 learning rate ({:e}) is likely too high for fine-tuning: stop and \
+                 resume at a lower one with `{resume}`; {then}",
+                self.step, self.config.train.lr
+            );
+            return Ok(on_event(Event::Warning(&warning)));
+        }
+        Ok(Flow::Continue)
+    }
+
     /// Validates the weights the run starts from, as epoch 0 at step 0, so
     /// that a run from a checkpoint has a "before" point in its metrics.
     pub fn validate_start(
@@ -656,7 +674,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// retriever its objective needs, which the run folder records only
     /// when the features came from it.
     fn resume_command(&self) -> String {
-        let retriever = if self.needs.retriever
+        let info = objectives::find(&self.config.train.objective);
+        let needs = info.map_or(Needs::default(), |i| (i.needs)(&self.config.train.settings));
+        let retriever = if needs.retriever
             && self
                 .data
                 .source

@@ -138,26 +138,18 @@ pub fn build<B: Backend>(
 ) -> Result<Box<dyn Objective<B>>> {
     let info = find(name)?;
     check_settings(settings, &format!("objective {name}"))?;
-    Ok(match info.name {
-        "mle" | "smile" | "smile-random" | "smile-reverse" => Box::new(token::TokenLevel::new(
-            token::TokenObjective::from_settings(info.name, settings)?,
-            vocab,
-        )),
-        "scst" | "sll-me" | "sle" => mixed(
-            Box::new(sequence::SequenceLevel::new(info.name, settings)?),
-            settings,
-            vocab,
-        ),
-        "discritune" => mixed(
-            Box::new(discritune::DiscriTune::new(settings)),
-            settings,
-            vocab,
-        ),
-        "clip-relevance" => mixed(
-            Box::new(relevance::ClipRelevance::new(settings)),
-            settings,
-            vocab,
-        ),
+    let own: Box<dyn Objective<B>> = match info.name {
+        // The SMILE family mixes MLE inside its own softmax pass.
+        "mle" | "smile" | "smile-random" | "smile-reverse" => {
+            return Ok(Box::new(token::TokenLevel::new(
+                token::TokenObjective::from_settings(info.name, settings)?,
+                vocab,
+            )));
+        }
+        "scst" | "sll-me" | "sle" => Box::new(sequence::SequenceLevel::new(info.name, settings)?),
+        "discritune" => Box::new(discritune::DiscriTune::new(settings)),
+        "clip-relevance" => Box::new(relevance::ClipRelevance::new(settings)),
         other => unreachable!("objective {other} is listed but not built"),
-    })
+    };
+    Ok(mixed(own, settings, vocab))
 }
