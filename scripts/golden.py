@@ -365,6 +365,21 @@ def smile(out_dir):
         "made_by": "scripts/golden.py (PyTorch " + torch.__version__ + ", float64)"})
 
 
+def teacher_forced(captions):
+    """Generated captions (ids padded with <pad>) as captune teacher-forces
+    them: each one's ids, up to and with its <eos> when it has one; the
+    inputs [n, T], <bos> then the ids but the last; the targets [n, T]."""
+    own = [ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD]
+           for ids in captions]
+    inputs = torch.full((len(own), T), PAD, dtype=torch.long)
+    targets = torch.full((len(own), T), PAD, dtype=torch.long)
+    for j, ids in enumerate(own):
+        seq = [BOS] + ids
+        inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
+        targets[j, :len(ids)] = torch.tensor(ids)
+    return own, inputs, targets
+
+
 # The sequence-level objectives on the captioner's checkpoint, from the
 # samples and greedy captions captune drew for one step
 # (golden_sequence_inputs.safetensors, written by
@@ -436,16 +451,7 @@ def sequence(out_dir):
         for i, r in enumerate(cider_d(cands, images, references)):
             rewards[i][k] = r
     greedy_rewards = cider_d(greedy_text, images, references)
-    # Each sample's ids (<eos> included when generated), teacher-forced.
-    lengths = []
-    tf_inputs = torch.full((len(samples), T), PAD, dtype=torch.long)
-    tf_targets = torch.full((len(samples), T), PAD, dtype=torch.long)
-    for j, ids in enumerate(samples):
-        ids = ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD]
-        lengths.append(len(ids))
-        seq = [BOS] + ids
-        tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
-        tf_targets[j, :len(ids)] = torch.tensor(ids)
+    _, tf_inputs, tf_targets = teacher_forced(samples)
     rows = torch.tensor([j // s for j in range(len(samples))])
     expected = {}
     cases = []
@@ -513,6 +519,29 @@ def listener_captioner(out_dir):
                         "vocab": json.dumps(WORDS)})
 
 
+def retriever_id(i):
+    """The retriever's id of captioner id i: the specials as themselves, a
+    word as the same word, or <unk> for a word the retriever does not know."""
+    if i < 4:
+        return i
+    w = WORDS[i - 4]
+    return R_WORDS.index(w) + 4 if w in R_WORDS else UNK
+
+
+def listener_setup(out_dir, inputs_file):
+    """The inputs file captune wrote (None before it did), the listener
+    captioner's and the golden retriever's weights in float64."""
+    import os
+    from safetensors.torch import load_file
+    path = f"{out_dir}/{inputs_file}"
+    if not os.path.exists(path):
+        print(f"{inputs_file}: not written yet (cargo test --test golden -- --ignored)")
+        return None
+    weights = lambda f: {n: t.to(DT) for n, t in load_file(f"{out_dir}/{f}").items()}
+    return (load_file(path), weights("golden_listener_captioner.safetensors"),
+            weights("golden_retriever.safetensors"))
+
+
 def retriever_ids(ids):
     """A generated caption as the retriever reads it: <bos>, each word up to
     <eos> mapped to the retriever's vocabulary (<unk> if it has no such
@@ -522,23 +551,17 @@ def retriever_ids(ids):
     for i in ids:
         if i == EOS or i == PAD:
             break
-        w = WORDS[i - 4]
-        words.append(R_WORDS.index(w) + 4 if w in R_WORDS else UNK)
+        words.append(retriever_id(i))
     words = (words or [UNK])[:R_MAX_LEN - 2]
     seq = [BOS] + words + [EOS]
     return seq + [PAD] * (R_MAX_LEN - len(seq)), len(seq)
 
 
 def discritune(out_dir):
-    import os
-    from safetensors.torch import load_file
-    path = f"{out_dir}/golden_discritune_inputs.safetensors"
-    if not os.path.exists(path):
-        print("discritune: no inputs yet (cargo test --test golden -- --ignored)")
+    setup = listener_setup(out_dir, "golden_discritune_inputs.safetensors")
+    if setup is None:
         return
-    inputs = load_file(path)
-    cap = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_listener_captioner.safetensors").items()}
-    ret = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_retriever.safetensors").items()}
+    inputs, cap, ret = setup
     corpus = inputs["corpus_embeddings"].to(DT)
     rows = [int(i) for i in inputs["batch_images"]]
     distinct = list(dict.fromkeys(rows))
@@ -547,9 +570,7 @@ def discritune(out_dir):
     cases = []
     for name, settings, which in DISCRITUNE_CASES:
         captions = inputs[which].long().tolist()
-        ids_list = []
-        for ids in captions:
-            ids_list.append(ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD])
+        ids_list, tf_inputs, tf_targets = teacher_forced(captions)
         r_ids, r_len = zip(*(retriever_ids(ids) for ids in captions))
         with torch.no_grad():
             x = ret["text.tokens"][torch.tensor(r_ids)]
@@ -566,12 +587,6 @@ def discritune(out_dir):
             logits = torch.tensor([scale * cos(image)] + [scale * c for c in others], dtype=DT)
             rewards.append(float(logits[0] - torch.logsumexp(logits, 0)))
         baseline = sum(rewards) / len(rewards)
-        tf_inputs = torch.full((len(distinct), T), PAD, dtype=torch.long)
-        tf_targets = torch.full((len(distinct), T), PAD, dtype=torch.long)
-        for j, ids in enumerate(ids_list):
-            seq = [BOS] + ids
-            tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
-            tf_targets[j, :len(ids)] = torch.tensor(ids)
         adv = torch.tensor([(r - baseline) / len(ids) for r, ids in zip(rewards, ids_list)], dtype=DT)
         leaves = {n: t.clone().requires_grad_(True) for n, t in cap.items()}
         logp = torch.log_softmax(logits_of(leaves, corpus[distinct], tf_inputs), dim=-1)
@@ -599,29 +614,17 @@ RELEVANCE_CASES = [  # (name, settings)
 
 
 def relevance(out_dir):
-    import os
-    from safetensors.torch import load_file
-    path = f"{out_dir}/golden_relevance_inputs.safetensors"
-    if not os.path.exists(path):
-        print("relevance: no inputs yet (cargo test --test golden -- --ignored)")
+    setup = listener_setup(out_dir, "golden_relevance_inputs.safetensors")
+    if setup is None:
         return
-    inputs = load_file(path)
-    cap = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_listener_captioner.safetensors").items()}
-    ret = {n: t.to(DT) for n, t in load_file(f"{out_dir}/golden_retriever.safetensors").items()}
+    inputs, cap, ret = setup
     features = inputs["features"].to(DT)
     noise = inputs["noise"].to(DT)  # [captions, T, VOCAB]
     captions = inputs["captions"].long().tolist()
-    n = len(captions)
     # The retriever's embedding of each captioner id's word (specials as specials).
-    r_id = [i if i < 4 else (R_WORDS.index(WORDS[i - 4]) + 4 if WORDS[i - 4] in R_WORDS else UNK)
-            for i in range(VOCAB)]
+    r_id = [retriever_id(i) for i in range(VOCAB)]
     table = ret["text.tokens"][torch.tensor(r_id)]  # [VOCAB, width]
-    ids_list = [ids[:ids.index(EOS) + 1] if EOS in ids else [i for i in ids if i != PAD]
-                for ids in captions]
-    tf_inputs = torch.full((n, T), PAD, dtype=torch.long)
-    for j, ids in enumerate(ids_list):
-        seq = [BOS] + ids
-        tf_inputs[j, :len(seq) - 1] = torch.tensor(seq[:-1])
+    ids_list, tf_inputs, _ = teacher_forced(captions)
     expected = {}
     cases = []
     for name, settings in RELEVANCE_CASES:

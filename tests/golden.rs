@@ -11,6 +11,7 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
+use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::model::TokenInputs;
 use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
@@ -280,6 +281,44 @@ fn both_backends_reproduce_the_smile_family_independently() {
     );
 }
 
+/// The seed a run's first step (its generator seeded with 0) draws its
+/// captions with: what the golden inputs must be drawn with.
+fn first_step_seed() -> u64 {
+    rand::Rng::random(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0))
+}
+
+/// The captions `decoding` draws for `features` with `ck`, each padded
+/// with `<pad>` to the token positions, as the rows of an inputs file.
+fn drawn(ck: &Checkpoint<CpuBackend>, features: &[f32], decoding: &Decoding) -> Vec<f32> {
+    let t = ck.model.config.token_positions();
+    let options = DecodeOptions::default();
+    let generated = generate(&CpuBackend::new(), &ck.model, features, decoding, &options).unwrap();
+    generated
+        .iter()
+        .flat_map(|g| {
+            let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
+            row.resize(t, PAD as f32);
+            row
+        })
+        .collect()
+}
+
+/// Writes an inputs file of scripts/golden.py (tests/data), naming the
+/// test that made it beside `metadata`.
+fn write_inputs(
+    file: &str,
+    tensors: &[(&str, Vec<usize>, &[f32])],
+    test: &str,
+    metadata: &[(&str, String)],
+) {
+    let mut meta: std::collections::HashMap<String, String> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    meta.insert("made_by".into(), format!("tests/golden.rs {test}"));
+    tensorfile::write(&data(file), tensors, meta).unwrap();
+}
+
 /// The sequence-level golden batch: three rows showing training images 2,
 /// 0 and 3 (corpus indices, not positions) of a corpus of four, whose
 /// references use the golden captioner's words.
@@ -315,55 +354,37 @@ fn sequence_corpus() -> TrainingCorpus {
 #[test]
 #[ignore = "writes tests/data/golden_sequence_inputs.safetensors for scripts/golden.py"]
 fn write_sequence_inputs() {
-    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-    use rand::Rng;
     let b = CpuBackend::new();
     let ck = Checkpoint::load(&b, &data("golden_captioner.safetensors")).unwrap();
     let expected = tensorfile::read(&data("golden_captioner_expected.safetensors")).unwrap();
     let features = expected.tensors["features"].data.clone();
-    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
     let sampling = Decoding::Sample {
         n: SEQUENCE_SAMPLES,
         temperature: 1.0,
         top_k: 0,
         top_p: 1.0,
-        seed,
+        seed: first_step_seed(),
     };
-    let options = DecodeOptions::default();
     let t = ck.model.config.token_positions();
-    let padded = |gs: &[captune::captioner::decode::Generated]| -> Vec<f32> {
-        gs.iter()
-            .flat_map(|g| {
-                let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
-                row.resize(t, PAD as f32);
-                row
-            })
-            .collect()
-    };
-    let samples = padded(&generate(&b, &ck.model, &features, &sampling, &options).unwrap());
-    let greedy = padded(&generate(&b, &ck.model, &features, &Decoding::Greedy, &options).unwrap());
-    let references = serde_json::to_string(&SEQUENCE_REFERENCES).unwrap();
-    let metadata = std::collections::HashMap::from([
-        ("references".to_string(), references),
+    let samples = drawn(&ck, &features, &sampling);
+    let greedy = drawn(&ck, &features, &Decoding::Greedy);
+    let metadata = [
         (
-            "images".to_string(),
-            serde_json::to_string(&SEQUENCE_IMAGES).unwrap(),
+            "references",
+            serde_json::to_string(&SEQUENCE_REFERENCES).unwrap(),
         ),
-        (
-            "made_by".to_string(),
-            "tests/golden.rs write_sequence_inputs".to_string(),
-        ),
-    ]);
-    tensorfile::write(
-        &data("golden_sequence_inputs.safetensors"),
+        ("images", serde_json::to_string(&SEQUENCE_IMAGES).unwrap()),
+    ];
+    write_inputs(
+        "golden_sequence_inputs.safetensors",
         &[
             ("features", vec![3, features.len() / 3], &features),
             ("samples", vec![3 * SEQUENCE_SAMPLES, t], &samples),
             ("greedy", vec![3, t], &greedy),
         ],
-        metadata,
-    )
-    .unwrap();
+        "write_sequence_inputs",
+        &metadata,
+    );
 }
 
 /// One step of each sequence-level objective against scripts/golden.py
@@ -527,14 +548,25 @@ fn discritune_corpus(embeddings: &[f32]) -> TrainingCorpus {
     TrainingCorpus::new("golden-discritune", references).with_image_embeddings(embeddings.to_vec())
 }
 
+/// The batch of DiscriTune's golden rows, with their corpus embeddings.
+fn discritune_batch(corpus: &TrainingCorpus) -> TrainingBatch {
+    TrainingBatch {
+        features: DISCRITUNE_ROWS
+            .iter()
+            .flat_map(|&i| corpus.image_embeddings[i * 8..(i + 1) * 8].to_vec())
+            .collect(),
+        sequences: Vec::new(),
+        images: DISCRITUNE_ROWS.to_vec(),
+        labelled: None,
+    }
+}
+
 /// The corpus embeddings and the greedy and sampled captions of the
 /// batch's distinct images a DiscriTune step on the golden listener
 /// captioner draws, for scripts/golden.py.
 #[test]
 #[ignore = "writes tests/data/golden_discritune_inputs.safetensors for scripts/golden.py"]
 fn write_discritune_inputs() {
-    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-    use rand::Rng;
     let b = CpuBackend::new();
     let ck = Checkpoint::load(&b, &data("golden_listener_captioner.safetensors")).unwrap();
     let mut corpus = common::random(5 * 8, 41);
@@ -542,54 +574,31 @@ fn write_discritune_inputs() {
         let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
         row.iter_mut().for_each(|x| *x /= norm);
     }
-    let mut distinct: Vec<usize> = Vec::new();
-    for &r in &DISCRITUNE_ROWS {
-        if !distinct.contains(&r) {
-            distinct.push(r);
-        }
-    }
-    let features: Vec<f32> = distinct
-        .iter()
-        .flat_map(|&i| corpus[i * 8..(i + 1) * 8].to_vec())
-        .collect();
-    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
+    let (distinct, features) = discritune_batch(&discritune_corpus(&corpus)).distinct_images(8);
     let sampled = Decoding::Sample {
         n: 1,
         temperature: 1.0,
         top_k: 0,
         top_p: 1.0,
-        seed,
+        seed: first_step_seed(),
     };
-    let t = ck.model.config.token_positions();
-    let options = DecodeOptions::default();
-    let padded = |d: &Decoding| -> Vec<f32> {
-        generate(&b, &ck.model, &features, d, &options)
-            .unwrap()
-            .iter()
-            .flat_map(|g| {
-                let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
-                row.resize(t, PAD as f32);
-                row
-            })
-            .collect()
-    };
-    let (greedy, sample) = (padded(&Decoding::Greedy), padded(&sampled));
+    let (greedy, sample) = (
+        drawn(&ck, &features, &Decoding::Greedy),
+        drawn(&ck, &features, &sampled),
+    );
     let rows: Vec<f32> = DISCRITUNE_ROWS.iter().map(|&r| r as f32).collect();
-    let n = distinct.len();
-    tensorfile::write(
-        &data("golden_discritune_inputs.safetensors"),
+    let (n, t) = (distinct.len(), ck.model.config.token_positions());
+    write_inputs(
+        "golden_discritune_inputs.safetensors",
         &[
             ("corpus_embeddings", vec![5, 8], &corpus),
             ("batch_images", vec![rows.len()], &rows),
             ("greedy", vec![n, t], &greedy),
             ("sampled", vec![n, t], &sample),
         ],
-        std::collections::HashMap::from([(
-            "made_by".to_string(),
-            "tests/golden.rs write_discritune_inputs".to_string(),
-        )]),
-    )
-    .unwrap();
+        "write_discritune_inputs",
+        &[],
+    );
 }
 
 /// One DiscriTune step of each case (greedy, with 2 hard negatives,
@@ -600,15 +609,7 @@ fn write_discritune_inputs() {
 fn discritune_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&inputs.tensors["corpus_embeddings"].data);
-    let batch = TrainingBatch {
-        features: DISCRITUNE_ROWS
-            .iter()
-            .flat_map(|&i| corpus.image_embeddings[i * 8..(i + 1) * 8].to_vec())
-            .collect(),
-        sequences: Vec::new(),
-        images: DISCRITUNE_ROWS.to_vec(),
-        labelled: None,
-    };
+    let batch = discritune_batch(&corpus);
     let mut retriever =
         captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
     let at = Golden {
@@ -639,8 +640,6 @@ const RELEVANCE_IMAGES: [usize; 3] = [1, 3, 0];
 #[test]
 #[ignore = "writes tests/data/golden_relevance_inputs.safetensors for scripts/golden.py"]
 fn write_relevance_inputs() {
-    use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-    use rand::Rng;
     let b = CpuBackend::new();
     let ck = Checkpoint::load(&b, &data("golden_listener_captioner.safetensors")).unwrap();
     let corpus = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
@@ -649,45 +648,27 @@ fn write_relevance_inputs() {
         .iter()
         .flat_map(|&i| e[i * 8..(i + 1) * 8].to_vec())
         .collect();
-    let seed: u64 = rand_chacha::ChaCha8Rng::seed_from_u64(0).random();
-    let decoding = Decoding::Gumbel { n: 1, seed };
+    let seed = first_step_seed();
+    let captions = drawn(&ck, &features, &Decoding::Gumbel { n: 1, seed });
     let (t, v) = (
         ck.model.config.token_positions(),
         ck.model.config.vocab_size,
     );
-    let captions: Vec<f32> = generate(
-        &b,
-        &ck.model,
-        &features,
-        &decoding,
-        &DecodeOptions::default(),
-    )
-    .unwrap()
-    .iter()
-    .flat_map(|g| {
-        let mut row: Vec<f32> = g.ids.iter().map(|&id| id as f32).collect();
-        row.resize(t, PAD as f32);
-        row
-    })
-    .collect();
     let n = RELEVANCE_IMAGES.len();
     let noise: Vec<f32> = (0..n)
         .flat_map(|c| (0..t).flat_map(move |s| (0..v).map(move |j| (c, s, j))))
         .map(|(c, s, j)| captune::cpu::choose::gumbel(seed, c as u32, s as u32, j as u32))
         .collect();
-    tensorfile::write(
-        &data("golden_relevance_inputs.safetensors"),
+    write_inputs(
+        "golden_relevance_inputs.safetensors",
         &[
             ("features", vec![n, 8], &features),
             ("captions", vec![n, t], &captions),
             ("noise", vec![n, t, v], &noise),
         ],
-        std::collections::HashMap::from([(
-            "made_by".to_string(),
-            "tests/golden.rs write_relevance_inputs".to_string(),
-        )]),
-    )
-    .unwrap();
+        "write_relevance_inputs",
+        &[],
+    );
 }
 
 /// One CLIP-relevance step of each case (straight-through at tau 1, soft

@@ -122,6 +122,18 @@ fn train_steps<B: Backend>(
     report
 }
 
+/// 20 steps of MLE on `batch`, so that the captions differ between images.
+fn warm_up<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    retriever: &mut RetrieverCheckpoint<B>,
+    corpus: &TrainingCorpus,
+    batch: &TrainingBatch,
+) {
+    let mle = Settings::new();
+    train_steps(b, ck, retriever, corpus, batch, "mle", &mle, 3e-3, 20);
+}
+
 fn value(report: &[(&str, f32)], name: &str) -> f32 {
     report
         .iter()
@@ -203,17 +215,7 @@ fn a_discritune_step_by_hand_with_and_without_hard_negatives() {
     let rows = [0, 3, 7, 3, 12];
     let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &rows);
     // A little MLE first, so that captions differ between images.
-    train_steps(
-        &b,
-        &mut ck,
-        &mut retriever,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        20,
-    );
+    warm_up(&b, &mut ck, &mut retriever, &corpus, &batch);
     let retriever_before: Vec<Vec<f32>> = retriever
         .model
         .params
@@ -322,17 +324,7 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
     let mut retriever_cpu = tiny_retriever(&c, &data, 4);
     let rows = [0, 3, 7, 12];
     let (corpus, batch) = corpus_and_batch(&data, &on_cpu.vocab, &rows);
-    train_steps(
-        &c,
-        &mut on_cpu,
-        &mut retriever_cpu,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        20,
-    );
+    warm_up(&c, &mut on_cpu, &mut retriever_cpu, &corpus, &batch);
     let mut on_gpu = Checkpoint {
         model: on_cpu.model_on(&c, &g).unwrap(),
         vocab: on_cpu.vocab.clone(),
@@ -608,17 +600,7 @@ fn a_clip_relevance_step_scores_its_own_captions() {
     let mut retriever = tiny_retriever(&b, &data, 4);
     let rows = [0, 3, 7, 3, 12];
     let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &rows);
-    train_steps(
-        &b,
-        &mut ck,
-        &mut retriever,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        20,
-    );
+    warm_up(&b, &mut ck, &mut retriever, &corpus, &batch);
     let retriever_before: Vec<Vec<f32>> = retriever
         .model
         .params
@@ -702,17 +684,7 @@ fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
         let mut on_cpu = fresh_checkpoint(&c, &data, &tiny_run()).unwrap();
         let mut retriever_cpu = tiny_retriever(&c, &data, 4);
         let (corpus, batch) = corpus_and_batch(&data, &on_cpu.vocab, &[0, 3, 7, 12]);
-        train_steps(
-            &c,
-            &mut on_cpu,
-            &mut retriever_cpu,
-            &corpus,
-            &batch,
-            "mle",
-            &Settings::new(),
-            3e-3,
-            20,
-        );
+        warm_up(&c, &mut on_cpu, &mut retriever_cpu, &corpus, &batch);
         let mut on_gpu = Checkpoint {
             model: on_cpu.model_on(&c, &g).unwrap(),
             vocab: on_cpu.vocab.clone(),
@@ -829,17 +801,7 @@ fn every_mle_mix_is_the_weighted_sum_of_its_parts() {
     let mut retriever = tiny_retriever(&b, &data, 4);
     let rows = [0, 3, 7, 3, 12];
     let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &rows);
-    train_steps(
-        &b,
-        &mut ck,
-        &mut retriever,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        20,
-    );
+    warm_up(&b, &mut ck, &mut retriever, &corpus, &batch);
     let mut gradients = |name: &str, weight: Option<f64>| -> Vec<f32> {
         let mut stepped = Checkpoint {
             model: ck.model_on(&b, &b).unwrap(),

@@ -417,6 +417,18 @@ fn train_steps<B: Backend>(
     report
 }
 
+/// `steps` steps of MLE on `batch` at 3e-3: a model that already
+/// captions, as the sequence-level objectives start from.
+fn mle_steps<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    corpus: &TrainingCorpus,
+    batch: &TrainingBatch,
+    steps: usize,
+) {
+    train_steps(b, ck, corpus, batch, "mle", &Settings::new(), 3e-3, steps);
+}
+
 /// The mean CIDEr-D of 8 samples per image of `batch`.
 fn mean_sample_reward<B: Backend>(
     b: &B,
@@ -454,16 +466,7 @@ fn scst_raises_the_mean_reward_on_a_tiny_world() {
     let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
     let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, 8);
     // MLE first, as SCST is used: from a model that already captions.
-    train_steps(
-        &b,
-        &mut ck,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        60,
-    );
+    mle_steps(&b, &mut ck, &corpus, &batch, 60);
     let reward = CiderReward::for_training(&corpus, &ck.vocab);
     let before = mean_sample_reward(&b, &ck.model, &reward, &batch);
     let settings = Settings::from([("baseline".to_string(), SettingValue::Choice("mean".into()))]);
@@ -511,16 +514,7 @@ fn one_step_of_each_objective_agrees_gpu_vs_cpu() {
         let mut on_cpu = fresh_checkpoint(&c, &data, &config).unwrap();
         let (corpus, batch) = corpus_and_batch(&data, &on_cpu.vocab, 4);
         // A little MLE first, so that samples and rewards differ.
-        train_steps(
-            &c,
-            &mut on_cpu,
-            &corpus,
-            &batch,
-            "mle",
-            &Settings::new(),
-            3e-3,
-            20,
-        );
+        mle_steps(&c, &mut on_cpu, &corpus, &batch, 20);
         let mut on_gpu = Checkpoint {
             model: on_cpu.model_on(&c, &g).unwrap(),
             vocab: on_cpu.vocab.clone(),
@@ -611,16 +605,7 @@ fn a_sequence_level_step_by_hand() {
     let data = tiny_data();
     let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
     let (corpus, warm) = corpus_and_batch(&data, &ck.vocab, 8);
-    train_steps(
-        &b,
-        &mut ck,
-        &corpus,
-        &warm,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        40,
-    );
+    mle_steps(&b, &mut ck, &corpus, &warm, 40);
     let images = [5, 2, 9, 0];
     let batch = batch_of(&data, &ck.vocab, &images);
     let reward = CiderReward::for_training(&corpus, &ck.vocab);
@@ -774,16 +759,7 @@ fn the_entropy_weight_scales_sll_me_s_gradient() {
     let data = tiny_data();
     let mut ck = fresh_checkpoint(&b, &data, &tiny_run()).unwrap();
     let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, 4);
-    train_steps(
-        &b,
-        &mut ck,
-        &corpus,
-        &batch,
-        "mle",
-        &Settings::new(),
-        3e-3,
-        20,
-    );
+    mle_steps(&b, &mut ck, &corpus, &batch, 20);
     let weight = |w: f64| Settings::from([("entropy_weight".to_string(), SettingValue::Number(w))]);
     let scst = step_gradients(&ck, &corpus, &batch, "scst", &Settings::new());
     let once = step_gradients(&ck, &corpus, &batch, "sll-me", &weight(0.01));
