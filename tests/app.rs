@@ -359,7 +359,7 @@ fn a_sequence_level_run_gets_its_rewards_diversity_and_samples_plots() {
 }
 
 #[test]
-fn the_per_token_view_explains_a_reference_as_an_scst_sample() {
+fn the_per_token_view_explains_a_reference_under_each_rewarding_objective() {
     let dir = temp("per-token-reward");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("tiny.safetensors");
@@ -371,25 +371,54 @@ fn the_per_token_view_explains_a_reference_as_an_scst_sample() {
     h.get_by_label("Per-token view").click_accesskit();
     h.run();
     assert_eq!(h.state().tab, Tab::PerToken);
+    // The registry's objectives that explain a caption, and only those.
+    for o in captune::captioner::objectives::OBJECTIVES {
+        let offered = h.query_by_label(o.name).is_some();
+        assert_eq!(offered, o.explains, "{} offered: {offered}", o.name);
+    }
     h.get_by_label("scst").click_accesskit();
     h.run();
-    assert_eq!(h.state().panels.per_token.reward_under, Some("scst"));
+    assert_eq!(h.state().panels.per_token.explain_under, Some("scst"));
     let explained = |a: &CaptuneApp| {
-        let e = a.reward_explained(captune::app::scorer::Asker::PerToken)?;
-        let greedy = e.compared_with.first().map(|c| (c.kind, c.reward));
-        Some((e.reward, e.baseline, greedy, e.tokens.len()))
+        let e = a.explained(captune::app::scorer::Asker::PerToken)?;
+        Some(e.clone())
     };
     step_until(&mut h, "the reward's explanation", |a| {
         explained(a).is_some()
     });
-    let (reward, baseline, greedy, tokens) = explained(h.state()).unwrap();
+    let e = explained(h.state()).unwrap();
     // SCST's default baseline is the greedy caption's reward, shown first.
-    assert_eq!(greedy, Some(("greedy", baseline)));
+    let greedy = e.compared_with.first().unwrap();
+    assert_eq!(greedy.kind, "greedy");
+    assert_eq!(greedy.figures.get("reward"), Some(e.baseline));
     assert!(
-        reward > 0.0,
+        e.reward > 0.0,
         "a reference scores against its own image's references"
     );
-    assert!(tokens > 1);
+    assert!(e.tokens.len() > 1);
     assert!(h.query_all_by_label_contains("advantage").count() > 0);
+
+    // DiscriTune without the retriever says what it needs; with one, the
+    // caption's rank among a batch of candidates.
+    h.get_by_label("discritune").click_accesskit();
+    step_until(&mut h, "the missing retriever", |a| {
+        a.scorer_error(captune::app::scorer::Asker::PerToken)
+            .is_some_and(|e| e.contains("--retriever"))
+    });
+    let cpu = CpuBackend::new();
+    let retriever = dir.join("retriever.safetensors");
+    common::tiny_retriever(&cpu, &tiny_data(), 4)
+        .save(&cpu, &retriever, HashMap::new())
+        .unwrap();
+    h.state().judge_with(retriever);
+    step_until(&mut h, "DiscriTune's explanation", |a| {
+        explained(a).is_some_and(|e| e.objective.starts_with("discritune"))
+    });
+    let e = explained(h.state()).unwrap();
+    let rank = e.figures.get("rank").unwrap();
+    let candidates = e.figures.get("candidates").unwrap();
+    assert!(rank >= 1.0 && rank <= candidates, "{e:?}");
+    assert!(e.reward <= 0.0, "a log probability: {e:?}");
+    assert!(h.query_all_by_label_contains("rank").count() > 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -239,6 +239,37 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
     }
 }
 
+#[test]
+fn bench_train_takes_the_registry_objectives_that_train_on_captions_alone() {
+    let bench = |objective: &str| {
+        let args = ["--device", "cpu", "bench", "train", "--preset", "tiny"];
+        let mut args = args.to_vec();
+        args.extend(["--objectives", objective, "--steps", "1", "--warmup", "0"]);
+        args.extend(["--captions", "synthetic", "--json"]);
+        captune(&args, &[])
+    };
+    let out = bench("no-such");
+    assert!(!out.status.success());
+    let why = text(&out.stderr);
+    assert!(
+        why.contains("no-such") && why.contains("smile-reverse"),
+        "{why}"
+    );
+    let out = bench("discritune");
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("needs a retriever"),
+        "{}",
+        text(&out.stderr)
+    );
+    // A rewarding objective scores each synthetic caption against itself.
+    let out = bench("sle");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let records: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let objective = records[0]["objective"].as_str().unwrap();
+    assert!(objective.starts_with("sle ("), "{}", records[0]);
+}
+
 /// `data shapes`, then `retriever train`, `retriever eval --json` and
 /// `embed` on a tiny shapes world in a private cache.
 #[test]
@@ -590,14 +621,14 @@ fn captioner_commands(
     assert!(out.status.success(), "{}", text(&out.stderr));
     let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(both["tokens"].as_array().unwrap().len(), 4);
-    let e = &both["reward"];
+    let e = &both["explanation"];
     let f = |k: &str| e[k].as_f64().unwrap();
     let others = e["compared_with"].as_array().unwrap();
     assert_eq!(others.len(), 2, "samples - 1 other samples: {e}");
     assert!(others.iter().all(|o| o["kind"] == "sample"), "{e}");
     let mean: f64 = others
         .iter()
-        .map(|o| o["reward"].as_f64().unwrap())
+        .map(|o| o["figures"]["reward"].as_f64().unwrap())
         .sum::<f64>()
         / 2.0;
     assert!((f("baseline") - mean).abs() < 1e-9, "{e}");
@@ -633,22 +664,25 @@ fn captioner_commands(
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let both: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let e = &both["retrieval"];
+    let e = &both["explanation"];
     let f = |k: &str| e[k].as_f64().unwrap();
+    let candidates = e["figures"]["candidates"].as_f64().unwrap();
     // A hard negative already drawn counts once.
-    assert!((8.0..=10.0).contains(&f("candidates")), "{e}");
-    assert!((1.0..=f("candidates")).contains(&f("rank")), "{e}");
+    assert!((8.0..=10.0).contains(&candidates), "{e}");
+    let rank = e["figures"]["rank"].as_f64().unwrap();
+    assert!((1.0..=candidates).contains(&rank), "{e}");
     assert!(f("reward") <= 0.0, "a log probability: {e}");
-    let best = e["best_matches"].as_array().unwrap();
-    assert_eq!(best.len(), 5, "{e}");
+    let best = e["compared_with"].as_array().unwrap();
+    assert_eq!(best.len(), 5, "the five best matches: {e}");
     let p: f64 = best
         .iter()
-        .map(|c| c["probability"].as_f64().unwrap())
+        .map(|c| c["figures"]["probability"].as_f64().unwrap())
         .sum();
     assert!(p > 0.0 && p <= 1.0 + 1e-9, "{e}");
-    let own = best.iter().find(|c| c["index"] == 0);
+    let own = best.iter().find(|c| c["kind"] == "own image");
     if let Some(own) = own {
-        let p_own = own["probability"].as_f64().unwrap();
+        assert_eq!(own["what"].as_str(), Some(image.trim_matches('"')), "{e}");
+        let p_own = own["figures"]["probability"].as_f64().unwrap();
         assert!((p_own.ln() - f("reward")).abs() < 1e-6, "{e}");
     }
     let steps = e["tokens"].as_array().unwrap().len() as f64;

@@ -16,8 +16,8 @@ pub mod scorer;
 mod thumbnails;
 pub mod window;
 
+use crate::captioner::explain::Explanation;
 use crate::captioner::inspect::TokenScore;
-use crate::captioner::objectives::sequence::RewardExplanation;
 use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::RunFolder;
 use crate::captioner::train::CaptionData;
@@ -206,13 +206,28 @@ impl CaptuneApp {
             .map(Vec::as_slice)
     }
 
-    /// The reward explanation a panel shows (when it asked for one), once
-    /// the scorer has answered its newest request.
-    pub fn reward_explained(&self, asker: Asker) -> Option<&RewardExplanation> {
+    /// The explanation a panel shows (when it asked for one), once the
+    /// scorer has answered its newest request.
+    pub fn explained(&self, asker: Asker) -> Option<&Explanation> {
         if !self.scorer.is_current(asker) {
             return None;
         }
-        self.scorer.answer(asker)?.reward.as_ref()?.as_ref().ok()
+        self.scorer.answer(asker)?.explained.as_ref()?.as_ref().ok()
+    }
+
+    /// Why the newest explanation a panel asked for could not be made.
+    pub fn scorer_error(&self, asker: Asker) -> Option<&str> {
+        if !self.scorer.is_current(asker) {
+            return None;
+        }
+        let explained = self.scorer.answer(asker)?.explained.as_ref()?;
+        explained.as_ref().err().map(String::as_str)
+    }
+
+    /// The retriever that explanations needing one judge with: the one
+    /// that made the app's image embeddings.
+    pub fn judge_with(&self, retriever: PathBuf) {
+        self.scorer.judge_with(retriever);
     }
 
     /// Whether a run is training or followed (the app then keeps polling).

@@ -3,18 +3,19 @@
 //! training device stays free) and answers the newest request of each
 //! asker, so typing never queues up stale work. A new model (a live
 //! run's snapshot, or a followed run's rewritten checkpoint) rescores the
-//! last requests. Asked to, it also explains a caption's reward under a
-//! sequence-level objective (`objectives::sequence::explain`).
+//! last requests. Asked to, it also explains the caption under an
+//! objective that explains (`Objective::explain`), with the retriever the
+//! app was given when the objective needs one.
 
+use crate::captioner::explain::{ExplainContext, Explanation};
 use crate::captioner::inspect::{TokenScore, score_caption};
-use crate::captioner::objective::TrainingCorpus;
-use crate::captioner::objectives::sequence::{RewardExplanation, explain};
-use crate::captioner::objectives::settings::Settings;
-use crate::captioner::reward::CiderReward;
+use crate::captioner::objective::Objective;
+use crate::captioner::objectives::{self, settings::Settings};
 use crate::captioner::train::CaptionData;
 use crate::captioner::{CaptionVocab, Checkpoint};
 use crate::cpu::CpuBackend;
 use crate::data::tokenize::ptb_tokenize;
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -33,9 +34,9 @@ pub struct Request {
     /// The data set's item index.
     pub item: usize,
     pub caption: String,
-    /// Also explain the caption's reward under this sequence-level
-    /// objective (default settings), as a sample at a training step.
-    pub reward_under: Option<&'static str>,
+    /// Also explain the caption under this objective (default settings),
+    /// as the image's at a training step.
+    pub explain_under: Option<&'static str>,
 }
 
 #[derive(Clone, Debug)]
@@ -43,12 +44,13 @@ pub struct Scored {
     pub request: Request,
     pub result: Result<Vec<TokenScore>, String>,
     /// When asked for: why the caption would be rewarded or punished.
-    pub reward: Option<Result<RewardExplanation, String>>,
+    pub explained: Option<Result<Explanation, String>>,
 }
 
 enum Message {
     Model(Box<Checkpoint<CpuBackend>>),
     Load(PathBuf),
+    Retriever(PathBuf),
     Score(Request),
 }
 
@@ -102,6 +104,12 @@ impl Scorer {
         let _ = self.to_worker.send(Message::Load(path));
     }
 
+    /// The retriever that explanations needing one judge with (loaded in
+    /// the worker when first needed).
+    pub fn judge_with(&self, retriever: PathBuf) {
+        let _ = self.to_worker.send(Message::Retriever(retriever));
+    }
+
     /// Asks for a score unless the same request is already asked.
     pub fn ask(&mut self, request: Request) {
         if self.asked.get(&request.asker) == Some(&request) {
@@ -136,6 +144,35 @@ impl Scorer {
     }
 }
 
+/// The objective explaining captions, made again for another name or
+/// another model's vocabulary (its reward statistics follow the vocabulary).
+struct Explainer {
+    name: &'static str,
+    vocab: CaptionVocab,
+    objective: Box<dyn Objective<CpuBackend>>,
+}
+
+/// The retriever explanations judge with: where it is, and once needed,
+/// loaded (or why it could not be).
+#[derive(Default)]
+struct Judge {
+    path: Option<PathBuf>,
+    loaded: Option<Result<RetrieverCheckpoint<CpuBackend>, String>>,
+}
+
+impl Judge {
+    fn get(
+        &mut self,
+        cpu: &CpuBackend,
+    ) -> Option<Result<&mut RetrieverCheckpoint<CpuBackend>, String>> {
+        let path = self.path.as_ref()?;
+        let loaded = self.loaded.get_or_insert_with(|| {
+            RetrieverCheckpoint::load(cpu, path, 32).map_err(|e| format!("{e:#}"))
+        });
+        Some(loaded.as_mut().map_err(|e| e.clone()))
+    }
+}
+
 fn work(
     data: &CaptionData,
     inbox: &Receiver<Message>,
@@ -145,9 +182,8 @@ fn work(
 ) {
     let cpu = CpuBackend::new();
     let mut model: Option<Checkpoint<CpuBackend>> = None;
-    // The training references' CIDEr-D statistics for a vocabulary, made
-    // on the first explanation and again only for a model with another.
-    let mut reward: Option<(CaptionVocab, CiderReward)> = None;
+    let mut explainer: Option<Explainer> = None;
+    let mut judge = Judge::default();
     let mut latest: HashMap<Asker, Request> = HashMap::new();
     while let Ok(first) = inbox.recv() {
         // Everything waiting: keep the newest model and each asker's newest request.
@@ -172,6 +208,13 @@ fn work(
                     }
                     rescore_all = true;
                 }
+                Message::Retriever(path) => {
+                    judge = Judge {
+                        path: Some(path),
+                        loaded: None,
+                    };
+                    rescore_all = true;
+                }
             }
         }
         let due: Vec<Request> = latest
@@ -187,16 +230,16 @@ fn work(
                 ),
                 Some(ck) => {
                     let result = score(&cpu, ck, data, &request);
-                    let explained = match (request.reward_under, &result) {
-                        (Some(name), Ok(_)) => {
-                            if reward.as_ref().is_none_or(|(v, _)| *v != ck.vocab) {
-                                let (corpus, _) = TrainingCorpus::training_split(&data.data);
-                                let made = CiderReward::for_training(&corpus, &ck.vocab);
-                                reward = Some((ck.vocab.clone(), made));
-                            }
-                            let (_, made) = reward.as_ref().expect("made above");
-                            Some(explain_reward(&cpu, ck, data, made, &request, name))
-                        }
+                    let explained = match (request.explain_under, &result) {
+                        (Some(name), Ok(_)) => Some(explain(
+                            &cpu,
+                            ck,
+                            data,
+                            &request,
+                            name,
+                            &mut explainer,
+                            &mut judge,
+                        )),
                         _ => None,
                     };
                     (result, explained)
@@ -205,7 +248,7 @@ fn work(
             let scored = Scored {
                 request,
                 result,
-                reward: explained,
+                explained,
             };
             if outbox.send(scored).is_err() {
                 return;
@@ -225,36 +268,59 @@ fn install(ck: Checkpoint<CpuBackend>, notes: &Sender<String>) -> Option<Checkpo
     Some(ck)
 }
 
-fn explain_reward(
+/// The request's caption explained under objective `name`, with the
+/// explainer made (again) when it is another's or for another vocabulary.
+fn explain(
     cpu: &CpuBackend,
     ck: &mut Checkpoint<CpuBackend>,
     data: &CaptionData,
-    reward: &CiderReward,
     request: &Request,
-    objective: &str,
-) -> Result<RewardExplanation, String> {
+    name: &'static str,
+    explainer: &mut Option<Explainer>,
+    judge: &mut Judge,
+) -> Result<Explanation, String> {
+    if explainer
+        .as_ref()
+        .is_none_or(|e| e.name != name || e.vocab != ck.vocab)
+    {
+        let objective = objectives::build(name, &Settings::new(), ck.vocab.len())
+            .map_err(|e| format!("{e:#}"))?;
+        *explainer = Some(Explainer {
+            name,
+            vocab: ck.vocab.clone(),
+            objective,
+        });
+    }
+    let explainer = explainer.as_mut().expect("made above");
+    let needs = objectives::find(name).map_err(|e| format!("{e:#}"))?.needs;
+    let retriever = match judge.get(cpu) {
+        Some(loaded) if needs(&Settings::new()).retriever => Some(loaded?),
+        _ => None,
+    };
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
-    let references: Vec<Vec<String>> = data.data.items[request.item]
-        .captions
-        .iter()
-        .map(|c| c.tokens.clone())
-        .collect();
-    explain(
-        cpu,
-        &mut ck.model,
-        &ck.vocab,
-        reward,
-        &references,
-        &data.features_of(&[request.item]),
-        &ids,
-        objective,
-        &Settings::new(),
-        0,
-    )
-    .map_err(|e| format!("{e:#}"))
+    let mut cx = ExplainContext {
+        b: cpu,
+        model: &mut ck.model,
+        vocab: &ck.vocab,
+        ids: &ids,
+        data,
+        item: request.item,
+        retriever,
+        batch_images: BATCH_IMAGES,
+        seed: 0,
+    };
+    match explainer.objective.explain(&mut cx) {
+        Ok(Some(e)) => Ok(e),
+        Ok(None) => Err(format!("{name} explains no caption")),
+        Err(e) => Err(format!("{e:#}")),
+    }
 }
+
+/// The images of a training batch an explanation ranks a caption among
+/// (the shapes preset's batch).
+const BATCH_IMAGES: usize = 64;
 
 fn score(
     cpu: &CpuBackend,

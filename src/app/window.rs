@@ -236,9 +236,12 @@ impl Window {
                 Ok(Ok(loaded)) => {
                     let mut source = source.take().expect("the source waits for the data");
                     if let Source::Train(setup) = &mut source {
-                        setup.retriever = loaded.retriever;
+                        setup.retriever.clone_from(&loaded.retriever);
                     }
                     let mut app = CaptuneApp::new(ui.ctx(), Arc::new(loaded.data), source);
+                    if let Some(retriever) = loaded.retriever {
+                        app.judge_with(retriever);
+                    }
                     if let Some(tab) = self.options.tab {
                         app.tab = tab;
                     }

@@ -13,10 +13,8 @@
 
 use super::CaptionVocab;
 use super::model::Captioner;
-use super::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
-use super::objectives::sequence::SequenceLevel;
-use super::objectives::settings::Settings;
-use super::objectives::token::{TokenLevel, TokenObjective};
+use super::objective::{StepContext, TrainingBatch, TrainingCorpus};
+use super::objectives::{self, settings::Settings};
 use super::run::RunConfig;
 use super::train::optimise;
 use crate::backend::{Backend, BackendKind, DeviceCounters};
@@ -25,7 +23,7 @@ use crate::data::shapes;
 use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS};
 use crate::optim::{AdamW, AdamWConfig};
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -132,15 +130,24 @@ fn workload_batches(
     }
 }
 
-/// Times `steps` training steps on `workload` after `warmup` untimed ones.
+/// Times `steps` training steps of objective `name` (default settings)
+/// on `workload` after `warmup` untimed ones. Each caption is also its
+/// image's one reference, for objectives that reward against references.
 pub fn train_throughput<B: Backend>(
     b: &B,
     preset: &str,
-    objective: TokenObjective,
+    name: &str,
     workload: Workload,
     warmup: usize,
     steps: usize,
 ) -> Result<TrainBench> {
+    let settings = Settings::new();
+    let needs = (objectives::find(name)?.needs)(&settings);
+    if needs.retriever || needs.image_embeddings {
+        bail!(
+            "bench train times objectives that train on captions alone; {name} needs a retriever"
+        );
+    }
     let run = RunConfig::preset(preset)?;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -149,31 +156,38 @@ pub fn train_throughput<B: Backend>(
     let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut trained = TokenLevel::new(objective, vocab.len());
+    let mut trained = objectives::build::<B>(name, &settings, vocab.len())?;
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
+    let references = batches
+        .iter()
+        .flatten()
+        .map(|s| vec![vocab.decode_words(&s[1..])])
+        .collect();
+    let corpus = TrainingCorpus::new(format!("bench-train-{workload:?}"), references);
     // Returns the step's real tokens.
+    let mut first_image = 0;
     let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
         let batch = TrainingBatch {
             features: features.clone(),
             sequences: sequences.to_vec(),
-            // Token-level objectives read no references.
-            images: Vec::new(),
+            images: (first_image..first_image + sequences.len()).collect(),
             labelled: None,
         };
+        first_image += sequences.len();
         let mut cx = StepContext {
             b,
             model: &mut model,
             vocab: &vocab,
             batch: &batch,
-            corpus: &TrainingCorpus::default(),
+            corpus: &corpus,
             gradient_weight: 1.0,
             retriever: None,
             rng: &mut rng,
             monitor: false,
         };
-        optimise(&mut opt, &mut trained, &mut cx)?;
+        optimise(&mut opt, trained.as_mut(), &mut cx)?;
         Ok(batch.tokens())
     };
     for sequences in &batches[..warmup] {
@@ -195,7 +209,7 @@ pub fn train_throughput<B: Backend>(
         backend: b.kind(),
         adapter: b.adapter_name(),
         preset: preset.into(),
-        objective: Objective::<B>::describe(&trained),
+        objective: trained.describe(),
         workload,
         batch,
         tokens_per_step: tokens as f64 / steps as f64,
@@ -391,7 +405,7 @@ pub fn scst_throughput<B: Backend>(
     let corpus = TrainingCorpus::new("bench-scst-synthetic", references);
     let mut model = Captioner::new(b, run.captioner(EMBED_DIM, vocab.len()), 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
-    let mut scst = SequenceLevel::new("scst", &Settings::new())?;
+    let mut scst = objectives::build::<B>("scst", &Settings::new(), vocab.len())?;
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
@@ -423,12 +437,19 @@ pub fn scst_throughput<B: Backend>(
             rng: &mut rng,
             monitor: false,
         };
-        optimise(&mut opt, &mut scst, &mut cx)?;
+        optimise(&mut opt, scst.as_mut(), &mut cx)?;
         b.flush();
         if step >= warmup {
             total += start.elapsed().as_secs_f64();
-            sampling += scst.timing.sampling.as_secs_f64();
-            rewards += scst.timing.rewards.as_secs_f64();
+            let phases = scst.phases();
+            let phase = |name| {
+                phases
+                    .iter()
+                    .find(|p| p.0 == name)
+                    .map_or(0.0, |p| p.1.as_secs_f64())
+            };
+            sampling += phase("sampling");
+            rewards += phase("rewards");
         }
     }
     let per_step = per(b.counters(), before, steps);
@@ -438,7 +459,7 @@ pub fn scst_throughput<B: Backend>(
         backend: b.kind(),
         adapter: b.adapter_name(),
         preset: preset.into(),
-        objective: Objective::<B>::describe(&scst),
+        objective: scst.describe(),
         batch,
         samples_per_image: 5,
         steps,

@@ -1,8 +1,9 @@
 //! The MLE mix: lambda x MLE on the references + (1 - lambda) x an
 //! objective's own loss (`mle_weight`), one wrapper for every objective
 //! that takes the setting and does not mix inside its own loss (the SMILE
-//! family mixes in its softmax pass). The registry wraps them
-//! (`objectives::build`), so an objective's own file knows nothing of it.
+//! family mixes in its softmax pass). The registry wraps them and hands
+//! in its MLE (`objectives::build`), so neither an objective's own file
+//! nor this one names another objective.
 //!
 //! The own objective's gradient, written into zeroed gradients, is scaled
 //! by 1 - lambda; MLE's is then added at lambda, times the step's gradient
@@ -11,26 +12,23 @@
 //! labelled batch beside the unlabelled images
 //! (`TrainingBatch::references`).
 
+use super::explain::{ExplainContext, Explanation};
 use super::objective::{Objective, StepContext};
-use super::objectives::token::{TokenLevel, TokenObjective};
 use crate::backend::Backend;
 use anyhow::Result;
+use std::time::Duration;
 
 pub struct MleMix<B: Backend> {
     own: Box<dyn Objective<B>>,
-    mle: TokenLevel<B>,
+    mle: Box<dyn Objective<B>>,
     /// lambda.
     weight: f32,
 }
 
 impl<B: Backend> MleMix<B> {
-    /// `own` mixed with MLE at `weight`, for a vocabulary of `vocab` ids.
-    pub fn new(own: Box<dyn Objective<B>>, weight: f32, vocab: usize) -> Self {
-        MleMix {
-            own,
-            mle: TokenLevel::new(TokenObjective::mle(), vocab),
-            weight,
-        }
+    /// `own` mixed with `mle` at `weight`.
+    pub fn new(own: Box<dyn Objective<B>>, mle: Box<dyn Objective<B>>, weight: f32) -> Self {
+        MleMix { own, mle, weight }
     }
 }
 
@@ -42,7 +40,11 @@ impl<B: Backend> Objective<B> for MleMix<B> {
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         self.own.step(cx)?;
         cx.model.params.scale_grads(cx.b, 1.0 - self.weight);
-        self.mle.step_weighted(cx, self.weight)
+        let full = cx.gradient_weight;
+        cx.gradient_weight = full * self.weight;
+        let stepped = self.mle.step(cx);
+        cx.gradient_weight = full;
+        stepped
     }
 
     fn logged(&self) -> Vec<&B::Tensor> {
@@ -63,6 +65,15 @@ impl<B: Backend> Objective<B> for MleMix<B> {
         }
         values.push(("mle", mle));
         values
+    }
+
+    fn phases(&self) -> Vec<(&'static str, Duration)> {
+        self.own.phases()
+    }
+
+    /// The own objective's: its token terms already carry 1 - lambda.
+    fn explain(&mut self, cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
+        self.own.explain(cx)
     }
 
     fn state(&self) -> Vec<f64> {

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod collapse;
 pub mod decode;
 pub mod evaluate;
+pub mod explain;
 pub mod inspect;
 pub mod labelled;
 pub mod listener;

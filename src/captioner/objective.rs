@@ -13,6 +13,7 @@
 
 use super::CaptionVocab;
 use super::collapse::RewardWatch;
+use super::explain::{ExplainContext, Explanation};
 use super::model::Captioner;
 use super::objectives::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::Backend;
@@ -20,6 +21,7 @@ use crate::data::{Dataset, Split};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
+use std::time::Duration;
 
 /// lambda in lambda * MLE on the references + (1 - lambda) * an
 /// objective's own loss: SMILE's mix inside its softmax pass, every other
@@ -57,6 +59,10 @@ pub struct ObjectiveInfo {
     /// What it needs besides the batch, with these settings: the trainer
     /// supplies exactly that, and refuses a run that cannot.
     pub needs: fn(&Settings) -> Needs,
+    /// Its `Objective::explain` says what it makes of a caption (those
+    /// that reward nothing, MLE and SMILE, do not: `inspect`'s token
+    /// table shows their losses).
+    pub explains: bool,
 }
 
 /// What an objective needs besides its batch and the corpus' references.
@@ -266,6 +272,19 @@ pub trait Objective<B: Backend> {
     /// with the run's state so that a resumed run continues exactly.
     fn state(&self) -> Vec<f64> {
         Vec::new()
+    }
+
+    /// Where its last step's time went, by phase, for `captune bench`
+    /// (none by default: the step is one phase).
+    fn phases(&self) -> Vec<(&'static str, Duration)> {
+        Vec::new()
+    }
+
+    /// What it makes of `cx.ids` as the caption of `cx.item` at a training
+    /// step, from a fresh start (its own baselines not yet run); None when
+    /// it rewards nothing (`ObjectiveInfo::explains`).
+    fn explain(&mut self, _cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
+        Ok(None)
     }
 
     /// Continues from a `state` it returned.

@@ -12,7 +12,6 @@ use captune::captioner::decode::Decoding;
 use captune::captioner::evaluate::CaptionMetrics;
 use captune::captioner::objective::MLE_WEIGHT;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
-use captune::captioner::objectives::token::{MLE, SMILE};
 use captune::captioner::run_folder::RunFolder;
 use captune::captioner::train::{self as captioner_train, CaptionData};
 use captune::data::Split;
@@ -97,8 +96,10 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         prep.evaluate(b, &mut retriever, Split::Val)?
     };
     eprintln!("retriever on val: {retriever_recall}");
+    // The two stages, by the objectives' registry names (which are also
+    // their run folders' names).
     let stage = |objective: &str, epochs: usize, init: Option<PathBuf>| {
-        let smile = objective != MLE.name;
+        let smile = init.is_some();
         let settings = if smile {
             Settings::from([(
                 MLE_WEIGHT.key.to_string(),
@@ -120,18 +121,18 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             lr: smile.then_some(args.smile_lr),
             labelled: None,
             init,
-            out: out.join(if smile { "smile" } else { "mle" }),
+            out: out.join(objective),
             resume: false,
             overwrite: args.overwrite,
             no_collapse_stop: false,
         }
     };
     eprintln!("[3/5] training the captioner with MLE");
-    let mle_args = stage(MLE.name, args.mle_epochs, None);
+    let mle_args = stage("mle", args.mle_epochs, None);
     let mle = train::train(b, &mle_args, Some((&data, Some(&mut retriever))))?;
     eprintln!("[4/5] continuing with SMILE");
     let smile_args = stage(
-        SMILE.name,
+        "smile",
         args.smile_epochs,
         Some(mle_args.out.join("checkpoint.safetensors")),
     );

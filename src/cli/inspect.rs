@@ -1,26 +1,19 @@
 //! `captune inspect`: per token, the MLE and SMILE losses and the
-//! predictions; with a sequence-level `--objective`, also why the caption
-//! as a sample would be rewarded or punished (reward, baseline, advantage
-//! and each token's term of the loss); with `--objective discritune`,
-//! where the caption ranks among a batch of candidate images and the
-//! reward that makes.
+//! predictions; with an `--objective` that rewards captions, also why the
+//! caption as the image's at a training step would be rewarded or
+//! punished (its reward, baseline and advantage, what they were measured
+//! against, and each token's term of the loss).
 
 use super::DataArgs;
 use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data};
 use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
-use captune::captioner::inspect::score_caption;
-use captune::captioner::objective::TrainingCorpus;
-use captune::captioner::objectives::discritune::{self, HARD_NEGATIVES, RetrievalExplanation};
-use captune::captioner::objectives::sequence::{RewardExplanation, explain};
-use captune::captioner::reward::CiderReward;
-use captune::captioner::train::CaptionData;
+use captune::captioner::explain::{ExplainContext, Explanation};
+use captune::captioner::inspect::{TokenScore, score_caption};
+use captune::captioner::objectives::{self, OBJECTIVES};
 use captune::data::tokenize::ptb_tokenize;
 use captune::progress::Progress;
-use captune::retriever::neighbours::nearest;
-use rand::SeedableRng;
-use rand::seq::SliceRandom;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -37,18 +30,18 @@ pub struct InspectArgs {
     /// The caption to score (tokenised as the references are).
     #[arg(long)]
     pub caption: String,
-    /// Also explain the caption's reward under this sequence-level
-    /// objective (scst, sll-me, sle) with its settings, as a sample of the
-    /// image at a training step would be.
+    /// Also explain the caption under this objective (one that rewards
+    /// captions: scst, sll-me, sle, discritune) with its settings, as the
+    /// image's caption at a training step.
     #[command(flatten)]
     pub objective: ObjectiveArgs,
     /// Seeds the other samples a mean baseline or SLE compares with, and
-    /// DiscriTune's other candidate images.
+    /// the batch's other images.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// DiscriTune: the candidate images, the caption's own and others
-    /// drawn from its split (a training batch's images), before the hard
-    /// negatives.
+    /// The images of the training batch the caption is explained in, its
+    /// own and others drawn from its split: those a retrieval reward ranks
+    /// it among (DiscriTune), before any hard negatives.
     #[arg(long, default_value_t = 64)]
     pub candidates: usize,
     #[arg(long)]
@@ -75,70 +68,46 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
     let features = data.features_of(&[i]);
     let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
-    if args.objective.objective.as_deref() == Some("discritune") {
-        let Some(retriever) = retriever.as_mut() else {
-            bail!("--objective discritune: inspect needs the run's retriever (--retriever PATH)");
-        };
-        let (candidates, ids_of) = candidates(&data, i, args);
-        let e = discritune::explain(
-            b,
-            &mut ck.model,
-            &ck.vocab,
-            retriever,
-            &candidates,
-            &ids,
-            &args.objective.settings,
-        )?;
-        if args.json {
-            let json = serde_json::json!({"tokens": scores, "retrieval": e});
-            println!("{}", serde_json::to_string_pretty(&json)?);
-        } else {
-            print_scores(&scores);
-            print_retrieval(&e, &ids_of);
-        }
-        return Ok(());
-    }
     let explained = match &args.objective.objective {
         None => None,
         Some(name) => {
-            let (corpus, _) = TrainingCorpus::training_split(&data.data);
-            let reward = CiderReward::for_training(&corpus, &ck.vocab);
-            let references: Vec<Vec<String>> = data.data.items[i]
-                .captions
-                .iter()
-                .map(|c| c.tokens.clone())
-                .collect();
             let settings = &args.objective.settings;
-            Some(
-                explain(
-                    b,
-                    &mut ck.model,
-                    &ck.vocab,
-                    &reward,
-                    &references,
-                    &features,
-                    &ids,
-                    name,
-                    settings,
-                    args.seed,
-                )
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "--objective {name}: {e}; inspect explains the reward of scst, sll-me \
-                         and sle (the table always shows MLE and SMILE)"
-                    )
-                })?,
-            )
+            let mut objective = objectives::build::<B>(name, settings, ck.vocab.len())?;
+            let mut cx = ExplainContext {
+                b,
+                model: &mut ck.model,
+                vocab: &ck.vocab,
+                ids: &ids,
+                data: &data,
+                item: i,
+                retriever: retriever.as_mut(),
+                batch_images: args.candidates,
+                seed: args.seed,
+            };
+            let e = objective
+                .explain(&mut cx)
+                .map_err(|e| anyhow::anyhow!("--objective {name}: {e:#}"))?;
+            let Some(e) = e else {
+                let explaining: Vec<&str> = OBJECTIVES
+                    .iter()
+                    .filter(|o| o.explains)
+                    .map(|o| o.name)
+                    .collect();
+                bail!(
+                    "--objective {name} rewards no caption to explain; inspect explains {} (the \
+                     table always shows MLE and SMILE)",
+                    explaining.join(", ")
+                );
+            };
+            Some(e)
         }
     };
     if args.json {
-        match explained {
-            None => println!("{}", serde_json::to_string_pretty(&scores)?),
-            Some(e) => println!(
-                "{}",
-                serde_json::to_string_pretty(&serde_json::json!({"tokens": scores, "reward": e}))?
-            ),
-        }
+        let json = match explained {
+            None => serde_json::to_value(&scores)?,
+            Some(e) => serde_json::json!({"tokens": scores, "explanation": e}),
+        };
+        println!("{}", serde_json::to_string_pretty(&json)?);
         return Ok(());
     }
     print_scores(&scores);
@@ -148,46 +117,41 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     Ok(())
 }
 
-fn print_explanation(e: &RewardExplanation) {
+fn print_explanation(e: &Explanation) {
     println!("\n{}: {:?}", e.objective, e.caption);
     println!(
-        "reward {:.3}, baseline {:.3}, advantage {:+.3} ({})",
+        "reward {:.3} ({}), baseline {:.3}, advantage {:+.3}: {}",
         e.reward,
+        e.reward_is,
         e.baseline,
         e.advantage,
-        if e.advantage > 0.0 {
-            "its tokens are made more likely"
-        } else if e.advantage < 0.0 {
-            "its tokens are made less likely"
-        } else {
-            "no gradient"
-        }
+        e.verdict()
     );
+    if !e.figures.0.is_empty() {
+        println!("{}", e.figures);
+    }
     for c in &e.compared_with {
-        println!("  {:>6} {:>7.3}  {}", c.kind, c.reward, c.caption);
+        println!("  {:>9}  {}  {}", c.kind, c.figures, c.what);
     }
     println!(
         "{:>12} {:>8} {:>10} {:>8} {:>10}",
-        "token", "log p", "-A log p", "entropy", "bonus"
+        "token", "log p", "loss term", "entropy", "bonus"
     );
     for t in &e.tokens {
         println!(
-            "{:>12} {:>8.3} {:>10.3} {:>8.3} {:>10.4}",
+            "{:>12} {:>8.3} {:>10.4} {:>8.3} {:>10.4}",
             t.token, t.logprob, t.likelihood_term, t.entropy, t.entropy_term
         );
     }
-    let total: f32 = e
-        .tokens
-        .iter()
-        .map(|t| t.likelihood_term + t.entropy_term)
-        .sum();
     println!(
-        "{:>12} {:>8} {total:>10.3}  (this caption's loss)",
-        "total", ""
+        "{:>12} {:>8} {:>10.4}  (this caption's loss)",
+        "total",
+        "",
+        e.loss()
     );
 }
 
-fn print_scores(scores: &[captune::captioner::inspect::TokenScore]) {
+fn print_scores(scores: &[TokenScore]) {
     println!(
         "{:>12} {:>8} {:>8} {:>7} {:>7}  {:<44} top-5 subset",
         "token", "MLE", "SMILE", "p full", "p sub", "top-5 full"
@@ -210,69 +174,4 @@ fn print_scores(scores: &[captune::captioner::inspect::TokenScore]) {
             top(&s.top5_subset)
         );
     }
-}
-
-/// Image `i`'s embedding first, then `--candidates` - 1 others of its
-/// split drawn with `--seed`, then its `--hard-negatives` nearest in the
-/// split not drawn already; with each candidate's image id.
-fn candidates(data: &CaptionData, i: usize, args: &InspectArgs) -> (Vec<f32>, Vec<String>) {
-    let split = data.items(data.data.items[i].split);
-    let mut others: Vec<usize> = split.iter().copied().filter(|&j| j != i).collect();
-    others.shuffle(&mut rand_chacha::ChaCha8Rng::seed_from_u64(args.seed));
-    others.truncate(args.candidates.saturating_sub(1));
-    let mut chosen = vec![i];
-    chosen.extend(others);
-    let hard = HARD_NEGATIVES.number(&args.objective.settings).round() as usize;
-    if hard > 0 {
-        let e = data.features_of(&split);
-        let own = data.features_of(&[i]);
-        let at = split.iter().position(|&j| j == i);
-        let near = nearest(&e, data.dim, &own, at, hard)
-            .into_iter()
-            .map(|k| split[k]);
-        let new: Vec<usize> = near.filter(|j| !chosen.contains(j)).collect();
-        chosen.extend(new);
-    }
-    let ids = chosen
-        .iter()
-        .map(|&j| data.data.items[j].id.clone())
-        .collect();
-    (data.features_of(&chosen), ids)
-}
-
-fn print_retrieval(e: &RetrievalExplanation, ids: &[String]) {
-    println!("\n{}: {:?}", e.objective, e.caption);
-    println!(
-        "rank {} of {} candidates, reward (log p of its own image) {:.3}, baseline {:.3}, \
-         advantage {:+.3}",
-        e.rank, e.candidates, e.reward, e.baseline, e.advantage
-    );
-    println!("best matches:");
-    for c in &e.best_matches {
-        let own = if c.index == 0 {
-            "  (its own image)"
-        } else {
-            ""
-        };
-        println!(
-            "  image {:>10}  cosine {:.3}  p {:.3}{own}",
-            ids[c.index], c.cosine, c.probability
-        );
-    }
-    println!("{:>12} {:>8} {:>12}", "token", "log p", "-A/T log p");
-    for t in &e.tokens {
-        println!(
-            "{:>12} {:>8.3} {:>12.4}",
-            t.token, t.logprob, t.likelihood_term
-        );
-    }
-    let total: f32 = e
-        .tokens
-        .iter()
-        .map(|t| t.likelihood_term + t.entropy_term)
-        .sum();
-    println!(
-        "{:>12} {:>8} {total:>12.4}  (this caption's loss)",
-        "total", ""
-    );
 }

@@ -33,7 +33,7 @@ impl Panel for InspectorPanel {
         });
         view.scorer.ask(Request {
             asker: Asker::Inspector,
-            reward_under: None,
+            explain_under: None,
             item: i,
             caption: self.text.clone(),
         });

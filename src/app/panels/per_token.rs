@@ -5,8 +5,8 @@ use super::tokens::{bars, paired_bars, scores};
 use super::{Panel, View, highlighted, image_picker, reference_words};
 use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
-use crate::captioner::objectives::reinforce::TokenTerm;
-use crate::captioner::objectives::sequence::{RewardExplanation, SEQUENCE_OBJECTIVES};
+use crate::captioner::explain::{Explanation, TokenTerm};
+use crate::captioner::objectives::OBJECTIVES;
 use crate::captioner::train::CaptionData;
 use crate::data::tokenize::ptb_tokenize;
 use egui::RichText;
@@ -19,9 +19,8 @@ pub struct PerTokenPanel {
     /// Index into the validation images.
     pub image: usize,
     pub caption: usize,
-    /// The sequence-level objective whose reward of the caption is
-    /// explained beside the losses, if any.
-    pub reward_under: Option<&'static str>,
+    /// The objective that explains the caption beside the losses, if any.
+    pub explain_under: Option<&'static str>,
 }
 
 impl Panel for PerTokenPanel {
@@ -42,21 +41,21 @@ impl Panel for PerTokenPanel {
         let references = reference_words(data, i);
         highlighted(ui, &ptb_tokenize(caption).join(" "), &references);
         ui.horizontal(|ui| {
-            ui.label("reward as a sample under:");
-            ui.selectable_value(&mut self.reward_under, None, "none");
-            for info in SEQUENCE_OBJECTIVES {
-                ui.selectable_value(&mut self.reward_under, Some(info.name), info.name);
+            ui.label("rewarded as the image's caption under:");
+            ui.selectable_value(&mut self.explain_under, None, "none");
+            for info in OBJECTIVES.iter().filter(|o| o.explains) {
+                ui.selectable_value(&mut self.explain_under, Some(info.name), info.name);
             }
         });
         view.scorer.ask(Request {
             asker: Asker::PerToken,
             item: i,
             caption: caption.clone(),
-            reward_under: self.reward_under,
+            explain_under: self.explain_under,
         });
         if let Some(answer) = view.scorer.answer(Asker::PerToken) {
-            match &answer.reward {
-                Some(Ok(e)) => reward_view(ui, e),
+            match &answer.explained {
+                Some(Ok(e)) => explanation_view(ui, e),
                 Some(Err(why)) => {
                     ui.colored_label(ui.visuals().error_fg_color, why);
                 }
@@ -67,15 +66,21 @@ impl Panel for PerTokenPanel {
     }
 }
 
-/// A caption's reward, baseline and advantage, and each token's term of
-/// the loss as bars (negative: the token is pushed up).
-fn reward_view(ui: &mut egui::Ui, e: &RewardExplanation) {
+/// A caption's reward, baseline and advantage, what they were measured
+/// against, and each token's term of the loss as bars (negative: the
+/// token is pushed up).
+fn explanation_view(ui: &mut egui::Ui, e: &Explanation) {
+    let figures = if e.figures.0.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", e.figures)
+    };
     ui.label(format!(
-        "{}: reward {:.3}, baseline {:.3}, advantage {:+.3}",
-        e.objective, e.reward, e.baseline, e.advantage
+        "{}: reward {:.3} ({}), baseline {:.3}, advantage {:+.3}{figures}",
+        e.objective, e.reward, e.reward_is, e.baseline, e.advantage
     ));
     for c in &e.compared_with {
-        let line = format!("{} {:.3}: {}", c.kind, c.reward, c.caption);
+        let line = format!("{} ({}): {}", c.kind, c.figures, c.what);
         ui.label(RichText::new(line).weak());
     }
     let labels: Vec<String> = e.tokens.iter().map(|t| t.token.clone()).collect();

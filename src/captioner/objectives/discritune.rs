@@ -10,22 +10,19 @@
 //! the batch's captions goes through REINFORCE's surrogate on the device.
 //! No gradient flows into the retriever.
 
-use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
+use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
 use crate::backend::Backend;
-use crate::captioner::CaptionVocab;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
+use crate::captioner::explain::{Compared, ExplainContext, Explanation, Figures};
 use crate::captioner::listener::{VocabMap, embed_generated, frozen_retriever};
-use crate::captioner::model::Captioner;
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::neighbours::Neighbours;
 use anyhow::{Result, bail};
 use rand::Rng;
-use serde::Serialize;
 
 pub const HARD_NEGATIVES: Setting = Setting {
     key: "hard_negatives",
@@ -98,6 +95,7 @@ pub const DISCRITUNE: ObjectiveInfo = ObjectiveInfo {
         min_drop: 1.386,
     }),
     needs: discritune_needs,
+    explains: true,
 };
 
 /// The frozen retriever, and with hard negatives every training image's
@@ -349,6 +347,87 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         vec![&s.likelihood.loss, &s.mean_entropy]
     }
 
+    fn explain(&mut self, cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
+        let (b, c, vocab) = (cx.b, self.config, cx.vocab);
+        let dim = cx.model.config.embed_dim;
+        let candidates = cx.batch(c.hard_negatives);
+        let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
+        let n = candidates.ids.len();
+        let map = VocabMap::new(vocab, &retriever.vocab);
+        let m = &retriever.model;
+        let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
+        let features = &candidates.features;
+        let greedy = generate(
+            b,
+            cx.model,
+            features,
+            &Decoding::Greedy,
+            &DecodeOptions::default(),
+        )?;
+        let mut captions: Vec<&[u32]> = vec![&cx.ids[1..]];
+        captions.extend(greedy.iter().map(|g| g.ids.as_slice()));
+        let text = embed_generated(b, &mut retriever.model, &map, &captions)?;
+        // Row j of `text` against every candidate, and judged as image `own`'s.
+        let cosines = |j: usize| -> Vec<f64> {
+            (0..n)
+                .map(|k| {
+                    cosine(
+                        &text[j * dim..(j + 1) * dim],
+                        &features[k * dim..(k + 1) * dim],
+                    )
+                })
+                .collect()
+        };
+        let judged = |j: usize, own: usize| {
+            let all = cosines(j);
+            let others: Vec<f64> = (0..n).filter(|&k| k != own).map(|k| all[k]).collect();
+            judge(scale, all[own], &others)
+        };
+        let own = judged(0, 0);
+        // A first step's baseline: every candidate's own greedy caption's reward.
+        let baseline = (0..n).map(|k| judged(k + 1, k).reward).sum::<f64>() / n as f64;
+        let advantage = own.reward - baseline;
+        let all = cosines(0);
+        // log p(candidate k) = scale * cos_k - lse, and lse = scale * cos_0 - reward.
+        let lse = scale * all[0] - own.reward;
+        let mut best: Vec<usize> = (0..n).collect();
+        best.sort_by(|&a, &b| all[b].total_cmp(&all[a]).then(a.cmp(&b)));
+        best.truncate(5);
+        let compared_with = best
+            .into_iter()
+            .map(|k| Compared {
+                kind: if k == 0 { "own image" } else { "image" },
+                what: candidates.ids[k].clone(),
+                figures: Figures(vec![
+                    ("cosine", all[k]),
+                    ("probability", (scale * all[k] - lse).exp()),
+                ]),
+            })
+            .collect();
+        let rest = 1.0 - c.mle_weight as f64;
+        let steps = (cx.ids.len() - 1) as f64;
+        let tokens = token_terms(
+            b,
+            cx.model,
+            vocab,
+            &features[..dim],
+            cx.ids,
+            rest * advantage / steps,
+            rest * c.entropy_weight as f64 / steps,
+        )?;
+        Ok(Some(Explanation {
+            objective: self.described.clone(),
+            caption: vocab.decode(&cx.ids[1..]),
+            reward_is: format!("log p of its own image among {n} candidates"),
+            reward: own.reward,
+            baseline,
+            advantage,
+            figures: Figures(vec![("rank", own.rank as f64), ("candidates", n as f64)]),
+            compared_with,
+            tokens,
+        }))
+    }
+
     fn state(&self) -> Vec<f64> {
         self.baseline.saved()
     }
@@ -374,121 +453,6 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             ("repetition", f.repetition as f32),
         ]
     }
-}
-
-/// One candidate image as the retriever matches it with a caption.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Candidate {
-    /// Its index in the candidates given (0: the caption's own image).
-    pub index: usize,
-    pub cosine: f64,
-    /// The retriever's probability of picking it for the caption.
-    pub probability: f64,
-}
-
-/// Where a caption ranks among candidate images, and what DiscriTune
-/// would make of it as the caption of the first candidate at a step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RetrievalExplanation {
-    pub objective: String,
-    pub caption: String,
-    pub reward: f64,
-    pub rank: usize,
-    pub candidates: usize,
-    /// The mean reward of every candidate's own greedy caption among the
-    /// same candidates: what a first step's baseline would be.
-    pub baseline: f64,
-    pub advantage: f64,
-    /// The five candidates the caption matches best, best first.
-    pub best_matches: Vec<Candidate>,
-    /// Each token's term of the loss, (R - b) spread over the tokens.
-    pub tokens: Vec<TokenTerm>,
-}
-
-/// Explains `ids` (`<bos> .. <eos>`) as DiscriTune's caption of the first
-/// of `candidates` (unit image embeddings `[n, dim]`, the retriever's)
-/// with `settings`.
-pub fn explain<B: Backend>(
-    b: &B,
-    model: &mut Captioner<B>,
-    vocab: &CaptionVocab,
-    retriever: &mut RetrieverCheckpoint<B>,
-    candidates: &[f32],
-    ids: &[u32],
-    settings: &Settings,
-) -> Result<RetrievalExplanation> {
-    let c = DiscriTuneConfig::from_settings(settings);
-    let dim = retriever.model.config.embed_dim;
-    if !candidates.len().is_multiple_of(dim) || candidates.is_empty() {
-        bail!("the candidates are not {dim}-wide image embeddings of the retriever");
-    }
-    let n = candidates.len() / dim;
-    let map = VocabMap::new(vocab, &retriever.vocab);
-    let m = &retriever.model;
-    let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
-    let greedy = generate(
-        b,
-        model,
-        candidates,
-        &Decoding::Greedy,
-        &DecodeOptions::default(),
-    )?;
-    let mut captions: Vec<&[u32]> = vec![&ids[1..]];
-    captions.extend(greedy.iter().map(|g| g.ids.as_slice()));
-    let text = embed_generated(b, &mut retriever.model, &map, &captions)?;
-    // Row j of `text` against every candidate, and judged as image `own`'s.
-    let cosines = |j: usize| -> Vec<f64> {
-        (0..n)
-            .map(|k| {
-                cosine(
-                    &text[j * dim..(j + 1) * dim],
-                    &candidates[k * dim..(k + 1) * dim],
-                )
-            })
-            .collect()
-    };
-    let judged = |j: usize, own: usize| {
-        let all = cosines(j);
-        let others: Vec<f64> = (0..n).filter(|&k| k != own).map(|k| all[k]).collect();
-        judge(scale, all[own], &others)
-    };
-    let own = judged(0, 0);
-    let baseline = (0..n).map(|k| judged(k + 1, k).reward).sum::<f64>() / n as f64;
-    let advantage = own.reward - baseline;
-    let all = cosines(0);
-    let mut best: Vec<Candidate> = all
-        .iter()
-        .enumerate()
-        .map(|(index, &cos)| Candidate {
-            index,
-            cosine: cos,
-            probability: (scale * cos - (scale * all[0] - own.reward)).exp(),
-        })
-        .collect();
-    best.sort_by(|a, b| b.cosine.total_cmp(&a.cosine).then(a.index.cmp(&b.index)));
-    best.truncate(5);
-    let rest = 1.0 - c.mle_weight as f64;
-    let steps = (ids.len() - 1) as f64;
-    let tokens = token_terms(
-        b,
-        model,
-        vocab,
-        &candidates[..dim],
-        ids,
-        rest * advantage / steps,
-        rest * c.entropy_weight as f64 / steps,
-    )?;
-    Ok(RetrievalExplanation {
-        objective: DISCRITUNE.describe(settings),
-        caption: vocab.decode(&ids[1..]),
-        reward: own.reward,
-        rank: own.rank,
-        candidates: n,
-        baseline,
-        advantage,
-        best_matches: best,
-        tokens,
-    })
 }
 
 #[cfg(test)]

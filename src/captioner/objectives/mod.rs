@@ -124,7 +124,10 @@ fn mixed<B: Backend>(
     vocab: usize,
 ) -> Box<dyn Objective<B>> {
     match MLE_WEIGHT.number(settings) as f32 {
-        w if w > 0.0 => Box::new(MleMix::new(own, w, vocab)),
+        w if w > 0.0 => {
+            let mle = token::TokenLevel::new(token::TokenObjective::mle(), vocab);
+            Box::new(MleMix::new(own, Box::new(mle), w))
+        }
         _ => own,
     }
 }

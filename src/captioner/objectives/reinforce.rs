@@ -6,12 +6,12 @@
 use crate::backend::{Backend, Reduce};
 use crate::captioner::CaptionVocab;
 use crate::captioner::decode::Generated;
+use crate::captioner::explain::TokenTerm;
 use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use crate::captioner::objective::{SeriesGroup, StepContext};
 use crate::data::vocab::{BOS, PAD};
 use crate::ops::sequence_likelihood::SequenceLikelihood;
 use anyhow::Result;
-use serde::Serialize;
 
 /// The reward, its baseline and the spread of the advantages (per caption).
 pub const REWARDS_PLOT: SeriesGroup = SeriesGroup {
@@ -187,24 +187,6 @@ impl<B: Backend> Surrogates<B> {
         cx.model.backward(b, &inputs, &surrogate.d_logits);
         Ok(())
     }
-}
-
-/// One token's part in a sampled caption's surrogate loss.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TokenTerm {
-    pub token: String,
-    /// log p of the token under the current weights (the policy).
-    pub logprob: f32,
-    /// -(1 - lambda) * advantage * log p (DiscriTune: the advantage over
-    /// the caption's tokens): what the token adds to the caption's loss as
-    /// one sample (a step divides the sum over its samples by their number).
-    pub likelihood_term: f32,
-    /// The entropy (nats) of the next-token distribution at this step.
-    pub entropy: f32,
-    /// -(1 - lambda) * entropy_weight * entropy / (the caption's tokens):
-    /// the bonus's part, as if the caption were the step's only sample
-    /// (SLL-ME; 0 elsewhere).
-    pub entropy_term: f32,
 }
 
 /// Each token of `ids` (`<bos> .. <eos>`) as a caption of the image with

@@ -72,6 +72,7 @@ pub const CLIP_RELEVANCE: ObjectiveInfo = ObjectiveInfo {
         min_drop: 0.2,
     }),
     needs: Needs::retriever,
+    explains: false,
 };
 
 #[derive(Clone, Copy, Debug, Default)]

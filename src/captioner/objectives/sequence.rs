@@ -12,13 +12,13 @@
 //!   -(1/N) sum_j A_j sum_t log p(y_jt)   (<eos> included, N = samples)
 //! minus the entropy bonus, teacher-forcing the model on its own samples.
 
-use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, TokenTerm, token_terms};
+use super::reinforce::{REWARDS_PLOT, SAMPLES_PLOT, Surrogates, token_terms};
 use super::settings::{Setting, SettingKind, Settings};
 use crate::backend::Backend;
 use crate::captioner::CaptionVocab;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
-use crate::captioner::model::Captioner;
+use crate::captioner::explain::{Compared, ExplainContext, Explanation, Figures};
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
@@ -27,7 +27,6 @@ use crate::metrics::bleu::sentence_bleu;
 use crate::metrics::diversity::diversity;
 use anyhow::Result;
 use rand::Rng;
-use serde::Serialize;
 use std::time::{Duration, Instant};
 
 pub const SAMPLES: Setting = Setting {
@@ -127,6 +126,7 @@ pub const SCST: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
     needs: Needs::nothing,
+    explains: true,
 };
 
 pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
@@ -145,6 +145,7 @@ pub const SLL_ME: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
     needs: Needs::nothing,
+    explains: true,
 };
 
 pub const SLE: ObjectiveInfo = ObjectiveInfo {
@@ -157,10 +158,11 @@ pub const SLE: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(FINE_TUNE_LR),
     reward: Some(CIDER_WATCH),
     needs: Needs::nothing,
+    explains: true,
 };
 
 /// The objectives of this file.
-pub const SEQUENCE_OBJECTIVES: [&ObjectiveInfo; 3] = [&SCST, &SLL_ME, &SLE];
+const SEQUENCE_OBJECTIVES: [&ObjectiveInfo; 3] = [&SCST, &SLL_ME, &SLE];
 
 /// The declaration of `name`, one of this file's objectives.
 fn info_of(name: &str) -> Result<&'static ObjectiveInfo> {
@@ -328,17 +330,17 @@ struct StepFigures {
 /// Where the last step's time went on the host's clock (sampling ends
 /// with a readback, so it includes the device's work on it).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct StepTiming {
+struct StepTiming {
     /// Sampling and the greedy captions.
-    pub sampling: Duration,
+    sampling: Duration,
     /// Rewards, baselines and advantages.
-    pub rewards: Duration,
+    rewards: Duration,
 }
 
 /// SCST, SLL-ME and SLE as an [`Objective`].
 pub struct SequenceLevel<B: Backend> {
     /// The last step's split, for `captune bench scst`.
-    pub timing: StepTiming,
+    timing: StepTiming,
     config: SequenceObjective,
     /// What `describe` shows.
     described: String,
@@ -499,6 +501,117 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         Ok(())
     }
 
+    fn phases(&self) -> Vec<(&'static str, Duration)> {
+        vec![
+            ("sampling", self.timing.sampling),
+            ("rewards", self.timing.rewards),
+        ]
+    }
+
+    fn explain(&mut self, cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
+        if self.reward.is_none() {
+            self.reward = Some(CiderReward::for_training(&cx.training_corpus(), cx.vocab));
+        }
+        let reward = self.reward.as_ref().expect("made above");
+        let (b, c, vocab) = (cx.b, self.config, cx.vocab);
+        let (features, references) = (cx.features(), cx.references());
+        let words = |ids: &[u32]| vocab.decode_words(ids);
+        let score = |ids: &[u32]| {
+            let bleu = if c.bleu4_weight > 0.0 {
+                c.bleu4_weight * sentence_bleu(&words(ids), &references)[3]
+            } else {
+                0.0
+            };
+            reward.reward_against(ids, &references) + bleu
+        };
+        let caption = &cx.ids[1..];
+        let own = score(caption);
+        let options = DecodeOptions::default();
+        let greedy = if c.needs_greedy() {
+            let g = generate(b, cx.model, &features, &Decoding::Greedy, &options)?;
+            Some((g[0].ids.clone(), score(&g[0].ids)))
+        } else {
+            None
+        };
+        // SLE's diversity term and the mean baseline compare the caption
+        // with the image's other samples.
+        let others: Vec<(Vec<u32>, f64)> = if c.needs_greedy() && c.kind != SequenceKind::Sle {
+            Vec::new()
+        } else {
+            let sampling = Decoding::Sample {
+                n: c.samples - 1,
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                seed: cx.seed,
+            };
+            generate(b, cx.model, &features, &sampling, &options)?
+                .into_iter()
+                .map(|g| {
+                    let r = score(&g.ids);
+                    (g.ids, r)
+                })
+                .collect()
+        };
+        let rewards: Vec<f64> = std::iter::once(own)
+            .chain(others.iter().map(|o| o.1))
+            .collect();
+        let greedy_reward = greedy.as_ref().map_or(0.0, |g| g.1);
+        let scored = match c.kind {
+            SequenceKind::Sle => {
+                let all: Vec<Vec<String>> = std::iter::once(caption)
+                    .chain(others.iter().map(|o| o.0.as_slice()))
+                    .map(words)
+                    .collect();
+                let w: Vec<Vec<&str>> = all
+                    .iter()
+                    .map(|s| s.iter().map(String::as_str).collect())
+                    .collect();
+                sle(&rewards, greedy_reward, &distances(&w), c.alpha)
+            }
+            _ => self_critical(&rewards, c.baseline, greedy_reward),
+        };
+        let advantage = scored.advantages[0];
+        let rest = 1.0 - c.mle_weight as f64;
+        let steps = (cx.ids.len() - 1) as f64;
+        let tokens = token_terms(
+            b,
+            cx.model,
+            vocab,
+            &features,
+            cx.ids,
+            rest * advantage,
+            rest * c.entropy_weight as f64 / steps,
+        )?;
+        let compared = |kind, (ids, reward): &(Vec<u32>, f64)| Compared {
+            kind,
+            what: vocab.decode(ids),
+            figures: Figures(vec![("reward", *reward)]),
+        };
+        let compared_with = (greedy.iter().map(|g| compared("greedy", g)))
+            .chain(others.iter().map(|o| compared("sample", o)))
+            .collect();
+        let reward_is = if c.bleu4_weight > 0.0 {
+            format!(
+                "CIDEr-D + {} x BLEU-4 against the image's references",
+                c.bleu4_weight
+            )
+        } else {
+            "CIDEr-D against the image's references".into()
+        };
+        Ok(Some(Explanation {
+            objective: self.described.clone(),
+            caption: vocab.decode(caption),
+            reward_is,
+            reward: own,
+            baseline: scored.baselines[0],
+            advantage,
+            figures: Figures::default(),
+            compared_with,
+            tokens,
+        }))
+    }
+
     fn logged(&self) -> Vec<&B::Tensor> {
         let s = self.surrogates.last();
         vec![&s.likelihood.loss, &s.mean_entropy]
@@ -521,134 +634,4 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             ("mbleu4", f.mbleu4 as f32),
         ]
     }
-}
-
-/// A caption an explained caption is measured against.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Compared {
-    /// "greedy" or "sample".
-    pub kind: &'static str,
-    pub caption: String,
-    pub reward: f64,
-}
-
-/// Why a caption of an image is rewarded or punished by a sequence-level
-/// objective, as if it were one of that image's samples at a step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct RewardExplanation {
-    pub objective: String,
-    pub caption: String,
-    /// CIDEr-D (plus the BLEU-4 weight's part) against the image's references.
-    pub reward: f64,
-    /// What the reward is measured against (SLE: its precision baseline).
-    pub baseline: f64,
-    pub advantage: f64,
-    /// The captions the baseline (and SLE's distances) came from, with
-    /// their rewards: the greedy caption, then the other samples.
-    pub compared_with: Vec<Compared>,
-    pub tokens: Vec<TokenTerm>,
-}
-
-/// Explains `ids` (`<bos> .. <eos>`) as a sample of the image with
-/// embedding `features` and `references` under objective `name` with
-/// `settings`: its reward, baseline and advantage from the current
-/// weights' greedy caption or `samples - 1` other samples (drawn with
-/// `seed`), and each token's term of the loss.
-#[allow(clippy::too_many_arguments)]
-pub fn explain<B: Backend>(
-    b: &B,
-    model: &mut Captioner<B>,
-    vocab: &CaptionVocab,
-    reward: &CiderReward,
-    references: &[Vec<String>],
-    features: &[f32],
-    ids: &[u32],
-    name: &str,
-    settings: &Settings,
-    seed: u64,
-) -> Result<RewardExplanation> {
-    let c = SequenceObjective::from_settings(name, settings)?;
-    let words = |ids: &[u32]| vocab.decode_words(ids);
-    let score = |ids: &[u32]| {
-        let bleu = if c.bleu4_weight > 0.0 {
-            c.bleu4_weight * sentence_bleu(&words(ids), references)[3]
-        } else {
-            0.0
-        };
-        reward.reward_against(ids, references) + bleu
-    };
-    let caption = &ids[1..];
-    let own = score(caption);
-    let options = DecodeOptions::default();
-    let greedy = if c.needs_greedy() {
-        let g = generate(b, model, features, &Decoding::Greedy, &options)?;
-        Some((g[0].ids.clone(), score(&g[0].ids)))
-    } else {
-        None
-    };
-    let others: Vec<(Vec<u32>, f64)> = if c.needs_greedy() && c.kind != SequenceKind::Sle {
-        Vec::new()
-    } else {
-        let sampling = Decoding::Sample {
-            n: c.samples - 1,
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed,
-        };
-        generate(b, model, features, &sampling, &options)?
-            .into_iter()
-            .map(|g| {
-                let r = score(&g.ids);
-                (g.ids, r)
-            })
-            .collect()
-    };
-    let rewards: Vec<f64> = std::iter::once(own)
-        .chain(others.iter().map(|o| o.1))
-        .collect();
-    let greedy_reward = greedy.as_ref().map_or(0.0, |g| g.1);
-    let scored = match c.kind {
-        SequenceKind::Sle => {
-            let all: Vec<Vec<String>> = std::iter::once(caption)
-                .chain(others.iter().map(|o| o.0.as_slice()))
-                .map(words)
-                .collect();
-            let w: Vec<Vec<&str>> = all
-                .iter()
-                .map(|s| s.iter().map(String::as_str).collect())
-                .collect();
-            sle(&rewards, greedy_reward, &distances(&w), c.alpha)
-        }
-        _ => self_critical(&rewards, c.baseline, greedy_reward),
-    };
-    let advantage = scored.advantages[0];
-    let rest = 1.0 - c.mle_weight as f64;
-    let steps = (ids.len() - 1) as f64;
-    let tokens = token_terms(
-        b,
-        model,
-        vocab,
-        features,
-        ids,
-        rest * advantage,
-        rest * c.entropy_weight as f64 / steps,
-    )?;
-    let compared = |kind, (ids, reward): &(Vec<u32>, f64)| Compared {
-        kind,
-        caption: vocab.decode(ids),
-        reward: *reward,
-    };
-    let compared_with = (greedy.iter().map(|g| compared("greedy", g)))
-        .chain(others.iter().map(|o| compared("sample", o)))
-        .collect();
-    Ok(RewardExplanation {
-        objective: info_of(name)?.describe(settings),
-        caption: vocab.decode(caption),
-        reward: own,
-        baseline: scored.baselines[0],
-        advantage,
-        compared_with,
-        tokens,
-    })
 }

@@ -71,6 +71,7 @@ pub const MLE: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: None,
     reward: None,
     needs: Needs::nothing,
+    explains: false,
 };
 
 pub const SMILE: ObjectiveInfo = ObjectiveInfo {
@@ -82,6 +83,7 @@ pub const SMILE: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
     needs: Needs::nothing,
+    explains: false,
 };
 
 pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
@@ -93,6 +95,7 @@ pub const SMILE_RANDOM: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
     needs: Needs::nothing,
+    explains: false,
 };
 
 pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
@@ -104,6 +107,7 @@ pub const SMILE_REVERSE: ObjectiveInfo = ObjectiveInfo {
     fine_tune_lr: Some(SMILE_FINE_TUNE_LR),
     reward: None,
     needs: Needs::nothing,
+    explains: false,
 };
 
 /// Which token-level objective trains, and its settings.
@@ -528,16 +532,6 @@ impl<B: Backend> TokenLevel<B> {
             losses: LossesByWidth::new(config, vocab),
             last: None,
         }
-    }
-
-    /// MLE on the references as `weight` of a mixed loss: the step with
-    /// its gradient scaled by `weight`.
-    pub fn step_weighted(&mut self, cx: &mut StepContext<'_, B>, weight: f32) -> Result<()> {
-        let full = cx.gradient_weight;
-        cx.gradient_weight = full * weight;
-        let stepped = self.step(cx);
-        cx.gradient_weight = full;
-        stepped
     }
 
     fn last_losses(&self) -> (&Losses<B>, bool) {
