@@ -19,4 +19,6 @@ pub mod optim;
 pub mod progress;
 pub mod retriever;
 pub mod shaders;
+pub mod shapes;
+pub mod source;
 pub mod tensorfile;

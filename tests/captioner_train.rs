@@ -13,11 +13,12 @@ use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{self, CaptionData};
+use captune::captioner::train::{self};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::progress::Progress;
+use captune::source::embeddings::CaptionData;
 use captune::tensorfile;
 use common::{TINY_DIM, gpu, tiny_data};
 use rand::SeedableRng;

@@ -15,11 +15,12 @@ use captune::captioner::objectives;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{CaptionData, fresh_checkpoint};
+use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use captune::retriever::eval::embed_images;
 use captune::retriever::train::Prepared;
+use captune::source::embeddings::CaptionData;
 use common::{new_run, tiny_data};
 
 /// The objective's gradient with its sign flipped: gradient ascent on

@@ -19,13 +19,14 @@ use captune::captioner::objectives::sequence::{
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::reward::CiderReward;
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{CaptionData, fresh_checkpoint};
+use captune::captioner::train::fresh_checkpoint;
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::Split;
 use captune::data::vocab::{EOS, PAD, UNK};
 use captune::metrics::cider::CiderD;
 use captune::optim::{AdamW, AdamWConfig};
+use captune::source::embeddings::CaptionData;
 use common::{assert_close, gpu, random, tiny_data};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;

@@ -1,11 +1,11 @@
 //! The shapes world: rendering, determinism, the caption mix, and the fact
 //! parser on hand-written captions with known answers.
 
-use captune::data::shapes::facts::{self, SceneFact};
-use captune::data::shapes::render::{Placement, background_rgb, colour_rgb, render};
-use captune::data::shapes::scene::{Background, Cell, Colour, Fill, Object, Scene, Shape, Size};
-use captune::data::shapes::{self, Domain, ShapesConfig, Verbosity, stats};
 use captune::data::{Split, karpathy};
+use captune::shapes::facts::{self, SceneFact};
+use captune::shapes::render::{Placement, background_rgb, colour_rgb, render};
+use captune::shapes::scene::{Background, Cell, Colour, Fill, Object, Scene, Shape, Size};
+use captune::shapes::{self, Domain, ShapesConfig, Verbosity, stats};
 
 fn object(shape: Shape, colour: Colour, size: Size, fill: Fill, row: u8, col: u8) -> Object {
     Object {

@@ -3,8 +3,8 @@
 //! and memory figures written as JSON.
 
 use super::{CaptuneApp, Source, Tab};
-use crate::captioner::train::CaptionData;
 use crate::progress::Progress;
+use crate::source::embeddings::CaptionData;
 use anyhow::{Context, Result, anyhow};
 use serde::Serialize;
 use std::path::PathBuf;

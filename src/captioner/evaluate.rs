@@ -4,12 +4,12 @@
 //! RefCompare; on the shapes world, fact precision and recall.
 
 use crate::backend::Backend;
-use crate::data::shapes::{self, Scene, facts};
 use crate::data::{Caption, Item};
 use crate::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use crate::metrics::{CocoScores, coco_scores};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::eval::{embed_captions, recall};
+use crate::shapes::{self, Scene, facts};
 use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;

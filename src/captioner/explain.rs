@@ -7,10 +7,10 @@
 use super::CaptionVocab;
 use super::model::Captioner;
 use super::objective::TrainingCorpus;
-use super::train::CaptionData;
 use crate::backend::Backend;
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::neighbours::nearest;
+use crate::source::embeddings::CaptionData;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;

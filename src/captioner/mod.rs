@@ -25,12 +25,12 @@ pub mod train;
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
-use crate::data::features::FeatureSource;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
+use crate::source::embeddings::FeatureSource;
 use anyhow::{Result, bail};
 use model::Captioner;
 use serde::{Deserialize, Serialize};

@@ -20,12 +20,12 @@ use super::run::RunConfig;
 use super::run_folder::{self, Begin, ObjectiveState, Position, RunFolder};
 use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
-use crate::data::features::FeatureSource;
-use crate::data::{Dataset, Split};
+use crate::data::Split;
 use crate::metrics::diversity::diversity;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::progress::Progress;
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::source::embeddings::CaptionData;
 use crate::tensorfile;
 use anyhow::{Result, bail};
 use rand::seq::SliceRandom;
@@ -58,35 +58,6 @@ fn needs_met<B: Backend>(
         frozen_retriever(retriever, dim, objective.name)?;
     }
     Ok(needs)
-}
-
-/// A data set with one image embedding per item.
-pub struct CaptionData {
-    pub data: Dataset,
-    /// `[items, dim]`, L2-normalised.
-    pub features: Vec<f32>,
-    pub dim: usize,
-    /// Where the features came from; recorded in the checkpoints trained on them.
-    pub source: Option<FeatureSource>,
-}
-
-impl CaptionData {
-    pub fn items(&self, split: Split) -> Vec<usize> {
-        (0..self.data.items.len())
-            .filter(|&i| self.data.items[i].split == split)
-            .collect()
-    }
-
-    pub fn features_of(&self, items: &[usize]) -> Vec<f32> {
-        items
-            .iter()
-            .flat_map(|&i| {
-                self.features[i * self.dim..(i + 1) * self.dim]
-                    .iter()
-                    .copied()
-            })
-            .collect()
-    }
 }
 
 /// One optimisation step: the objective's forwards and gradient (with

@@ -1,15 +1,16 @@
 //! `captune app`: the desktop app on a data set, training in the app,
 //! following a run folder, or inspecting a checkpoint.
 
-use super::captioner::{FeatureArgs, TrainedOn, caption_data, default_retriever};
-use super::{DataArgs, check_new_output};
+use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::app::window::{self, WindowOptions};
 use captune::app::{Source, Tab, TrainSetup};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::RunFolder;
-use captune::data::features::FeatureSource;
 use captune::device::{self, DeviceChoice};
+use captune::source::DataArgs;
+use captune::source::embeddings::FeatureSource;
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn, default_retriever};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -112,7 +113,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             source,
         });
         let (data, judged) = captune::with_backend!(&selection.backend, b => {
-            caption_data(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
+            embeddings::load(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
         })?;
         // The retriever caption_data kept as the judge of these embeddings.
         let retriever = if judged {

@@ -1,14 +1,15 @@
 //! `captune caption`: caption image files.
 
-use super::captioner::{Captioner, DecodeArgs, TrainedOn, check_same_encoder, default_retriever};
+use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
-use captune::data::features::FeatureSource;
 use captune::data::{Dataset, Item, Split, images};
 use captune::progress::Progress;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use captune::retriever::eval::embed_images;
+use captune::source::embeddings::FeatureSource;
+use captune::source::embeddings::{TrainedOn, check_same_encoder, default_retriever};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]

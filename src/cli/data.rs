@@ -3,7 +3,7 @@
 use super::check_new_output;
 use anyhow::Result;
 use captune::data::Split;
-use captune::data::shapes::{self, ShapesConfig};
+use captune::shapes::{self, ShapesConfig};
 use clap::Subcommand;
 use std::path::PathBuf;
 

@@ -3,9 +3,8 @@
 //! train the captioner with MLE, continue with SMILE, and compare the two
 //! on the test images.
 
-use super::captioner::{FeatureArgs, caption_data};
+use super::check_new_output;
 use super::train::{self, ObjectiveArgs, TrainArgs};
-use super::{DataArgs, check_new_output};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
@@ -13,10 +12,13 @@ use captune::captioner::evaluate::CaptionMetrics;
 use captune::captioner::objective::MLE_WEIGHT;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::run_folder::RunFolder;
-use captune::captioner::train::{self as captioner_train, CaptionData};
+use captune::captioner::train::{self as captioner_train};
 use captune::data::Split;
-use captune::data::shapes::ShapesConfig;
 use captune::retriever::train::Prepared;
+use captune::shapes::ShapesConfig;
+use captune::source::DataArgs;
+use captune::source::embeddings::CaptionData;
+use captune::source::embeddings::{self, FeatureArgs};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -87,7 +89,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
     };
     eprintln!("[2/5] embedding the shapes world with the shapes retriever");
     let progress = captune::progress::Progress::terminal();
-    let (data, retriever) = caption_data(b, &data_args, &features, None, &progress)?;
+    let (data, retriever) = embeddings::load(b, &data_args, &features, None, &progress)?;
     let mut retriever = retriever.expect("the demo always has its retriever");
     let retriever_recall = {
         // Only the val images: the others' embeddings are already there.

@@ -1,11 +1,12 @@
 //! `captune embed`: a data set's image embeddings (a features file)
 //! from a trained retriever.
 
-use super::{DataArgs, check_new_output};
+use super::check_new_output;
 use anyhow::{Context, Result};
 use captune::backend::Backend;
 use captune::retriever::Checkpoint;
 use captune::retriever::train::Prepared;
+use captune::source::DataArgs;
 use std::collections::HashMap;
 use std::path::PathBuf;
 

@@ -1,16 +1,15 @@
 //! `captune eval`: caption a split and compute every metric; writes
 //! COCO-format results.
 
-use super::captioner::{
-    Captioner, DecodeArgs, FeatureArgs, TrainedOn, caption_data, parse_split, print_metrics,
-    result_id,
-};
-use super::{DataArgs, check_new_output};
+use super::captioner::{Captioner, DecodeArgs, parse_split, print_metrics, result_id};
+use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::train;
 use captune::data::Split;
 use captune::progress::Progress;
+use captune::source::DataArgs;
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -44,7 +43,8 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let progress = Progress::terminal();
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
-    let (data, mut retriever) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
+    let (data, mut retriever) =
+        embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
     captioner.check_dim(&args.checkpoint, &data)?;
     let items = data.items(args.split);
     if items.is_empty() {

@@ -4,8 +4,7 @@
 //! punished (its reward, baseline and advantage, what they were measured
 //! against, and each token's term of the loss).
 
-use super::DataArgs;
-use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data};
+use super::captioner::Captioner;
 use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
@@ -14,6 +13,8 @@ use captune::captioner::inspect::{TokenScore, score_caption};
 use captune::captioner::objectives::{self, OBJECTIVES};
 use captune::data::tokenize::ptb_tokenize;
 use captune::progress::Progress;
+use captune::source::DataArgs;
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -51,7 +52,7 @@ pub struct InspectArgs {
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
-    let (data, mut retriever) = caption_data(
+    let (data, mut retriever) = embeddings::load(
         b,
         &args.data,
         &args.features,

@@ -15,45 +15,7 @@ pub mod score;
 pub mod train;
 
 use anyhow::Result;
-use captune::data::shapes::ShapesConfig;
-use captune::data::source::DataSource;
-use std::path::{Path, PathBuf};
-
-#[derive(clap::Args, Clone)]
-pub struct DataArgs {
-    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO
-    /// captions file). Default: shapes, or for a command given a captioner,
-    /// the data it was trained on.
-    #[arg(long)]
-    pub data: Option<DataSource>,
-    /// The image folder (default for Karpathy files: `images` beside the file).
-    #[arg(long)]
-    pub images: Option<PathBuf>,
-    #[command(flatten)]
-    pub shapes: ShapesConfig,
-}
-
-impl DataArgs {
-    pub fn shapes(shapes: ShapesConfig) -> DataArgs {
-        DataArgs {
-            data: Some(DataSource::Shapes),
-            images: None,
-            shapes,
-        }
-    }
-
-    pub fn source(&self) -> DataSource {
-        self.data.clone().unwrap_or(DataSource::Shapes)
-    }
-
-    pub fn load(&self) -> Result<captune::data::Dataset> {
-        self.source().load(self.images.as_deref(), &self.shapes)
-    }
-
-    pub fn is_shapes(&self) -> bool {
-        self.source() == DataSource::Shapes
-    }
-}
+use std::path::Path;
 
 /// Refuses to write over an existing file or folder unless `overwrite`
 /// (`flag` names the option that chose the path, for the message).

@@ -1,11 +1,12 @@
 //! `captune retriever`: train the CLIP-like retriever, evaluate its recall.
 
-use super::{DataArgs, RetrieverShape, check_new_output};
+use super::{RetrieverShape, check_new_output};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::data::Split;
 use captune::retriever::Checkpoint;
 use captune::retriever::train::{Prepared, TrainOptions};
+use captune::source::DataArgs;
 use clap::Subcommand;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -1,12 +1,12 @@
 //! `captune score`: any COCO-format results file against a split's
 //! references.
 
-use super::DataArgs;
 use super::captioner::{parse_split, print_metrics};
 use anyhow::{Context, Result, bail};
 use captune::data::tokenize::ptb_tokenize;
 use captune::data::{Item, Split};
 use captune::metrics::coco_scores;
+use captune::source::DataArgs;
 use std::collections::HashMap;
 use std::path::PathBuf;
 

@@ -1,8 +1,7 @@
 //! `captune train`: a captioner trained into a run folder, with the
 //! objective and its settings from the command line.
 
-use super::DataArgs;
-use super::captioner::{Captioner, FeatureArgs, TrainedOn, caption_data, check_same_encoder};
+use super::captioner::Captioner;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
@@ -13,10 +12,13 @@ use captune::captioner::objectives::{
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
-use captune::captioner::train::{self, CaptionData};
+use captune::captioner::train::{self};
 use captune::data::Split;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
+use captune::source::DataArgs;
+use captune::source::embeddings::CaptionData;
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn, check_same_encoder};
 use std::path::PathBuf;
 
 /// `--objective NAME` and a flag for each objective setting, made from
@@ -278,7 +280,7 @@ pub fn train<B: Backend>(
                 record: &args.out,
                 source,
             });
-            let (d, r) = caption_data(b, &args.data, &args.features, trained_on, &progress)?;
+            let (d, r) = embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
             let o = owned.insert((d, r));
             (&o.0, o.1.as_mut())
         }

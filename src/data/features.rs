@@ -6,11 +6,9 @@
 //! L2-normalised on loading (rows already of unit length are kept as
 //! they are), so raw and normalised features give the model the same input.
 
-use super::shapes::ShapesConfig;
 use super::{Dataset, LoadReport};
 use crate::tensorfile;
 use anyhow::{Context, Result, bail};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -39,46 +37,6 @@ pub fn retriever_encoder_id(checkpoint_bytes: &[u8]) -> String {
         "captune-retriever:{}",
         tensorfile::fingerprint(checkpoint_bytes)
     )
-}
-
-/// Where a captioner's image embeddings came from. Recorded in its
-/// checkpoint (metadata `features`) and its run's config.toml, so that
-/// later commands default to the same data and features and refuse
-/// embeddings from another encoder.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FeatureSource {
-    /// The data set, as `--data` takes it.
-    pub data: String,
-    /// The embedding dimension.
-    pub dim: usize,
-    /// `--images`, when given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub images: Option<PathBuf>,
-    /// The features file the embeddings were read from, if any...
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub features: Option<PathBuf>,
-    /// ...else the retriever that embedded the images.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub retriever: Option<PathBuf>,
-    /// The encoder's identity (`captune-retriever:<fingerprint>`, or a
-    /// features file's `encoder` metadata); unknown for plain `.npy` files.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub encoder: Option<String>,
-    /// The shapes world's settings, for `shapes`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shapes: Option<ShapesConfig>,
-}
-
-impl FeatureSource {
-    /// Where the embeddings came from, in words: the file, or the retriever.
-    pub fn origin(&self) -> String {
-        match (&self.features, &self.retriever) {
-            (Some(f), _) => format!("features file {}", f.display()),
-            (None, Some(r)) => format!("retriever {}", r.display()),
-            (None, None) => "unrecorded features".into(),
-        }
-    }
 }
 
 impl Features {

@@ -11,8 +11,6 @@ pub mod coco;
 pub mod features;
 pub mod images;
 pub mod karpathy;
-pub mod shapes;
-pub mod source;
 pub mod tokenize;
 pub mod vocab;
 

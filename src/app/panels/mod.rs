@@ -19,7 +19,7 @@ use super::Tab;
 use super::history::History;
 use super::scorer::Scorer;
 use super::thumbnails::Thumbnails;
-use crate::captioner::train::CaptionData;
+use crate::source::embeddings::CaptionData;
 use egui::{Color32, RichText};
 use egui_plot::VLine;
 use std::collections::{HashMap, HashSet};

@@ -7,8 +7,8 @@ use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
 use crate::captioner::explain::{Explanation, TokenTerm};
 use crate::captioner::objectives::OBJECTIVES;
-use crate::captioner::train::CaptionData;
 use crate::data::tokenize::ptb_tokenize;
+use crate::source::embeddings::CaptionData;
 use egui::RichText;
 use egui_plot::BarChart;
 

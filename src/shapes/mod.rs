@@ -15,7 +15,7 @@ pub use domain::Domain;
 pub use domain::Verbosity;
 pub use scene::Scene;
 
-use super::{Dataset, Split};
+use crate::data::{Dataset, Split};
 use anyhow::{Context, Result, bail};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -181,7 +181,7 @@ pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
                 .iter()
                 .map(|(v, raw)| SentenceOut {
                     raw,
-                    tokens: super::tokenize::ptb_tokenize(raw),
+                    tokens: crate::data::tokenize::ptb_tokenize(raw),
                     verbosity: *v,
                 })
                 .collect(),
@@ -213,7 +213,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
         write(config, &dir)?;
     }
     let file = dir.join(SPLIT_FILE);
-    let mut data = super::karpathy::load(&file, None)?;
+    let mut data = crate::data::karpathy::load(&file, None)?;
     data.name = config.domain.data_name().into();
     // Every image carries its scene: the facts metrics read them.
     for item in &data.items {
@@ -241,6 +241,6 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
 const SCENE_KEY: &str = "scene";
 
 /// The scene of a shapes-world item (`None` for any other data set's).
-pub fn scene(item: &super::Item) -> Option<Scene> {
+pub fn scene(item: &crate::data::Item) -> Option<Scene> {
     serde_json::from_value(item.extensions.get(SCENE_KEY)?.clone()).ok()
 }

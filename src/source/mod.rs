@@ -1,7 +1,14 @@
-//! `--data`: which data set a command reads.
+//! Where a command's captions and image embeddings come from: the data
+//! set (`--data`: the shapes world, a Karpathy split file or a COCO
+//! captions file) and, in [`embeddings`], the embeddings of its images (a
+//! features file, or a retriever with an on-disk cache), recorded with
+//! every captioner trained on them. This sits above both the caption
+//! data formats (`data`) and the shapes world (`shapes`).
 
-use super::shapes::{self, ShapesConfig};
-use super::{Dataset, coco, karpathy};
+pub mod embeddings;
+
+use crate::data::{Dataset, coco, karpathy};
+use crate::shapes::{self, ShapesConfig};
 use anyhow::{Result, bail};
 use std::path::{Path, PathBuf};
 
@@ -85,5 +92,41 @@ impl DataSource {
             eprintln!("warning: {}: {}", data.name, data.report);
         }
         Ok(data)
+    }
+}
+
+#[derive(clap::Args, Clone)]
+pub struct DataArgs {
+    /// shapes, karpathy:PATH (a Karpathy split file) or coco:PATH (a COCO
+    /// captions file). Default: shapes, or for a command given a captioner,
+    /// the data it was trained on.
+    #[arg(long)]
+    pub data: Option<DataSource>,
+    /// The image folder (default for Karpathy files: `images` beside the file).
+    #[arg(long)]
+    pub images: Option<PathBuf>,
+    #[command(flatten)]
+    pub shapes: ShapesConfig,
+}
+
+impl DataArgs {
+    pub fn shapes(shapes: ShapesConfig) -> DataArgs {
+        DataArgs {
+            data: Some(DataSource::Shapes),
+            images: None,
+            shapes,
+        }
+    }
+
+    pub fn source(&self) -> DataSource {
+        self.data.clone().unwrap_or(DataSource::Shapes)
+    }
+
+    pub fn load(&self) -> Result<Dataset> {
+        self.source().load(self.images.as_deref(), &self.shapes)
+    }
+
+    pub fn is_shapes(&self) -> bool {
+        self.source() == DataSource::Shapes
     }
 }

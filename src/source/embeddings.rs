@@ -1,0 +1,384 @@
+//! The image embeddings of a data set, one per item: read from a
+//! features file (`--features`) or computed by a retriever and cached on
+//! disk; what a captioner trained on them records ([`FeatureSource`]), so
+//! that later commands default to the same data and refuse embeddings of
+//! another encoder.
+
+use super::{DataArgs, DataSource, absolute};
+use crate::backend::Backend;
+use crate::cache;
+use crate::data::features::{Features, retriever_encoder_id};
+use crate::data::{Dataset, Split, images};
+use crate::progress::Progress;
+use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::eval::embed_images;
+use crate::shapes::ShapesConfig;
+use crate::tensorfile::fingerprint;
+use anyhow::{Context, Result, bail};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// A data set with one image embedding per item.
+pub struct CaptionData {
+    pub data: Dataset,
+    /// `[items, dim]`, L2-normalised.
+    pub features: Vec<f32>,
+    pub dim: usize,
+    /// Where the features came from; recorded in the checkpoints trained on them.
+    pub source: Option<FeatureSource>,
+}
+
+impl CaptionData {
+    pub fn items(&self, split: Split) -> Vec<usize> {
+        (0..self.data.items.len())
+            .filter(|&i| self.data.items[i].split == split)
+            .collect()
+    }
+
+    pub fn features_of(&self, items: &[usize]) -> Vec<f32> {
+        items
+            .iter()
+            .flat_map(|&i| {
+                self.features[i * self.dim..(i + 1) * self.dim]
+                    .iter()
+                    .copied()
+            })
+            .collect()
+    }
+}
+
+/// Where a captioner's image embeddings came from. Recorded in its
+/// checkpoint (metadata `features`) and its run's config.toml, so that
+/// later commands default to the same data and features and refuse
+/// embeddings from another encoder.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeatureSource {
+    /// The data set, as `--data` takes it.
+    pub data: String,
+    /// The embedding dimension.
+    pub dim: usize,
+    /// `--images`, when given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub images: Option<PathBuf>,
+    /// The features file the embeddings were read from, if any...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub features: Option<PathBuf>,
+    /// ...else the retriever that embedded the images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retriever: Option<PathBuf>,
+    /// The encoder's identity (`captune-retriever:<fingerprint>`, or a
+    /// features file's `encoder` metadata); unknown for plain `.npy` files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoder: Option<String>,
+    /// The shapes world's settings, for `shapes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shapes: Option<ShapesConfig>,
+}
+
+impl FeatureSource {
+    /// Where the embeddings came from, in words: the file, or the retriever.
+    pub fn origin(&self) -> String {
+        match (&self.features, &self.retriever) {
+            (Some(f), _) => format!("features file {}", f.display()),
+            (None, Some(r)) => format!("retriever {}", r.display()),
+            (None, None) => "unrecorded features".into(),
+        }
+    }
+}
+
+/// Where image embeddings come from.
+#[derive(clap::Args, Clone, Default)]
+pub struct FeatureArgs {
+    /// A features file (safetensors from `captune embed` or any encoder, or .npy with --features-ids).
+    #[arg(long)]
+    pub features: Option<PathBuf>,
+    /// The image ids of a .npy features file, one per line.
+    #[arg(long)]
+    pub features_ids: Option<PathBuf>,
+    /// The retriever that embeds the images (and scores self-retrieval and
+    /// relevance). Default: the one the captioner was trained with, else on
+    /// the shapes world the shapes retriever carried in the binary.
+    #[arg(long)]
+    pub retriever: Option<PathBuf>,
+}
+
+/// What a captioner was trained on, and where that record is (a
+/// checkpoint or a run folder's config), for defaults and checks.
+#[derive(Clone, Copy)]
+pub struct TrainedOn<'a> {
+    pub record: &'a Path,
+    pub source: &'a FeatureSource,
+}
+
+impl<'a> TrainedOn<'a> {
+    pub fn of(record: &'a Path, source: &'a Option<FeatureSource>) -> Option<TrainedOn<'a>> {
+        source.as_ref().map(|source| TrainedOn { record, source })
+    }
+}
+
+/// A retriever file and its identity as an encoder.
+pub struct RetrieverFile {
+    pub path: PathBuf,
+    pub encoder: String,
+}
+
+impl RetrieverFile {
+    pub fn open(path: &Path) -> Result<RetrieverFile> {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        Ok(RetrieverFile {
+            path: path.to_path_buf(),
+            encoder: retriever_encoder_id(&bytes),
+        })
+    }
+}
+
+/// The retriever that embeds images and judges captions: the one asked
+/// for, else the captioner's (while its file is there), else on the
+/// shapes world the one the binary carries.
+pub fn default_retriever(
+    asked: Option<&Path>,
+    recorded: Option<&FeatureSource>,
+    shapes: bool,
+) -> Result<Option<RetrieverFile>> {
+    let recorded_file = recorded
+        .and_then(|r| r.retriever.as_deref())
+        .filter(|p| p.is_file());
+    let shapes = recorded.map_or(shapes, |r| r.data == DataSource::Shapes.to_string());
+    match asked.or(recorded_file) {
+        Some(path) => Ok(Some(RetrieverFile::open(path)?)),
+        None if shapes => Ok(Some(RetrieverFile::open(&cache::shapes_retriever()?)?)),
+        None => Ok(None),
+    }
+}
+
+/// The data set to use: the one asked for, else the one the captioner
+/// was trained on, else the shapes world. Warns when the two differ.
+pub fn resolve_data(data: &DataArgs, trained_on: Option<TrainedOn<'_>>) -> Result<DataArgs> {
+    let Some(t) = trained_on else {
+        return Ok(data.clone());
+    };
+    let recorded_shapes = t.source.shapes.unwrap_or(data.shapes);
+    match &data.data {
+        None => Ok(DataArgs {
+            data: Some(t.source.data.parse().map_err(|e: String| {
+                anyhow::anyhow!("{}: the recorded data set: {e}", t.record.display())
+            })?),
+            images: data.images.clone().or(t.source.images.clone()),
+            shapes: recorded_shapes,
+        }),
+        Some(asked) => {
+            let same_set = asked.absolute().to_string() == t.source.data;
+            let differs =
+                !same_set || (asked == &DataSource::Shapes && data.shapes != recorded_shapes);
+            if differs {
+                // Two shapes worlds differ in their settings, not their names.
+                let (trained, using) = if same_set {
+                    (recorded_shapes.cache_name(), data.shapes.cache_name())
+                } else {
+                    (t.source.data.clone(), asked.to_string())
+                };
+                eprintln!(
+                    "warning: {} was trained on {trained}; using {using} as asked",
+                    t.record.display()
+                );
+            }
+            Ok(data.clone())
+        }
+    }
+}
+
+/// Loads the data set with one embedding per item, and the retriever when
+/// there is one. `trained_on` (the captioner's record) fills in what the
+/// command line leaves out, and embeddings from another encoder than the
+/// captioner's are refused. Embeddings computed with a retriever are
+/// cached on disk, keyed by the retriever and the data set.
+pub fn load<B: Backend>(
+    b: &B,
+    data: &DataArgs,
+    features: &FeatureArgs,
+    trained_on: Option<TrainedOn<'_>>,
+    progress: &Progress,
+) -> Result<(CaptionData, Option<RetrieverCheckpoint<B>>)> {
+    let data = resolve_data(data, trained_on)?;
+    let recorded = trained_on.map(|t| t.source);
+    let mut dataset = data.load()?;
+    let retriever_file =
+        default_retriever(features.retriever.as_deref(), recorded, data.is_shapes())?;
+    // The features file: asked for, else the captioner's unless a retriever was asked for.
+    let features_file = features.features.clone().or_else(|| {
+        recorded
+            .and_then(|r| r.features.clone())
+            .filter(|_| features.retriever.is_none())
+    });
+    let mut retriever = match &retriever_file {
+        Some(r) => Some(RetrieverCheckpoint::load(b, &r.path, 128)?),
+        None => None,
+    };
+    let (embeddings, dim, source) = match (&features_file, retriever.as_mut()) {
+        (Some(path), _) => {
+            let f = Features::load(path, features.features_ids.as_deref())?;
+            let embeddings = f.align(&mut dataset)?;
+            let source = FeatureSource {
+                features: Some(absolute(path)),
+                encoder: f.encoder.clone(),
+                ..source_of(&data, f.dim)
+            };
+            (embeddings, f.dim, source)
+        }
+        (None, Some(r)) => {
+            let file = retriever_file
+                .as_ref()
+                .expect("a loaded retriever has a file");
+            let embeddings = embed_cached(b, r, &file.encoder, &mut dataset, progress)?;
+            let dim = r.model.config.embed_dim;
+            let source = FeatureSource {
+                retriever: Some(absolute(&file.path)),
+                encoder: Some(file.encoder.clone()),
+                ..source_of(&data, dim)
+            };
+            (embeddings, dim, source)
+        }
+        (None, None) => bail!(
+            "no image embeddings: give --features FILE (from `captune embed` or another encoder) or --retriever CHECKPOINT"
+        ),
+    };
+    if let Some(t) = trained_on {
+        check_same_encoder(t, &source)?;
+    }
+    // Self-retrieval and relevance compare the retriever's text embeddings
+    // with these image embeddings: only meaningful from the same encoder.
+    if let Some(file) = &retriever_file
+        && source.encoder.as_ref() != Some(&file.encoder)
+    {
+        eprintln!(
+            "warning: the image embeddings come from {} ({}), not from the retriever {}; \
+             self-retrieval and relevance metrics are left out",
+            source.origin(),
+            source.encoder.as_deref().unwrap_or("an unrecorded encoder"),
+            file.path.display()
+        );
+        retriever = None;
+    }
+    if !dataset.report.is_clean() {
+        eprintln!("{}", dataset.report);
+    }
+    Ok((
+        CaptionData {
+            data: dataset,
+            features: embeddings,
+            dim,
+            source: Some(source),
+        },
+        retriever,
+    ))
+}
+
+/// A record of `data` with embeddings of `dim`; the caller adds their origin.
+fn source_of(data: &DataArgs, dim: usize) -> FeatureSource {
+    FeatureSource {
+        data: data.source().absolute().to_string(),
+        dim,
+        images: data.images.as_deref().map(absolute),
+        features: None,
+        retriever: None,
+        encoder: None,
+        shapes: data.is_shapes().then_some(data.shapes),
+    }
+}
+
+/// Refuses embeddings that differ from the captioner's in dimension or
+/// encoder, naming both and what differs.
+pub fn check_same_encoder(t: TrainedOn<'_>, now: &FeatureSource) -> Result<()> {
+    let was = t.source;
+    if was.dim != now.dim {
+        bail!(
+            "{} was trained on {}-dimensional embeddings ({}), but {} gives {}; \
+             use the captioner's own features or retriever",
+            t.record.display(),
+            was.dim,
+            was.origin(),
+            now.origin(),
+            now.dim
+        );
+    }
+    if let (Some(a), Some(b)) = (&was.encoder, &now.encoder)
+        && a != b
+    {
+        bail!(
+            "{} was trained on embeddings from encoder {a} ({}), but {} comes from encoder {b}; \
+             a captioner reads only its own encoder's embeddings: use the same retriever or features",
+            t.record.display(),
+            was.origin(),
+            now.origin()
+        );
+    }
+    Ok(())
+}
+
+/// The embeddings of `data`'s images by the retriever `r` (identity
+/// `encoder`), from the cache when they are there; else computed (with
+/// progress bars) and cached. Items whose image cannot be read are
+/// removed from `data`, as `images::load` does.
+fn embed_cached<B: Backend>(
+    b: &B,
+    r: &mut RetrieverCheckpoint<B>,
+    encoder: &str,
+    data: &mut Dataset,
+    progress: &Progress,
+) -> Result<Vec<f32>> {
+    let size = r.model.config.image_size;
+    let mut listing = format!("{encoder}\n{size}\n");
+    for item in &data.items {
+        let meta = std::fs::metadata(&item.image).ok();
+        let modified = meta
+            .as_ref()
+            .and_then(|m| m.modified().ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let len = meta.map_or(0, |m| m.len());
+        listing.push_str(&format!(
+            "{}\t{}\t{len}\t{modified}\n",
+            item.id,
+            item.image.display()
+        ));
+    }
+    let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
+    if cached.is_file() {
+        match Features::load(&cached, None).and_then(|f| f.align(data)) {
+            Ok(embeddings) => {
+                eprintln!("image embeddings from the cache: {}", cached.display());
+                return Ok(embeddings);
+            }
+            Err(e) => {
+                eprintln!("warning: ignoring the cached embeddings ({e:#}); computing them again")
+            }
+        }
+    }
+    let bar = progress.start(
+        &format!("loading {} images", data.items.len()),
+        data.items.len() as u64,
+    );
+    let images = images::load(data, size, &bar)?;
+    bar.finish_and_clear();
+    let all: Vec<usize> = (0..data.items.len()).collect();
+    let bar = progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
+    let embeddings = embed_images(b, &mut r.model, &images, &all, &bar)?;
+    bar.finish_and_clear();
+    let mut features = Features {
+        source: cached.clone(),
+        ids: data.items.iter().map(|i| i.id.clone()).collect(),
+        dim: r.model.config.embed_dim,
+        embeddings,
+        encoder: Some(encoder.to_string()),
+    };
+    // As loading them back from the cache would: the same bits either way.
+    features.normalise()?;
+    let metadata = HashMap::from([("dataset".to_string(), data.name.clone())]);
+    if let Err(e) = features.save(&cached, metadata) {
+        eprintln!("warning: cannot cache the image embeddings ({e:#})");
+    }
+    Ok(features.embeddings)
+}
