@@ -100,7 +100,7 @@ fn retriever_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
         .collect();
     let texts = TextBatch::new(b, &c, &captions).unwrap();
     let patches = captune::retriever::patchify(&c, &images, &[0, 1, 2]);
-    ck.model.forward_backward(b, &patches, &texts);
+    ck.model.forward_backward(b, &patches, &texts).unwrap();
     let loss = ck.model.loss.read_loss(b);
     finish(b, loss, &mut ck.model.params, expected)
 }

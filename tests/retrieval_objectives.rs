@@ -25,6 +25,7 @@ use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, Vocab};
+use captune::gpu::GpuBackend;
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::model::Retriever;
@@ -389,7 +390,7 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
 /// knows "zebra", the retriever does not), a fresh retriever of 6
 /// positions, and three captions: one that fits, one cut at the tower's
 /// length, one empty.
-fn relaxed_setup<B: Backend>(b: &B) -> (RelaxedListener<B>, Vec<Vec<u32>>, usize, usize) {
+fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usize) {
     let words = |list: &[&str]| list.iter().map(|w| w.to_string()).collect::<Vec<_>>();
     let captioner =
         CaptionVocab::from_words(words(&["a", "red", "blue", "circle", "square", "zebra"]));
@@ -428,13 +429,45 @@ fn relaxed_setup<B: Backend>(b: &B) -> (RelaxedListener<B>, Vec<Vec<u32>>, usize
         vec![EOS],
     ];
     let map = VocabMap::new(&captioner, &retriever.vocab);
-    let listener = RelaxedListener::new(b, &retriever, map, 4).unwrap();
-    (listener, captions, 7, captioner.len())
+    let listener = RelaxedListener::new(b, &retriever.model, map);
+    let listening = Listening {
+        listener,
+        retriever: retriever.model,
+    };
+    (listening, captions, 7, captioner.len())
+}
+
+/// A relaxed listener with the frozen retriever it reads: more captions
+/// (3) than the retriever's batch (2).
+struct Listening<B: Backend> {
+    listener: RelaxedListener<B>,
+    retriever: Retriever<B>,
+}
+
+impl<B: Backend> Listening<B> {
+    #[allow(clippy::too_many_arguments)]
+    fn forward(
+        &mut self,
+        b: &B,
+        logits: &B::Tensor,
+        captions: &[Vec<u32>],
+        positions: usize,
+        seed: u64,
+        tau: f32,
+        relaxation: Relaxation,
+    ) -> anyhow::Result<Vec<f32>> {
+        let r = &mut self.retriever;
+        (self.listener).forward(b, r, logits, captions, positions, seed, tau, relaxation)
+    }
+
+    fn backward(&mut self, b: &B, d_embeddings: &[f32]) -> &B::Tensor {
+        self.listener.backward(b, &mut self.retriever, d_embeddings)
+    }
 }
 
 fn relaxed_loss<B: Backend>(
     b: &B,
-    listener: &mut RelaxedListener<B>,
+    listener: &mut Listening<B>,
     captions: &[Vec<u32>],
     positions: usize,
     logits: &[f32],
@@ -737,6 +770,48 @@ fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
             );
         }
     }
+}
+
+/// The relaxed listener reads the run's retriever in place: after the
+/// first steps of a shape, a CLIP-relevance step (decoding, the tower
+/// both ways, the update) creates no device buffer, with more images than
+/// the retriever's own batch.
+#[test]
+fn clip_relevance_steps_of_one_shape_create_no_buffer() {
+    let Some(g) = gpu() else { return };
+    let data = unit_data();
+    let mut ck = fresh_checkpoint(&g, &data, &tiny_run()).unwrap();
+    let mut retriever = tiny_retriever(&g, &data, 2);
+    let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &[0, 3, 7, 12]);
+    let soft = Settings::from([("gumbel".to_string(), SettingValue::Choice("soft".into()))]);
+    let mut objective =
+        objectives::build::<GpuBackend>("clip-relevance", &soft, ck.vocab.len()).unwrap();
+    let mut step = |rng_seed: u64| {
+        let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
+        ck.model.params.zero_grads(&g);
+        let mut cx = StepContext {
+            b: &g,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch: &batch,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: Some(&mut retriever),
+            rng: &mut rng,
+            monitor: false,
+        };
+        objective.step(&mut cx).unwrap();
+        g.flush();
+    };
+    // Captions of other lengths are other shapes: the same seed twice
+    // gives the same captions.
+    step(1);
+    step(1);
+    let before = g.counters();
+    step(1);
+    let after = g.counters().since(&before);
+    assert_eq!(after.buffers_created, 0, "{after:?}");
+    assert!(after.dispatches > 0);
 }
 
 /// The labelled-fraction setting end to end: CLIP relevance with an MLE

@@ -130,7 +130,8 @@ fn one_step<B: Backend>(b: &B) -> Vec<Vec<f32>> {
         .collect();
     let texts = TextBatch::new(b, &config, &ids).unwrap();
     ck.model
-        .forward_backward(b, &patchify(&config, &prep.images, &items), &texts);
+        .forward_backward(b, &patchify(&config, &prep.images, &items), &texts)
+        .unwrap();
     let mut out = vec![vec![ck.model.loss.read_loss(b)]];
     out.extend(ck.model.params.grads.iter().map(|g| b.to_vec(g)));
     let params = &mut ck.model.params;
@@ -289,7 +290,7 @@ fn the_whole_backward_matches_finite_differences() {
     let texts = TextBatch::new(&b, &config, &ids).unwrap();
     let patches = patchify(&config, &prep.images, &items);
     let model = &mut ck.model;
-    model.forward_backward(&b, &patches, &texts);
+    model.forward_backward(&b, &patches, &texts).unwrap();
     let grads: Vec<Vec<f32>> = model.params.grads.iter().map(|g| b.to_vec(g)).collect();
     // Smaller than the captioner's: a patch-embedding bias moves all 16 patches
     // of every image at once, and at 1e-2 the curvature shows (7% off).
@@ -300,7 +301,7 @@ fn the_whole_backward_matches_finite_differences() {
         &grads,
         eps,
         |m| {
-            m.forward_backward(&b, &patches, &texts);
+            m.forward_backward(&b, &patches, &texts).unwrap();
             f64::from(m.loss.read_loss(&b))
         },
     );

@@ -9,6 +9,7 @@ use super::CaptionVocab;
 use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
 use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::RetrieverConfig;
 use crate::retriever::eval::embed_ids;
 use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::{Result, bail};
@@ -108,24 +109,25 @@ pub enum Relaxation {
 /// g the choice was made with; the text tower's input at that position is
 /// y times the retriever's token embeddings (mapped to the captioner's
 /// vocabulary), or, straight-through, the chosen token's embedding
-/// forward with y's gradient backward. Its own copy of the retriever holds
-/// `capacity` captions; the retriever is never trained.
+/// forward with y's gradient backward. It reads the run's frozen
+/// retriever in place (each call is given it); the retriever is never
+/// trained.
 pub struct RelaxedListener<B: Backend> {
-    retriever: Retriever<B>,
     /// `[captioner vocab, text width]`: the retriever's embedding of each
-    /// captioner id's word.
+    /// captioner id's word (the frozen table, gathered once).
     mapped_table: B::Tensor,
     map: VocabMap,
-    capacity: usize,
-    /// The buffers of each number of captioner rows seen, kept: steps of
-    /// one shape allocate no tensor.
+    /// The buffers of each shape seen, kept: steps of one shape allocate
+    /// no tensor.
     buffers: Vec<Buffers<B>>,
     step: Option<RelaxedStep<B>>,
 }
 
-/// A forward's and its backward's device tensors over `rows` captioner rows.
+/// A forward's and its backward's device tensors for `captions` captions
+/// of `positions` captioner steps each.
 struct Buffers<B: Backend> {
-    rows: usize,
+    captions: usize,
+    positions: usize,
     /// (z + g) / tau, then y, `[rows, vocab]`.
     perturbed: B::Tensor,
     relaxed: B::Tensor,
@@ -141,9 +143,18 @@ struct Buffers<B: Backend> {
 }
 
 impl<B: Backend> Buffers<B> {
-    fn new(b: &B, rows: usize, vocab: usize, width: usize, tower_rows: usize) -> Self {
+    fn new(
+        b: &B,
+        captions: usize,
+        positions: usize,
+        vocab: usize,
+        config: &RetrieverConfig,
+    ) -> Self {
+        let (rows, width) = (captions * positions, config.text.width);
+        let tower_rows = captions * config.max_len;
         Buffers {
-            rows,
+            captions,
+            positions,
             perturbed: b.zeros(rows * vocab),
             relaxed: b.zeros(rows * vocab),
             soft: b.zeros(rows * width),
@@ -169,43 +180,24 @@ struct RelaxedStep<B: Backend> {
 }
 
 impl<B: Backend> RelaxedListener<B> {
-    pub fn new(
-        b: &B,
-        retriever: &RetrieverCheckpoint<B>,
-        map: VocabMap,
-        capacity: usize,
-    ) -> Result<Self> {
-        let config = retriever.model.config;
-        let mut own = Retriever::new(b, config, capacity, 0)?;
-        for (dst, src) in own
-            .params
-            .values
-            .iter_mut()
-            .zip(&retriever.model.params.values)
-        {
-            b.axpby(1.0, src, 0.0, dst);
-        }
-        let width = config.text.width;
+    /// A listener of `retriever` (frozen) for captions in the captioner's
+    /// vocabulary, mapped by `map`.
+    pub fn new(b: &B, retriever: &Retriever<B>, map: VocabMap) -> Self {
+        let width = retriever.config.text.width;
         let mut mapped_table = b.zeros(map.ids.len() * width);
         b.embedding(
-            own.token_table(),
+            retriever.token_table(),
             &b.ids(&map.ids),
             &mut mapped_table,
             width,
             false,
         );
-        Ok(RelaxedListener {
-            retriever: own,
+        RelaxedListener {
             mapped_table,
             map,
-            capacity,
             buffers: Vec::new(),
             step: None,
-        })
-    }
-
-    pub fn capacity(&self) -> usize {
-        self.capacity
+        }
     }
 
     /// The text embeddings `[captions, embed_dim]` (not normalised) of
@@ -216,6 +208,7 @@ impl<B: Backend> RelaxedListener<B> {
     pub fn forward(
         &mut self,
         b: &B,
+        retriever: &mut Retriever<B>,
         logits: &B::Tensor,
         captions: &[Vec<u32>],
         positions: usize,
@@ -224,16 +217,15 @@ impl<B: Backend> RelaxedListener<B> {
         relaxation: Relaxation,
     ) -> Result<Vec<f32>> {
         let n = captions.len();
-        assert!(n <= self.capacity, "more captions than the listener holds");
-        let config = self.retriever.config;
+        let config = retriever.config;
         let (max_len, width) = (config.max_len, config.text.width);
         let vocab = self.map.ids.len();
         let rows = n * positions;
         // Each caption as the tower reads it (`VocabMap::caption`): <bos>,
         // its tokens (mapped), <eos>; the tower's row of each captioner
         // row, and back.
-        let mut sequences = Vec::with_capacity(self.capacity);
-        let mut source = vec![NO_ROW; self.capacity * max_len];
+        let mut sequences = Vec::with_capacity(n);
+        let mut source = vec![NO_ROW; n * max_len];
         let mut tower_row = vec![NO_ROW; rows];
         let mut chosen = vec![PAD; rows];
         for (c, caption) in captions.iter().enumerate() {
@@ -264,14 +256,12 @@ impl<B: Backend> RelaxedListener<B> {
             }
             sequences.push(ids);
         }
-        sequences.resize(self.capacity, vec![BOS, EOS]);
         let texts = TextBatch::new(b, &config, &sequences)?;
-        let at = match self.buffers.iter().position(|w| w.rows == rows) {
+        let shape = (n, positions);
+        let at = match (self.buffers.iter()).position(|w| (w.captions, w.positions) == shape) {
             Some(at) => at,
             None => {
-                let tower_rows = self.capacity * max_len;
-                self.buffers
-                    .push(Buffers::new(b, rows, vocab, width, tower_rows));
+                (self.buffers).push(Buffers::new(b, n, positions, vocab, &config));
                 self.buffers.len() - 1
             }
         };
@@ -300,10 +290,8 @@ impl<B: Backend> RelaxedListener<B> {
                 Some(&w.shift)
             }
         };
-        self.retriever.encode_text_inputs(b, &texts, shift);
-        let dim = config.embed_dim;
-        let mut embeddings = b.to_vec(&self.retriever.text_embeddings);
-        embeddings.truncate(n * dim);
+        retriever.encode_text_inputs(b, &texts, shift)?;
+        let embeddings = b.to_vec(retriever.text_embeddings());
         self.step = Some(RelaxedStep {
             texts,
             tower_row: b.ids(&tower_row),
@@ -316,17 +304,19 @@ impl<B: Backend> RelaxedListener<B> {
     /// The gradient of the last forward's logits (`[captions * positions,
     /// vocab]`) given `d_embeddings` (`[captions, embed_dim]`) on its
     /// embeddings.
-    pub fn backward(&mut self, b: &B, d_embeddings: &[f32]) -> &B::Tensor {
+    pub fn backward(
+        &mut self,
+        b: &B,
+        retriever: &mut Retriever<B>,
+        d_embeddings: &[f32],
+    ) -> &B::Tensor {
         let s = self.step.as_ref().expect("a forward before its backward");
-        let config = self.retriever.config;
-        let width = config.text.width;
+        let width = retriever.config.text.width;
         let vocab = self.map.ids.len();
-        let mut d_text = d_embeddings.to_vec();
-        d_text.resize(self.capacity * config.embed_dim, 0.0);
-        let d_input = self.retriever.text_input_gradient(b, &s.texts, &d_text);
+        let d_input = retriever.text_input_gradient(b, &s.texts, d_embeddings);
         let w = &mut self.buffers[s.buffers];
         b.embedding(d_input, &s.tower_row, &mut w.d_rows, width, false);
-        let mut shape = Matmul::new(w.rows, vocab, width);
+        let mut shape = Matmul::new(w.captions * w.positions, vocab, width);
         shape.trans_b = true;
         shape.alpha = 1.0 / s.tau;
         b.matmul(&w.d_rows, &self.mapped_table, &mut w.d_relaxed, &shape);

@@ -57,8 +57,8 @@ pub fn embed_images<B: Backend>(
     let config = model.config;
     embed_in_batches(model, items.len(), progress, |m, idx| {
         let chosen: Vec<usize> = idx.iter().map(|&k| items[k]).collect();
-        m.encode_images(b, &patchify(&config, images, &chosen));
-        Ok(b.to_vec(&m.image_embeddings))
+        m.encode_images(b, &patchify(&config, images, &chosen))?;
+        Ok(b.to_vec(m.image_embeddings()))
     })
 }
 
@@ -87,8 +87,8 @@ pub fn embed_ids<B: Backend>(
     embed_in_batches(model, ids.len(), &ProgressBar::hidden(), |m, idx| {
         let chosen: Vec<Vec<u32>> = idx.iter().map(|&k| ids[k].clone()).collect();
         let batch = TextBatch::new(b, &config, &chosen)?;
-        m.encode_texts(b, &batch);
-        Ok(b.to_vec(&m.text_embeddings))
+        m.encode_texts(b, &batch)?;
+        Ok(b.to_vec(m.text_embeddings()))
     })
 }
 

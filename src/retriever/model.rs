@@ -18,35 +18,94 @@ pub const MAX_LOG_SCALE: f32 = 4.605_17;
 /// ln(1 / 0.07), CLIP's initial temperature.
 pub const INIT_LOG_SCALE: f32 = 2.659_26;
 
-struct ImageTower<B: Backend> {
+/// The image tower's weights.
+struct ImageTower {
     patch_embed: Dense,
     positions: ParamId,
-    position_ids: TokenIndex<B>,
     transformer: Transformer,
-    activations: Activations<B>,
     proj: Dense,
+}
+
+/// The text tower's weights.
+struct TextTower {
+    tokens: ParamId,
+    positions: ParamId,
+    transformer: Transformer,
+    proj: Dense,
+}
+
+/// The image tower's activations for batches of `batch` images.
+struct ImageWork<B: Backend> {
+    batch: usize,
+    position_ids: TokenIndex<B>,
+    activations: Activations<B>,
     patches: B::Tensor,
     hidden: B::Tensor,
     pooled: B::Tensor,
     d_pooled: B::Tensor,
     d_hidden: B::Tensor,
+    embeddings: B::Tensor,
+    d_embeddings: B::Tensor,
 }
 
-struct TextTower<B: Backend> {
-    tokens: ParamId,
-    positions: ParamId,
+/// The text tower's activations for batches of `batch` captions.
+struct TextWork<B: Backend> {
+    batch: usize,
     position_ids: TokenIndex<B>,
-    transformer: Transformer,
     activations: Activations<B>,
-    proj: Dense,
     hidden: B::Tensor,
     pooled: B::Tensor,
     d_pooled: B::Tensor,
     d_hidden: B::Tensor,
+    embeddings: B::Tensor,
+    d_embeddings: B::Tensor,
+}
+
+/// `batch` repetitions of positions 0..n.
+fn repeated_positions<B: Backend>(b: &B, batch: usize, n: usize) -> Result<TokenIndex<B>> {
+    let ids: Vec<u32> = (0..batch).flat_map(|_| 0..n as u32).collect();
+    Ok(TokenIndex::new(b, &ids, n)?)
+}
+
+impl<B: Backend> ImageWork<B> {
+    fn new(b: &B, c: &RetrieverConfig, tower: &ImageTower, batch: usize) -> Result<Self> {
+        let (patches, iw, d) = (c.patches_per_image(), c.image.width, c.embed_dim);
+        let rows = batch * patches;
+        Ok(ImageWork {
+            batch,
+            position_ids: repeated_positions(b, batch, patches)?,
+            activations: tower.transformer.activations(b, batch, patches),
+            patches: b.zeros(rows * c.patch_dim()),
+            hidden: b.zeros(rows * iw),
+            pooled: b.zeros(batch * iw),
+            d_pooled: b.zeros(batch * iw),
+            d_hidden: b.zeros(rows * iw),
+            embeddings: b.zeros(batch * d),
+            d_embeddings: b.zeros(batch * d),
+        })
+    }
+}
+
+impl<B: Backend> TextWork<B> {
+    fn new(b: &B, c: &RetrieverConfig, tower: &TextTower, batch: usize) -> Result<Self> {
+        let (rows, tw, d) = (batch * c.max_len, c.text.width, c.embed_dim);
+        Ok(TextWork {
+            batch,
+            position_ids: repeated_positions(b, batch, c.max_len)?,
+            activations: tower.transformer.activations(b, batch, c.max_len),
+            hidden: b.zeros(rows * tw),
+            pooled: b.zeros(batch * tw),
+            d_pooled: b.zeros(batch * tw),
+            d_hidden: b.zeros(rows * tw),
+            embeddings: b.zeros(batch * d),
+            d_embeddings: b.zeros(batch * d),
+        })
+    }
 }
 
 /// One batch of text, tokenised: `[batch, max_len]` ids padded with PAD.
 pub struct TextBatch<B: Backend> {
+    captions: usize,
     token_ids: TokenIndex<B>,
     /// Row b * max_len + (position of b's end token), per caption.
     end_rows: TokenIndex<B>,
@@ -69,6 +128,7 @@ impl<B: Backend> TextBatch<B> {
             ends.push((i * t + c.len() - 1) as u32);
         }
         Ok(TextBatch {
+            captions: captions.len(),
             token_ids: TokenIndex::new(b, &ids, config.vocab_size)?,
             end_rows: TokenIndex::new(b, &ends, captions.len() * t)?,
             key_mask: b.ids(&mask),
@@ -76,76 +136,59 @@ impl<B: Backend> TextBatch<B> {
     }
 }
 
+/// The dual encoder: its weights, and the activations of each batch size
+/// it has run (kept, so that steps of one size allocate nothing).
 pub struct Retriever<B: Backend> {
     pub config: RetrieverConfig,
+    /// The batch size it trains and embeds in.
     pub batch: usize,
     pub params: Params<B>,
     pub log_scale: ParamId,
-    image: ImageTower<B>,
-    text: TextTower<B>,
+    image: ImageTower,
+    text: TextTower,
+    /// The contrastive loss over a training batch of `batch` pairs.
     pub loss: Contrastive<B>,
-    pub image_embeddings: B::Tensor,
-    pub text_embeddings: B::Tensor,
-    d_image: B::Tensor,
-    d_text: B::Tensor,
+    image_work: Vec<ImageWork<B>>,
+    text_work: Vec<TextWork<B>>,
+    /// The workspaces of the last image and text encodings.
+    image_current: usize,
+    text_current: usize,
 }
 
 impl<B: Backend> Retriever<B> {
-    /// A model with fresh weights (from `seed`) for batches of `batch`.
+    /// A model with fresh weights (from `seed`) that trains and embeds in
+    /// batches of `batch` (other batch sizes get workspaces as they come).
     pub fn new(b: &B, config: RetrieverConfig, batch: usize, seed: u64) -> Result<Self> {
         config.validate()?;
         let mut p = Params::new(seed);
         let c = &config;
-        let patches = c.patches_per_image();
         let (iw, tw, d) = (c.image.width, c.text.width, c.embed_dim);
-        let image_rows = batch * patches;
-        let text_rows = batch * c.max_len;
-        let repeat = |n: usize| -> Vec<u32> { (0..batch).flat_map(|_| 0..n as u32).collect() };
-        let patch_embed = Dense::new(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02);
-        let image_positions = p.add(
-            "image.positions".into(),
-            &[patches, iw],
-            Init::Normal(0.02),
-            false,
-        );
-        let transformer = Transformer::new(&mut p, "image", c.image);
         let image = ImageTower {
-            patch_embed,
-            positions: image_positions,
-            position_ids: TokenIndex::new(b, &repeat(patches), patches)?,
-            activations: transformer.activations(b, batch, patches),
-            transformer,
+            patch_embed: Dense::new(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02),
+            positions: p.add(
+                "image.positions".into(),
+                &[c.patches_per_image(), iw],
+                Init::Normal(0.02),
+                false,
+            ),
+            transformer: Transformer::new(&mut p, "image", c.image),
             proj: Dense::new(&mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
-            patches: b.zeros(image_rows * c.patch_dim()),
-            hidden: b.zeros(image_rows * iw),
-            pooled: b.zeros(batch * iw),
-            d_pooled: b.zeros(batch * iw),
-            d_hidden: b.zeros(image_rows * iw),
         };
-        let text_tokens = p.add(
-            "text.tokens".into(),
-            &[c.vocab_size, tw],
-            Init::Normal(0.02),
-            false,
-        );
-        let text_positions = p.add(
-            "text.positions".into(),
-            &[c.max_len, tw],
-            Init::Normal(0.01),
-            false,
-        );
-        let transformer = Transformer::new(&mut p, "text", c.text);
         let text = TextTower {
-            tokens: text_tokens,
-            positions: text_positions,
-            position_ids: TokenIndex::new(b, &repeat(c.max_len), c.max_len)?,
-            activations: transformer.activations(b, batch, c.max_len),
-            transformer,
+            tokens: p.add(
+                "text.tokens".into(),
+                &[c.vocab_size, tw],
+                Init::Normal(0.02),
+                false,
+            ),
+            positions: p.add(
+                "text.positions".into(),
+                &[c.max_len, tw],
+                Init::Normal(0.01),
+                false,
+            ),
+            transformer: Transformer::new(&mut p, "text", c.text),
             proj: Dense::new(&mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
-            hidden: b.zeros(text_rows * tw),
-            pooled: b.zeros(batch * tw),
-            d_pooled: b.zeros(batch * tw),
-            d_hidden: b.zeros(text_rows * tw),
         };
         let log_scale = p.add(
             "logit_scale".into(),
@@ -154,6 +197,8 @@ impl<B: Backend> Retriever<B> {
             false,
         );
         p.finish(b);
+        let image_work = vec![ImageWork::new(b, c, &image, batch)?];
+        let text_work = vec![TextWork::new(b, c, &text, batch)?];
         Ok(Retriever {
             config,
             batch,
@@ -162,36 +207,53 @@ impl<B: Backend> Retriever<B> {
             image,
             text,
             loss: Contrastive::new(b, batch, d),
-            image_embeddings: b.zeros(batch * d),
-            text_embeddings: b.zeros(batch * d),
-            d_image: b.zeros(batch * d),
-            d_text: b.zeros(batch * d),
+            image_work,
+            text_work,
+            image_current: 0,
+            text_current: 0,
         })
     }
 
-    /// image_embeddings = the image tower on `[batch, patches, patch_dim]` patches.
-    pub fn encode_images(&mut self, b: &B, patches: &[f32]) {
-        let t = &mut self.image;
-        let p = &self.params;
-        b.write(&mut t.patches, patches);
-        let iw = self.config.image.width;
-        let input = t.activations.input();
-        t.patch_embed.forward(b, p, &t.patches, input);
-        b.embedding(p.value(t.positions), &t.position_ids.ids, input, iw, true);
+    /// The image embeddings `[batch, embed_dim]` of the last `encode_images`.
+    pub fn image_embeddings(&self) -> &B::Tensor {
+        &self.image_work[self.image_current].embeddings
+    }
+
+    /// The text embeddings `[batch, embed_dim]` of the last text encoding.
+    pub fn text_embeddings(&self) -> &B::Tensor {
+        &self.text_work[self.text_current].embeddings
+    }
+
+    /// image_embeddings = the image tower on `[batch, patches, patch_dim]`
+    /// patches, for any batch size.
+    pub fn encode_images(&mut self, b: &B, patches: &[f32]) -> Result<()> {
+        let c = &self.config;
+        let batch = patches.len() / (c.patches_per_image() * c.patch_dim());
+        let at = match self.image_work.iter().position(|w| w.batch == batch) {
+            Some(at) => at,
+            None => {
+                let work = ImageWork::new(b, c, &self.image, batch)?;
+                self.image_work.push(work);
+                self.image_work.len() - 1
+            }
+        };
+        self.image_current = at;
+        let (t, w, p) = (&self.image, &mut self.image_work[at], &self.params);
+        b.write(&mut w.patches, patches);
+        let iw = c.image.width;
+        let input = w.activations.input();
+        t.patch_embed.forward(b, p, &w.patches, input);
+        b.embedding(p.value(t.positions), &w.position_ids.ids, input, iw, true);
         t.transformer
-            .forward(b, p, &mut t.activations, None, &mut t.hidden);
-        b.mean_pool(
-            &t.hidden,
-            &mut t.pooled,
-            self.config.patches_per_image(),
-            iw,
-        );
-        t.proj.forward(b, p, &t.pooled, &mut self.image_embeddings);
+            .forward(b, p, &mut w.activations, None, &mut w.hidden);
+        b.mean_pool(&w.hidden, &mut w.pooled, c.patches_per_image(), iw);
+        t.proj.forward(b, p, &w.pooled, &mut w.embeddings);
+        Ok(())
     }
 
     /// text_embeddings = the text tower on a batch of captions.
-    pub fn encode_texts(&mut self, b: &B, batch: &TextBatch<B>) {
-        self.encode_text_inputs(b, batch, None);
+    pub fn encode_texts(&mut self, b: &B, batch: &TextBatch<B>) -> Result<()> {
+        self.encode_text_inputs(b, batch, None)
     }
 
     /// The retriever's token embedding table `[vocab, text width]`.
@@ -202,108 +264,148 @@ impl<B: Backend> Retriever<B> {
     /// As `encode_texts`, with `shift` (`[batch * max_len, text width]`)
     /// added to the token embeddings: a relaxed caption's tokens are
     /// mixtures of the table's rows.
-    pub fn encode_text_inputs(&mut self, b: &B, batch: &TextBatch<B>, shift: Option<&B::Tensor>) {
-        let t = &mut self.text;
-        let p = &self.params;
-        let tw = self.config.text.width;
-        let input = t.activations.input();
+    pub fn encode_text_inputs(
+        &mut self,
+        b: &B,
+        batch: &TextBatch<B>,
+        shift: Option<&B::Tensor>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let at = match self
+            .text_work
+            .iter()
+            .position(|w| w.batch == batch.captions)
+        {
+            Some(at) => at,
+            None => {
+                let work = TextWork::new(b, c, &self.text, batch.captions)?;
+                self.text_work.push(work);
+                self.text_work.len() - 1
+            }
+        };
+        self.text_current = at;
+        let (t, w, p) = (&self.text, &mut self.text_work[at], &self.params);
+        let tw = c.text.width;
+        let input = w.activations.input();
         b.embedding(p.value(t.tokens), &batch.token_ids.ids, input, tw, false);
         if let Some(shift) = shift {
             b.axpby(1.0, shift, 1.0, input);
         }
-        b.embedding(p.value(t.positions), &t.position_ids.ids, input, tw, true);
+        b.embedding(p.value(t.positions), &w.position_ids.ids, input, tw, true);
         t.transformer.forward(
             b,
             p,
-            &mut t.activations,
+            &mut w.activations,
             Some(&batch.key_mask),
-            &mut t.hidden,
+            &mut w.hidden,
         );
-        b.embedding(&t.hidden, &batch.end_rows.ids, &mut t.pooled, tw, false);
-        t.proj.forward(b, p, &t.pooled, &mut self.text_embeddings);
+        b.embedding(&w.hidden, &batch.end_rows.ids, &mut w.pooled, tw, false);
+        t.proj.forward(b, p, &w.pooled, &mut w.embeddings);
+        Ok(())
     }
 
     /// Forward and backward of the contrastive loss on one batch of
-    /// matching pairs; gradients land in `params.grads` (zeroed first).
-    pub fn forward_backward(&mut self, b: &B, patches: &[f32], texts: &TextBatch<B>) {
-        self.encode_images(b, patches);
-        self.encode_texts(b, texts);
+    /// `batch` matching pairs; gradients land in `params.grads` (zeroed first).
+    pub fn forward_backward(&mut self, b: &B, patches: &[f32], texts: &TextBatch<B>) -> Result<()> {
+        if texts.captions != self.batch {
+            anyhow::bail!(
+                "a training batch holds {} pairs, not {}",
+                self.batch,
+                texts.captions
+            );
+        }
+        self.encode_images(b, patches)?;
+        self.encode_texts(b, texts)?;
         let log_scale = self.params.value(self.log_scale);
+        let (iw, tw) = (
+            &mut self.image_work[self.image_current],
+            &mut self.text_work[self.text_current],
+        );
         self.loss
-            .forward(b, &self.image_embeddings, &self.text_embeddings, log_scale);
+            .forward(b, &iw.embeddings, &tw.embeddings, log_scale);
         self.params.zero_grads(b);
         let (values, grads) = (&self.params.values, &mut self.params.grads);
         self.loss.backward(
             b,
             &values[self.log_scale.0],
-            &mut self.d_image,
-            &mut self.d_text,
+            &mut iw.d_embeddings,
+            &mut tw.d_embeddings,
             &mut grads[self.log_scale.0],
         );
         self.backward_text(b, texts);
         self.backward_images(b);
+        Ok(())
     }
 
     fn backward_images(&mut self, b: &B) {
-        let (t, p, iw) = (&mut self.image, &mut self.params, self.config.image.width);
+        let (t, p, iw) = (&self.image, &mut self.params, self.config.image.width);
+        let w = &mut self.image_work[self.image_current];
         t.proj.backward(
             b,
             p,
-            &self.d_image,
-            &t.pooled,
-            Some((&mut t.d_pooled, false)),
+            &w.d_embeddings,
+            &w.pooled,
+            Some((&mut w.d_pooled, false)),
         );
         b.mean_pool_backward(
-            &t.d_pooled,
-            &mut t.d_hidden,
+            &w.d_pooled,
+            &mut w.d_hidden,
             self.config.patches_per_image(),
             iw,
             false,
         );
         let d_input = t
             .transformer
-            .backward(b, p, &mut t.activations, &t.d_hidden);
-        b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), iw);
-        t.patch_embed.backward(b, p, d_input, &t.patches, None);
+            .backward(b, p, &mut w.activations, &w.d_hidden);
+        b.embedding_backward(d_input, &w.position_ids, p.grad(t.positions), iw);
+        t.patch_embed.backward(b, p, d_input, &w.patches, None);
     }
 
     fn backward_text(&mut self, b: &B, texts: &TextBatch<B>) {
         self.text_tower_backward(b, texts);
-        let (t, p, tw) = (&mut self.text, &mut self.params, self.config.text.width);
-        let d_input = t.activations.d_input();
-        b.embedding_backward(d_input, &t.position_ids, p.grad(t.positions), tw);
+        let (t, p, tw) = (&self.text, &mut self.params, self.config.text.width);
+        let w = &self.text_work[self.text_current];
+        let d_input = w.activations.d_input();
+        b.embedding_backward(d_input, &w.position_ids, p.grad(t.positions), tw);
         b.embedding_backward(d_input, &texts.token_ids, p.grad(t.tokens), tw);
     }
 
     /// The gradient of the text tower's token inputs `[batch * max_len,
-    /// text width]` given `d_text` on its last `encode_text_inputs`'
-    /// embeddings, for a frozen retriever: the tower's weights are not
-    /// trained (their gradients are written on the way, and zeroed first).
+    /// text width]` given `d_text` on the embeddings of its last
+    /// `encode_text_inputs` (of `texts`), for a frozen retriever: the
+    /// tower's weights are not trained (their gradients are written on
+    /// the way, and zeroed first).
     pub fn text_input_gradient(
         &mut self,
         b: &B,
         texts: &TextBatch<B>,
         d_text: &[f32],
     ) -> &B::Tensor {
-        b.write(&mut self.d_text, d_text);
+        let w = &mut self.text_work[self.text_current];
+        assert_eq!(
+            w.batch, texts.captions,
+            "the gradient of the last text encoding"
+        );
+        b.write(&mut w.d_embeddings, d_text);
         self.params.zero_grads(b);
         self.text_tower_backward(b, texts);
-        self.text.activations.d_input()
+        self.text_work[self.text_current].activations.d_input()
     }
 
-    /// From d_text back to the gradient of the transformer's input.
+    /// From the text embeddings' gradient back to the transformer's input.
     fn text_tower_backward(&mut self, b: &B, texts: &TextBatch<B>) {
-        let (t, p, tw) = (&mut self.text, &mut self.params, self.config.text.width);
+        let (t, p, tw) = (&self.text, &mut self.params, self.config.text.width);
+        let w = &mut self.text_work[self.text_current];
         t.proj.backward(
             b,
             p,
-            &self.d_text,
-            &t.pooled,
-            Some((&mut t.d_pooled, false)),
+            &w.d_embeddings,
+            &w.pooled,
+            Some((&mut w.d_pooled, false)),
         );
-        b.fill(&mut t.d_hidden, 0.0);
-        b.embedding_backward(&t.d_pooled, &texts.end_rows, &mut t.d_hidden, tw);
+        b.fill(&mut w.d_hidden, 0.0);
+        b.embedding_backward(&w.d_pooled, &texts.end_rows, &mut w.d_hidden, tw);
         t.transformer
-            .backward(b, p, &mut t.activations, &t.d_hidden);
+            .backward(b, p, &mut w.activations, &w.d_hidden);
     }
 }

@@ -168,7 +168,7 @@ pub fn train<B: Backend>(
                 .collect();
             let texts = TextBatch::new(b, &config, &ids)?;
             let patches = patchify(&config, &prep.images, chunk);
-            ck.model.forward_backward(b, &patches, &texts);
+            ck.model.forward_backward(b, &patches, &texts)?;
             opt.config.lr = warmup_cosine(o.lr, o.warmup, step, total);
             let params = &mut ck.model.params;
             let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();

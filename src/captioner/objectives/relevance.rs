@@ -116,16 +116,11 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         let dim = cx.model.config.embed_dim;
         let name = CLIP_RELEVANCE.name;
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, name)?;
-        let (images, features) = cx.batch.distinct_images(dim);
-        if self
-            .listener
-            .as_ref()
-            .is_none_or(|l| l.capacity() < images.len())
-        {
+        let (_, features) = cx.batch.distinct_images(dim);
+        let listener = self.listener.get_or_insert_with(|| {
             let map = VocabMap::new(cx.vocab, &retriever.vocab);
-            self.listener = Some(RelaxedListener::new(b, retriever, map, images.len())?);
-        }
-        let listener = self.listener.as_mut().expect("made above");
+            RelaxedListener::new(b, &retriever.model, map)
+        });
         let seed: u64 = cx.rng.random();
         let decoding = Decoding::Gumbel { n: 1, seed };
         let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;
@@ -138,6 +133,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         cx.model.forward(b, &features, &inputs)?;
         let texts = listener.forward(
             b,
+            &mut retriever.model,
             cx.model.logits(),
             &ids,
             inputs.positions,
@@ -146,7 +142,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             self.relaxation,
         )?;
         let (loss, cosines, d_texts) = negative_cosine(&features, &texts, dim);
-        let d_logits = listener.backward(b, &d_texts);
+        let d_logits = listener.backward(b, &mut retriever.model, &d_texts);
         cx.model.backward(b, &inputs, d_logits);
         if cx.monitor {
             let n = cosines.len().max(1) as f64;
