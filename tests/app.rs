@@ -358,6 +358,61 @@ fn a_sequence_level_run_gets_its_rewards_diversity_and_samples_plots() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A collapse provoked on purpose in the app: SCST at a rate far too high
+/// for fine-tuning (the knob set by hand over the objective's fine-tuning
+/// rate), from a captioner trained briefly with MLE. The live run's note
+/// gives the collapse guard's warning with its advice.
+#[test]
+fn a_live_run_says_when_its_captions_collapse() {
+    let dir = temp("collapse");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cpu = CpuBackend::new();
+    let data = tiny_data();
+    let mut warm = tiny_config();
+    (warm.train.epochs, warm.train.lr) = (20, 3e-3);
+    (warm.train.eval_images, warm.train.sample_images) = (0, 0);
+    let mut ck = fresh_checkpoint(&cpu, &data, &warm).unwrap();
+    let (mut trainer, start_run) =
+        common::new_run(&cpu, &mut ck, &data, &warm, "app-collapse-start", None);
+    while !trainer.finished() {
+        trainer
+            .train_batch(&cpu, |_| captune::captioner::records::Flow::Continue)
+            .unwrap();
+    }
+    drop(trainer);
+    std::fs::remove_dir_all(start_run).unwrap();
+    let init = dir.join("mle.safetensors");
+    ck.save(&cpu, &init, HashMap::new()).unwrap();
+    let mut config = tiny_config();
+    config.train.objective = "scst".into();
+    let mut h = harness(Source::Train(Box::new(TrainSetup {
+        device: DeviceChoice::Cpu,
+        config,
+        out: dir.join("run"),
+        init: Some(init),
+        retriever: None,
+        autostart: false,
+    })));
+    // Opened with --init, the knob holds SCST's fine-tuning rate.
+    assert_eq!(h.state().training.knobs.lr, 5e-5);
+    h.state_mut().training.knobs.lr = 0.05;
+    h.get_by_label("Start").click_accesskit();
+    step_until(&mut h, "the collapse warning", |a| {
+        a.live_status().is_some_and(|s| s.note.contains("collaps"))
+    });
+    let note = h.state().live_status().unwrap().note;
+    assert!(
+        note.contains("--lr"),
+        "the advice names a lower rate: {note}"
+    );
+    h.run();
+    assert!(
+        h.query_all_by_label_contains("collaps").count() > 0,
+        "{note}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn the_per_token_view_explains_a_reference_under_each_rewarding_objective() {
     let dir = temp("per-token-reward");
