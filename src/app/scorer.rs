@@ -293,9 +293,10 @@ fn explain(
     }
     let explainer = explainer.as_mut().expect("made above");
     let needs = objectives::find(name).map_err(|e| format!("{e:#}"))?.needs;
-    let retriever = match judge.get(cpu) {
-        Some(loaded) if needs(&Settings::new()).retriever => Some(loaded?),
-        _ => None,
+    // Loaded only for an objective that reads it.
+    let retriever = match needs(&Settings::new()).retriever {
+        true => judge.get(cpu).transpose()?,
+        false => None,
     };
     let ids = ck
         .vocab
