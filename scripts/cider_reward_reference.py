@@ -8,7 +8,7 @@ first four words of its first reference), scored against all of the
 image's references. Words are the split file's `tokens`, joined by spaces.
 
     pip install pycocoevalcap
-    python3 scripts/cider_reward_reference.py ../shared/data/flickr8k/dataset_flickr8k.json \
+    python3 scripts/cider_reward_reference.py "$CAPTUNE_FLICKR8K"/dataset_flickr8k.json \
         > tests/data/cider_reward_flickr8k.json
 """
 import json

@@ -5,7 +5,7 @@ takes each image's j-th human caption as the candidate and the other
 captions as references (leave one out).
 
     pip install pycocoevalcap   # its PTBTokenizer needs Java
-    python3 scripts/coco_reference.py ../shared/data/flickr8k/dataset_flickr8k.json \
+    python3 scripts/coco_reference.py "$CAPTUNE_FLICKR8K"/dataset_flickr8k.json \
         > tests/data/coco_reference_flickr8k.json
 """
 import json

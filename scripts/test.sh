@@ -1,9 +1,52 @@
 #!/usr/bin/env bash
 # The project's test command (the README's second line; .ci/run calls it).
-# GPU tests need a Vulkan driver: where none is installed, this installs
-# Mesa's software one (lavapipe) with apt-get when run as root.
+#
+# On Linux, GPU tests need a Vulkan driver, the desktop app's window test
+# needs Xvfb, and the report's browser test needs chromium. Where one is
+# missing this installs it with apt-get: directly as root, through sudo
+# otherwise. Where it cannot, it prints the apt-get line to run and goes on;
+# the tests that need it are then skipped, and counted as skipped in the
+# summary. On macOS the GPU tests run on Metal and the window test, which
+# drives Xvfb, is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# Runs a command as root: directly, or through sudo where sudo can ask
+# (a terminal) or needs no password.
+as_root() {
+    if [ "$(id -u)" = 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null && { [ -t 0 ] || sudo -n true 2>/dev/null; }; then
+        sudo "$@"
+    else
+        return 1
+    fi
+}
+
+apt_updated=0
+# Installs Debian packages; fails where there is no apt-get or no way to root.
+apt_install() {
+    command -v apt-get >/dev/null || return 1
+    if [ "$apt_updated" = 0 ]; then
+        as_root apt-get update -qq || return 1
+        apt_updated=1
+    fi
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Installs what `what` needs, or says how and sets the skip variable.
+# Usage: need WHAT SKIP_VARIABLE PACKAGE...
+need() {
+    local what=$1 skip_variable=$2
+    shift 2
+    echo "test.sh: installing $* ($what)"
+    if ! apt_install "$@"; then
+        echo "test.sh: could not install them (needs apt-get, and root or sudo). To run the" >&2
+        echo "  $what, run:  sudo apt-get install $*" >&2
+        echo "  Going on: those tests are skipped." >&2
+        export "$skip_variable=1"
+    fi
+}
 
 has_vulkan_driver() {
     compgen -G "/usr/share/vulkan/icd.d/*.json" >/dev/null ||
@@ -11,43 +54,32 @@ has_vulkan_driver() {
         compgen -G "/usr/local/share/vulkan/icd.d/*.json" >/dev/null
 }
 
-if ! has_vulkan_driver; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test.sh: no Vulkan driver found; installing mesa-vulkan-drivers (lavapipe)"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
-    else
-        echo "test.sh: no Vulkan driver found and cannot install one (needs root and apt-get)." >&2
-        echo "  Install one (e.g. sudo apt-get install mesa-vulkan-drivers), or run with" >&2
-        echo "  CAPTUNE_SKIP_GPU_TESTS=1 to skip the GPU tests." >&2
-        [ "${CAPTUNE_SKIP_GPU_TESTS:-0}" = 1 ] || exit 1
+has_browser() {
+    command -v chromium >/dev/null || command -v chromium-browser >/dev/null ||
+        command -v google-chrome >/dev/null
+}
+
+if [ "$(uname -s)" = Darwin ]; then
+    export CAPTUNE_SKIP_WINDOW_TEST=1
+else
+    has_vulkan_driver ||
+        need "GPU tests on Mesa's software Vulkan driver (lavapipe)" CAPTUNE_SKIP_GPU_TESTS \
+            mesa-vulkan-drivers libvulkan1
+    command -v Xvfb >/dev/null ||
+        need "desktop app's window test on a virtual X server" CAPTUNE_SKIP_WINDOW_TEST \
+            xvfb libxkbcommon-x11-0 libxcursor1 libxrandr2 libxi6
+    # Mesa's window-system code warns on every device open without this.
+    if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
+        export XDG_RUNTIME_DIR
+        XDG_RUNTIME_DIR=$(mktemp -d)
     fi
 fi
+has_browser || need "report's test in a headless browser" CAPTUNE_SKIP_BROWSER_TEST chromium
 
-# The desktop app's window test runs the real window on a virtual X server.
-if ! command -v Xvfb >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "test.sh: installing xvfb for the desktop app's window test"
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq xvfb libxkbcommon-x11-0 \
-            libxcursor1 libxrandr2 libxi6 >/dev/null
-    else
-        echo "test.sh: no Xvfb and cannot install it (needs root and apt-get); install xvfb," >&2
-        echo "  or run with CAPTUNE_SKIP_WINDOW_TEST=1 to skip the window test." >&2
-        [ "${CAPTUNE_SKIP_WINDOW_TEST:-0}" = 1 ] || exit 1
-    fi
-fi
-
-# Mesa's window-system code warns on every device open without this.
-if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
-    export XDG_RUNTIME_DIR
-    XDG_RUNTIME_DIR=$(mktemp -d)
-fi
-
-# Tests skipped for want of a GPU, Xvfb, the shared data or pycocoevalcap
-# write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs, skip), since
-# cargo test shows nothing of a skip inside a passing test; the summary
-# after the tests counts them apart from the tests that ran.
+# Tests skipped for want of a GPU, Xvfb, a browser, Flickr8k or
+# pycocoevalcap write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs,
+# skip), since cargo test shows nothing of a skip inside a passing test;
+# the summary after the tests counts them apart from the tests that ran.
 CAPTUNE_SKIP_LOG=$(mktemp)
 output=$(mktemp)
 export CAPTUNE_SKIP_LOG

@@ -1,6 +1,6 @@
 use anyhow::{Result, bail};
 use captune::device::{self, DeviceChoice};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod cli;
 
@@ -40,7 +40,7 @@ enum Command {
     },
     /// Write a data set's image embeddings (a features file) with a trained retriever.
     Embed(cli::embed::EmbedArgs),
-    /// Train a captioner (MLE, SMILE and its ablations) into a run folder.
+    /// Train a captioner into a run folder (main adds the objectives to this line).
     Train(Box<cli::train::TrainArgs>),
     /// Caption a split and compute every metric; writes COCO-format results.
     Eval(Box<cli::eval::EvalArgs>),
@@ -71,10 +71,36 @@ macro_rules! on_device {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    quiet_headless_vulkan();
+    // `train`'s one-line help names the registry's objectives.
+    let names: Vec<&str> = captune::captioner::objectives::OBJECTIVES
+        .iter()
+        .map(|o| o.name)
+        .collect();
+    let command = Cli::command().mut_subcommand("train", |train| {
+        train.about(format!(
+            "Train a captioner into a run folder with an objective: {}",
+            names.join(", ")
+        ))
+    });
+    let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
     if let Err(e) = run(cli) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+/// Mesa's Vulkan device-selection layer looks for a Wayland display on
+/// every adapter enumeration, and libwayland prints two `XDG_RUNTIME_DIR`
+/// errors when there is none (ssh sessions, containers). Without a display
+/// there is nothing for the layer to select by, so it is turned off.
+fn quiet_headless_vulkan() {
+    let no_display = ["WAYLAND_DISPLAY", "DISPLAY"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_none_or(|d| d.is_empty()));
+    if no_display && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // SAFETY: the first thing main does, before any thread exists.
+        unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
     }
 }
 

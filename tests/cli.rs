@@ -28,6 +28,28 @@ fn cpu_device_is_chosen_when_asked_for_and_explained() {
     assert!(stdout.contains("why: --device cpu"), "{stdout}");
 }
 
+/// Without a display (an ssh session), listing the GPU adapters prints
+/// no display errors: Mesa's device-selection layer would print
+/// libwayland's two `XDG_RUNTIME_DIR` lines on every enumeration.
+#[test]
+fn a_machine_without_a_display_gets_no_display_errors() {
+    let out = Command::new(env!("CARGO_BIN_EXE_captune"))
+        .args(["--device", "cpu", "info"])
+        .env_remove("CAPTUNE_DEVICE")
+        .env_remove("DISPLAY")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stderr).contains("XDG_RUNTIME_DIR"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[test]
 fn device_can_come_from_the_environment() {
     let out = captune(&["info", "--json"], &[("CAPTUNE_DEVICE", "cpu")]);
@@ -417,6 +439,8 @@ fn captioner_commands(
         "smile",
         "--mle-weight",
         "0.1",
+        "--batch",
+        "12",
         "--out",
         run.to_str().unwrap(),
     ];
@@ -430,7 +454,9 @@ fn captioner_commands(
     );
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
     assert!(
-        config.contains("objective = \"smile\"") && config.contains("mle_weight = 0.1"),
+        config.contains("objective = \"smile\"")
+            && config.contains("mle_weight = 0.1")
+            && config.contains("batch = 12"),
         "{config}"
     );
 
@@ -720,9 +746,53 @@ fn captioner_commands(
         "{line}"
     );
 
+    caption_takes_folders(dir, &ck, r, &look.join("images/test"), env);
     scoring_needs_only_references(dir, look, &results, &sample_results, env);
     features_must_be_the_captioners(dir, &ck, r, &png, &metrics, env);
     switching_to_scst_on_resume(&run, r, shapes, env);
+}
+
+/// `caption FOLDER` captions every PNG and JPEG file in the folder, in
+/// name order; a folder without one is refused, naming it.
+fn caption_takes_folders(
+    dir: &std::path::Path,
+    ck: &std::path::Path,
+    retriever: &str,
+    folder: &std::path::Path,
+    env: &[(&str, &str)],
+) {
+    let mut want: Vec<String> = std::fs::read_dir(folder)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "png"))
+        .map(|p| p.display().to_string())
+        .collect();
+    want.sort();
+    assert!(want.len() > 1);
+    let caption = |what: &std::path::Path| {
+        let args = ["--device", "cpu", "caption", "--checkpoint"];
+        let mut args: Vec<&str> = args.to_vec();
+        args.extend([ck.to_str().unwrap(), "--retriever", retriever]);
+        args.push(what.to_str().unwrap());
+        captune(&args, env)
+    };
+    let out = caption(folder);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let captioned: Vec<String> = text(&out.stdout)
+        .lines()
+        .map(|l| l.split('\t').next().unwrap().to_string())
+        .collect();
+    assert_eq!(captioned, want);
+    let empty = dir.join("no-images");
+    std::fs::create_dir_all(&empty).unwrap();
+    std::fs::write(empty.join("notes.txt"), "not an image").unwrap();
+    let out = caption(&empty);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no-images") && text(&out.stderr).contains("no PNG or JPEG"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// `train --resume --objective scst` continues a SMILE run with SCST:
@@ -750,6 +820,16 @@ fn switching_to_scst_on_resume(
         "1",
     ];
     args.extend(shapes);
+    // A resumed run keeps its batch size.
+    let mut other_batch = args.clone();
+    other_batch.extend(["--batch", "8"]);
+    let out = captune(&other_batch, env);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--batch 8") && text(&out.stderr).contains("batch 12"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = captune(&args, env);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();

@@ -7,8 +7,6 @@ use captune::data::vocab::{BOS, EOS, UNK, Vocab};
 use captune::data::{Split, coco, images, karpathy};
 use std::path::{Path, PathBuf};
 
-const FLICKR8K: &str = "../shared/data/flickr8k";
-
 fn temp_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("captune-data-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -23,14 +21,10 @@ fn png(path: &Path) {
 
 #[test]
 fn flickr8k_loads_with_its_splits_tokens_and_vocabulary() {
-    let file = Path::new(FLICKR8K).join("dataset_flickr8k.json");
-    if !file.is_file() {
-        common::skip(&format!(
-            "{} is absent (see ../shared/data/flickr8k/README.md)",
-            file.display()
-        ));
+    let Some(flickr8k) = common::flickr8k() else {
         return;
-    }
+    };
+    let file = flickr8k.join("dataset_flickr8k.json");
     let data = karpathy::load(&file, None).unwrap();
     assert!(data.report.is_clean(), "{}", data.report);
     let count = |s| data.split(s).count();

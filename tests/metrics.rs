@@ -10,18 +10,13 @@ use captune::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use captune::metrics::{bleu, cider::CiderD, coco_scores, rouge};
 use std::path::Path;
 
-const FLICKR8K: &str = "../shared/data/flickr8k/dataset_flickr8k.json";
-
 #[test]
 fn coco_metrics_equal_pycocoevalcap_on_flickr8k_test() {
-    if !Path::new(FLICKR8K).exists() {
-        common::skip(&format!(
-            "{FLICKR8K} is absent (see ../shared/data/flickr8k/README.md)"
-        ));
+    let Some(flickr8k) = common::flickr8k() else {
         return;
-    }
+    };
     let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(FLICKR8K).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap()).unwrap();
     let test: Vec<Vec<Vec<String>>> = data["images"]
         .as_array()
         .unwrap()

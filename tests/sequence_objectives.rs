@@ -33,8 +33,6 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashSet;
 use std::path::Path;
 
-const FLICKR8K: &str = "../shared/data/flickr8k/dataset_flickr8k.json";
-
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_string).collect()
 }
@@ -121,14 +119,11 @@ fn the_reward_equals_metrics_cider_given_the_same_references() {
 
 #[test]
 fn the_reward_equals_pycocoevalcap_with_training_statistics_on_flickr8k() {
-    if !Path::new(FLICKR8K).exists() {
-        common::skip(&format!(
-            "{FLICKR8K} is absent (see ../shared/data/flickr8k/README.md)"
-        ));
+    let Some(flickr8k) = common::flickr8k() else {
         return;
-    }
+    };
     let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(FLICKR8K).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap()).unwrap();
     let references: Vec<Vec<Vec<String>>> = data["images"]
         .as_array()
         .unwrap()

@@ -1,4 +1,4 @@
-//! Every caption metric of spec section 4 for a set of generated captions:
+//! Every caption metric captune reports for a set of generated captions:
 //! the reference-based scores (pycocoevalcap's), diversity, and, given the
 //! retriever, self-retrieval, P@1 among 100, CLIPScore-style relevance and
 //! RefCompare; on the shapes world, fact precision and recall.

@@ -1,4 +1,4 @@
-//! CIDEr-D as a training reward (spec section 3). Document frequencies
+//! CIDEr-D as a training reward (Vedantam et al., 2015). Document frequencies
 //! and the reference-length term log(#images) come from the training
 //! references, counted once per data set and cached on disk
 //! (`$CAPTUNE_CACHE/cider/`; made again whenever missing or unreadable);

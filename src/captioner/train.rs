@@ -111,7 +111,7 @@ pub(crate) fn batches_by_length<T: Clone>(
 }
 
 /// Stochastic captions per image: in each sample record, and for the
-/// per-epoch Div-1, Div-2 and mBLEU-4 (spec section 4: 5 per image).
+/// per-epoch Div-1, Div-2 and mBLEU-4 (5 per image).
 const SAMPLES_PER_IMAGE: usize = 5;
 /// Validation images whose samples give the per-epoch diversity figures
 /// (the first of the evaluated images; sampling all of them would double

@@ -1,7 +1,7 @@
 //! `captune caption`: caption image files.
 
 use super::captioner::{Captioner, DecodeArgs};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
 use captune::data::{Dataset, Item, Split, images};
@@ -22,12 +22,52 @@ pub struct CaptionArgs {
     pub retriever: Option<PathBuf>,
     #[command(flatten)]
     pub decoding: DecodeArgs,
-    /// Image files.
-    #[arg(required = true)]
+    /// Image files (PNG or JPEG), or folders: a folder means every PNG and
+    /// JPEG file directly in it, in name order.
+    #[arg(required = true, value_name = "IMAGE_OR_FOLDER")]
     pub images: Vec<PathBuf>,
 }
 
+/// The image files the arguments name: files as given, folders expanded
+/// to the PNG and JPEG files directly in them, sorted by name.
+fn image_files(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for path in args {
+        if !path.is_dir() {
+            if !path.exists() {
+                bail!("{}: no such image file or folder", path.display());
+            }
+            files.push(path.clone());
+            continue;
+        }
+        let entries = std::fs::read_dir(path)
+            .with_context(|| format!("{}: cannot list the folder", path.display()))?;
+        let mut found = Vec::new();
+        for entry in entries {
+            let file = entry
+                .with_context(|| format!("{}: cannot list the folder", path.display()))?
+                .path();
+            let is_image = file.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                ["png", "jpg", "jpeg"].contains(&e.to_ascii_lowercase().as_str())
+            });
+            if is_image && file.is_file() {
+                found.push(file);
+            }
+        }
+        if found.is_empty() {
+            bail!(
+                "{}: the folder holds no PNG or JPEG file (.png, .jpg, .jpeg)",
+                path.display()
+            );
+        }
+        found.sort();
+        files.extend(found);
+    }
+    Ok(files)
+}
+
 pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
+    let files = image_files(&args.images)?;
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
     if captioner.trained_on.is_none() && args.retriever.is_none() {
@@ -82,8 +122,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     }
     let mut data = Dataset {
         name: "images".into(),
-        items: args
-            .images
+        items: files
             .iter()
             .map(|p| Item {
                 id: p.display().to_string(),

@@ -121,6 +121,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             },
             epochs: Some(epochs),
             lr: smile.then_some(args.smile_lr),
+            batch: None,
             labelled: None,
             init,
             out: out.join(objective),

@@ -120,6 +120,9 @@ pub struct TrainArgs {
     pub epochs: Option<usize>,
     #[arg(long)]
     pub lr: Option<f32>,
+    /// Images per training step ([train] batch); a resumed run keeps its own.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<usize>,
     /// The fraction of the training images whose captions are used, above
     /// 0 and at most 1 (default 1): objectives that learn from captions
     /// train on those images, clip-relevance and discritune on the rest
@@ -194,6 +197,9 @@ impl TrainArgs {
                 e
             };
         }
+        if let Some(batch) = self.batch {
+            t.batch = batch;
+        }
         if let Some(fraction) = self.labelled {
             t.labelled = fraction;
         }
@@ -205,6 +211,15 @@ impl TrainArgs {
                 "start a new run from its checkpoint (--init {}) instead",
                 run.checkpoint().display()
             );
+            if t.batch != before.batch {
+                bail!(
+                    "--batch {}: {} was trained with batch {}, and a run keeps its batch size \
+                     (its position within an epoch counts batches); {new_run}",
+                    t.batch,
+                    run.dir.display(),
+                    before.batch
+                );
+            }
             if t.labelled != before.labelled {
                 bail!(
                     "--labelled {}: {} was trained with labelled {}, and a run keeps its \

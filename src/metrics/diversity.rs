@@ -1,8 +1,8 @@
-//! Diversity of generated captions (spec section 4): per image, over its
+//! Diversity of generated captions : per image, over its
 //! set of captions (five samples), Div-n = distinct n-grams / total words
 //! and mBLEU-4 = the mean BLEU-4 of each caption against the others; over
-//! all captions, the distinct words used (the SMILE paper's "lexical
-//! diversity") and the mean length.
+//! all captions, the distinct words used (the "lexical diversity" of Yue et
+//! al., 2023) and the mean length.
 
 use super::bleu::sentence_bleu;
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! Caption metrics (spec section 4). BLEU, CIDEr-D and ROUGE-L follow
+//! Caption metrics. BLEU, CIDEr-D and ROUGE-L follow
 //! pycocoevalcap exactly (`scripts/coco_reference.py` computes its values
 //! for the tests); captions are PTB-tokenised first (`data::tokenize`).
 

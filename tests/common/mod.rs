@@ -49,6 +49,24 @@ pub fn skip(why: &str) {
     }
 }
 
+/// The Flickr8k folder (the Karpathy split file `dataset_flickr8k.json`
+/// and the images) named by `$CAPTUNE_FLICKR8K`; without it the calling
+/// test is marked skipped and gets `None`.
+pub fn flickr8k() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("CAPTUNE_FLICKR8K").map(PathBuf::from) else {
+        skip("CAPTUNE_FLICKR8K is not set (a folder holding dataset_flickr8k.json and the images)");
+        return None;
+    };
+    if !dir.join("dataset_flickr8k.json").is_file() {
+        skip(&format!(
+            "CAPTUNE_FLICKR8K={} holds no dataset_flickr8k.json",
+            dir.display()
+        ));
+        return None;
+    }
+    Some(dir)
+}
+
 /// The GPU backend on the best adapter (lavapipe in CI). A machine without
 /// any adapter fails these tests with the fix, unless
 /// CAPTUNE_SKIP_GPU_TESTS=1 says to skip them. An adapter whose device

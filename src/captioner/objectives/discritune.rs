@@ -1,4 +1,5 @@
-//! DiscriTune (spec section 3, the DiscriTune paper): the frozen
+//! DiscriTune (Dessì et al., "Cross-Domain Image Captioning with
+//! Discriminative Finetuning", CVPR 2023): the frozen
 //! retriever is the listener. Each image of the batch gets one caption
 //! (greedy, as in the paper, or one sample), the retriever's text tower
 //! embeds it (through the vocabulary map), and its reward is the log

@@ -1,4 +1,5 @@
-//! CLIP relevance (spec section 3, the CLIP-relevance paper): the
+//! CLIP relevance (Jin, "Self-Supervised Image Captioning with CLIP",
+//! arXiv:2306.15111, 2023): the
 //! captioner captions each image of the batch by the Gumbel-max trick on
 //! the device; the captions, relaxed by the Gumbel-softmax at temperature
 //! tau (straight-through by default, or soft), are read by the frozen

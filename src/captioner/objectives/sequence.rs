@@ -1,4 +1,5 @@
-//! Sequence-level objectives (spec section 3, the SLE paper): SCST
+//! Sequence-level objectives (Chen and Jin, "Better Captioning with
+//! Sequence-Level Exploration", CVPR 2020): SCST
 //! (self-critical sequence training) with the greedy or the mean-of-others
 //! baseline, SLL-ME (SCST plus an entropy bonus) and SLE (sequence-level
 //! exploration: a precision term and a diversity term).

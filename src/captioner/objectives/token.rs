@@ -1,4 +1,6 @@
-//! Token-level training objectives (spec section 2): MLE, SMILE and its
+//! Token-level training objectives (SMILE: Yue et al., "Learning
+//! Descriptive Image Captioning via Semipermeable Maximum Likelihood
+//! Estimation", NeurIPS 2023): MLE, SMILE and its
 //! ablations. Each is a cross-entropy over a per-row vocabulary subset
 //! (`VocabSubsets`): the whole vocabulary for MLE, the target sequence's
 //! own tokens for SMILE, ten random ids for random subsetting, the
