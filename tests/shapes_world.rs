@@ -393,3 +393,43 @@ fn described_counts_named_objects_and_their_attributes() {
         assert_eq!(facts::parse(caption).described(), expected, "{caption:?}");
     }
 }
+
+/// Each word that states a fact is marked by the same checker as fact
+/// precision: true as a reference says, a true detail no reference
+/// states, a wrong attribute, an object that is not there.
+#[test]
+fn caption_words_are_marked_by_the_facts_they_state() {
+    use facts::FactMark::{Absent, NewDetail, True, Wrong};
+    let references = vec!["a red circle".to_string()];
+    let marked = facts::mark(
+        "Three shapes: a big red circle on a black background and a purple triangle",
+        &scene(),
+        &references,
+    );
+    let got: Vec<(&str, Option<facts::FactMark>)> =
+        marked.iter().map(|(w, m)| (w.as_str(), *m)).collect();
+    assert_eq!(
+        got,
+        [
+            ("three", Some(NewDetail)),
+            ("shapes", Some(NewDetail)),
+            ("a", None),
+            ("big", Some(NewDetail)),
+            ("red", Some(True)),
+            ("circle", Some(True)),
+            ("on", None),
+            ("a", None),
+            ("black", Some(Wrong)),
+            ("background", Some(Wrong)),
+            ("and", None),
+            ("a", None),
+            ("purple", Some(Wrong)),
+            ("triangle", Some(Absent)),
+        ]
+    );
+    // A word in two facts shows the worse: one circle is there, the second
+    // is the star.
+    let marked = facts::mark("two circles", &scene(), &references);
+    assert_eq!(marked[0].1, Some(Wrong));
+    assert_eq!(marked[1].1, Some(Absent));
+}

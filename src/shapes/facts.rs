@@ -20,6 +20,7 @@ use super::lexicon::{self, RegionWord};
 use super::scene::{Background, Cell, Colour, Fill, Object, Scene, Shape, Size};
 use crate::data::tokenize::ptb_tokenize;
 use std::collections::HashSet;
+use std::ops::Range;
 
 /// The attributes a noun phrase gives (None = not stated).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -100,6 +101,20 @@ pub struct Phrase {
     pub plural: bool,
     /// "shape", "objects": no shape stated.
     pub generic: bool,
+    /// Where each part stands in the caption's words.
+    pub words: PhraseWords,
+}
+
+/// The indices of a phrase's words among the caption's PTB tokens.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PhraseWords {
+    pub number: Option<usize>,
+    pub colour: Option<usize>,
+    pub size: Option<usize>,
+    pub fill: Option<usize>,
+    pub noun: usize,
+    /// The position words ("top left corner").
+    pub cell: Option<Range<usize>>,
 }
 
 impl Phrase {
@@ -122,9 +137,11 @@ impl Phrase {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Statements {
     pub phrases: Vec<Phrase>,
-    pub background: Option<Background>,
-    /// (subject phrase, relation, object phrase), indices into `phrases`.
-    pub relations: Vec<(usize, Relation, usize)>,
+    /// The background and its two words ("gray background").
+    pub background: Option<(Background, Range<usize>)>,
+    /// (subject phrase, relation, object phrase), indices into `phrases`,
+    /// and the relation's words.
+    pub relations: Vec<(usize, Relation, usize, Range<usize>)>,
 }
 
 /// Parses a caption (any case or punctuation) into what it states.
@@ -133,28 +150,28 @@ pub fn parse(caption: &str) -> Statements {
     let words: Vec<&str> = tokens.iter().map(String::as_str).collect();
     let mut out = Statements::default();
     // A relation seen whose object phrase is still to come.
-    let mut pending: Option<(usize, Relation)> = None;
+    let mut pending: Option<(usize, Relation, Range<usize>)> = None;
     let mut i = 0;
     while i < words.len() {
         let w = words[i];
         let next = words.get(i + 1).copied();
         if let (Some(bg), Some("background")) = (lexicon::parse_background(w), next) {
-            out.background = Some(bg);
+            out.background = Some((bg, i..i + 2));
             i += 2;
             continue;
         }
         if let Some((relation, len)) = relation_at(&words[i..]) {
             if let Some(subject) = out.phrases.len().checked_sub(1) {
-                pending = Some((subject, relation));
+                pending = Some((subject, relation, i..i + len));
             }
             i += len;
             continue;
         }
         if matches!(w, "it" | "that" | "this")
-            && let Some((subject, relation)) = pending.take()
+            && let Some((subject, relation, at)) = pending.take()
             && subject > 0
         {
-            out.relations.push((subject, relation, subject - 1));
+            out.relations.push((subject, relation, subject - 1, at.start..i + 1));
             i += 1;
             continue;
         }
@@ -165,15 +182,16 @@ pub fn parse(caption: &str) -> Statements {
                 && !last.generic
             {
                 last.description.cell = Some(cell);
+                last.words.cell = Some(i..i + len);
             }
             i += len;
             continue;
         }
-        if let Some((phrase, len)) = phrase_at(&words[i..]) {
+        if let Some((phrase, len)) = phrase_at(&words[i..], i) {
             out.phrases.push(phrase);
-            if let Some((subject, relation)) = pending.take() {
+            if let Some((subject, relation, at)) = pending.take() {
                 out.relations
-                    .push((subject, relation, out.phrases.len() - 1));
+                    .push((subject, relation, out.phrases.len() - 1, at));
             }
             i += len;
             continue;
@@ -220,13 +238,15 @@ fn region_at(words: &[&str]) -> (Cell, usize) {
 }
 
 /// [article | number] attributes* noun. Attributes with no noun after them
-/// state nothing.
-fn phrase_at(words: &[&str]) -> Option<(Phrase, usize)> {
+/// state nothing. `start`: the index of `words[0]` in the caption.
+fn phrase_at(words: &[&str], start: usize) -> Option<(Phrase, usize)> {
     let mut i = 0;
     let mut number = None;
+    let mut at = PhraseWords::default();
     if let Some(&w) = words.first() {
         if let Some(n) = lexicon::parse_number(w) {
             number = Some(n);
+            at.number = Some(start);
             i += 1;
         } else if matches!(w, "a" | "an") {
             i += 1;
@@ -236,16 +256,20 @@ fn phrase_at(words: &[&str]) -> Option<(Phrase, usize)> {
     while let Some(&w) = words.get(i) {
         if let Some(c) = lexicon::parse_colour(w) {
             d.colour = Some(c);
+            at.colour = Some(start + i);
         } else if let Some(s) = lexicon::parse_size(w) {
             d.size = Some(s);
+            at.size = Some(start + i);
         } else if let Some(f) = lexicon::parse_fill(w) {
             d.fill = Some(f);
+            at.fill = Some(start + i);
         } else {
             break;
         }
         i += 1;
     }
     let noun = *words.get(i)?;
+    at.noun = start + i;
     let (generic, plural) = if let Some((shape, plural)) = lexicon::parse_shape(noun) {
         d.shape = Some(shape);
         (false, plural)
@@ -258,6 +282,7 @@ fn phrase_at(words: &[&str]) -> Option<(Phrase, usize)> {
             number,
             plural,
             generic,
+            words: at,
         },
         i + 1,
     ))
@@ -348,52 +373,163 @@ impl Statements {
             covered: HashSet::new(),
             scene_facts: scene_facts(scene).len(),
         };
-        let state = |c: &mut Checked, holds: bool, covers: Option<SceneFact>| {
+        for fact in self.stated_facts(scene) {
             c.stated += 1;
-            if holds {
+            if fact.holds {
                 c.true_stated += 1;
-                c.covered.extend(covers);
+                c.covered.extend(fact.covers);
             }
+        }
+        c
+    }
+
+    /// Every fact the caption states, checked against `scene`, with the
+    /// words that state it.
+    pub fn stated_facts(&self, scene: &Scene) -> Vec<StatedFact> {
+        let mut facts = Vec::new();
+        let mut state = |kind, holds, covers, words: Vec<usize>| {
+            facts.push(StatedFact {
+                kind,
+                holds,
+                covers,
+                words,
+            })
         };
-        if let Some(bg) = self.background {
-            state(&mut c, bg == scene.background, Some(SceneFact::Background));
+        if let Some((bg, words)) = &self.background {
+            let holds = *bg == scene.background;
+            state(FactKind::Background, holds, Some(SceneFact::Background), words.clone().collect());
         }
         // The scene object each object the phrases speak of goes with.
         let mut aligned = align(&self.objects(), &scene.objects).into_iter();
         // The scene object each phrase's first instance was aligned with.
         let mut anchor: Vec<Option<usize>> = vec![None; self.phrases.len()];
         for (p, phrase) in self.phrases.iter().enumerate() {
-            let d = &phrase.description;
+            let (d, at) = (&phrase.description, &phrase.words);
+            let number: Vec<usize> = at.number.into_iter().collect();
             if phrase.is_total_count() {
                 if let Some(n) = phrase.number {
                     let holds = n as usize == scene.objects.len();
-                    state(&mut c, holds, Some(SceneFact::Count));
+                    let words = number.iter().copied().chain([at.noun]).collect();
+                    state(FactKind::Count, holds, Some(SceneFact::Count), words);
                 }
                 continue;
             }
             if let Some(n) = phrase.number.filter(|&n| n >= 2) {
                 let count = scene.objects.iter().filter(|o| d.matches(o)).count();
-                state(&mut c, count == n as usize, None);
+                state(FactKind::Count, count == n as usize, None, number.clone());
             }
+            let cell_words: Vec<usize> = at.cell.clone().into_iter().flatten().collect();
+            let words_of = [
+                vec![at.noun],
+                at.colour.into_iter().collect(),
+                at.size.into_iter().collect(),
+                at.fill.into_iter().collect(),
+                cell_words,
+            ];
             for i in aligned.by_ref().take(phrase.instances()) {
                 anchor[p].get_or_insert(i);
                 let checks = d.checks(&scene.objects[i]);
-                for (holds, fact) in checks.into_iter().zip(SceneFact::of_object(i)) {
+                for (k, (holds, fact)) in checks.into_iter().zip(SceneFact::of_object(i)).enumerate() {
                     if let Some(holds) = holds {
-                        state(&mut c, holds, Some(fact));
+                        let kind = if k == 0 { FactKind::Object } else { FactKind::Attribute };
+                        state(kind, holds, Some(fact), words_of[k].clone());
                     }
                 }
             }
         }
-        for &(a, relation, b) in &self.relations {
-            let holds = match (anchor[a], anchor[b]) {
+        for (a, relation, b, words) in &self.relations {
+            let holds = match (anchor[*a], anchor[*b]) {
                 (Some(a), Some(b)) => relation.holds(scene.objects[a].cell, scene.objects[b].cell),
                 _ => false,
             };
-            state(&mut c, holds, None);
+            state(FactKind::Relation, holds, None, words.clone().collect());
         }
-        c
+        facts
     }
+}
+
+/// What kind of fact a caption states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FactKind {
+    /// An object of a shape (its noun).
+    Object,
+    /// A colour, size, fill or position of an object.
+    Attribute,
+    /// How many objects, or how many of a kind.
+    Count,
+    Background,
+    /// One object left of, right of, above or below another.
+    Relation,
+}
+
+/// One fact a caption states, checked against a scene.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatedFact {
+    pub kind: FactKind,
+    pub holds: bool,
+    /// The scene fact it states, when it states one (a relation or a count
+    /// of a kind covers none).
+    pub covers: Option<SceneFact>,
+    /// Its words, indices into the caption's PTB tokens.
+    pub words: Vec<usize>,
+}
+
+/// How a word of a caption fares against the scene's facts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FactMark {
+    /// True, and some reference of the image states it too.
+    True,
+    /// True, and no reference of the image states it: a detail the
+    /// references leave out.
+    NewDetail,
+    /// A wrong colour, size, fill, position, count, background or relation.
+    Wrong,
+    /// An object the scene does not hold (its shape is wrong).
+    Absent,
+}
+
+impl FactMark {
+    /// What the mark means, for a legend.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            FactMark::True => "true, as a reference says",
+            FactMark::NewDetail => "true, and no reference says it",
+            FactMark::Wrong => "wrong colour, size, fill, position, count or background",
+            FactMark::Absent => "an object that is not there",
+        }
+    }
+
+    pub const ALL: [FactMark; 4] = [
+        FactMark::True,
+        FactMark::NewDetail,
+        FactMark::Wrong,
+        FactMark::Absent,
+    ];
+}
+
+/// The caption's PTB tokens, each with its mark where it states a fact
+/// (the worst of the facts it takes part in): checked by the same parser
+/// and alignment as fact precision and recall, and compared with what
+/// the image's `references` state.
+pub fn mark(caption: &str, scene: &Scene, references: &[String]) -> Vec<(String, Option<FactMark>)> {
+    let referenced: HashSet<SceneFact> = references
+        .iter()
+        .flat_map(|r| check(r, scene).covered)
+        .collect();
+    let words = ptb_tokenize(caption);
+    let mut marks: Vec<Option<FactMark>> = vec![None; words.len()];
+    for fact in parse(caption).stated_facts(scene) {
+        let mark = match (fact.holds, fact.kind) {
+            (false, FactKind::Object) => FactMark::Absent,
+            (false, _) => FactMark::Wrong,
+            (true, _) if fact.covers.is_some_and(|f| !referenced.contains(&f)) => FactMark::NewDetail,
+            (true, _) => FactMark::True,
+        };
+        for w in fact.words {
+            marks[w] = marks[w].max(Some(mark));
+        }
+    }
+    words.into_iter().zip(marks).collect()
 }
 
 /// The scene object each described object is aligned with: of all
