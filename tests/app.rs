@@ -13,6 +13,8 @@ use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
 use captune::device::DeviceChoice;
+use captune::shapes::facts::FactMark;
+use captune::source::embeddings::CaptionData;
 use common::tiny_data;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
@@ -30,7 +32,11 @@ fn temp(name: &str) -> PathBuf {
 }
 
 fn harness(source: Source) -> Harness<'static, CaptuneApp> {
-    let app = CaptuneApp::new(&egui::Context::default(), Arc::new(tiny_data()), source);
+    harness_on(tiny_data(), source)
+}
+
+fn harness_on(data: CaptionData, source: Source) -> Harness<'static, CaptuneApp> {
+    let app = CaptuneApp::new(&egui::Context::default(), Arc::new(data), source);
     // Answers arriving from the threads relayout tables and scroll areas,
     // which can take egui more than the default 4 steps to settle.
     Harness::builder()
@@ -307,7 +313,40 @@ fn following_a_run_folder_fills_every_panel_as_it_grows() {
     h.run();
     // In the greedy caption and in one sample; the references never say it.
     assert_eq!(h.query_all_by_label("zebra").count(), 2);
+    // The shapes world's captions are checked fact by fact.
+    for mark in FactMark::ALL {
+        assert!(h.query_by_label(mark.meaning()).is_some(), "{mark:?}");
+    }
+    assert!(h.query_by_label_contains("no reference of the image uses").is_none());
     h.snapshot("follow_samples");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// On a data set without scenes, no fact can be checked: the samples
+/// panel highlights the words no reference uses, and says so.
+#[test]
+fn without_scenes_the_samples_panel_says_it_highlights_words_no_reference_uses() {
+    let dir = temp("follow-no-scenes");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut data = tiny_data();
+    for item in &mut data.data.items {
+        item.extensions.clear();
+    }
+    let val_image = data.data.items[data.items(captune::data::Split::Val)[0]].id.clone();
+    append(
+        &dir,
+        RecordFile::Samples,
+        &[format!(
+            r#"{{"epoch":1,"step":10,"image_id":"{val_image}","caption":"a zebra circle","tokens":[],"samples":["a circle"]}}"#
+        )],
+    );
+    let mut h = harness_on(data, Source::Follow(dir.clone()));
+    step_until(&mut h, "the samples", |a| a.history.samples.len() == 1);
+    h.get_by_label("Samples").click();
+    h.run();
+    assert!(h.query_by_label_contains("no reference of the image uses").is_some());
+    assert!(h.query_by_label(FactMark::Absent.meaning()).is_none());
+    assert_eq!(h.query_all_by_label("zebra").count(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

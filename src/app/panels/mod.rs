@@ -6,6 +6,7 @@
 
 mod inspector;
 mod losses;
+mod marks;
 mod metrics;
 mod per_token;
 mod samples;
@@ -20,14 +21,12 @@ use super::history::History;
 use super::scorer::Scorer;
 use super::thumbnails::Thumbnails;
 use crate::source::embeddings::CaptionData;
-use egui::{Color32, RichText};
+use egui::Color32;
 use egui_plot::VLine;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 const MLE_COLOUR: Color32 = Color32::from_rgb(70, 130, 220);
 const SMILE_COLOUR: Color32 = Color32::from_rgb(230, 120, 40);
-/// Words of a generated caption that no reference of the image uses.
-const NOVEL_COLOUR: Color32 = Color32::from_rgb(220, 60, 160);
 const THUMBNAIL: f32 = 96.0;
 
 /// What the tab panels read, and the workers they share.
@@ -69,29 +68,6 @@ impl Panels {
             Tab::Inspector => &mut self.inspector,
         }
     }
-}
-
-/// The words of `caption`, those absent from every reference highlighted.
-fn highlighted(ui: &mut egui::Ui, caption: &str, references: &HashSet<String>) {
-    ui.horizontal_wrapped(|ui| {
-        ui.spacing_mut().item_spacing.x = 4.0;
-        for word in caption.split_whitespace() {
-            let text = RichText::new(word);
-            if references.contains(word) {
-                ui.label(text);
-            } else {
-                ui.label(text.color(NOVEL_COLOUR).strong());
-            }
-        }
-    });
-}
-
-fn reference_words(data: &CaptionData, i: usize) -> HashSet<String> {
-    data.data.items[i]
-        .captions
-        .iter()
-        .flat_map(|c| c.tokens.iter().cloned())
-        .collect()
 }
 
 /// Picks a validation image with a slider and shows it; returns its item index.

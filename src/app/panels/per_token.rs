@@ -2,7 +2,8 @@
 //! image, or its newest greedy caption or sample.
 
 use super::tokens::{bars, paired_bars, scores};
-use super::{Panel, View, highlighted, image_picker, reference_words};
+use super::marks::Marker;
+use super::{Panel, View, image_picker};
 use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
 use crate::captioner::explain::{Explanation, TokenTerm};
@@ -38,8 +39,9 @@ impl Panel for PerTokenPanel {
             ui.label("This image has no captions.");
             return;
         };
-        let references = reference_words(data, i);
-        highlighted(ui, &ptb_tokenize(caption).join(" "), &references);
+        let marker = Marker::of(&data.data.items[i]);
+        marker.legend(ui);
+        marker.show(ui, &ptb_tokenize(caption).join(" "));
         ui.horizontal(|ui| {
             ui.label("rewarded as the image's caption under:");
             ui.selectable_value(&mut self.explain_under, None, "none");

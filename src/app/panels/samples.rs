@@ -1,6 +1,7 @@
 //! The sample gallery.
 
-use super::{NOVEL_COLOUR, Panel, THUMBNAIL, View, highlighted, reference_words};
+use super::marks::Marker;
+use super::{Panel, THUMBNAIL, View};
 use egui::RichText;
 
 /// The sampled validation images with their greedy caption and samples.
@@ -16,16 +17,17 @@ impl Panel for SamplesPanel {
             );
             return;
         }
-        ui.label(
-            RichText::new("Words that no reference of the image uses are highlighted.")
-                .color(NOVEL_COLOUR),
-        );
+        let mut legend_shown = false;
         egui::ScrollArea::vertical().show(ui, |ui| {
             for s in &history.samples {
                 let Some(&i) = by_id.get(&s.image_id) else {
                     continue;
                 };
-                let references = reference_words(data, i);
+                let marker = Marker::of(&data.data.items[i]);
+                if !legend_shown {
+                    marker.legend(ui);
+                    legend_shown = true;
+                }
                 ui.horizontal(|ui| {
                     if let Some(t) = view.thumbnails.get(ui.ctx(), i, &data.data.items[i]) {
                         ui.add(
@@ -37,12 +39,12 @@ impl Panel for SamplesPanel {
                         ui.label(RichText::new(format!("{} (step {})", s.image_id, s.step)).weak());
                         ui.horizontal(|ui| {
                             ui.label(RichText::new("greedy").strong());
-                            highlighted(ui, &s.caption, &references);
+                            marker.show(ui, &s.caption);
                         });
                         for sample in &s.samples {
                             ui.horizontal(|ui| {
                                 ui.label("sample");
-                                highlighted(ui, sample, &references);
+                                marker.show(ui, sample);
                             });
                         }
                     });
