@@ -34,8 +34,9 @@ apt_install() {
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
 }
 
-# Installs what `what` needs, or says how and sets the skip variable.
-# Usage: need WHAT SKIP_VARIABLE PACKAGE...
+# Installs what `what` needs, or says how and sets the skip variable (if
+# any: a test that finds no browser skips by itself).
+# Usage: need WHAT SKIP_VARIABLE|"" PACKAGE...
 need() {
     local what=$1 skip_variable=$2
     shift 2
@@ -44,7 +45,7 @@ need() {
         echo "test.sh: could not install them (needs apt-get, and root or sudo). To run the" >&2
         echo "  $what, run:  sudo apt-get install $*" >&2
         echo "  Going on: those tests are skipped." >&2
-        export "$skip_variable=1"
+        [ -z "$skip_variable" ] || export "$skip_variable=1"
     fi
 }
 
@@ -74,7 +75,7 @@ else
         XDG_RUNTIME_DIR=$(mktemp -d)
     fi
 fi
-has_browser || need "report's test in a headless browser" CAPTUNE_SKIP_BROWSER_TEST chromium
+has_browser || need "report's test in a headless browser" "" chromium
 
 # Tests skipped for want of a GPU, Xvfb, a browser, Flickr8k or
 # pycocoevalcap write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs,

@@ -17,6 +17,7 @@ pub mod model;
 pub mod ops;
 pub mod optim;
 pub mod progress;
+pub mod report;
 pub mod retriever;
 pub mod shaders;
 pub mod shapes;

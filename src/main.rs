@@ -54,6 +54,8 @@ enum Command {
     Demo(cli::demo::DemoArgs),
     /// The desktop app: train and watch live, follow a run folder, or inspect a checkpoint per token.
     App(Box<cli::app::AppArgs>),
+    /// Run folders as one HTML file (curves, final metrics, samples) for a machine without a display; series as CSV.
+    Report(cli::report::ReportArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -134,6 +136,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect(args) => on_device!(&cli.device, b => cli::inspect::inspect(b, &args)),
         Command::Demo(args) => on_device!(&cli.device, b => cli::demo::demo(b, &args)),
         Command::App(args) => cli::app::run(single_device(&cli.device)?, &args),
+        Command::Report(args) => cli::report::run(&args),
         Command::Bench { what } => cli::bench::run(&cli.device, what),
     }
 }

@@ -22,6 +22,7 @@ pub mod reward;
 pub mod run;
 pub mod run_folder;
 pub mod train;
+pub mod word_marks;
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;

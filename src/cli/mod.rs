@@ -10,6 +10,7 @@ pub mod embed;
 pub mod eval;
 pub mod info;
 pub mod inspect;
+pub mod report;
 pub mod retriever;
 pub mod score;
 pub mod train;

@@ -2,13 +2,13 @@
 //! image, or its newest greedy caption or sample.
 
 use super::tokens::{bars, paired_bars, scores};
-use super::marks::Marker;
+use super::marks;
+use crate::captioner::word_marks::Marker;
 use super::{Panel, View, image_picker};
 use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
 use crate::captioner::explain::{Explanation, TokenTerm};
 use crate::captioner::objectives::OBJECTIVES;
-use crate::data::tokenize::ptb_tokenize;
 use crate::source::embeddings::CaptionData;
 use egui::RichText;
 use egui_plot::BarChart;
@@ -40,8 +40,8 @@ impl Panel for PerTokenPanel {
             return;
         };
         let marker = Marker::of(&data.data.items[i]);
-        marker.legend(ui);
-        marker.show(ui, &ptb_tokenize(caption).join(" "));
+        marks::legend(ui, &marker);
+        marks::show(ui, &marker, caption);
         ui.horizontal(|ui| {
             ui.label("rewarded as the image's caption under:");
             ui.selectable_value(&mut self.explain_under, None, "none");

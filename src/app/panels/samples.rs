@@ -1,6 +1,7 @@
 //! The sample gallery.
 
-use super::marks::Marker;
+use super::marks;
+use crate::captioner::word_marks::Marker;
 use super::{Panel, THUMBNAIL, View};
 use egui::RichText;
 
@@ -25,7 +26,7 @@ impl Panel for SamplesPanel {
                 };
                 let marker = Marker::of(&data.data.items[i]);
                 if !legend_shown {
-                    marker.legend(ui);
+                    marks::legend(ui, &marker);
                     legend_shown = true;
                 }
                 ui.horizontal(|ui| {
@@ -39,12 +40,12 @@ impl Panel for SamplesPanel {
                         ui.label(RichText::new(format!("{} (step {})", s.image_id, s.step)).weak());
                         ui.horizontal(|ui| {
                             ui.label(RichText::new("greedy").strong());
-                            marker.show(ui, &s.caption);
+                            marks::show(ui, &marker, &s.caption);
                         });
                         for sample in &s.samples {
                             ui.horizontal(|ui| {
                                 ui.label("sample");
-                                marker.show(ui, sample);
+                                marks::show(ui, &marker, sample);
                             });
                         }
                     });

@@ -1,0 +1,112 @@
+//! Line charts as SVG, drawn by plotters: one chart per series, every
+//! run's line on shared axes.
+
+use anyhow::{Result, anyhow};
+use plotters::prelude::*;
+
+/// Distinct colours for up to eight runs, then again.
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
+/// The colour of run `k`, as CSS.
+pub fn css_colour(k: usize) -> String {
+    let RGBColor(r, g, b) = COLOURS[k % COLOURS.len()];
+    format!("rgb({r},{g},{b})")
+}
+
+/// One run's points of a series, (step, value).
+pub struct Line<'a> {
+    pub run: usize,
+    pub name: &'a str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// The axis range of `values`, padded so that a flat line or a single
+/// point still has room.
+fn range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> {
+    let (lo, hi) = values.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+        (lo.min(v), hi.max(v))
+    });
+    if !lo.is_finite() {
+        return None;
+    }
+    let pad = if hi > lo {
+        (hi - lo) * 0.05
+    } else {
+        lo.abs().max(1.0) * 0.05
+    };
+    Some(lo - pad..hi + pad)
+}
+
+/// An SVG chart of `title` over steps, one line per run (a marker on each
+/// point, so that a series of one epoch still shows); None when no line
+/// has a finite point.
+pub fn chart(title: &str, lines: &[Line<'_>]) -> Result<Option<String>> {
+    let finite = |l: &Line<'_>| -> Vec<(f64, f64)> {
+        l.points
+            .iter()
+            .copied()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .collect()
+    };
+    let lines: Vec<(&Line<'_>, Vec<(f64, f64)>)> = lines.iter().map(|l| (l, finite(l))).collect();
+    let all = || lines.iter().flat_map(|(_, p)| p.iter());
+    let (Some(xs), Some(ys)) = (range(all().map(|p| p.0)), range(all().map(|p| p.1))) else {
+        return Ok(None);
+    };
+    let mut svg = String::new();
+    draw(&mut svg, title, xs, ys, &lines).map_err(|e| anyhow!("drawing the chart {title}: {e}"))?;
+    Ok(Some(svg))
+}
+
+fn draw(
+    svg: &mut String,
+    title: &str,
+    xs: std::ops::Range<f64>,
+    ys: std::ops::Range<f64>,
+    lines: &[(&Line<'_>, Vec<(f64, f64)>)],
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let root = SVGBackend::with_string(svg, (460, 280)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(32)
+        .y_label_area_size(56)
+        .build_cartesian_2d(xs, ys)?;
+    chart
+        .configure_mesh()
+        .x_desc("step")
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()?;
+    for (line, points) in lines {
+        let colour = COLOURS[line.run % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))?
+            .label(line.name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2)));
+        let marker = if points.len() > 40 { 0 } else { 3 };
+        chart.draw_series(
+            points
+                .iter()
+                .map(|&p| Circle::new(p, marker, colour.filled())),
+        )?;
+    }
+    if lines.len() > 1 {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
