@@ -317,7 +317,10 @@ fn following_a_run_folder_fills_every_panel_as_it_grows() {
     for mark in FactMark::ALL {
         assert!(h.query_by_label(mark.meaning()).is_some(), "{mark:?}");
     }
-    assert!(h.query_by_label_contains("no reference of the image uses").is_none());
+    assert!(
+        h.query_by_label_contains("no reference of the image uses")
+            .is_none()
+    );
     h.snapshot("follow_samples");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -332,7 +335,9 @@ fn without_scenes_the_samples_panel_says_it_highlights_words_no_reference_uses()
     for item in &mut data.data.items {
         item.extensions.clear();
     }
-    let val_image = data.data.items[data.items(captune::data::Split::Val)[0]].id.clone();
+    let val_image = data.data.items[data.items(captune::data::Split::Val)[0]]
+        .id
+        .clone();
     append(
         &dir,
         RecordFile::Samples,
@@ -344,7 +349,10 @@ fn without_scenes_the_samples_panel_says_it_highlights_words_no_reference_uses()
     step_until(&mut h, "the samples", |a| a.history.samples.len() == 1);
     h.get_by_label("Samples").click();
     h.run();
-    assert!(h.query_by_label_contains("no reference of the image uses").is_some());
+    assert!(
+        h.query_by_label_contains("no reference of the image uses")
+            .is_some()
+    );
     assert!(h.query_by_label(FactMark::Absent.meaning()).is_none());
     assert_eq!(h.query_all_by_label("zebra").count(), 1);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -15,8 +15,10 @@ fn coco_metrics_equal_pycocoevalcap_on_flickr8k_test() {
     let Some(flickr8k) = common::flickr8k() else {
         return;
     };
-    let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap()).unwrap();
+    let data: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap(),
+    )
+    .unwrap();
     let test: Vec<Vec<Vec<String>>> = data["images"]
         .as_array()
         .unwrap()

@@ -84,7 +84,14 @@ fn the_packaged_crate_installs_and_runs_the_demo_from_an_empty_folder() {
         .env("CAPTUNE_CACHE", scratch.join("cache"))
         .env_remove("CAPTUNE_DEVICE")
         .args(["--device", "cpu", "demo", "--preset", "tiny"])
-        .args(["--mle-epochs", "1", "--smile-epochs", "1", "--eval-images", "16"])
+        .args([
+            "--mle-epochs",
+            "1",
+            "--smile-epochs",
+            "1",
+            "--eval-images",
+            "16",
+        ])
         .args(common::TINY_WORLD_ARGS);
     let out = demo.output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);

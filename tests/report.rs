@@ -41,7 +41,11 @@ fn a_report_of_two_runs_holds_their_curves_metrics_and_samples() {
     train(&mle, &cache, &["--epochs", "3"]);
     let init = mle.join("checkpoint.safetensors");
     let init = init.to_str().unwrap();
-    train(&smile, &cache, &["--epochs", "2", "--objective", "smile", "--init", init]);
+    train(
+        &smile,
+        &cache,
+        &["--epochs", "2", "--objective", "smile", "--init", init],
+    );
 
     let html_path = dir.join("report.html");
     let csv = dir.join("csv");
@@ -77,7 +81,10 @@ fn a_report_of_two_runs_holds_their_curves_metrics_and_samples() {
     // The final metrics side by side: a row per metric, a column per run.
     let table = &html[html.find("<h2>Final metrics").unwrap()..html.find("<h2>Samples").unwrap()];
     assert!(table.contains(">mle</th>") && table.contains(">smile</th>"));
-    let cider_row = table.lines().find(|l| l.starts_with("<tr><td>CIDEr-D</td>")).unwrap();
+    let cider_row = table
+        .lines()
+        .find(|l| l.starts_with("<tr><td>CIDEr-D</td>"))
+        .unwrap();
     assert_eq!(cider_row.matches("<td>").count(), 3, "{cider_row}");
     // Samples with their images, their facts checked.
     let samples = &html[html.find("<h2>Samples").unwrap()..];
@@ -88,7 +95,8 @@ fn a_report_of_two_runs_holds_their_curves_metrics_and_samples() {
     // The series as CSV: a row per record.
     for run in ["mle", "smile"] {
         let log = std::fs::read_to_string(csv.join(run).join("log.csv")).unwrap();
-        let records = std::fs::read_to_string(dir.join("runs").join(run).join("log.jsonl")).unwrap();
+        let records =
+            std::fs::read_to_string(dir.join("runs").join(run).join("log.jsonl")).unwrap();
         assert!(log.starts_with("step,epoch,objective,"), "{log}");
         assert_eq!(log.lines().count(), records.lines().count() + 1);
         let metrics = std::fs::read_to_string(csv.join(run).join("metrics.csv")).unwrap();
@@ -98,9 +106,17 @@ fn a_report_of_two_runs_holds_their_curves_metrics_and_samples() {
     // What a user made stays unless they ask.
     let again = captune(&args, &cache);
     assert!(!again.status.success());
-    assert!(text(&again.stderr).contains("--overwrite"), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("--overwrite"),
+        "{}",
+        text(&again.stderr)
+    );
     let not_a_run = captune(&["report", dir.to_str().unwrap()], &cache);
-    assert!(text(&not_a_run.stderr).contains("not a run folder"), "{}", text(&not_a_run.stderr));
+    assert!(
+        text(&not_a_run.stderr).contains("not a run folder"),
+        "{}",
+        text(&not_a_run.stderr)
+    );
 
     in_a_browser(&html_path, &dir);
     std::fs::remove_dir_all(&dir).unwrap();
@@ -134,20 +150,36 @@ fn in_a_browser(report: &Path, dir: &Path) {
     };
     let shot = dir.join("report.png");
     let out = Command::new(&browser)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"])
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+        ])
         .arg(format!("--user-data-dir={}", dir.join("browser").display()))
         .arg("--window-size=1200,1600")
         .arg(format!("--screenshot={}", shot.display()))
         .arg(format!("file://{}", report.display()))
         .output()
         .unwrap();
-    assert!(shot.is_file(), "{}: no screenshot\n{}", browser.display(), text(&out.stderr));
+    assert!(
+        shot.is_file(),
+        "{}: no screenshot\n{}",
+        browser.display(),
+        text(&out.stderr)
+    );
     let image = image::open(&shot).unwrap().to_rgb8();
     let near = |p: &image::Rgb<u8>, c: [u8; 3]| p.0.iter().zip(c).all(|(&a, b)| a.abs_diff(b) < 24);
     let count = |c: [u8; 3]| image.pixels().filter(|p| near(p, c)).count();
-    let ink = image.pixels().filter(|p| p.0.iter().any(|&v| v < 200)).count();
+    let ink = image
+        .pixels()
+        .filter(|p| p.0.iter().any(|&v| v < 200))
+        .count();
     let total = image.pixels().count();
-    assert!(ink * 100 > total, "the page is blank: {ink} of {total} pixels drawn");
+    assert!(
+        ink * 100 > total,
+        "the page is blank: {ink} of {total} pixels drawn"
+    );
     // The first two runs' colours (plot.rs): blue and orange lines.
     assert!(count([31, 119, 180]) > 200, "no blue run line");
     assert!(count([255, 127, 14]) > 200, "no orange run line");

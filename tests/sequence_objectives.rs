@@ -122,8 +122,10 @@ fn the_reward_equals_pycocoevalcap_with_training_statistics_on_flickr8k() {
     let Some(flickr8k) = common::flickr8k() else {
         return;
     };
-    let data: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap()).unwrap();
+    let data: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(flickr8k.join("dataset_flickr8k.json")).unwrap(),
+    )
+    .unwrap();
     let references: Vec<Vec<Vec<String>>> = data["images"]
         .as_array()
         .unwrap()

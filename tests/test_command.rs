@@ -39,7 +39,11 @@ fn stand_ins(dir: &Path, log: &Path) -> PathBuf {
     }
     let log = log.display();
     script(&bin, "id", "echo 1000");
-    script(&bin, "apt-get", &format!("echo \"apt-get without root: $*\" >> {log}; exit 100"));
+    script(
+        &bin,
+        "apt-get",
+        &format!("echo \"apt-get without root: $*\" >> {log}; exit 100"),
+    );
     script(
         &bin,
         "cargo",
@@ -61,12 +65,16 @@ fn run(bin: &Path) -> (bool, String) {
         .stdin(std::process::Stdio::null())
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("captune-test-command-{name}-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!(
+        "captune-test-command-{name}-{}",
+        std::process::id()
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -81,10 +89,16 @@ fn without_root_or_sudo_it_prints_the_apt_line_and_goes_on_with_skips() {
     assert!(ok, "{text}");
     assert!(text.contains("sudo apt-get install xvfb"), "{text}");
     assert!(text.contains("sudo apt-get install chromium"), "{text}");
-    assert!(text.contains("summary: 1 passed, 0 failed, 0 skipped"), "{text}");
+    assert!(
+        text.contains("summary: 1 passed, 0 failed, 0 skipped"),
+        "{text}"
+    );
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(!log.contains("apt-get without root"), "{log}");
-    assert!(log.contains("cargo test --locked --no-run window=1"), "{log}");
+    assert!(
+        log.contains("cargo test --locked --no-run window=1"),
+        "{log}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -97,7 +111,10 @@ fn with_sudo_it_installs_through_sudo() {
     script(
         &bin,
         "sudo",
-        &format!("[ \"$*\" = \"-n true\" ] || echo \"sudo $*\" >> {}", log.display()),
+        &format!(
+            "[ \"$*\" = \"-n true\" ] || echo \"sudo $*\" >> {}",
+            log.display()
+        ),
     );
     let (ok, text) = run(&bin);
     assert!(ok, "{text}");
@@ -109,6 +126,9 @@ fn with_sudo_it_installs_through_sudo() {
     );
     assert!(log.contains("apt-get install -y -qq chromium"), "{log}");
     // Installed, so the window test is not told to skip.
-    assert!(log.contains("cargo test --locked --no-run window=\n"), "{log}");
+    assert!(
+        log.contains("cargo test --locked --no-run window=\n"),
+        "{log}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

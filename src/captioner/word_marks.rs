@@ -65,6 +65,5 @@ impl Marker {
 }
 
 /// What the marks mean where no fact can be checked.
-pub const NO_REFERENCE_USES: &str =
-    "Words that no reference of the image uses are highlighted (this data set has no scene to \
+pub const NO_REFERENCE_USES: &str = "Words that no reference of the image uses are highlighted (this data set has no scene to \
      check facts against).";

@@ -47,9 +47,10 @@ fn image_files(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
             let file = entry
                 .with_context(|| format!("{}: cannot list the folder", path.display()))?
                 .path();
-            let is_image = file.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                ["png", "jpg", "jpeg"].contains(&e.to_ascii_lowercase().as_str())
-            });
+            let is_image = file
+                .extension()
+                .and_then(|e| e.to_str())
+                .is_some_and(|e| ["png", "jpg", "jpeg"].contains(&e.to_ascii_lowercase().as_str()));
             if is_image && file.is_file() {
                 found.push(file);
             }

@@ -16,17 +16,23 @@ pub fn write(history: &History, dir: &Path) -> Result<()> {
         .iter()
         .flat_map(|p| p.series.keys().map(String::as_str))
         .collect();
-    let mut log = row(["step", "epoch", "objective"].into_iter().chain(log_keys.iter().copied()));
+    let mut log = row(["step", "epoch", "objective"]
+        .into_iter()
+        .chain(log_keys.iter().copied()));
     for p in &history.losses {
         let cells = [p.step.to_string(), p.epoch.to_string(), p.objective.clone()];
         let values = log_keys.iter().map(|k| number(p.series.get(*k)));
         log += &row(cells.into_iter().chain(values));
     }
     let keys = &history.metric_keys;
-    let mut metrics = row(["step", "epoch"].into_iter().chain(keys.iter().map(String::as_str)));
+    let mut metrics = row(["step", "epoch"]
+        .into_iter()
+        .chain(keys.iter().map(String::as_str)));
     for m in &history.metrics {
         let cells = [m.step.to_string(), m.epoch.to_string()];
-        metrics += &row(cells.into_iter().chain(keys.iter().map(|k| number(m.values.get(k)))));
+        metrics += &row(cells
+            .into_iter()
+            .chain(keys.iter().map(|k| number(m.values.get(k)))));
     }
     for (name, text) in [("log.csv", log), ("metrics.csv", metrics)] {
         let path = dir.join(name);
@@ -85,7 +91,10 @@ mod tests {
         );
         let metrics = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
         assert_eq!(metrics, "step,epoch,CIDEr-D,fact_precision\n10,1,0.5,\n");
-        assert_eq!(row(["a,b", "say \"x\""].into_iter()), "\"a,b\",\"say \"\"x\"\"\"\n");
+        assert_eq!(
+            row(["a,b", "say \"x\""].into_iter()),
+            "\"a,b\",\"say \"\"x\"\"\"\n"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -61,7 +61,11 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<Run>> {
                 let key = serde_json::to_string(source)?;
                 loaded
                     .entry(key)
-                    .or_insert_with(|| load_data(source).map(Arc::new).map_err(|e| format!("{e:#}")))
+                    .or_insert_with(|| {
+                        load_data(source)
+                            .map(Arc::new)
+                            .map_err(|e| format!("{e:#}"))
+                    })
                     .clone()
             }
             None => Err("the run does not record its data set".into()),
@@ -82,7 +86,10 @@ fn load_data(source: &FeatureSource) -> Result<Dataset> {
         .data
         .parse()
         .map_err(|e: String| anyhow::anyhow!("the recorded data set: {e}"))?;
-    data.load(source.images.as_deref(), &source.shapes.clone().unwrap_or_default())
+    data.load(
+        source.images.as_deref(),
+        &source.shapes.clone().unwrap_or_default(),
+    )
 }
 
 /// Each folder's name, with as many parent folders as make it unique.
@@ -117,14 +124,19 @@ fn names(dirs: &[PathBuf]) -> Vec<String> {
 pub fn html(runs: &[Run]) -> Result<String> {
     let mut out = String::new();
     out += "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n";
-    let title = runs.iter().map(|r| r.name.as_str()).collect::<Vec<_>>().join(", ");
+    let title = runs
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
     writeln!(out, "<title>captune report: {}</title>", escape(&title))?;
     out += STYLE;
     out += "</head>\n<body>\n<h1>captune report</h1>\n";
     runs_table(&mut out, runs)?;
     out += "<h2>Training curves</h2>\n<p>Every logged series over training steps, one line per run.</p>\n";
     charts(&mut out, runs, &log_keys(runs), |h, k| h.log_series(k))?;
-    out += "<h2>Validation metrics</h2>\n<p>Each epoch's validation metrics, one line per run.</p>\n";
+    out +=
+        "<h2>Validation metrics</h2>\n<p>Each epoch's validation metrics, one line per run.</p>\n";
     let metric_keys = metric_keys(runs);
     charts(&mut out, runs, &metric_keys, |h, k| h.metric_series(k))?;
     final_metrics(&mut out, runs, &metric_keys)?;
@@ -157,13 +169,22 @@ th:first-child, td:first-child { text-align: left; }
 fn runs_table(out: &mut String, runs: &[Run]) -> Result<()> {
     out.push_str("<table>\n<tr><th>run</th><th>folder</th><th>objectives</th><th>data</th><th>epochs</th><th>steps</th></tr>\n");
     for (k, run) in runs.iter().enumerate() {
-        let objectives: Vec<&str> = run.history.switches.iter().map(|s| s.objective.as_str()).collect();
+        let objectives: Vec<&str> = run
+            .history
+            .switches
+            .iter()
+            .map(|s| s.objective.as_str())
+            .collect();
         let objectives = if objectives.is_empty() {
             run.config.train.objective.clone()
         } else {
             objectives.join(" → ")
         };
-        let data = run.config.features.as_ref().map_or("unrecorded".into(), |f| f.data.clone());
+        let data = run
+            .config
+            .features
+            .as_ref()
+            .map_or("unrecorded".into(), |f| f.data.clone());
         let last = run.history.losses.last();
         writeln!(
             out,
@@ -192,7 +213,12 @@ fn log_keys(runs: &[Run]) -> Vec<String> {
             }
         }
     }
-    keys.extend(TRAINING_SERIES.iter().filter(|&&k| k != "tokens_per_s").map(|k| k.to_string()));
+    keys.extend(
+        TRAINING_SERIES
+            .iter()
+            .filter(|&&k| k != "tokens_per_s")
+            .map(|k| k.to_string()),
+    );
     keys
 }
 
@@ -222,7 +248,10 @@ fn charts(
             .map(|(k, run)| plot::Line {
                 run: k,
                 name: &run.name,
-                points: series(&run.history, key).into_iter().map(|[x, y]| (x, y)).collect(),
+                points: series(&run.history, key)
+                    .into_iter()
+                    .map(|[x, y]| (x, y))
+                    .collect(),
             })
             .filter(|l| !l.points.is_empty())
             .collect();
@@ -267,16 +296,27 @@ fn final_metrics(out: &mut String, runs: &[Run], keys: &[String]) -> Result<()> 
 
 fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
     out.push_str("<h2>Samples</h2>\n<p>Each run's newest greedy caption and samples of the images it logs.</p>\n");
-    let facts = runs
-        .iter()
-        .filter_map(|r| r.data.as_ref().ok())
-        .any(|d| d.items.first().is_some_and(|i| Marker::of(i).checks_facts()));
+    let facts = runs.iter().filter_map(|r| r.data.as_ref().ok()).any(|d| {
+        d.items
+            .first()
+            .is_some_and(|i| Marker::of(i).checks_facts())
+    });
     if facts {
         let legend: Vec<String> = FactMark::ALL
             .iter()
-            .map(|&m| format!("<span class=\"{}\">{}</span>", class(WordMark::Fact(m)), escape(m.meaning())))
+            .map(|&m| {
+                format!(
+                    "<span class=\"{}\">{}</span>",
+                    class(WordMark::Fact(m)),
+                    escape(m.meaning())
+                )
+            })
             .collect();
-        writeln!(out, "<p>Facts checked against the scene: {}</p>", legend.join(" · "))?;
+        writeln!(
+            out,
+            "<p>Facts checked against the scene: {}</p>",
+            legend.join(" · ")
+        )?;
     } else {
         writeln!(out, "<p class=\"novel\">{}</p>", escape(NO_REFERENCE_USES))?;
     }
@@ -292,7 +332,11 @@ fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
         let data = match &run.data {
             Ok(data) => Some(data),
             Err(why) => {
-                writeln!(out, "<p class=\"note\">Images and marks unavailable: {}</p>", escape(why))?;
+                writeln!(
+                    out,
+                    "<p class=\"note\">Images and marks unavailable: {}</p>",
+                    escape(why)
+                )?;
                 None
             }
         };
@@ -300,10 +344,16 @@ fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
             out.push_str("<p class=\"note\">No samples logged yet.</p>\n");
         }
         let by_id: HashMap<&str, usize> = data.map_or_else(HashMap::new, |d| {
-            d.items.iter().enumerate().map(|(i, item)| (item.id.as_str(), i)).collect()
+            d.items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| (item.id.as_str(), i))
+                .collect()
         });
         for s in &run.history.samples {
-            let item = by_id.get(s.image_id.as_str()).map(|&i| &data.unwrap().items[i]);
+            let item = by_id
+                .get(s.image_id.as_str())
+                .map(|&i| &data.unwrap().items[i]);
             sample(out, s, item)?;
         }
     }
@@ -322,11 +372,20 @@ fn sample(out: &mut String, s: &SampleRecord, item: Option<&crate::data::Item>) 
         Some(Err(e)) => write!(out, "<p class=\"note\">{}</p>", escape(&format!("{e:#}")))?,
         None => {}
     }
-    write!(out, "<div><div class=\"note\">image {} (step {})</div>", escape(&s.image_id), s.step)?;
+    write!(
+        out,
+        "<div><div class=\"note\">image {} (step {})</div>",
+        escape(&s.image_id),
+        s.step
+    )?;
     let marker = item.map(Marker::of);
-    let captions = std::iter::once(("greedy", &s.caption)).chain(s.samples.iter().map(|c| ("sample", c)));
+    let captions =
+        std::iter::once(("greedy", &s.caption)).chain(s.samples.iter().map(|c| ("sample", c)));
     for (kind, caption) in captions {
-        write!(out, "<div class=\"caption\"><span class=\"kind\">{kind}</span>")?;
+        write!(
+            out,
+            "<div class=\"caption\"><span class=\"kind\">{kind}</span>"
+        )?;
         match &marker {
             Some(marker) => {
                 let words: Vec<String> = marker
@@ -359,7 +418,8 @@ fn class(mark: WordMark) -> &'static str {
 
 /// The image at `path` as a PNG at most [`THUMBNAIL`] pixels a side.
 fn thumbnail(path: &Path) -> Result<Vec<u8>> {
-    let image = image::open(path).with_context(|| format!("{}: cannot read the image", path.display()))?;
+    let image =
+        image::open(path).with_context(|| format!("{}: cannot read the image", path.display()))?;
     let small = if image.width().max(image.height()) > THUMBNAIL {
         image.thumbnail(THUMBNAIL, THUMBNAIL)
     } else {

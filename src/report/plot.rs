@@ -90,7 +90,10 @@ fn draw(
     for (line, points) in lines {
         let colour = COLOURS[line.run % COLOURS.len()];
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), colour.stroke_width(2)))?
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                colour.stroke_width(2),
+            ))?
             .label(line.name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2)));
         let marker = if points.len() > 40 { 0 } else { 3 };

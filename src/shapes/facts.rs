@@ -171,7 +171,8 @@ pub fn parse(caption: &str) -> Statements {
             && let Some((subject, relation, at)) = pending.take()
             && subject > 0
         {
-            out.relations.push((subject, relation, subject - 1, at.start..i + 1));
+            out.relations
+                .push((subject, relation, subject - 1, at.start..i + 1));
             i += 1;
             continue;
         }
@@ -397,7 +398,12 @@ impl Statements {
         };
         if let Some((bg, words)) = &self.background {
             let holds = *bg == scene.background;
-            state(FactKind::Background, holds, Some(SceneFact::Background), words.clone().collect());
+            state(
+                FactKind::Background,
+                holds,
+                Some(SceneFact::Background),
+                words.clone().collect(),
+            );
         }
         // The scene object each object the phrases speak of goes with.
         let mut aligned = align(&self.objects(), &scene.objects).into_iter();
@@ -429,9 +435,15 @@ impl Statements {
             for i in aligned.by_ref().take(phrase.instances()) {
                 anchor[p].get_or_insert(i);
                 let checks = d.checks(&scene.objects[i]);
-                for (k, (holds, fact)) in checks.into_iter().zip(SceneFact::of_object(i)).enumerate() {
+                for (k, (holds, fact)) in
+                    checks.into_iter().zip(SceneFact::of_object(i)).enumerate()
+                {
                     if let Some(holds) = holds {
-                        let kind = if k == 0 { FactKind::Object } else { FactKind::Attribute };
+                        let kind = if k == 0 {
+                            FactKind::Object
+                        } else {
+                            FactKind::Attribute
+                        };
                         state(kind, holds, Some(fact), words_of[k].clone());
                     }
                 }
@@ -511,7 +523,11 @@ impl FactMark {
 /// (the worst of the facts it takes part in): checked by the same parser
 /// and alignment as fact precision and recall, and compared with what
 /// the image's `references` state.
-pub fn mark(caption: &str, scene: &Scene, references: &[String]) -> Vec<(String, Option<FactMark>)> {
+pub fn mark(
+    caption: &str,
+    scene: &Scene,
+    references: &[String],
+) -> Vec<(String, Option<FactMark>)> {
     let referenced: HashSet<SceneFact> = references
         .iter()
         .flat_map(|r| check(r, scene).covered)
@@ -522,7 +538,9 @@ pub fn mark(caption: &str, scene: &Scene, references: &[String]) -> Vec<(String,
         let mark = match (fact.holds, fact.kind) {
             (false, FactKind::Object) => FactMark::Absent,
             (false, _) => FactMark::Wrong,
-            (true, _) if fact.covers.is_some_and(|f| !referenced.contains(&f)) => FactMark::NewDetail,
+            (true, _) if fact.covers.is_some_and(|f| !referenced.contains(&f)) => {
+                FactMark::NewDetail
+            }
             (true, _) => FactMark::True,
         };
         for w in fact.words {

@@ -51,13 +51,15 @@ fn styled(text: &str, mark: WordMark) -> RichText {
     let text = RichText::new(text);
     match mark {
         WordMark::Fact(FactMark::True) => text.color(Color32::from_rgb(40, 150, 70)),
-        WordMark::Fact(FactMark::NewDetail) => {
-            text.color(Color32::from_rgb(40, 110, 230)).underline().strong()
-        }
+        WordMark::Fact(FactMark::NewDetail) => text
+            .color(Color32::from_rgb(40, 110, 230))
+            .underline()
+            .strong(),
         WordMark::Fact(FactMark::Wrong) => text.color(Color32::from_rgb(230, 120, 0)).strong(),
-        WordMark::Fact(FactMark::Absent) => {
-            text.color(Color32::from_rgb(210, 30, 30)).strikethrough().strong()
-        }
+        WordMark::Fact(FactMark::Absent) => text
+            .color(Color32::from_rgb(210, 30, 30))
+            .strikethrough()
+            .strong(),
         WordMark::NoReferenceUses => text.color(NOVEL_COLOUR).strong(),
     }
 }

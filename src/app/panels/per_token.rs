@@ -1,14 +1,14 @@
 //! The per-token view of a chosen caption: a reference of a validation
 //! image, or its newest greedy caption or sample.
 
-use super::tokens::{bars, paired_bars, scores};
 use super::marks;
-use crate::captioner::word_marks::Marker;
+use super::tokens::{bars, paired_bars, scores};
 use super::{Panel, View, image_picker};
 use crate::app::history::History;
 use crate::app::scorer::{Asker, Request};
 use crate::captioner::explain::{Explanation, TokenTerm};
 use crate::captioner::objectives::OBJECTIVES;
+use crate::captioner::word_marks::Marker;
 use crate::source::embeddings::CaptionData;
 use egui::RichText;
 use egui_plot::BarChart;

@@ -1,8 +1,8 @@
 //! The sample gallery.
 
 use super::marks;
-use crate::captioner::word_marks::Marker;
 use super::{Panel, THUMBNAIL, View};
+use crate::captioner::word_marks::Marker;
 use egui::RichText;
 
 /// The sampled validation images with their greedy caption and samples.
