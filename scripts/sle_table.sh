@@ -1,5 +1,5 @@
 #!/bin/sh
-# The sequence-level table (docs/results.md, after the SLE paper's Table
+# The sequence-level table (docs/results.md, after Chen and Jin's (CVPR 2020) Table
 # 4): from one MLE checkpoint (by default the demo's), the same number of
 # epochs each of SCST (greedy baseline), SCST (mean-of-others baseline),
 # SLL-ME and SLE, then every objective on the test split twice: greedy

@@ -1,4 +1,4 @@
-//! The captioner's objectives and network: SMILE against the paper's
+//! The captioner's objectives and network: SMILE against Yue et al.'s (2023)
 //! Algorithm 1 computed by hand, the subset plans of the ablations,
 //! finite-difference gradients through the whole network, and one
 //! training step per objective agreeing between GPU and CPU.

@@ -22,7 +22,7 @@ pub struct CaptionMetrics {
     #[serde(flatten)]
     pub coco: Option<CocoScores>,
     pub mean_length: f64,
-    /// Distinct words over all captions (the SMILE paper's lexical diversity).
+    /// Distinct words over all captions (the lexical diversity of Yue et al., 2023).
     pub lexical_diversity: usize,
     pub vocabulary_usage: usize,
     /// With several captions per image: Div-1, Div-2 and mBLEU-4.

@@ -1,4 +1,4 @@
-//! Why a loss punishes a caption, token by token (the SMILE paper's
+//! Why a loss punishes a caption, token by token (Yue et al., 2023,
 //! Figure 5): for each position, the MLE loss (softmax over the whole
 //! vocabulary) and the SMILE loss (over the caption's own tokens; step 0
 //! over the whole vocabulary, as first-token MLE trains it), the label's

@@ -1,4 +1,5 @@
-//! The labelled-fraction setting of the CLIP-relevance paper
+//! The labelled-fraction setting of Jin, "Self-Supervised Image Captioning
+//! with CLIP" (2023)
 //! (`[train] labelled`, `--labelled`): only that fraction of the training
 //! images keeps its reference captions. Objectives that learn from
 //! captions (MLE, SMILE, SCST...) train on the labelled images alone; the

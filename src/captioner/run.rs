@@ -48,7 +48,7 @@ pub struct TrainSection {
     pub eval_images: usize,
     pub seed: u64,
     /// The fraction of the training images whose captions training may
-    /// read (the CLIP-relevance paper's setting; `captioner::labelled`).
+    /// read (Jin, 2023, self-supervised captioning with CLIP; `captioner::labelled`).
     #[serde(default = "all_labelled")]
     pub labelled: f64,
     /// Stop when the captions collapse (`captioner::collapse`), keeping

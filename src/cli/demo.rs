@@ -1,4 +1,4 @@
-//! `captune demo`: the SMILE paper's effect on the shapes world, end to
+//! `captune demo`: the effect of SMILE (Yue et al., 2023) on the shapes world, end to
 //! end. Embed the images with the shapes retriever the binary carries,
 //! train the captioner with MLE, continue with SMILE, and compare the two
 //! on the test images.
