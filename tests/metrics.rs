@@ -8,7 +8,6 @@ mod common;
 use captune::data::tokenize::ptb_tokenize;
 use captune::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use captune::metrics::{bleu, cider::CiderD, coco_scores, rouge};
-use std::path::Path;
 
 #[test]
 fn coco_metrics_equal_pycocoevalcap_on_flickr8k_test() {

@@ -31,7 +31,6 @@ use common::{assert_close, gpu, random, tiny_data};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashSet;
-use std::path::Path;
 
 fn words(s: &str) -> Vec<String> {
     s.split_whitespace().map(str::to_string).collect()

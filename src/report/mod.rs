@@ -86,10 +86,7 @@ fn load_data(source: &FeatureSource) -> Result<Dataset> {
         .data
         .parse()
         .map_err(|e: String| anyhow::anyhow!("the recorded data set: {e}"))?;
-    data.load(
-        source.images.as_deref(),
-        &source.shapes.clone().unwrap_or_default(),
-    )
+    data.load(source.images.as_deref(), &source.shapes.unwrap_or_default())
 }
 
 /// Each folder's name, with as many parent folders as make it unique.
