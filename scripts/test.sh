@@ -4,10 +4,12 @@
 # On Linux, GPU tests need a Vulkan driver, the desktop app's window test
 # needs Xvfb, and the report's browser test needs chromium. Where one is
 # missing this installs it with apt-get: directly as root, through sudo
-# otherwise. Where it cannot, it prints the apt-get line to run and goes on;
-# the tests that need it are then skipped, and counted as skipped in the
-# summary. On macOS the GPU tests run on Metal and the window test, which
-# drives Xvfb, is skipped.
+# otherwise. Where a user without root cannot, it prints the apt-get line
+# to run and goes on; the tests that need it are then skipped, and counted
+# as skipped in the summary. As root (CI) a failed install stops the run:
+# a green result must not hide a whole family of skipped tests. On macOS
+# the GPU tests run on Metal and the window test, which drives Xvfb, is
+# skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,9 +42,13 @@ apt_install() {
 need() {
     local what=$1 skip_variable=$2
     shift 2
-    echo "test.sh: installing $* ($what)"
+    echo "test.sh: installing $* for the $what"
     if ! apt_install "$@"; then
-        echo "test.sh: could not install them (needs apt-get, and root or sudo). To run the" >&2
+        if [ "$(id -u)" = 0 ]; then
+            echo "test.sh: apt-get install $* failed as root; fix apt, or install them first." >&2
+            exit 1
+        fi
+        echo "test.sh: could not install them (needs apt-get, and sudo). To run the" >&2
         echo "  $what, run:  sudo apt-get install $*" >&2
         echo "  Going on: those tests are skipped." >&2
         [ -z "$skip_variable" ] || export "$skip_variable=1"
@@ -69,13 +75,13 @@ else
     command -v Xvfb >/dev/null ||
         need "desktop app's window test on a virtual X server" CAPTUNE_SKIP_WINDOW_TEST \
             xvfb libxkbcommon-x11-0 libxcursor1 libxrandr2 libxi6
+    has_browser || need "report's test in a headless browser" "" chromium
     # Mesa's window-system code warns on every device open without this.
     if [ -z "${XDG_RUNTIME_DIR:-}" ]; then
         export XDG_RUNTIME_DIR
         XDG_RUNTIME_DIR=$(mktemp -d)
     fi
 fi
-has_browser || need "report's test in a headless browser" "" chromium
 
 # Tests skipped for want of a GPU, Xvfb, a browser, Flickr8k or
 # pycocoevalcap write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs,

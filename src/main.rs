@@ -40,7 +40,7 @@ enum Command {
     },
     /// Write a data set's image embeddings (a features file) with a trained retriever.
     Embed(cli::embed::EmbedArgs),
-    /// Train a captioner into a run folder (main adds the objectives to this line).
+    /// Train a captioner into a run folder.
     Train(Box<cli::train::TrainArgs>),
     /// Caption a split and compute every metric; writes COCO-format results.
     Eval(Box<cli::eval::EvalArgs>),
@@ -100,7 +100,11 @@ fn quiet_headless_vulkan() {
     let no_display = ["WAYLAND_DISPLAY", "DISPLAY"]
         .iter()
         .all(|v| std::env::var_os(v).is_none_or(|d| d.is_empty()));
-    if no_display && std::env::var_os("NODEVICE_SELECT").is_none() {
+    // A user choosing the GPU through the layer keeps it.
+    let chosen = ["NODEVICE_SELECT", "MESA_VK_DEVICE_SELECT"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if no_display && !chosen {
         // SAFETY: the first thing main does, before any thread exists.
         unsafe { std::env::set_var("NODEVICE_SELECT", "1") };
     }

@@ -427,9 +427,14 @@ fn caption_words_are_marked_by_the_facts_they_state() {
             ("triangle", Some(Absent)),
         ]
     );
-    // A word in two facts shows the worse: one circle is there, the second
-    // is the star.
+    // A word in two facts shows the worse: there is one circle, and the
+    // second is the star, wrongly called a circle, not an object that is
+    // not there.
     let marked = facts::mark("two circles", &scene(), &references);
     assert_eq!(marked[0].1, Some(Wrong));
-    assert_eq!(marked[1].1, Some(Absent));
+    assert_eq!(marked[1].1, Some(Wrong));
+    let marked = facts::mark("two stars", &scene(), &references);
+    assert_eq!(marked[1].1, Some(Wrong));
+    let marked = facts::mark("a red triangle", &scene(), &references);
+    assert_eq!(marked[2].1, Some(Absent));
 }

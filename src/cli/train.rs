@@ -121,7 +121,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub lr: Option<f32>,
     /// Images per training step ([train] batch); a resumed run keeps its own.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = positive)]
     pub batch: Option<usize>,
     /// The fraction of the training images whose captions are used, above
     /// 0 and at most 1 (default 1): objectives that learn from captions
@@ -147,6 +147,13 @@ pub struct TrainArgs {
     /// warn but train on instead of stopping ([train] collapse_stop = false).
     #[arg(long)]
     pub no_collapse_stop: bool,
+}
+
+fn positive(text: &str) -> Result<usize> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => bail!("{text:?}: expected a whole number of images, at least 1"),
+    }
 }
 
 impl TrainArgs {

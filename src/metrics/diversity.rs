@@ -1,4 +1,4 @@
-//! Diversity of generated captions : per image, over its
+//! Diversity of generated captions: per image, over its
 //! set of captions (five samples), Div-n = distinct n-grams / total words
 //! and mBLEU-4 = the mean BLEU-4 of each caption against the others; over
 //! all captions, the distinct words used (the "lexical diversity" of Yue et

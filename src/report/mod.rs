@@ -42,7 +42,17 @@ pub struct Run {
 
 /// Reads run folders; each data set is loaded once.
 pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<Run>> {
-    let names = names(dirs);
+    let mut canonical: Vec<PathBuf> = Vec::new();
+    for dir in dirs {
+        let c = dir
+            .canonicalize()
+            .with_context(|| format!("{}: no such run folder", dir.display()))?;
+        if canonical.contains(&c) {
+            bail!("{}: the run folder is given twice", dir.display());
+        }
+        canonical.push(c);
+    }
+    let names = names(&canonical);
     let mut loaded: HashMap<String, std::result::Result<Arc<Dataset>, String>> = HashMap::new();
     let mut runs = Vec::new();
     for (dir, name) in dirs.iter().zip(names) {
@@ -58,7 +68,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<Run>> {
         RunFiles::new(dir).poll(&mut history)?;
         let data = match &config.features {
             Some(source) => {
-                let key = serde_json::to_string(source)?;
+                let key = serde_json::to_string(&(&source.data, &source.images, &source.shapes))?;
                 loaded
                     .entry(key)
                     .or_insert_with(|| {
@@ -89,15 +99,19 @@ fn load_data(source: &FeatureSource) -> Result<Dataset> {
     data.load(source.images.as_deref(), &source.shapes.unwrap_or_default())
 }
 
-/// Each folder's name, with as many parent folders as make it unique.
+/// Each folder's name, with as many parent folders as make it unique:
+/// `dirs` are distinct canonical paths, so the names are plain relative
+/// paths, and `--csv` puts a run's files under its name.
 fn names(dirs: &[PathBuf]) -> Vec<String> {
     let parts: Vec<Vec<String>> = dirs
         .iter()
         .map(|d| {
-            let d = crate::source::absolute(d);
             d.components()
                 .rev()
-                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .filter_map(|c| match c {
+                    std::path::Component::Normal(part) => Some(part.to_string_lossy().into_owned()),
+                    _ => None,
+                })
                 .collect()
         })
         .collect();
@@ -151,7 +165,7 @@ th:first-child, td:first-child { text-align: left; }
 .charts svg { border: 1px solid #ddd; }
 .run { font-weight: bold; }
 .sample { display: flex; gap: 1em; align-items: flex-start; margin: 0.8em 0; }
-.sample img { width: 128px; height: 128px; image-rendering: pixelated; border: 1px solid #ccc; }
+.sample img { width: 128px; height: 128px; object-fit: contain; image-rendering: pixelated; border: 1px solid #ccc; }
 .caption { margin: 0.15em 0; }
 .kind { color: #888; display: inline-block; width: 4.5em; }
 .f-true { color: #1f8f3f; }
@@ -293,30 +307,6 @@ fn final_metrics(out: &mut String, runs: &[Run], keys: &[String]) -> Result<()> 
 
 fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
     out.push_str("<h2>Samples</h2>\n<p>Each run's newest greedy caption and samples of the images it logs.</p>\n");
-    let facts = runs.iter().filter_map(|r| r.data.as_ref().ok()).any(|d| {
-        d.items
-            .first()
-            .is_some_and(|i| Marker::of(i).checks_facts())
-    });
-    if facts {
-        let legend: Vec<String> = FactMark::ALL
-            .iter()
-            .map(|&m| {
-                format!(
-                    "<span class=\"{}\">{}</span>",
-                    class(WordMark::Fact(m)),
-                    escape(m.meaning())
-                )
-            })
-            .collect();
-        writeln!(
-            out,
-            "<p>Facts checked against the scene: {}</p>",
-            legend.join(" · ")
-        )?;
-    } else {
-        writeln!(out, "<p class=\"novel\">{}</p>", escape(NO_REFERENCE_USES))?;
-    }
     for (k, run) in runs.iter().enumerate() {
         let epoch = run.history.samples.iter().map(|s| s.epoch).max();
         writeln!(
@@ -327,7 +317,10 @@ fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
             epoch.map_or(String::new(), |e| format!(" (epoch {e})"))
         )?;
         let data = match &run.data {
-            Ok(data) => Some(data),
+            Ok(data) => {
+                legend(out, data)?;
+                Some(data)
+            }
             Err(why) => {
                 writeln!(
                     out,
@@ -348,11 +341,42 @@ fn samples(out: &mut String, runs: &[Run]) -> Result<()> {
                 .collect()
         });
         for s in &run.history.samples {
-            let item = by_id
-                .get(s.image_id.as_str())
-                .map(|&i| &data.unwrap().items[i]);
+            let item = data.and_then(|d| Some(&d.items[*by_id.get(s.image_id.as_str())?]));
+            if data.is_some() && item.is_none() {
+                writeln!(
+                    out,
+                    "<p class=\"note\">Image {} is not in the run's data set.</p>",
+                    escape(&s.image_id)
+                )?;
+            }
             sample(out, s, item)?;
         }
+    }
+    Ok(())
+}
+
+/// What a run's marks mean: the fact legend where its data set has
+/// scenes, else what the highlight shows.
+fn legend(out: &mut String, data: &Dataset) -> Result<()> {
+    if data
+        .items
+        .first()
+        .is_some_and(|i| Marker::of(i).checks_facts())
+    {
+        let legend: Vec<String> = FactMark::ALL
+            .iter()
+            .map(|&m| {
+                let class = class(WordMark::Fact(m));
+                format!("<span class=\"{class}\">{}</span>", escape(m.meaning()))
+            })
+            .collect();
+        writeln!(
+            out,
+            "<p>Facts checked against the scene: {}</p>",
+            legend.join(" · ")
+        )?;
+    } else {
+        writeln!(out, "<p class=\"novel\">{}</p>", escape(NO_REFERENCE_USES))?;
     }
     Ok(())
 }

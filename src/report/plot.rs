@@ -40,8 +40,10 @@ fn range(values: impl Iterator<Item = f64>) -> Option<std::ops::Range<f64>> {
     }
     let pad = if hi > lo {
         (hi - lo) * 0.05
+    } else if lo != 0.0 {
+        lo.abs() * 0.05
     } else {
-        lo.abs().max(1.0) * 0.05
+        1.0
     };
     Some(lo - pad..hi + pad)
 }
@@ -57,7 +59,8 @@ pub fn chart(title: &str, lines: &[Line<'_>]) -> Result<Option<String>> {
             .filter(|(x, y)| x.is_finite() && y.is_finite())
             .collect()
     };
-    let lines: Vec<(&Line<'_>, Vec<(f64, f64)>)> = lines.iter().map(|l| (l, finite(l))).collect();
+    let lines: Vec<(&Line<'_>, Vec<(f64, f64)>)> =
+        lines.iter().map(|l| (l, thin(finite(l)))).collect();
     let all = || lines.iter().flat_map(|(_, p)| p.iter());
     let (Some(xs), Some(ys)) = (range(all().map(|p| p.0)), range(all().map(|p| p.1))) else {
         return Ok(None);
@@ -66,6 +69,31 @@ pub fn chart(title: &str, lines: &[Line<'_>]) -> Result<Option<String>> {
     draw(&mut svg, title, xs, ys, &lines).map_err(|e| anyhow!("drawing the chart {title}: {e}"))?;
     Ok(Some(svg))
 }
+
+/// Points drawn per line at most: a long run's per-batch series is kept
+/// to the lowest and highest point of each stretch of steps, so that its
+/// spikes stay and the SVG stays small.
+const MAX_POINTS: usize = 1000;
+
+fn thin(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    if points.len() <= MAX_POINTS {
+        return points;
+    }
+    let stretch = points.len().div_ceil(MAX_POINTS / 2);
+    let mut kept = Vec::with_capacity(MAX_POINTS);
+    for chunk in points.chunks(stretch) {
+        let lowest = chunk.iter().min_by(|a, b| a.1.total_cmp(&b.1));
+        let highest = chunk.iter().max_by(|a, b| a.1.total_cmp(&b.1));
+        let (Some(&lo), Some(&hi)) = (lowest, highest) else {
+            continue;
+        };
+        kept.extend(if lo.0 <= hi.0 { [lo, hi] } else { [hi, lo] });
+    }
+    kept
+}
+
+/// Points on a line are marked only while there are few of them.
+const MARKED_POINTS: usize = 40;
 
 fn draw(
     svg: &mut String,
@@ -96,12 +124,9 @@ fn draw(
             ))?
             .label(line.name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], colour.stroke_width(2)));
-        let marker = if points.len() > 40 { 0 } else { 3 };
-        chart.draw_series(
-            points
-                .iter()
-                .map(|&p| Circle::new(p, marker, colour.filled())),
-        )?;
+        if points.len() <= MARKED_POINTS {
+            chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, colour.filled())))?;
+        }
     }
     if lines.len() > 1 {
         chart
@@ -112,4 +137,23 @@ fn draw(
     }
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_series_keep_each_stretch_lowest_and_highest_points() {
+        let points: Vec<(f64, f64)> = (0..10_000).map(|i| (i as f64, (i % 7) as f64)).collect();
+        let spike = (5000.0, 99.0);
+        let mut with_spike = points.clone();
+        with_spike[5000] = spike;
+        let kept = thin(with_spike);
+        assert!(kept.len() <= MAX_POINTS);
+        assert!(kept.contains(&spike));
+        assert!(kept.windows(2).all(|w| w[0].0 <= w[1].0), "in step order");
+        assert_eq!(thin(points[..10].to_vec()), points[..10]);
+        assert_eq!(range([1e-4, 1e-4].into_iter()), Some(0.95e-4..1.05e-4));
+    }
 }

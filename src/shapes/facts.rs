@@ -439,10 +439,10 @@ impl Statements {
                     checks.into_iter().zip(SceneFact::of_object(i)).enumerate()
                 {
                     if let Some(holds) = holds {
-                        let kind = if k == 0 {
-                            FactKind::Object
-                        } else {
-                            FactKind::Attribute
+                        // The first check is the shape's, stated whenever it is checked.
+                        let kind = match d.shape {
+                            Some(shape) if k == 0 => FactKind::Object(shape),
+                            _ => FactKind::Attribute,
                         };
                         state(kind, holds, Some(fact), words_of[k].clone());
                     }
@@ -464,7 +464,7 @@ impl Statements {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FactKind {
     /// An object of a shape (its noun).
-    Object,
+    Object(Shape),
     /// A colour, size, fill or position of an object.
     Attribute,
     /// How many objects, or how many of a kind.
@@ -494,9 +494,10 @@ pub enum FactMark {
     /// True, and no reference of the image states it: a detail the
     /// references leave out.
     NewDetail,
-    /// A wrong colour, size, fill, position, count, background or relation.
+    /// A wrong colour, size, fill, position, count, background or relation,
+    /// or a shape the scene holds said of another of its objects.
     Wrong,
-    /// An object the scene does not hold (its shape is wrong).
+    /// An object of a shape the scene does not hold.
     Absent,
 }
 
@@ -506,7 +507,7 @@ impl FactMark {
         match self {
             FactMark::True => "true, as a reference says",
             FactMark::NewDetail => "true, and no reference says it",
-            FactMark::Wrong => "wrong colour, size, fill, position, count or background",
+            FactMark::Wrong => "wrong colour, size, fill, position, count, background or relation",
             FactMark::Absent => "an object that is not there",
         }
     }
@@ -536,7 +537,9 @@ pub fn mark(
     let mut marks: Vec<Option<FactMark>> = vec![None; words.len()];
     for fact in parse(caption).stated_facts(scene) {
         let mark = match (fact.holds, fact.kind) {
-            (false, FactKind::Object) => FactMark::Absent,
+            (false, FactKind::Object(shape)) if !scene.objects.iter().any(|o| o.shape == shape) => {
+                FactMark::Absent
+            }
             (false, _) => FactMark::Wrong,
             (true, _) if fact.covers.is_some_and(|f| !referenced.contains(&f)) => {
                 FactMark::NewDetail
