@@ -113,6 +113,7 @@ fn draw(
     chart
         .configure_mesh()
         .x_desc("step")
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
     for (line, points) in lines {
