@@ -2,6 +2,8 @@
 //! transformer, and the retriever built from them.
 
 pub mod checkpoint;
+pub mod gpt2;
+pub mod hf;
 pub mod kv_cache;
 pub mod layers;
 pub mod params;

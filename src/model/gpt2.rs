@@ -1,0 +1,218 @@
+//! Hugging Face GPT-2 as captune's decoder. The two have one shape:
+//! pre-LN blocks, learned positions, tanh GELU, layer-norm epsilon 1e-5,
+//! the fused qkv stored input-major (GPT-2's Conv1D `c_attn` is
+//! `[in, out]`, as captune's dense layers are) and a tied output
+//! embedding. So loading is renaming: [`BLOCK_NAMES`] is the whole map.
+//! Checkpoints saved from `GPT2LMHeadModel` prefix every name with
+//! `transformer.`; those saved from `GPT2Model` (the hub's `gpt2`) do not.
+
+use super::hf::HfFolder;
+use super::transformer::TransformerConfig;
+use crate::tensorfile::{Tensor, TensorFile};
+use anyhow::{Result, bail};
+use serde::Deserialize;
+use std::path::Path;
+
+/// captune's name within block i, and GPT-2's within `h.{i}`.
+pub const BLOCK_NAMES: [(&str, &str); 12] = [
+    ("ln1.weight", "ln_1.weight"),
+    ("ln1.bias", "ln_1.bias"),
+    ("attn.qkv.weight", "attn.c_attn.weight"),
+    ("attn.qkv.bias", "attn.c_attn.bias"),
+    ("attn.proj.weight", "attn.c_proj.weight"),
+    ("attn.proj.bias", "attn.c_proj.bias"),
+    ("ln2.weight", "ln_2.weight"),
+    ("ln2.bias", "ln_2.bias"),
+    ("mlp.fc1.weight", "mlp.c_fc.weight"),
+    ("mlp.fc1.bias", "mlp.c_fc.bias"),
+    ("mlp.fc2.weight", "mlp.c_proj.weight"),
+    ("mlp.fc2.bias", "mlp.c_proj.bias"),
+];
+
+/// The fields of a GPT-2 `config.json` that decide the network; options
+/// captune's block does not have are refused by [`Gpt2Config::check`].
+#[derive(Clone, Debug, Deserialize)]
+pub struct Gpt2Config {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub n_positions: usize,
+    pub n_embd: usize,
+    pub n_layer: usize,
+    pub n_head: usize,
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    #[serde(default = "gelu_new")]
+    pub activation_function: String,
+    #[serde(default = "epsilon")]
+    pub layer_norm_epsilon: f64,
+    #[serde(default = "yes")]
+    pub scale_attn_weights: bool,
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    #[serde(default)]
+    pub add_cross_attention: bool,
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+}
+
+fn gelu_new() -> String {
+    "gelu_new".into()
+}
+
+fn epsilon() -> f64 {
+    1e-5
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Gpt2Config {
+    /// Refuses what captune's decoder cannot compute, naming the field.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        let refuse = |field: &str, value: String, want: &str| {
+            bail!(
+                "{}: {field} is {value}; captune's decoder computes GPT-2 with {want} only",
+                path.display()
+            )
+        };
+        if self.model_type != "gpt2" {
+            bail!(
+                "{}: model_type {:?} is not a GPT-2; captune reads model_type \"gpt2\"",
+                path.display(),
+                self.model_type
+            );
+        }
+        if !matches!(
+            self.activation_function.as_str(),
+            "gelu_new" | "gelu_pytorch_tanh"
+        ) {
+            return refuse(
+                "activation_function",
+                format!("{:?}", self.activation_function),
+                "the tanh GELU (\"gelu_new\")",
+            );
+        }
+        if (self.layer_norm_epsilon - 1e-5).abs() > 1e-12 {
+            return refuse(
+                "layer_norm_epsilon",
+                self.layer_norm_epsilon.to_string(),
+                "1e-5",
+            );
+        }
+        if self.n_inner.is_some_and(|n| n != 4 * self.n_embd) {
+            return refuse("n_inner", format!("{:?}", self.n_inner), "4 * n_embd");
+        }
+        if !self.scale_attn_weights || self.scale_attn_by_inverse_layer_idx {
+            return refuse(
+                "the attention scaling",
+                "not 1/sqrt(head size)".into(),
+                "1/sqrt(head size)",
+            );
+        }
+        if self.add_cross_attention {
+            return refuse("add_cross_attention", "true".into(), "no cross-attention");
+        }
+        if !self.tie_word_embeddings {
+            return refuse(
+                "tie_word_embeddings",
+                "false".into(),
+                "the output layer tied to wte",
+            );
+        }
+        if self.n_head == 0 || !self.n_embd.is_multiple_of(self.n_head) {
+            bail!(
+                "{}: n_embd {} is not a multiple of n_head {}",
+                path.display(),
+                self.n_embd,
+                self.n_head
+            );
+        }
+        Ok(())
+    }
+
+    pub fn transformer(&self) -> TransformerConfig {
+        TransformerConfig {
+            width: self.n_embd,
+            layers: self.n_layer,
+            heads: self.n_head,
+            causal: true,
+        }
+    }
+}
+
+/// A GPT-2's weights under captune's names: `{prefix}.tokens` (wte,
+/// `[vocab, width]`), `{prefix}.positions` (wpe, `[n_positions, width]`),
+/// `{prefix}.blocks.{i}.*` and `{prefix}.ln_f.*`.
+pub struct Gpt2 {
+    pub config: Gpt2Config,
+    pub weights: TensorFile,
+}
+
+/// Reads a GPT-2 folder, checking every tensor's presence and shape
+/// against its config.json; `prefix` is the captune module name.
+pub fn read(dir: &Path, prefix: &str) -> Result<Gpt2> {
+    let folder = HfFolder::open(dir)?;
+    let config: Gpt2Config = folder.config()?;
+    config.check(&folder.config_path())?;
+    let (mut file, path) = folder.weights()?;
+    let (w, v, n) = (config.n_embd, config.vocab_size, config.n_positions);
+    let mut take = |gpt2: &str, shape: &[usize]| -> Result<Tensor> {
+        let tensor = file
+            .tensors
+            .remove(&format!("transformer.{gpt2}"))
+            .or_else(|| file.tensors.remove(gpt2));
+        let Some(tensor) = tensor else {
+            bail!(
+                "{}: no tensor {gpt2:?} (nor \"transformer.{gpt2}\")",
+                path.display()
+            );
+        };
+        if tensor.shape != shape {
+            bail!(
+                "{}: tensor {gpt2:?} has shape {:?}, but config.json ({} n_embd, {} vocab, {} \
+                 positions) makes it {shape:?}",
+                path.display(),
+                tensor.shape,
+                w,
+                v,
+                n
+            );
+        }
+        Ok(tensor)
+    };
+    let mut weights = TensorFile {
+        tensors: Default::default(),
+        metadata: Default::default(),
+    };
+    let mut put = |name: String, tensor: Tensor| {
+        weights.tensors.insert(format!("{prefix}.{name}"), tensor);
+    };
+    put("tokens".into(), take("wte.weight", &[v, w])?);
+    put("positions".into(), take("wpe.weight", &[n, w])?);
+    for i in 0..config.n_layer {
+        for (ours, theirs) in BLOCK_NAMES {
+            let shape = block_shape(ours, w);
+            put(
+                format!("blocks.{i}.{ours}"),
+                take(&format!("h.{i}.{theirs}"), &shape)?,
+            );
+        }
+    }
+    put("ln_f.weight".into(), take("ln_f.weight", &[w])?);
+    put("ln_f.bias".into(), take("ln_f.bias", &[w])?);
+    Ok(Gpt2 { config, weights })
+}
+
+/// The shape of block tensor `name` at width `w`.
+fn block_shape(name: &str, w: usize) -> Vec<usize> {
+    match name {
+        "attn.qkv.weight" => vec![w, 3 * w],
+        "attn.qkv.bias" => vec![3 * w],
+        "attn.proj.weight" => vec![w, w],
+        "mlp.fc1.weight" => vec![w, 4 * w],
+        "mlp.fc1.bias" => vec![4 * w],
+        "mlp.fc2.weight" => vec![4 * w, w],
+        _ => vec![w],
+    }
+}
