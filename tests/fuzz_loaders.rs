@@ -548,3 +548,34 @@ fn images() {
         });
     }
 }
+
+/// A Hugging Face GPT-2 folder (tests/data/gpt2-tiny): its config.json,
+/// its weights and its tokenizer.json, each damaged in a copy of the
+/// folder while the other two stay whole.
+#[test]
+fn hugging_face_gpt2_folders() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let dir = scratch("gpt2");
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
+    }
+    let mut outcomes = Vec::new();
+    for file in ["config.json", "model.safetensors", "tokenizer.json"] {
+        let seed = std::fs::read(fixture.join(file)).unwrap();
+        let target = dir.join(file);
+        let outcome = fuzz(
+            &format!("gpt2 {file}"),
+            std::slice::from_ref(&seed),
+            &target,
+            |_| {
+                captune::model::gpt2::read(&dir, "decoder")?;
+                captune::data::bpe::BpeVocab::load(&dir).map(|_| ())
+            },
+        );
+        std::fs::write(&target, seed).unwrap();
+        outcomes.push((file, outcome));
+    }
+    for (file, (_, loaded, refused)) in outcomes {
+        assert!(refused > 0, "{file}: {loaded} loaded, {refused} refused");
+    }
+}

@@ -2,13 +2,14 @@
 //! GPT-2 saved by transformers (tests/data/gpt2-tiny, made by
 //! scripts/gpt2_fixtures.py), captune's transformer gives transformers'
 //! final hidden states and logits for the same token ids, on the CPU and
-//! on the GPU. Bad folders get errors naming the file and the tensor or
-//! field.
+//! on the GPU, and the folder's tokenizer gives transformers' ids. Bad
+//! folders get errors naming the file and the tensor or field.
 
 mod common;
 
 use captune::backend::Backend;
 use captune::cpu::CpuBackend;
+use captune::data::bpe::{BpeVocab, END};
 use captune::model::gpt2;
 use captune::model::params::Params;
 use captune::model::transformer::Transformer;
@@ -186,4 +187,73 @@ fn bad_folders_are_refused_naming_the_file_and_what_is_wrong() {
     for dir in [missing, llama, wider, relu, empty] {
         std::fs::remove_dir_all(dir).unwrap();
     }
+}
+
+/// The captions as transformers' tokenizer gave them: `<|endoftext|>`,
+/// then the pieces.
+#[test]
+fn the_tokenizer_gives_transformers_ids_and_decodes_back() {
+    let vocab = BpeVocab::load(&fixture()).unwrap();
+    assert_eq!(vocab.len(), 400);
+    let want = expected();
+    let captions: Vec<String> = serde_json::from_str(&want.metadata["captions"]).unwrap();
+    let lengths: Vec<usize> = serde_json::from_str(&want.metadata["lengths"]).unwrap();
+    let ids = &want.tensors["ids"];
+    let width = ids.shape[1];
+    for (k, caption) in captions.iter().enumerate() {
+        let encoded = vocab.encode(caption, 64).unwrap();
+        let theirs: Vec<u32> = ids.data[k * width..k * width + lengths[k]]
+            .iter()
+            .map(|&x| x as u32)
+            .collect();
+        // Theirs has no end: transformers' tokenizer adds no special token.
+        assert_eq!(encoded[..encoded.len() - 1], theirs[..], "{caption:?}");
+        assert_eq!(encoded.last(), Some(&vocab.end()));
+        assert_eq!(vocab.decode(&encoded).unwrap(), *caption);
+    }
+    // Truncated to fit: the start, the first pieces, the end.
+    let short = vocab.encode(&captions[0], 4).unwrap();
+    assert_eq!(short.len(), 4);
+    assert_eq!((short[0], short[3]), (vocab.end(), vocab.end()));
+    assert!(vocab.encode("a dog", 2).is_err());
+}
+
+#[test]
+fn pieces_join_into_words() {
+    let vocab = BpeVocab::load(&fixture()).unwrap();
+    let ids = vocab.encode("A dog runs through the grass .", 64).unwrap();
+    let pieces = vocab.pieces(&ids);
+    assert_eq!(pieces[0], END);
+    assert_eq!(
+        pieces[1..].concat(),
+        format!("A dog runs through the grass .{END}")
+    );
+    let words: Vec<String> = vocab.words(&ids).into_iter().map(|(w, _)| w).collect();
+    assert_eq!(
+        words,
+        [END, "A", "dog", "runs", "through", "the", "grass", ".", END]
+    );
+    // "runs" is more than one piece here ("run" "s"): its range says which.
+    let (_, runs) = vocab
+        .words(&ids)
+        .into_iter()
+        .find(|(w, _)| w == "runs")
+        .unwrap();
+    assert!(runs.len() > 1, "{:?}", &pieces[runs.clone()]);
+    assert!(pieces[runs.start].starts_with(' '));
+}
+
+#[test]
+fn a_folder_without_a_tokenizer_is_refused_naming_the_file() {
+    let dir = std::env::temp_dir().join(format!("captune-bpe-none-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let e = format!("{:#}", BpeVocab::load(&dir).err().unwrap());
+    assert!(e.contains("no tokenizer.json"), "{e}");
+    std::fs::write(dir.join("tokenizer.json"), "{\"not\": \"a tokenizer\"}").unwrap();
+    let e = format!("{:#}", BpeVocab::load(&dir).err().unwrap());
+    assert!(
+        e.contains("tokenizer.json") && e.contains("not a tokenizer"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -7,6 +7,7 @@
 //! a token) is left out with a warning naming the file and the item, and
 //! the rest still loads.
 
+pub mod bpe;
 pub mod coco;
 pub mod features;
 pub mod images;

@@ -156,7 +156,13 @@ pub fn read(dir: &Path, prefix: &str) -> Result<Gpt2> {
     let config: Gpt2Config = folder.config()?;
     config.check(&folder.config_path())?;
     let (mut file, path) = folder.weights()?;
-    let (w, v, n) = (config.n_embd, config.vocab_size, config.n_positions);
+    let config_path = folder.config_path();
+    let (w, v, n, layers) = (
+        config.n_embd,
+        config.vocab_size,
+        config.n_positions,
+        config.n_layer,
+    );
     let mut take = |gpt2: &str, shape: &[usize]| -> Result<Tensor> {
         let tensor = file
             .tensors
@@ -164,19 +170,19 @@ pub fn read(dir: &Path, prefix: &str) -> Result<Gpt2> {
             .or_else(|| file.tensors.remove(gpt2));
         let Some(tensor) = tensor else {
             bail!(
-                "{}: no tensor {gpt2:?} (nor \"transformer.{gpt2}\")",
-                path.display()
+                "{}: no tensor {gpt2:?} (nor \"transformer.{gpt2}\"), which {} (n_layer {layers}) \
+                 calls for",
+                path.display(),
+                config_path.display(),
             );
         };
         if tensor.shape != shape {
             bail!(
-                "{}: tensor {gpt2:?} has shape {:?}, but config.json ({} n_embd, {} vocab, {} \
+                "{}: tensor {gpt2:?} has shape {:?}, but {} ({w} n_embd, {v} vocab, {n} \
                  positions) makes it {shape:?}",
                 path.display(),
                 tensor.shape,
-                w,
-                v,
-                n
+                config_path.display(),
             );
         }
         Ok(tensor)

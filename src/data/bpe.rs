@@ -1,0 +1,143 @@
+//! A Hugging Face tokenizer as a captioner's vocabulary: `tokenizer.json`,
+//! read and run by Hugging Face's own `tokenizers` crate (no hand-written
+//! BPE), as GPT-2 tokenises. GPT-2 has one special token,
+//! `<|endoftext|>`, which serves as the start, the end and the padding of
+//! a caption: a caption is `<|endoftext|> pieces <|endoftext|>`, and
+//! decoding ends at the first `<|endoftext|>` after the start.
+
+use anyhow::{Context, Result, anyhow, bail};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use tokenizers::Tokenizer;
+
+/// GPT-2's one special token.
+pub const END: &str = "<|endoftext|>";
+
+pub struct BpeVocab {
+    tokenizer: Tokenizer,
+    end: u32,
+    path: PathBuf,
+}
+
+impl BpeVocab {
+    /// Reads `dir/tokenizer.json`, which must know [`END`].
+    pub fn load(dir: &Path) -> Result<BpeVocab> {
+        let path = dir.join("tokenizer.json");
+        if !path.is_file() {
+            bail!(
+                "{}: no tokenizer.json; save the tokenizer beside the model \
+                 (tokenizer.save_pretrained) so that captune tokenises as it does",
+                dir.display()
+            );
+        }
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let not_read = |why: String| {
+            anyhow!(
+                "{}: not a tokenizer the tokenizers library reads: {why}",
+                path.display()
+            )
+        };
+        // The library panics on some malformed JSON inside a tokenizer
+        // rather than returning its error: the syntax is checked first,
+        // and a panic on valid JSON is caught and reported the same way.
+        serde_json::from_str::<serde_json::Value>(&text).map_err(|e| not_read(e.to_string()))?;
+        let tokenizer = std::panic::catch_unwind(|| text.parse::<Tokenizer>())
+            .map_err(|_| not_read("the library failed on it".into()))?
+            .map_err(|e| not_read(e.to_string()))?;
+        let end = tokenizer.token_to_id(END).with_context(|| {
+            format!(
+                "{}: no {END} token, which GPT-2 starts and ends captions with",
+                path.display()
+            )
+        })?;
+        Ok(BpeVocab {
+            tokenizer,
+            end,
+            path,
+        })
+    }
+
+    /// Ids, special tokens included.
+    pub fn len(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The id of [`END`]: a caption's start, end and padding.
+    pub fn end(&self) -> u32 {
+        self.end
+    }
+
+    /// `<|endoftext|> pieces <|endoftext|>`, the pieces truncated so that
+    /// it fits in `max_len` (at least 3).
+    pub fn encode(&self, caption: &str, max_len: usize) -> Result<Vec<u32>> {
+        if max_len < 3 {
+            bail!("max_len {max_len} leaves no room for the start, a piece and the end");
+        }
+        let encoding = self
+            .tokenizer
+            .encode(caption, false)
+            .map_err(|e| anyhow!("{}: cannot tokenise {caption:?}: {e}", self.path.display()))?;
+        let pieces = encoding.get_ids();
+        let keep = pieces.len().min(max_len - 2);
+        Ok(std::iter::once(self.end)
+            .chain(pieces[..keep].iter().copied())
+            .chain(std::iter::once(self.end))
+            .collect())
+    }
+
+    /// The caption's text: the pieces after the start, up to the end.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        let body = ids.strip_prefix(&[self.end]).unwrap_or(ids);
+        let end = body
+            .iter()
+            .position(|&id| id == self.end)
+            .unwrap_or(body.len());
+        self.tokenizer.decode(&body[..end], false).map_err(|e| {
+            anyhow!(
+                "{}: cannot decode {:?}: {e}",
+                self.path.display(),
+                &body[..end]
+            )
+        })
+    }
+
+    /// Each id's piece as the text it stands for (a piece that begins a
+    /// word begins with its space); [`END`] as itself.
+    pub fn pieces(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .map(|&id| {
+                if id == self.end {
+                    return END.to_string();
+                }
+                self.tokenizer
+                    .decode(&[id], false)
+                    .unwrap_or_else(|_| format!("<{id}>"))
+            })
+            .collect()
+    }
+
+    /// The words the pieces of `ids` make, each with the range of its
+    /// pieces: a word starts at a piece that begins with a space, and at
+    /// [`END`], which is a word of its own.
+    pub fn words(&self, ids: &[u32]) -> Vec<(String, Range<usize>)> {
+        let mut words: Vec<(String, Range<usize>)> = Vec::new();
+        for (k, (id, piece)) in ids.iter().zip(self.pieces(ids)).enumerate() {
+            let continues = *id != self.end
+                && !piece.starts_with(' ')
+                && words.last().is_some_and(|(w, _)| w != END);
+            match words.last_mut() {
+                Some((word, range)) if continues => {
+                    word.push_str(&piece);
+                    range.end = k + 1;
+                }
+                _ => words.push((piece.trim_start().to_string(), k..k + 1)),
+            }
+        }
+        words
+    }
+}
