@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub struct Tensor {
     pub shape: Vec<usize>,
@@ -20,12 +21,21 @@ pub struct TensorFile {
     pub metadata: HashMap<String, String>,
 }
 
+/// A suffix for a temporary file or folder that no other writer uses at
+/// the same time, in another process or another thread of this one (two
+/// tests extracting the same cached file at once, say): `tmp-PID-N`.
+pub fn temporary_suffix() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("tmp-{}-{n}", std::process::id())
+}
+
 /// Writes `path` through a temporary file in the same folder.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let tmp = path.with_extension(temporary_suffix());
     std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
     crate::killpoint::here("atomic", || {});
     std::fs::rename(&tmp, path)
@@ -162,5 +172,32 @@ impl TensorFile {
             .get(key)
             .map(String::as_str)
             .with_context(|| format!("{}: no {key:?} in the metadata", path.display()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads of one process writing the same file at once (tests
+    /// extracting the carried retriever into an empty cache) each write
+    /// through a temporary file of their own: every write succeeds, the
+    /// file ends whole and no temporary file is left.
+    #[test]
+    fn writers_of_one_file_at_once_do_not_collide() {
+        let dir = std::env::temp_dir().join(format!("captune-atomic-race-{}", std::process::id()));
+        let path = dir.join("shared.bin");
+        let bytes: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
+        std::thread::scope(|s| {
+            let writers: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| write_atomic(&path, &bytes)))
+                .collect();
+            for w in writers {
+                w.join().unwrap().unwrap();
+            }
+        });
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

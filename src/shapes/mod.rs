@@ -128,17 +128,30 @@ struct ImageOut<'a> {
 /// Writes the data set into `dir`: `images/<split>/<imgid>.png` and
 /// `dataset_shapes.json`. Everything goes to a temporary folder beside
 /// `dir`, renamed into place at the end, so a half-written data set is
-/// never read.
+/// never read. A data set already in `dir` is replaced.
 pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
+    write_as(config, dir, Existing::Replace)
+}
+
+/// What writing a data set does with one already in its folder.
+#[derive(Clone, Copy, PartialEq)]
+enum Existing {
+    Replace,
+    /// Keeps it: the same data set, put there meanwhile by another writer
+    /// (another thread or process loading the same world into the cache).
+    Keep,
+}
+
+fn write_as(config: &ShapesConfig, dir: &Path, existing: Existing) -> Result<()> {
     let parent = dir.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)
         .with_context(|| format!("cannot create {}", parent.display()))?;
     let tmp = parent.join(format!(
-        ".{}.tmp-{}",
+        ".{}.{}",
         dir.file_name()
             .map(|n| n.to_string_lossy())
             .unwrap_or_default(),
-        std::process::id()
+        crate::tensorfile::temporary_suffix()
     ));
     if tmp.exists() {
         std::fs::remove_dir_all(&tmp)?;
@@ -196,13 +209,21 @@ pub fn write(config: &ShapesConfig, dir: &Path) -> Result<()> {
     let file = tmp.join(SPLIT_FILE);
     std::fs::write(&file, serde_json::to_vec(&json)?)
         .with_context(|| format!("cannot write {}", file.display()))?;
+    let complete = |dir: &Path| dir.join(SPLIT_FILE).is_file();
+    if existing == Existing::Keep && complete(dir) {
+        return std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("cannot remove {}", tmp.display()));
+    }
     if dir.exists() {
         std::fs::remove_dir_all(dir)
             .with_context(|| format!("cannot replace {}", dir.display()))?;
     }
-    std::fs::rename(&tmp, dir)
-        .with_context(|| format!("cannot move the data set into {}", dir.display()))?;
-    Ok(())
+    match std::fs::rename(&tmp, dir) {
+        // Another writer's copy landed between the check and the rename.
+        Err(_) if existing == Existing::Keep && complete(dir) => std::fs::remove_dir_all(&tmp)
+            .with_context(|| format!("cannot remove {}", tmp.display())),
+        moved => moved.with_context(|| format!("cannot move the data set into {}", dir.display())),
+    }
 }
 
 /// The data set for `config`, generated into the cache on first use.
@@ -210,7 +231,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
     let dir = crate::cache::root().join(config.cache_name());
     if !dir.join(SPLIT_FILE).is_file() {
         eprintln!("generating the shapes world into {} (once)", dir.display());
-        write(config, &dir)?;
+        write_as(config, &dir, Existing::Keep)?;
     }
     let file = dir.join(SPLIT_FILE);
     let mut data = crate::data::karpathy::load(&file, None)?;
@@ -243,4 +264,41 @@ const SCENE_KEY: &str = "scene";
 /// The scene of a shapes-world item (`None` for any other data set's).
 pub fn scene(item: &crate::data::Item) -> Option<Scene> {
     serde_json::from_value(item.extensions.get(SCENE_KEY)?.clone()).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two threads loading the same world into an empty cache both get a
+    /// whole data set: the one that finishes second keeps the first's.
+    #[test]
+    fn writers_of_the_same_world_at_once_leave_one_whole_data_set() {
+        let config = ShapesConfig {
+            seed: 3,
+            image_size: 16,
+            train: 6,
+            val: 2,
+            test: 2,
+            domain: Domain::Default,
+        };
+        let root = std::env::temp_dir().join(format!("captune-shapes-race-{}", std::process::id()));
+        let dir = root.join("world");
+        std::thread::scope(|s| {
+            let writers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| write_as(&config, &dir, Existing::Keep)))
+                .collect();
+            for w in writers {
+                w.join().unwrap().unwrap();
+            }
+        });
+        let left: Vec<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["world"], "temporary folders left behind");
+        let data = crate::data::karpathy::load(&dir.join(SPLIT_FILE), None).unwrap();
+        assert_eq!(data.items.len(), 10);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }
