@@ -2,18 +2,20 @@
 """PyTorch reference for `captune bench train`: the same captioner (ClipCap
 MLP mapper to k prefix vectors, pre-LN causal decoder with learned positions,
 tanh GELU, tied output embedding), the same synthetic workload (128-d image
-embeddings, 79 ids, every caption max_len - 1 tokens, no padding) and one
-full step each time (forward, MLE loss, backward, AdamW).
+embeddings, 79 ids unless --vocab says otherwise, every caption max_len - 1
+tokens, no padding) and one full step each time (forward, MLE loss,
+backward, AdamW), with the process's peak memory.
 
     python3 scripts/bench_torch_captioner.py --preset shapes [--device cpu|cuda] [--steps 20] [--json]
+    python3 scripts/bench_torch_captioner.py --config scripts/bench/gpt2-small.toml --vocab 50257
 
-Reads the preset from assets/presets/NAME.toml. TF32 is off on CUDA so the
-arithmetic is FP32 like captune's.
+Reads the preset from assets/presets/NAME.toml, or the --config file.
+TF32 is off on CUDA so the arithmetic is FP32 like captune's.
 """
 import argparse
 import json
-import math
 import pathlib
+import resource
 import time
 import tomllib
 
@@ -41,15 +43,39 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 
+def add_model_arguments(p):
+    """The network's options, as `captune bench`'s."""
+    p.add_argument("--preset", default="shapes")
+    p.add_argument("--config", help="a run config file instead of a preset")
+    p.add_argument("--vocab", type=int, default=VOCAB, help="ids of the synthetic vocabulary")
+    p.add_argument("--batch", type=int, help="images per step, instead of the config's")
+
+
+def read_model(a):
+    """The run config's name, [model] section and batch."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    path = pathlib.Path(a.config) if a.config else root / "assets/presets" / f"{a.preset}.toml"
+    config = tomllib.loads(path.read_text())
+    return a.config or a.preset, config["model"], a.batch or config["train"]["batch"]
+
+
+def peak_memory_mib(dev):
+    """The process's peak resident memory (Linux reports KiB), or on CUDA
+    the peak of PyTorch's allocations on the device."""
+    if dev.type == "cuda":
+        return torch.cuda.max_memory_allocated(dev) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 class Captioner(nn.Module):
-    def __init__(self, m):
+    def __init__(self, m, vocab=VOCAB):
         super().__init__()
         d, self.k = m["width"], m["prefix_len"]
         self.d = d
         self.mapper = nn.Sequential(
             nn.Linear(EMBED_DIM, m["mapper_hidden"]), nn.GELU(approximate="tanh"),
             nn.Linear(m["mapper_hidden"], self.k * d))
-        self.tokens = nn.Embedding(VOCAB, d)
+        self.tokens = nn.Embedding(vocab, d)
         self.positions = nn.Parameter(torch.zeros(self.k + m["max_len"] - 1, d))
         self.blocks = nn.ModuleList(Block(d, m["heads"]) for _ in range(m["layers"]))
         self.ln_f = nn.LayerNorm(d)
@@ -64,30 +90,28 @@ class Captioner(nn.Module):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--preset", default="shapes")
+    add_model_arguments(p)
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    root = pathlib.Path(__file__).resolve().parent.parent
-    preset = tomllib.loads((root / "assets/presets" / f"{a.preset}.toml").read_text())
-    m, batch = preset["model"], preset["train"]["batch"]
+    name, m, batch = read_model(a)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.manual_seed(0)
     dev = torch.device(a.device)
-    model = Captioner(m).to(dev)
+    model = Captioner(m, a.vocab).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     t = m["max_len"] - 1
     features = torch.randn(batch, EMBED_DIM, device=dev) * 0.05
-    words = torch.randint(4, VOCAB, (batch, t - 1), device=dev)
+    words = torch.randint(4, a.vocab, (batch, t - 1), device=dev)
     inputs = torch.cat([torch.ones(batch, 1, dtype=torch.long, device=dev), words], dim=1)
     targets = torch.cat([words, torch.full((batch, 1), 2, device=dev)], dim=1)
 
     def step():
         logits = model(features, inputs)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        loss = F.cross_entropy(logits.reshape(-1, a.vocab), targets.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -105,15 +129,17 @@ def main():
     sync()
     seconds = (time.perf_counter() - start) / a.steps
     record = {
-        "op": "train", "backend": "pytorch-" + dev.type, "preset": a.preset, "objective": "mle",
+        "op": "train", "backend": "pytorch-" + dev.type, "preset": name, "objective": "mle",
         "batch": batch, "tokens_per_step": batch * t,
         "parameters": sum(p.numel() for p in model.parameters()),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "seconds_per_step": seconds, "tokens_per_s": batch * t / seconds,
+        "peak_memory_mib": peak_memory_mib(dev),
     }
     print(json.dumps(record) if a.json else
-          f"pytorch {dev.type} train {a.preset} batch {batch}: {record['tokens_per_s']:.0f} tokens/s "
-          f"({seconds * 1e3:.1f} ms/step, {record['parameters']} parameters)")
+          f"pytorch {dev.type} train {name} batch {batch}: {record['tokens_per_s']:.0f} tokens/s "
+          f"({seconds * 1e3:.1f} ms/step, {record['parameters']} parameters, "
+          f"peak memory {record['peak_memory_mib']:.0f} MiB)")
 
 
 if __name__ == "__main__":

@@ -10,20 +10,19 @@ every position at every step. --samples N samples N captions per image
 64 x N rows at once.
 
     python3 scripts/bench_torch_decode.py --preset shapes [--images 500] [--samples N] [--no-cache] [--device cpu|cuda] [--json]
+    python3 scripts/bench_torch_decode.py --config scripts/bench/gpt2-small.toml --vocab 50257
 
 With fresh weights no caption says <eos> reliably, so every caption runs
 to the maximum length, as in `captune bench decode` without --checkpoint.
 """
 import argparse
 import json
-import pathlib
 import time
-import tomllib
 
 import torch
 import torch.nn.functional as F
 
-from bench_torch_captioner import EMBED_DIM, VOCAB, Captioner
+from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, peak_memory_mib, read_model
 
 BOS, EOS = 1, 2
 
@@ -90,20 +89,21 @@ def decode_recompute(model, features, steps, choose):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--preset", default="shapes")
+    add_model_arguments(p)
     p.add_argument("--images", type=int, default=500)
-    p.add_argument("--batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=0, help="sample N captions per image (0: greedy)")
     p.add_argument("--no-cache", action="store_true")
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    root = pathlib.Path(__file__).resolve().parent.parent
-    m = tomllib.loads((root / "assets/presets" / f"{a.preset}.toml").read_text())["model"]
+    if a.batch:
+        p.error("images are decoded 64 at once, as `captune bench decode` does; --batch is for training")
+    name, m, _ = read_model(a)
+    images_at_once = 64
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     dev = torch.device(a.device)
-    model = Captioner(m).to(dev).eval()
+    model = Captioner(m, a.vocab).to(dev).eval()
     with torch.no_grad():
         torch.nn.init.normal_(model.positions, std=0.01)
     features = torch.rand(a.images, EMBED_DIM, device=dev) * 0.2 - 0.1
@@ -113,7 +113,7 @@ def main():
     choose = sample if a.samples else greedy
     # Each image's embedding once per caption it gets.
     features = features.repeat_interleave(per_image, dim=0)
-    rows = a.batch * per_image
+    rows = images_at_once * per_image
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     with torch.no_grad():
         decode(model, features[:rows], steps, choose)  # warm-up
@@ -128,16 +128,18 @@ def main():
         sync()
         seconds = time.perf_counter() - start
     record = {
-        "op": "decode", "backend": "pytorch-" + dev.type, "preset": a.preset,
+        "op": "decode", "backend": "pytorch-" + dev.type, "preset": name,
         "decoding": (f"sample:{a.samples}" if a.samples else "greedy") + ", "
                     + ("full recompute" if a.no_cache else "KV cache"),
-        "images": a.images, "batch": a.batch, "captions": a.images * per_image, "tokens": tokens,
+        "images": a.images, "batch": images_at_once, "captions": a.images * per_image, "tokens": tokens,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "seconds": seconds,
         "captions_per_s": a.images * per_image / seconds, "tokens_per_s": tokens / seconds,
+        "peak_memory_mib": peak_memory_mib(dev),
     }
     print(json.dumps(record) if a.json else
-          f"pytorch {dev.type} decode {a.preset} {record['decoding']} on {a.images} images: "
-          f"{record['captions_per_s']:.1f} captions/s, {record['tokens_per_s']:.0f} tokens/s")
+          f"pytorch {dev.type} decode {name} {record['decoding']} on {a.images} images: "
+          f"{record['captions_per_s']:.1f} captions/s, {record['tokens_per_s']:.0f} tokens/s, "
+          f"peak memory {record['peak_memory_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

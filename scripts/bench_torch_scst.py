@@ -18,20 +18,19 @@ the new token to the state and decodes all of it) and keeps the last
 position's logits.
 
     python3 scripts/bench_torch_scst.py --preset shapes [--no-cache] [--device cpu|cuda] [--steps 10] [--json]
+    python3 scripts/bench_torch_scst.py --config scripts/bench/gpt2-small.toml --vocab 50257
 """
 import argparse
 import json
 import math
-import pathlib
 import random
 import time
-import tomllib
 from collections import defaultdict
 
 import torch
 import torch.nn.functional as F
 
-from bench_torch_captioner import EMBED_DIM, VOCAB, Captioner
+from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, peak_memory_mib, read_model
 from bench_torch_decode import BOS, EOS, decode_cached, greedy, sample
 
 CORPUS, SAMPLES, SIGMA = 1000, 5, 6.0
@@ -110,7 +109,7 @@ def words_of(ids):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--preset", default="shapes")
+    add_model_arguments(p)
     p.add_argument("--device", default="cpu")
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=2)
@@ -118,17 +117,15 @@ def main():
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     decode = decode_growing if a.no_cache else decode_cached
-    root = pathlib.Path(__file__).resolve().parent.parent
-    preset = tomllib.loads((root / "assets/presets" / f"{a.preset}.toml").read_text())
-    m, batch = preset["model"], preset["train"]["batch"]
+    name, m, batch = read_model(a)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
     rng = random.Random(0)
-    corpus = [[[f"w{rng.randrange(4, VOCAB)}" for _ in range(rng.randint(8, 14))] for _ in range(5)]
+    corpus = [[[f"w{rng.randrange(4, a.vocab)}" for _ in range(rng.randint(8, 14))] for _ in range(5)]
               for _ in range(CORPUS)]
     cider = CiderD(corpus)
     dev = torch.device(a.device)
-    model = Captioner(m).to(dev)
+    model = Captioner(m, a.vocab).to(dev)
     with torch.no_grad():
         torch.nn.init.normal_(model.positions, std=0.01)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01)
@@ -175,16 +172,17 @@ def main():
     total = sum(parts)
     seconds = total / a.steps
     record = {
-        "op": "scst", "backend": "pytorch-" + dev.type, "preset": a.preset, "batch": batch,
+        "op": "scst", "backend": "pytorch-" + dev.type, "preset": name, "batch": batch,
         "sampling": "no cache" if a.no_cache else "kv cache",
         "samples_per_image": SAMPLES, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "steps": a.steps, "seconds_per_step": seconds, "steps_per_s": 1 / seconds,
         "sampling_share": parts[0] / total, "rewards_share": parts[1] / total, "update_share": parts[2] / total,
+        "peak_memory_mib": peak_memory_mib(dev),
     }
     print(json.dumps(record) if a.json else
-          f"pytorch {dev.type} scst ({record['sampling']}) {a.preset} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "
+          f"pytorch {dev.type} scst ({record['sampling']}) {name} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "
           f"({seconds * 1e3:.0f} ms/step: sampling {parts[0] / total:.0%}, rewards {parts[1] / total:.0%}, "
-          f"update {parts[2] / total:.0%})")
+          f"update {parts[2] / total:.0%}), peak memory {record['peak_memory_mib']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -606,6 +606,12 @@ pub trait Backend: 'static {
     fn counters(&self) -> Option<DeviceCounters> {
         None
     }
+    /// Device memory held so far (GPU buffers; none of them is released
+    /// while the backend lives); `None` on the CPU, whose tensors are in
+    /// the process's resident memory.
+    fn device_memory_bytes(&self) -> Option<u64> {
+        None
+    }
 
     // ---- elementwise ----
     fn fill(&self, x: &mut Self::Tensor, value: f32);

@@ -292,6 +292,91 @@ fn bench_train_takes_the_registry_objectives_that_train_on_captions_alone() {
     assert!(objective.starts_with("sle ("), "{}", records[0]);
 }
 
+/// The benchmarks time a config file's network over a synthetic
+/// vocabulary of any size, at a batch given on the command line, and
+/// report the process's peak memory; the parameter count is the one the
+/// PyTorch scripts build from the same file.
+#[test]
+fn bench_takes_a_config_file_a_vocabulary_size_and_a_batch() {
+    let dir = std::env::temp_dir().join(format!("captune-bench-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("bench.toml");
+    let tiny = std::fs::read_to_string("assets/presets/tiny.toml").unwrap();
+    let model = |key: &str| -> usize {
+        let line = tiny
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} =")))
+            .unwrap();
+        line.split('=').nth(1).unwrap().trim().parse().unwrap()
+    };
+    let (k, hidden, w, layers, max_len) = (
+        model("prefix_len"),
+        model("mapper_hidden"),
+        model("width"),
+        model("layers"),
+        model("max_len"),
+    );
+    std::fs::write(&config, &tiny).unwrap();
+    let vocab = 300;
+    let path = config.to_str().unwrap();
+    for what in ["train", "decode", "scst"] {
+        let mut args = vec!["--device", "cpu", "bench", what, "--config", path];
+        args.extend(["--vocab", "300", "--json"]);
+        if what != "decode" {
+            args.extend(["--batch", "3"]);
+        }
+        args.extend(match what {
+            "train" => vec![
+                "--objectives",
+                "mle",
+                "--captions",
+                "synthetic",
+                "--steps",
+                "1",
+            ],
+            "decode" => vec!["--images", "4"],
+            _ => vec!["--steps", "1", "--warmup", "1"],
+        });
+        let out = captune(&args, &[]);
+        assert!(out.status.success(), "{what}: {}", text(&out.stderr));
+        let records: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+        let r = &records[0];
+        assert_eq!(r["preset"], path, "{r}");
+        assert!(r["peak_memory_mib"].as_f64().unwrap() > 1.0, "{r}");
+        match what {
+            "train" => {
+                assert_eq!(r["batch"], 3, "{r}");
+                assert_eq!(r["tokens_per_step"], (3 * (max_len - 1)) as f64, "{r}");
+                // The mapper, the tied embedding, the positions, the
+                // blocks and the final layer norm, as PyTorch counts them.
+                let block = 2 * 2 * w + (w * 3 * w + 3 * w) + (w * w + w) + 8 * w * w + 5 * w;
+                let expected = (128 * hidden + hidden)
+                    + (hidden * k * w + k * w)
+                    + vocab * w
+                    + (k + max_len - 1) * w
+                    + layers * block
+                    + 2 * w;
+                assert_eq!(r["parameters"], expected, "{r}");
+            }
+            "decode" => assert_eq!(r["captions"], 4, "{r}"),
+            _ => assert_eq!(r["batch"], 3, "{r}"),
+        }
+    }
+    let out = captune(
+        &[
+            "--device", "cpu", "bench", "train", "--config", path, "--vocab", "4",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--vocab 4"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `data shapes`, then `retriever train`, `retriever eval --json` and
 /// `embed` on a tiny shapes world in a private cache.
 #[test]

@@ -245,3 +245,57 @@ fn every_kernel_translates_to_spirv_msl_and_hlsl() {
         }
     }
 }
+
+/// The GPU backend drops wgpu's loop bounding (`gpu::shader_runtime_checks`),
+/// which is sound only while every loop ends. So each loop must be a `for`
+/// that steps a counter towards its bound, or a binary search over
+/// `lo < hi` that raises `lo` to `mid` or lowers `hi` to `mid - 1u` (with
+/// `mid` above `lo`); a bare `loop` or any other `while` fails here until
+/// its ending is argued for in the code and this test learns its shape.
+#[test]
+fn every_shader_loop_ends() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut loops = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let source = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = source.lines().map(str::trim).collect();
+        for (i, line) in lines.iter().enumerate() {
+            let at = format!("{}:{}: {line}", path.display(), i + 1);
+            let code = line.split("//").next().unwrap();
+            assert!(!code.contains("loop {") && !code.contains("loop{"), "{at}");
+            if let Some(rest) = code.strip_prefix("for (") {
+                loops += 1;
+                let header = rest.split(") {").next().unwrap();
+                let parts: Vec<&str> = header.split(';').map(str::trim).collect();
+                assert_eq!(parts.len(), 3, "{at}");
+                let counter = parts[0]
+                    .strip_prefix("var ")
+                    .and_then(|s| s.split([' ', ':']).next())
+                    .unwrap_or_else(|| panic!("{at}: the loop declares its counter"));
+                let step = parts[2];
+                assert!(!step.ends_with(" 0u"), "{at}");
+                let counting_up = parts[1].starts_with(&format!("{counter} <"))
+                    && (step == format!("{counter}++")
+                        || step.starts_with(&format!("{counter} += ")));
+                let halving =
+                    parts[1] == format!("{counter} > 0u") && step == format!("{counter} /= 2u");
+                assert!(
+                    counting_up || halving,
+                    "{at}: not a counter towards its bound"
+                );
+            } else if code.contains("while") {
+                loops += 1;
+                assert_eq!(code, "while (lo < hi) {", "{at}");
+                let body = lines[i + 1..i + 4].join(" ");
+                assert!(
+                    body.contains("let mid = hi - (hi - lo) / 2u;")
+                        && body.contains("lo = mid;")
+                        && body.contains("hi = mid - 1u;"),
+                    "{at}: not a narrowing binary search: {body}"
+                );
+            }
+        }
+    }
+    assert!(loops > 50, "only {loops} loops found: the scan is broken");
+}

@@ -1,10 +1,11 @@
 //! `captune bench train`: captioner training throughput in tokens per
 //! second, one complete step each time (forward, loss, backward, AdamW),
-//! with the preset's network on 128-dimensional image embeddings, on two
-//! workloads: a synthetic one that `scripts/bench_torch_captioner.py`
-//! reproduces in PyTorch (a 79-id vocabulary, the shapes world's size,
-//! every caption the full `max_len - 1` tokens, no padding), and real
-//! shapes-world captions in batches trimmed as training trims them.
+//! with a preset's or a config file's network on 128-dimensional image
+//! embeddings, on two workloads: a synthetic one that
+//! `scripts/bench_torch_captioner.py` reproduces in PyTorch (79 ids by
+//! default, the shapes world's size, or GPT-2's 50257; every caption the
+//! full `max_len - 1` tokens, no padding), and real shapes-world captions
+//! in batches trimmed as training trims them.
 //! `captune bench decode`: captions per second of generation.
 //! `captune bench scst`: SCST steps per second (5 samples and the greedy
 //! caption per image, CIDEr-D rewards, the update) on a synthetic corpus
@@ -31,7 +32,68 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 pub const EMBED_DIM: usize = 128;
+/// The synthetic vocabulary's ids unless told otherwise: the shapes
+/// world's size.
 pub const VOCAB: usize = 79;
+
+/// What a benchmark times: a run config's network and batch, named, and
+/// the size of its synthetic vocabulary.
+pub struct BenchModel {
+    /// The preset's name or the config file's path.
+    pub name: String,
+    pub run: RunConfig,
+    /// Ids of the synthetic vocabulary (GPT-2 has 50257).
+    pub synthetic_vocab: usize,
+}
+
+impl BenchModel {
+    /// A preset's network, or a config file's when `config` is given;
+    /// `batch` replaces the config's batch.
+    pub fn new(
+        preset: &str,
+        config: Option<&std::path::Path>,
+        vocab: usize,
+        batch: Option<usize>,
+    ) -> Result<BenchModel> {
+        if vocab < 5 {
+            bail!("--vocab {vocab}: the synthetic vocabulary needs at least 5 ids");
+        }
+        let (mut run, name) = match config {
+            Some(path) => (RunConfig::load(path)?, path.display().to_string()),
+            None => (RunConfig::preset(preset)?, preset.to_string()),
+        };
+        if let Some(batch) = batch {
+            if batch == 0 {
+                bail!("--batch must be positive");
+            }
+            run.train.batch = batch;
+        }
+        Ok(BenchModel {
+            name,
+            run,
+            synthetic_vocab: vocab,
+        })
+    }
+
+    /// The synthetic vocabulary: the specials, then `w4`, `w5`, ...
+    fn vocab(&self) -> CaptionVocab {
+        CaptionVocab::from_words((4..self.synthetic_vocab).map(|i| format!("w{i}")).collect())
+    }
+}
+
+/// The process's peak resident memory so far, in MiB (Linux's VmHWM);
+/// None where the kernel does not say. Compare one configuration per
+/// process.
+pub fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn device_memory_mib<B: Backend>(b: &B) -> Option<f64> {
+    Some(b.device_memory_bytes()? as f64 / (1024.0 * 1024.0))
+}
 
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainBench {
@@ -48,6 +110,12 @@ pub struct TrainBench {
     pub steps: usize,
     pub seconds_per_step: f64,
     pub tokens_per_s: f64,
+    /// The process's peak resident memory after the timed steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mib: Option<f64>,
+    /// Device memory held at the end, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mib: Option<f64>,
     /// Per training step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
@@ -69,6 +137,12 @@ impl std::fmt::Display for TrainBench {
             self.tokens_per_s,
             self.seconds_per_step * 1e3
         )?;
+        if let Some(m) = self.peak_memory_mib {
+            write!(f, ", peak memory {m:.0} MiB")?;
+        }
+        if let Some(m) = self.device_memory_mib {
+            write!(f, ", device memory {m:.0} MiB")?;
+        }
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
         }
@@ -91,25 +165,25 @@ pub enum Workload {
 /// Batches of caption ids for `workload`, and their vocabulary.
 fn workload_batches(
     workload: Workload,
-    batch: usize,
+    bench: &BenchModel,
     batches: usize,
-    max_len: usize,
     rng: &mut ChaCha8Rng,
 ) -> (CaptionVocab, Vec<Vec<Vec<u32>>>) {
+    let (batch, max_len) = (bench.run.train.batch, bench.run.model.max_len);
     let t = max_len - 1;
     match workload {
         Workload::Synthetic => {
-            let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
+            let ids = bench.synthetic_vocab as u32;
             // <bos>, t - 1 random words, <eos>: t inputs and t targets per caption.
             let one: Vec<Vec<u32>> = (0..batch)
                 .map(|_| {
                     std::iter::once(BOS)
-                        .chain((1..t).map(|_| rng.random_range(4..VOCAB as u32)))
+                        .chain((1..t).map(|_| rng.random_range(4..ids)))
                         .chain(std::iter::once(EOS))
                         .collect()
                 })
                 .collect();
-            (vocab, vec![one; batches])
+            (bench.vocab(), vec![one; batches])
         }
         Workload::Shapes => {
             let captions: Vec<Vec<String>> = (0..batch * batches)
@@ -135,7 +209,7 @@ fn workload_batches(
 /// image's one reference, for objectives that reward against references.
 pub fn train_throughput<B: Backend>(
     b: &B,
-    preset: &str,
+    bench: &BenchModel,
     name: &str,
     workload: Workload,
     warmup: usize,
@@ -148,11 +222,10 @@ pub fn train_throughput<B: Backend>(
             "bench train times objectives that train on captions alone; {name} needs a retriever"
         );
     }
-    let run = RunConfig::preset(preset)?;
+    let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let max_len = run.model.max_len;
-    let (vocab, batches) = workload_batches(workload, batch, warmup + steps, max_len, &mut rng);
+    let (vocab, batches) = workload_batches(workload, bench, warmup + steps, &mut rng);
     let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
@@ -208,7 +281,7 @@ pub fn train_throughput<B: Backend>(
         op: "train".into(),
         backend: b.kind(),
         adapter: b.adapter_name(),
-        preset: preset.into(),
+        preset: bench.name.clone(),
         objective: trained.describe(),
         workload,
         batch,
@@ -217,6 +290,8 @@ pub fn train_throughput<B: Backend>(
         steps,
         seconds_per_step: seconds,
         tokens_per_s: tokens as f64 / steps as f64 / seconds,
+        peak_memory_mib: peak_memory_mib(),
+        device_memory_mib: device_memory_mib(b),
         per_step,
     })
 }
@@ -246,6 +321,12 @@ pub struct DecodeBench {
     pub seconds: f64,
     pub captions_per_s: f64,
     pub tokens_per_s: f64,
+    /// The process's peak resident memory after decoding.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mib: Option<f64>,
+    /// Device memory held at the end, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mib: Option<f64>,
     /// Per decoded batch, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_batch: Option<DeviceCounters>,
@@ -263,6 +344,12 @@ impl std::fmt::Display for DecodeBench {
             self.captions_per_s,
             self.tokens_per_s
         )?;
+        if let Some(m) = self.peak_memory_mib {
+            write!(f, ", peak memory {m:.0} MiB")?;
+        }
+        if let Some(m) = self.device_memory_mib {
+            write!(f, ", device memory {m:.0} MiB")?;
+        }
         if let Some(c) = &self.per_batch {
             write!(f, "; per batch of {}: {c}", self.batch)?;
         }
@@ -276,18 +363,20 @@ impl std::fmt::Display for DecodeBench {
 /// maximum length: the most work a caption can take).
 pub fn decode_throughput<B: Backend>(
     b: &B,
-    preset: &str,
+    bench: &BenchModel,
     checkpoint: Option<&std::path::Path>,
     decoding: &super::decode::Decoding,
     images: usize,
 ) -> Result<DecodeBench> {
-    let run = RunConfig::preset(preset)?;
     let ck = match checkpoint {
         Some(path) => super::Checkpoint::load(b, path)?,
-        None => super::Checkpoint {
-            model: Captioner::new(b, run.captioner(EMBED_DIM, VOCAB), 0)?,
-            vocab: CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect()),
-        },
+        None => {
+            let vocab = bench.vocab();
+            super::Checkpoint {
+                model: Captioner::new(b, bench.run.captioner(EMBED_DIM, vocab.len()), 0)?,
+                vocab,
+            }
+        }
     };
     let dim = ck.model.config.embed_dim;
     let mut rng = ChaCha8Rng::seed_from_u64(1);
@@ -312,7 +401,10 @@ pub fn decode_throughput<B: Backend>(
         op: "decode".into(),
         backend: b.kind(),
         adapter: b.adapter_name(),
-        preset: preset.into(),
+        preset: match checkpoint {
+            Some(path) => path.display().to_string(),
+            None => bench.name.clone(),
+        },
         decoding: format!("{decoding:?}"),
         images,
         batch,
@@ -321,6 +413,8 @@ pub fn decode_throughput<B: Backend>(
         seconds,
         captions_per_s: generated.len() as f64 / seconds,
         tokens_per_s: tokens as f64 / seconds,
+        peak_memory_mib: peak_memory_mib(),
+        device_memory_mib: device_memory_mib(b),
         per_batch: per(b.counters(), before, batches),
     })
 }
@@ -347,6 +441,12 @@ pub struct ScstBench {
     pub sampling_share: f64,
     pub rewards_share: f64,
     pub update_share: f64,
+    /// The process's peak resident memory after the timed steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mib: Option<f64>,
+    /// Device memory held at the end, on the GPU backend.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mib: Option<f64>,
     /// Per step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
@@ -368,6 +468,12 @@ impl std::fmt::Display for ScstBench {
             self.rewards_share * 100.0,
             self.update_share * 100.0
         )?;
+        if let Some(m) = self.peak_memory_mib {
+            write!(f, ", peak memory {m:.0} MiB")?;
+        }
+        if let Some(m) = self.device_memory_mib {
+            write!(f, ", device memory {m:.0} MiB")?;
+        }
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
         }
@@ -382,15 +488,16 @@ impl std::fmt::Display for ScstBench {
 /// over the synthetic vocabulary.
 pub fn scst_throughput<B: Backend>(
     b: &B,
-    preset: &str,
+    bench: &BenchModel,
     warmup: usize,
     steps: usize,
 ) -> Result<ScstBench> {
-    let run = RunConfig::preset(preset)?;
+    let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let vocab = CaptionVocab::from_words((4..VOCAB).map(|i| format!("w{i}")).collect());
-    let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..VOCAB));
+    let vocab = bench.vocab();
+    let ids = bench.synthetic_vocab;
+    let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..ids));
     let references = (0..SCST_CORPUS_IMAGES)
         .map(|_| {
             (0..5)
@@ -458,7 +565,7 @@ pub fn scst_throughput<B: Backend>(
         op: "scst".into(),
         backend: b.kind(),
         adapter: b.adapter_name(),
-        preset: preset.into(),
+        preset: bench.name.clone(),
         objective: scst.describe(),
         batch,
         samples_per_image: 5,
@@ -468,6 +575,8 @@ pub fn scst_throughput<B: Backend>(
         sampling_share: sampling / total,
         rewards_share: rewards / total,
         update_share: (total - sampling - rewards) / total,
+        peak_memory_mib: peak_memory_mib(),
+        device_memory_mib: device_memory_mib(b),
         per_step,
     })
 }

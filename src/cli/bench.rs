@@ -3,10 +3,37 @@
 
 use anyhow::Result;
 use captune::bench;
-use captune::captioner::bench::{Workload, decode_throughput, scst_throughput, train_throughput};
+use captune::captioner::bench::{
+    BenchModel, VOCAB, Workload, decode_throughput, scst_throughput, train_throughput,
+};
 use captune::device::{self, DeviceChoice};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use std::path::PathBuf;
+
+/// The network a captioner benchmark times.
+#[derive(Args)]
+pub struct ModelArgs {
+    /// A preset's network and batch.
+    #[arg(long, default_value = "shapes", conflicts_with = "config")]
+    preset: String,
+    /// A run config file (TOML, as assets/presets/*.toml) instead of a
+    /// preset, e.g. scripts/bench/gpt2-small.toml.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Ids of the synthetic vocabulary (GPT-2's: 50257).
+    #[arg(long, default_value_t = VOCAB)]
+    vocab: usize,
+    /// Images per step of `train` and `scst`, instead of the config's
+    /// batch (`decode` takes 64 images at once, as `eval` does).
+    #[arg(long)]
+    batch: Option<usize>,
+}
+
+impl ModelArgs {
+    fn bench_model(&self) -> Result<BenchModel> {
+        BenchModel::new(&self.preset, self.config.as_deref(), self.vocab, self.batch)
+    }
+}
 
 #[derive(Subcommand)]
 pub enum BenchCommand {
@@ -22,13 +49,14 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1 << 24)]
         elementwise_len: usize,
     },
-    /// Captioner training throughput (tokens/s) of a preset on each backend asked for.
+    /// Captioner training throughput (tokens/s) and peak memory of a
+    /// network on each backend asked for.
     Train {
         /// Print a JSON array of records instead of a table.
         #[arg(long)]
         json: bool,
-        #[arg(long, default_value = "shapes")]
-        preset: String,
+        #[command(flatten)]
+        model: ModelArgs,
         /// Objectives to time (default settings), any that train on
         /// captions alone.
         #[arg(long, value_delimiter = ',', default_value = "mle,smile")]
@@ -49,27 +77,27 @@ pub enum BenchCommand {
         warmup: usize,
     },
     /// SCST steps per second (5 samples and the greedy caption per image,
-    /// CIDEr-D rewards, update) of a preset's network, and the step's
-    /// split; scripts/bench_torch_scst.py is the PyTorch reference.
+    /// CIDEr-D rewards, update) of a network, and the step's split;
+    /// scripts/bench_torch_scst.py is the PyTorch reference.
     Scst {
         /// Print a JSON array of records instead of a table.
         #[arg(long)]
         json: bool,
-        #[arg(long, default_value = "shapes")]
-        preset: String,
+        #[command(flatten)]
+        model: ModelArgs,
         #[arg(long, default_value_t = 10)]
         steps: usize,
         #[arg(long, default_value_t = 2)]
         warmup: usize,
     },
-    /// Caption decoding throughput (captions/s, tokens/s) of a preset's
-    /// network on random image embeddings, with the GPU's counts per decoded batch.
+    /// Caption decoding throughput (captions/s, tokens/s) of a network
+    /// on random image embeddings, with the GPU's counts per decoded batch.
     Decode {
         /// Print a JSON array of records instead of a table.
         #[arg(long)]
         json: bool,
-        #[arg(long, default_value = "shapes")]
-        preset: String,
+        #[command(flatten)]
+        model: ModelArgs,
         /// A trained captioner (default: fresh weights, whose captions run to the maximum length).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
@@ -95,44 +123,59 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
         }),
         BenchCommand::Decode {
             json,
-            preset,
+            model,
             checkpoint,
             decode,
             images,
-        } => bench_each(devices, json, |selection, emit| {
-            emit(captune::with_backend!(&selection.backend, b => {
-                decode_throughput(b, &preset, checkpoint.as_deref(), &decode, images)
-            })?);
-            Ok(())
-        }),
+        } => {
+            if model.batch.is_some() {
+                anyhow::bail!(
+                    "bench decode takes 64 images at once, as eval does; --batch is for \
+                     bench train and bench scst"
+                );
+            }
+            let bench = model.bench_model()?;
+            bench_each(devices, json, |selection, emit| {
+                emit(captune::with_backend!(&selection.backend, b => {
+                    decode_throughput(b, &bench, checkpoint.as_deref(), &decode, images)
+                })?);
+                Ok(())
+            })
+        }
         BenchCommand::Scst {
             json,
-            preset,
+            model,
             steps,
             warmup,
-        } => bench_each(devices, json, |selection, emit| {
-            emit(captune::with_backend!(&selection.backend, b => {
-                scst_throughput(b, &preset, warmup, steps)
-            })?);
-            Ok(())
-        }),
+        } => {
+            let bench = model.bench_model()?;
+            bench_each(devices, json, |selection, emit| {
+                emit(captune::with_backend!(&selection.backend, b => {
+                    scst_throughput(b, &bench, warmup, steps)
+                })?);
+                Ok(())
+            })
+        }
         BenchCommand::Train {
             json,
-            preset,
+            model,
             objectives,
             captions,
             steps,
             warmup,
-        } => bench_each(devices, json, |selection, emit| {
-            for objective in &objectives {
-                for &workload in &captions {
-                    emit(captune::with_backend!(&selection.backend, b => {
-                        train_throughput(b, &preset, objective, workload, warmup, steps)
-                    })?);
+        } => {
+            let bench = model.bench_model()?;
+            bench_each(devices, json, |selection, emit| {
+                for objective in &objectives {
+                    for &workload in &captions {
+                        emit(captune::with_backend!(&selection.backend, b => {
+                            train_throughput(b, &bench, objective, workload, warmup, steps)
+                        })?);
+                    }
                 }
-            }
-            Ok(())
-        }),
+                Ok(())
+            })
+        }
     }
 }
 

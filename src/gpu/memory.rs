@@ -28,6 +28,9 @@ pub(super) struct Block {
 pub(super) struct BufferPool {
     free: RefCell<HashMap<u64, Vec<Block>>>,
     next_id: Cell<u64>,
+    /// Bytes of every buffer created: the pool keeps what it made, so
+    /// this is the most device memory its tensors have held at once.
+    bytes: Cell<u64>,
 }
 
 /// The bytes a request for `bytes` is served with: powers of two up to
@@ -54,6 +57,7 @@ impl BufferPool {
         }
         let id = self.next_id.get();
         self.next_id.set(id + 1);
+        self.bytes.set(self.bytes.get() + class);
         let buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: None,
             size: class,
@@ -61,6 +65,11 @@ impl BufferPool {
             mapped_at_creation: false,
         });
         (Block { id, buffer }, true)
+    }
+
+    /// Bytes of every buffer the pool has created.
+    pub fn bytes(&self) -> u64 {
+        self.bytes.get()
     }
 
     pub fn give_back(&self, block: Block) {

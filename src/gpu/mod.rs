@@ -50,6 +50,22 @@ pub enum MatmulKernel {
     Shared,
 }
 
+/// wgpu's runtime checks on captune's own shaders: the bounds checks
+/// stay (no kernel reads or writes outside its bindings), the loop
+/// bounding goes. That check gives every loop a hidden counter; on
+/// NVIDIA's Vulkan driver it kept the loops over register tiles from being
+/// unrolled, so the matmul's accumulators left the registers and a
+/// training step of the `shapes` preset took six times as long (measured
+/// on an H100: docs/results.md, "What the shader checks cost"). Dropping
+/// it is sound for code whose every loop ends, as captune's do: each is a
+/// `for` over a counter, or a binary search that narrows at every step
+/// (`tests/shaders_validate.rs` refuses any other kind).
+fn shader_runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    let mut checks = wgpu::ShaderRuntimeChecks::checked();
+    checks.force_loop_bounding = false;
+    checks
+}
+
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
@@ -182,6 +198,13 @@ impl GpuBackend {
 
     pub fn counters(&self) -> DeviceCounters {
         self.counters.get()
+    }
+
+    /// Device memory held: the pooled tensors' buffers, the upload arena
+    /// and the readback staging buffer.
+    pub fn device_memory_bytes(&self) -> u64 {
+        let staging = self.staging.borrow().as_ref().map_or(0, wgpu::Buffer::size);
+        self.pool.bytes() + self.upload_buffer.size() + staging
     }
 
     /// The best adapter on the backends `CAPTUNE_WGPU_BACKEND` allows,
@@ -400,11 +423,17 @@ impl GpuBackend {
         }
         let mut modules = self.modules.borrow_mut();
         let module = modules.entry(shader).or_insert_with(|| {
-            self.device
-                .create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(shader),
-                    source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
-                })
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(shader),
+                source: wgpu::ShaderSource::Wgsl(crate::shaders::source(shader).into()),
+            };
+            // SAFETY: every loop in captune's shaders ends (see
+            // `shader_runtime_checks`), the one promise that dropping the
+            // loop bounding asks for; the bounds checks stay.
+            unsafe {
+                self.device
+                    .create_shader_module_trusted(desc, shader_runtime_checks())
+            }
         });
         let layout = self
             .device

@@ -353,6 +353,10 @@ impl Backend for GpuBackend {
         Some(GpuBackend::counters(self))
     }
 
+    fn device_memory_bytes(&self) -> Option<u64> {
+        Some(GpuBackend::device_memory_bytes(self))
+    }
+
     fn fill(&self, x: &mut GpuTensor, value: f32) {
         self.elementwise("fill", x.len(), 0, value, 0.0, &[&x.0]);
     }
