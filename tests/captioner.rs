@@ -6,14 +6,14 @@
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs};
+use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{
     self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,
     TokenObjective,
 };
 use captune::captioner::records::read_log;
-use captune::captioner::{CaptionVocab, CaptionerConfig};
+use captune::captioner::{CaptionVocab, CaptionerConfig, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::index::FULL_VOCAB;
@@ -193,11 +193,12 @@ fn ablation_plans_random_and_reverse_subsets() {
         }
         let ids = &random.subsets[set as usize];
         // Drawn among the policy's ids: never <pad> or <bos>.
-        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1 - MASKED_IDS.len());
+        let masked = SpecialIds::WORDS.masked();
+        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1 - SpecialIds::WORDS.masked_count());
         assert_eq!(ids.len(), want, "row {r}: distinct random ids");
         assert!(!ids.contains(&y), "row {r}: the label is added, not drawn");
         assert!(
-            !ids.iter().any(|id| MASKED_IDS.contains(id)),
+            !ids.iter().any(|id| masked.contains(id)),
             "row {r}: {ids:?}"
         );
         assert!(ids.windows(2).all(|w| w[0] < w[1]));
@@ -240,6 +241,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         },
         max_len: STEPS + 1,
         vocab_size: vocab,
+        specials: SpecialIds::WORDS,
     }
 }
 

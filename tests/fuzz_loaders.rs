@@ -11,7 +11,7 @@ use captune::app::history::History;
 use captune::captioner::model::Captioner;
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{self, ObjectiveState, Position, RunFolder};
-use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint};
+use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::vocab::Vocab;
@@ -330,6 +330,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         },
         max_len: 5,
         vocab_size: vocab.len(),
+        specials: SpecialIds::WORDS,
     };
     Checkpoint {
         model: Captioner::new(b, config, 0).unwrap(),

@@ -8,12 +8,12 @@
 mod common;
 
 use captune::backend::{Backend, ChoiceRule, Storage, TokenChoice};
-use captune::captioner::CaptionerConfig;
 use captune::captioner::decode::{
     BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
 };
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
+use captune::captioner::{CaptionerConfig, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::model::params::Params;
@@ -130,6 +130,7 @@ fn captioner_config() -> CaptionerConfig {
         decoder: transformer_config(),
         max_len: 10,
         vocab_size: 23,
+        specials: SpecialIds::WORDS,
     }
 }
 
@@ -464,6 +465,7 @@ fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) 
         steps: t,
         vocab: v,
         suppress_unk: false,
+        specials: SpecialIds::WORDS,
     };
     let mut seqs = vec![vec![BOS]; images * width];
     let reference = beam_search(&shape, |moved| {

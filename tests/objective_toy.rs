@@ -45,7 +45,8 @@ impl<B: Backend> Objective<B> for FirstWord<B> {
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &cx.batch.sequences)?;
         let steps = inputs.positions;
         let vocab = cx.model.config.vocab_size;
-        let targets = b.ids(&teacher_targets(&cx.batch.sequences, steps));
+        let pad = cx.model.config.specials.pad;
+        let targets = b.ids(&teacher_targets(&cx.batch.sequences, steps, pad));
         let weights: Vec<f32> = (0..inputs.rows())
             .map(|r| if r % steps == 0 { 1.0 } else { 0.0 })
             .collect();

@@ -4,23 +4,34 @@
 //! log-probability is the teacher-forced one; a suppressed `<unk>` is
 //! left out of the recorded log-probability; and a REINFORCE surrogate
 //! with a negative advantage moves no probability onto the masked ids.
-//! On the CPU and, where an adapter exists, on the GPU.
+//! The same holds for a vocabulary whose start is also its end (GPT-2's
+//! `<|endoftext|>`), whose padding is an id of its own: there only the
+//! padding is masked, and a caption ends where it chooses the end. On
+//! the CPU and, where an adapter exists, on the GPU.
 
 mod common;
 
 use captune::backend::{Backend, Storage};
-use captune::captioner::CaptionerConfig;
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
-use captune::captioner::model::{Captioner, MASKED_IDS, TokenInputs, teacher_targets};
+use captune::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use captune::captioner::objectives::reinforce::Surrogate;
+use captune::captioner::{CaptionerConfig, SpecialIds};
 use captune::cpu::CpuBackend;
-use captune::data::vocab::{BOS, PAD, UNK};
+use captune::data::vocab::UNK;
 use captune::model::transformer::TransformerConfig;
 use common::{gpu, random};
 
 const VOCAB: usize = 19;
 
-fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
+/// GPT-2's roles: one id starts and ends a caption; padding is the id
+/// after the others.
+const START_IS_END: SpecialIds = SpecialIds {
+    start: VOCAB as u32 - 2,
+    end: VOCAB as u32 - 2,
+    pad: VOCAB as u32 - 1,
+};
+
+fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
     let config = CaptionerConfig {
         embed_dim: 6,
         prefix_len: 2,
@@ -33,6 +44,7 @@ fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
         },
         max_len: 9,
         vocab_size: VOCAB,
+        specials,
     };
     let mut model = Captioner::new(b, config, 5).unwrap();
     // Weights larger than the initialisation: every id, <pad> and <bos>
@@ -55,9 +67,14 @@ fn teacher_forced<B: Backend>(
     features: &[f32],
     generated: &[Generated],
 ) -> (Vec<Vec<f64>>, usize, Vec<Vec<u32>>) {
+    let start = model.config.specials.start;
     let sequences: Vec<Vec<u32>> = generated
         .iter()
-        .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
+        .map(|g| {
+            std::iter::once(start)
+                .chain(g.ids.iter().copied())
+                .collect()
+        })
         .collect();
     let dim = model.config.embed_dim;
     let rows: Vec<f32> = generated
@@ -78,8 +95,8 @@ fn teacher_forced<B: Backend>(
     (logp, inputs.positions, sequences)
 }
 
-fn check_policy<B: Backend>(b: &B, what: &str) {
-    let mut model = random_captioner(b);
+fn check_policy<B: Backend>(b: &B, what: &str, specials: SpecialIds) {
+    let mut model = random_captioner(b, specials);
     let features = random(4 * 6, 7);
     let sampling = Decoding::Sample {
         n: 3,
@@ -92,13 +109,14 @@ fn check_policy<B: Backend>(b: &B, what: &str) {
     let samples = generate(b, &model, &features, &sampling, &options).unwrap();
     let (logp, positions, sequences) = teacher_forced(b, &mut model, &features, &samples);
     for (r, row) in logp.iter().enumerate() {
-        for id in MASKED_IDS {
+        for id in specials.masked() {
             assert_eq!(
                 row[id as usize].exp(),
                 0.0,
                 "{what}: row {r}: id {id} has mass"
             );
         }
+        assert!(row[specials.end as usize].exp() > 0.0, "{what}: row {r}");
         let total: f64 = row.iter().map(|lp| lp.exp()).sum();
         assert!(
             (total - 1.0).abs() < 1e-9,
@@ -147,8 +165,8 @@ fn check_policy<B: Backend>(b: &B, what: &str) {
     // on the masked ids' logits: nothing moves probability onto them.
     let (logp, positions, _) = teacher_forced(b, &mut model, &features, &samples);
     assert_eq!(logp.len(), samples.len() * positions);
-    let targets = teacher_targets(&sequences, positions);
-    let mut surrogate = Surrogate::new(b, samples.len(), positions, VOCAB);
+    let targets = teacher_targets(&sequences, positions, specials.pad);
+    let mut surrogate = Surrogate::new(b, samples.len(), positions, VOCAB, specials.pad);
     let advantages = vec![-1.0f32; samples.len()];
     surrogate.forward_backward(
         b,
@@ -162,11 +180,11 @@ fn check_policy<B: Backend>(b: &B, what: &str) {
     let d = b.to_vec(&surrogate.d_logits);
     let mut moved = 0.0f32;
     for (r, row) in d.chunks(VOCAB).enumerate() {
-        if targets[r] == PAD {
+        if targets[r] == specials.pad {
             continue;
         }
         moved = moved.max(row.iter().fold(0.0f32, |m, x| m.max(x.abs())));
-        for id in MASKED_IDS {
+        for id in specials.masked() {
             assert_eq!(
                 row[id as usize], 0.0,
                 "{what}: row {r}: gradient on id {id}"
@@ -174,17 +192,41 @@ fn check_policy<B: Backend>(b: &B, what: &str) {
         }
     }
     assert!(moved > 0.0, "{what}: the surrogate has a gradient");
-    assert!(
-        samples
-            .iter()
-            .all(|g| !g.ids.contains(&PAD) && !g.ids.contains(&BOS))
-    );
+    // No padding; the start only where it is the end, and the end only
+    // last, in sampled, greedy and beam-searched captions alike.
+    let beam = Decoding::Beam {
+        width: 3,
+        n_best: 2,
+    };
+    let beamed = generate(b, &model, &features, &beam, &options).unwrap();
+    for g in samples.iter().chain(&greedy).chain(&beamed) {
+        assert!(!g.ids.contains(&specials.pad), "{what}: {:?}", g.ids);
+        let body = &g.ids[..g.ids.len() - 1];
+        assert!(
+            !body.contains(&specials.start) && !body.contains(&specials.end),
+            "{what}: {:?}",
+            g.ids
+        );
+    }
+    let ended = samples
+        .iter()
+        .filter(|g| g.ids.last() == Some(&specials.end));
+    assert!(ended.count() > 0, "{what}: no sample chose the end");
 }
 
 #[test]
 fn one_policy_on_both_backends() {
-    check_policy(&CpuBackend::new(), "cpu");
+    check_policy(&CpuBackend::new(), "cpu", SpecialIds::WORDS);
     if let Some(g) = gpu() {
-        check_policy(&g, "gpu");
+        check_policy(&g, "gpu", SpecialIds::WORDS);
+    }
+}
+
+#[test]
+fn one_policy_when_the_start_is_the_end() {
+    assert_eq!(START_IS_END.masked_count(), 1);
+    check_policy(&CpuBackend::new(), "cpu", START_IS_END);
+    if let Some(g) = gpu() {
+        check_policy(&g, "gpu", START_IS_END);
     }
 }

@@ -296,7 +296,7 @@ fn the_surrogate_and_its_gradient_by_hand() {
         ([0.5, -1.0], 0.1),
         ([-2.0, 0.0], 0.3),
     ] {
-        let mut s = Surrogate::new(&b, 2, 3, v);
+        let mut s = Surrogate::new(&b, 2, 3, v, PAD);
         s.forward_backward(&b, &logits, &targets, &targets, &adv, w, true);
         let loss =
             b.to_vec(&s.likelihood.loss)[0] as f64 - w as f64 * b.to_vec(&s.mean_entropy)[0] as f64;

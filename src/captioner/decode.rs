@@ -14,9 +14,10 @@
 //! parent on the device.
 
 use super::CaptionVocab;
+use super::SpecialIds;
 use super::model::{Captioner, MapperActivations};
 use crate::backend::{Backend, ChoiceRule, HeadLayout, Sampling, TokenChoice};
-use crate::data::vocab::{BOS, EOS, PAD, UNK};
+use crate::data::vocab::UNK;
 use crate::model::kv_cache::KvCache;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
@@ -233,9 +234,9 @@ impl<'m, B: Backend> Decoder<'m, B> {
             positions: (0..k + steps)
                 .map(|p| b.ids(&vec![p as u32; rows]))
                 .collect(),
-            bos: b.ids(&vec![BOS; rows]),
-            next: b.ids(&vec![PAD; rows]),
-            history: b.ids(&vec![PAD; rows * steps]),
+            bos: b.ids(&vec![c.specials.start; rows]),
+            next: b.ids(&vec![c.specials.pad; rows]),
+            history: b.ids(&vec![c.specials.pad; rows * steps]),
             logprobs: b.zeros(rows * steps),
             hidden: b.zeros(rows * w),
             logits: b.zeros(rows * c.vocab_size),
@@ -407,6 +408,8 @@ fn choose_on_device<B: Backend>(
     banned: u32,
 ) -> Vec<(Vec<u32>, f32)> {
     let (rows, steps) = (decoder.rows, decoder.steps);
+    let specials = decoder.model.config.specials;
+    let [pad, masked_start] = specials.masked();
     let mut ran = steps;
     for step in 0..steps {
         let feed = if step == 0 { Feed::Bos } else { Feed::Chosen };
@@ -420,9 +423,9 @@ fn choose_on_device<B: Backend>(
             seed,
             first_row,
             banned,
-            bos: BOS,
-            eos: EOS,
-            pad: PAD,
+            bos: masked_start,
+            eos: specials.end,
+            pad,
         };
         b.choose_tokens(
             &decoder.logits,
@@ -435,7 +438,7 @@ fn choose_on_device<B: Backend>(
             && step + 1 < steps
             && b.ids_to_vec(&decoder.next)
                 .iter()
-                .all(|&t| t == EOS || t == PAD)
+                .all(|&t| t == specials.end || t == pad)
         {
             ran = step + 1;
             break;
@@ -448,7 +451,7 @@ fn choose_on_device<B: Backend>(
             let row = &history[r * steps..r * steps + ran];
             let n = row
                 .iter()
-                .position(|&t| t == EOS)
+                .position(|&t| t == specials.end)
                 .map_or(ran, |end| end + 1);
             let logprob = logprobs[r * steps..r * steps + n].iter().sum();
             (row[..n].to_vec(), logprob)
@@ -473,6 +476,7 @@ fn beam_rows<B: Backend>(
         steps: decoder.steps,
         vocab: decoder.model.config.vocab_size,
         suppress_unk,
+        specials: decoder.model.config.specials,
     };
     beam_search(&shape, |moved| {
         match moved {
@@ -497,6 +501,7 @@ pub struct BeamShape {
     pub steps: usize,
     pub vocab: usize,
     pub suppress_unk: bool,
+    pub specials: SpecialIds,
 }
 
 /// Beam search on the host over any source of next-token logits:
@@ -518,10 +523,11 @@ pub fn beam_search(
         steps,
         vocab,
         suppress_unk,
+        specials,
     } = *shape;
     let rows = images * width;
     // Live beams per image: (ids from <bos>, score). At the start one beam per image.
-    let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![BOS], 0.0)]; images];
+    let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![specials.start], 0.0)]; images];
     let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
     let mut moved: Option<(Vec<u32>, Vec<u32>)> = None;
     for step in 0..steps {
@@ -533,8 +539,9 @@ pub fn beam_search(
             // Out of every choice, as on the device, and out of the
             // distribution the others' log-probabilities are taken over.
             let mut z = z[row * vocab..(row + 1) * vocab].to_vec();
-            z[PAD as usize] = f32::NEG_INFINITY;
-            z[BOS as usize] = f32::NEG_INFINITY;
+            for id in specials.masked() {
+                z[id as usize] = f32::NEG_INFINITY;
+            }
             if suppress_unk {
                 z[UNK as usize] = f32::NEG_INFINITY;
             }
@@ -542,7 +549,7 @@ pub fn beam_search(
         };
         let last_step = step + 1 == steps;
         let mut parents: Vec<u32> = (0..rows as u32).collect();
-        let mut next_ids = vec![PAD; rows];
+        let mut next_ids = vec![specials.pad; rows];
         for i in 0..images {
             let mut candidates: Vec<(f32, usize, usize)> = Vec::new();
             for (k, (_, score)) in live[i].iter().enumerate() {
@@ -558,7 +565,7 @@ pub fn beam_search(
                 }
                 let mut ids = live[i][k].0.clone();
                 ids.push(id as u32);
-                if id as u32 == EOS || last_step {
+                if id as u32 == specials.end || last_step {
                     finished[i].push((ids, score));
                 } else {
                     let row = i * width + next.len();
@@ -587,7 +594,7 @@ pub fn beam_search(
             let (ids, score) = done
                 .get(k)
                 .cloned()
-                .unwrap_or((vec![BOS, EOS], f32::NEG_INFINITY));
+                .unwrap_or((vec![specials.start, specials.end], f32::NEG_INFINITY));
             out.push((ids[1..].to_vec(), score));
         }
     }

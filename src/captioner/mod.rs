@@ -26,7 +26,7 @@ pub mod word_marks;
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
-use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint;
 use crate::model::params::Params;
@@ -37,6 +37,53 @@ use model::Captioner;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
+
+/// The ids a captioner gives its special roles. A caption is `start`,
+/// its tokens, then `end`; `pad` fills a batch's positions after a
+/// caption's end and marks targets that count for nothing, so it must be
+/// an id no caption contains (never `end`). A vocabulary may use one id
+/// as both start and end (GPT-2's `<|endoftext|>`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecialIds {
+    pub start: u32,
+    pub end: u32,
+    pub pad: u32,
+}
+
+impl SpecialIds {
+    /// A word vocabulary's: `<bos>`, `<eos>`, `<pad>`.
+    pub const WORDS: SpecialIds = SpecialIds {
+        start: BOS,
+        end: EOS,
+        pad: PAD,
+    };
+
+    /// The ids outside the policy, which no caption contains: padding,
+    /// and the start unless it is also the end (the second entry repeats
+    /// the first then).
+    pub fn masked(&self) -> [u32; 2] {
+        let start = if self.start == self.end {
+            self.pad
+        } else {
+            self.start
+        };
+        [self.pad, start]
+    }
+
+    pub fn is_masked(&self, id: u32) -> bool {
+        self.masked().contains(&id)
+    }
+
+    /// How many distinct ids [`SpecialIds::masked`] holds.
+    pub fn masked_count(&self) -> usize {
+        let [a, b] = self.masked();
+        if a == b { 1 } else { 2 }
+    }
+}
+
+fn word_specials() -> SpecialIds {
+    SpecialIds::WORDS
+}
 
 /// The network's shape. `embed_dim` and `vocab_size` come from the data
 /// (the features file and the vocabulary) when a run starts.
@@ -52,6 +99,9 @@ pub struct CaptionerConfig {
     /// Caption positions, <bos> and <eos> included (as `Vocab::encode` counts).
     pub max_len: usize,
     pub vocab_size: usize,
+    /// Checkpoints from before this field hold a word vocabulary's.
+    #[serde(default = "word_specials")]
+    pub specials: SpecialIds,
 }
 
 impl CaptionerConfig {
@@ -94,6 +144,19 @@ impl CaptionerConfig {
         }
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        }
+        let s = self.specials;
+        if [s.start, s.end, s.pad]
+            .iter()
+            .any(|&id| id as usize >= self.vocab_size)
+        {
+            bail!(
+                "special ids {s:?} must be below the vocabulary size {}",
+                self.vocab_size
+            );
+        }
+        if s.pad == s.end {
+            bail!("the padding id {} must not be the end id", s.pad);
         }
         Ok(())
     }
@@ -168,6 +231,11 @@ impl CaptionVocab {
 
     pub fn is_empty(&self) -> bool {
         self.words.is_empty()
+    }
+
+    /// A word vocabulary's special ids.
+    pub fn specials(&self) -> SpecialIds {
+        SpecialIds::WORDS
     }
 
     /// The reserved alternative of a word, if it has one.
@@ -280,7 +348,16 @@ pub type Checkpoint<B> = checkpoint::Checkpoint<Captioner<B>>;
 impl<B: Backend> Checkpoint<B> {
     /// Loads a checkpoint.
     pub fn load(b: &B, path: &Path) -> Result<Self> {
-        Self::load_with(b, path, |config| Captioner::new(b, config, 0))
+        let ck = Self::load_with(b, path, |config| Captioner::new(b, config, 0))?;
+        let (config, vocab) = (ck.model.config.specials, ck.vocab.specials());
+        if config != vocab {
+            bail!(
+                "{}: captioner_config's specials {config:?} are not those of its word \
+                 vocabulary, {vocab:?}",
+                path.display()
+            );
+        }
+        Ok(ck)
     }
 
     /// The same weights in a model on backend `to`.

@@ -3,9 +3,10 @@
 //! `[prefix ; <bos> w1 .. wn]` plus learned positions, and the logits of
 //! the token positions come from the tied token embedding:
 //! logits = h E^T + m, where the policy mask m is [`MASKED_LOGIT`] at
-//! `<pad>` and `<bos>` and 0 elsewhere: decoding never chooses those two
-//! ids, so the distribution every loss, sample and explanation reads is
-//! the one captions are generated from (docs/training.md#one-policy).
+//! the padding and start ids (`SpecialIds::masked`: `<pad>` and `<bos>`)
+//! and 0 elsewhere: decoding never chooses them, so the distribution
+//! every loss, sample and explanation reads is the one captions are
+//! generated from (docs/training.md#one-policy).
 //!
 //! The prefix and the token embeddings are placed into the decoder's
 //! `[batch, prefix + tokens, width]` input by strided copies (the
@@ -21,7 +22,6 @@
 
 use super::CaptionerConfig;
 use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
-use crate::data::vocab::{BOS, PAD};
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
@@ -38,9 +38,6 @@ const TRIM_STEP: usize = 8;
 /// 0 in every softmax, while staying finite, so that 0 * log p is 0 in
 /// an entropy and a weighted-out `<pad>` target adds 0 to a loss.
 pub const MASKED_LOGIT: f32 = -1e30;
-
-/// The ids no caption contains: their logits are [`MASKED_LOGIT`].
-pub const MASKED_IDS: [u32; 2] = [PAD, BOS];
 
 pub struct Captioner<B: Backend> {
     pub config: CaptionerConfig,
@@ -80,7 +77,7 @@ struct Workspace<B: Backend> {
 /// The output layer: the tied token embedding and the policy mask.
 pub(super) struct OutputLayer<B: Backend> {
     tokens: ParamId,
-    /// `[vocab]`: [`MASKED_LOGIT`] at [`MASKED_IDS`], else 0.
+    /// `[vocab]`: [`MASKED_LOGIT`] at the masked ids, else 0.
     policy_mask: B::Tensor,
 }
 
@@ -149,7 +146,7 @@ impl Mapper {
 }
 
 /// Decoder inputs for one batch: `[batch, positions]` ids, each row
-/// `<bos> w1 .. wn` then PAD.
+/// `<bos> w1 .. wn` then padding.
 pub struct TokenInputs<B: Backend> {
     pub ids: TokenIndex<B>,
     pub batch: usize,
@@ -185,7 +182,7 @@ impl<B: Backend> TokenInputs<B> {
         positions: usize,
     ) -> Result<Self> {
         let t = positions;
-        let mut ids = vec![PAD; sequences.len() * t];
+        let mut ids = vec![config.specials.pad; sequences.len() * t];
         for (i, s) in sequences.iter().enumerate() {
             let n = s.len().min(t);
             ids[i * t..i * t + n].copy_from_slice(&s[..n]);
@@ -204,9 +201,9 @@ impl<B: Backend> TokenInputs<B> {
 }
 
 /// Teacher-forcing targets `[batch, steps]`: each sequence's ids after
-/// `<bos>`, then PAD.
-pub fn teacher_targets(sequences: &[Vec<u32>], steps: usize) -> Vec<u32> {
-    let mut t = vec![PAD; sequences.len() * steps];
+/// `<bos>`, then `pad` (the config's padding id: no target).
+pub fn teacher_targets(sequences: &[Vec<u32>], steps: usize, pad: u32) -> Vec<u32> {
+    let mut t = vec![pad; sequences.len() * steps];
     for (i, s) in sequences.iter().enumerate() {
         let n = (s.len() - 1).min(steps);
         t[i * steps..i * steps + n].copy_from_slice(&s[1..1 + n]);
@@ -280,7 +277,7 @@ impl<B: Backend> Captioner<B> {
         let decoder = Transformer::new(&mut p, "decoder", c.decoder);
         p.finish(b);
         let mut mask = vec![0.0; c.vocab_size];
-        for id in MASKED_IDS {
+        for id in c.specials.masked() {
             mask[id as usize] = MASKED_LOGIT;
         }
         Ok(Captioner {

@@ -185,6 +185,7 @@ impl RunConfig {
             },
             max_len: m.max_len,
             vocab_size,
+            specials: super::SpecialIds::WORDS,
         }
     }
 

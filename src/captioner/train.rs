@@ -792,7 +792,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         for (&i, samples) in self.sample_items.iter().zip(sampled) {
             let features = self.data.features_of(&[i]);
             let generated = generate(b, &self.ck.model, &features, &Decoding::Greedy, &options)?;
-            let ids: Vec<u32> = std::iter::once(crate::data::vocab::BOS)
+            let ids: Vec<u32> = std::iter::once(self.ck.model.config.specials.start)
                 .chain(generated[0].ids.iter().copied())
                 .collect();
             let sample = Sample {

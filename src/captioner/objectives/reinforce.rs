@@ -9,7 +9,6 @@ use crate::captioner::decode::Generated;
 use crate::captioner::explain::TokenTerm;
 use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use crate::captioner::objective::{SeriesGroup, StepContext};
-use crate::data::vocab::{BOS, PAD};
 use crate::ops::sequence_likelihood::SequenceLikelihood;
 use anyhow::Result;
 
@@ -31,6 +30,8 @@ pub const SAMPLES_PLOT: SeriesGroup = SeriesGroup {
 /// next-token distributions; `d_logits` its gradient.
 pub struct Surrogate<B: Backend> {
     pub likelihood: SequenceLikelihood<B>,
+    /// The padding id: targets that count for nothing.
+    pad: u32,
     advantages: B::Tensor,
     /// 1 / (real tokens) on each real token's row, 0 on padding.
     token_mean: B::Tensor,
@@ -45,10 +46,11 @@ pub struct Surrogate<B: Backend> {
 }
 
 impl<B: Backend> Surrogate<B> {
-    pub fn new(b: &B, sequences: usize, per_sequence: usize, vocab: usize) -> Self {
+    pub fn new(b: &B, sequences: usize, per_sequence: usize, vocab: usize, pad: u32) -> Self {
         let rows = sequences * per_sequence;
         Surrogate {
-            likelihood: SequenceLikelihood::new(b, sequences, per_sequence, vocab, PAD),
+            likelihood: SequenceLikelihood::new(b, sequences, per_sequence, vocab, pad),
+            pad,
             advantages: b.zeros(sequences),
             token_mean: b.zeros(rows),
             d_entropy: b.zeros(rows),
@@ -61,7 +63,7 @@ impl<B: Backend> Surrogate<B> {
     }
 
     /// The loss of `logits` for the sampled `targets` (host copy
-    /// `host_targets`, PAD after each sequence's end) and `advantages`
+    /// `host_targets`, padding after each sequence's end) and `advantages`
     /// (one per sequence, already scaled as the gradient should be);
     /// `d_logits` its gradient. With `monitor`, also the mean entropy
     /// when it is not trained.
@@ -90,10 +92,11 @@ impl<B: Backend> Surrogate<B> {
         if entropy_weight == 0.0 && !monitor {
             return;
         }
-        let real = host_targets.iter().filter(|&&t| t != PAD).count().max(1) as f32;
+        let pad = self.pad;
+        let real = host_targets.iter().filter(|&&t| t != pad).count().max(1) as f32;
         let token_mean: Vec<f32> = host_targets
             .iter()
-            .map(|&t| if t == PAD { 0.0 } else { 1.0 / real })
+            .map(|&t| if t == pad { 0.0 } else { 1.0 / real })
             .collect();
         b.write(&mut self.token_mean, &token_mean);
         b.softmax_entropy(logits, vocab, &mut self.entropy, &mut self.lse);
@@ -151,9 +154,14 @@ impl<B: Backend> Surrogates<B> {
         entropy_weight: f32,
     ) -> Result<()> {
         let b = cx.b;
+        let specials = cx.model.config.specials;
         let sequences: Vec<Vec<u32>> = generated
             .iter()
-            .map(|g| std::iter::once(BOS).chain(g.ids.iter().copied()).collect())
+            .map(|g| {
+                std::iter::once(specials.start)
+                    .chain(g.ids.iter().copied())
+                    .collect()
+            })
             .collect();
         let dim = cx.model.config.embed_dim;
         let repeated: Vec<f32> = generated
@@ -161,7 +169,7 @@ impl<B: Backend> Surrogates<B> {
             .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
             .collect();
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
-        let host_targets = teacher_targets(&sequences, inputs.positions);
+        let host_targets = teacher_targets(&sequences, inputs.positions, specials.pad);
         let targets = b.ids(&host_targets);
         cx.model.forward(b, &repeated, &inputs)?;
         let vocab = cx.model.config.vocab_size;
@@ -169,7 +177,7 @@ impl<B: Backend> Surrogates<B> {
         self.last = match self.shapes.iter().position(|(k, _)| *k == key) {
             Some(i) => i,
             None => {
-                let s = Surrogate::new(b, sequences.len(), inputs.positions, vocab);
+                let s = Surrogate::new(b, sequences.len(), inputs.positions, vocab, specials.pad);
                 self.shapes.push((key, s));
                 self.shapes.len() - 1
             }

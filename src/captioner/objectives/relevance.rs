@@ -20,7 +20,6 @@ use crate::captioner::model::TokenInputs;
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
-use crate::data::vocab::BOS;
 use anyhow::Result;
 use rand::Rng;
 
@@ -128,7 +127,11 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         let ids: Vec<Vec<u32>> = captions.iter().map(|g| g.ids.clone()).collect();
         let sequences: Vec<Vec<u32>> = ids
             .iter()
-            .map(|c| std::iter::once(BOS).chain(c.iter().copied()).collect())
+            .map(|c| {
+                std::iter::once(cx.model.config.specials.start)
+                    .chain(c.iter().copied())
+                    .collect()
+            })
             .collect();
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
         cx.model.forward(b, &features, &inputs)?;

@@ -11,11 +11,10 @@
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::{Backend, Reduce, VocabSubsets};
 use crate::captioner::CaptionVocab;
-use crate::captioner::model::{MASKED_IDS, TokenInputs, teacher_targets};
+use crate::captioner::model::{TokenInputs, teacher_targets};
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, StepContext, TrainsOn,
 };
-use crate::data::vocab::PAD;
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
 use anyhow::Result;
@@ -208,8 +207,8 @@ pub struct SubsetPlan {
     pub row_subset: Vec<u32>,
 }
 
-/// Plans the subsets of `kind` for `[batch, steps]` targets (PAD after
-/// <eos>). `rng` draws random subsets.
+/// Plans the subsets of `kind` for `[batch, steps]` targets (the
+/// vocabulary's padding id after the end). `rng` draws random subsets.
 pub fn plan(
     kind: ObjectiveKind,
     first_token: FirstToken,
@@ -227,10 +226,15 @@ pub fn plan(
         }
     }
     let v = vocab.len() as u32;
+    let specials = vocab.specials();
     let mut subsets = Vec::new();
     let mut row_subset = vec![FULL_VOCAB; targets.len()];
     for (s, seq) in targets.chunks(steps).enumerate() {
-        let own: BTreeSet<u32> = seq.iter().copied().filter(|&id| id != PAD).collect();
+        let own: BTreeSet<u32> = seq
+            .iter()
+            .copied()
+            .filter(|&id| id != specials.pad)
+            .collect();
         let rows = s * steps..(s + 1) * steps;
         match kind {
             ObjectiveKind::Mle => continue,
@@ -245,15 +249,15 @@ pub fn plan(
             }
             ObjectiveKind::SmileRandom => {
                 for (t, &label) in seq.iter().enumerate() {
-                    if label == PAD {
+                    if label == specials.pad {
                         continue;
                     }
-                    // Ids of the policy (no <pad>, no <bos>) besides the label.
-                    let others = v as usize - 1 - MASKED_IDS.len();
+                    // Ids of the policy (no padding, no start) besides the label.
+                    let others = v as usize - 1 - specials.masked_count();
                     let mut drawn = BTreeSet::new();
                     while drawn.len() < RANDOM_SUBSET_SIZE.min(others) {
                         let id = rng.random_range(0..v);
-                        if id != label && !MASKED_IDS.contains(&id) {
+                        if id != label && !specials.is_masked(id) {
                             drawn.insert(id);
                         }
                     }
@@ -275,7 +279,7 @@ pub fn plan(
 
 /// A batch's targets on the device, for every loss `Losses` computes.
 pub struct BatchTargets<B: Backend> {
-    /// The true next tokens, PAD where there is none.
+    /// The true next tokens, the padding id where there is none.
     pub targets: B::Ids,
     pub weights: Vec<f32>,
     /// What the gradient (not the reported loss, a per-token mean) is
@@ -300,9 +304,10 @@ impl<B: Backend> BatchTargets<B> {
         rng: &mut impl Rng,
     ) -> Result<Self> {
         let v = vocab.len();
+        let pad = vocab.specials().pad;
         let weights = targets
             .iter()
-            .map(|&id| if id == PAD { 0.0 } else { 1.0 })
+            .map(|&id| if id == pad { 0.0 } else { 1.0 })
             .collect();
         let device_plan = |p: &SubsetPlan| -> Result<(B::Ids, VocabSubsets<B>)> {
             Ok((
@@ -555,7 +560,7 @@ impl<B: Backend> Objective<B> for TokenLevel<B> {
         let sequences = &batch.sequences;
         let inputs = TokenInputs::trimmed(b, &cx.model.config, sequences)?;
         let steps = inputs.positions;
-        let ids = teacher_targets(sequences, steps);
+        let ids = teacher_targets(sequences, steps, cx.model.config.specials.pad);
         let mut targets = BatchTargets::new(b, &self.config, cx.vocab, &ids, steps, cx.rng)?;
         targets.gradient_weight = cx.gradient_weight;
         cx.model.forward(b, &batch.features, &inputs)?;
