@@ -90,7 +90,8 @@ fn mle_by_hand(z: &[f32], v: usize) -> f64 {
 fn losses_of<B: Backend>(b: &B, objective: TokenObjective, z: &[f32]) -> (f32, f32, f32, Vec<f32>) {
     let vocab = small_vocab();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let t = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+    let config = tiny_config(vocab.len());
+    let t = BatchTargets::new(b, &objective, &vocab, &config, &TARGETS, STEPS, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, TARGETS.len(), vocab.len());
     let logits = b.tensor(z);
     losses.forward_backward(b, &logits, &t, true);
@@ -178,6 +179,7 @@ fn ablation_plans_random_and_reverse_subsets() {
         ObjectiveKind::SmileRandom,
         FirstToken::Mle,
         &vocab,
+        &tiny_config(vocab.len()),
         &TARGETS,
         STEPS,
         &mut rng,
@@ -218,6 +220,7 @@ fn ablation_plans_random_and_reverse_subsets() {
         ObjectiveKind::SmileReverse,
         FirstToken::None,
         &vocab,
+        &tiny_config(vocab.len()),
         &TARGETS,
         STEPS,
         &mut rng,
@@ -267,7 +270,16 @@ fn step<B: Backend>(
 ) -> (Vec<f32>, Vec<Vec<f32>>) {
     let vocab = small_vocab();
     let mut rng = ChaCha8Rng::seed_from_u64(11);
-    let targets = BatchTargets::new(b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+    let targets = BatchTargets::new(
+        b,
+        &objective,
+        &vocab,
+        &model.config,
+        &TARGETS,
+        STEPS,
+        &mut rng,
+    )
+    .unwrap();
     let inputs = TokenInputs::new(b, &model.config, &inputs_of(&TARGETS)).unwrap();
     let mut losses = Losses::new(b, objective, inputs.rows(), vocab.len());
     model.forward(b, features, &inputs).unwrap();
@@ -367,7 +379,9 @@ fn the_gradient_weight_scales_the_gradient_not_the_loss() {
     };
     let run = |weight: f32| {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let mut t = BatchTargets::new(&b, &objective, &vocab, &TARGETS, STEPS, &mut rng).unwrap();
+        let config = tiny_config(vocab.len());
+        let mut t =
+            BatchTargets::new(&b, &objective, &vocab, &config, &TARGETS, STEPS, &mut rng).unwrap();
         t.gradient_weight = weight;
         let mut losses = Losses::new(&b, objective, TARGETS.len(), vocab.len());
         losses.forward_backward(&b, &logits, &t, true);

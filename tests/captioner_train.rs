@@ -246,7 +246,8 @@ fn teacher_forced_logprob<B: Backend>(
     let inputs = TokenInputs::new(b, &c, &[seq[..seq.len() - 1].to_vec()]).unwrap();
     model.forward(b, features, &inputs).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let t = BatchTargets::new(b, &TokenObjective::mle(), vocab, &targets, steps, &mut rng).unwrap();
+    let mle = TokenObjective::mle();
+    let t = BatchTargets::new(b, &mle, vocab, &c, &targets, steps, &mut rng).unwrap();
     let mut losses = Losses::new(b, TokenObjective::mle(), inputs.rows(), c.vocab_size);
     losses.forward_backward(b, model.logits(), &t, true);
     losses.row_logprobs(b).0[..g.ids.len()].iter().sum()

@@ -394,7 +394,8 @@ fn loss_and_gradients<B: Backend>(
         targets[i * steps..][..s.len() - 1].copy_from_slice(&s[1..]);
     }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
-    let batch = BatchTargets::new(b, &objective, &vocab, &targets, steps, &mut rng).unwrap();
+    let batch =
+        BatchTargets::new(b, &objective, &vocab, &config, &targets, steps, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, inputs.rows(), config.vocab_size);
     let features = random(seqs.len() * config.embed_dim, 6);
     model.forward(b, &features, &inputs).unwrap();

@@ -67,7 +67,7 @@ fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
     let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let objective = TokenObjective::mle();
-    let batch = BatchTargets::new(b, &objective, &ck.vocab, &targets, steps, &mut rng).unwrap();
+    let batch = BatchTargets::new(b, &objective, &ck.vocab, &c, &targets, steps, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
     let model = &mut ck.model;
     model

@@ -17,6 +17,7 @@ pub mod mle_mix;
 pub mod model;
 pub mod objective;
 pub mod objectives;
+pub mod pretrained;
 pub mod records;
 pub mod reward;
 pub mod run;

@@ -10,11 +10,11 @@
 
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::{Backend, Reduce, VocabSubsets};
-use crate::captioner::CaptionVocab;
 use crate::captioner::model::{TokenInputs, teacher_targets};
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, StepContext, TrainsOn,
 };
+use crate::captioner::{CaptionVocab, CaptionerConfig};
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
 use anyhow::Result;
@@ -213,6 +213,7 @@ pub fn plan(
     kind: ObjectiveKind,
     first_token: FirstToken,
     vocab: &CaptionVocab,
+    config: &CaptionerConfig,
     targets: &[u32],
     steps: usize,
     rng: &mut impl Rng,
@@ -225,8 +226,7 @@ pub fn plan(
             }
         }
     }
-    let v = vocab.len() as u32;
-    let specials = vocab.specials();
+    let (v, specials) = (config.vocab_size as u32, config.specials);
     let mut subsets = Vec::new();
     let mut row_subset = vec![FULL_VOCAB; targets.len()];
     for (s, seq) in targets.chunks(steps).enumerate() {
@@ -295,16 +295,18 @@ pub struct BatchTargets<B: Backend> {
 }
 
 impl<B: Backend> BatchTargets<B> {
+    /// `vocab` gives the first-token alternatives; `config`, the model's
+    /// ids.
     pub fn new(
         b: &B,
         objective: &TokenObjective,
         vocab: &CaptionVocab,
+        config: &CaptionerConfig,
         targets: &[u32],
         steps: usize,
         rng: &mut impl Rng,
     ) -> Result<Self> {
-        let v = vocab.len();
-        let pad = vocab.specials().pad;
+        let (v, pad) = (config.vocab_size, config.specials.pad);
         let weights = targets
             .iter()
             .map(|&id| if id == pad { 0.0 } else { 1.0 })
@@ -319,6 +321,7 @@ impl<B: Backend> BatchTargets<B> {
             ObjectiveKind::Smile,
             FirstToken::Mle,
             vocab,
+            config,
             targets,
             steps,
             rng,
@@ -330,6 +333,7 @@ impl<B: Backend> BatchTargets<B> {
                 kind,
                 objective.first_token,
                 vocab,
+                config,
                 targets,
                 steps,
                 rng,
@@ -561,7 +565,15 @@ impl<B: Backend> Objective<B> for TokenLevel<B> {
         let inputs = TokenInputs::trimmed(b, &cx.model.config, sequences)?;
         let steps = inputs.positions;
         let ids = teacher_targets(sequences, steps, cx.model.config.specials.pad);
-        let mut targets = BatchTargets::new(b, &self.config, cx.vocab, &ids, steps, cx.rng)?;
+        let mut targets = BatchTargets::new(
+            b,
+            &self.config,
+            cx.vocab,
+            &cx.model.config,
+            &ids,
+            steps,
+            cx.rng,
+        )?;
         targets.gradient_weight = cx.gradient_weight;
         cx.model.forward(b, &batch.features, &inputs)?;
         let losses = self.losses.of(b, &inputs);

@@ -1,0 +1,104 @@
+//! A captioner whose decoder is a pretrained GPT-2 (ClipCap: Mokady et
+//! al., 2021, "ClipCap: CLIP Prefix for Image Captioning", arXiv
+//! 2111.09734). GPT-2's weights become the decoder's as `model::gpt2`
+//! maps them; the mapper is new. Two things differ from a GPT-2 as
+//! transformers holds it:
+//! - the token embedding has one row more, after GPT-2's ids: the padding
+//!   id, which no caption contains and the policy masks, so that target
+//!   positions after a caption's end are never taken for its end
+//!   (`<|endoftext|>` is both the start and the end). The row starts at
+//!   zero and, masked and never read at a real position, keeps no
+//!   gradient;
+//! - the learned positions are GPT-2's first `prefix_len + max_len - 1`,
+//!   the prefix's and the caption's, as ClipCap feeds them.
+
+use super::model::Captioner;
+use super::{CaptionerConfig, SpecialIds};
+use crate::backend::Backend;
+use crate::model::gpt2::Gpt2;
+use anyhow::{Result, bail};
+
+/// The prefix and caption a GPT-2 decoder is given: what a run config's
+/// `[model]` says beside the pretrained network.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefixShape {
+    /// Size of the image embedding the mapper reads.
+    pub embed_dim: usize,
+    pub prefix_len: usize,
+    pub mapper_hidden: usize,
+    /// Caption positions, the start and the end included.
+    pub max_len: usize,
+}
+
+/// The captioner config of a GPT-2 decoder with `shape`'s prefix: GPT-2's
+/// network, its ids and one more for the padding, `<|endoftext|>`
+/// (`end`) as start and end.
+pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<CaptionerConfig> {
+    let c = &gpt2.config;
+    let config = CaptionerConfig {
+        embed_dim: shape.embed_dim,
+        prefix_len: shape.prefix_len,
+        mapper_hidden: shape.mapper_hidden,
+        decoder: c.transformer(),
+        max_len: shape.max_len,
+        vocab_size: c.vocab_size + 1,
+        specials: SpecialIds {
+            start: end,
+            end,
+            pad: c.vocab_size as u32,
+        },
+    };
+    if config.seq_len() > c.n_positions {
+        bail!(
+            "a prefix of {} and captions of {} positions need {} positions; this GPT-2 has {} \
+             (n_positions): shorten the prefix or max_len",
+            shape.prefix_len,
+            shape.max_len,
+            config.seq_len(),
+            c.n_positions
+        );
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+/// A captioner with `gpt2` as its decoder and a freshly initialised
+/// mapper (from `seed`).
+pub fn from_gpt2<B: Backend>(
+    b: &B,
+    gpt2: Gpt2,
+    shape: PrefixShape,
+    end: u32,
+    seed: u64,
+) -> Result<Captioner<B>> {
+    let config = gpt2_config(&gpt2, shape, end)?;
+    let mut model = Captioner::new(b, config, seed)?;
+    let mut weights = gpt2.weights;
+    let (w, rows) = (config.decoder.width, config.seq_len());
+    for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
+        let Some(tensor) = weights.tensors.remove(&spec.name) else {
+            if spec.name.starts_with("mapper.") {
+                continue;
+            }
+            bail!("the captioner's {:?} has no GPT-2 tensor", spec.name);
+        };
+        let mut data = tensor.data;
+        match spec.name.as_str() {
+            // GPT-2's ids, then the padding row at zero.
+            "decoder.tokens" => data.resize(config.vocab_size * w, 0.0),
+            "decoder.positions" => data.truncate(rows * w),
+            _ => {}
+        }
+        assert_eq!(
+            data.len(),
+            spec.len(),
+            "{}: checked by gpt2::read",
+            spec.name
+        );
+        b.write(value, &data);
+    }
+    if let Some(name) = weights.tensors.keys().next() {
+        bail!("GPT-2 tensor {name:?} has no place in the captioner");
+    }
+    Ok(model)
+}
