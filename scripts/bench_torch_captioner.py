@@ -45,26 +45,38 @@ class Block(nn.Module):
 
 def add_model_arguments(p):
     """The network's options, as `captune bench`'s."""
-    p.add_argument("--preset", default="shapes")
-    p.add_argument("--config", help="a run config file instead of a preset")
+    network = p.add_mutually_exclusive_group()
+    network.add_argument("--preset", default="shapes")
+    network.add_argument("--config", help="a run config file instead of a preset")
     p.add_argument("--vocab", type=int, default=VOCAB, help="ids of the synthetic vocabulary")
     p.add_argument("--batch", type=int, help="images per step, instead of the config's")
 
 
 def read_model(a):
     """The run config's name, [model] section and batch."""
+    if a.batch is not None and a.batch <= 0:
+        raise SystemExit("--batch must be positive")
     root = pathlib.Path(__file__).resolve().parent.parent
     path = pathlib.Path(a.config) if a.config else root / "assets/presets" / f"{a.preset}.toml"
     config = tomllib.loads(path.read_text())
     return a.config or a.preset, config["model"], a.batch or config["train"]["batch"]
 
 
-def peak_memory_mib(dev):
-    """The process's peak resident memory (Linux reports KiB), or on CUDA
-    the peak of PyTorch's allocations on the device."""
+def memory(dev):
+    """As `captune bench` reports it: the process's peak resident memory
+    (`peak_memory_mib`; Linux reports ru_maxrss in KiB), and on CUDA the
+    peak of PyTorch's allocations on the device (`device_memory_mib`)."""
+    m = {"peak_memory_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if dev.type == "cuda":
-        return torch.cuda.max_memory_allocated(dev) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        m["device_memory_mib"] = torch.cuda.max_memory_allocated(dev) / 2**20
+    return m
+
+
+def describe_memory(record):
+    text = f"peak memory {record['peak_memory_mib']:.0f} MiB"
+    if "device_memory_mib" in record:
+        text += f", device memory {record['device_memory_mib']:.0f} MiB"
+    return text
 
 
 class Captioner(nn.Module):
@@ -134,12 +146,12 @@ def main():
         "parameters": sum(p.numel() for p in model.parameters()),
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "seconds_per_step": seconds, "tokens_per_s": batch * t / seconds,
-        "peak_memory_mib": peak_memory_mib(dev),
+        **memory(dev),
     }
     print(json.dumps(record) if a.json else
           f"pytorch {dev.type} train {name} batch {batch}: {record['tokens_per_s']:.0f} tokens/s "
           f"({seconds * 1e3:.1f} ms/step, {record['parameters']} parameters, "
-          f"peak memory {record['peak_memory_mib']:.0f} MiB)")
+          f"{describe_memory(record)})")
 
 
 if __name__ == "__main__":

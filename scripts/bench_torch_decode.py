@@ -22,7 +22,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, peak_memory_mib, read_model
+from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, describe_memory, memory, read_model
 
 BOS, EOS = 1, 2
 
@@ -134,12 +134,12 @@ def main():
         "images": a.images, "batch": images_at_once, "captions": a.images * per_image, "tokens": tokens,
         "threads": torch.get_num_threads(), "torch": torch.__version__, "seconds": seconds,
         "captions_per_s": a.images * per_image / seconds, "tokens_per_s": tokens / seconds,
-        "peak_memory_mib": peak_memory_mib(dev),
+        **memory(dev),
     }
     print(json.dumps(record) if a.json else
           f"pytorch {dev.type} decode {name} {record['decoding']} on {a.images} images: "
           f"{record['captions_per_s']:.1f} captions/s, {record['tokens_per_s']:.0f} tokens/s, "
-          f"peak memory {record['peak_memory_mib']:.0f} MiB")
+          f"{describe_memory(record)}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from collections import defaultdict
 import torch
 import torch.nn.functional as F
 
-from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, peak_memory_mib, read_model
+from bench_torch_captioner import EMBED_DIM, Captioner, add_model_arguments, describe_memory, memory, read_model
 from bench_torch_decode import BOS, EOS, decode_cached, greedy, sample
 
 CORPUS, SAMPLES, SIGMA = 1000, 5, 6.0
@@ -177,7 +177,7 @@ def main():
         "samples_per_image": SAMPLES, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "steps": a.steps, "seconds_per_step": seconds, "steps_per_s": 1 / seconds,
         "sampling_share": parts[0] / total, "rewards_share": parts[1] / total, "update_share": parts[2] / total,
-        "peak_memory_mib": peak_memory_mib(dev),
+        **memory(dev),
     }
     print(json.dumps(record) if a.json else
           f"pytorch {dev.type} scst ({record['sampling']}) {name} batch {batch} x {SAMPLES} samples: {1 / seconds:.2f} steps/s "

@@ -374,6 +374,19 @@ fn bench_takes_a_config_file_a_vocabulary_size_and_a_batch() {
         "{}",
         text(&out.stderr)
     );
+    // The shapes workload has its own words: a vocabulary size is refused there.
+    let out = captune(
+        &[
+            "--device", "cpu", "bench", "train", "--config", path, "--vocab", "300",
+        ],
+        &[],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--captions synthetic"),
+        "{}",
+        text(&out.stderr)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

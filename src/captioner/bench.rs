@@ -81,9 +81,15 @@ impl BenchModel {
     }
 }
 
-/// The process's peak resident memory so far, in MiB (Linux's VmHWM);
-/// None where the kernel does not say. Compare one configuration per
-/// process.
+/// Starts the process's peak resident memory afresh (Linux: writing 5
+/// to /proc/self/clear_refs), so that a record after another in the same
+/// process reports its own peak; elsewhere nothing happens.
+fn reset_peak_memory() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The process's peak resident memory since the last reset, in MiB
+/// (Linux's VmHWM); None where the kernel does not say.
 pub fn peak_memory_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
@@ -113,7 +119,9 @@ pub struct TrainBench {
     /// The process's peak resident memory after the timed steps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend.
+    /// Device memory held at the end, on the GPU backend: the backend's
+    /// pool keeps its buffers for reuse, so after another record on the
+    /// same device this includes what that one made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mib: Option<f64>,
     /// Per training step, on the GPU backend.
@@ -222,6 +230,7 @@ pub fn train_throughput<B: Backend>(
             "bench train times objectives that train on captions alone; {name} needs a retriever"
         );
     }
+    reset_peak_memory();
     let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -324,7 +333,9 @@ pub struct DecodeBench {
     /// The process's peak resident memory after decoding.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend.
+    /// Device memory held at the end, on the GPU backend: the backend's
+    /// pool keeps its buffers for reuse, so after another record on the
+    /// same device this includes what that one made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mib: Option<f64>,
     /// Per decoded batch, on the GPU backend.
@@ -368,6 +379,7 @@ pub fn decode_throughput<B: Backend>(
     decoding: &super::decode::Decoding,
     images: usize,
 ) -> Result<DecodeBench> {
+    reset_peak_memory();
     let ck = match checkpoint {
         Some(path) => super::Checkpoint::load(b, path)?,
         None => {
@@ -444,7 +456,9 @@ pub struct ScstBench {
     /// The process's peak resident memory after the timed steps.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend.
+    /// Device memory held at the end, on the GPU backend: the backend's
+    /// pool keeps its buffers for reuse, so after another record on the
+    /// same device this includes what that one made.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_memory_mib: Option<f64>,
     /// Per step, on the GPU backend.
@@ -492,6 +506,7 @@ pub fn scst_throughput<B: Backend>(
     warmup: usize,
     steps: usize,
 ) -> Result<ScstBench> {
+    reset_peak_memory();
     let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);

@@ -165,6 +165,12 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
             warmup,
         } => {
             let bench = model.bench_model()?;
+            if model.vocab != VOCAB && captions.contains(&Workload::Shapes) {
+                anyhow::bail!(
+                    "--vocab sets the synthetic vocabulary; the shapes workload has the shapes \
+                     world's words. Add --captions synthetic"
+                );
+            }
             bench_each(devices, json, |selection, emit| {
                 for objective in &objectives {
                     for &workload in &captions {

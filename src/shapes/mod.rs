@@ -209,20 +209,23 @@ fn write_as(config: &ShapesConfig, dir: &Path, existing: Existing) -> Result<()>
     let file = tmp.join(SPLIT_FILE);
     std::fs::write(&file, serde_json::to_vec(&json)?)
         .with_context(|| format!("cannot write {}", file.display()))?;
-    let complete = |dir: &Path| dir.join(SPLIT_FILE).is_file();
-    if existing == Existing::Keep && complete(dir) {
-        return std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("cannot remove {}", tmp.display()));
-    }
-    if dir.exists() {
+    if existing == Existing::Replace && dir.exists() {
         std::fs::remove_dir_all(dir)
             .with_context(|| format!("cannot replace {}", dir.display()))?;
     }
+    // Keeping, nothing is deleted: a rename onto a folder that is not
+    // empty fails, and then the copy another writer put there is used.
     match std::fs::rename(&tmp, dir) {
-        // Another writer's copy landed between the check and the rename.
-        Err(_) if existing == Existing::Keep && complete(dir) => std::fs::remove_dir_all(&tmp)
-            .with_context(|| format!("cannot remove {}", tmp.display())),
-        moved => moved.with_context(|| format!("cannot move the data set into {}", dir.display())),
+        Err(_) if existing == Existing::Keep && dir.join(SPLIT_FILE).is_file() => {
+            std::fs::remove_dir_all(&tmp)
+                .with_context(|| format!("cannot remove {}", tmp.display()))
+        }
+        moved => moved.with_context(|| {
+            format!(
+                "cannot move the data set into {}; if an unfinished copy is there, remove it",
+                dir.display()
+            )
+        }),
     }
 }
 
