@@ -6,8 +6,8 @@ for tests/clipcap.rs to compare captune with on both backends, so that
 CI needs no torch.
 
 The step, as docs/checkpoints.md describes captune's captioner: image
-embeddings (L2-normalised) go through the mapper (x W1 + b1, tanh GELU,
-x W2 + b2, weights stored input-major) to k prefix vectors; GPT-2 reads
+embeddings (L2-normalised) go through ClipCap's MLP mapper (x W1 + b1,
+tanh, x W2 + b2, weights stored input-major) to k prefix vectors; GPT-2 reads
 the prefix, then each caption's ids (<|endoftext|>, its BPE pieces,
 <|endoftext|>), with learned positions 0.. over both; position k + t
 predicts the caption's id t + 1. The loss is the mean over the captions'
@@ -79,7 +79,7 @@ def main():
         p.requires_grad_(True)
 
     def prefix_of(x):
-        hidden = F.gelu(x @ mapper["mapper.fc1.weight"] + mapper["mapper.fc1.bias"], approximate="tanh")
+        hidden = torch.tanh(x @ mapper["mapper.fc1.weight"] + mapper["mapper.fc1.bias"])
         return (hidden @ mapper["mapper.fc2.weight"] + mapper["mapper.fc2.bias"]).view(-1, PREFIX_LEN, d)
 
     def logits_of(x, ids):

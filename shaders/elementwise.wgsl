@@ -65,6 +65,16 @@ fn gelu(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 }
 
+// y = tanh(x)
+@compute @workgroup_size(256)
+fn tanh_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        y[i] = tanh(x[i]);
+    }
+}
+
 // ---- inputs x, dy; output dx ----
 
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
@@ -79,6 +89,17 @@ fn gelu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         var out = dy[i] * gelu_slope(x[i]);
         if (p.beta != 0.0) { out += p.beta * dx[i]; }
         dx[i] = out;
+    }
+}
+
+// dx = dy * (1 - tanh(x)^2)
+@compute @workgroup_size(256)
+fn tanh_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let t = tanh(x[i]);
+        dx[i] = dy[i] * (1.0 - t * t);
     }
 }
 

@@ -633,6 +633,10 @@ pub trait Backend: 'static {
     fn add_bias(&self, y: &mut Self::Tensor, bias: &Self::Tensor);
     /// GELU, tanh approximation.
     fn gelu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
+    /// y = tanh(x).
+    fn tanh(&self, x: &Self::Tensor, y: &mut Self::Tensor);
+    /// dx = dy * (1 - tanh(x)^2), the gradient through y = tanh(x).
+    fn tanh_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor);
     fn gelu_backward(
         &self,
         x: &Self::Tensor,

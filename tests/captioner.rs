@@ -13,7 +13,7 @@ use captune::captioner::objectives::token::{
     TokenObjective,
 };
 use captune::captioner::records::read_log;
-use captune::captioner::{CaptionVocab, CaptionerConfig, SpecialIds};
+use captune::captioner::{CaptionVocab, CaptionerConfig, MapperActivation, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::index::FULL_VOCAB;
@@ -236,6 +236,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
+        mapper_activation: MapperActivation::Gelu,
         decoder: TransformerConfig {
             width: 8,
             layers: 2,
@@ -441,4 +442,32 @@ fn a_log_line_reads_back_once() {
     let (loss, mle, smile) = (values[0].1, values[1].1, values[2].1);
     assert!(mle > 0.0 && smile > 0.0);
     assert!((loss - (0.4 * mle + 0.6 * smile)).abs() < 1e-5);
+}
+
+/// `[model] mapper_activation = "tanh"` reaches the model, and a run
+/// config without it keeps GELU; both read back from a checkpoint.
+#[test]
+fn the_mapper_activation_comes_from_the_run_config() {
+    use captune::captioner::run::RunConfig;
+    let tiny = include_str!("../assets/presets/tiny.toml");
+    let gelu = RunConfig::parse(tiny, "tiny").unwrap();
+    assert_eq!(
+        gelu.captioner(8, 20).mapper_activation,
+        MapperActivation::Gelu
+    );
+    let with_tanh = tiny.replace("[model]\n", "[model]\nmapper_activation = \"tanh\"\n");
+    let tanh = RunConfig::parse(&with_tanh, "tanh").unwrap();
+    let config = tanh.captioner(8, 20);
+    assert_eq!(config.mapper_activation, MapperActivation::Tanh);
+    let json = serde_json::to_string(&config).unwrap();
+    let back: CaptionerConfig = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, config);
+    // A checkpoint's config from before the field reads as GELU.
+    let old = json.replace(",\"mapper_activation\":\"tanh\"", "");
+    assert_ne!(old, json);
+    let old: CaptionerConfig = serde_json::from_str(&old).unwrap();
+    assert_eq!(old.mapper_activation, MapperActivation::Gelu);
+    let bad = tiny.replace("[model]\n", "[model]\nmapper_activation = \"relu\"\n");
+    let e = RunConfig::parse(&bad, "bad.toml").unwrap_err().to_string();
+    assert!(e.contains("bad.toml") && e.contains("relu"), "{e}");
 }

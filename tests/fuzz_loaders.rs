@@ -11,7 +11,7 @@ use captune::app::history::History;
 use captune::captioner::model::Captioner;
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{self, ObjectiveState, Position, RunFolder};
-use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, SpecialIds};
+use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::vocab::Vocab;
@@ -322,6 +322,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         embed_dim: 4,
         prefix_len: 1,
         mapper_hidden: 4,
+        mapper_activation: MapperActivation::Gelu,
         decoder: TransformerConfig {
             width: 8,
             layers: 1,

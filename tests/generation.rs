@@ -13,7 +13,7 @@ use captune::captioner::decode::{
 };
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
-use captune::captioner::{CaptionerConfig, SpecialIds};
+use captune::captioner::{CaptionerConfig, MapperActivation, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::model::params::Params;
@@ -127,6 +127,7 @@ fn captioner_config() -> CaptionerConfig {
         embed_dim: 6,
         prefix_len: 3,
         mapper_hidden: 10,
+        mapper_activation: MapperActivation::Gelu,
         decoder: transformer_config(),
         max_len: 10,
         vocab_size: 23,

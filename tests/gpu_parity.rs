@@ -224,6 +224,11 @@ fn elementwise_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut g = b.zeros(n);
     b.gelu(&x, &mut g);
     outs.push(b.to_vec(&g));
+    b.tanh(&x, &mut g);
+    outs.push(b.to_vec(&g));
+    let mut dx = b.zeros(n);
+    b.tanh_backward(&x, &b.tensor(&random(n, 7)), &mut dx);
+    outs.push(b.to_vec(&dx));
     for accumulate in [false, true] {
         let mut dx = b.tensor(&y0);
         b.gelu_backward(&x, &b.tensor(&random(n, 6)), &mut dx, accumulate);

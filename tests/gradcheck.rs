@@ -183,6 +183,20 @@ fn gelu_backward_matches_finite_differences() {
 }
 
 #[test]
+fn tanh_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let x: Vec<f32> = random(64, 3).iter().map(|v| 2.0 * v).collect();
+    let r = random(64, 4);
+    let mut dx = vec![0.0; 64];
+    b.tanh_backward(&x, &r, &mut dx);
+    check("tanh", &x, &dx, |x| {
+        let mut y = vec![0.0; 64];
+        b.tanh(&x.to_vec(), &mut y);
+        dot(&y, &r)
+    });
+}
+
+#[test]
 fn layer_norm_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (rows, cols) = (4, 9);

@@ -15,7 +15,7 @@ use captune::backend::{Backend, Storage};
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use captune::captioner::objectives::reinforce::Surrogate;
-use captune::captioner::{CaptionerConfig, SpecialIds};
+use captune::captioner::{CaptionerConfig, MapperActivation, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::UNK;
 use captune::model::transformer::TransformerConfig;
@@ -36,6 +36,7 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
+        mapper_activation: MapperActivation::Gelu,
         decoder: TransformerConfig {
             width: 12,
             layers: 2,

@@ -86,6 +86,16 @@ fn word_specials() -> SpecialIds {
     SpecialIds::WORDS
 }
 
+/// The mapper's activation between its two layers: captune's GELU, or
+/// ClipCap's tanh (Mokady et al., 2021).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MapperActivation {
+    #[default]
+    Gelu,
+    Tanh,
+}
+
 /// The network's shape. `embed_dim` and `vocab_size` come from the data
 /// (the features file and the vocabulary) when a run starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,6 +106,9 @@ pub struct CaptionerConfig {
     pub prefix_len: usize,
     /// Hidden size of the mapper MLP.
     pub mapper_hidden: usize,
+    /// Checkpoints from before this field have a GELU mapper.
+    #[serde(default)]
+    pub mapper_activation: MapperActivation,
     pub decoder: TransformerConfig,
     /// Caption positions, <bos> and <eos> included (as `Vocab::encode` counts).
     pub max_len: usize,

@@ -20,7 +20,7 @@
 //! only for the positions it has. Generation uses its own cache
 //! (`decode`).
 
-use super::CaptionerConfig;
+use super::{CaptionerConfig, MapperActivation};
 use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
@@ -71,6 +71,9 @@ struct Workspace<B: Backend> {
     d_hidden: B::Tensor,
     d_token_embed: B::Tensor,
     d_prefix: B::Tensor,
+    /// The gradient at the mapper's activation output (tanh only: GELU's
+    /// is fused into fc2's backward).
+    d_mapper_act: B::Tensor,
     d_mapper_hidden: B::Tensor,
 }
 
@@ -103,10 +106,12 @@ impl<B: Backend> OutputLayer<B> {
     }
 }
 
-/// The mapper: an image embedding to k prefix vectors (fc1, GELU, fc2).
+/// The mapper: an image embedding to k prefix vectors (fc1, GELU or
+/// tanh, fc2).
 pub(super) struct Mapper {
     fc1: Dense,
     fc2: Dense,
+    activation: MapperActivation,
 }
 
 /// The mapper's activations for `rows` image embeddings.
@@ -139,8 +144,16 @@ impl Mapper {
         features: &[f32],
     ) {
         b.write(&mut a.features, features);
-        self.fc1
-            .forward_gelu(b, p, &a.features, &mut a.hidden, &mut a.act);
+        match self.activation {
+            MapperActivation::Gelu => {
+                self.fc1
+                    .forward_gelu(b, p, &a.features, &mut a.hidden, &mut a.act)
+            }
+            MapperActivation::Tanh => {
+                self.fc1.forward(b, p, &a.features, &mut a.hidden);
+                b.tanh(&a.hidden, &mut a.act);
+            }
+        }
         self.fc2.forward(b, p, &a.act, &mut a.prefix);
     }
 }
@@ -240,6 +253,7 @@ impl<B: Backend> Workspace<B> {
             d_hidden: b.zeros(batch * s * w),
             d_token_embed: b.zeros(batch * t * w),
             d_prefix: b.zeros(batch * k * w),
+            d_mapper_act: b.zeros(batch * c.mapper_hidden),
             d_mapper_hidden: b.zeros(batch * c.mapper_hidden),
         })
     }
@@ -261,6 +275,7 @@ impl<B: Backend> Captioner<B> {
                 (c.embed_dim as f32).powf(-0.5),
             ),
             fc2: Dense::new(&mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02),
+            activation: c.mapper_activation,
         };
         let tokens = p.add(
             "decoder.tokens".into(),
@@ -399,14 +414,21 @@ impl<B: Backend> Captioner<B> {
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
         b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
         let m = &ws.mapper;
-        self.mapper.fc2.backward_through_gelu(
-            b,
-            p,
-            &ws.d_prefix,
-            &m.act,
-            &m.hidden,
-            &mut ws.d_mapper_hidden,
-        );
+        match self.mapper.activation {
+            MapperActivation::Gelu => self.mapper.fc2.backward_through_gelu(
+                b,
+                p,
+                &ws.d_prefix,
+                &m.act,
+                &m.hidden,
+                &mut ws.d_mapper_hidden,
+            ),
+            MapperActivation::Tanh => {
+                let d_act = Some((&mut ws.d_mapper_act, false));
+                self.mapper.fc2.backward(b, p, &ws.d_prefix, &m.act, d_act);
+                b.tanh_backward(&m.hidden, &ws.d_mapper_act, &mut ws.d_mapper_hidden);
+            }
+        }
         self.mapper
             .fc1
             .backward(b, p, &ws.d_mapper_hidden, &m.features, None);

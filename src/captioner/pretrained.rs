@@ -1,7 +1,8 @@
 //! A captioner whose decoder is a pretrained GPT-2 (ClipCap: Mokady et
 //! al., 2021, "ClipCap: CLIP Prefix for Image Captioning", arXiv
 //! 2111.09734). GPT-2's weights become the decoder's as `model::gpt2`
-//! maps them; the mapper is new. Two things differ from a GPT-2 as
+//! maps them; the mapper is new, ClipCap's MLP with tanh. Two things
+//! differ from a GPT-2 as
 //! transformers holds it:
 //! - the token embedding has one row more, after GPT-2's ids: the padding
 //!   id, which no caption contains and the policy masks, so that target
@@ -13,7 +14,7 @@
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
 use super::model::Captioner;
-use super::{CaptionerConfig, SpecialIds};
+use super::{CaptionerConfig, MapperActivation, SpecialIds};
 use crate::backend::Backend;
 use crate::model::gpt2::Gpt2;
 use anyhow::{Result, bail};
@@ -39,6 +40,7 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
         embed_dim: shape.embed_dim,
         prefix_len: shape.prefix_len,
         mapper_hidden: shape.mapper_hidden,
+        mapper_activation: MapperActivation::Tanh,
         decoder: c.transformer(),
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,

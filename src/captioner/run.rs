@@ -19,6 +19,9 @@ use std::path::Path;
 pub struct ModelSection {
     pub prefix_len: usize,
     pub mapper_hidden: usize,
+    /// "gelu" (the default) or ClipCap's "tanh".
+    #[serde(default, skip_serializing_if = "is_gelu")]
+    pub mapper_activation: super::MapperActivation,
     pub width: usize,
     pub layers: usize,
     pub heads: usize,
@@ -59,6 +62,10 @@ pub struct TrainSection {
     /// declared by the objectives that take it.
     #[serde(flatten)]
     pub settings: Settings,
+}
+
+fn is_gelu(a: &super::MapperActivation) -> bool {
+    *a == super::MapperActivation::Gelu
 }
 
 fn all_labelled() -> f64 {
@@ -177,6 +184,7 @@ impl RunConfig {
             embed_dim,
             prefix_len: m.prefix_len,
             mapper_hidden: m.mapper_hidden,
+            mapper_activation: m.mapper_activation,
             decoder: TransformerConfig {
                 width: m.width,
                 layers: m.layers,

@@ -95,6 +95,22 @@ pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
         });
 }
 
+/// y = tanh(x) (the ClipCap mapper's activation, on few elements: std's
+/// tanh, no vectorised twin).
+pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
+    y.par_iter_mut().zip(x).for_each(|(y, &v)| *y = v.tanh());
+}
+
+/// dx = dy * (1 - tanh(x)^2).
+pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    dx.par_iter_mut()
+        .zip(x.par_iter().zip(dy))
+        .for_each(|(d, (&v, &g))| {
+            let t = v.tanh();
+            *d = g * (1.0 - t * t);
+        });
+}
+
 /// d = d * gelu'(x): `gelu_backward` with dy and dx the same buffer, each
 /// run of 256 copied aside first.
 pub fn gelu_backward_in_place(x: &[f32], d: &mut [f32]) {

@@ -131,6 +131,14 @@ impl Backend for CpuBackend {
         elementwise::gelu(x, y);
     }
 
+    fn tanh(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        elementwise::tanh_forward(x, y);
+    }
+
+    fn tanh_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        elementwise::tanh_backward(x, dy, dx);
+    }
+
     fn matmul_gelu_backward(
         &self,
         a: &Vec<f32>,

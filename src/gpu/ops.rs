@@ -399,6 +399,21 @@ impl Backend for GpuBackend {
         self.elementwise("gelu", y.len(), 0, 0.0, 0.0, &[&x.0, &y.0]);
     }
 
+    fn tanh(&self, x: &GpuTensor, y: &mut GpuTensor) {
+        self.elementwise("tanh_forward", y.len(), 0, 0.0, 0.0, &[&x.0, &y.0]);
+    }
+
+    fn tanh_backward(&self, x: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor) {
+        self.elementwise(
+            "tanh_backward",
+            dx.len(),
+            0,
+            0.0,
+            0.0,
+            &[&x.0, &dy.0, &dx.0],
+        );
+    }
+
     fn gelu_backward(&self, x: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor, accumulate: bool) {
         let beta = if accumulate { 1.0 } else { 0.0 };
         self.elementwise(
