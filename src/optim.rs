@@ -44,7 +44,8 @@ pub struct AdamW<B: Backend> {
     pub config: AdamWConfig,
     step: u64,
     /// The parameters that decay, then the others (biases and norms), as
-    /// `Params` groups them; the moments are grouped the same way.
+    /// `Params` groups them; the moments are grouped the same way. A frozen
+    /// parameter is in neither (`train_only`).
     groups: [Vec<usize>; 2],
     m: Vec<B::Tensor>,
     v: Vec<B::Tensor>,
@@ -66,7 +67,15 @@ impl<B: Backend> AdamW<B> {
         }
     }
 
-    /// Updates every parameter from its gradient (same order as in `new`):
+    /// Leaves the parameters `trains` says no to untouched from now on:
+    /// no update, no weight decay, and no part in the gradient norm.
+    pub fn train_only(&mut self, trains: impl Fn(usize) -> bool) {
+        for group in &mut self.groups {
+            group.retain(|&i| trains(i));
+        }
+    }
+
+    /// Updates every trained parameter from its gradient (same order as in `new`):
     /// one op per group where the backend lays groups out in one
     /// allocation (`Backend::span`), else one per tensor.
     pub fn step(&mut self, b: &B, params: &mut [&mut B::Tensor], grads: &[&B::Tensor]) {
@@ -75,7 +84,7 @@ impl<B: Backend> AdamW<B> {
             "AdamW: one gradient per parameter"
         );
         self.step += 1;
-        // The squared norm over every group (or tensor).
+        // The squared norm over every group (or trained tensor).
         let spans: Vec<Option<B::Tensor>> = self
             .groups
             .iter()
@@ -84,7 +93,7 @@ impl<B: Backend> AdamW<B> {
         let parts: Vec<&B::Tensor> = if spans.iter().all(Option::is_some) {
             spans.iter().flatten().collect()
         } else {
-            grads.to_vec()
+            self.groups.iter().flatten().map(|&i| grads[i]).collect()
         };
         b.reduce_parts(&parts, Reduce::SumSquares, &mut self.grad_sumsq, 0);
         for (g, group) in self.groups.iter().enumerate() {

@@ -114,6 +114,67 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
     std::fs::remove_dir_all(&folder.dir).unwrap();
 }
 
+/// With `freeze_decoder` only the mapper trains: every decoder weight
+/// comes out bit for bit as it went in, every mapper weight moves, and the
+/// MLE loss still falls (the gradient reaches the prefix through the
+/// frozen decoder). The run's config keeps the setting.
+#[test]
+fn a_frozen_decoder_trains_the_mapper_only() {
+    frozen_decoder_run(&CpuBackend::new(), "cpu");
+    if let Some(g) = gpu() {
+        frozen_decoder_run(&g, "gpu");
+    }
+}
+
+fn frozen_decoder_run<B: Backend>(b: &B, what: &str) {
+    let data = tiny_data();
+    let mut run = tiny_run(3);
+    run.train.freeze_decoder = true;
+    let mut ck = new_checkpoint(b, &data, &run);
+    let before: Vec<Vec<f32>> = ck.model.params.values.iter().map(|v| b.to_vec(v)).collect();
+    let folder = RunFolder::new(temp(&format!("frozen-{what}")));
+    train::train(
+        b,
+        &mut ck,
+        &data,
+        &run,
+        &folder,
+        Begin::New,
+        false,
+        None,
+        &Progress::hidden(),
+        |_| Flow::Continue,
+    )
+    .unwrap();
+    for (i, (spec, value)) in ck
+        .model
+        .params
+        .specs
+        .iter()
+        .zip(&ck.model.params.values)
+        .enumerate()
+    {
+        let after = b.to_vec(value);
+        if ck.model.is_mapper(i) {
+            assert_ne!(after, before[i], "{what}: {} did not train", spec.name);
+        } else {
+            assert_eq!(after, before[i], "{what}: {} moved", spec.name);
+        }
+    }
+    assert!((0..ck.model.params.specs.len()).any(|i| ck.model.is_mapper(i)));
+    let log = log_lines(&folder.dir);
+    let mle = |l: &serde_json::Value| l["mle"].as_f64().unwrap();
+    let first: f64 = log[..3].iter().map(mle).sum::<f64>() / 3.0;
+    let last: f64 = log[log.len() - 3..].iter().map(mle).sum::<f64>() / 3.0;
+    assert!(
+        last < first,
+        "{what}: MLE loss, first {first} -> last {last}"
+    );
+    let reloaded = RunConfig::load(&folder.dir.join("config.toml")).unwrap();
+    assert!(reloaded.train.freeze_decoder);
+    std::fs::remove_dir_all(&folder.dir).unwrap();
+}
+
 #[test]
 fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
     let b = CpuBackend::new();

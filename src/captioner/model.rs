@@ -313,6 +313,11 @@ impl<B: Backend> Captioner<B> {
 
     /// The logits of the last `forward`, `[inputs.rows(), vocab]`: row
     /// b * positions + t predicts token t + 1 of sequence b.
+    /// Whether parameter `i` (in `params` order) belongs to the mapper.
+    pub fn is_mapper(&self, i: usize) -> bool {
+        self.params.specs[i].name.starts_with("mapper.")
+    }
+
     pub fn logits(&self) -> &B::Tensor {
         &self.workspaces[self.current].logits
     }

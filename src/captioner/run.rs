@@ -58,6 +58,11 @@ pub struct TrainSection {
     /// the last good checkpoint; false only warns.
     #[serde(default = "stops_on_collapse")]
     pub collapse_stop: bool,
+    /// Train the mapper only: the decoder's weights stay as they are,
+    /// while gradients still flow through it to the prefix (ClipCap's
+    /// prefix-only mode, for a pretrained language model).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub freeze_decoder: bool,
     /// The objectives' settings (`first_token`, `mle_weight`, ...), each
     /// declared by the objectives that take it.
     #[serde(flatten)]

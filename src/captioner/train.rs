@@ -253,6 +253,18 @@ impl<'d, B: Backend> Trainer<'d, B> {
             },
             &ck.model.params.optimizer_layout(),
         );
+        if t.freeze_decoder {
+            let model = &ck.model;
+            opt.train_only(|i| model.is_mapper(i));
+            let frozen: usize = (0..model.params.specs.len())
+                .filter(|&i| !model.is_mapper(i))
+                .map(|i| model.params.specs[i].len())
+                .sum();
+            eprintln!(
+                "training the mapper only (freeze_decoder): the decoder's {frozen} parameters \
+                 stay as they are"
+            );
+        }
         // The folder's config is always the one training now: a resumed run
         // may continue with another objective or more epochs.
         let mut config = config.clone();

@@ -128,6 +128,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             resume: false,
             overwrite: args.overwrite,
             no_collapse_stop: false,
+            freeze_decoder: false,
         }
     };
     eprintln!("[3/5] training the captioner with MLE");

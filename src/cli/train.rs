@@ -147,6 +147,12 @@ pub struct TrainArgs {
     /// warn but train on instead of stopping ([train] collapse_stop = false).
     #[arg(long)]
     pub no_collapse_stop: bool,
+    /// Train the mapper only ([train] freeze_decoder = true): the
+    /// decoder's weights stay as they are while gradients flow through it
+    /// to the prefix (ClipCap's prefix-only mode). With --init, a trained
+    /// decoder's language stays and the mapper learns new image features.
+    #[arg(long)]
+    pub freeze_decoder: bool,
 }
 
 fn positive(text: &str) -> Result<usize> {
@@ -212,6 +218,9 @@ impl TrainArgs {
         }
         if self.no_collapse_stop {
             t.collapse_stop = false;
+        }
+        if self.freeze_decoder {
+            t.freeze_decoder = true;
         }
         if self.resume {
             let new_run = format!(
