@@ -56,6 +56,8 @@ enum Command {
     App(Box<cli::app::AppArgs>),
     /// Run folders as one HTML file (curves, final metrics, samples) for a machine without a display; series as CSV.
     Report(cli::report::ReportArgs),
+    /// A captioner as a Hugging Face folder: a GPT-2 transformers loads, its tokenizer, its mapper.
+    Export(cli::export::ExportArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -141,6 +143,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => on_device!(&cli.device, b => cli::demo::demo(b, &args)),
         Command::App(args) => cli::app::run(single_device(&cli.device)?, &args),
         Command::Report(args) => cli::report::run(&args),
+        Command::Export(args) => cli::export::run(&args),
         Command::Bench { what } => cli::bench::run(&cli.device, what),
     }
 }

@@ -10,6 +10,7 @@ pub mod collapse;
 pub mod decode;
 pub mod evaluate;
 pub mod explain;
+pub mod export;
 pub mod inspect;
 pub mod labelled;
 pub mod listener;

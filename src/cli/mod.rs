@@ -8,6 +8,7 @@ pub mod data;
 pub mod demo;
 pub mod embed;
 pub mod eval;
+pub mod export;
 pub mod info;
 pub mod inspect;
 pub mod report;

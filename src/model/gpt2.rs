@@ -2,7 +2,8 @@
 //! pre-LN blocks, learned positions, tanh GELU, layer-norm epsilon 1e-5,
 //! the fused qkv stored input-major (GPT-2's Conv1D `c_attn` is
 //! `[in, out]`, as captune's dense layers are) and a tied output
-//! embedding. So loading is renaming: [`BLOCK_NAMES`] is the whole map.
+//! embedding. So loading is renaming: [`BLOCK_NAMES`] is the whole map,
+//! read one way by [`read`] and the other by [`gpt2_name`] (export).
 //! Checkpoints saved from `GPT2LMHeadModel` prefix every name with
 //! `transformer.`; those saved from `GPT2Model` (the hub's `gpt2`) do not.
 
@@ -221,4 +222,22 @@ fn block_shape(name: &str, w: usize) -> Vec<usize> {
         "mlp.fc2.weight" => vec![4 * w, w],
         _ => vec![w],
     }
+}
+
+/// GPT-2's name (as `GPT2LMHeadModel` saves it) of captune's decoder
+/// tensor `name` (without the module prefix: `tokens`, `positions`,
+/// `blocks.{i}.*`, `ln_f.*`); None for a name GPT-2 does not have.
+pub fn gpt2_name(name: &str) -> Option<String> {
+    let theirs = match name {
+        "tokens" => "wte.weight".to_string(),
+        "positions" => "wpe.weight".to_string(),
+        "ln_f.weight" | "ln_f.bias" => name.to_string(),
+        _ => {
+            let rest = name.strip_prefix("blocks.")?;
+            let (layer, ours) = rest.split_once('.')?;
+            let (_, gpt2) = BLOCK_NAMES.iter().find(|(o, _)| *o == ours)?;
+            format!("h.{layer}.{gpt2}")
+        }
+    };
+    Some(format!("transformer.{theirs}"))
 }

@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Checks a `captune export` folder with transformers itself: the GPT-2 and
+its tokenizer load as they are, and ClipCap-style greedy decoding of the
+same image embeddings gives the captions captune's `eval` gave.
+
+    captune export RUN --hf OUT
+    captune eval --checkpoint RUN --results results.json ...
+    python3 scripts/check_export.py OUT --features F.safetensors --results results.json
+
+F is the features file the run's image embeddings came from (tensor
+`embeddings`, metadata `image_ids`). Greedy decoding as captune's: the
+mapper's prefix, then the start id; at each step the highest logit among
+the ids the generation config does not suppress, until the end id or
+n_positions - prefix_len ids.
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from transformers import GPT2LMHeadModel, GenerationConfig, PreTrainedTokenizerFast
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("folder")
+    p.add_argument("--features", required=True)
+    p.add_argument("--results", required=True)
+    p.add_argument("--limit", type=int, default=50)
+    a = p.parse_args()
+
+    model, info = GPT2LMHeadModel.from_pretrained(a.folder, output_loading_info=True)
+    problems = {k: v for k, v in info.items() if v}
+    assert not problems, f"transformers did not load the folder as is: {problems}"
+    model = model.double().eval()
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(a.folder)
+    generation = GenerationConfig.from_pretrained(a.folder)
+
+    mapper = safe_open(f"{a.folder}/mapper.safetensors", "pt")
+    meta = mapper.metadata()
+    k, d = int(meta["prefix_len"]), model.config.n_embd
+    w = {name: mapper.get_tensor(name).double() for name in mapper.keys()}
+    act = torch.tanh if meta["activation"] == "tanh" else (lambda x: F.gelu(x, approximate="tanh"))
+
+    def prefix(x):
+        hidden = act(x @ w["mapper.fc1.weight"] + w["mapper.fc1.bias"])
+        return (hidden @ w["mapper.fc2.weight"] + w["mapper.fc2.bias"]).view(1, k, d)
+
+    features = safe_open(a.features, "pt")
+    ids = json.loads(features.metadata()["image_ids"])
+    embeddings = F.normalize(features.get_tensor("embeddings").double(), dim=1)
+    row = {str(i): r for r, i in enumerate(ids)}
+    steps = model.config.n_positions - k
+    suppressed = list(generation.suppress_tokens or [])
+
+    results = json.load(open(a.results))[: a.limit]
+    same = 0
+    with torch.no_grad():
+        for r in results:
+            x = embeddings[row[str(r["image_id"])]][None]
+            chosen = [generation.bos_token_id]
+            while len(chosen) - 1 < steps:
+                embeds = torch.cat([prefix(x), model.transformer.wte(torch.tensor([chosen]))], dim=1)
+                z = model(inputs_embeds=embeds).logits[0, -1]
+                z[suppressed] = float("-inf")
+                chosen.append(int(z.argmax()))
+                if chosen[-1] == generation.eos_token_id:
+                    break
+            body = [t for t in chosen[1:] if t != generation.eos_token_id]
+            caption = tokenizer.decode(body)
+            same += caption == r["caption"]
+            if caption != r["caption"]:
+                print(f"image {r['image_id']}: transformers {caption!r}, captune {r['caption']!r}")
+    print(f"{same} of {len(results)} captions identical")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+//! A captioner as a Hugging Face folder: its decoder as a GPT-2 that
+//! transformers' `GPT2LMHeadModel.from_pretrained` loads as is
+//! (`config.json`, `model.safetensors`, `generation_config.json`), its
+//! word vocabulary as a `tokenizer.json` that `PreTrainedTokenizerFast`
+//! reads, and its mapper in `mapper.safetensors` (docs/checkpoints.md,
+//! "Export to transformers").
+//!
+//! The decoder's token embedding is GPT-2's `wte` (tied, so no
+//! `lm_head`), its positions `wpe` (`n_positions` = the prefix and the
+//! caption's positions), its blocks GPT-2's blocks under the names
+//! `model::gpt2` maps. Ids keep their numbers. The policy's masked ids go
+//! to `suppress_tokens` in the generation config, so that transformers'
+//! `generate` never chooses them either.
+
+use super::{Checkpoint, MapperActivation, SpecialIds};
+use crate::backend::Backend;
+use crate::data::vocab::SPECIALS;
+use crate::model::gpt2;
+use crate::tensorfile;
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The mapper's file in an export.
+pub const MAPPER_FILE: &str = "mapper.safetensors";
+
+/// Writes `ck` into the folder `out` (created; files in it are replaced).
+pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
+    let model = &ck.model;
+    let c = model.config;
+    let d = c.decoder;
+    if c.specials != SpecialIds::WORDS {
+        bail!(
+            "this captioner's special ids are {:?}; export writes captioners with a word \
+             vocabulary (a GPT-2 captioner's BPE tokenizer is not in its checkpoint yet)",
+            c.specials
+        );
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let mut decoder: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    let mut mapper: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for (spec, value) in model.params.specs.iter().zip(&model.params.values) {
+        let data = b.to_vec(value);
+        if spec.name.starts_with("mapper.") {
+            mapper.push((spec.name.clone(), spec.shape.clone(), data));
+            continue;
+        }
+        let ours = spec
+            .name
+            .strip_prefix("decoder.")
+            .with_context(|| format!("{}: not a decoder tensor", spec.name))?;
+        let Some(theirs) = gpt2::gpt2_name(ours) else {
+            bail!("{}: GPT-2 has no such tensor", spec.name);
+        };
+        decoder.push((theirs, spec.shape.clone(), data));
+    }
+    let write = |file: &str, tensors: &[(String, Vec<usize>, Vec<f32>)], meta| {
+        let views: Vec<(&str, Vec<usize>, &[f32])> = tensors
+            .iter()
+            .map(|(n, s, v)| (n.as_str(), s.clone(), v.as_slice()))
+            .collect();
+        tensorfile::write(&out.join(file), &views, meta)
+    };
+    let pt = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write("model.safetensors", &decoder, pt)?;
+    let s = c.specials;
+    let activation = match c.mapper_activation {
+        MapperActivation::Gelu => "gelu_new",
+        MapperActivation::Tanh => "tanh",
+    };
+    let mapper_meta = HashMap::from([
+        ("embed_dim".to_string(), c.embed_dim.to_string()),
+        ("prefix_len".to_string(), c.prefix_len.to_string()),
+        ("mapper_hidden".to_string(), c.mapper_hidden.to_string()),
+        ("activation".to_string(), activation.to_string()),
+    ]);
+    write(MAPPER_FILE, &mapper, mapper_meta)?;
+    let config = json!({
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size,
+        "n_positions": c.seq_len(),
+        "n_embd": d.width,
+        "n_layer": d.layers,
+        "n_head": d.heads,
+        "n_inner": null,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": 1e-5,
+        "tie_word_embeddings": true,
+        "bos_token_id": s.start,
+        "eos_token_id": s.end,
+        "pad_token_id": s.pad,
+        "captune_prefix_len": c.prefix_len,
+    });
+    let generation = json!({
+        "bos_token_id": s.start,
+        "eos_token_id": s.end,
+        "pad_token_id": s.pad,
+        "suppress_tokens": distinct(&s.masked()),
+    });
+    write_json(out, "config.json", &config)?;
+    write_json(out, "generation_config.json", &generation)?;
+    write_tokenizer(out, ck)
+}
+
+fn distinct(ids: &[u32]) -> Vec<u32> {
+    let mut ids = ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    tensorfile::write_atomic(&dir.join(file), text.as_bytes())
+}
+
+/// The word vocabulary as a `tokenizer.json` (a word-level model that
+/// splits on whitespace, as captune's captions are PTB words) and a
+/// `tokenizer_config.json` naming the special tokens.
+fn write_tokenizer<B: Backend>(dir: &Path, ck: &Checkpoint<B>) -> Result<()> {
+    let words = &ck.vocab.words;
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..words.len())
+        .map(|id| (words.word(id as u32).to_string(), json!(id)))
+        .collect();
+    let added: Vec<serde_json::Value> = SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(id, token)| {
+            json!({"id": id, "content": token, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": SPECIALS[3]},
+    });
+    let config = json!({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": SPECIALS[0],
+        "bos_token": SPECIALS[1],
+        "eos_token": SPECIALS[2],
+        "unk_token": SPECIALS[3],
+    });
+    write_json(dir, "tokenizer.json", &tokenizer)?;
+    write_json(dir, "tokenizer_config.json", &config)
+}

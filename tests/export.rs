@@ -1,0 +1,125 @@
+//! `captune export`: a captioner written as a Hugging Face GPT-2 folder.
+//! Read back with captune's own GPT-2 reader (which checks config.json the
+//! way it checks any GPT-2), every decoder tensor is the captioner's, bit
+//! for bit; the mapper file holds the mapper with its shape; the tokenizer
+//! encodes and decodes captions with the captioner's ids; the generation
+//! config suppresses the ids the policy masks. The command refuses to
+//! replace a folder unless asked. (scripts/check_export.py checks the same
+//! folder with transformers itself.)
+
+mod common;
+
+use captune::backend::Backend;
+use captune::captioner::model::Captioner;
+use captune::captioner::run::RunConfig;
+use captune::captioner::{CaptionVocab, Checkpoint, MapperActivation, export};
+use captune::cpu::CpuBackend;
+use captune::model::gpt2;
+use captune::tensorfile;
+use common::{TINY_DIM, random, tiny_data};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("captune-export-{}-{name}", std::process::id()))
+}
+
+/// A tiny captioner with ClipCap's tanh mapper and random weights, saved.
+fn saved_checkpoint(b: &CpuBackend, path: &std::path::Path) -> Checkpoint<CpuBackend> {
+    let data = tiny_data();
+    let mut run = RunConfig::preset("tiny").unwrap();
+    run.model.mapper_activation = MapperActivation::Tanh;
+    let vocab = CaptionVocab::build(&data.data, 1).unwrap();
+    let mut model = Captioner::new(b, run.captioner(TINY_DIM, vocab.len()), 3).unwrap();
+    for (i, value) in model.params.values.iter_mut().enumerate() {
+        let v = random(value.len(), 40 + i as u64);
+        b.write(value, &v);
+    }
+    let ck = Checkpoint { model, vocab };
+    ck.save(b, path, HashMap::new()).unwrap();
+    ck
+}
+
+#[test]
+fn an_export_reads_back_as_the_same_gpt2_mapper_and_vocabulary() {
+    let b = CpuBackend::new();
+    let dir = temp("lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = saved_checkpoint(&b, &dir.join("checkpoint.safetensors"));
+    let out = dir.join("hf");
+    export::to_hf(&b, &ck, &out).unwrap();
+
+    let read = gpt2::read(&out, "decoder").unwrap();
+    let c = ck.model.config;
+    assert_eq!(read.config.n_positions, c.seq_len());
+    assert_eq!(read.config.vocab_size, c.vocab_size);
+    let mut decoder = read.weights;
+    let mut mapper = tensorfile::read(&out.join(export::MAPPER_FILE)).unwrap();
+    for (spec, value) in ck.model.params.specs.iter().zip(&ck.model.params.values) {
+        let file = if spec.name.starts_with("mapper.") {
+            &mut mapper
+        } else {
+            &mut decoder
+        };
+        let tensor = file.tensors.remove(&spec.name);
+        let tensor = tensor.unwrap_or_else(|| panic!("{} is not in the export", spec.name));
+        assert_eq!(tensor.shape, spec.shape, "{}", spec.name);
+        assert_eq!(tensor.data, b.to_vec(value), "{} differs", spec.name);
+    }
+    assert!(mapper.tensors.is_empty() && decoder.tensors.is_empty());
+    assert_eq!(mapper.metadata["activation"], "tanh");
+    assert_eq!(mapper.metadata["prefix_len"], c.prefix_len.to_string());
+
+    let tokenizer = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let words = ["a", "red", "circle", "zebraish"];
+    let encoding = tokenizer.encode(words.join(" "), false).unwrap();
+    let want: Vec<u32> = words.iter().map(|w| ck.vocab.words.id(w)).collect();
+    assert_eq!(encoding.get_ids(), want, "unknown words go to <unk> too");
+    let known = &want[..3];
+    assert_eq!(tokenizer.decode(known, true).unwrap(), "a red circle");
+
+    let generation: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(generation["suppress_tokens"], serde_json::json!([0, 1]));
+    assert_eq!(generation["eos_token_id"], 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_command_exports_a_run_and_replaces_only_when_asked() {
+    let b = CpuBackend::new();
+    let dir = temp("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    saved_checkpoint(&b, &dir.join("checkpoint.safetensors"));
+    let out = dir.join("hf");
+    let export = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_captune"))
+            .arg("export")
+            .arg(&dir)
+            .arg("--hf")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let first = export(&[]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(gpt2::read(&out, "decoder").is_ok());
+    let again = export(&[]);
+    assert!(!again.status.success());
+    let why = String::from_utf8_lossy(&again.stderr);
+    assert!(why.contains("--overwrite"), "{why}");
+    let replaced = export(&["--overwrite"]);
+    assert!(
+        replaced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
