@@ -136,23 +136,29 @@ fn check_policy<B: Backend>(b: &B, what: &str, specials: SpecialIds) {
         );
     }
 
-    // With <unk> suppressed, the recorded log-probability is renormalised
-    // over the ids that remain.
+    // With <unk> suppressed (a vocabulary that has one), the recorded
+    // log-probability is renormalised over the ids that remain.
+    let has_unk = specials == SpecialIds::WORDS;
     let suppressed = DecodeOptions {
-        suppress_unk: true,
+        suppress_unk: has_unk,
         ..DecodeOptions::default()
     };
     let greedy = generate(b, &model, &features, &Decoding::Greedy, &suppressed).unwrap();
     let (logp, positions, _) = teacher_forced(b, &mut model, &features, &greedy);
     for (n, g) in greedy.iter().enumerate() {
         assert!(
-            !g.ids.contains(&UNK),
+            !has_unk || !g.ids.contains(&UNK),
             "{what}: <unk> chosen while suppressed"
         );
         let renormalised: f64 = (g.ids.iter().enumerate())
             .map(|(t, &id)| {
                 let row = &logp[n * positions + t];
-                row[id as usize] - (1.0 - row[UNK as usize].exp()).ln()
+                let unk = if has_unk {
+                    row[UNK as usize].exp()
+                } else {
+                    0.0
+                };
+                row[id as usize] - (1.0 - unk).ln()
             })
             .sum();
         assert!(
@@ -230,4 +236,21 @@ fn one_policy_when_the_start_is_the_end() {
     if let Some(g) = gpu() {
         check_policy(&g, "gpu", START_IS_END);
     }
+}
+
+/// `--suppress-unk` is refused for a vocabulary without `<unk>`, such as
+/// GPT-2's, instead of banning whatever id 3 is there.
+#[test]
+fn suppressing_unk_is_refused_without_unk() {
+    let b = CpuBackend::new();
+    let model = random_captioner(&b, START_IS_END);
+    let options = DecodeOptions {
+        suppress_unk: true,
+        ..DecodeOptions::default()
+    };
+    let features = random(6, 3);
+    let Err(e) = generate(&b, &model, &features, &Decoding::Greedy, &options) else {
+        panic!("suppressing <unk> in a vocabulary without one");
+    };
+    assert!(e.to_string().contains("no <unk>"), "{e}");
 }

@@ -323,6 +323,13 @@ pub fn generate<B: Backend>(
     options: &DecodeOptions,
 ) -> Result<Vec<Generated>> {
     let c = model.config;
+    if options.suppress_unk && c.specials != SpecialIds::WORDS {
+        bail!(
+            "--suppress-unk: this captioner's vocabulary has no <unk> (its special ids are \
+             {:?}; a byte-level BPE such as GPT-2's spells every word); decode without it",
+            c.specials
+        );
+    }
     // Steps: the words, then <eos>.
     let steps = options
         .max_words
