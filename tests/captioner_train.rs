@@ -48,6 +48,31 @@ fn new_checkpoint<B: Backend>(b: &B, data: &CaptionData, run: &RunConfig) -> Che
     }
 }
 
+/// Trains `ck` on `data` into `folder` to the run's end, without a retriever.
+fn train_to_end<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    data: &CaptionData,
+    run: &RunConfig,
+    folder: &RunFolder,
+    begin: Begin,
+) {
+    let hidden = Progress::hidden();
+    train::train(
+        b,
+        ck,
+        data,
+        run,
+        folder,
+        begin,
+        false,
+        None,
+        &hidden,
+        |_| Flow::Continue,
+    )
+    .unwrap();
+}
+
 fn log_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("log.jsonl"))
         .unwrap()
@@ -63,19 +88,7 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
     let run = tiny_run(6);
     let mut ck = new_checkpoint(&b, &data, &run);
     let folder = RunFolder::new(temp("run"));
-    train::train(
-        &b,
-        &mut ck,
-        &data,
-        &run,
-        &folder,
-        Begin::New,
-        false,
-        None,
-        &Progress::hidden(),
-        |_| Flow::Continue,
-    )
-    .unwrap();
+    train_to_end(&b, &mut ck, &data, &run, &folder, Begin::New);
     let log = log_lines(&folder.dir);
     assert_eq!(log.len(), 6 * (96 / 16));
     for line in &log {
@@ -133,19 +146,7 @@ fn frozen_decoder_run<B: Backend>(b: &B, what: &str) {
     let mut ck = new_checkpoint(b, &data, &run);
     let before: Vec<Vec<f32>> = ck.model.params.values.iter().map(|v| b.to_vec(v)).collect();
     let folder = RunFolder::new(temp(&format!("frozen-{what}")));
-    train::train(
-        b,
-        &mut ck,
-        &data,
-        &run,
-        &folder,
-        Begin::New,
-        false,
-        None,
-        &Progress::hidden(),
-        |_| Flow::Continue,
-    )
-    .unwrap();
+    train_to_end(b, &mut ck, &data, &run, &folder, Begin::New);
     for (i, (spec, value)) in ck
         .model
         .params
@@ -186,19 +187,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         .insert("mle_weight".into(), SettingValue::Number(0.2));
     let whole = RunFolder::new(temp("whole"));
     let mut ck = new_checkpoint(&b, &data, &run);
-    train::train(
-        &b,
-        &mut ck,
-        &data,
-        &run,
-        &whole,
-        Begin::New,
-        false,
-        None,
-        &Progress::hidden(),
-        |_| Flow::Continue,
-    )
-    .unwrap();
+    train_to_end(&b, &mut ck, &data, &run, &whole, Begin::New);
 
     let parts = RunFolder::new(temp("parts"));
     let mut ck = new_checkpoint(&b, &data, &run);
@@ -219,19 +208,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
     )
     .unwrap();
     let mut ck = Checkpoint::load(&b, &parts.checkpoint()).unwrap();
-    train::train(
-        &b,
-        &mut ck,
-        &data,
-        &run,
-        &parts,
-        Begin::Resume,
-        false,
-        None,
-        &Progress::hidden(),
-        |_| Flow::Continue,
-    )
-    .unwrap();
+    train_to_end(&b, &mut ck, &data, &run, &parts, Begin::Resume);
 
     let strip = |mut v: serde_json::Value| {
         v.as_object_mut().unwrap().remove("tokens_per_s");
@@ -265,19 +242,7 @@ fn trained() -> (Checkpoint<CpuBackend>, CaptionData, PathBuf) {
     static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     let folder = RunFolder::new(temp(&format!("decode-{n}")));
-    train::train(
-        &c,
-        &mut ck,
-        &data,
-        &run,
-        &folder,
-        Begin::New,
-        false,
-        None,
-        &Progress::hidden(),
-        |_| Flow::Continue,
-    )
-    .unwrap();
+    train_to_end(&c, &mut ck, &data, &run, &folder, Begin::New);
     (ck, data, folder.checkpoint())
 }
 
