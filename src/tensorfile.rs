@@ -23,11 +23,16 @@ pub struct TensorFile {
 
 /// A suffix for a temporary file or folder that no other writer uses at
 /// the same time, in another process or another thread of this one (two
-/// tests extracting the same cached file at once, say): `tmp-PID-N`.
+/// tests extracting the same cached file at once, say), or in another
+/// container sharing the folder, where process ids repeat:
+/// `tmp-PID-N-NANOS`.
 pub fn temporary_suffix() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    format!("tmp-{}-{n}", std::process::id())
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("tmp-{}-{n}-{nanos}", std::process::id())
 }
 
 /// Writes `path` through a temporary file in the same folder.

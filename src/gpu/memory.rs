@@ -28,8 +28,9 @@ pub(super) struct Block {
 pub(super) struct BufferPool {
     free: RefCell<HashMap<u64, Vec<Block>>>,
     next_id: Cell<u64>,
-    /// Bytes of every buffer created: the pool keeps what it made, so
-    /// this is the most device memory its tensors have held at once.
+    /// Bytes of every buffer created: the pool keeps what it made, so this
+    /// is what its tensors hold on the device, at least their peak (size
+    /// classes round requests up).
     bytes: Cell<u64>,
 }
 

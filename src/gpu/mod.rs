@@ -200,11 +200,12 @@ impl GpuBackend {
         self.counters.get()
     }
 
-    /// Device memory held: the pooled tensors' buffers, the upload arena
-    /// and the readback staging buffer.
+    /// Device memory held: the pooled tensors' buffers, the upload and
+    /// dispatch-parameter arenas and the readback staging buffer.
     pub fn device_memory_bytes(&self) -> u64 {
         let staging = self.staging.borrow().as_ref().map_or(0, wgpu::Buffer::size);
-        self.pool.bytes() + self.upload_buffer.size() + staging
+        let params = self.recorder.borrow().params_buffer.size();
+        self.pool.bytes() + self.upload_buffer.size() + params + staging
     }
 
     /// The best adapter on the backends `CAPTUNE_WGPU_BACKEND` allows,

@@ -153,9 +153,6 @@ fn write_as(config: &ShapesConfig, dir: &Path, existing: Existing) -> Result<()>
             .unwrap_or_default(),
         crate::tensorfile::temporary_suffix()
     ));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
-    }
     let mut entries = Vec::new();
     let mut generated = Vec::new();
     for split in Split::ALL {
