@@ -362,31 +362,17 @@ fn bench_takes_a_config_file_a_vocabulary_size_and_a_batch() {
             _ => assert_eq!(r["batch"], 3, "{r}"),
         }
     }
-    let out = captune(
-        &[
-            "--device", "cpu", "bench", "train", "--config", path, "--vocab", "4",
-        ],
-        &[],
-    );
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("--vocab 4"),
-        "{}",
-        text(&out.stderr)
-    );
+    let refused = |vocab: &str, why: &str| {
+        let args = [
+            "--device", "cpu", "bench", "train", "--config", path, "--vocab", vocab,
+        ];
+        let out = captune(&args, &[]);
+        assert!(!out.status.success(), "--vocab {vocab}");
+        assert!(text(&out.stderr).contains(why), "{}", text(&out.stderr));
+    };
+    refused("4", "--vocab 4");
     // The shapes workload has its own words: a vocabulary size is refused there.
-    let out = captune(
-        &[
-            "--device", "cpu", "bench", "train", "--config", path, "--vocab", "300",
-        ],
-        &[],
-    );
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("--captions synthetic"),
-        "{}",
-        text(&out.stderr)
-    );
+    refused("300", "--captions synthetic");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
