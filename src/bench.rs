@@ -1,7 +1,8 @@
 //! `captune bench kernels`: matmul GFLOP/s and elementwise GB/s per backend.
 //! GPU times come from timestamp queries around one compute pass where the
 //! adapter has them (else from submission to completion); CPU times are the
-//! median of repeated runs after a warm-up.
+//! median of repeated runs after a warm-up. Also the process's peak
+//! memory, which every benchmark and the app's frame report give.
 
 use crate::backend::{Backend, BackendKind, Matmul};
 use crate::gpu::GpuBackend;
@@ -135,4 +136,13 @@ pub fn kernels<B: Timer>(
             seconds,
         });
     }
+}
+
+/// The process's peak resident memory (Linux's VmHWM, since the start or
+/// the last reset of it), in MiB; None where the kernel does not say.
+pub fn peak_memory_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }

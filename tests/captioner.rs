@@ -196,7 +196,8 @@ fn ablation_plans_random_and_reverse_subsets() {
         let ids = &random.subsets[set as usize];
         // Drawn among the policy's ids: never <pad> or <bos>.
         let masked = SpecialIds::WORDS.masked();
-        let want = RANDOM_SUBSET_SIZE.min(v as usize - 1 - SpecialIds::WORDS.masked_count());
+        let want =
+            RANDOM_SUBSET_SIZE.min(v as usize - 1 - SpecialIds::WORDS.masked_distinct().len());
         assert_eq!(ids.len(), want, "row {r}: distinct random ids");
         assert!(!ids.contains(&y), "row {r}: the label is added, not drawn");
         assert!(

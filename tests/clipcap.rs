@@ -12,7 +12,7 @@ mod common;
 
 use captune::backend::Backend;
 use captune::captioner::CaptionVocab;
-use captune::captioner::model::{MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::model::{MASKED_LOGIT, TokenInputs, is_mapper_param, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
 use captune::cpu::CpuBackend;
@@ -50,7 +50,7 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
     let gpt2 = gpt2::read(&dir, "decoder").unwrap();
     let mut model = pretrained::from_gpt2(b, gpt2, shape, end, 0).unwrap();
     for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
-        if spec.name.starts_with("mapper.") {
+        if is_mapper_param(&spec.name) {
             b.write(value, &want.tensors[&spec.name].data);
         }
     }

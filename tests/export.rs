@@ -10,7 +10,7 @@
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::model::Captioner;
+use captune::captioner::model::{Captioner, is_mapper_param};
 use captune::captioner::run::RunConfig;
 use captune::captioner::{CaptionVocab, Checkpoint, MapperActivation, export};
 use captune::cpu::CpuBackend;
@@ -57,7 +57,7 @@ fn an_export_reads_back_as_the_same_gpt2_mapper_and_vocabulary() {
     let mut decoder = read.weights;
     let mut mapper = tensorfile::read(&out.join(export::MAPPER_FILE)).unwrap();
     for (spec, value) in ck.model.params.specs.iter().zip(&ck.model.params.values) {
-        let file = if spec.name.starts_with("mapper.") {
+        let file = if is_mapper_param(&spec.name) {
             &mut mapper
         } else {
             &mut decoder

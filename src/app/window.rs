@@ -282,7 +282,7 @@ impl Window {
             p95_frame_ms: sorted.get(n * 95 / 100).copied().unwrap_or(0.0),
             max_frame_ms: sorted.last().copied().unwrap_or(0.0),
             frames_per_s: if mean > 0.0 { 1000.0 / mean } else { 0.0 },
-            peak_memory_mib: peak_memory_mib(),
+            peak_memory_mib: crate::bench::peak_memory_mib(),
             training_step: match &self.stage {
                 Stage::Ready(app) => app.live_status().map(|s| s.step),
                 _ => None,
@@ -324,12 +324,4 @@ fn save_png(image: &egui::ColorImage, path: &PathBuf) -> Result<(), String> {
         .ok_or_else(|| "the screenshot has the wrong size".to_string())?
         .save(path)
         .map_err(|e| format!("{}: cannot write the screenshot: {e}", path.display()))
-}
-
-/// The process's peak resident set (Linux `VmHWM`), in MiB.
-fn peak_memory_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
 }

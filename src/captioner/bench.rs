@@ -81,24 +81,47 @@ impl BenchModel {
     }
 }
 
-/// Starts the process's peak resident memory afresh (Linux: writing 5
-/// to /proc/self/clear_refs), so that a record after another in the same
-/// process reports its own peak; elsewhere nothing happens.
-fn reset_peak_memory() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
+/// What a benchmark's process held: its peak resident memory since
+/// [`MemoryUse::reset`] (Linux's VmHWM), and on the GPU the device memory
+/// the backend holds (its pool keeps buffers for reuse, so after another
+/// record on the same device this includes what that one made). Each is
+/// None where there is nothing to read.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryUse {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mib: Option<f64>,
 }
 
-/// The process's peak resident memory since the last reset, in MiB
-/// (Linux's VmHWM); None where the kernel does not say.
-pub fn peak_memory_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
+impl MemoryUse {
+    /// Starts the process's peak resident memory afresh (Linux: writing 5
+    /// to /proc/self/clear_refs), so that a record after another in the
+    /// same process reports its own peak; elsewhere nothing happens.
+    fn reset() {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+
+    fn now<B: Backend>(b: &B) -> MemoryUse {
+        MemoryUse {
+            peak_memory_mib: crate::bench::peak_memory_mib(),
+            device_memory_mib: b
+                .device_memory_bytes()
+                .map(|bytes| bytes as f64 / (1024.0 * 1024.0)),
+        }
+    }
 }
 
-fn device_memory_mib<B: Backend>(b: &B) -> Option<f64> {
-    Some(b.device_memory_bytes()? as f64 / (1024.0 * 1024.0))
+impl std::fmt::Display for MemoryUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(m) = self.peak_memory_mib {
+            write!(f, ", peak memory {m:.0} MiB")?;
+        }
+        if let Some(m) = self.device_memory_mib {
+            write!(f, ", device memory {m:.0} MiB")?;
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -116,14 +139,8 @@ pub struct TrainBench {
     pub steps: usize,
     pub seconds_per_step: f64,
     pub tokens_per_s: f64,
-    /// The process's peak resident memory after the timed steps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend: the backend's
-    /// pool keeps its buffers for reuse, so after another record on the
-    /// same device this includes what that one made.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_memory_mib: Option<f64>,
+    #[serde(flatten)]
+    pub memory: MemoryUse,
     /// Per training step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
@@ -145,12 +162,7 @@ impl std::fmt::Display for TrainBench {
             self.tokens_per_s,
             self.seconds_per_step * 1e3
         )?;
-        if let Some(m) = self.peak_memory_mib {
-            write!(f, ", peak memory {m:.0} MiB")?;
-        }
-        if let Some(m) = self.device_memory_mib {
-            write!(f, ", device memory {m:.0} MiB")?;
-        }
+        write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
         }
@@ -230,7 +242,7 @@ pub fn train_throughput<B: Backend>(
             "bench train times objectives that train on captions alone; {name} needs a retriever"
         );
     }
-    reset_peak_memory();
+    MemoryUse::reset();
     let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -299,8 +311,7 @@ pub fn train_throughput<B: Backend>(
         steps,
         seconds_per_step: seconds,
         tokens_per_s: tokens as f64 / steps as f64 / seconds,
-        peak_memory_mib: peak_memory_mib(),
-        device_memory_mib: device_memory_mib(b),
+        memory: MemoryUse::now(b),
         per_step,
     })
 }
@@ -330,14 +341,8 @@ pub struct DecodeBench {
     pub seconds: f64,
     pub captions_per_s: f64,
     pub tokens_per_s: f64,
-    /// The process's peak resident memory after decoding.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend: the backend's
-    /// pool keeps its buffers for reuse, so after another record on the
-    /// same device this includes what that one made.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_memory_mib: Option<f64>,
+    #[serde(flatten)]
+    pub memory: MemoryUse,
     /// Per decoded batch, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_batch: Option<DeviceCounters>,
@@ -355,12 +360,7 @@ impl std::fmt::Display for DecodeBench {
             self.captions_per_s,
             self.tokens_per_s
         )?;
-        if let Some(m) = self.peak_memory_mib {
-            write!(f, ", peak memory {m:.0} MiB")?;
-        }
-        if let Some(m) = self.device_memory_mib {
-            write!(f, ", device memory {m:.0} MiB")?;
-        }
+        write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_batch {
             write!(f, "; per batch of {}: {c}", self.batch)?;
         }
@@ -379,7 +379,7 @@ pub fn decode_throughput<B: Backend>(
     decoding: &super::decode::Decoding,
     images: usize,
 ) -> Result<DecodeBench> {
-    reset_peak_memory();
+    MemoryUse::reset();
     let ck = match checkpoint {
         Some(path) => super::Checkpoint::load(b, path)?,
         None => {
@@ -425,8 +425,7 @@ pub fn decode_throughput<B: Backend>(
         seconds,
         captions_per_s: generated.len() as f64 / seconds,
         tokens_per_s: tokens as f64 / seconds,
-        peak_memory_mib: peak_memory_mib(),
-        device_memory_mib: device_memory_mib(b),
+        memory: MemoryUse::now(b),
         per_batch: per(b.counters(), before, batches),
     })
 }
@@ -453,14 +452,8 @@ pub struct ScstBench {
     pub sampling_share: f64,
     pub rewards_share: f64,
     pub update_share: f64,
-    /// The process's peak resident memory after the timed steps.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_memory_mib: Option<f64>,
-    /// Device memory held at the end, on the GPU backend: the backend's
-    /// pool keeps its buffers for reuse, so after another record on the
-    /// same device this includes what that one made.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_memory_mib: Option<f64>,
+    #[serde(flatten)]
+    pub memory: MemoryUse,
     /// Per step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
@@ -482,12 +475,7 @@ impl std::fmt::Display for ScstBench {
             self.rewards_share * 100.0,
             self.update_share * 100.0
         )?;
-        if let Some(m) = self.peak_memory_mib {
-            write!(f, ", peak memory {m:.0} MiB")?;
-        }
-        if let Some(m) = self.device_memory_mib {
-            write!(f, ", device memory {m:.0} MiB")?;
-        }
+        write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
         }
@@ -506,7 +494,7 @@ pub fn scst_throughput<B: Backend>(
     warmup: usize,
     steps: usize,
 ) -> Result<ScstBench> {
-    reset_peak_memory();
+    MemoryUse::reset();
     let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
@@ -590,8 +578,7 @@ pub fn scst_throughput<B: Backend>(
         sampling_share: sampling / total,
         rewards_share: rewards / total,
         update_share: (total - sampling - rewards) / total,
-        peak_memory_mib: peak_memory_mib(),
-        device_memory_mib: device_memory_mib(b),
+        memory: MemoryUse::now(b),
         per_step,
     })
 }

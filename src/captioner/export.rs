@@ -12,6 +12,7 @@
 //! to `suppress_tokens` in the generation config, so that transformers'
 //! `generate` never chooses them either.
 
+use super::model::is_mapper_param;
 use super::{Checkpoint, MapperActivation, SpecialIds};
 use crate::backend::Backend;
 use crate::data::vocab::SPECIALS;
@@ -42,7 +43,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let mut mapper: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     for (spec, value) in model.params.specs.iter().zip(&model.params.values) {
         let data = b.to_vec(value);
-        if spec.name.starts_with("mapper.") {
+        if is_mapper_param(&spec.name) {
             mapper.push((spec.name.clone(), spec.shape.clone(), data));
             continue;
         }
@@ -97,18 +98,11 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         "bos_token_id": s.start,
         "eos_token_id": s.end,
         "pad_token_id": s.pad,
-        "suppress_tokens": distinct(&s.masked()),
+        "suppress_tokens": s.masked_distinct(),
     });
     write_json(out, "config.json", &config)?;
     write_json(out, "generation_config.json", &generation)?;
     write_tokenizer(out, ck)
-}
-
-fn distinct(ids: &[u32]) -> Vec<u32> {
-    let mut ids = ids.to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    ids
 }
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {

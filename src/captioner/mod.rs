@@ -76,10 +76,12 @@ impl SpecialIds {
         self.masked().contains(&id)
     }
 
-    /// How many distinct ids [`SpecialIds::masked`] holds.
-    pub fn masked_count(&self) -> usize {
-        let [a, b] = self.masked();
-        if a == b { 1 } else { 2 }
+    /// The ids of [`SpecialIds::masked`], each once, ascending.
+    pub fn masked_distinct(&self) -> Vec<u32> {
+        let mut ids = self.masked().to_vec();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 }
 

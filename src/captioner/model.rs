@@ -106,6 +106,11 @@ impl<B: Backend> OutputLayer<B> {
     }
 }
 
+/// Whether the parameter named `name` is the mapper's (`mapper.*`).
+pub fn is_mapper_param(name: &str) -> bool {
+    name.starts_with("mapper.")
+}
+
 /// The mapper: an image embedding to k prefix vectors (fc1, GELU or
 /// tanh, fc2).
 pub(super) struct Mapper {
@@ -315,7 +320,7 @@ impl<B: Backend> Captioner<B> {
     /// b * positions + t predicts token t + 1 of sequence b.
     /// Whether parameter `i` (in `params` order) belongs to the mapper.
     pub fn is_mapper(&self, i: usize) -> bool {
-        self.params.specs[i].name.starts_with("mapper.")
+        is_mapper_param(&self.params.specs[i].name)
     }
 
     pub fn logits(&self) -> &B::Tensor {

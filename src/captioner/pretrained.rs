@@ -13,7 +13,7 @@
 //! - the learned positions are GPT-2's first `prefix_len + max_len - 1`,
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
-use super::model::Captioner;
+use super::model::{Captioner, is_mapper_param};
 use super::{CaptionerConfig, MapperActivation, SpecialIds};
 use crate::backend::Backend;
 use crate::model::gpt2::Gpt2;
@@ -79,7 +79,7 @@ pub fn from_gpt2<B: Backend>(
     let (w, rows) = (config.decoder.width, config.seq_len());
     for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
         let Some(tensor) = weights.tensors.remove(&spec.name) else {
-            if spec.name.starts_with("mapper.") {
+            if is_mapper_param(&spec.name) {
                 continue;
             }
             bail!("the captioner's {:?} has no GPT-2 tensor", spec.name);

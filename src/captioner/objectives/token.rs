@@ -253,7 +253,7 @@ pub fn plan(
                         continue;
                     }
                     // Ids of the policy (no padding, no start) besides the label.
-                    let others = v as usize - 1 - specials.masked_count();
+                    let others = v as usize - 1 - specials.masked_distinct().len();
                     let mut drawn = BTreeSet::new();
                     while drawn.len() < RANDOM_SUBSET_SIZE.min(others) {
                         let id = rng.random_range(0..v);
