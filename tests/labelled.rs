@@ -147,7 +147,7 @@ fn image_objectives_train_on_the_unlabelled_images_and_mix_mle_on_labelled_ones(
             assert!(
                 item.captions
                     .iter()
-                    .any(|c| vocab.encode(&c.tokens, 24) == *sequence)
+                    .any(|c| vocab.encode(&c.tokens, 24).unwrap() == *sequence)
             );
         }
     }

@@ -60,7 +60,11 @@ fn corpus_and_batch(
         features: data.features_of(&chosen),
         sequences: chosen
             .iter()
-            .map(|&i| ck_vocab.encode(&data.data.items[i].captions[0].tokens, 24))
+            .map(|&i| {
+                ck_vocab
+                    .encode(&data.data.items[i].captions[0].tokens, 24)
+                    .unwrap()
+            })
             .collect(),
         images: rows.to_vec(),
         labelled: None,
@@ -414,7 +418,7 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         model: Retriever::new(b, config, 2, 11).unwrap(),
         vocab,
     };
-    let id = |w: &str| captioner.words.id(w);
+    let id = |w: &str| captioner.word_list().unwrap().id(w);
     let captions = vec![
         vec![id("a"), id("red"), id("circle"), EOS],
         vec![

@@ -54,7 +54,7 @@ fn vocab_of(corpus: &TrainingCorpus, extra: &[&str]) -> CaptionVocab {
 }
 
 fn encode(vocab: &CaptionVocab, words: &[String]) -> Vec<u32> {
-    let ids = vocab.encode(words, 64);
+    let ids = vocab.encode(words, 64).unwrap();
     ids[1..].to_vec()
 }
 
@@ -97,7 +97,7 @@ fn the_reward_equals_metrics_cider_given_the_same_references() {
         }
     }
     // <unk> matches no reference word, and the ids after <eos> do not count.
-    let id = |w: &str| vocab.words.id(w);
+    let id = |w: &str| vocab.word_list().unwrap().id(w);
     let with_unk = reward.reward(0, &[id("a"), UNK, id("circle"), EOS, id("red")]);
     let want = cider.score(&words("a <unk> circle"), &corpus.references[0]);
     assert!((with_unk - want).abs() < 1e-9, "{with_unk} vs {want}");
@@ -351,7 +351,11 @@ fn corpus_and_batch(
         features: data.features_of(&train[..n]),
         sequences: train[..n]
             .iter()
-            .map(|&i| vocab.encode(&data.data.items[i].captions[0].tokens, 24))
+            .map(|&i| {
+                vocab
+                    .encode(&data.data.items[i].captions[0].tokens, 24)
+                    .unwrap()
+            })
             .collect(),
         images,
         labelled: None,
@@ -552,7 +556,11 @@ fn batch_of(data: &CaptionData, vocab: &CaptionVocab, images: &[usize]) -> Train
         features: data.features_of(&items),
         sequences: items
             .iter()
-            .map(|&i| vocab.encode(&data.data.items[i].captions[0].tokens, 24))
+            .map(|&i| {
+                vocab
+                    .encode(&data.data.items[i].captions[0].tokens, 24)
+                    .unwrap()
+            })
             .collect(),
         images: images.to_vec(),
         labelled: None,

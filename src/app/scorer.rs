@@ -300,7 +300,8 @@ fn explain(
     };
     let ids = ck
         .vocab
-        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
+        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len)
+        .map_err(|e| format!("{e:#}"))?;
     let mut cx = ExplainContext {
         b: cpu,
         model: &mut ck.model,
@@ -337,7 +338,8 @@ fn score(
     }
     let ids = ck
         .vocab
-        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len);
+        .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len)
+        .map_err(|e| format!("{e:#}"))?;
     score_caption(
         cpu,
         &mut ck.model,

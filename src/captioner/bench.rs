@@ -215,8 +215,14 @@ fn workload_batches(
                 .collect();
             let words: BTreeSet<&String> = captions.iter().flatten().collect();
             let vocab = CaptionVocab::from_words(words.into_iter().cloned().collect());
-            let encoded: Vec<Vec<u32>> =
-                captions.iter().map(|c| vocab.encode(c, max_len)).collect();
+            let encoded: Vec<Vec<u32>> = captions
+                .iter()
+                .map(|c| {
+                    vocab
+                        .encode(c, max_len)
+                        .expect("a word vocabulary encodes any words")
+                })
+                .collect();
             // Batched by length, as training batches them.
             let ordered = super::train::batches_by_length(encoded, batch, Vec::len, rng);
             (vocab, ordered.chunks(batch).map(<[_]>::to_vec).collect())

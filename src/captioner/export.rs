@@ -1,21 +1,25 @@
 //! A captioner as a Hugging Face folder: its decoder as a GPT-2 that
 //! transformers' `GPT2LMHeadModel.from_pretrained` loads as is
 //! (`config.json`, `model.safetensors`, `generation_config.json`), its
-//! word vocabulary as a `tokenizer.json` that `PreTrainedTokenizerFast`
-//! reads, and its mapper in `mapper.safetensors` (docs/checkpoints.md,
+//! vocabulary as a `tokenizer.json` that `PreTrainedTokenizerFast` reads
+//! (a word vocabulary as a word-level tokenizer; a GPT-2's BPE tokenizer
+//! as it came), and its mapper in `mapper.safetensors` (docs/checkpoints.md,
 //! "Export to transformers").
 //!
 //! The decoder's token embedding is GPT-2's `wte` (tied, so no
 //! `lm_head`), its positions `wpe` (`n_positions` = the prefix and the
 //! caption's positions), its blocks GPT-2's blocks under the names
-//! `model::gpt2` maps. Ids keep their numbers. The policy's masked ids go
-//! to `suppress_tokens` in the generation config, so that transformers'
-//! `generate` never chooses them either.
+//! `model::gpt2` maps. Ids keep their numbers. A word vocabulary's masked
+//! ids go to `suppress_tokens` in the generation config, so that
+//! transformers' `generate` never chooses them either; a GPT-2's padding
+//! row, which captune added after GPT-2's ids, is left out, so the
+//! folder is a GPT-2 of its original vocabulary again.
 
 use super::model::is_mapper_param;
-use super::{Checkpoint, MapperActivation, SpecialIds};
+use super::{CaptionVocab, Checkpoint, MapperActivation};
 use crate::backend::Backend;
-use crate::data::vocab::SPECIALS;
+use crate::data::bpe::END;
+use crate::data::vocab::{SPECIALS, Vocab};
 use crate::model::gpt2;
 use crate::tensorfile;
 use anyhow::{Context, Result, bail};
@@ -31,13 +35,11 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let model = &ck.model;
     let c = model.config;
     let d = c.decoder;
-    if c.specials != SpecialIds::WORDS {
-        bail!(
-            "this captioner's special ids are {:?}; export writes captioners with a word \
-             vocabulary (a GPT-2 captioner's BPE tokenizer is not in its checkpoint yet)",
-            c.specials
-        );
-    }
+    // A GPT-2's ids: the padding row after them goes.
+    let exported_ids = match &ck.vocab {
+        CaptionVocab::Words(_) => c.vocab_size,
+        CaptionVocab::Pieces(_) => c.vocab_size - 1,
+    };
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut decoder: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     let mut mapper: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
@@ -54,7 +56,15 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         let Some(theirs) = gpt2::gpt2_name(ours) else {
             bail!("{}: GPT-2 has no such tensor", spec.name);
         };
-        decoder.push((theirs, spec.shape.clone(), data));
+        let (shape, data) = if ours == "tokens" {
+            (
+                vec![exported_ids, d.width],
+                data[..exported_ids * d.width].to_vec(),
+            )
+        } else {
+            (spec.shape.clone(), data)
+        };
+        decoder.push((theirs, shape, data));
     }
     let write = |file: &str, tensors: &[(String, Vec<usize>, Vec<f32>)], meta| {
         let views: Vec<(&str, Vec<usize>, &[f32])> = tensors
@@ -80,7 +90,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let config = json!({
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
-        "vocab_size": c.vocab_size,
+        "vocab_size": exported_ids,
         "n_positions": c.seq_len(),
         "n_embd": d.width,
         "n_layer": d.layers,
@@ -91,18 +101,30 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         "tie_word_embeddings": true,
         "bos_token_id": s.start,
         "eos_token_id": s.end,
-        "pad_token_id": s.pad,
+        "pad_token_id": (exported_ids == c.vocab_size).then_some(s.pad),
         "captune_prefix_len": c.prefix_len,
     });
     let generation = json!({
         "bos_token_id": s.start,
         "eos_token_id": s.end,
-        "pad_token_id": s.pad,
-        "suppress_tokens": s.masked_distinct(),
+        "pad_token_id": (exported_ids == c.vocab_size).then_some(s.pad),
+        "suppress_tokens": s.masked_distinct().into_iter().filter(|&id| (id as usize) < exported_ids).collect::<Vec<_>>(),
     });
     write_json(out, "config.json", &config)?;
     write_json(out, "generation_config.json", &generation)?;
-    write_tokenizer(out, ck)
+    match &ck.vocab {
+        CaptionVocab::Words(_) => write_word_tokenizer(out, ck.vocab.word_list().expect("words")),
+        CaptionVocab::Pieces(v) => {
+            tensorfile::write_atomic(&out.join("tokenizer.json"), v.bpe.json().as_bytes())?;
+            let config = json!({
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": END,
+                "eos_token": END,
+                "unk_token": END,
+            });
+            write_json(out, "tokenizer_config.json", &config)
+        }
+    }
 }
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {
@@ -113,8 +135,7 @@ fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {
 /// The word vocabulary as a `tokenizer.json` (a word-level model that
 /// splits on whitespace, as captune's captions are PTB words) and a
 /// `tokenizer_config.json` naming the special tokens.
-fn write_tokenizer<B: Backend>(dir: &Path, ck: &Checkpoint<B>) -> Result<()> {
-    let words = &ck.vocab.words;
+fn write_word_tokenizer(dir: &Path, words: &Vocab) -> Result<()> {
     let vocab: serde_json::Map<String, serde_json::Value> = (0..words.len())
         .map(|id| (words.word(id as u32).to_string(), json!(id)))
         .collect();

@@ -61,7 +61,7 @@ pub fn score_caption<B: Backend>(
             .iter()
             .take(5)
             .map(|&j| Prediction {
-                token: vocab.words.word(j as u32).to_string(),
+                token: vocab.label(j as u32),
                 probability: z[j].exp() as f32,
             })
             .collect()
@@ -77,7 +77,7 @@ pub fn score_caption<B: Backend>(
         let sub = log_softmax_over(&z, in_subset);
         let y = label as usize;
         out.push(TokenScore {
-            token: vocab.words.word(label).to_string(),
+            token: vocab.label(label),
             mle_loss: -full[y] as f32,
             smile_loss: if t == 0 { -full[y] } else { -sub[y] } as f32,
             p_full: full[y].exp() as f32,

@@ -5,29 +5,38 @@
 //! relaxed by the Gumbel-softmax and carries the gradient of its embedding
 //! back to the captioner's logits.
 
-use super::CaptionVocab;
+use super::{CaptionVocab, SpecialIds};
 use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
-use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
+use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::RetrieverConfig;
 use crate::retriever::eval::embed_ids;
 use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::{Result, bail};
 
-/// Captioner id -> retriever id: the same word, or the retriever's
-/// `<unk>` for a word it does not know; an alternative (SMILE's reserved
-/// copy of a word) maps as its word.
+/// Captioner id -> retriever id: the word it spells
+/// (`CaptionVocab::spelled`), or the retriever's `<unk>` for a word it
+/// does not know. An alternative (SMILE's reserved copy of a word) maps
+/// as its word; a BPE piece as the word its text is, without the space
+/// that begins a word, so a word the tokenizer splits into several
+/// pieces reads as several words, most of them `<unk>`. The caption's
+/// end maps to the retriever's `<eos>`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VocabMap {
     ids: Vec<u32>,
+    /// The captioner's.
+    specials: SpecialIds,
 }
 
 impl VocabMap {
     pub fn new(captioner: &CaptionVocab, retriever: &Vocab) -> VocabMap {
         let ids = (0..captioner.len() as u32)
-            .map(|id| retriever.id(captioner.words.word(captioner.canonical(id))))
+            .map(|id| retriever.id(&captioner.spelled(id)))
             .collect();
-        VocabMap { ids }
+        VocabMap {
+            ids,
+            specials: captioner.specials(),
+        }
     }
 
     /// The retriever's id of captioner id `id` (`<unk>` past the vocabulary).
@@ -42,8 +51,8 @@ impl VocabMap {
     pub fn caption(&self, generated: &[u32], max_len: usize) -> Vec<u32> {
         let mut words: Vec<u32> = generated
             .iter()
-            .take_while(|&&id| id != EOS)
-            .filter(|&&id| id >= UNK)
+            .take_while(|&&id| id != self.specials.end)
+            .filter(|&&id| !self.specials.is_masked(id))
             .map(|&id| self.map(id))
             .collect();
         if words.is_empty() {
@@ -227,10 +236,10 @@ impl<B: Backend> RelaxedListener<B> {
         let mut sequences = Vec::with_capacity(n);
         let mut source = vec![NO_ROW; n * max_len];
         let mut tower_row = vec![NO_ROW; rows];
-        let mut chosen = vec![PAD; rows];
+        let mut chosen = vec![self.map.specials.pad; rows];
         for (c, caption) in captions.iter().enumerate() {
             let mut ids = vec![BOS];
-            if caption.first() == Some(&EOS) {
+            if caption.first() == Some(&self.map.specials.end) {
                 // An empty caption reads as <unk>, as evaluation embeds it.
                 ids.push(UNK);
             }
@@ -371,19 +380,17 @@ mod tests {
         let retriever = Vocab::from_words(words(&["circle", "a", "red"]));
         let map = VocabMap::new(&captioner, &retriever);
         let id = |v: &Vocab, w: &str| v.id(w);
-        assert_eq!(map.map(captioner.words.id("a")), id(&retriever, "a"));
-        assert_eq!(
-            map.map(captioner.words.id("circle")),
-            id(&retriever, "circle")
-        );
-        assert_eq!(map.map(captioner.words.id("zebra")), UNK);
-        assert_eq!(map.map(captioner.words.id("##red")), id(&retriever, "red"));
+        let own = captioner.word_list().unwrap();
+        assert_eq!(map.map(own.id("a")), id(&retriever, "a"));
+        assert_eq!(map.map(own.id("circle")), id(&retriever, "circle"));
+        assert_eq!(map.map(own.id("zebra")), UNK);
+        assert_eq!(map.map(own.id("##red")), id(&retriever, "red"));
         assert_eq!(map.map(10_000), UNK);
         // A caption reads as the retriever's own encoding of its words.
         let generated: Vec<u32> = ["a", "red", "zebra", "circle"]
             .iter()
-            .map(|w| captioner.words.id(w))
-            .chain([EOS, captioner.words.id("a")])
+            .map(|w| own.id(w))
+            .chain([EOS, own.id("a")])
             .collect();
         let tokens: Vec<String> = ["a", "red", "zebra", "circle"].map(String::from).to_vec();
         assert_eq!(map.caption(&generated, 16), retriever.encode(&tokens, 16));

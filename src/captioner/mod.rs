@@ -24,12 +24,14 @@ pub mod reward;
 pub mod run;
 pub mod run_folder;
 pub mod train;
+pub mod vocab;
 pub mod word_marks;
+
+pub use vocab::CaptionVocab;
 
 use crate::backend::Backend;
 use crate::cpu::CpuBackend;
-use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
-use crate::data::{Dataset, Split};
+use crate::data::vocab::{BOS, EOS, PAD};
 use crate::model::checkpoint;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
@@ -37,7 +39,6 @@ use crate::source::embeddings::FeatureSource;
 use anyhow::{Result, bail};
 use model::Captioner;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 /// The ids a captioner gives its special roles. A caption is `start`,
@@ -179,120 +180,6 @@ impl CaptionerConfig {
     }
 }
 
-/// The caption vocabulary: the data set's words, then one reserved
-/// alternative id (`##word`) for each word that begins a training
-/// caption. First-token shifting (SMILE section 3.3) trains step 0
-/// towards the alternative; decoding maps it back to the word.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CaptionVocab {
-    pub words: Vocab,
-    /// Ids below this are words; from it on, alternatives.
-    first_alternative: u32,
-    /// alternative id - first_alternative -> word id, and back.
-    alternative_word: Vec<u32>,
-    word_alternative: HashMap<u32, u32>,
-}
-
-const ALTERNATIVE_MARK: &str = "##";
-
-impl CaptionVocab {
-    /// Words seen `min_count` times in the training captions, plus the
-    /// alternatives of every word that begins one of them.
-    pub fn build(data: &Dataset, min_count: usize) -> Result<CaptionVocab> {
-        let base = Vocab::build(data, min_count);
-        if base.words().is_empty() {
-            bail!(
-                "{}: no word occurs {min_count} times in the training captions; lower --min-count",
-                data.name
-            );
-        }
-        let firsts: BTreeSet<u32> = data
-            .split(Split::Train)
-            .flat_map(|item| &item.captions)
-            .filter_map(|c| c.tokens.first())
-            .map(|w| base.id(w))
-            .filter(|&id| id > UNK)
-            .collect();
-        let mut words = base.words().to_vec();
-        for &id in &firsts {
-            words.push(format!("{ALTERNATIVE_MARK}{}", base.word(id)));
-        }
-        Ok(CaptionVocab::from_words(words))
-    }
-
-    /// From the stored word list (alternatives last, marked `##`).
-    pub fn from_words(words: Vec<String>) -> CaptionVocab {
-        let words = Vocab::from_words(words);
-        let first_alternative = (0..words.len() as u32)
-            .find(|&id| words.word(id).starts_with(ALTERNATIVE_MARK))
-            .unwrap_or(words.len() as u32);
-        let alternative_word: Vec<u32> = (first_alternative..words.len() as u32)
-            .map(|id| words.id(&words.word(id)[ALTERNATIVE_MARK.len()..]))
-            .collect();
-        let word_alternative = alternative_word
-            .iter()
-            .enumerate()
-            .map(|(i, &w)| (w, first_alternative + i as u32))
-            .collect();
-        CaptionVocab {
-            words,
-            first_alternative,
-            alternative_word,
-            word_alternative,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.words.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.words.is_empty()
-    }
-
-    /// A word vocabulary's special ids.
-    pub fn specials(&self) -> SpecialIds {
-        SpecialIds::WORDS
-    }
-
-    /// The reserved alternative of a word, if it has one.
-    pub fn alternative(&self, id: u32) -> Option<u32> {
-        self.word_alternative.get(&id).copied()
-    }
-
-    /// The word an id stands for: itself, or the word of an alternative.
-    pub fn canonical(&self, id: u32) -> u32 {
-        if id >= self.first_alternative {
-            self.alternative_word[(id - self.first_alternative) as usize]
-        } else {
-            id
-        }
-    }
-
-    /// `<bos> words <eos>`, at most `max_len` ids.
-    pub fn encode(&self, tokens: &[String], max_len: usize) -> Vec<u32> {
-        self.words.encode(tokens, max_len)
-    }
-
-    /// The words of generated ids, up to the first <eos>, one by one, as
-    /// metrics and rewards read them.
-    pub fn decode_words(&self, ids: &[u32]) -> Vec<String> {
-        let text = self.decode(ids);
-        text.split_whitespace().map(str::to_string).collect()
-    }
-
-    /// The words of generated ids, up to the first <eos>.
-    pub fn decode(&self, ids: &[u32]) -> String {
-        let words: Vec<u32> = ids
-            .iter()
-            .take_while(|&&id| id != EOS)
-            .filter(|&&id| id != BOS)
-            .map(|&id| self.canonical(id))
-            .collect();
-        self.words.decode(&words)
-    }
-}
-
 impl checkpoint::ModelConfig for CaptionerConfig {
     fn validate(&self) -> Result<()> {
         CaptionerConfig::validate(self)
@@ -349,16 +236,6 @@ impl<B: Backend> checkpoint::Model for Captioner<B> {
     }
 }
 
-impl checkpoint::WordList for CaptionVocab {
-    fn from_words(words: Vec<String>) -> Self {
-        CaptionVocab::from_words(words)
-    }
-
-    fn words(&self) -> &[String] {
-        self.words.words()
-    }
-}
-
 /// A captioner with its vocabulary, as a checkpoint holds them.
 pub type Checkpoint<B> = checkpoint::Checkpoint<Captioner<B>>;
 
@@ -398,54 +275,5 @@ impl<B: Backend> Checkpoint<B> {
             model: self.model_on(b, &CpuBackend::new())?,
             vocab: self.vocab.clone(),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::data::{Caption, Item};
-
-    fn item(split: Split, captions: &[&str]) -> Item {
-        Item {
-            id: format!("{split:?}"),
-            split,
-            image: Default::default(),
-            captions: captions
-                .iter()
-                .map(|c| Caption {
-                    raw: c.to_string(),
-                    tokens: c.split(' ').map(str::to_string).collect(),
-                })
-                .collect(),
-            extensions: Default::default(),
-        }
-    }
-
-    #[test]
-    fn words_that_begin_captions_get_an_alternative_that_decodes_back() {
-        let data = Dataset {
-            name: "toy".into(),
-            items: vec![
-                item(
-                    Split::Train,
-                    &["a red circle", "two red circles", "a circle"],
-                ),
-                item(Split::Val, &["three circles"]),
-            ],
-            report: Default::default(),
-        };
-        let v = CaptionVocab::build(&data, 1).unwrap();
-        // 4 specials, 5 training words, alternatives of "a" and "two" only.
-        assert_eq!(v.len(), 4 + 5 + 2);
-        let (a, two, red) = (v.words.id("a"), v.words.id("two"), v.words.id("red"));
-        let alt_a = v.alternative(a).unwrap();
-        assert_eq!(v.words.word(alt_a), "##a");
-        assert!(v.alternative(two).is_some() && v.alternative(red).is_none());
-        assert_eq!(v.canonical(alt_a), a);
-        assert_eq!(v.canonical(red), red);
-        assert_eq!(v.decode(&[alt_a, red, EOS, red]), "a red");
-        // The stored word list rebuilds the same vocabulary.
-        assert_eq!(CaptionVocab::from_words(v.words.words().to_vec()), v);
     }
 }

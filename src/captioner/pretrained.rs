@@ -14,10 +14,12 @@
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
 use super::model::{Captioner, is_mapper_param};
-use super::{CaptionerConfig, MapperActivation, SpecialIds};
+use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
 use crate::backend::Backend;
-use crate::model::gpt2::Gpt2;
+use crate::data::bpe::BpeVocab;
+use crate::model::gpt2::{self, Gpt2};
 use anyhow::{Result, bail};
+use std::path::Path;
 
 /// The prefix and caption a GPT-2 decoder is given: what a run config's
 /// `[model]` says beside the pretrained network.
@@ -62,6 +64,23 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
     }
     config.validate()?;
     Ok(config)
+}
+
+/// A captioner whose decoder is the GPT-2 in the Hugging Face folder
+/// `dir` (config.json, model.safetensors, tokenizer.json), its vocabulary
+/// the folder's tokenizer, with a fresh mapper (from `seed`).
+pub fn from_folder<B: Backend>(
+    b: &B,
+    dir: &Path,
+    shape: PrefixShape,
+    seed: u64,
+) -> Result<Checkpoint<B>> {
+    let bpe = BpeVocab::load(dir)?;
+    let gpt2 = gpt2::read(dir, "decoder")?;
+    let model = from_gpt2(b, gpt2, shape, bpe.end(), seed)?;
+    let vocab = CaptionVocab::from_tokenizer(bpe, model.config.vocab_size)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
+    Ok(Checkpoint { model, vocab })
 }
 
 /// A captioner with `gpt2` as its decoder and a freshly initialised

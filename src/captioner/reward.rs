@@ -9,7 +9,6 @@
 
 use super::CaptionVocab;
 use super::objective::TrainingCorpus;
-use crate::data::vocab::{BOS, EOS, PAD};
 use crate::{cache, tensorfile};
 use anyhow::Context;
 use rayon::prelude::*;
@@ -149,16 +148,19 @@ struct Vector {
     length: f64,
 }
 
+/// The ids given to words the document frequencies never saw.
+type Unseen = HashMap<String, u32>;
+
 /// Rewards of sampled captions: CIDEr-D against their image's references
 /// under fixed document frequencies.
 pub struct CiderReward {
     log_documents: f64,
     /// ln(document frequency) of every gram the references hold.
     log_df: HashMap<Gram, f64>,
-    /// Word -> id, for the references' words and the vocabulary's.
+    /// Word -> id, for the references' words.
     word_ids: HashMap<String, u32>,
-    /// Caption-vocabulary id -> word id (alternatives as their word).
-    vocab_words: Vec<u32>,
+    /// Reads generated ids as words.
+    vocab: CaptionVocab,
     /// Each image's reference vectors, by the corpus's image index.
     images: Vec<Vec<Vector>>,
 }
@@ -189,9 +191,6 @@ impl CiderReward {
         for w in &df.words {
             words.id(w);
         }
-        let vocab_words = (0..vocab.len() as u32)
-            .map(|id| words.id(vocab.words.word(vocab.canonical(id))))
-            .collect();
         let mut reward = CiderReward {
             word_ids: words.ids,
             log_documents: (df.documents as f64).ln(),
@@ -200,39 +199,41 @@ impl CiderReward {
                 .iter()
                 .map(|&(g, n)| (g, f64::from(n).ln()))
                 .collect(),
-            vocab_words,
+            vocab: vocab.clone(),
             images: Vec::new(),
         };
         let images = corpus
             .references
             .par_iter()
-            .map(|refs| reward.reference_vectors(refs))
+            .map(|refs| reward.reference_vectors(refs, &mut Unseen::new()))
             .collect();
         reward.images = images;
         reward
     }
 
-    fn reference_vectors(&self, references: &[Vec<String>]) -> Vec<Vector> {
-        // Words the statistics never saw (an image outside the corpus)
-        // get ids of their own past every known word's: each stays a
-        // distinct word, and no candidate word matches them.
-        let mut unseen: HashMap<&str, u32> = HashMap::new();
-        let mut vectors = Vec::with_capacity(references.len());
-        for r in references {
-            let mut ids = Vec::with_capacity(r.len());
-            for w in r {
-                let id = match self.word_ids.get(w) {
-                    Some(&id) => id,
-                    None => {
-                        let next = (self.word_ids.len() + unseen.len()) as u32;
-                        *unseen.entry(w).or_insert(next)
-                    }
-                };
-                ids.push(id);
-            }
-            vectors.push(self.vector(&ids));
-        }
-        vectors
+    /// Each reference's vector; words the statistics never saw get ids
+    /// from `unseen`.
+    fn reference_vectors(&self, references: &[Vec<String>], unseen: &mut Unseen) -> Vec<Vector> {
+        (references.iter())
+            .map(|r| self.vector(&self.word_ids_of(r.iter().cloned(), unseen)))
+            .collect()
+    }
+
+    /// The ids of `words`; a word the statistics never saw (an image
+    /// outside the corpus) gets an id of its own from `unseen`, counted
+    /// down from the top of the range: it stays a distinct word, and
+    /// matches only the same word read with the same `unseen`.
+    fn word_ids_of(&self, words: impl Iterator<Item = String>, unseen: &mut Unseen) -> Vec<u32> {
+        words
+            .map(|w| match self.word_ids.get(&w) {
+                Some(&id) => id,
+                None => {
+                    // (`pack` adds one to every id.)
+                    let next = u32::MAX - 1 - unseen.len() as u32;
+                    *unseen.entry(w).or_insert(next)
+                }
+            })
+            .collect()
     }
 
     fn vector(&self, words: &[u32]) -> Vector {
@@ -263,27 +264,21 @@ impl CiderReward {
     /// CIDEr-D of generated ids (after `<bos>`; `<eos>` ends them) against
     /// image `image`'s references.
     pub fn reward(&self, image: usize, ids: &[u32]) -> f64 {
-        self.score(ids, &self.images[image])
+        self.score(ids, &self.images[image], &mut Unseen::new())
     }
 
     /// CIDEr-D of generated ids against any `references` (PTB tokens),
     /// under the same statistics: for an image outside the corpus.
     pub fn reward_against(&self, ids: &[u32], references: &[Vec<String>]) -> f64 {
-        self.score(ids, &self.reference_vectors(references))
+        let mut unseen = Unseen::new();
+        let refs = self.reference_vectors(references, &mut unseen);
+        self.score(ids, &refs, &mut unseen)
     }
 
-    fn score(&self, ids: &[u32], refs: &[Vector]) -> f64 {
-        let words: Vec<u32> = ids
-            .iter()
-            .take_while(|&&id| id != EOS)
-            .filter(|&&id| id != BOS && id != PAD)
-            // An id past the vocabulary (a model wider than its word
-            // list) is a word no reference holds.
-            .map(|&id| {
-                let word = self.vocab_words.get(id as usize);
-                word.copied().unwrap_or(u32::MAX - 1)
-            })
-            .collect();
+    /// CIDEr-D of generated ids, read as words, against `refs` (read
+    /// with `unseen`).
+    fn score(&self, ids: &[u32], refs: &[Vector], unseen: &mut Unseen) -> f64 {
+        let words = self.word_ids_of(self.vocab.decode_words(ids).into_iter(), unseen);
         let cand = self.vector(&words);
         let mut sum = [0.0f64; N];
         for r in refs {

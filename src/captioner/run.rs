@@ -12,7 +12,7 @@ use crate::model::transformer::TransformerConfig;
 use crate::source::embeddings::FeatureSource;
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +27,36 @@ pub struct ModelSection {
     pub heads: usize,
     /// Caption positions, <bos> and <eos> included.
     pub max_len: usize,
+    /// A pretrained decoder, `hf:FOLDER` (a Hugging Face GPT-2 folder):
+    /// it replaces width, layers and heads, and its tokenizer the word
+    /// vocabulary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder: Option<String>,
+}
+
+impl ModelSection {
+    /// The folder of a pretrained decoder, when there is one.
+    pub fn decoder_folder(&self) -> Result<Option<PathBuf>> {
+        let Some(spec) = &self.decoder else {
+            return Ok(None);
+        };
+        match spec.strip_prefix("hf:") {
+            Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
+            _ => bail!(
+                "decoder {spec:?}: name a Hugging Face GPT-2 folder as hf:PATH (config.json, \
+                 model.safetensors and tokenizer.json in it)"
+            ),
+        }
+    }
+
+    /// Takes the network's shape from the captioner the run starts from
+    /// (a pretrained decoder's), so that the run's config says it.
+    pub fn take_shape(&mut self, c: &CaptionerConfig) {
+        self.mapper_activation = c.mapper_activation;
+        self.width = c.decoder.width;
+        self.layers = c.decoder.layers;
+        self.heads = c.decoder.heads;
+    }
 }
 
 /// Unknown keys are refused by `RunConfig::check`: they would land in
@@ -127,6 +157,9 @@ impl RunConfig {
 
     fn check(&self, origin: &str) -> Result<()> {
         let t = &self.train;
+        self.model
+            .decoder_folder()
+            .map_err(|e| anyhow::anyhow!("{origin}: [model] {e}"))?;
         if t.batch == 0 || t.epochs == 0 {
             bail!("{origin}: [train] batch and epochs must be positive");
         }

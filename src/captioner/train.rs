@@ -15,6 +15,7 @@ use super::objective::{
 };
 use super::objectives;
 use super::objectives::settings::Settings;
+use super::pretrained::{self, PrefixShape};
 use super::records::{EpochMetrics, Event, Flow, LogLine, Sample, read_log};
 use super::run::RunConfig;
 use super::run_folder::{self, Begin, ObjectiveState, Position, RunFolder};
@@ -119,12 +120,23 @@ const SAMPLES_PER_IMAGE: usize = 5;
 const DIVERSITY_IMAGES: usize = 100;
 
 /// A captioner with fresh weights and a vocabulary from `data`'s training
-/// captions, shaped by `config`.
+/// captions, shaped by `config`; or, when `config` names a pretrained
+/// decoder, that decoder and its tokenizer with a fresh mapper.
 pub fn fresh_checkpoint<B: Backend>(
     b: &B,
     data: &CaptionData,
     config: &RunConfig,
 ) -> Result<Checkpoint<B>> {
+    if let Some(dir) = config.model.decoder_folder()? {
+        let m = &config.model;
+        let shape = PrefixShape {
+            embed_dim: data.dim,
+            prefix_len: m.prefix_len,
+            mapper_hidden: m.mapper_hidden,
+            max_len: m.max_len,
+        };
+        return pretrained::from_folder(b, &dir, shape, config.train.seed);
+    }
     let train_items = data.items(Split::Train);
     let split = LabelledSplit::new(&data.data, &train_items, config.train.labelled);
     let vocab = if split.is_full() {
@@ -162,6 +174,9 @@ pub struct Trainer<'d, B: Backend> {
     corpus: TrainingCorpus,
     /// Item -> its position in the corpus.
     corpus_index: HashMap<usize, usize>,
+    /// Each training image's captions encoded (`start ids end`), by the
+    /// corpus's image index.
+    encoded: Vec<Vec<Vec<u32>>>,
     /// The labelled images in one pass's order, each with its reference,
     /// and the pass: the batches an MLE mix beside unlabelled images
     /// reads, drawn by step (see `labelled_batch`).
@@ -307,6 +322,17 @@ impl<'d, B: Backend> Trainer<'d, B> {
         for i in &split.unlabelled {
             corpus.references[corpus_index[i]].clear();
         }
+        let max_len = ck.model.config.max_len;
+        let encoded = corpus_items
+            .iter()
+            .map(|&i| {
+                let captions = &data.data.items[i].captions;
+                captions
+                    .iter()
+                    .map(|c| ck.vocab.encode(&c.tokens, max_len))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Trainer {
             ck,
             data,
@@ -320,6 +346,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             train_items,
             corpus,
             corpus_index,
+            encoded,
             labelled_pass: None,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
@@ -457,7 +484,6 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// draws the same).
     fn next_batch(&mut self) -> TrainingBatch {
         let (batch, seed) = (self.config.train.batch, self.config.train.seed);
-        let c = self.ck.model.config;
         let items = &self.data.data.items;
         if self.batches_done == 0 {
             self.rng =
@@ -473,8 +499,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
                     r.map_or(0, |r| items[i].captions[r].tokens.len())
                 };
                 self.order = batches_by_length(picks, batch, words, &mut self.rng);
-                // Each caption's targets: its words, then <eos>, within max_len.
-                let targets = |p: &(usize, Option<usize>)| (words(p) + 1).min(c.token_positions());
+                // Each caption's targets: its tokens, then the end.
+                let (encoded, index) = (&self.encoded, &self.corpus_index);
+                let targets = |&(i, r): &(usize, Option<usize>)| {
+                    r.map_or(0, |r| encoded[index[&i]][r].len() - 1)
+                };
                 self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
                     / self.order.len().max(1) as f32;
             } else {
@@ -504,12 +533,11 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// The batch of `images`, with the references of `pairs` (image,
     /// reference index): all of them or none.
     fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> TrainingBatch {
-        let (items, max_len) = (&self.data.data.items, self.ck.model.config.max_len);
         TrainingBatch {
             features: self.data.features_of(images),
             sequences: pairs
                 .iter()
-                .map(|&(i, r)| self.ck.vocab.encode(&items[i].captions[r].tokens, max_len))
+                .map(|&(i, r)| self.encoded[self.corpus_index[&i]][r].clone())
                 .collect(),
             images: images.iter().map(|i| self.corpus_index[i]).collect(),
             labelled: None,

@@ -124,6 +124,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             batch: None,
             labelled: None,
             init,
+            decoder: None,
             out: out.join(objective),
             resume: false,
             overwrite: args.overwrite,

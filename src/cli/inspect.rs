@@ -66,7 +66,7 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let mut ck = captioner.ck;
     let ids = ck
         .vocab
-        .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len);
+        .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;
     let features = data.features_of(&[i]);
     let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
     let explained = match &args.objective.objective {

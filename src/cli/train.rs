@@ -131,8 +131,15 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FRACTION")]
     pub labelled: Option<f64>,
     /// Start from this captioner checkpoint's weights (its config and vocabulary win).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "decoder")]
     pub init: Option<PathBuf>,
+    /// A pretrained decoder, hf:FOLDER ([model] decoder): a Hugging Face
+    /// GPT-2 folder (config.json, model.safetensors, tokenizer.json). Its
+    /// network and tokenizer replace [model]'s width, layers and heads and
+    /// the word vocabulary; the mapper (ClipCap's, with tanh) is new. The
+    /// run's checkpoints carry it from then on.
+    #[arg(long, value_name = "hf:FOLDER", conflicts_with = "resume")]
+    pub decoder: Option<String>,
     /// The run folder (config, logs, samples, metrics, checkpoints).
     #[arg(long, default_value = "runs/captioner")]
     pub out: PathBuf,
@@ -178,6 +185,9 @@ impl TrainArgs {
             (RunConfig::preset(preset)?, format!("preset {preset}"))
         };
         let before = c.train.clone();
+        if let Some(decoder) = &self.decoder {
+            c.model.decoder = Some(decoder.clone());
+        }
         let t = &mut c.train;
         if let Some(o) = &self.objective.objective {
             t.objective = o.clone();
@@ -296,7 +306,7 @@ pub fn train<B: Backend>(
             }
         }
     };
-    let (config, lr_reason) = args.run_config()?;
+    let (mut config, lr_reason) = args.run_config()?;
     let progress = Progress::terminal();
     let mut owned = None;
     let (data, retriever) = match loaded {
@@ -325,7 +335,9 @@ pub fn train<B: Backend>(
         }
         start.ck
     } else {
-        train::fresh_checkpoint(b, data, &config)?
+        let ck = train::fresh_checkpoint(b, data, &config)?;
+        config.model.take_shape(&ck.model.config);
+        ck
     };
     if ck.model.config.embed_dim != data.dim {
         bail!(

@@ -7,17 +7,36 @@
 
 use anyhow::{Context, Result, anyhow, bail};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use tokenizers::Tokenizer;
 
 /// GPT-2's one special token.
 pub const END: &str = "<|endoftext|>";
 
+#[derive(Clone)]
 pub struct BpeVocab {
     tokenizer: Tokenizer,
     end: u32,
-    path: PathBuf,
+    /// The tokenizer's JSON as read: what a checkpoint stores.
+    json: String,
+    /// Where it was read from, for messages.
+    origin: String,
 }
+
+impl std::fmt::Debug for BpeVocab {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BpeVocab({}, {} ids)", self.origin, self.len())
+    }
+}
+
+/// Two vocabularies are the same when their tokenizers' JSON is.
+impl PartialEq for BpeVocab {
+    fn eq(&self, other: &Self) -> bool {
+        self.json == other.json
+    }
+}
+
+impl Eq for BpeVocab {}
 
 impl BpeVocab {
     /// Reads `dir/tokenizer.json`, which must know [`END`].
@@ -32,30 +51,35 @@ impl BpeVocab {
         }
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read {}", path.display()))?;
-        let not_read = |why: String| {
-            anyhow!(
-                "{}: not a tokenizer the tokenizers library reads: {why}",
-                path.display()
-            )
-        };
+        BpeVocab::from_json(text, &path.display().to_string())
+    }
+
+    /// A tokenizer from its JSON (`origin` names where it came from in
+    /// messages: a file, or a checkpoint's metadata).
+    pub fn from_json(json: String, origin: &str) -> Result<BpeVocab> {
+        let not_read =
+            |why: String| anyhow!("{origin}: not a tokenizer the tokenizers library reads: {why}");
         // The library panics on some malformed JSON inside a tokenizer
         // rather than returning its error: the syntax is checked first,
         // and a panic on valid JSON is caught and reported the same way.
-        serde_json::from_str::<serde_json::Value>(&text).map_err(|e| not_read(e.to_string()))?;
-        let tokenizer = std::panic::catch_unwind(|| text.parse::<Tokenizer>())
+        serde_json::from_str::<serde_json::Value>(&json).map_err(|e| not_read(e.to_string()))?;
+        let tokenizer = std::panic::catch_unwind(|| json.parse::<Tokenizer>())
             .map_err(|_| not_read("the library failed on it".into()))?
             .map_err(|e| not_read(e.to_string()))?;
         let end = tokenizer.token_to_id(END).with_context(|| {
-            format!(
-                "{}: no {END} token, which GPT-2 starts and ends captions with",
-                path.display()
-            )
+            format!("{origin}: no {END} token, which GPT-2 starts and ends captions with")
         })?;
         Ok(BpeVocab {
             tokenizer,
             end,
-            path,
+            json,
+            origin: origin.to_string(),
         })
+    }
+
+    /// The tokenizer's JSON, as `tokenizer.json` holds it.
+    pub fn json(&self) -> &str {
+        &self.json
     }
 
     /// Ids, special tokens included.
@@ -81,7 +105,7 @@ impl BpeVocab {
         let encoding = self
             .tokenizer
             .encode(caption, false)
-            .map_err(|e| anyhow!("{}: cannot tokenise {caption:?}: {e}", self.path.display()))?;
+            .map_err(|e| anyhow!("{}: cannot tokenise {caption:?}: {e}", self.origin))?;
         let pieces = encoding.get_ids();
         let keep = pieces.len().min(max_len - 2);
         Ok(std::iter::once(self.end)
@@ -97,13 +121,9 @@ impl BpeVocab {
             .iter()
             .position(|&id| id == self.end)
             .unwrap_or(body.len());
-        self.tokenizer.decode(&body[..end], false).map_err(|e| {
-            anyhow!(
-                "{}: cannot decode {:?}: {e}",
-                self.path.display(),
-                &body[..end]
-            )
-        })
+        self.tokenizer
+            .decode(&body[..end], false)
+            .map_err(|e| anyhow!("{}: cannot decode {:?}: {e}", self.origin, &body[..end]))
     }
 
     /// Each id's piece as the text it stands for (a piece that begins a

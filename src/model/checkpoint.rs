@@ -1,5 +1,5 @@
 //! Both models' checkpoints: the weights by name, with the model's config
-//! (JSON) and its word list in the safetensors metadata, written and read
+//! (JSON) and its vocabulary in the safetensors metadata, written and read
 //! here once for both ([`Checkpoint`]).
 
 use super::params::Params;
@@ -24,18 +24,46 @@ pub struct Kind {
 pub trait Model {
     type Backend: Backend;
     type Config: ModelConfig + Serialize;
-    /// Its vocabulary, kept as a word list in the metadata.
-    type Vocab: WordList;
+    /// Its vocabulary, kept in the metadata.
+    type Vocab: StoredVocab;
     const KIND: Kind;
     fn config(&self) -> &Self::Config;
     fn params(&self) -> &Params<Self::Backend>;
     fn params_mut(&mut self) -> &mut Params<Self::Backend>;
 }
 
-/// A vocabulary as the words after the specials, in id order.
-pub trait WordList {
-    fn from_words(words: Vec<String>) -> Self;
-    fn words(&self) -> &[String];
+/// A vocabulary as a checkpoint's metadata keeps it.
+pub trait StoredVocab: Sized {
+    fn store(&self, metadata: &mut HashMap<String, String>) -> Result<()>;
+    /// Reads it from `file`'s metadata; it must have the config's `ids`.
+    fn read(file: &TensorFile, path: &Path, ids: usize) -> Result<Self>;
+}
+
+/// Stores a word vocabulary: the words after the four specials, in id
+/// order.
+pub fn store_words(words: &[String], metadata: &mut HashMap<String, String>) -> Result<()> {
+    metadata.insert(VOCAB_KEY.into(), serde_json::to_string(words)?);
+    Ok(())
+}
+
+/// The words [`store_words`] stored, which with the four specials must
+/// make `ids` ids.
+pub fn read_words(file: &TensorFile, path: &Path, ids: usize) -> Result<Vec<String>> {
+    let words: Vec<String> =
+        serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
+            format!(
+                "{}: metadata {VOCAB_KEY:?} is not a word list",
+                path.display()
+            )
+        })?;
+    let held = words.len() + crate::data::vocab::SPECIALS.len();
+    if held != ids {
+        bail!(
+            "{}: the vocabulary has {held} words but the config says {ids}",
+            path.display()
+        );
+    }
+    Ok(words)
 }
 
 /// A model with its vocabulary, as a checkpoint holds them.
@@ -56,8 +84,7 @@ impl<M: Model> Checkpoint<M> {
         let kind = &M::KIND;
         let config = serde_json::to_string(self.model.config())?;
         metadata.insert(kind.config_key.into(), config);
-        let words = serde_json::to_string(self.vocab.words())?;
-        metadata.insert(VOCAB_KEY.into(), words);
+        self.vocab.store(&mut metadata)?;
         metadata.insert("format".into(), kind.format.into());
         self.model.params().save(b, path, metadata)
     }
@@ -69,13 +96,10 @@ impl<M: Model> Checkpoint<M> {
         path: &Path,
         build: impl FnOnce(M::Config) -> Result<M>,
     ) -> Result<Self> {
-        let (config, words, mut file) = read::<M::Config>(&M::KIND, path)?;
+        let (config, vocab, mut file) = read::<M::Config, M::Vocab>(&M::KIND, path)?;
         let mut model = build(config)?;
         model.params_mut().load(b, path, &mut file)?;
-        Ok(Checkpoint {
-            model,
-            vocab: M::Vocab::from_words(words),
-        })
+        Ok(Checkpoint { model, vocab })
     }
 }
 
@@ -88,11 +112,11 @@ pub trait ModelConfig: DeserializeOwned {
     fn vocab_size(&self) -> usize;
 }
 
-/// Reads a checkpoint's config and word list, and refuses a config that
-/// is invalid or does not fit the file's tensors or words, before any
-/// model of it is allocated (a damaged config could ask for any size).
-/// The file stays open for `Params::load`.
-fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, TensorFile)> {
+/// Reads a checkpoint's config and vocabulary, and refuses a config that
+/// is invalid or does not fit the file's tensors or vocabulary, before
+/// any model of it is allocated (a damaged config could ask for any
+/// size). The file stays open for `Params::load`.
+fn read<C: ModelConfig, V: StoredVocab>(kind: &Kind, path: &Path) -> Result<(C, V, TensorFile)> {
     let file = tensorfile::read(path)?;
     let config: C = serde_json::from_str(file.meta(kind.config_key, path)?).with_context(|| {
         format!(
@@ -102,13 +126,6 @@ fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, Ten
             kind.format
         )
     })?;
-    let words: Vec<String> =
-        serde_json::from_str(file.meta(VOCAB_KEY, path)?).with_context(|| {
-            format!(
-                "{}: metadata {VOCAB_KEY:?} is not a word list",
-                path.display()
-            )
-        })?;
     config.validate().map_err(|e| {
         anyhow::anyhow!(
             "{}: the config in its metadata is invalid: {e}",
@@ -116,15 +133,8 @@ fn read<C: ModelConfig>(kind: &Kind, path: &Path) -> Result<(C, Vec<String>, Ten
         )
     })?;
     check_size(path, &file, config.parameter_count())?;
-    let ids = words.len() + crate::data::vocab::SPECIALS.len();
-    if ids != config.vocab_size() {
-        bail!(
-            "{}: the vocabulary has {ids} words but the config says {}",
-            path.display(),
-            config.vocab_size()
-        );
-    }
-    Ok((config, words, file))
+    let vocab = V::read(&file, path, config.vocab_size())?;
+    Ok((config, vocab, file))
 }
 
 /// Refuses a file whose tensors do not hold the `expected` number of

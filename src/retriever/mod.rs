@@ -12,9 +12,11 @@ use crate::data::vocab::Vocab;
 use crate::model::checkpoint;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
+use crate::tensorfile::TensorFile;
 use anyhow::{Result, bail};
 use model::Retriever;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::Path;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,13 +147,13 @@ impl<B: Backend> checkpoint::Model for Retriever<B> {
     }
 }
 
-impl checkpoint::WordList for Vocab {
-    fn from_words(words: Vec<String>) -> Self {
-        Vocab::from_words(words)
+impl checkpoint::StoredVocab for Vocab {
+    fn store(&self, metadata: &mut HashMap<String, String>) -> Result<()> {
+        checkpoint::store_words(self.words(), metadata)
     }
 
-    fn words(&self) -> &[String] {
-        Vocab::words(self)
+    fn read(file: &TensorFile, path: &Path, ids: usize) -> Result<Self> {
+        checkpoint::read_words(file, path, ids).map(Vocab::from_words)
     }
 }
 

@@ -230,7 +230,7 @@ pub fn token_terms<B: Backend>(
                 .sum();
             let logprob = z[label as usize] as f64 - lse;
             TokenTerm {
-                token: vocab.words.word(label).to_string(),
+                token: vocab.label(label),
                 logprob: logprob as f32,
                 likelihood_term: (-weight * logprob) as f32,
                 entropy: entropy as f32,

@@ -17,7 +17,7 @@ use crate::captioner::objective::{
 use crate::captioner::{CaptionVocab, CaptionerConfig};
 use crate::index::FULL_VOCAB;
 use crate::ops::cross_entropy::CrossEntropy;
-use anyhow::Result;
+use anyhow::{Result, bail};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -306,6 +306,15 @@ impl<B: Backend> BatchTargets<B> {
         steps: usize,
         rng: &mut impl Rng,
     ) -> Result<Self> {
+        let shifts =
+            objective.first_token == FirstToken::Shift && objective.kind != ObjectiveKind::Mle;
+        if shifts && !vocab.has_alternatives() {
+            bail!(
+                "first_token = shift trains step 0 towards a word's reserved alternative id, and \
+                 this vocabulary has none (a pretrained decoder's BPE pieces have none): use \
+                 --first-token mle or none"
+            );
+        }
         let (v, pad) = (config.vocab_size, config.specials.pad);
         let weights = targets
             .iter()
