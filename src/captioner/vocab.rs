@@ -20,7 +20,8 @@ pub const TOKENIZER_KEY: &str = "tokenizer";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CaptionVocab {
     Words(WordVocab),
-    Pieces(PieceVocab),
+    /// Boxed: a tokenizer is far larger than a word list's handle.
+    Pieces(Box<PieceVocab>),
 }
 
 /// The data set's words, then one reserved alternative id (`##word`) for
@@ -105,7 +106,7 @@ impl CaptionVocab {
                 bpe.len()
             );
         }
-        Ok(CaptionVocab::Pieces(PieceVocab { bpe, ids }))
+        Ok(CaptionVocab::Pieces(Box::new(PieceVocab { bpe, ids })))
     }
 
     /// The model's ids.
