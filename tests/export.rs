@@ -3,14 +3,16 @@
 //! way it checks any GPT-2), every decoder tensor is the captioner's, bit
 //! for bit; the mapper file holds the mapper with its shape; the tokenizer
 //! encodes and decodes captions with the captioner's ids; the generation
-//! config suppresses the ids the policy masks. The command refuses to
-//! replace a folder unless asked. (scripts/check_export.py checks the same
+//! config suppresses the ids the policy masks. A GPT-2 captioner's export
+//! starts the same captioner again. The command refuses to replace a
+//! folder unless asked. (scripts/check_export.py checks the same
 //! folder with transformers itself.)
 
 mod common;
 
 use captune::backend::Backend;
 use captune::captioner::model::{Captioner, is_mapper_param};
+use captune::captioner::pretrained::{self, PrefixShape};
 use captune::captioner::run::RunConfig;
 use captune::captioner::{CaptionVocab, Checkpoint, MapperActivation, export};
 use captune::cpu::CpuBackend;
@@ -125,4 +127,49 @@ fn the_command_exports_a_run_and_replaces_only_when_asked() {
         String::from_utf8_lossy(&replaced.stderr)
     );
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A captioner started from a GPT-2 folder, exported, and started again
+/// from the export (`captune train --decoder hf:EXPORT`) is the same
+/// captioner, bit for bit: the padding row captune adds comes off on
+/// export and back on import, the mapper comes back from its file, and
+/// the tokenizer is the original's.
+#[test]
+fn a_gpt2_captioner_comes_back_from_its_export() {
+    let b = CpuBackend::new();
+    let gpt2_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let shape = PrefixShape {
+        embed_dim: TINY_DIM,
+        prefix_len: 2,
+        mapper_hidden: 16,
+        max_len: 20,
+    };
+    let ck = pretrained::from_folder(&b, &gpt2_dir, shape, 5).unwrap();
+    let out = temp("gpt2");
+    export::to_hf(&b, &ck, &out).unwrap();
+    let original = std::fs::read(gpt2_dir.join("tokenizer.json")).unwrap();
+    assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), original);
+    let read = gpt2::read(&out, "decoder").unwrap();
+    assert_eq!(read.config.vocab_size, ck.model.config.vocab_size - 1);
+
+    let back = pretrained::from_folder(&b, &out, shape, 6).unwrap();
+    assert_eq!(back.model.config, ck.model.config);
+    assert_eq!(back.vocab, ck.vocab);
+    for ((spec, a), z) in (ck.model.params.specs.iter())
+        .zip(&ck.model.params.values)
+        .zip(&back.model.params.values)
+    {
+        assert_eq!(b.to_vec(a), b.to_vec(z), "{}", spec.name);
+    }
+    // A run of another shape is told which.
+    let other = PrefixShape {
+        mapper_hidden: 32,
+        ..shape
+    };
+    let Err(e) = pretrained::from_folder(&b, &out, other, 6) else {
+        panic!("a mapper of 16 hidden units loaded into a run of 32");
+    };
+    let e = format!("{e:#}");
+    assert!(e.contains("mapper_hidden is 16 but the run's is 32"), "{e}");
+    std::fs::remove_dir_all(&out).unwrap();
 }

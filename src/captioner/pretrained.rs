@@ -13,11 +13,13 @@
 //! - the learned positions are GPT-2's first `prefix_len + max_len - 1`,
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
+use super::export::MAPPER_FILE;
 use super::model::{Captioner, is_mapper_param};
 use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
 use crate::model::gpt2::{self, Gpt2};
+use crate::tensorfile;
 use anyhow::{Result, bail};
 use std::path::Path;
 
@@ -68,7 +70,8 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
 
 /// A captioner whose decoder is the GPT-2 in the Hugging Face folder
 /// `dir` (config.json, model.safetensors, tokenizer.json), its vocabulary
-/// the folder's tokenizer, with a fresh mapper (from `seed`).
+/// the folder's tokenizer. The mapper is the folder's `mapper.safetensors`
+/// when it has one (`captune export` writes it), else fresh (from `seed`).
 pub fn from_folder<B: Backend>(
     b: &B,
     dir: &Path,
@@ -77,10 +80,67 @@ pub fn from_folder<B: Backend>(
 ) -> Result<Checkpoint<B>> {
     let bpe = BpeVocab::load(dir)?;
     let gpt2 = gpt2::read(dir, "decoder")?;
-    let model = from_gpt2(b, gpt2, shape, bpe.end(), seed)?;
+    let mut model = from_gpt2(b, gpt2, shape, bpe.end(), seed)?;
+    let mapper = dir.join(MAPPER_FILE);
+    if mapper.is_file() {
+        load_mapper(b, &mut model, &mapper)?;
+    }
     let vocab = CaptionVocab::from_tokenizer(bpe, model.config.vocab_size)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     Ok(Checkpoint { model, vocab })
+}
+
+/// Replaces `model`'s mapper with the one in `path` (as `captune export`
+/// writes it), which must have the model's shape.
+fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Result<()> {
+    let mut file = tensorfile::read(path)?;
+    let c = model.config;
+    let expected = [
+        (
+            "embed_dim",
+            c.embed_dim.to_string(),
+            "the image embeddings' size",
+        ),
+        ("prefix_len", c.prefix_len.to_string(), "[model] prefix_len"),
+        (
+            "mapper_hidden",
+            c.mapper_hidden.to_string(),
+            "[model] mapper_hidden",
+        ),
+        ("activation", "tanh".to_string(), "ClipCap's tanh"),
+    ];
+    for (key, want, source) in expected {
+        let held = file.meta(key, path)?;
+        if held != want {
+            bail!(
+                "{}: the mapper's {key} is {held} but the run's is {want} ({source}); give the \
+                 run the mapper's shape, or remove {MAPPER_FILE} from the folder for a fresh mapper",
+                path.display()
+            );
+        }
+    }
+    for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
+        if !is_mapper_param(&spec.name) {
+            continue;
+        }
+        let Some(tensor) = file.tensors.remove(&spec.name) else {
+            bail!("{}: no tensor {:?}", path.display(), spec.name);
+        };
+        if tensor.shape != spec.shape {
+            bail!(
+                "{}: tensor {:?} has shape {:?}, the mapper's is {:?}",
+                path.display(),
+                spec.name,
+                tensor.shape,
+                spec.shape
+            );
+        }
+        b.write(value, &tensor.data);
+    }
+    if let Some(name) = file.tensors.keys().next() {
+        bail!("{}: tensor {name:?} is not the mapper's", path.display());
+    }
+    Ok(())
 }
 
 /// A captioner with `gpt2` as its decoder and a freshly initialised
