@@ -6,12 +6,15 @@
 //! gradient match transformers' on the CPU and on the GPU. The
 //! gradients of the mapper are those a frozen decoder passes back too.
 //! The padding row captune adds to GPT-2's embedding stays masked and
-//! gets no gradient.
+//! gets no gradient. A ClipCap fine-tuned by transformers
+//! (scripts/clipcap_decode_fixtures.py) gives transformers' greedy and
+//! beam captions, with its beam log-probabilities, on both backends.
 
 mod common;
 
 use captune::backend::Backend;
 use captune::captioner::CaptionVocab;
+use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::model::{MASKED_LOGIT, TokenInputs, is_mapper_param, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
@@ -195,4 +198,70 @@ fn a_prefix_and_captions_past_gpt2_s_positions_are_refused() {
         e.contains("33 positions") && e.contains("has 32 (n_positions)"),
         "{e}"
     );
+}
+
+/// Greedy and beam captions (width 3) of the fine-tuned ClipCap in
+/// tests/data/clipcap-tiny, made by scripts/clipcap_decode_fixtures.py
+/// with transformers (beam search by its own `generate`), for image
+/// embeddings it was trained on and some it never saw.
+fn decodes_as_transformers<B: Backend>(b: &B, what: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clipcap-tiny");
+    let want = tensorfile::read(&dir.join("decode_expected.safetensors")).unwrap();
+    let meta = |key: &str| want.metadata[key].parse::<usize>().unwrap();
+    let shape = PrefixShape {
+        embed_dim: 8,
+        prefix_len: 4,
+        mapper_hidden: 32,
+        max_len: meta("max_len"),
+    };
+    let ck = pretrained::from_folder(b, &dir, shape, 0).unwrap();
+    let features = &want.tensors["features"].data;
+    let images = features.len() / shape.embed_dim;
+    let rows = |name: &str| -> Vec<Vec<u32>> {
+        (want.tensors[name].data.chunks(shape.max_len))
+            .map(|r| {
+                r.iter()
+                    .take_while(|&&x| x >= 0.0)
+                    .map(|&x| x as u32)
+                    .collect()
+            })
+            .collect()
+    };
+    let options = DecodeOptions::default();
+    let greedy = generate(b, &ck.model, features, &Decoding::Greedy, &options).unwrap();
+    let beam = Decoding::Beam {
+        width: meta("beams"),
+        n_best: 1,
+    };
+    let beamed = generate(b, &ck.model, features, &beam, &options).unwrap();
+    let (want_greedy, want_beam) = (rows("greedy"), rows("beam"));
+    let beam_logp = &want.tensors["beam_logp"].data;
+    assert_eq!(greedy.len(), images);
+    let mut differ = 0;
+    for i in 0..images {
+        assert_eq!(greedy[i].ids, want_greedy[i], "{what}: greedy, image {i}");
+        assert_eq!(beamed[i].ids, want_beam[i], "{what}: beam, image {i}");
+        let gap = (beamed[i].logprob - beam_logp[i]).abs();
+        assert!(
+            gap < 1e-3,
+            "{what}: beam log-probability of image {i} off by {gap}"
+        );
+        differ += usize::from(want_greedy[i] != want_beam[i]);
+    }
+    // The fixture tells the two searches apart, and holds captions that
+    // end before the maximum length.
+    assert!(differ > 0, "greedy and beam agree on every image");
+    assert!(
+        want_greedy
+            .iter()
+            .any(|g| g.len() > 3 && g.len() < shape.max_len - 1)
+    );
+}
+
+#[test]
+fn greedy_and_beam_captions_match_transformers_on_both_backends() {
+    decodes_as_transformers(&CpuBackend::new(), "CPU");
+    if let Some(g) = common::gpu() {
+        decodes_as_transformers(&g, "GPU");
+    }
 }

@@ -518,7 +518,13 @@ pub struct BeamShape {
 /// `<bos>`). Beam k of image i runs on row i * width + k. Returns `n_best`
 /// captions per image (ids after `<bos>`), best first, ranked by total
 /// log-probability under the policy: `<pad>`, `<bos>` and, when
-/// suppressed, `<unk>` are never chosen and have none of its mass.
+/// suppressed, `<unk>` are never chosen and have none of its mass. The
+/// search is the canonical one, as transformers runs it with
+/// `length_penalty = 0` (no length normalisation) and
+/// `early_stopping = "never"`: each step ranks every beam's continuations,
+/// those among the best `width` that end finish, the best `width` that do
+/// not go on, and an image stops when no live beam can beat its `n_best`
+/// finished captions.
 pub fn beam_search(
     shape: &BeamShape,
     mut logits: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<f32>,
@@ -565,25 +571,32 @@ pub fn beam_search(
                 }
             }
             candidates.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));
+            // The best 2 x width candidates: those of them among the best
+            // width that end (at the end id, or at the last step) finish,
+            // and the best width of the others go on; the finished keep
+            // their best width.
             let mut next = Vec::new();
-            for (score, k, id) in candidates {
-                if next.len() == width || finished[i].len() >= width {
+            for (rank, (score, k, id)) in candidates.into_iter().take(2 * width).enumerate() {
+                if score == f32::NEG_INFINITY {
                     break;
                 }
                 let mut ids = live[i][k].0.clone();
                 ids.push(id as u32);
                 if id as u32 == specials.end || last_step {
-                    finished[i].push((ids, score));
-                } else {
+                    if rank < width {
+                        finished[i].push((ids, score));
+                    }
+                } else if next.len() < width {
                     let row = i * width + next.len();
                     parents[row] = (i * width + k) as u32;
                     next_ids[row] = id as u32;
                     next.push((ids, score));
                 }
             }
+            finished[i].sort_by(|x, y| y.1.total_cmp(&x.1));
+            finished[i].truncate(width);
             // Extending a beam only lowers its score: stop an image once its
             // n_best-th finished caption beats every live beam.
-            finished[i].sort_by(|x, y| y.1.total_cmp(&x.1));
             if let Some(kth) = finished[i].get(n_best - 1)
                 && next.iter().all(|l| l.1 <= kth.1)
             {
