@@ -201,8 +201,12 @@ fn a_refused_objective_switch_is_a_note_and_the_run_trains_on() {
 }
 
 fn tiny_checkpoint(path: &Path) {
+    checkpoint_of(&tiny_config(), path);
+}
+
+fn checkpoint_of(config: &RunConfig, path: &Path) {
     let cpu = CpuBackend::new();
-    let ck = fresh_checkpoint(&cpu, &tiny_data(), &tiny_config()).unwrap();
+    let ck = fresh_checkpoint(&cpu, &tiny_data(), config).unwrap();
     ck.save(&cpu, path, HashMap::new()).unwrap();
 }
 
@@ -239,6 +243,39 @@ fn the_inspector_rescores_the_caption_as_it_is_typed() {
         "the table lists the typed words"
     );
     h.snapshot("inspector");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A captioner whose decoder came from a GPT-2: the inspector scores a
+/// typed caption piece by piece, the pieces spelling the caption.
+#[test]
+fn the_inspector_scores_a_gpt2_captioner_by_its_pieces() {
+    let dir = temp("inspect-gpt2");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gpt2.safetensors");
+    let mut config = tiny_config();
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    config.model.decoder = Some(format!("hf:{}", gpt2.display()));
+    checkpoint_of(&config, &path);
+    let mut h = harness(Source::Checkpoint(path));
+    let tokens = |a: &CaptuneApp| -> Option<Vec<String>> {
+        a.scored(captune::app::scorer::Asker::Inspector)
+            .map(|t| t.iter().map(|s| s.token.clone()).collect())
+    };
+    step_until(&mut h, "the reference's scores", |a| tokens(a).is_some());
+    h.get_by_role(Role::TextInput).focus();
+    h.run();
+    h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
+    h.get_by_role(Role::TextInput).type_text("a green circle");
+    h.run();
+    step_until(&mut h, "the typed caption's pieces", |a| {
+        tokens(a).is_some_and(|t| t.concat() == "a green circle<|endoftext|>")
+    });
+    let pieces = tokens(h.state()).unwrap();
+    assert!(
+        pieces.len() > 4,
+        "the tiny tokenizer splits words: {pieces:?}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -246,7 +246,7 @@ impl<B: Backend> Checkpoint<B> {
         let (config, vocab) = (ck.model.config.specials, ck.vocab.specials());
         if config != vocab {
             bail!(
-                "{}: captioner_config's specials {config:?} are not those of its word \
+                "{}: captioner_config's specials {config:?} are not those of its \
                  vocabulary, {vocab:?}",
                 path.display()
             );

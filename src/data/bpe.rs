@@ -127,16 +127,20 @@ impl BpeVocab {
     }
 
     /// Each id's piece as the text it stands for (a piece that begins a
-    /// word begins with its space); [`END`] as itself.
+    /// word begins with its space), or as its byte-level token when it is
+    /// part of a character; [`END`] as itself.
     pub fn pieces(&self, ids: &[u32]) -> Vec<String> {
         ids.iter()
             .map(|&id| {
                 if id == self.end {
                     return END.to_string();
                 }
-                self.tokenizer
-                    .decode(&[id], false)
-                    .unwrap_or_else(|_| format!("<{id}>"))
+                // A piece holding part of a character's bytes decodes to
+                // U+FFFD alone: it shows as its byte-level token instead.
+                match self.tokenizer.decode(&[id], false) {
+                    Ok(text) if !text.contains('\u{FFFD}') => text,
+                    _ => (self.tokenizer.id_to_token(id)).unwrap_or_else(|| format!("<{id}>")),
+                }
             })
             .collect()
     }
