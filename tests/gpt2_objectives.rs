@@ -53,6 +53,8 @@ fn a_gpt2_folder_starts_a_run_with_its_tokenizer_and_network() {
     assert_eq!(ids.first(), Some(&bpe.end()));
     assert_eq!(ids.last(), Some(&bpe.end()));
     assert_eq!(ck.vocab.decode(&ids[1..]), "a skateboarder jumps");
+    // A caption that ends at once is empty, whatever follows its end.
+    assert_eq!(ck.vocab.decode(&[bpe.end(), ids[1], ids[2]]), "");
     assert_eq!(ck.vocab.decode_words(&ids[1..]), words);
     // The pieces show as themselves; the retriever reads each as the word
     // it spells.

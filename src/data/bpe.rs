@@ -114,16 +114,17 @@ impl BpeVocab {
             .collect())
     }
 
-    /// The caption's text: the pieces after the start, up to the end.
+    /// The text of a caption's ids after its start, up to the end. (The
+    /// start is the end's id too: a caption whose first id is the end is
+    /// empty, whatever follows.)
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        let body = ids.strip_prefix(&[self.end]).unwrap_or(ids);
-        let end = body
+        let end = ids
             .iter()
             .position(|&id| id == self.end)
-            .unwrap_or(body.len());
+            .unwrap_or(ids.len());
         self.tokenizer
-            .decode(&body[..end], false)
-            .map_err(|e| anyhow!("{}: cannot decode {:?}: {e}", self.origin, &body[..end]))
+            .decode(&ids[..end], false)
+            .map_err(|e| anyhow!("{}: cannot decode {:?}: {e}", self.origin, &ids[..end]))
     }
 
     /// Each id's piece as the text it stands for (a piece that begins a
