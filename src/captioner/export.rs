@@ -16,7 +16,7 @@
 //! folder is a GPT-2 of its original vocabulary again.
 
 use super::model::is_mapper_param;
-use super::{CaptionVocab, Checkpoint, MapperActivation};
+use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation};
 use crate::backend::Backend;
 use crate::data::bpe::END;
 use crate::data::vocab::{SPECIALS, Vocab};
@@ -35,10 +35,10 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let model = &ck.model;
     let c = model.config;
     let d = c.decoder;
-    // A GPT-2's ids: the padding row after them goes.
-    let exported_ids = match &ck.vocab {
-        CaptionVocab::Words(_) => c.vocab_size,
-        CaptionVocab::Pieces(_) => c.vocab_size - 1,
+    // A GPT-2's own ids, and no padding: the padding row after them goes.
+    let (exported_ids, pad) = match &ck.vocab {
+        CaptionVocab::Words(_) => (c.vocab_size, Some(c.specials.pad)),
+        CaptionVocab::Pieces(_) => (c.vocab_size - 1, None),
     };
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut decoder: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
@@ -76,16 +76,10 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let pt = HashMap::from([("format".to_string(), "pt".to_string())]);
     write("model.safetensors", &decoder, pt)?;
     let s = c.specials;
-    let activation = match c.mapper_activation {
-        MapperActivation::Gelu => "gelu_new",
-        MapperActivation::Tanh => "tanh",
-    };
-    let mapper_meta = HashMap::from([
-        ("embed_dim".to_string(), c.embed_dim.to_string()),
-        ("prefix_len".to_string(), c.prefix_len.to_string()),
-        ("mapper_hidden".to_string(), c.mapper_hidden.to_string()),
-        ("activation".to_string(), activation.to_string()),
-    ]);
+    let mapper_meta = mapper_metadata(&c)
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect();
     write(MAPPER_FILE, &mapper, mapper_meta)?;
     let config = json!({
         "model_type": "gpt2",
@@ -101,19 +95,19 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         "tie_word_embeddings": true,
         "bos_token_id": s.start,
         "eos_token_id": s.end,
-        "pad_token_id": (exported_ids == c.vocab_size).then_some(s.pad),
+        "pad_token_id": pad,
         "captune_prefix_len": c.prefix_len,
     });
     let generation = json!({
         "bos_token_id": s.start,
         "eos_token_id": s.end,
-        "pad_token_id": (exported_ids == c.vocab_size).then_some(s.pad),
+        "pad_token_id": pad,
         "suppress_tokens": s.masked_distinct().into_iter().filter(|&id| (id as usize) < exported_ids).collect::<Vec<_>>(),
     });
     write_json(out, "config.json", &config)?;
     write_json(out, "generation_config.json", &generation)?;
     match &ck.vocab {
-        CaptionVocab::Words(_) => write_word_tokenizer(out, ck.vocab.word_list().expect("words")),
+        CaptionVocab::Words(v) => write_word_tokenizer(out, &v.words),
         CaptionVocab::Pieces(v) => {
             tensorfile::write_atomic(&out.join("tokenizer.json"), v.bpe.json().as_bytes())?;
             let config = json!({
@@ -125,6 +119,20 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
             write_json(out, "tokenizer_config.json", &config)
         }
     }
+}
+
+/// The mapper's shape, as `mapper.safetensors`'s metadata gives it.
+pub fn mapper_metadata(c: &CaptionerConfig) -> [(&'static str, String); 4] {
+    let activation = match c.mapper_activation {
+        MapperActivation::Gelu => "gelu_new",
+        MapperActivation::Tanh => "tanh",
+    };
+    [
+        ("embed_dim", c.embed_dim.to_string()),
+        ("prefix_len", c.prefix_len.to_string()),
+        ("mapper_hidden", c.mapper_hidden.to_string()),
+        ("activation", activation.to_string()),
+    ]
 }
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {

@@ -13,7 +13,7 @@
 //! - the learned positions are GPT-2's first `prefix_len + max_len - 1`,
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
-use super::export::MAPPER_FILE;
+use super::export::{MAPPER_FILE, mapper_metadata};
 use super::model::{Captioner, is_mapper_param};
 use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
 use crate::backend::Backend;
@@ -94,27 +94,13 @@ pub fn from_folder<B: Backend>(
 /// writes it), which must have the model's shape.
 fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Result<()> {
     let mut file = tensorfile::read(path)?;
-    let c = model.config;
-    let expected = [
-        (
-            "embed_dim",
-            c.embed_dim.to_string(),
-            "the image embeddings' size",
-        ),
-        ("prefix_len", c.prefix_len.to_string(), "[model] prefix_len"),
-        (
-            "mapper_hidden",
-            c.mapper_hidden.to_string(),
-            "[model] mapper_hidden",
-        ),
-        ("activation", "tanh".to_string(), "ClipCap's tanh"),
-    ];
-    for (key, want, source) in expected {
+    for (key, want) in mapper_metadata(&model.config) {
         let held = file.meta(key, path)?;
         if held != want {
             bail!(
-                "{}: the mapper's {key} is {held} but the run's is {want} ({source}); give the \
-                 run the mapper's shape, or remove {MAPPER_FILE} from the folder for a fresh mapper",
+                "{}: the mapper's {key} is {held} but the run's is {want}; give the run the \
+                 mapper's shape ([model] prefix_len and mapper_hidden, image embeddings of \
+                 embed_dim), or remove {MAPPER_FILE} from the folder for a fresh mapper",
                 path.display()
             );
         }
