@@ -49,9 +49,13 @@ impl ModelSection {
         }
     }
 
-    /// Takes the network's shape from the captioner the run starts from
-    /// (a pretrained decoder's), so that the run's config says it.
+    /// Takes the network's shape from the captioner the run trains (a
+    /// pretrained decoder's, or a checkpoint's it started from), so that
+    /// the run's config says it.
     pub fn take_shape(&mut self, c: &CaptionerConfig) {
+        self.prefix_len = c.prefix_len;
+        self.mapper_hidden = c.mapper_hidden;
+        self.max_len = c.max_len;
         self.mapper_activation = c.mapper_activation;
         self.width = c.decoder.width;
         self.layers = c.decoder.layers;

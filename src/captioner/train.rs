@@ -281,8 +281,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
             );
         }
         // The folder's config is always the one training now: a resumed run
-        // may continue with another objective or more epochs.
+        // may continue with another objective or more epochs, and the
+        // network is the checkpoint's (a pretrained decoder's shape, say).
         let mut config = config.clone();
+        config.model.take_shape(&ck.model.config);
         if data.source.is_some() {
             config.features = data.source.clone();
         }

@@ -306,7 +306,7 @@ pub fn train<B: Backend>(
             }
         }
     };
-    let (mut config, lr_reason) = args.run_config()?;
+    let (config, lr_reason) = args.run_config()?;
     let progress = Progress::terminal();
     let mut owned = None;
     let (data, retriever) = match loaded {
@@ -335,9 +335,7 @@ pub fn train<B: Backend>(
         }
         start.ck
     } else {
-        let ck = train::fresh_checkpoint(b, data, &config)?;
-        config.model.take_shape(&ck.model.config);
-        ck
+        train::fresh_checkpoint(b, data, &config)?
     };
     if ck.model.config.embed_dim != data.dim {
         bail!(
