@@ -41,11 +41,30 @@ def main():
     meta = mapper.metadata()
     k, d = int(meta["prefix_len"]), model.config.n_embd
     w = {name: mapper.get_tensor(name).double() for name in mapper.keys()}
-    act = torch.tanh if meta["activation"] == "tanh" else (lambda x: F.gelu(x, approximate="tanh"))
+    act = {"tanh": torch.tanh, "relu": F.relu,
+           "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[meta["activation"]]
 
-    def prefix(x):
+    def mlp_prefix(x):
         hidden = act(x @ w["mapper.fc1.weight"] + w["mapper.fc1.bias"])
         return (hidden @ w["mapper.fc2.weight"] + w["mapper.fc2.bias"]).view(1, k, d)
+
+    def transformer_prefix(x):
+        # ClipCap's transformer mapper, as docs/checkpoints.md gives it.
+        c, layers, heads = (int(meta[key]) for key in ("clip_len", "layers", "heads"))
+        h = torch.cat([(x @ w["mapper.linear.weight"] + w["mapper.linear.bias"]).view(1, c, d),
+                       w["mapper.constants"][None]], 1)
+        for i in range(layers):
+            t = lambda name: w[f"mapper.transformer.blocks.{i}.{name}"]
+            a = F.layer_norm(h, (d,), t("ln1.weight"), t("ln1.bias"), 1e-5) @ t("attn.qkv.weight")
+            q, kk, v = (z.view(1, -1, heads, d // heads).transpose(1, 2) for z in a.split(d, -1))
+            att = F.scaled_dot_product_attention(q, kk, v).transpose(1, 2).reshape(1, -1, d)
+            h = h + att @ t("attn.proj.weight") + t("attn.proj.bias")
+            z = act(F.layer_norm(h, (d,), t("ln2.weight"), t("ln2.bias"), 1e-5) @ t("mlp.fc1.weight")
+                    + t("mlp.fc1.bias"))
+            h = h + z @ t("mlp.fc2.weight") + t("mlp.fc2.bias")
+        return h[:, c:]
+
+    prefix = transformer_prefix if meta.get("mapper") == "transformer" else mlp_prefix
 
     features = safe_open(a.features, "pt")
     ids = json.loads(features.metadata()["image_ids"])

@@ -75,6 +75,16 @@ fn tanh_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// y = max(x, 0)
+@compute @workgroup_size(256)
+fn relu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        y[i] = max(x[i], 0.0);
+    }
+}
+
 // ---- inputs x, dy; output dx ----
 
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
@@ -100,6 +110,16 @@ fn tanh_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     if (i < p.len) {
         let t = tanh(x[i]);
         dx[i] = dy[i] * (1.0 - t * t);
+    }
+}
+
+// dx = dy where x > 0, else 0 (the gradient at 0 taken as 0, as PyTorch's)
+@compute @workgroup_size(256)
+fn relu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        dx[i] = select(0.0, dy[i], x[i] > 0.0);
     }
 }
 

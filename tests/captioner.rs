@@ -13,10 +13,11 @@ use captune::captioner::objectives::token::{
     TokenObjective,
 };
 use captune::captioner::records::read_log;
-use captune::captioner::{CaptionVocab, CaptionerConfig, MapperActivation, SpecialIds};
+use captune::captioner::{CaptionVocab, CaptionerConfig, MapperTransformer, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::index::FULL_VOCAB;
+use captune::model::layers::Activation;
 use captune::model::transformer::TransformerConfig;
 use common::{assert_close, gpu, random};
 use rand::SeedableRng;
@@ -237,13 +238,9 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
-        mapper_activation: MapperActivation::Gelu,
-        decoder: TransformerConfig {
-            width: 8,
-            layers: 2,
-            heads: 2,
-            causal: true,
-        },
+        mapper_activation: Activation::Gelu,
+        mapper_transformer: None,
+        decoder: TransformerConfig::new(8, 2, 2, true),
         max_len: STEPS + 1,
         vocab_size: vocab,
         specials: SpecialIds::WORDS,
@@ -452,14 +449,11 @@ fn the_mapper_activation_comes_from_the_run_config() {
     use captune::captioner::run::RunConfig;
     let tiny = include_str!("../assets/presets/tiny.toml");
     let gelu = RunConfig::parse(tiny, "tiny").unwrap();
-    assert_eq!(
-        gelu.captioner(8, 20).mapper_activation,
-        MapperActivation::Gelu
-    );
+    assert_eq!(gelu.captioner(8, 20).mapper_activation, Activation::Gelu);
     let with_tanh = tiny.replace("[model]\n", "[model]\nmapper_activation = \"tanh\"\n");
     let tanh = RunConfig::parse(&with_tanh, "tanh").unwrap();
     let config = tanh.captioner(8, 20);
-    assert_eq!(config.mapper_activation, MapperActivation::Tanh);
+    assert_eq!(config.mapper_activation, Activation::Tanh);
     let json = serde_json::to_string(&config).unwrap();
     let back: CaptionerConfig = serde_json::from_str(&json).unwrap();
     assert_eq!(back, config);
@@ -467,8 +461,76 @@ fn the_mapper_activation_comes_from_the_run_config() {
     let old = json.replace(",\"mapper_activation\":\"tanh\"", "");
     assert_ne!(old, json);
     let old: CaptionerConfig = serde_json::from_str(&old).unwrap();
-    assert_eq!(old.mapper_activation, MapperActivation::Gelu);
-    let bad = tiny.replace("[model]\n", "[model]\nmapper_activation = \"relu\"\n");
+    assert_eq!(old.mapper_activation, Activation::Gelu);
+    let bad = tiny.replace("[model]\n", "[model]\nmapper_activation = \"swish\"\n");
     let e = RunConfig::parse(&bad, "bad.toml").unwrap_err().to_string();
-    assert!(e.contains("bad.toml") && e.contains("relu"), "{e}");
+    assert!(e.contains("bad.toml") && e.contains("swish"), "{e}");
+}
+
+/// `[model.mapper_transformer]` gives the captioner ClipCap's transformer
+/// mapper: a linear layer, the constants and non-causal blocks without
+/// q, k, v biases or a final norm, `mapper_hidden` wide; the parameter
+/// count that checkpoint loading checks files against is the model's;
+/// the config reads back from JSON, and a checkpoint's config without
+/// the field (all from before it) is an MLP mapper's.
+#[test]
+fn a_transformer_mapper_comes_from_the_run_config() {
+    use captune::captioner::run::RunConfig;
+    let tiny = include_str!("../assets/presets/tiny.toml");
+    let text = tiny.replace(
+        "max_len = 24\n",
+        "max_len = 24\n\n[model.mapper_transformer]\nclip_len = 3\nlayers = 2\nheads = 4\n",
+    );
+    let run = RunConfig::parse(&text, "transformer.toml").unwrap();
+    let config = run.captioner(8, 20);
+    assert_eq!(
+        config.mapper_transformer,
+        Some(MapperTransformer {
+            clip_len: 3,
+            layers: 2,
+            heads: 4
+        })
+    );
+    let b = CpuBackend::new();
+    let model = Captioner::new(&b, config, 0).unwrap();
+    assert_eq!(config.parameter_count(), model.params.count() as u128);
+    let names: Vec<&str> = model.params.specs.iter().map(|s| s.name.as_str()).collect();
+    for name in [
+        "mapper.linear.weight",
+        "mapper.constants",
+        "mapper.transformer.blocks.1.attn.qkv.weight",
+        "mapper.transformer.blocks.1.mlp.fc1.weight",
+    ] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.starts_with("mapper.fc")
+        || *n == "mapper.transformer.blocks.0.attn.qkv.bias"
+        || n.starts_with("mapper.transformer.ln_f")));
+    let spec = |name: &str| model.params.specs.iter().find(|s| s.name == name).unwrap();
+    assert_eq!(spec("mapper.linear.weight").shape, [8, 3 * 32]);
+    assert_eq!(spec("mapper.constants").shape, [2, 32]);
+    assert_eq!(
+        spec("mapper.transformer.blocks.0.mlp.fc1.weight").shape,
+        [32, 32]
+    );
+    let json = serde_json::to_string(&config).unwrap();
+    assert_eq!(
+        serde_json::from_str::<CaptionerConfig>(&json).unwrap(),
+        config
+    );
+    let mlp = json.replace(
+        ",\"mapper_transformer\":{\"clip_len\":3,\"layers\":2,\"heads\":4}",
+        "",
+    );
+    assert_ne!(mlp, json);
+    let mlp: CaptionerConfig = serde_json::from_str(&mlp).unwrap();
+    assert_eq!(mlp.mapper_transformer, None);
+    // Heads that do not divide the width are refused with both named.
+    let bad = text.replace("heads = 4\n", "heads = 5\n");
+    let bad = RunConfig::parse(&bad, "bad.toml").unwrap();
+    let e = Captioner::new(&b, bad.captioner(8, 20), 0)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("5 heads") && e.contains("width 32"), "{e}");
 }

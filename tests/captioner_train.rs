@@ -14,9 +14,10 @@ use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self};
-use captune::captioner::{CaptionVocab, Checkpoint};
+use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
+use captune::model::layers::Activation;
 use captune::progress::Progress;
 use captune::source::embeddings::CaptionData;
 use captune::tensorfile;
@@ -133,19 +134,44 @@ fn training_writes_the_run_folder_and_lowers_the_loss() {
 /// frozen decoder). The run's config keeps the setting.
 #[test]
 fn a_frozen_decoder_trains_the_mapper_only() {
-    frozen_decoder_run(&CpuBackend::new(), "cpu");
+    frozen_decoder_run(&CpuBackend::new(), None, "cpu");
     if let Some(g) = gpu() {
-        frozen_decoder_run(&g, "gpu");
+        frozen_decoder_run(&g, None, "gpu");
     }
 }
 
-fn frozen_decoder_run<B: Backend>(b: &B, what: &str) {
+/// The same with ClipCap's transformer mapper, the one its paper pairs
+/// with a frozen decoder: its linear layer, constants and blocks all
+/// train; the run's config and checkpoint keep its shape.
+#[test]
+fn a_frozen_decoder_trains_the_transformer_mapper() {
+    let shape = MapperTransformer {
+        clip_len: 2,
+        layers: 2,
+        heads: 2,
+    };
+    frozen_decoder_run(&CpuBackend::new(), Some(shape), "cpu");
+    if let Some(g) = gpu() {
+        frozen_decoder_run(&g, Some(shape), "gpu");
+    }
+}
+
+fn frozen_decoder_run<B: Backend>(b: &B, mapper: Option<MapperTransformer>, what: &str) {
     let data = tiny_data();
     let mut run = tiny_run(3);
     run.train.freeze_decoder = true;
+    run.model.mapper_transformer = mapper;
+    if mapper.is_some() {
+        run.model.mapper_activation = Activation::Relu;
+    }
     let mut ck = new_checkpoint(b, &data, &run);
     let before: Vec<Vec<f32>> = ck.model.params.values.iter().map(|v| b.to_vec(v)).collect();
-    let folder = RunFolder::new(temp(&format!("frozen-{what}")));
+    let kind = if mapper.is_some() {
+        "transformer"
+    } else {
+        "mlp"
+    };
+    let folder = RunFolder::new(temp(&format!("frozen-{kind}-{what}")));
     train_to_end(b, &mut ck, &data, &run, &folder, Begin::New);
     for (i, (spec, value)) in ck
         .model
@@ -171,8 +197,41 @@ fn frozen_decoder_run<B: Backend>(b: &B, what: &str) {
         last < first,
         "{what}: MLE loss, first {first} -> last {last}"
     );
+    // Decoding runs the mapper forward only: its captions' log-probabilities
+    // are teacher forcing's.
+    let items = data.items(captune::data::Split::Val);
+    let features = data.features_of(&items[..2]);
+    let greedy = generate(
+        b,
+        &ck.model,
+        &features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    for (g, image) in greedy.iter().zip(features.chunks(DIM)) {
+        let forced = teacher_forced_logprob(b, &mut ck.model, &ck.vocab, image, g);
+        assert!(
+            (forced - g.logprob).abs() < 1e-3 * (1.0 + forced.abs()),
+            "{what}: decoded {} vs teacher-forced {forced}",
+            g.logprob
+        );
+    }
     let reloaded = RunConfig::load(&folder.dir.join("config.toml")).unwrap();
     assert!(reloaded.train.freeze_decoder);
+    assert_eq!(reloaded.model.mapper_transformer, mapper);
+    let saved = Checkpoint::load(b, &folder.checkpoint()).unwrap();
+    assert_eq!(saved.model.config, ck.model.config);
+    for (spec, (a, z)) in saved.model.params.specs.iter().zip(
+        saved
+            .model
+            .params
+            .values
+            .iter()
+            .zip(&ck.model.params.values),
+    ) {
+        assert_eq!(b.to_vec(a), b.to_vec(z), "{what}: {} reloaded", spec.name);
+    }
     std::fs::remove_dir_all(&folder.dir).unwrap();
 }
 

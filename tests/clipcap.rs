@@ -6,27 +6,34 @@
 //! gradient match transformers' on the CPU and on the GPU. The
 //! gradients of the mapper are those a frozen decoder passes back too.
 //! The padding row captune adds to GPT-2's embedding stays masked and
-//! gets no gradient. A ClipCap fine-tuned by transformers
+//! gets no gradient. The same holds with ClipCap's transformer mapper.
+//! A ClipCap fine-tuned by transformers
 //! (scripts/clipcap_decode_fixtures.py) gives transformers' greedy and
 //! beam captions, with its beam log-probabilities, on both backends.
 
 mod common;
 
 use captune::backend::Backend;
-use captune::captioner::CaptionVocab;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::model::{MASKED_LOGIT, TokenInputs, is_mapper_param, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
+use captune::captioner::{CaptionVocab, MapperTransformer};
 use captune::cpu::CpuBackend;
 use captune::model::gpt2;
 use captune::tensorfile::{self, TensorFile};
 use rand::SeedableRng;
 use std::path::Path;
 
-fn expected() -> TensorFile {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clipcap_step_expected.safetensors");
+/// The MLP mapper's step.
+const MLP_STEP: &str = "clipcap_step_expected.safetensors";
+/// The transformer mapper's step.
+const TRANSFORMER_STEP: &str = "clipcap_transformer_step_expected.safetensors";
+
+fn expected(file: &str) -> TensorFile {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file);
     tensorfile::read(&path).unwrap()
 }
 
@@ -42,10 +49,16 @@ struct Step {
 fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
     let shape: serde_json::Value = serde_json::from_str(&want.metadata["shape"]).unwrap();
     let field = |k: &str| shape[k].as_u64().unwrap() as usize;
+    let mapper_transformer = shape.get("clip_len").map(|_| MapperTransformer {
+        clip_len: field("clip_len"),
+        layers: field("layers"),
+        heads: field("heads"),
+    });
     let shape = PrefixShape {
         embed_dim: field("embed_dim"),
         prefix_len: field("prefix_len"),
         mapper_hidden: field("mapper_hidden"),
+        mapper_transformer,
         max_len: field("max_len"),
     };
     let end: u32 = want.metadata["end"].parse().unwrap();
@@ -117,8 +130,8 @@ fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
         / scale
 }
 
-fn matches_transformers<B: Backend>(b: &B, what: &str) {
-    let want = expected();
+fn matches_transformers<B: Backend>(b: &B, file: &str, what: &str) {
+    let want = expected(file);
     let got = clipcap_step(b, &want);
     let expected_logits = &want.tensors["logits"];
     let v = expected_logits.shape[1];
@@ -145,9 +158,14 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
         "{what}: loss {} vs transformers' {loss}",
         got.loss
     );
+    let expected_grads = want
+        .tensors
+        .keys()
+        .filter(|k| k.starts_with("grad."))
+        .count();
     assert_eq!(
         got.grads.len(),
-        want.tensors.len() - 8,
+        expected_grads,
         "{what}: one gradient per parameter"
     );
     for (name, grad) in &got.grads {
@@ -172,9 +190,20 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
 
 #[test]
 fn a_clipcap_step_matches_transformers_on_both_backends() {
-    matches_transformers(&CpuBackend::new(), "cpu");
+    matches_transformers(&CpuBackend::new(), MLP_STEP, "cpu");
     if let Some(g) = common::gpu() {
-        matches_transformers(&g, "gpu");
+        matches_transformers(&g, MLP_STEP, "gpu");
+    }
+}
+
+/// ClipCap's transformer mapper (ReLU blocks, bias-free q, k, v, learned
+/// constants, no final norm), against the script's PyTorch version of it
+/// with ClipCap's separate query and key-value weights.
+#[test]
+fn a_clipcap_step_with_the_transformer_mapper_matches_on_both_backends() {
+    matches_transformers(&CpuBackend::new(), TRANSFORMER_STEP, "cpu");
+    if let Some(g) = common::gpu() {
+        matches_transformers(&g, TRANSFORMER_STEP, "gpu");
     }
 }
 
@@ -188,6 +217,7 @@ fn a_prefix_and_captions_past_gpt2_s_positions_are_refused() {
         embed_dim: 8,
         prefix_len: 10,
         mapper_hidden: 16,
+        mapper_transformer: None,
         max_len: 24,
     };
     let Err(e) = pretrained::from_gpt2(&CpuBackend::new(), gpt2, shape, 0, 0) else {
@@ -212,6 +242,7 @@ fn decodes_as_transformers<B: Backend>(b: &B, what: &str) {
         embed_dim: 8,
         prefix_len: 4,
         mapper_hidden: 32,
+        mapper_transformer: None,
         max_len: meta("max_len"),
     };
     let ck = pretrained::from_folder(b, &dir, shape, 0).unwrap();

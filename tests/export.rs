@@ -14,9 +14,10 @@ use captune::backend::Backend;
 use captune::captioner::model::{Captioner, is_mapper_param};
 use captune::captioner::pretrained::{self, PrefixShape};
 use captune::captioner::run::RunConfig;
-use captune::captioner::{CaptionVocab, Checkpoint, MapperActivation, export};
+use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, export};
 use captune::cpu::CpuBackend;
 use captune::model::gpt2;
+use captune::model::layers::Activation;
 use captune::tensorfile;
 use common::{TINY_DIM, random, tiny_data};
 use std::collections::HashMap;
@@ -31,7 +32,7 @@ fn temp(name: &str) -> PathBuf {
 fn saved_checkpoint(b: &CpuBackend, path: &std::path::Path) -> Checkpoint<CpuBackend> {
     let data = tiny_data();
     let mut run = RunConfig::preset("tiny").unwrap();
-    run.model.mapper_activation = MapperActivation::Tanh;
+    run.model.mapper_activation = Activation::Tanh;
     let vocab = CaptionVocab::build(&data.data, 1).unwrap();
     let mut model = Captioner::new(b, run.captioner(TINY_DIM, vocab.len()), 3).unwrap();
     for (i, value) in model.params.values.iter_mut().enumerate() {
@@ -136,16 +137,52 @@ fn the_command_exports_a_run_and_replaces_only_when_asked() {
 /// the tokenizer is the original's.
 #[test]
 fn a_gpt2_captioner_comes_back_from_its_export() {
+    let out = gpt2_round_trip(None, "gpt2");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The same with ClipCap's transformer mapper; a run with the MLP is told
+/// the export holds a transformer mapper.
+#[test]
+fn a_gpt2_captioner_with_the_transformer_mapper_comes_back_from_its_export() {
+    let mapper = MapperTransformer {
+        clip_len: 3,
+        layers: 2,
+        heads: 4,
+    };
+    let out = gpt2_round_trip(Some(mapper), "gpt2-transformer");
+    let mlp = PrefixShape {
+        embed_dim: TINY_DIM,
+        prefix_len: 2,
+        mapper_hidden: 16,
+        mapper_transformer: None,
+        max_len: 20,
+    };
+    let Err(e) = pretrained::from_folder(&CpuBackend::new(), &out, mlp, 6) else {
+        panic!("a transformer mapper loaded into an MLP run");
+    };
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("mapper is transformer but the run's is mlp"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Exports a captioner made from the tiny GPT-2 with `mapper` and starts
+/// it again from the export; returns the export's folder.
+fn gpt2_round_trip(mapper: Option<MapperTransformer>, name: &str) -> PathBuf {
     let b = CpuBackend::new();
     let gpt2_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
     let shape = PrefixShape {
         embed_dim: TINY_DIM,
         prefix_len: 2,
         mapper_hidden: 16,
+        mapper_transformer: mapper,
         max_len: 20,
     };
     let ck = pretrained::from_folder(&b, &gpt2_dir, shape, 5).unwrap();
-    let out = temp("gpt2");
+    let out = temp(name);
     export::to_hf(&b, &ck, &out).unwrap();
     let original = std::fs::read(gpt2_dir.join("tokenizer.json")).unwrap();
     assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), original);
@@ -171,5 +208,5 @@ fn a_gpt2_captioner_comes_back_from_its_export() {
     };
     let e = format!("{e:#}");
     assert!(e.contains("mapper_hidden is 16 but the run's is 32"), "{e}");
-    std::fs::remove_dir_all(&out).unwrap();
+    out
 }

@@ -11,11 +11,12 @@ use captune::app::history::History;
 use captune::captioner::model::Captioner;
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{self, ObjectiveState, Position, RunFolder};
-use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
+use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::vocab::Vocab;
 use captune::data::{Dataset, Item, Split, coco, images, karpathy};
+use captune::model::layers::Activation;
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
 use captune::retriever::RetrieverConfig;
@@ -322,13 +323,9 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         embed_dim: 4,
         prefix_len: 1,
         mapper_hidden: 4,
-        mapper_activation: MapperActivation::Gelu,
-        decoder: TransformerConfig {
-            width: 8,
-            layers: 1,
-            heads: 2,
-            causal: true,
-        },
+        mapper_activation: Activation::Gelu,
+        mapper_transformer: None,
+        decoder: TransformerConfig::new(8, 1, 2, true),
         max_len: 5,
         vocab_size: vocab.len(),
         specials: SpecialIds::WORDS,
@@ -424,12 +421,7 @@ fn checkpoints_and_optimizer_state() {
     });
 
     let vocab = Vocab::from_words(vec!["a".into(), "red".into()]);
-    let tower = |causal| TransformerConfig {
-        width: 8,
-        layers: 1,
-        heads: 2,
-        causal,
-    };
+    let tower = |causal| TransformerConfig::new(8, 1, 2, causal);
     let config = RetrieverConfig {
         image_size: 8,
         patch: 4,

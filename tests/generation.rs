@@ -13,9 +13,10 @@ use captune::captioner::decode::{
 };
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
-use captune::captioner::{CaptionerConfig, MapperActivation, SpecialIds};
+use captune::captioner::{CaptionerConfig, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
+use captune::model::layers::Activation;
 use captune::model::params::Params;
 use captune::model::transformer::{Transformer, TransformerConfig};
 use common::{assert_close, gpu, random};
@@ -24,12 +25,7 @@ use rand::SeedableRng;
 const WIDTH: usize = 12;
 
 fn transformer_config() -> TransformerConfig {
-    TransformerConfig {
-        width: WIDTH,
-        layers: 2,
-        heads: 3,
-        causal: true,
-    }
+    TransformerConfig::new(WIDTH, 2, 3, true)
 }
 
 /// Parameters drawn larger than the initialisation, so that every path
@@ -127,7 +123,8 @@ fn captioner_config() -> CaptionerConfig {
         embed_dim: 6,
         prefix_len: 3,
         mapper_hidden: 10,
-        mapper_activation: MapperActivation::Gelu,
+        mapper_activation: Activation::Gelu,
+        mapper_transformer: None,
         decoder: transformer_config(),
         max_len: 10,
         vocab_size: 23,

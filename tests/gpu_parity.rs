@@ -229,6 +229,10 @@ fn elementwise_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut dx = b.zeros(n);
     b.tanh_backward(&x, &b.tensor(&random(n, 7)), &mut dx);
     outs.push(b.to_vec(&dx));
+    b.relu(&x, &mut g);
+    outs.push(b.to_vec(&g));
+    b.relu_backward(&x, &b.tensor(&random(n, 8)), &mut dx);
+    outs.push(b.to_vec(&dx));
     for accumulate in [false, true] {
         let mut dx = b.tensor(&y0);
         b.gelu_backward(&x, &b.tensor(&random(n, 6)), &mut dx, accumulate);

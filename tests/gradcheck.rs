@@ -197,6 +197,25 @@ fn tanh_backward_matches_finite_differences() {
 }
 
 #[test]
+fn relu_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    // Kept a step away from the kink at 0, where no derivative exists.
+    let x: Vec<f32> = random(64, 5)
+        .iter()
+        .map(|v| 2.0 * v + 0.1 * v.signum())
+        .collect();
+    assert!(x.iter().any(|&v| v < 0.0) && x.iter().any(|&v| v > 0.0));
+    let r = random(64, 6);
+    let mut dx = vec![0.0; 64];
+    b.relu_backward(&x, &r, &mut dx);
+    check("relu", &x, &dx, |x| {
+        let mut y = vec![0.0; 64];
+        b.relu(&x.to_vec(), &mut y);
+        dot(&y, &r)
+    });
+}
+
+#[test]
 fn layer_norm_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (rows, cols) = (4, 9);

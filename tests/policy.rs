@@ -15,9 +15,10 @@ use captune::backend::{Backend, Storage};
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use captune::captioner::objectives::reinforce::Surrogate;
-use captune::captioner::{CaptionerConfig, MapperActivation, SpecialIds};
+use captune::captioner::{CaptionerConfig, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::UNK;
+use captune::model::layers::Activation;
 use captune::model::transformer::TransformerConfig;
 use common::{gpu, random};
 
@@ -36,13 +37,9 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
-        mapper_activation: MapperActivation::Gelu,
-        decoder: TransformerConfig {
-            width: 12,
-            layers: 2,
-            heads: 3,
-            causal: true,
-        },
+        mapper_activation: Activation::Gelu,
+        mapper_transformer: None,
+        decoder: TransformerConfig::new(12, 2, 3, true),
         max_len: 9,
         vocab_size: VOCAB,
         specials,

@@ -399,12 +399,7 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
     let captioner =
         CaptionVocab::from_words(words(&["a", "red", "blue", "circle", "square", "zebra"]));
     let vocab = Vocab::from_words(words(&["circle", "a", "red", "blue", "square"]));
-    let tower = |causal| TransformerConfig {
-        width: 16,
-        layers: 1,
-        heads: 2,
-        causal,
-    };
+    let tower = |causal| TransformerConfig::new(16, 1, 2, causal);
     let config = RetrieverConfig {
         image_size: 8,
         patch: 4,

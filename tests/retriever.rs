@@ -44,12 +44,7 @@ fn tiny_world() -> Dataset {
 }
 
 fn tiny_config(vocab_size: usize) -> RetrieverConfig {
-    let tower = |causal| TransformerConfig {
-        width: 32,
-        layers: 1,
-        heads: 2,
-        causal,
-    };
+    let tower = |causal| TransformerConfig::new(32, 1, 2, causal);
     RetrieverConfig {
         image_size: 32,
         patch: 8,

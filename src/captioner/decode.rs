@@ -15,7 +15,8 @@
 
 use super::CaptionVocab;
 use super::SpecialIds;
-use super::model::{Captioner, MapperActivations};
+use super::mapper::MapperActivations;
+use super::model::Captioner;
 use crate::backend::{Backend, ChoiceRule, HeadLayout, Sampling, TokenChoice};
 use crate::data::vocab::UNK;
 use crate::model::kv_cache::KvCache;
@@ -230,7 +231,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
             rows,
             steps,
             cache: model.decoder.kv_cache(b, rows, k + steps),
-            mapper: MapperActivations::new(b, c, rows),
+            mapper: MapperActivations::new(b, model.mapper(), c, rows, false),
             positions: (0..k + steps)
                 .map(|p| b.ids(&vec![p as u32; rows]))
                 .collect(),
@@ -249,7 +250,7 @@ impl<'m, B: Backend> Decoder<'m, B> {
         let (m, p) = (self.model, &self.model.params);
         let c = &m.config;
         let (w, k) = (c.decoder.width, c.prefix_len);
-        m.mapper.forward(b, p, &mut self.mapper, features);
+        m.mapper().forward(b, p, &mut self.mapper, features);
         self.cache.clear();
         for t in 0..k {
             let vector_t = HeadLayout {

@@ -16,11 +16,12 @@
 //! folder is a GPT-2 of its original vocabulary again.
 
 use super::model::is_mapper_param;
-use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation};
+use super::{CaptionVocab, CaptionerConfig, Checkpoint};
 use crate::backend::Backend;
 use crate::data::bpe::END;
 use crate::data::vocab::{SPECIALS, Vocab};
 use crate::model::gpt2;
+use crate::model::layers::Activation;
 use crate::tensorfile;
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -121,18 +122,34 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     }
 }
 
-/// The mapper's shape, as `mapper.safetensors`'s metadata gives it.
-pub fn mapper_metadata(c: &CaptionerConfig) -> [(&'static str, String); 4] {
+/// The mapper's shape, as `mapper.safetensors`'s metadata gives it: its
+/// kind (`mlp` or `transformer`), the embedding, prefix and hidden sizes,
+/// the activation, and a transformer mapper's `clip_len`, `layers` and
+/// `heads`.
+pub fn mapper_metadata(c: &CaptionerConfig) -> Vec<(&'static str, String)> {
     let activation = match c.mapper_activation {
-        MapperActivation::Gelu => "gelu_new",
-        MapperActivation::Tanh => "tanh",
+        Activation::Gelu => "gelu_new",
+        Activation::Tanh => "tanh",
+        Activation::Relu => "relu",
     };
-    [
+    let kind = if c.mapper_transformer.is_some() {
+        "transformer"
+    } else {
+        "mlp"
+    };
+    let mut meta = vec![
+        ("mapper", kind.to_string()),
         ("embed_dim", c.embed_dim.to_string()),
         ("prefix_len", c.prefix_len.to_string()),
         ("mapper_hidden", c.mapper_hidden.to_string()),
         ("activation", activation.to_string()),
-    ]
+    ];
+    if let Some(t) = &c.mapper_transformer {
+        meta.push(("clip_len", t.clip_len.to_string()));
+        meta.push(("layers", t.layers.to_string()));
+        meta.push(("heads", t.heads.to_string()));
+    }
+    meta
 }
 
 fn write_json(dir: &Path, file: &str, value: &serde_json::Value) -> Result<()> {

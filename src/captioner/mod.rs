@@ -14,6 +14,7 @@ pub mod export;
 pub mod inspect;
 pub mod labelled;
 pub mod listener;
+mod mapper;
 pub mod mle_mix;
 pub mod model;
 pub mod objective;
@@ -33,6 +34,7 @@ use crate::backend::Backend;
 use crate::cpu::CpuBackend;
 use crate::data::vocab::{BOS, EOS, PAD};
 use crate::model::checkpoint;
+use crate::model::layers::Activation;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
 use crate::source::embeddings::FeatureSource;
@@ -90,14 +92,39 @@ fn word_specials() -> SpecialIds {
     SpecialIds::WORDS
 }
 
-/// The mapper's activation between its two layers: captune's GELU, or
-/// ClipCap's tanh (Mokady et al., 2021).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MapperActivation {
-    #[default]
-    Gelu,
-    Tanh,
+/// ClipCap's transformer mapper (Mokady et al., 2021), its variant for a
+/// frozen language model: a linear layer turns the image embedding into
+/// `clip_len` vectors, the `prefix_len` learned constants follow them, and
+/// a non-causal transformer at the decoder's width reads all of them; its
+/// outputs at the constants are the prefix. Its blocks are ClipCap's: an
+/// MLP `mapper_hidden` wide with `mapper_activation` (ClipCap: twice the
+/// width, ReLU), q, k and v without biases, and no final layer norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MapperTransformer {
+    pub clip_len: usize,
+    pub layers: usize,
+    pub heads: usize,
+}
+
+impl MapperTransformer {
+    /// ClipCap's: 10 vectors, 8 blocks of 8 heads.
+    pub const CLIPCAP: MapperTransformer = MapperTransformer {
+        clip_len: 10,
+        layers: 8,
+        heads: 8,
+    };
+
+    /// The transformer of a captioner `c` with this mapper.
+    pub fn blocks(&self, c: &CaptionerConfig) -> TransformerConfig {
+        TransformerConfig {
+            mlp_width: Some(c.mapper_hidden),
+            activation: c.mapper_activation,
+            qkv_bias: false,
+            final_norm: false,
+            ..TransformerConfig::new(c.decoder.width, self.layers, self.heads, false)
+        }
+    }
 }
 
 /// The network's shape. `embed_dim` and `vocab_size` come from the data
@@ -108,11 +135,15 @@ pub struct CaptionerConfig {
     pub embed_dim: usize,
     /// Number of prefix vectors k.
     pub prefix_len: usize,
-    /// Hidden size of the mapper MLP.
+    /// Hidden size of the mapper's MLP (the MLP mapper's, or each block's
+    /// of a transformer mapper).
     pub mapper_hidden: usize,
-    /// Checkpoints from before this field have a GELU mapper.
+    /// Its activation; checkpoints from before this field have GELU.
     #[serde(default)]
-    pub mapper_activation: MapperActivation,
+    pub mapper_activation: Activation,
+    /// ClipCap's transformer mapper; absent, the mapper is the MLP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapper_transformer: Option<MapperTransformer>,
     pub decoder: TransformerConfig,
     /// Caption positions, <bos> and <eos> included (as `Vocab::encode` counts).
     pub max_len: usize,
@@ -137,7 +168,13 @@ impl CaptionerConfig {
     pub fn parameter_count(&self) -> u128 {
         let (d, k) = (self.decoder.width as u128, self.prefix_len as u128);
         let (e, h) = (self.embed_dim as u128, self.mapper_hidden as u128);
-        let mapper = e * h + h + h * k * d + k * d;
+        let mapper = match &self.mapper_transformer {
+            None => e * h + h + h * k * d + k * d,
+            Some(t) => {
+                let clip = t.clip_len as u128 * d;
+                e * clip + clip + k * d + t.blocks(self).parameter_count()
+            }
+        };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
         mapper + embeddings + self.decoder.parameter_count()
     }
@@ -162,6 +199,18 @@ impl CaptionerConfig {
         }
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        }
+        if let Some(t) = &self.mapper_transformer {
+            if t.clip_len == 0 || t.layers == 0 || t.heads == 0 {
+                bail!("the transformer mapper's clip_len, layers and heads must be positive");
+            }
+            if !d.width.is_multiple_of(t.heads) {
+                bail!(
+                    "the transformer mapper's {} heads must divide the decoder width {}",
+                    t.heads,
+                    d.width
+                );
+            }
         }
         let s = self.specials;
         if [s.start, s.end, s.pad]

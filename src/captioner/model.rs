@@ -20,9 +20,9 @@
 //! only for the positions it has. Generation uses its own cache
 //! (`decode`).
 
-use super::{CaptionerConfig, MapperActivation};
+use super::CaptionerConfig;
+use super::mapper::{Mapper, MapperActivations};
 use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
-use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
 use anyhow::Result;
@@ -42,7 +42,7 @@ pub const MASKED_LOGIT: f32 = -1e30;
 pub struct Captioner<B: Backend> {
     pub config: CaptionerConfig,
     pub params: Params<B>,
-    pub(super) mapper: Mapper,
+    mapper: Mapper,
     /// [vocab, width], also the output layer.
     pub(super) tokens: ParamId,
     pub(super) positions: ParamId,
@@ -71,10 +71,6 @@ struct Workspace<B: Backend> {
     d_hidden: B::Tensor,
     d_token_embed: B::Tensor,
     d_prefix: B::Tensor,
-    /// The gradient at the mapper's activation output (tanh only: GELU's
-    /// is fused into fc2's backward).
-    d_mapper_act: B::Tensor,
-    d_mapper_hidden: B::Tensor,
 }
 
 /// The output layer: the tied token embedding and the policy mask.
@@ -109,58 +105,6 @@ impl<B: Backend> OutputLayer<B> {
 /// Whether the parameter named `name` is the mapper's (`mapper.*`).
 pub fn is_mapper_param(name: &str) -> bool {
     name.starts_with("mapper.")
-}
-
-/// The mapper: an image embedding to k prefix vectors (fc1, GELU or
-/// tanh, fc2).
-pub(super) struct Mapper {
-    fc1: Dense,
-    fc2: Dense,
-    activation: MapperActivation,
-}
-
-/// The mapper's activations for `rows` image embeddings.
-pub(super) struct MapperActivations<B: Backend> {
-    features: B::Tensor,
-    hidden: B::Tensor,
-    act: B::Tensor,
-    /// `[rows, k * width]`: each row's k prefix vectors.
-    pub(super) prefix: B::Tensor,
-}
-
-impl<B: Backend> MapperActivations<B> {
-    pub(super) fn new(b: &B, c: &CaptionerConfig, rows: usize) -> Self {
-        MapperActivations {
-            features: b.zeros(rows * c.embed_dim),
-            hidden: b.zeros(rows * c.mapper_hidden),
-            act: b.zeros(rows * c.mapper_hidden),
-            prefix: b.zeros(rows * c.prefix_len * c.decoder.width),
-        }
-    }
-}
-
-impl Mapper {
-    /// a.prefix = the mapper on `features` (`[rows, embed_dim]`).
-    pub(super) fn forward<B: Backend>(
-        &self,
-        b: &B,
-        p: &Params<B>,
-        a: &mut MapperActivations<B>,
-        features: &[f32],
-    ) {
-        b.write(&mut a.features, features);
-        match self.activation {
-            MapperActivation::Gelu => {
-                self.fc1
-                    .forward_gelu(b, p, &a.features, &mut a.hidden, &mut a.act)
-            }
-            MapperActivation::Tanh => {
-                self.fc1.forward(b, p, &a.features, &mut a.hidden);
-                b.tanh(&a.hidden, &mut a.act);
-            }
-        }
-        self.fc2.forward(b, p, &a.act, &mut a.prefix);
-    }
 }
 
 /// Decoder inputs for one batch: `[batch, positions]` ids, each row
@@ -250,7 +194,7 @@ impl<B: Backend> Workspace<B> {
             prefix_layout: one_run_per_item(k * w, 0),
             token_layout: one_run_per_item(t * w, k * w),
             decoder: m.decoder.activations(b, batch, s),
-            mapper: MapperActivations::new(b, c, batch),
+            mapper: MapperActivations::new(b, &m.mapper, c, batch, true),
             token_embed: b.zeros(batch * t * w),
             hidden: b.zeros(batch * s * w),
             token_hidden: b.zeros(batch * t * w),
@@ -258,8 +202,6 @@ impl<B: Backend> Workspace<B> {
             d_hidden: b.zeros(batch * s * w),
             d_token_embed: b.zeros(batch * t * w),
             d_prefix: b.zeros(batch * k * w),
-            d_mapper_act: b.zeros(batch * c.mapper_hidden),
-            d_mapper_hidden: b.zeros(batch * c.mapper_hidden),
         })
     }
 }
@@ -269,19 +211,9 @@ impl<B: Backend> Captioner<B> {
     pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Result<Self> {
         config.validate()?;
         let c = &config;
-        let (w, k, s) = (c.decoder.width, c.prefix_len, c.seq_len());
+        let (w, s) = (c.decoder.width, c.seq_len());
         let mut p = Params::new(seed);
-        let mapper = Mapper {
-            fc1: Dense::new(
-                &mut p,
-                "mapper.fc1",
-                c.embed_dim,
-                c.mapper_hidden,
-                (c.embed_dim as f32).powf(-0.5),
-            ),
-            fc2: Dense::new(&mut p, "mapper.fc2", c.mapper_hidden, k * w, 0.02),
-            activation: c.mapper_activation,
-        };
+        let mapper = Mapper::new(&mut p, c);
         let tokens = p.add(
             "decoder.tokens".into(),
             &[c.vocab_size, w],
@@ -325,6 +257,10 @@ impl<B: Backend> Captioner<B> {
 
     pub fn logits(&self) -> &B::Tensor {
         &self.workspaces[self.current].logits
+    }
+
+    pub(super) fn mapper(&self) -> &Mapper {
+        &self.mapper
     }
 
     /// The workspace for `inputs`' shape, made on first use.
@@ -423,24 +359,6 @@ impl<B: Backend> Captioner<B> {
         b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
         b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
-        let m = &ws.mapper;
-        match self.mapper.activation {
-            MapperActivation::Gelu => self.mapper.fc2.backward_through_gelu(
-                b,
-                p,
-                &ws.d_prefix,
-                &m.act,
-                &m.hidden,
-                &mut ws.d_mapper_hidden,
-            ),
-            MapperActivation::Tanh => {
-                let d_act = Some((&mut ws.d_mapper_act, false));
-                self.mapper.fc2.backward(b, p, &ws.d_prefix, &m.act, d_act);
-                b.tanh_backward(&m.hidden, &ws.d_mapper_act, &mut ws.d_mapper_hidden);
-            }
-        }
-        self.mapper
-            .fc1
-            .backward(b, p, &ws.d_mapper_hidden, &m.features, None);
+        self.mapper.backward(b, p, &mut ws.mapper, &ws.d_prefix);
     }
 }

@@ -1,8 +1,8 @@
 //! A captioner whose decoder is a pretrained GPT-2 (ClipCap: Mokady et
 //! al., 2021, "ClipCap: CLIP Prefix for Image Captioning", arXiv
 //! 2111.09734). GPT-2's weights become the decoder's as `model::gpt2`
-//! maps them; the mapper is new, ClipCap's MLP with tanh. Two things
-//! differ from a GPT-2 as
+//! maps them; the mapper is new: ClipCap's MLP with tanh, or its
+//! transformer mapper with ReLU. Two things differ from a GPT-2 as
 //! transformers holds it:
 //! - the token embedding has one row more, after GPT-2's ids: the padding
 //!   id, which no caption contains and the policy masks, so that target
@@ -15,10 +15,11 @@
 
 use super::export::{MAPPER_FILE, mapper_metadata};
 use super::model::{Captioner, is_mapper_param};
-use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperActivation, SpecialIds};
+use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperTransformer, SpecialIds};
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
 use crate::model::gpt2::{self, Gpt2};
+use crate::model::layers::Activation;
 use crate::tensorfile;
 use anyhow::{Result, bail};
 use std::path::Path;
@@ -30,21 +31,29 @@ pub struct PrefixShape {
     /// Size of the image embedding the mapper reads.
     pub embed_dim: usize,
     pub prefix_len: usize,
+    /// The MLP mapper's hidden size, or a transformer mapper's blocks' MLP width.
     pub mapper_hidden: usize,
+    /// ClipCap's transformer mapper; None for its MLP.
+    pub mapper_transformer: Option<MapperTransformer>,
     /// Caption positions, the start and the end included.
     pub max_len: usize,
 }
 
 /// The captioner config of a GPT-2 decoder with `shape`'s prefix: GPT-2's
 /// network, its ids and one more for the padding, `<|endoftext|>`
-/// (`end`) as start and end.
+/// (`end`) as start and end, and ClipCap's activation for the mapper
+/// (tanh in the MLP, ReLU in the transformer's blocks).
 pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<CaptionerConfig> {
     let c = &gpt2.config;
     let config = CaptionerConfig {
         embed_dim: shape.embed_dim,
         prefix_len: shape.prefix_len,
         mapper_hidden: shape.mapper_hidden,
-        mapper_activation: MapperActivation::Tanh,
+        mapper_activation: match shape.mapper_transformer {
+            None => Activation::Tanh,
+            Some(_) => Activation::Relu,
+        },
+        mapper_transformer: shape.mapper_transformer,
         decoder: c.transformer(),
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,
@@ -95,12 +104,17 @@ pub fn from_folder<B: Backend>(
 fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Result<()> {
     let mut file = tensorfile::read(path)?;
     for (key, want) in mapper_metadata(&model.config) {
-        let held = file.meta(key, path)?;
+        let held = match (key, file.metadata.get(key)) {
+            // Exports from before transformer mappers hold an MLP.
+            ("mapper", None) => "mlp",
+            _ => file.meta(key, path)?,
+        };
         if held != want {
             bail!(
                 "{}: the mapper's {key} is {held} but the run's is {want}; give the run the \
-                 mapper's shape ([model] prefix_len and mapper_hidden, image embeddings of \
-                 embed_dim), or remove {MAPPER_FILE} from the folder for a fresh mapper",
+                 mapper's shape ([model] prefix_len, mapper_hidden, mapper_activation and \
+                 mapper_transformer, image embeddings of embed_dim), or remove {MAPPER_FILE} \
+                 from the folder for a fresh mapper",
                 path.display()
             );
         }

@@ -3,11 +3,12 @@
 //! `assets/presets/`; `captune train --config FILE` reads any other file
 //! of the same form.
 
-use super::CaptionerConfig;
 use super::objective::Objective;
 use super::objectives;
 use super::objectives::settings::Settings;
+use super::{CaptionerConfig, MapperTransformer};
 use crate::backend::Backend;
+use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
 use crate::source::embeddings::FeatureSource;
 use anyhow::{Context, Result, bail};
@@ -19,9 +20,15 @@ use std::path::{Path, PathBuf};
 pub struct ModelSection {
     pub prefix_len: usize,
     pub mapper_hidden: usize,
-    /// "gelu" (the default) or ClipCap's "tanh".
+    /// "gelu" (the default), ClipCap's "tanh" (its MLP) or "relu" (its
+    /// transformer mapper's blocks). A GPT-2 decoder takes ClipCap's.
     #[serde(default, skip_serializing_if = "is_gelu")]
-    pub mapper_activation: super::MapperActivation,
+    pub mapper_activation: Activation,
+    /// ClipCap's transformer mapper (`[model.mapper_transformer]`:
+    /// clip_len, layers, heads) instead of the MLP; mapper_hidden is then
+    /// its blocks' MLP width.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mapper_transformer: Option<MapperTransformer>,
     pub width: usize,
     pub layers: usize,
     pub heads: usize,
@@ -57,6 +64,7 @@ impl ModelSection {
         self.mapper_hidden = c.mapper_hidden;
         self.max_len = c.max_len;
         self.mapper_activation = c.mapper_activation;
+        self.mapper_transformer = c.mapper_transformer;
         self.width = c.decoder.width;
         self.layers = c.decoder.layers;
         self.heads = c.decoder.heads;
@@ -103,8 +111,8 @@ pub struct TrainSection {
     pub settings: Settings,
 }
 
-fn is_gelu(a: &super::MapperActivation) -> bool {
-    *a == super::MapperActivation::Gelu
+fn is_gelu(a: &Activation) -> bool {
+    *a == Activation::Gelu
 }
 
 fn all_labelled() -> f64 {
@@ -227,12 +235,8 @@ impl RunConfig {
             prefix_len: m.prefix_len,
             mapper_hidden: m.mapper_hidden,
             mapper_activation: m.mapper_activation,
-            decoder: TransformerConfig {
-                width: m.width,
-                layers: m.layers,
-                heads: m.heads,
-                causal: true,
-            },
+            mapper_transformer: m.mapper_transformer,
+            decoder: TransformerConfig::new(m.width, m.layers, m.heads, true),
             max_len: m.max_len,
             vocab_size,
             specials: super::SpecialIds::WORDS,

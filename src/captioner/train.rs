@@ -133,6 +133,7 @@ pub fn fresh_checkpoint<B: Backend>(
             embed_dim: data.dim,
             prefix_len: m.prefix_len,
             mapper_hidden: m.mapper_hidden,
+            mapper_transformer: m.mapper_transformer,
             max_len: m.max_len,
         };
         return pretrained::from_folder(b, &dir, shape, config.train.seed);

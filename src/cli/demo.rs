@@ -125,6 +125,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             labelled: None,
             init,
             decoder: None,
+            mapper: None,
             out: out.join(objective),
             resume: false,
             overwrite: args.overwrite,

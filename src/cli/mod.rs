@@ -72,12 +72,7 @@ impl RetrieverShape {
     ) -> Result<captune::retriever::Checkpoint<B>> {
         use captune::model::transformer::TransformerConfig;
         let vocab = captune::retriever::train::vocab_for(data, self.min_count)?;
-        let tower = |layers, causal| TransformerConfig {
-            width: self.width,
-            layers,
-            heads: self.heads,
-            causal,
-        };
+        let tower = |layers, causal| TransformerConfig::new(self.width, layers, self.heads, causal);
         let config = captune::retriever::RetrieverConfig {
             image_size: self.image_size,
             patch: self.patch,

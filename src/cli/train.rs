@@ -4,7 +4,6 @@
 use super::captioner::Captioner;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
-use captune::captioner::Checkpoint;
 use captune::captioner::objectives::{
     self,
     settings::{SettingKind, SettingValue, Settings},
@@ -13,6 +12,7 @@ use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self};
+use captune::captioner::{Checkpoint, MapperTransformer};
 use captune::data::Split;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
@@ -136,10 +136,17 @@ pub struct TrainArgs {
     /// A pretrained decoder, hf:FOLDER ([model] decoder): a Hugging Face
     /// GPT-2 folder (config.json, model.safetensors, tokenizer.json). Its
     /// network and tokenizer replace [model]'s width, layers and heads and
-    /// the word vocabulary; the mapper (ClipCap's, with tanh) is new. The
-    /// run's checkpoints carry it from then on.
+    /// the word vocabulary; the mapper (ClipCap's: see --mapper) is new.
+    /// The run's checkpoints carry it from then on.
     #[arg(long, value_name = "hf:FOLDER", conflicts_with = "resume")]
     pub decoder: Option<String>,
+    /// The mapper from image embeddings to the prefix: ClipCap's MLP, or
+    /// its transformer mapper ([model.mapper_transformer]: the embedding
+    /// as 10 vectors, 8 blocks of 8 heads, [model] mapper_hidden wide
+    /// MLPs; ReLU with a GPT-2 decoder), the one its paper pairs with
+    /// --freeze-decoder.
+    #[arg(long, value_enum, conflicts_with_all = ["resume", "init"])]
+    pub mapper: Option<MapperKind>,
     /// The run folder (config, logs, samples, metrics, checkpoints).
     #[arg(long, default_value = "runs/captioner")]
     pub out: PathBuf,
@@ -160,6 +167,12 @@ pub struct TrainArgs {
     /// decoder's language stays and the mapper learns new image features.
     #[arg(long)]
     pub freeze_decoder: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum MapperKind {
+    Mlp,
+    Transformer,
 }
 
 fn positive(text: &str) -> Result<usize> {
@@ -187,6 +200,12 @@ impl TrainArgs {
         let before = c.train.clone();
         if let Some(decoder) = &self.decoder {
             c.model.decoder = Some(decoder.clone());
+        }
+        if let Some(kind) = self.mapper {
+            c.model.mapper_transformer = match kind {
+                MapperKind::Mlp => None,
+                MapperKind::Transformer => Some(MapperTransformer::CLIPCAP),
+            };
         }
         let t = &mut c.train;
         if let Some(o) = &self.objective.objective {

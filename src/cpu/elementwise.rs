@@ -111,6 +111,18 @@ pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
         });
 }
 
+/// y = max(x, 0) (ClipCap's transformer mapper).
+pub fn relu_forward(x: &[f32], y: &mut [f32]) {
+    y.par_iter_mut().zip(x).for_each(|(y, &v)| *y = v.max(0.0));
+}
+
+/// dx = dy where x > 0, else 0.
+pub fn relu_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    dx.par_iter_mut()
+        .zip(x.par_iter().zip(dy))
+        .for_each(|(d, (&v, &g))| *d = if v > 0.0 { g } else { 0.0 });
+}
+
 /// d = d * gelu'(x): `gelu_backward` with dy and dx the same buffer, each
 /// run of 256 copied aside first.
 pub fn gelu_backward_in_place(x: &[f32], d: &mut [f32]) {

@@ -139,6 +139,14 @@ impl Backend for CpuBackend {
         elementwise::tanh_backward(x, dy, dx);
     }
 
+    fn relu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        elementwise::relu_forward(x, y);
+    }
+
+    fn relu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        elementwise::relu_backward(x, dy, dx);
+    }
+
     fn matmul_gelu_backward(
         &self,
         a: &Vec<f32>,

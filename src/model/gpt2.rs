@@ -133,12 +133,7 @@ impl Gpt2Config {
     }
 
     pub fn transformer(&self) -> TransformerConfig {
-        TransformerConfig {
-            width: self.n_embd,
-            layers: self.n_layer,
-            heads: self.n_head,
-            causal: true,
-        }
+        TransformerConfig::new(self.n_embd, self.n_layer, self.n_head, true)
     }
 }
 

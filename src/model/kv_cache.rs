@@ -171,7 +171,7 @@ impl Transformer {
             block.mlp_forward(b, p, a, next);
             std::mem::swap(x, next);
         }
-        self.ln_f.forward(b, p, &stream[0], out, &mut cache.ln_f);
+        self.final_output(b, p, &stream[0], out, &mut cache.ln_f);
         cache.len += 1;
     }
 }

@@ -6,19 +6,54 @@
 use super::params::{Init, ParamId, Params};
 use crate::backend::{Backend, Storage};
 use crate::ops::linear::Linear;
+use serde::{Deserialize, Serialize};
 
 const LN_EPS: f32 = 1e-5;
 
-/// y = x W + b over the rows of x.
+/// The activation after a dense layer: GELU (tanh approximation, GPT-2's
+/// and captune's), tanh (ClipCap's MLP mapper) or ReLU (ClipCap's
+/// transformer mapper).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Activation {
+    #[default]
+    Gelu,
+    Tanh,
+    Relu,
+}
+
+impl Activation {
+    /// Whether the activation's gradient is fused into the next layer's
+    /// input gradient (GELU's is); the others need a buffer of their own
+    /// for the gradient at their output.
+    pub fn is_fused(self) -> bool {
+        self == Activation::Gelu
+    }
+}
+
+/// y = x W + b over the rows of x (b optional).
 pub struct Dense {
     pub inputs: usize,
     pub outputs: usize,
     pub w: ParamId,
-    pub bias: ParamId,
+    pub bias: Option<ParamId>,
 }
 
 impl Dense {
     pub fn new<B: Backend>(
+        params: &mut Params<B>,
+        name: &str,
+        inputs: usize,
+        outputs: usize,
+        std: f32,
+    ) -> Self {
+        let mut dense = Self::without_bias(params, name, inputs, outputs, std);
+        dense.bias = Some(params.add(format!("{name}.bias"), &[outputs], Init::Const(0.0), false));
+        dense
+    }
+
+    /// y = x W: a layer with no bias parameter.
+    pub fn without_bias<B: Backend>(
         params: &mut Params<B>,
         name: &str,
         inputs: usize,
@@ -34,7 +69,7 @@ impl Dense {
                 Init::Normal(std),
                 true,
             ),
-            bias: params.add(format!("{name}.bias"), &[outputs], Init::Const(0.0), false),
+            bias: None,
         }
     }
 
@@ -49,37 +84,81 @@ impl Dense {
     }
 
     pub fn forward<B: Backend>(&self, b: &B, params: &Params<B>, x: &B::Tensor, y: &mut B::Tensor) {
+        let bias = self.bias.map(|id| params.value(id));
         self.on(x.len())
-            .forward(b, x, params.value(self.w), Some(params.value(self.bias)), y);
+            .forward(b, x, params.value(self.w), bias, y);
     }
 
-    /// y = GELU(x W + b), the pre-activation kept in `pre`.
-    pub fn forward_gelu<B: Backend>(
+    /// y = act(x W + b), the pre-activation kept in `pre` (GELU in the
+    /// same dispatch on the GPU).
+    pub fn forward_act<B: Backend>(
         &self,
         b: &B,
         params: &Params<B>,
+        act: Activation,
         x: &B::Tensor,
         pre: &mut B::Tensor,
         y: &mut B::Tensor,
     ) {
-        let (w, bias) = (params.value(self.w), params.value(self.bias));
-        self.on(x.len()).forward_gelu(b, x, w, bias, pre, y);
+        match (act, self.bias) {
+            (Activation::Gelu, Some(bias)) => {
+                let (w, bias) = (params.value(self.w), params.value(bias));
+                self.on(x.len()).forward_gelu(b, x, w, bias, pre, y);
+            }
+            (Activation::Gelu, None) => {
+                self.forward(b, params, x, pre);
+                b.gelu(pre, y);
+            }
+            (Activation::Tanh, _) => {
+                self.forward(b, params, x, pre);
+                b.tanh(pre, y);
+            }
+            (Activation::Relu, _) => {
+                self.forward(b, params, x, pre);
+                b.relu(pre, y);
+            }
+        }
     }
 
-    /// `backward` for a layer whose input x was GELU(pre) (the layer after
-    /// `forward_gelu`): writes the gradient w.r.t. pre to `d_pre`.
-    pub fn backward_through_gelu<B: Backend>(
+    /// `backward` for a layer whose input x was act(pre) (the layer after
+    /// `forward_act`): writes the gradient w.r.t. pre to `d_pre`. Unless
+    /// the activation is fused, `d_x` holds the gradient w.r.t. x on the
+    /// way (`[rows, inputs]`; unused, and may be empty, for GELU).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_through_act<B: Backend>(
         &self,
         b: &B,
         params: &mut Params<B>,
+        act: Activation,
         dy: &B::Tensor,
         x: &B::Tensor,
         pre: &B::Tensor,
+        d_x: &mut B::Tensor,
         d_pre: &mut B::Tensor,
     ) {
-        let (values, [dw, dbias]) = params.for_backward(self.w, self.bias);
-        self.on(x.len())
-            .backward_through_gelu(b, dy, x, &values[self.w.0], dw, dbias, pre, d_pre);
+        match (act, self.bias) {
+            (Activation::Gelu, Some(bias)) => {
+                let (values, [dw, dbias]) = params.for_backward(self.w, bias);
+                self.on(x.len()).backward_through_gelu(
+                    b,
+                    dy,
+                    x,
+                    &values[self.w.0],
+                    dw,
+                    dbias,
+                    pre,
+                    d_pre,
+                );
+            }
+            _ => {
+                self.backward(b, params, dy, x, Some((d_x, false)));
+                match act {
+                    Activation::Gelu => b.gelu_backward(pre, d_x, d_pre, false),
+                    Activation::Tanh => b.tanh_backward(pre, d_x, d_pre),
+                    Activation::Relu => b.relu_backward(pre, d_x, d_pre),
+                }
+            }
+        }
     }
 
     /// Gradients accumulate into the parameters'; dx (+)= when given.
@@ -91,9 +170,17 @@ impl Dense {
         x: &B::Tensor,
         dx: Option<(&mut B::Tensor, bool)>,
     ) {
-        let (values, [dw, dbias]) = params.for_backward(self.w, self.bias);
-        self.on(x.len())
-            .backward(b, dy, x, &values[self.w.0], dw, Some(dbias), dx);
+        let linear = self.on(x.len());
+        match self.bias {
+            Some(bias) => {
+                let (values, [dw, dbias]) = params.for_backward(self.w, bias);
+                linear.backward(b, dy, x, &values[self.w.0], dw, Some(dbias), dx);
+            }
+            None => {
+                let (values, dw) = params.for_backward_one(self.w);
+                linear.backward(b, dy, x, &values[self.w.0], dw, None, dx);
+            }
+        }
     }
 }
 

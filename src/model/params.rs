@@ -158,6 +158,12 @@ impl<B: Backend> Params<B> {
         &mut self.grads[id.0]
     }
 
+    /// The values, and one gradient (a layer's weight without a bias),
+    /// borrowed at once by a backward pass.
+    pub fn for_backward_one(&mut self, a: ParamId) -> (&[B::Tensor], &mut B::Tensor) {
+        (&self.values, &mut self.grads[a.0])
+    }
+
     /// The values, and two distinct gradients (a layer's weight and bias),
     /// borrowed at once by a backward pass.
     pub fn for_backward(&mut self, a: ParamId, b: ParamId) -> (&[B::Tensor], [&mut B::Tensor; 2]) {

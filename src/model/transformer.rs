@@ -7,7 +7,7 @@
 //! it needs kept in a named buffer. Decoding one position at a time over
 //! cached keys and values is in [`super::kv_cache`].
 
-use super::layers::{Dense, Norm, NormStats};
+use super::layers::{Activation, Dense, Norm, NormStats};
 use super::params::Params;
 use crate::backend::Backend;
 use crate::ops::attention::{Attention, AttentionShape};
@@ -20,9 +20,48 @@ pub struct TransformerConfig {
     pub heads: usize,
     /// Each position attends only to itself and earlier ones.
     pub causal: bool,
+    /// Each block's MLP hidden width; 4 width (GPT-2's) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_width: Option<usize>,
+    /// Each block's MLP activation.
+    #[serde(default, skip_serializing_if = "is_gelu")]
+    pub activation: Activation,
+    /// Whether the query, key and value projections have biases.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub qkv_bias: bool,
+    /// Whether a layer norm follows the last block.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub final_norm: bool,
+}
+
+fn is_gelu(a: &Activation) -> bool {
+    *a == Activation::Gelu
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(x: &bool) -> bool {
+    *x
 }
 
 impl TransformerConfig {
+    /// GPT-2's blocks (a GELU MLP 4 times as wide, biased q, k, v) and a
+    /// final layer norm.
+    pub fn new(width: usize, layers: usize, heads: usize, causal: bool) -> Self {
+        TransformerConfig {
+            width,
+            layers,
+            heads,
+            causal,
+            mlp_width: None,
+            activation: Activation::Gelu,
+            qkv_bias: true,
+            final_norm: true,
+        }
+    }
+
     fn init_std(&self) -> f32 {
         0.02
     }
@@ -31,13 +70,21 @@ impl TransformerConfig {
         self.width / self.heads
     }
 
+    pub fn mlp_width(&self) -> usize {
+        self.mlp_width.unwrap_or(4 * self.width)
+    }
+
     /// Parameters of the blocks and the final layer norm: per block two
-    /// layer norms (4d), qkv (3d^2 + 3d), the projection (d^2 + d) and
-    /// the MLP (8d^2 + 5d). Checked against a built model in the tests;
-    /// checkpoint loading compares it with a file before allocating.
+    /// layer norms (4d), qkv (3d^2, + 3d with biases), the projection
+    /// (d^2 + d) and the MLP of hidden width h (2dh + h + d); GPT-2's
+    /// blocks have 12d^2 + 13d. Checked against a built model in the
+    /// tests; checkpoint loading compares it with a file before allocating.
     pub fn parameter_count(&self) -> u128 {
-        let d = self.width as u128;
-        self.layers as u128 * (12 * d * d + 13 * d) + 2 * d
+        let (d, h) = (self.width as u128, self.mlp_width() as u128);
+        let qkv_bias = if self.qkv_bias { 3 * d } else { 0 };
+        let block = 4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * h + h + d;
+        let final_norm = if self.final_norm { 2 * d } else { 0 };
+        self.layers as u128 * block + final_norm
     }
 }
 
@@ -49,6 +96,7 @@ pub(super) struct Block {
     pub(super) ln2: Norm,
     pub(super) fc1: Dense,
     pub(super) fc2: Dense,
+    activation: Activation,
 }
 
 /// One block's activations for a batch shape, `[rows, width]` unless
@@ -63,13 +111,16 @@ pub(super) struct BlockActivations<B: Backend> {
     branch_out: B::Tensor,
     pub(super) mid: B::Tensor,
     ln2_out: B::Tensor,
-    fc1_out: B::Tensor, // [rows, 4 width]
-    gelu_out: B::Tensor,
+    fc1_out: B::Tensor, // [rows, mlp width]
+    act_out: B::Tensor,
     // gradients
     d_ln: B::Tensor,
     d_qkv: B::Tensor,
     d_attn: B::Tensor,
     d_fc1: B::Tensor,
+    /// At the activation's output, for an activation not fused into fc2's
+    /// backward (empty otherwise).
+    d_act: B::Tensor,
 }
 
 impl<B: Backend> BlockActivations<B> {
@@ -83,7 +134,7 @@ impl<B: Backend> BlockActivations<B> {
         seq: usize,
         backward: bool,
     ) -> Self {
-        let (rows, w) = (batch * seq, c.width);
+        let (rows, w, h) = (batch * seq, c.width, c.mlp_width());
         let grad = |len: usize| b.zeros(if backward { len } else { 0 });
         let shape = AttentionShape {
             batch,
@@ -102,29 +153,36 @@ impl<B: Backend> BlockActivations<B> {
             branch_out: b.zeros(rows * w),
             mid: b.zeros(rows * w),
             ln2_out: b.zeros(rows * w),
-            fc1_out: b.zeros(rows * 4 * w),
-            gelu_out: b.zeros(rows * 4 * w),
+            fc1_out: b.zeros(rows * h),
+            act_out: b.zeros(rows * h),
             d_ln: grad(rows * w),
             d_qkv: grad(rows * 3 * w),
             d_attn: grad(rows * w),
-            d_fc1: grad(rows * 4 * w),
+            d_fc1: grad(rows * h),
+            d_act: grad(if c.activation.is_fused() { 0 } else { rows * h }),
         }
     }
 }
 
 impl Block {
     fn new<B: Backend>(params: &mut Params<B>, name: &str, c: &TransformerConfig) -> Self {
-        let w = c.width;
+        let (w, h) = (c.width, c.mlp_width());
         let std = c.init_std();
         // Residual projections scaled down with depth, as GPT-2 does.
         let residual_std = std / (2.0 * c.layers as f32).sqrt();
+        let qkv_name = format!("{name}.attn.qkv");
         Block {
             ln1: Norm::new(params, &format!("{name}.ln1"), w),
-            qkv: Dense::new(params, &format!("{name}.attn.qkv"), w, 3 * w, std),
+            qkv: if c.qkv_bias {
+                Dense::new(params, &qkv_name, w, 3 * w, std)
+            } else {
+                Dense::without_bias(params, &qkv_name, w, 3 * w, std)
+            },
             proj: Dense::new(params, &format!("{name}.attn.proj"), w, w, residual_std),
             ln2: Norm::new(params, &format!("{name}.ln2"), w),
-            fc1: Dense::new(params, &format!("{name}.mlp.fc1"), w, 4 * w, std),
-            fc2: Dense::new(params, &format!("{name}.mlp.fc2"), 4 * w, w, residual_std),
+            fc1: Dense::new(params, &format!("{name}.mlp.fc1"), w, h, std),
+            fc2: Dense::new(params, &format!("{name}.mlp.fc2"), h, w, residual_std),
+            activation: c.activation,
         }
     }
 
@@ -154,9 +212,15 @@ impl Block {
         out: &mut B::Tensor,
     ) {
         self.ln2.forward(b, p, &a.mid, &mut a.ln2_out, &mut a.ln2);
-        self.fc1
-            .forward_gelu(b, p, &a.ln2_out, &mut a.fc1_out, &mut a.gelu_out);
-        self.fc2.forward(b, p, &a.gelu_out, &mut a.branch_out);
+        self.fc1.forward_act(
+            b,
+            p,
+            self.activation,
+            &a.ln2_out,
+            &mut a.fc1_out,
+            &mut a.act_out,
+        );
+        self.fc2.forward(b, p, &a.act_out, &mut a.branch_out);
         b.add(1.0, &a.mid, 1.0, &a.branch_out, out);
     }
 
@@ -173,8 +237,16 @@ impl Block {
         d: &mut B::Tensor,
     ) {
         // MLP branch: d becomes the gradient w.r.t. mid.
-        self.fc2
-            .backward_through_gelu(b, p, d, &a.gelu_out, &a.fc1_out, &mut a.d_fc1);
+        self.fc2.backward_through_act(
+            b,
+            p,
+            self.activation,
+            d,
+            &a.act_out,
+            &a.fc1_out,
+            &mut a.d_act,
+            &mut a.d_fc1,
+        );
         self.fc1
             .backward(b, p, &a.d_fc1, &a.ln2_out, Some((&mut a.d_ln, false)));
         self.ln2.backward(b, p, &a.d_ln, &a.mid, &a.ln2, d, true);
@@ -188,11 +260,12 @@ impl Block {
     }
 }
 
-/// Blocks and a final layer norm: the weights.
+/// Blocks and (unless the config says otherwise) a final layer norm:
+/// the weights.
 pub struct Transformer {
     pub config: TransformerConfig,
     pub(super) blocks: Vec<Block>,
-    pub(super) ln_f: Norm,
+    ln_f: Option<Norm>,
 }
 
 /// The activations of a transformer for `[batch, seq, width]` inputs.
@@ -231,7 +304,24 @@ impl Transformer {
         Transformer {
             config,
             blocks,
-            ln_f: Norm::new(params, &format!("{name}.ln_f"), config.width),
+            ln_f: config
+                .final_norm
+                .then(|| Norm::new(params, &format!("{name}.ln_f"), config.width)),
+        }
+    }
+
+    /// out = ln_f(x), or x itself without a final norm.
+    pub(super) fn final_output<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        x: &B::Tensor,
+        out: &mut B::Tensor,
+        stats: &mut NormStats<B>,
+    ) {
+        match &self.ln_f {
+            Some(ln_f) => ln_f.forward(b, p, x, out, stats),
+            None => b.axpby(1.0, x, 0.0, out),
         }
     }
 
@@ -253,7 +343,7 @@ impl Transformer {
         }
     }
 
-    /// out = ln_f(blocks(a.input())).
+    /// out = ln_f(blocks(a.input())), or blocks(a.input()) without a final norm.
     pub fn forward<B: Backend>(
         &self,
         b: &B,
@@ -266,8 +356,8 @@ impl Transformer {
             let (done, rest) = a.stream.split_at_mut(i + 1);
             block.forward(b, p, acts, &done[i], key_mask, &mut rest[0]);
         }
-        self.ln_f
-            .forward(b, p, &a.stream[self.config.layers], out, &mut a.ln_f);
+        let top = &a.stream[self.config.layers];
+        self.final_output(b, p, top, out, &mut a.ln_f);
     }
 
     /// The gradient w.r.t. the input, given d_out; parameter gradients accumulate.
@@ -280,7 +370,10 @@ impl Transformer {
     ) -> &'a B::Tensor {
         let d = &mut a.d_stream;
         let top = &a.stream[self.config.layers];
-        self.ln_f.backward(b, p, d_out, top, &a.ln_f, d, false);
+        match &self.ln_f {
+            Some(ln_f) => ln_f.backward(b, p, d_out, top, &a.ln_f, d, false),
+            None => b.axpby(1.0, d_out, 0.0, d),
+        }
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
             block.backward(b, p, acts, &a.stream[i], d);
         }

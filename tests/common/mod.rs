@@ -207,8 +207,13 @@ pub fn new_run<'d, B: Backend>(
     name: &str,
     retriever: Option<&'d mut RetrieverCheckpoint<B>>,
 ) -> (Trainer<'d, B>, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("captune-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    // A folder of this call's own, so that no other run's files land in
+    // it while a test deletes it: process ids repeat across containers
+    // sharing the temporary folder.
+    let dir = std::env::temp_dir().join(format!(
+        "captune-{name}-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
     let run = RunFolder::new(&dir);
     let trainer = Trainer::new(b, ck, data, config, run, Begin::New, retriever).unwrap();
     (trainer, dir)
@@ -222,12 +227,7 @@ pub fn tiny_retriever<B: Backend>(
     batch: usize,
 ) -> RetrieverCheckpoint<B> {
     let vocab = captune::data::vocab::Vocab::build(&data.data, 1);
-    let tower = |causal| captune::model::transformer::TransformerConfig {
-        width: 16,
-        layers: 1,
-        heads: 2,
-        causal,
-    };
+    let tower = |causal| captune::model::transformer::TransformerConfig::new(16, 1, 2, causal);
     let config = captune::retriever::RetrieverConfig {
         image_size: 32,
         patch: 8,
