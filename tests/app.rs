@@ -279,6 +279,69 @@ fn the_inspector_scores_a_gpt2_captioner_by_its_pieces() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A live run of a captioner whose decoder is a GPT-2, through every
+/// panel: the loss curves and metrics fill, the samples panel shows the
+/// decoded captions, and the per-token view explains a reference piece by
+/// piece under SCST, its pieces spelling the caption and its end.
+#[test]
+fn a_live_gpt2_run_fills_every_panel() {
+    // Enough for the tiny random GPT-2 to caption the tiny world.
+    const EPOCHS: usize = 30;
+    let out = temp("live-gpt2");
+    let mut config = tiny_config();
+    (config.train.epochs, config.train.lr) = (EPOCHS, 1e-2);
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    config.model.decoder = Some(format!("hf:{}", gpt2.display()));
+    let mut h = harness(live_cpu_run(config, &out, true));
+    step_until(&mut h, "the end of the run", |a| {
+        a.live_status().is_some_and(|s| s.state == State::Finished)
+    });
+    step_until(&mut h, "the last records", |a| {
+        a.history.metrics.last().map(|m| m.epoch) == Some(EPOCHS)
+    });
+    assert!(h.query_all_by_label_contains(", MLE ").count() > 0);
+    let sample = h.state().history.samples.last().unwrap().clone();
+    assert!(
+        !sample.caption.is_empty() && sample.tokens.len() > 1,
+        "the trained GPT-2 says something: {sample:?}"
+    );
+    let pieces: String = sample.tokens.iter().map(|t| t.token.as_str()).collect();
+    assert_eq!(
+        pieces.trim_end_matches("<|endoftext|>").trim(),
+        sample.caption,
+        "a sample's tokens are the pieces of its caption"
+    );
+
+    h.get_by_label("Samples").click_accesskit();
+    h.run();
+    assert_eq!(h.state().tab, Tab::Samples);
+    for word in sample.caption.split_whitespace() {
+        assert!(
+            h.query_all_by_label(word).count() > 0,
+            "the samples panel shows {word:?} of {:?}",
+            sample.caption
+        );
+    }
+    h.get_by_label("Metrics over time").click_accesskit();
+    h.run();
+    assert!(h.query_all_by_label_contains("CIDEr-D").count() > 0);
+
+    h.get_by_label("Per-token view").click_accesskit();
+    h.run();
+    h.get_by_label("scst").click_accesskit();
+    h.run();
+    let explained = |a: &CaptuneApp| a.explained(captune::app::scorer::Asker::PerToken).cloned();
+    step_until(&mut h, "SCST's explanation", |a| explained(a).is_some());
+    let e = explained(h.state()).unwrap();
+    let spelled: String = e.tokens.iter().map(|t| t.token.as_str()).collect();
+    assert!(
+        e.tokens.len() > 2 && spelled.ends_with("<|endoftext|>"),
+        "{spelled:?}"
+    );
+    assert!(h.query_all_by_label_contains("advantage").count() > 0);
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 fn log_line(step: usize, objective: &str, mle: f64, smile: f64) -> String {
     format!(
         r#"{{"step":{step},"epoch":1,"objective":"{objective}","loss":{mle},"mle":{mle},"smile":{smile},"lr":0.001,"grad_norm":1.0,"tokens_per_s":1000.0}}"#

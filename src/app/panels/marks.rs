@@ -28,6 +28,7 @@ pub fn show(ui: &mut egui::Ui, marker: &Marker, caption: &str) {
     ui.horizontal_wrapped(|ui| {
         ui.spacing_mut().item_spacing.x = 4.0;
         for (word, mark) in marker.mark(caption) {
+            let word = drawable(&word);
             match mark {
                 Some(WordMark::Fact(fact)) => {
                     ui.label(styled(&word, WordMark::Fact(fact)))
@@ -37,11 +38,22 @@ pub fn show(ui: &mut egui::Ui, marker: &Marker, caption: &str) {
                     ui.label(styled(&word, mark));
                 }
                 None => {
-                    ui.label(word);
+                    ui.label(word.as_ref());
                 }
             }
         }
     });
+}
+
+/// `word` with U+FFFD, which egui's fonts cannot draw, as `?`: a BPE
+/// captioner's sampled caption holds it where its bytes spell no
+/// character, as the tokenizer decodes them.
+fn drawable(word: &str) -> std::borrow::Cow<'_, str> {
+    if word.contains('\u{FFFD}') {
+        word.replace('\u{FFFD}', "?").into()
+    } else {
+        word.into()
+    }
 }
 
 /// A fact's words: green when true, blue and underlined when true but in
