@@ -41,7 +41,7 @@ def main():
     meta = mapper.metadata()
     k, d = int(meta["prefix_len"]), model.config.n_embd
     w = {name: mapper.get_tensor(name).double() for name in mapper.keys()}
-    act = {"tanh": torch.tanh, "relu": F.relu,
+    act = {"tanh": torch.tanh, "relu": F.relu, "quick_gelu": lambda x: x * torch.sigmoid(1.702 * x),
            "gelu_new": lambda x: F.gelu(x, approximate="tanh")}[meta["activation"]]
 
     def mlp_prefix(x):

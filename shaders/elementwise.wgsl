@@ -85,6 +85,17 @@ fn relu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// y = x sigmoid(1.702 x), CLIP's quick GELU
+@compute @workgroup_size(256)
+fn quick_gelu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let v = x[i];
+        y[i] = v / (1.0 + exp(-1.702 * v));
+    }
+}
+
 // ---- inputs x, dy; output dx ----
 
 @group(0) @binding(2) var<storage, read> dy: array<f32>;
@@ -120,6 +131,18 @@ fn relu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
         dx[i] = select(0.0, dy[i], x[i] > 0.0);
+    }
+}
+
+// dx = dy * (s + 1.702 x s (1 - s)), s = sigmoid(1.702 x)
+@compute @workgroup_size(256)
+fn quick_gelu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let v = x[i];
+        let s = 1.0 / (1.0 + exp(-1.702 * v));
+        dx[i] = dy[i] * (s + 1.702 * v * s * (1.0 - s));
     }
 }
 

@@ -637,6 +637,10 @@ pub trait Backend: 'static {
     fn tanh(&self, x: &Self::Tensor, y: &mut Self::Tensor);
     /// dx = dy * (1 - tanh(x)^2), the gradient through y = tanh(x).
     fn tanh_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor);
+    /// y = x sigmoid(1.702 x), CLIP's quick GELU.
+    fn quick_gelu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
+    /// The gradient through y = quick_gelu(x).
+    fn quick_gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor);
     /// y = max(x, 0).
     fn relu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
     /// dx = dy where x > 0, else 0: the gradient through y = max(x, 0).

@@ -430,6 +430,8 @@ fn checkpoints_and_optimizer_state() {
         max_len: 5,
         vocab_size: vocab.len(),
         embed_dim: 4,
+        image_pool: captune::retriever::ImagePool::Mean,
+        biases: true,
     };
     let retriever = captune::retriever::Checkpoint {
         model: captune::retriever::model::Retriever::new(&b, config, 1, 0).unwrap(),

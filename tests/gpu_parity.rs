@@ -231,6 +231,10 @@ fn elementwise_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     outs.push(b.to_vec(&dx));
     b.relu(&x, &mut g);
     outs.push(b.to_vec(&g));
+    b.quick_gelu(&x, &mut g);
+    outs.push(b.to_vec(&g));
+    b.quick_gelu_backward(&x, &b.tensor(&random(n, 9)), &mut dx);
+    outs.push(b.to_vec(&dx));
     b.relu_backward(&x, &b.tensor(&random(n, 8)), &mut dx);
     outs.push(b.to_vec(&dx));
     for accumulate in [false, true] {

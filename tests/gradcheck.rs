@@ -197,6 +197,20 @@ fn tanh_backward_matches_finite_differences() {
 }
 
 #[test]
+fn quick_gelu_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let x: Vec<f32> = random(64, 7).iter().map(|v| 3.0 * v).collect();
+    let r = random(64, 8);
+    let mut dx = vec![0.0; 64];
+    b.quick_gelu_backward(&x, &r, &mut dx);
+    check("quick_gelu", &x, &dx, |x| {
+        let mut y = vec![0.0; 64];
+        b.quick_gelu(&x.to_vec(), &mut y);
+        dot(&y, &r)
+    });
+}
+
+#[test]
 fn relu_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     // Kept a step away from the kink at 0, where no derivative exists.

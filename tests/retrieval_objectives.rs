@@ -408,6 +408,8 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         max_len: 6,
         vocab_size: vocab.len(),
         embed_dim: 8,
+        image_pool: captune::retriever::ImagePool::Mean,
+        biases: true,
     };
     let retriever = RetrieverCheckpoint {
         model: Retriever::new(b, config, 2, 11).unwrap(),

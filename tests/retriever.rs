@@ -53,12 +53,44 @@ fn tiny_config(vocab_size: usize) -> RetrieverConfig {
         max_len: 24,
         vocab_size,
         embed_dim: 32,
+        image_pool: captune::retriever::ImagePool::Mean,
+        biases: true,
+    }
+}
+
+/// `c` with CLIP's architecture: a class vector pooled alone, a layer norm
+/// before the image blocks, quick GELU, MLPs of another width than 4x, no
+/// biases on the patch embedding and the projections.
+fn clip_shaped(c: RetrieverConfig) -> RetrieverConfig {
+    let clip = |t: TransformerConfig| TransformerConfig {
+        mlp_width: Some(40),
+        activation: captune::model::layers::Activation::QuickGelu,
+        ..t
+    };
+    RetrieverConfig {
+        image: TransformerConfig {
+            pre_norm: true,
+            ..clip(c.image)
+        },
+        text: clip(c.text),
+        image_pool: captune::retriever::ImagePool::Class,
+        biases: false,
+        ..c
     }
 }
 
 fn tiny_checkpoint<B: Backend>(b: &B, data: &Dataset, batch: usize) -> Checkpoint<B> {
+    checkpoint_of(b, data, batch, tiny_config)
+}
+
+fn checkpoint_of<B: Backend>(
+    b: &B,
+    data: &Dataset,
+    batch: usize,
+    config: impl Fn(usize) -> RetrieverConfig,
+) -> Checkpoint<B> {
     let vocab = train::vocab_for(data, 1).unwrap();
-    let model = Retriever::new(b, tiny_config(vocab.len()), batch, 11).unwrap();
+    let model = Retriever::new(b, config(vocab.len()), batch, 11).unwrap();
     Checkpoint { model, vocab }
 }
 
@@ -110,9 +142,9 @@ fn training_lowers_the_loss_and_raises_in_batch_accuracy() {
 }
 
 /// One step from the same weights: (loss, accuracy, every gradient, every updated value).
-fn one_step<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+fn one_step<B: Backend>(b: &B, config: impl Fn(usize) -> RetrieverConfig) -> Vec<Vec<f32>> {
     let data = tiny_world();
-    let mut ck = tiny_checkpoint(b, &data, 8);
+    let mut ck = checkpoint_of(b, &data, 8, config);
     let prep = Prepared::new(data, 32).unwrap();
     let items: Vec<usize> = prep.items(Split::Train)[..8].to_vec();
     let config = ck.model.config;
@@ -141,11 +173,20 @@ fn one_step<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn one_training_step_gives_the_same_numbers_on_gpu_and_cpu() {
     let Some(g) = gpu() else { return };
-    let want = one_step(&CpuBackend::new());
-    let got = one_step(&g);
-    assert_eq!(got.len(), want.len());
-    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-        assert_close(&format!("output {i}"), got, want, 2e-3, 2e-5);
+    let clip = |v| clip_shaped(tiny_config(v));
+    for (what, config) in [
+        (
+            "captune's",
+            &tiny_config as &dyn Fn(usize) -> RetrieverConfig,
+        ),
+        ("CLIP-shaped", &clip),
+    ] {
+        let want = one_step(&CpuBackend::new(), config);
+        let got = one_step(&g, config);
+        assert_eq!(got.len(), want.len());
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("{what} output {i}"), got, want, 2e-3, 2e-5);
+        }
     }
 }
 
@@ -259,9 +300,25 @@ fn half_precision_features_load_and_bad_values_are_refused_by_name() {
 /// take part.
 #[test]
 fn the_whole_backward_matches_finite_differences() {
+    whole_backward_matches_finite_differences(tiny_config);
+}
+
+/// The same with CLIP's architecture: the class vector, the layer norm
+/// before the image blocks, quick GELU, no biases.
+#[test]
+fn a_clip_shaped_backward_matches_finite_differences() {
+    whole_backward_matches_finite_differences(|v| clip_shaped(tiny_config(v)));
+}
+
+fn whole_backward_matches_finite_differences(config: impl Fn(usize) -> RetrieverConfig) {
     let b = CpuBackend::new();
     let data = tiny_world();
-    let mut ck = tiny_checkpoint(&b, &data, 4);
+    let mut ck = checkpoint_of(&b, &data, 4, config);
+    assert_eq!(
+        ck.model.config.parameter_count(),
+        ck.model.params.count() as u128,
+        "the formula loading checks files against"
+    );
     let prep = Prepared::new(data, 32).unwrap();
     let config = ck.model.config;
     let items: Vec<usize> = prep.items(Split::Train)[..4].to_vec();

@@ -131,6 +131,7 @@ pub fn mapper_metadata(c: &CaptionerConfig) -> Vec<(&'static str, String)> {
         Activation::Gelu => "gelu_new",
         Activation::Tanh => "tanh",
         Activation::Relu => "relu",
+        Activation::QuickGelu => "quick_gelu",
     };
     let kind = if c.mapper_transformer.is_some() {
         "transformer"

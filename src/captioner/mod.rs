@@ -191,6 +191,9 @@ impl CaptionerConfig {
         if !d.causal {
             bail!("the caption decoder must be causal");
         }
+        if d.pre_norm {
+            bail!("the caption decoder has no layer norm before its first block (pre_norm)");
+        }
         if self.max_len < 3 {
             bail!(
                 "max_len {} leaves no room for <bos>, a word and <eos>",

@@ -81,6 +81,8 @@ impl RetrieverShape {
             max_len: self.max_len,
             vocab_size: vocab.len(),
             embed_dim: self.embed_dim,
+            image_pool: captune::retriever::ImagePool::Mean,
+            biases: true,
         };
         Ok(captune::retriever::Checkpoint {
             model: captune::retriever::model::Retriever::new(b, config, batch, seed)?,

@@ -111,6 +111,23 @@ pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
         });
 }
 
+/// y = x sigmoid(1.702 x) (CLIP's quick GELU).
+pub fn quick_gelu_forward(x: &[f32], y: &mut [f32]) {
+    y.par_iter_mut()
+        .zip(x)
+        .for_each(|(y, &v)| *y = v / (1.0 + (-1.702 * v).exp()));
+}
+
+/// dx = dy * (s + 1.702 x s (1 - s)), s = sigmoid(1.702 x).
+pub fn quick_gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    dx.par_iter_mut()
+        .zip(x.par_iter().zip(dy))
+        .for_each(|(d, (&v, &g))| {
+            let s = 1.0 / (1.0 + (-1.702 * v).exp());
+            *d = g * (s + 1.702 * v * s * (1.0 - s));
+        });
+}
+
 /// y = max(x, 0) (ClipCap's transformer mapper).
 pub fn relu_forward(x: &[f32], y: &mut [f32]) {
     y.par_iter_mut().zip(x).for_each(|(y, &v)| *y = v.max(0.0));

@@ -139,6 +139,14 @@ impl Backend for CpuBackend {
         elementwise::tanh_backward(x, dy, dx);
     }
 
+    fn quick_gelu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        elementwise::quick_gelu_forward(x, y);
+    }
+
+    fn quick_gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        elementwise::quick_gelu_backward(x, dy, dx);
+    }
+
     fn relu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
         elementwise::relu_forward(x, y);
     }

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 const LN_EPS: f32 = 1e-5;
 
 /// The activation after a dense layer: GELU (tanh approximation, GPT-2's
-/// and captune's), tanh (ClipCap's MLP mapper) or ReLU (ClipCap's
-/// transformer mapper).
+/// and captune's), tanh (ClipCap's MLP mapper), ReLU (ClipCap's
+/// transformer mapper) or quick GELU (x sigmoid(1.702 x), CLIP's).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
@@ -20,6 +20,8 @@ pub enum Activation {
     Gelu,
     Tanh,
     Relu,
+    #[serde(rename = "quick_gelu")]
+    QuickGelu,
 }
 
 impl Activation {
@@ -117,6 +119,10 @@ impl Dense {
                 self.forward(b, params, x, pre);
                 b.relu(pre, y);
             }
+            (Activation::QuickGelu, _) => {
+                self.forward(b, params, x, pre);
+                b.quick_gelu(pre, y);
+            }
         }
     }
 
@@ -156,6 +162,7 @@ impl Dense {
                     Activation::Gelu => b.gelu_backward(pre, d_x, d_pre, false),
                     Activation::Tanh => b.tanh_backward(pre, d_x, d_pre),
                     Activation::Relu => b.relu_backward(pre, d_x, d_pre),
+                    Activation::QuickGelu => b.quick_gelu_backward(pre, d_x, d_pre),
                 }
             }
         }

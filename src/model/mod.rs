@@ -2,6 +2,7 @@
 //! transformer, and the retriever built from them.
 
 pub mod checkpoint;
+pub mod clip;
 pub mod gpt2;
 pub mod hf;
 pub mod kv_cache;

@@ -9,7 +9,7 @@
 
 use super::layers::{Activation, Dense, Norm, NormStats};
 use super::params::Params;
-use crate::backend::Backend;
+use crate::backend::{Backend, Storage};
 use crate::ops::attention::{Attention, AttentionShape};
 use serde::{Deserialize, Serialize};
 
@@ -32,6 +32,10 @@ pub struct TransformerConfig {
     /// Whether a layer norm follows the last block.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub final_norm: bool,
+    /// Whether a layer norm (`ln_pre`) takes the input before the first
+    /// block (CLIP's image tower).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pre_norm: bool,
 }
 
 fn is_gelu(a: &Activation) -> bool {
@@ -59,6 +63,7 @@ impl TransformerConfig {
             activation: Activation::Gelu,
             qkv_bias: true,
             final_norm: true,
+            pre_norm: false,
         }
     }
 
@@ -83,8 +88,8 @@ impl TransformerConfig {
         let (d, h) = (self.width as u128, self.mlp_width() as u128);
         let qkv_bias = if self.qkv_bias { 3 * d } else { 0 };
         let block = 4 * d + 3 * d * d + qkv_bias + d * d + d + 2 * d * h + h + d;
-        let final_norm = if self.final_norm { 2 * d } else { 0 };
-        self.layers as u128 * block + final_norm
+        let norms = 2 * d * (u128::from(self.final_norm) + u128::from(self.pre_norm));
+        self.layers as u128 * block + norms
     }
 }
 
@@ -260,12 +265,13 @@ impl Block {
     }
 }
 
-/// Blocks and (unless the config says otherwise) a final layer norm:
-/// the weights.
+/// Blocks, a final layer norm and a layer norm before the first block,
+/// each as the config says: the weights.
 pub struct Transformer {
     pub config: TransformerConfig,
     pub(super) blocks: Vec<Block>,
     ln_f: Option<Norm>,
+    ln_pre: Option<Norm>,
 }
 
 /// The activations of a transformer for `[batch, seq, width]` inputs.
@@ -274,21 +280,35 @@ pub struct Activations<B: Backend> {
     pub seq: usize,
     blocks: Vec<BlockActivations<B>>,
     ln_f: NormStats<B>,
-    /// stream[0] is the input, stream[i + 1] block i's output.
+    /// The input, and ln_pre's statistics (empty without it).
+    input: B::Tensor,
+    ln_pre: NormStats<B>,
+    /// stream[0] is the first block's input (the input, or ln_pre of it),
+    /// stream[i + 1] block i's output.
     stream: Vec<B::Tensor>,
     /// The gradient w.r.t. the residual stream, from the top down.
     d_stream: B::Tensor,
+    /// The gradient w.r.t. the input, through ln_pre (empty without it).
+    d_input: B::Tensor,
 }
 
 impl<B: Backend> Activations<B> {
     /// The input buffer: write the embeddings here before `forward`.
     pub fn input(&mut self) -> &mut B::Tensor {
-        &mut self.stream[0]
+        if self.input.is_empty() {
+            &mut self.stream[0]
+        } else {
+            &mut self.input
+        }
     }
 
     /// The gradient of the input, as the last `Transformer::backward` left it.
     pub fn d_input(&self) -> &B::Tensor {
-        &self.d_stream
+        if self.d_input.is_empty() {
+            &self.d_stream
+        } else {
+            &self.d_input
+        }
     }
 }
 
@@ -307,6 +327,9 @@ impl Transformer {
             ln_f: config
                 .final_norm
                 .then(|| Norm::new(params, &format!("{name}.ln_f"), config.width)),
+            ln_pre: config
+                .pre_norm
+                .then(|| Norm::new(params, &format!("{name}.ln_pre"), config.width)),
         }
     }
 
@@ -329,6 +352,7 @@ impl Transformer {
     pub fn activations<B: Backend>(&self, b: &B, batch: usize, seq: usize) -> Activations<B> {
         let rows = batch * seq;
         let w = self.config.width;
+        let pre = |len: usize| b.zeros(if self.config.pre_norm { len } else { 0 });
         Activations {
             batch,
             seq,
@@ -336,10 +360,13 @@ impl Transformer {
                 .map(|_| BlockActivations::new(b, &self.config, batch, seq, true))
                 .collect(),
             ln_f: NormStats::new(b, rows),
+            input: pre(rows * w),
+            ln_pre: NormStats::new(b, if self.config.pre_norm { rows } else { 0 }),
             stream: (0..=self.config.layers)
                 .map(|_| b.zeros(rows * w))
                 .collect(),
             d_stream: b.zeros(rows * w),
+            d_input: pre(rows * w),
         }
     }
 
@@ -352,6 +379,9 @@ impl Transformer {
         key_mask: Option<&B::Ids>,
         out: &mut B::Tensor,
     ) {
+        if let Some(ln_pre) = &self.ln_pre {
+            ln_pre.forward(b, p, &a.input, &mut a.stream[0], &mut a.ln_pre);
+        }
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate() {
             let (done, rest) = a.stream.split_at_mut(i + 1);
             block.forward(b, p, acts, &done[i], key_mask, &mut rest[0]);
@@ -377,6 +407,12 @@ impl Transformer {
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
             block.backward(b, p, acts, &a.stream[i], d);
         }
-        d
+        match &self.ln_pre {
+            Some(ln_pre) => {
+                ln_pre.backward(b, p, d, &a.input, &a.ln_pre, &mut a.d_input, false);
+                &a.d_input
+            }
+            None => d,
+        }
     }
 }

@@ -29,6 +29,38 @@ pub struct RetrieverConfig {
     pub max_len: usize,
     pub vocab_size: usize,
     pub embed_dim: usize,
+    /// How the image tower pools its outputs.
+    #[serde(default, skip_serializing_if = "ImagePool::is_mean")]
+    pub image_pool: ImagePool,
+    /// Whether the patch embedding and both projections have biases
+    /// (CLIP's have none).
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub biases: bool,
+}
+
+/// The image tower's pooling: the mean over the patches' outputs
+/// (captune's), or a learned class vector placed before the patches whose
+/// output alone is pooled (CLIP's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ImagePool {
+    #[default]
+    Mean,
+    Class,
+}
+
+impl ImagePool {
+    fn is_mean(&self) -> bool {
+        *self == ImagePool::Mean
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_true(x: &bool) -> bool {
+    *x
 }
 
 impl RetrieverConfig {
@@ -37,20 +69,33 @@ impl RetrieverConfig {
         side * side
     }
 
+    /// Positions of the image tower: the patches, after the class vector
+    /// when there is one.
+    pub fn image_positions(&self) -> usize {
+        self.patches_per_image() + usize::from(self.image_pool == ImagePool::Class)
+    }
+
     /// Parameters of a retriever of this shape (see `docs/checkpoints.md`).
     pub fn parameter_count(&self) -> u128 {
         let (di, dt) = (self.image.width as u128, self.text.width as u128);
         let e = self.embed_dim as u128;
+        let bias = |n: u128| if self.biases { n } else { 0 };
+        let class = if self.image_pool == ImagePool::Class {
+            di
+        } else {
+            0
+        };
         let image = self.patch_dim() as u128 * di
-            + di
-            + self.patches_per_image() as u128 * di
+            + bias(di)
+            + class
+            + self.image_positions() as u128 * di
             + self.image.parameter_count()
             + di * e
-            + e;
+            + bias(e);
         let text = (self.vocab_size as u128 + self.max_len as u128) * dt
             + self.text.parameter_count()
             + dt * e
-            + e;
+            + bias(e);
         image + text + 1
     }
 

@@ -1,11 +1,12 @@
 //! The retriever: a dual encoder. The image tower is a small ViT (patches,
 //! a linear patch embedding plus learned positions, the transformer, mean
-//! pooling, a projection); the text tower embeds tokens and positions, runs
-//! the transformer and takes the end token's state, then projects. Both
-//! towers share the one transformer implementation.
+//! pooling, a projection; or, as CLIP's, a class vector before the patches
+//! whose output alone is pooled); the text tower embeds tokens and
+//! positions, runs the transformer and takes the end token's state, then
+//! projects. Both towers share the one transformer implementation.
 
-use super::RetrieverConfig;
-use crate::backend::{Backend, TokenIndex};
+use super::{ImagePool, RetrieverConfig};
+use crate::backend::{Backend, HeadLayout, TokenIndex};
 use crate::data::vocab::PAD;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
@@ -21,6 +22,8 @@ pub const INIT_LOG_SCALE: f32 = 2.659_26;
 /// The image tower's weights.
 struct ImageTower {
     patch_embed: Dense,
+    /// `[1, width]`: CLIP's class vector, with class pooling.
+    class: Option<ParamId>,
     positions: ParamId,
     transformer: Transformer,
     proj: Dense,
@@ -40,12 +43,26 @@ struct ImageWork<B: Backend> {
     position_ids: TokenIndex<B>,
     activations: Activations<B>,
     patches: B::Tensor,
+    class: Option<ClassWork<B>>,
     hidden: B::Tensor,
     pooled: B::Tensor,
     d_pooled: B::Tensor,
     d_hidden: B::Tensor,
     embeddings: B::Tensor,
     d_embeddings: B::Tensor,
+}
+
+/// Class pooling's buffers: the tower's input is `[batch, 1 + patches,
+/// width]`, each image's class vector first.
+struct ClassWork<B: Backend> {
+    /// `[batch]` zeros: the class vector for each image.
+    ids: TokenIndex<B>,
+    rows: B::Tensor,
+    patch_rows: B::Tensor,
+    class_layout: HeadLayout,
+    patch_layout: HeadLayout,
+    d_rows: B::Tensor,
+    d_patch_rows: B::Tensor,
 }
 
 /// The text tower's activations for batches of `batch` captions.
@@ -70,12 +87,36 @@ fn repeated_positions<B: Backend>(b: &B, batch: usize, n: usize) -> Result<Token
 impl<B: Backend> ImageWork<B> {
     fn new(b: &B, c: &RetrieverConfig, tower: &ImageTower, batch: usize) -> Result<Self> {
         let (patches, iw, d) = (c.patches_per_image(), c.image.width, c.embed_dim);
-        let rows = batch * patches;
+        let positions = c.image_positions();
+        let rows = batch * positions;
+        let class = match c.image_pool {
+            ImagePool::Mean => None,
+            ImagePool::Class => {
+                let one_run_per_image = |head_dim, col_offset| HeadLayout {
+                    batch,
+                    seq: 1,
+                    heads: 1,
+                    head_dim,
+                    row_stride: positions * iw,
+                    col_offset,
+                };
+                Some(ClassWork {
+                    ids: TokenIndex::new(b, &vec![0; batch], 1)?,
+                    rows: b.zeros(batch * iw),
+                    patch_rows: b.zeros(batch * patches * iw),
+                    class_layout: one_run_per_image(iw, 0),
+                    patch_layout: one_run_per_image(patches * iw, iw),
+                    d_rows: b.zeros(batch * iw),
+                    d_patch_rows: b.zeros(batch * patches * iw),
+                })
+            }
+        };
         Ok(ImageWork {
             batch,
-            position_ids: repeated_positions(b, batch, patches)?,
-            activations: tower.transformer.activations(b, batch, patches),
-            patches: b.zeros(rows * c.patch_dim()),
+            position_ids: repeated_positions(b, batch, positions)?,
+            activations: tower.transformer.activations(b, batch, positions),
+            patches: b.zeros(batch * patches * c.patch_dim()),
+            class,
             hidden: b.zeros(rows * iw),
             pooled: b.zeros(batch * iw),
             d_pooled: b.zeros(batch * iw),
@@ -163,16 +204,25 @@ impl<B: Backend> Retriever<B> {
         let mut p = Params::new(seed);
         let c = &config;
         let (iw, tw, d) = (c.image.width, c.text.width, c.embed_dim);
+        let dense = |p: &mut Params<B>, name: &str, inputs, outputs, std| {
+            if c.biases {
+                Dense::new(p, name, inputs, outputs, std)
+            } else {
+                Dense::without_bias(p, name, inputs, outputs, std)
+            }
+        };
         let image = ImageTower {
-            patch_embed: Dense::new(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02),
+            patch_embed: dense(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02),
+            class: (c.image_pool == ImagePool::Class)
+                .then(|| p.add("image.class".into(), &[1, iw], Init::Normal(0.02), false)),
             positions: p.add(
                 "image.positions".into(),
-                &[c.patches_per_image(), iw],
+                &[c.image_positions(), iw],
                 Init::Normal(0.02),
                 false,
             ),
             transformer: Transformer::new(&mut p, "image", c.image),
-            proj: Dense::new(&mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
+            proj: dense(&mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
         };
         let text = TextTower {
             tokens: p.add(
@@ -188,7 +238,7 @@ impl<B: Backend> Retriever<B> {
                 false,
             ),
             transformer: Transformer::new(&mut p, "text", c.text),
-            proj: Dense::new(&mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
+            proj: dense(&mut p, "text.proj", tw, d, (tw as f32).powf(-0.5)),
         };
         let log_scale = p.add(
             "logit_scale".into(),
@@ -242,11 +292,22 @@ impl<B: Backend> Retriever<B> {
         b.write(&mut w.patches, patches);
         let iw = c.image.width;
         let input = w.activations.input();
-        t.patch_embed.forward(b, p, &w.patches, input);
+        match (&mut w.class, t.class) {
+            (Some(cw), Some(class)) => {
+                t.patch_embed.forward(b, p, &w.patches, &mut cw.patch_rows);
+                b.embedding(p.value(class), &cw.ids.ids, &mut cw.rows, iw, false);
+                b.heads_to_tokens(&cw.rows, input, &cw.class_layout, false);
+                b.heads_to_tokens(&cw.patch_rows, input, &cw.patch_layout, false);
+            }
+            _ => t.patch_embed.forward(b, p, &w.patches, input),
+        }
         b.embedding(p.value(t.positions), &w.position_ids.ids, input, iw, true);
         t.transformer
             .forward(b, p, &mut w.activations, None, &mut w.hidden);
-        b.mean_pool(&w.hidden, &mut w.pooled, c.patches_per_image(), iw);
+        match &w.class {
+            Some(cw) => b.tokens_to_heads(&w.hidden, &mut w.pooled, &cw.class_layout),
+            None => b.mean_pool(&w.hidden, &mut w.pooled, c.patches_per_image(), iw),
+        }
         t.proj.forward(b, p, &w.pooled, &mut w.embeddings);
         Ok(())
     }
@@ -347,18 +408,32 @@ impl<B: Backend> Retriever<B> {
             &w.pooled,
             Some((&mut w.d_pooled, false)),
         );
-        b.mean_pool_backward(
-            &w.d_pooled,
-            &mut w.d_hidden,
-            self.config.patches_per_image(),
-            iw,
-            false,
-        );
+        match &w.class {
+            // The outputs at the patches are pooled by no one: their rows
+            // of d_hidden stay zero from its making.
+            Some(cw) => b.heads_to_tokens(&w.d_pooled, &mut w.d_hidden, &cw.class_layout, false),
+            None => b.mean_pool_backward(
+                &w.d_pooled,
+                &mut w.d_hidden,
+                self.config.patches_per_image(),
+                iw,
+                false,
+            ),
+        }
         let d_input = t
             .transformer
             .backward(b, p, &mut w.activations, &w.d_hidden);
         b.embedding_backward(d_input, &w.position_ids, p.grad(t.positions), iw);
-        t.patch_embed.backward(b, p, d_input, &w.patches, None);
+        match (&mut w.class, t.class) {
+            (Some(cw), Some(class)) => {
+                b.tokens_to_heads(d_input, &mut cw.d_rows, &cw.class_layout);
+                b.embedding_backward(&cw.d_rows, &cw.ids, p.grad(class), iw);
+                b.tokens_to_heads(d_input, &mut cw.d_patch_rows, &cw.patch_layout);
+                t.patch_embed
+                    .backward(b, p, &cw.d_patch_rows, &w.patches, None);
+            }
+            _ => t.patch_embed.backward(b, p, d_input, &w.patches, None),
+        }
     }
 
     fn backward_text(&mut self, b: &B, texts: &TextBatch<B>) {

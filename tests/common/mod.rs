@@ -236,6 +236,8 @@ pub fn tiny_retriever<B: Backend>(
         max_len: 24,
         vocab_size: vocab.len(),
         embed_dim: TINY_DIM,
+        image_pool: captune::retriever::ImagePool::Mean,
+        biases: true,
     };
     RetrieverCheckpoint {
         model: captune::retriever::model::Retriever::new(b, config, batch, 5).unwrap(),

@@ -1,0 +1,173 @@
+//! A Hugging Face CLIP read as captune's retriever, against transformers:
+//! on the tiny random CLIPModel of tests/data/clip-tiny (made by
+//! scripts/clip_fixtures.py, which also wrote what transformers computes
+//! with it in float64), the image embeddings of three images, the text
+//! embeddings of three id sequences of different lengths and the scaled
+//! cosine similarities between them match on the CPU and on the GPU.
+//! Folders captune cannot compute are refused, naming the file and the
+//! field or tensor.
+
+mod common;
+
+use captune::backend::Backend;
+use captune::cpu::CpuBackend;
+use captune::model::clip;
+use captune::retriever::model::TextBatch;
+use captune::tensorfile;
+use std::path::{Path, PathBuf};
+
+fn folder() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-tiny")
+}
+
+/// The largest difference, relative to the largest magnitude of `want`.
+fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()))
+        / scale
+}
+
+fn normalized(rows: &[f32], dim: usize) -> Vec<Vec<f32>> {
+    rows.chunks(dim)
+        .map(|r| {
+            let n = r.iter().map(|x| x * x).sum::<f32>().sqrt();
+            r.iter().map(|x| x / n).collect()
+        })
+        .collect()
+}
+
+fn matches_transformers<B: Backend>(b: &B, what: &str) {
+    let want = tensorfile::read(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip_tiny_expected.safetensors"),
+    )
+    .unwrap();
+    let clip = clip::read(&folder()).unwrap();
+    let config = clip.retriever;
+    let mut model = clip.into_retriever(b, 3).unwrap();
+    let size = config.image_size as usize;
+    let patches = clip::patches_of_pixels(
+        &want.tensors["pixel_values"].data,
+        size,
+        config.patch as usize,
+    );
+    model.encode_images(b, &patches).unwrap();
+    let images = b.to_vec(model.image_embeddings());
+    let d = relative_difference(&images, &want.tensors["image_embeds"].data);
+    assert!(
+        d < 1e-5,
+        "{what}: image embeddings differ by {d} of their largest"
+    );
+
+    let width = want.tensors["input_ids"].shape[1];
+    let captions: Vec<Vec<u32>> = want.tensors["input_ids"]
+        .data
+        .chunks(width)
+        .zip(&want.tensors["lengths"].data)
+        .map(|(row, &n)| row[..n as usize].iter().map(|&x| x as u32).collect())
+        .collect();
+    let batch = TextBatch::new(b, &config, &captions).unwrap();
+    model.encode_texts(b, &batch).unwrap();
+    let texts = b.to_vec(model.text_embeddings());
+    let d = relative_difference(&texts, &want.tensors["text_embeds"].data);
+    assert!(
+        d < 1e-5,
+        "{what}: text embeddings differ by {d} of their largest"
+    );
+
+    let scale = b.to_vec(model.params.value(model.log_scale))[0].exp();
+    let e = config.embed_dim;
+    let (images, texts) = (normalized(&images, e), normalized(&texts, e));
+    let logits: Vec<f32> = images
+        .iter()
+        .flat_map(|i| {
+            texts
+                .iter()
+                .map(move |t| scale * i.iter().zip(t).map(|(a, b)| a * b).sum::<f32>())
+        })
+        .collect();
+    let d = relative_difference(&logits, &want.tensors["logits_per_image"].data);
+    assert!(
+        d < 1e-5,
+        "{what}: logits_per_image differ by {d} of their largest"
+    );
+}
+
+#[test]
+fn clip_equals_transformers_on_both_backends() {
+    matches_transformers(&CpuBackend::new(), "cpu");
+    if let Some(g) = common::gpu() {
+        matches_transformers(&g, "gpu");
+    }
+}
+
+/// A copy of the tiny CLIP's folder with its config.json edited by
+/// `edit`, or its weights without `drop`.
+fn altered(name: &str, edit: impl Fn(&mut serde_json::Value), drop: Option<&str>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "captune-clip-{name}-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = std::fs::read_to_string(folder().join("config.json")).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut weights = tensorfile::read(&folder().join("model.safetensors")).unwrap();
+    if let Some(name) = drop {
+        weights.tensors.remove(name).unwrap();
+    }
+    let views: Vec<(&str, Vec<usize>, &[f32])> = weights
+        .tensors
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.shape.clone(), t.data.as_slice()))
+        .collect();
+    tensorfile::write(&dir.join("model.safetensors"), &views, Default::default()).unwrap();
+    dir
+}
+
+#[test]
+fn folders_captune_cannot_compute_are_refused_naming_what() {
+    let refused = |dir: &Path| {
+        let Err(e) = clip::read(dir) else {
+            panic!("{} was read", dir.display());
+        };
+        std::fs::remove_dir_all(dir).unwrap();
+        format!("{e:#}")
+    };
+    let e = refused(&altered(
+        "type",
+        |c| c["model_type"] = "siglip".into(),
+        None,
+    ));
+    assert!(e.contains("config.json") && e.contains("\"siglip\""), "{e}");
+    let e = refused(&altered(
+        "act",
+        |c| c["vision_config"]["hidden_act"] = "gelu".into(),
+        None,
+    ));
+    assert!(
+        e.contains("vision_config.hidden_act") && e.contains("\"gelu\""),
+        "{e}"
+    );
+    let e = refused(&altered(
+        "missing",
+        |_| {},
+        Some("vision_model.pre_layrnorm.weight"),
+    ));
+    assert!(
+        e.contains("model.safetensors") && e.contains("vision_model.pre_layrnorm.weight"),
+        "{e}"
+    );
+    let e = refused(&altered(
+        "shape",
+        |c| c["vision_config"]["intermediate_size"] = 64.into(),
+        None,
+    ));
+    assert!(
+        e.contains("mlp.fc1.weight") && e.contains("[64, 32]"),
+        "{e}"
+    );
+}
