@@ -10,7 +10,14 @@ captune with on both backends, so that CI needs no torch:
   after it (`lengths` says how many ids are real), and the text embeddings
   (the projected final-layer-normed state at the end id);
 - `logits_per_image` [3, 3]: the learned scale times the cosine of each
-  image and text embedding.
+  image and text embedding;
+- `processed_pixels` [2, 3, 32, 32]: what CLIPImageProcessor (its PIL
+  backend, OpenAI's preprocessing) makes of tests/data/clip-images/*.png,
+  two synthetic pictures this script draws (one wide, one tall; smooth
+  shading, hard edges and fine stripes, so that resampling shows), with
+  the folder's preprocessor_config.json (shortest side 40, centre crop
+  32, CLIP's mean and std), and `processed_embeds`, their image
+  embeddings.
 
 The tiny model has CLIP's architecture (quick GELU, a class vector, the
 pre-layer-norm, projections without biases) at small widths; its MLP
@@ -28,7 +35,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
-from transformers import CLIPConfig, CLIPModel
+import numpy as np
+from PIL import Image
+from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 VOCAB, EOS = 64, 63
@@ -56,6 +65,11 @@ def main():
     folder = DATA / "clip-tiny"
     model.save_pretrained(str(folder), safe_serialization=True)
 
+    processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32})
+    processor.save_pretrained(str(folder))
+    paths = draw_images(DATA / "clip-images")
+    processed = processor(images=[Image.open(p) for p in paths], return_tensors="pt")["pixel_values"]
+
     model = model.double()
     pixels = torch.randn(3, 3, 32, 32, dtype=torch.float64)
     ids = torch.zeros(3, max(LENGTHS), dtype=torch.long)
@@ -69,6 +83,8 @@ def main():
         text_out = model.text_model(input_ids=ids, attention_mask=mask)
         text = model.text_projection(text_out.pooler_output)
         logits = model.logit_scale.exp() * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
+        processed_embeds = model.visual_projection(
+            model.vision_model(pixel_values=processed.double()).pooler_output)
     save_file(
         {
             "pixel_values": pixels.float().contiguous(),
@@ -77,10 +93,29 @@ def main():
             "image_embeds": image.float().contiguous(),
             "text_embeds": text.float().contiguous(),
             "logits_per_image": logits.float().contiguous(),
+            "processed_pixels": processed.float().contiguous(),
+            "processed_embeds": processed_embeds.float().contiguous(),
         },
         str(DATA / "clip_tiny_expected.safetensors"),
     )
     print("logits_per_image", logits)
+
+
+def draw_images(folder):
+    """Two RGB pictures: 70 x 45 and 37 x 90 pixels."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, (w, h) in [("wide.png", (70, 45)), ("tall.png", (37, 90))]:
+        y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+        r = 255 * x / (w - 1)
+        g = 255 * (0.5 + 0.5 * np.sin(x / 3.0 + y / 5.0))
+        b = np.where((x - w / 2) ** 2 + (y - h / 2) ** 2 < (min(w, h) / 3) ** 2, 230.0, 20.0)
+        b = np.where((x.astype(int) // 2) % 2 == 0, b, 255 - b)
+        rgb = np.stack([r, g, b], axis=-1).round().clip(0, 255).astype(np.uint8)
+        path = folder / name
+        Image.fromarray(rgb, "RGB").save(path)
+        paths.append(path)
+    return paths
 
 
 if __name__ == "__main__":

@@ -4,13 +4,15 @@
 //! with it in float64), the image embeddings of three images, the text
 //! embeddings of three id sequences of different lengths and the scaled
 //! cosine similarities between them match on the CPU and on the GPU.
-//! Folders captune cannot compute are refused, naming the file and the
-//! field or tensor.
+//! Two pictures preprocessed as CLIP's image processor does give its
+//! pixels and so its embeddings. Folders captune cannot compute are
+//! refused, naming the file and the field or tensor.
 
 mod common;
 
 use captune::backend::Backend;
 use captune::cpu::CpuBackend;
+use captune::data::clip_image::ClipImageProcessor;
 use captune::model::clip;
 use captune::retriever::model::TextBatch;
 use captune::tensorfile;
@@ -39,11 +41,14 @@ fn normalized(rows: &[f32], dim: usize) -> Vec<Vec<f32>> {
         .collect()
 }
 
+fn expected() -> tensorfile::TensorFile {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip_tiny_expected.safetensors");
+    tensorfile::read(&path).unwrap()
+}
+
 fn matches_transformers<B: Backend>(b: &B, what: &str) {
-    let want = tensorfile::read(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip_tiny_expected.safetensors"),
-    )
-    .unwrap();
+    let want = expected();
     let clip = clip::read(&folder()).unwrap();
     let config = clip.retriever;
     let mut model = clip.into_retriever(b, 3).unwrap();
@@ -101,6 +106,50 @@ fn clip_equals_transformers_on_both_backends() {
     if let Some(g) = common::gpu() {
         matches_transformers(&g, "gpu");
     }
+}
+
+/// The pictures of tests/data/clip-images through the folder's
+/// preprocessor_config.json: transformers' `CLIPImageProcessor` (its PIL
+/// backend) made the same floats from them, since the resize is Pillow's
+/// bicubic to the byte (measured difference 0); the embeddings of those
+/// pixels match on both backends.
+#[test]
+fn preprocessing_gives_the_image_processor_s_pixels() {
+    let want = expected();
+    let processor = ClipImageProcessor::load(&folder()).unwrap();
+    assert_eq!((processor.size, processor.crop), (40, 32));
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let pixels: Vec<f32> = ["wide.png", "tall.png"]
+        .iter()
+        .flat_map(|name| processor.pixels(&image::open(images.join(name)).unwrap().to_rgb8()))
+        .collect();
+    let expected_pixels = &want.tensors["processed_pixels"].data;
+    assert_eq!(pixels.len(), expected_pixels.len());
+    let worst = pixels
+        .iter()
+        .zip(expected_pixels)
+        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+    // One byte is 1 / 255 / std, about 0.015 here: 1e-5 means the same bytes.
+    assert!(worst < 1e-5, "pixels differ by {worst}");
+    let patches = clip::patches_of_pixels(&pixels, 32, 8);
+    let check = |got: Vec<f32>, what: &str| {
+        let d = relative_difference(&got, &want.tensors["processed_embeds"].data);
+        assert!(
+            d < 1e-5,
+            "{what}: embeddings differ by {d} of their largest"
+        );
+    };
+    check(embeddings(&CpuBackend::new(), &patches), "cpu");
+    if let Some(g) = common::gpu() {
+        check(embeddings(&g, &patches), "gpu");
+    }
+}
+
+/// The tiny CLIP's image embeddings of `patches`.
+fn embeddings<B: Backend>(b: &B, patches: &[f32]) -> Vec<f32> {
+    let mut model = clip::read(&folder()).unwrap().into_retriever(b, 2).unwrap();
+    model.encode_images(b, patches).unwrap();
+    b.to_vec(model.image_embeddings())
 }
 
 /// A copy of the tiny CLIP's folder with its config.json edited by

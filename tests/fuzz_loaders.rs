@@ -545,6 +545,41 @@ fn images() {
     }
 }
 
+/// A Hugging Face CLIP folder (tests/data/clip-tiny): its config.json, its
+/// weights and its preprocessor_config.json, each damaged in a copy of the
+/// folder while the others stay whole, read into a retriever and an image
+/// processor.
+#[test]
+fn hugging_face_clip_folders() {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-tiny");
+    let dir = scratch("clip");
+    let files = [
+        "config.json",
+        "model.safetensors",
+        "preprocessor_config.json",
+    ];
+    for file in files {
+        std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
+    }
+    let b = CpuBackend::new();
+    for file in files {
+        let seed = std::fs::read(fixture.join(file)).unwrap();
+        let target = dir.join(file);
+        let (_, loaded, refused) = fuzz(
+            &format!("clip {file}"),
+            std::slice::from_ref(&seed),
+            &target,
+            |_| {
+                let clip = captune::model::clip::read(&dir)?;
+                clip.into_retriever(&b, 2)?;
+                captune::data::clip_image::ClipImageProcessor::load(&dir).map(|_| ())
+            },
+        );
+        std::fs::write(&target, seed).unwrap();
+        assert!(refused > 0, "{file}: {loaded} loaded, {refused} refused");
+    }
+}
+
 /// A Hugging Face GPT-2 folder (tests/data/gpt2-tiny): its config.json,
 /// its weights and its tokenizer.json, each damaged in a copy of the
 /// folder while the other two stay whole.

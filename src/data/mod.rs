@@ -8,6 +8,7 @@
 //! the rest still loads.
 
 pub mod bpe;
+pub mod clip_image;
 pub mod coco;
 pub mod features;
 pub mod images;

@@ -20,7 +20,7 @@ use crate::backend::Backend;
 use crate::retriever::model::Retriever;
 use crate::retriever::{ImagePool, RetrieverConfig};
 use crate::tensorfile::{Tensor, TensorFile};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -136,7 +136,9 @@ impl ClipConfig {
                 v.patch_size
             );
         }
-        Ok(())
+        self.retriever()
+            .validate()
+            .with_context(|| format!("{}: not a retriever captune can build", path.display()))
     }
 
     /// The retriever of this CLIP's shape.
@@ -329,8 +331,9 @@ pub fn read(dir: &Path) -> Result<Clip> {
         .retain(|name, _| !name.ends_with("position_ids"));
     if let Some(name) = file.tensors.keys().next() {
         bail!(
-            "{}: tensor {name:?} has no place in captune's CLIP (is this a CLIPModel?)",
-            path.display()
+            "{}: tensor {name:?} has no place in the CLIP {} describes (is this a CLIPModel?)",
+            path.display(),
+            config_path.display()
         );
     }
     Ok(Clip {

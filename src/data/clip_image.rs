@@ -1,0 +1,250 @@
+//! An image as CLIP's image processor makes it (`CLIPImageProcessor` with
+//! its PIL backend, as OpenAI's CLIP preprocessed): the shortest side
+//! resized to `size` (bicubic, the other side in proportion, rounded
+//! down), the centre `crop` x `crop` cut out, bytes rescaled to [0, 1]
+//! and normalised per channel with the folder's mean and std. The
+//! `[3, crop, crop]` result is what `model::clip::patches_of_pixels` cuts
+//! into the retriever's patches.
+//!
+//! The resize is Pillow's bicubic resampling as it documents and computes
+//! it, so that the bytes are the same: a separable filter (the cubic with
+//! a = -0.5, its support widened by the scale when shrinking), weights
+//! normalised and held in fixed point with 22 fractional bits, the
+//! horizontal pass first and its result rounded to bytes, then the
+//! vertical pass. A side that keeps its length is not filtered.
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::path::Path;
+
+/// Fractional bits of Pillow's fixed-point filter weights (8-bit images).
+const PRECISION_BITS: u32 = 32 - 8 - 2;
+
+/// The preprocessing of a CLIP folder's `preprocessor_config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClipImageProcessor {
+    /// The shortest side after resizing.
+    pub size: u32,
+    /// The side of the centre crop.
+    pub crop: u32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+/// The fields captune reads; it refuses settings it does not compute.
+#[derive(Deserialize)]
+struct Config {
+    size: Side,
+    crop_size: Side,
+    image_mean: [f32; 3],
+    image_std: [f32; 3],
+    #[serde(default = "bicubic")]
+    resample: u32,
+    #[serde(default = "yes")]
+    do_resize: bool,
+    #[serde(default = "yes")]
+    do_center_crop: bool,
+    #[serde(default = "yes")]
+    do_rescale: bool,
+    #[serde(default = "yes")]
+    do_normalize: bool,
+    #[serde(default = "byte_scale")]
+    rescale_factor: f64,
+}
+
+/// `{"shortest_edge": n}`, `{"height": n, "width": n}` or `n`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Side {
+    Shortest { shortest_edge: u32 },
+    Square { height: u32, width: u32 },
+    Plain(u32),
+}
+
+fn bicubic() -> u32 {
+    3
+}
+fn yes() -> bool {
+    true
+}
+fn byte_scale() -> f64 {
+    1.0 / 255.0
+}
+
+impl ClipImageProcessor {
+    /// Reads `preprocessor_config.json` in `dir`; an error names the file
+    /// and the field.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("preprocessor_config.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {}: a CLIP folder needs its image processor's config \
+                 (save it with CLIPImageProcessor.save_pretrained)",
+                path.display()
+            )
+        })?;
+        let c: Config = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "{}: not an image processor config captune reads",
+                path.display()
+            )
+        })?;
+        let refuse = |what: &str| {
+            bail!(
+                "{}: {what}; captune computes CLIP's preprocessing only",
+                path.display()
+            )
+        };
+        if !(c.do_resize && c.do_center_crop && c.do_rescale && c.do_normalize) {
+            return refuse("a do_* step is turned off");
+        }
+        if c.resample != 3 {
+            return refuse(&format!("resample is {} (not bicubic, 3)", c.resample));
+        }
+        if (c.rescale_factor * 255.0 - 1.0).abs() > 1e-9 {
+            return refuse(&format!(
+                "rescale_factor is {} (not 1/255)",
+                c.rescale_factor
+            ));
+        }
+        let size = match c.size {
+            Side::Shortest { shortest_edge } | Side::Plain(shortest_edge) => shortest_edge,
+            Side::Square { .. } => return refuse("size is a height and width (not shortest_edge)"),
+        };
+        let crop = match c.crop_size {
+            Side::Square { height, width } if height == width => height,
+            Side::Plain(n) => n,
+            _ => return refuse("crop_size is not a square"),
+        };
+        if size == 0 || crop == 0 || crop > size || c.image_std.contains(&0.0) {
+            return refuse("size, crop_size or image_std is zero, or the crop is larger than size");
+        }
+        Ok(ClipImageProcessor {
+            size,
+            crop,
+            mean: c.image_mean,
+            std: c.image_std,
+        })
+    }
+
+    /// `[3, crop, crop]` floats, channel-major, of an RGB image.
+    pub fn pixels(&self, image: &image::RgbImage) -> Vec<f32> {
+        let (w, h) = (image.width() as usize, image.height() as usize);
+        let (short, long) = if w <= h { (w, h) } else { (h, w) };
+        let size = self.size as usize;
+        let new_long = (size as f64 * long as f64 / short as f64) as usize;
+        let (new_w, new_h) = if w <= h {
+            (size, new_long)
+        } else {
+            (new_long, size)
+        };
+        let resized = resize_bicubic(image.as_raw(), w, h, new_w, new_h);
+        let crop = self.crop as usize;
+        let (top, left) = ((new_h - crop) / 2, (new_w - crop) / 2);
+        let mut out = vec![0.0; 3 * crop * crop];
+        for c in 0..3 {
+            for y in 0..crop {
+                for x in 0..crop {
+                    let v = resized[((top + y) * new_w + left + x) * 3 + c];
+                    // As numpy rescales: in float64, then to float32.
+                    let scaled = (f64::from(v) * (1.0 / 255.0)) as f32;
+                    out[(c * crop + y) * crop + x] = (scaled - self.mean[c]) / self.std[c];
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Pillow's bicubic kernel (a = -0.5).
+fn bicubic_kernel(x: f64) -> f64 {
+    const A: f64 = -0.5;
+    let x = x.abs();
+    if x < 1.0 {
+        ((A + 2.0) * x - (A + 3.0)) * x * x + 1.0
+    } else if x < 2.0 {
+        (((x - 5.0) * x + 8.0) * x - 4.0) * A
+    } else {
+        0.0
+    }
+}
+
+/// For each output index along an axis of `from` samples resized to
+/// `to`: the first input index and its fixed-point weights.
+fn taps(from: usize, to: usize) -> Vec<(usize, Vec<i64>)> {
+    let scale = from as f64 / to as f64;
+    let filter_scale = scale.max(1.0);
+    let support = 2.0 * filter_scale;
+    (0..to)
+        .map(|out| {
+            let center = (out as f64 + 0.5) * scale;
+            let first = ((center - support + 0.5) as i64).max(0) as usize;
+            let end = ((center + support + 0.5) as i64).min(from as i64) as usize;
+            let weights: Vec<f64> = (first..end)
+                .map(|x| bicubic_kernel((x as f64 - center + 0.5) / filter_scale))
+                .collect();
+            let total: f64 = weights.iter().sum();
+            let one = f64::from(1u32 << PRECISION_BITS);
+            let fixed = weights
+                .iter()
+                .map(|&w| {
+                    let w = if total != 0.0 { w / total } else { w };
+                    // Rounded half away from zero, then truncated, as Pillow does.
+                    if w < 0.0 {
+                        (-0.5 + w * one) as i64
+                    } else {
+                        (0.5 + w * one) as i64
+                    }
+                })
+                .collect();
+            (first, fixed)
+        })
+        .collect()
+}
+
+/// The weighted sum of fixed-point products, rounded back to a byte.
+fn to_byte(sum: i64) -> u8 {
+    ((sum + (1 << (PRECISION_BITS - 1))) >> PRECISION_BITS).clamp(0, 255) as u8
+}
+
+/// RGB bytes `w` x `h` resized to `new_w` x `new_h`: rows first, then
+/// columns, each pass rounded to bytes.
+fn resize_bicubic(rgb: &[u8], w: usize, h: usize, new_w: usize, new_h: usize) -> Vec<u8> {
+    let rows = if new_w == w {
+        rgb.to_vec()
+    } else {
+        let taps = taps(w, new_w);
+        let mut out = vec![0u8; new_w * h * 3];
+        for y in 0..h {
+            for (x, (first, weights)) in taps.iter().enumerate() {
+                for c in 0..3 {
+                    let sum: i64 = weights
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &wt)| i64::from(rgb[(y * w + first + k) * 3 + c]) * wt)
+                        .sum();
+                    out[(y * new_w + x) * 3 + c] = to_byte(sum);
+                }
+            }
+        }
+        out
+    };
+    if new_h == h {
+        return rows;
+    }
+    let taps = taps(h, new_h);
+    let mut out = vec![0u8; new_w * new_h * 3];
+    for (y, (first, weights)) in taps.iter().enumerate() {
+        for x in 0..new_w {
+            for c in 0..3 {
+                let sum: i64 = weights
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &wt)| i64::from(rows[((first + k) * new_w + x) * 3 + c]) * wt)
+                    .sum();
+                out[(y * new_w + x) * 3 + c] = to_byte(sum);
+            }
+        }
+    }
+    out
+}
