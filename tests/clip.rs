@@ -220,3 +220,57 @@ fn folders_captune_cannot_compute_are_refused_naming_what() {
         "{e}"
     );
 }
+
+/// `captune embed --clip FOLDER` on a data set of the two pictures and a
+/// file that is no image: the features file holds the pictures' unit-norm
+/// embeddings (transformers' `processed_embeds`, normalised) under their
+/// ids, names CLIP as its encoder, and the other file is skipped with its
+/// path said.
+#[test]
+fn embed_writes_a_features_file_from_clip() {
+    let dir = std::env::temp_dir().join(format!(
+        "captune-clip-embed-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
+    let images = dir.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let pictures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    for name in ["wide.png", "tall.png"] {
+        std::fs::copy(pictures.join(name), images.join(name)).unwrap();
+    }
+    std::fs::write(images.join("broken.png"), b"not a png").unwrap();
+    let entry = |id: usize, file: &str| {
+        serde_json::json!({"filename": file, "imgid": id, "split": "train", "sentids": [id],
+            "sentences": [{"tokens": ["a", "picture"], "raw": "a picture", "imgid": id, "sentid": id}]})
+    };
+    let data = dir.join("data.json");
+    let json = serde_json::json!({"dataset": "pictures",
+        "images": [entry(0, "wide.png"), entry(1, "broken.png"), entry(2, "tall.png")]});
+    std::fs::write(&data, json.to_string()).unwrap();
+    let out = dir.join("clip.safetensors");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+        .args(["--device", "cpu", "embed", "--clip"])
+        .arg(folder())
+        .arg("--data")
+        .arg(format!("karpathy:{}", data.display()))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(run.status.success(), "{stderr}");
+    assert!(stderr.contains("broken.png"), "{stderr}");
+    let features = captune::data::features::Features::load(&out, None).unwrap();
+    assert_eq!(features.ids, ["0", "2"]);
+    assert!(features.encoder.as_deref().unwrap().starts_with("clip:"));
+    let want = expected();
+    let e = features.dim;
+    for (k, row) in normalized(&want.tensors["processed_embeds"].data, e)
+        .iter()
+        .enumerate()
+    {
+        let d = relative_difference(features.row(k), row);
+        assert!(d < 1e-5, "image {k}: differs by {d}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -17,6 +17,7 @@ use super::hf::HfFolder;
 use super::layers::Activation;
 use super::transformer::TransformerConfig;
 use crate::backend::Backend;
+use crate::data::clip_image::ClipImageProcessor;
 use crate::retriever::model::Retriever;
 use crate::retriever::{ImagePool, RetrieverConfig};
 use crate::tensorfile::{Tensor, TensorFile};
@@ -430,4 +431,77 @@ pub fn patches_of_pixels(pixels: &[f32], size: usize, patch: usize) -> Vec<f32> 
         }
     }
     out
+}
+
+/// What [`embed_files`] gives: the unit-norm embeddings `[kept, embed_dim]`
+/// of the images it could read, their indices among the paths, and why
+/// each other one was skipped.
+pub struct Embedded {
+    pub embeddings: Vec<f32>,
+    pub kept: Vec<usize>,
+    pub skipped: Vec<String>,
+}
+
+/// The image files at `paths` through CLIP's preprocessing and image
+/// tower, `model.batch` at a time, advancing `progress` by one for each
+/// file; a file that cannot be read is skipped, its reason kept.
+pub fn embed_files<B: Backend>(
+    b: &B,
+    model: &mut Retriever<B>,
+    processor: &ClipImageProcessor,
+    paths: &[&Path],
+    progress: &indicatif::ProgressBar,
+) -> Result<Embedded> {
+    use rayon::prelude::*;
+    let (size, patch) = (processor.crop as usize, model.config.patch as usize);
+    if processor.crop != model.config.image_size {
+        bail!(
+            "the image processor crops {} pixels but the image tower reads {}: \
+             preprocessor_config.json and config.json are of different models",
+            processor.crop,
+            model.config.image_size
+        );
+    }
+    let mut out = Embedded {
+        embeddings: Vec::with_capacity(paths.len() * model.config.embed_dim),
+        kept: Vec::new(),
+        skipped: Vec::new(),
+    };
+    let batch = model.batch;
+    for (start, chunk) in (0..paths.len()).step_by(batch).zip(paths.chunks(batch)) {
+        let decoded: Vec<Result<Vec<f32>, String>> = chunk
+            .par_iter()
+            .map(|path| {
+                let image =
+                    image::open(path).map_err(|e| format!("{}: {e}; skipped", path.display()))?;
+                Ok(patches_of_pixels(
+                    &processor.pixels(&image.to_rgb8()),
+                    size,
+                    patch,
+                ))
+            })
+            .collect();
+        let mut patches = Vec::new();
+        for (k, result) in decoded.into_iter().enumerate() {
+            match result {
+                Ok(p) => {
+                    patches.extend(p);
+                    out.kept.push(start + k);
+                }
+                Err(why) => out.skipped.push(why),
+            }
+        }
+        if !patches.is_empty() {
+            model.encode_images(b, &patches)?;
+            out.embeddings.extend(b.to_vec(model.image_embeddings()));
+        }
+        progress.inc(chunk.len() as u64);
+    }
+    let dim = model.config.embed_dim;
+    for row in out.embeddings.chunks_mut(dim) {
+        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
+        row.iter_mut()
+            .for_each(|x| *x /= norm.max(f32::MIN_POSITIVE));
+    }
+    Ok(out)
 }
