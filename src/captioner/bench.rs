@@ -98,11 +98,11 @@ impl MemoryUse {
     /// Starts the process's peak resident memory afresh (Linux: writing 5
     /// to /proc/self/clear_refs), so that a record after another in the
     /// same process reports its own peak; elsewhere nothing happens.
-    fn reset() {
+    pub fn reset() {
         let _ = std::fs::write("/proc/self/clear_refs", "5");
     }
 
-    fn now<B: Backend>(b: &B) -> MemoryUse {
+    pub fn now<B: Backend>(b: &B) -> MemoryUse {
         MemoryUse {
             peak_memory_mib: crate::bench::peak_memory_mib(),
             device_memory_mib: b
@@ -323,7 +323,7 @@ pub fn train_throughput<B: Backend>(
 }
 
 /// The counters from `before` to `after`, per one of `n` (rounded up).
-fn per(
+pub fn per(
     after: Option<DeviceCounters>,
     before: Option<DeviceCounters>,
     n: usize,

@@ -7,6 +7,7 @@ use captune::captioner::bench::{
     BenchModel, VOCAB, Workload, decode_throughput, scst_throughput, train_throughput,
 };
 use captune::device::{self, DeviceChoice};
+use captune::retriever::bench::embed_throughput;
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
@@ -90,6 +91,24 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         warmup: usize,
     },
+    /// Image embedding throughput (images/s) of a Hugging Face CLIP's
+    /// image tower on random preprocessed images;
+    /// scripts/bench_torch_clip_embed.py is the PyTorch reference.
+    Embed {
+        /// Print a JSON array of records instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// A Hugging Face CLIP folder (`python3
+        /// scripts/bench_torch_clip_embed.py --random-clip DIR` writes one
+        /// of ViT-B/32's shape).
+        #[arg(long, value_name = "FOLDER")]
+        clip: PathBuf,
+        /// Images to embed (rounded up to whole batches).
+        #[arg(long, default_value_t = 64)]
+        images: usize,
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u32).range(1..))]
+        batch: u32,
+    },
     /// Caption decoding throughput (captions/s, tokens/s) of a network
     /// on random image embeddings, with the GPU's counts per decoded batch.
     Decode {
@@ -142,6 +161,18 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
                 Ok(())
             })
         }
+        BenchCommand::Embed {
+            json,
+            clip,
+            images,
+            batch,
+        } => bench_each(devices, json, |selection, emit| {
+            emit(captune::with_backend!(&selection.backend, b => {
+                let mut model = captune::model::clip::read(&clip)?.into_retriever(b, batch as usize)?;
+                embed_throughput(b, &mut model, &clip.display().to_string(), images)
+            })?);
+            Ok(())
+        }),
         BenchCommand::Scst {
             json,
             model,

@@ -1,6 +1,7 @@
 //! The CLIP-like retriever: its configuration, model, training, evaluation
 //! and checkpoints.
 
+pub mod bench;
 pub mod eval;
 pub mod model;
 pub mod neighbours;
