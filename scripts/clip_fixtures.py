@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Makes tests/data/clip-tiny: a tiny random CLIPModel as transformers saves
-it (config.json, model.safetensors), and clip_tiny_expected.safetensors,
+it (config.json, model.safetensors), with a CLIP tokenizer (CLIP's
+pipeline: lower case, byte-level pieces ending words with </w>,
+<|startoftext|> .. <|endoftext|>) over a BPE vocabulary the `tokenizers`
+library trains on Flickr8k's training captions, and
+clip_tiny_expected.safetensors,
 what transformers computes with it in float64 for tests/clip.rs to compare
 captune with on both backends, so that CI needs no torch:
 
@@ -11,6 +15,10 @@ captune with on both backends, so that CI needs no torch:
   (the projected final-layer-normed state at the end id);
 - `logits_per_image` [3, 3]: the learned scale times the cosine of each
   image and text embedding;
+- `caption_ids` [3, 16] and `caption_embeds`: three captions (one longer
+  than the text tower's 16 positions, cut as the tokenizer cuts with
+  truncation) as the tokenizer encodes them, padded with -1, and their
+  text embeddings;
 - `processed_pixels` [2, 3, 32, 32]: what CLIPImageProcessor (its PIL
   backend, OpenAI's preprocessing) makes of tests/data/clip-images/*.png,
   two synthetic pictures this script draws (one wide, one tall; smooth
@@ -26,10 +34,12 @@ would fail. Its end id is the vocabulary's last (not 2), so transformers
 pools at the first end id, as captune does.
 
 Usage:
-    pip install torch transformers
-    python3 scripts/clip_fixtures.py
+    pip install torch transformers tokenizers pillow
+    python3 scripts/clip_fixtures.py [FLICKR8K_FOLDER]   # default: ../shared/data/flickr8k
 """
 
+import json
+import sys
 from pathlib import Path
 
 import torch
@@ -37,20 +47,47 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 import numpy as np
 from PIL import Image
-from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPTokenizer
 
-DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
-VOCAB, EOS = 64, 63
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
 LENGTHS = [9, 4, 6]
+CAPTIONS = [
+    "A black dog is running through the grass .",
+    "Two girls play",
+    "A man in a red shirt climbs a rock wall while another man watches from below .",
+]
+
+
+def train_tokenizer(flickr8k):
+    """CLIP's tokenizer over a BPE vocabulary trained on Flickr8k's training
+    captions: words split at spaces, bytes as GPT-2 maps them, </w> ending
+    each word."""
+    data = json.loads((flickr8k / "dataset_flickr8k.json").read_text())
+    captions = [s["raw"].lower() for image in data["images"] if image["split"] == "train"
+                for s in image["sentences"]]
+    bpe = Tokenizer(models.BPE(end_of_word_suffix="</w>"))
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=500, min_frequency=2, end_of_word_suffix="</w>",
+                                  special_tokens=["<|startoftext|>", "<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator(captions, trainer)
+    model = json.loads(bpe.to_str())["model"]
+    return CLIPTokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]])
 
 
 def main():
+    flickr8k = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data" / "flickr8k"
+    tokenizer = train_tokenizer(flickr8k)
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
     torch.manual_seed(0)
     config = CLIPConfig(
         text_config=dict(hidden_size=24, intermediate_size=40, num_attention_heads=4,
-                         num_hidden_layers=2, max_position_embeddings=16, vocab_size=VOCAB,
-                         hidden_act="quick_gelu", eos_token_id=EOS, bos_token_id=EOS - 1,
-                         pad_token_id=0),
+                         num_hidden_layers=2, max_position_embeddings=16, vocab_size=vocab,
+                         hidden_act="quick_gelu", eos_token_id=eos,
+                         bos_token_id=tokenizer.bos_token_id, pad_token_id=eos),
         vision_config=dict(hidden_size=32, intermediate_size=52, num_attention_heads=4,
                            num_hidden_layers=2, image_size=32, patch_size=8,
                            hidden_act="quick_gelu"),
@@ -64,6 +101,7 @@ def main():
                 p.add_(torch.randn_like(p) * 0.2)
     folder = DATA / "clip-tiny"
     model.save_pretrained(str(folder), safe_serialization=True)
+    tokenizer.save_pretrained(str(folder))
 
     processor = CLIPImageProcessorPil(size={"shortest_edge": 40}, crop_size={"height": 32, "width": 32})
     processor.save_pretrained(str(folder))
@@ -75,14 +113,16 @@ def main():
     ids = torch.zeros(3, max(LENGTHS), dtype=torch.long)
     mask = torch.zeros_like(ids)
     for row, n in enumerate(LENGTHS):
-        ids[row, : n - 1] = torch.randint(1, EOS - 1, (n - 1,))
-        ids[row, n - 1] = EOS
+        ids[row, : n - 1] = torch.randint(2, vocab, (n - 1,))
+        ids[row, n - 1] = eos
         mask[row, :n] = 1
     with torch.no_grad():
         image = model.visual_projection(model.vision_model(pixel_values=pixels).pooler_output)
         text_out = model.text_model(input_ids=ids, attention_mask=mask)
         text = model.text_projection(text_out.pooler_output)
         logits = model.logit_scale.exp() * F.normalize(image, dim=-1) @ F.normalize(text, dim=-1).T
+        encoded = tokenizer(CAPTIONS, padding=True, truncation=True, max_length=16, return_tensors="pt")
+        caption_embeds = model.text_projection(model.text_model(**encoded).pooler_output)
         processed_embeds = model.visual_projection(
             model.vision_model(pixel_values=processed.double()).pooler_output)
     save_file(
@@ -93,6 +133,8 @@ def main():
             "image_embeds": image.float().contiguous(),
             "text_embeds": text.float().contiguous(),
             "logits_per_image": logits.float().contiguous(),
+            "caption_ids": encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, -1).float(),
+            "caption_embeds": caption_embeds.float().contiguous(),
             "processed_pixels": processed.float().contiguous(),
             "processed_embeds": processed_embeds.float().contiguous(),
         },

@@ -5,7 +5,8 @@
 //! embeddings of three id sequences of different lengths and the scaled
 //! cosine similarities between them match on the CPU and on the GPU.
 //! Two pictures preprocessed as CLIP's image processor does give its
-//! pixels and so its embeddings. Folders captune cannot compute are
+//! pixels and so its embeddings; captions tokenised by the folder's
+//! tokenizer give its ids and so its text embeddings. Folders captune cannot compute are
 //! refused, naming the file and the field or tensor.
 
 mod common;
@@ -13,6 +14,7 @@ mod common;
 use captune::backend::Backend;
 use captune::cpu::CpuBackend;
 use captune::data::clip_image::ClipImageProcessor;
+use captune::data::clip_text::ClipTokenizer;
 use captune::model::clip;
 use captune::retriever::model::TextBatch;
 use captune::tensorfile;
@@ -98,6 +100,60 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
         d < 1e-5,
         "{what}: logits_per_image differ by {d} of their largest"
     );
+}
+
+/// The fixture's captions: one longer than the text tower's 16 positions.
+const CAPTIONS: [&str; 3] = [
+    "A black dog is running through the grass .",
+    "Two girls play",
+    "A man in a red shirt climbs a rock wall while another man watches from below .",
+];
+
+/// Captions through the folder's tokenizer.json give transformers' ids
+/// (the long one cut to 16 with its end kept), and their text embeddings
+/// match on both backends.
+#[test]
+fn captions_tokenise_and_embed_as_transformers_does() {
+    let want = expected();
+    let config = clip::read(&folder()).unwrap().retriever;
+    let tokenizer = ClipTokenizer::load(&folder(), config.max_len).unwrap();
+    let ids: Vec<Vec<u32>> = CAPTIONS
+        .iter()
+        .map(|c| tokenizer.encode(c).unwrap())
+        .collect();
+    let width = want.tensors["caption_ids"].shape[1];
+    let expected_ids: Vec<Vec<u32>> = want.tensors["caption_ids"]
+        .data
+        .chunks(width)
+        .map(|row| {
+            row.iter()
+                .take_while(|&&x| x >= 0.0)
+                .map(|&x| x as u32)
+                .collect()
+        })
+        .collect();
+    assert_eq!(ids, expected_ids);
+    assert_eq!(ids[2].len(), 16, "cut to the tower's positions");
+    let check = |got: Vec<f32>, what: &str| {
+        let d = relative_difference(&got, &want.tensors["caption_embeds"].data);
+        assert!(
+            d < 1e-5,
+            "{what}: caption embeddings differ by {d} of their largest"
+        );
+    };
+    check(text_embeddings(&CpuBackend::new(), &ids), "cpu");
+    if let Some(g) = common::gpu() {
+        check(text_embeddings(&g, &ids), "gpu");
+    }
+}
+
+fn text_embeddings<B: Backend>(b: &B, ids: &[Vec<u32>]) -> Vec<f32> {
+    let clip = clip::read(&folder()).unwrap();
+    let config = clip.retriever;
+    let mut model = clip.into_retriever(b, ids.len()).unwrap();
+    let batch = TextBatch::new(b, &config, ids).unwrap();
+    model.encode_texts(b, &batch).unwrap();
+    b.to_vec(model.text_embeddings())
 }
 
 #[test]

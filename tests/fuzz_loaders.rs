@@ -557,6 +557,7 @@ fn hugging_face_clip_folders() {
         "config.json",
         "model.safetensors",
         "preprocessor_config.json",
+        "tokenizer.json",
     ];
     for file in files {
         std::fs::copy(fixture.join(file), dir.join(file)).unwrap();
@@ -571,8 +572,10 @@ fn hugging_face_clip_folders() {
             &target,
             |_| {
                 let clip = captune::model::clip::read(&dir)?;
+                let max_len = clip.retriever.max_len;
                 clip.into_retriever(&b, 2)?;
-                captune::data::clip_image::ClipImageProcessor::load(&dir).map(|_| ())
+                captune::data::clip_image::ClipImageProcessor::load(&dir)?;
+                captune::data::clip_text::ClipTokenizer::load(&dir, max_len).map(|_| ())
             },
         );
         std::fs::write(&target, seed).unwrap();

@@ -38,6 +38,20 @@ impl PartialEq for BpeVocab {
 
 impl Eq for BpeVocab {}
 
+/// A `tokenizer.json`'s text as the tokenizers library reads it; `origin`
+/// names where it came from in messages.
+pub fn parse_tokenizer(json: &str, origin: &str) -> Result<Tokenizer> {
+    let not_read =
+        |why: String| anyhow!("{origin}: not a tokenizer the tokenizers library reads: {why}");
+    // The library panics on some malformed JSON inside a tokenizer rather
+    // than returning its error: the syntax is checked first, and a panic
+    // on valid JSON is caught and reported the same way.
+    serde_json::from_str::<serde_json::Value>(json).map_err(|e| not_read(e.to_string()))?;
+    std::panic::catch_unwind(|| json.parse::<Tokenizer>())
+        .map_err(|_| not_read("the library failed on it".into()))?
+        .map_err(|e| not_read(e.to_string()))
+}
+
 impl BpeVocab {
     /// Reads `dir/tokenizer.json`, which must know [`END`].
     pub fn load(dir: &Path) -> Result<BpeVocab> {
@@ -57,15 +71,7 @@ impl BpeVocab {
     /// A tokenizer from its JSON (`origin` names where it came from in
     /// messages: a file, or a checkpoint's metadata).
     pub fn from_json(json: String, origin: &str) -> Result<BpeVocab> {
-        let not_read =
-            |why: String| anyhow!("{origin}: not a tokenizer the tokenizers library reads: {why}");
-        // The library panics on some malformed JSON inside a tokenizer
-        // rather than returning its error: the syntax is checked first,
-        // and a panic on valid JSON is caught and reported the same way.
-        serde_json::from_str::<serde_json::Value>(&json).map_err(|e| not_read(e.to_string()))?;
-        let tokenizer = std::panic::catch_unwind(|| json.parse::<Tokenizer>())
-            .map_err(|_| not_read("the library failed on it".into()))?
-            .map_err(|e| not_read(e.to_string()))?;
+        let tokenizer = parse_tokenizer(&json, origin)?;
         let end = tokenizer.token_to_id(END).with_context(|| {
             format!("{origin}: no {END} token, which GPT-2 starts and ends captions with")
         })?;

@@ -9,6 +9,7 @@
 
 pub mod bpe;
 pub mod clip_image;
+pub mod clip_text;
 pub mod coco;
 pub mod features;
 pub mod images;

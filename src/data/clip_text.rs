@@ -1,0 +1,71 @@
+//! Text as CLIP's tokenizer encodes it: the folder's `tokenizer.json`,
+//! run by Hugging Face's `tokenizers` crate, the pieces between
+//! `<|startoftext|>` and `<|endoftext|>`, cut as transformers cuts with
+//! truncation to the text tower's positions (the pieces shortened, the two
+//! specials kept). The text tower reads its state at the end token.
+
+use super::bpe::parse_tokenizer;
+use anyhow::{Context, Result, anyhow, bail};
+use std::path::Path;
+use tokenizers::Tokenizer;
+
+pub const START: &str = "<|startoftext|>";
+pub const END: &str = "<|endoftext|>";
+
+pub struct ClipTokenizer {
+    tokenizer: Tokenizer,
+    start: u32,
+    end: u32,
+    /// The text tower's positions: the longest encoding.
+    max_len: usize,
+    origin: String,
+}
+
+impl ClipTokenizer {
+    /// Reads `dir/tokenizer.json`, which must know both specials, for a
+    /// text tower of `max_len` positions.
+    pub fn load(dir: &Path, max_len: usize) -> Result<ClipTokenizer> {
+        let path = dir.join("tokenizer.json");
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "cannot read {}: save CLIP's tokenizer beside the model \
+                 (tokenizer.save_pretrained) so that captune tokenises as it does",
+                path.display()
+            )
+        })?;
+        let origin = path.display().to_string();
+        let tokenizer = parse_tokenizer(&text, &origin)?;
+        let special = |token: &str| {
+            tokenizer
+                .token_to_id(token)
+                .with_context(|| format!("{origin}: no {token} token, which CLIP's captions need"))
+        };
+        let (start, end) = (special(START)?, special(END)?);
+        if max_len < 2 {
+            bail!("{origin}: a text tower of {max_len} positions holds no caption");
+        }
+        Ok(ClipTokenizer {
+            tokenizer,
+            start,
+            end,
+            max_len,
+            origin,
+        })
+    }
+
+    /// `<|startoftext|>`, the pieces of `text` (at most `max_len - 2`),
+    /// `<|endoftext|>`.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| anyhow!("{}: cannot encode {text:?}: {e}", self.origin))?;
+        let pieces = encoding.get_ids();
+        let kept = pieces.len().min(self.max_len - 2);
+        let mut ids = Vec::with_capacity(kept + 2);
+        ids.push(self.start);
+        ids.extend_from_slice(&pieces[..kept]);
+        ids.push(self.end);
+        Ok(ids)
+    }
+}
