@@ -24,16 +24,6 @@ fn folder() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-tiny")
 }
 
-/// The largest difference, relative to the largest magnitude of `want`.
-fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
-    got.iter()
-        .zip(want)
-        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()))
-        / scale
-}
-
 fn normalized(rows: &[f32], dim: usize) -> Vec<Vec<f32>> {
     rows.chunks(dim)
         .map(|r| {
@@ -62,7 +52,7 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
     );
     model.encode_images(b, &patches).unwrap();
     let images = b.to_vec(model.image_embeddings());
-    let d = relative_difference(&images, &want.tensors["image_embeds"].data);
+    let d = common::relative_difference(&images, &want.tensors["image_embeds"].data);
     assert!(
         d < 1e-5,
         "{what}: image embeddings differ by {d} of their largest"
@@ -78,7 +68,7 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
     let batch = TextBatch::new(b, &config, &captions).unwrap();
     model.encode_texts(b, &batch).unwrap();
     let texts = b.to_vec(model.text_embeddings());
-    let d = relative_difference(&texts, &want.tensors["text_embeds"].data);
+    let d = common::relative_difference(&texts, &want.tensors["text_embeds"].data);
     assert!(
         d < 1e-5,
         "{what}: text embeddings differ by {d} of their largest"
@@ -95,7 +85,7 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
                 .map(move |t| scale * i.iter().zip(t).map(|(a, b)| a * b).sum::<f32>())
         })
         .collect();
-    let d = relative_difference(&logits, &want.tensors["logits_per_image"].data);
+    let d = common::relative_difference(&logits, &want.tensors["logits_per_image"].data);
     assert!(
         d < 1e-5,
         "{what}: logits_per_image differ by {d} of their largest"
@@ -122,20 +112,11 @@ fn captions_tokenise_and_embed_as_transformers_does() {
         .map(|c| tokenizer.encode(c).unwrap())
         .collect();
     let width = want.tensors["caption_ids"].shape[1];
-    let expected_ids: Vec<Vec<u32>> = want.tensors["caption_ids"]
-        .data
-        .chunks(width)
-        .map(|row| {
-            row.iter()
-                .take_while(|&&x| x >= 0.0)
-                .map(|&x| x as u32)
-                .collect()
-        })
-        .collect();
+    let expected_ids = common::padded_ids(&want.tensors["caption_ids"].data, width);
     assert_eq!(ids, expected_ids);
     assert_eq!(ids[2].len(), 16, "cut to the tower's positions");
     let check = |got: Vec<f32>, what: &str| {
-        let d = relative_difference(&got, &want.tensors["caption_embeds"].data);
+        let d = common::relative_difference(&got, &want.tensors["caption_embeds"].data);
         assert!(
             d < 1e-5,
             "{what}: caption embeddings differ by {d} of their largest"
@@ -189,7 +170,7 @@ fn preprocessing_gives_the_image_processor_s_pixels() {
     assert!(worst < 1e-5, "pixels differ by {worst}");
     let patches = clip::patches_of_pixels(&pixels, 32, 8);
     let check = |got: Vec<f32>, what: &str| {
-        let d = relative_difference(&got, &want.tensors["processed_embeds"].data);
+        let d = common::relative_difference(&got, &want.tensors["processed_embeds"].data);
         assert!(
             d < 1e-5,
             "{what}: embeddings differ by {d} of their largest"
@@ -325,7 +306,7 @@ fn embed_writes_a_features_file_from_clip() {
         .iter()
         .enumerate()
     {
-        let d = relative_difference(features.row(k), row);
+        let d = common::relative_difference(features.row(k), row);
         assert!(d < 1e-5, "image {k}: differs by {d}");
     }
     std::fs::remove_dir_all(&dir).unwrap();

@@ -72,16 +72,7 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
     }
     let c = model.config;
     let max_len = shape.max_len;
-    let sequences: Vec<Vec<u32>> = want.tensors["ids"]
-        .data
-        .chunks(max_len)
-        .map(|row| {
-            row.iter()
-                .take_while(|&&x| x >= 0.0)
-                .map(|&x| x as u32)
-                .collect()
-        })
-        .collect();
+    let sequences = common::padded_ids(&want.tensors["ids"].data, max_len);
     let inputs = TokenInputs::new(b, &c, &sequences).unwrap();
     let steps = inputs.positions;
     let targets = teacher_targets(&sequences, steps, c.specials.pad);
@@ -120,16 +111,6 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
     }
 }
 
-/// The largest difference, relative to the largest magnitude of `want`.
-fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
-    assert_eq!(got.len(), want.len());
-    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
-    got.iter()
-        .zip(want)
-        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()))
-        / scale
-}
-
 fn matches_transformers<B: Backend>(b: &B, file: &str, what: &str) {
     let want = expected(file);
     let got = clipcap_step(b, &want);
@@ -150,7 +131,7 @@ fn matches_transformers<B: Backend>(b: &B, file: &str, what: &str) {
         pad.iter().all(|&z| z <= MASKED_LOGIT * 0.99),
         "{what}: {pad:?}"
     );
-    let d = relative_difference(&ours, &expected_logits.data);
+    let d = common::relative_difference(&ours, &expected_logits.data);
     assert!(d < 1e-5, "{what}: logits differ by {d} of their largest");
     let loss = want.tensors["loss"].data[0];
     assert!(
@@ -180,7 +161,7 @@ fn matches_transformers<B: Backend>(b: &B, file: &str, what: &str) {
         } else {
             grad
         };
-        let d = relative_difference(grad, expected);
+        let d = common::relative_difference(grad, expected);
         assert!(
             d < 1e-5,
             "{what}: {name}'s gradient differs by {d} of its largest"

@@ -149,6 +149,30 @@ pub fn random_ids(len: usize, below: u32, seed: u64) -> Vec<u32> {
 
 /// Asserts |a - b| <= atol + rtol * |b| elementwise, naming the worst element.
 #[track_caller]
+/// The largest difference, relative to the largest magnitude of `want`:
+/// how the tests against transformers' float64 fixtures compare tensors.
+pub fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()))
+        / scale
+}
+
+/// Id sequences a fixture stores as rows of `width` floats, each padded
+/// with -1 after its ids.
+pub fn padded_ids(data: &[f32], width: usize) -> Vec<Vec<u32>> {
+    data.chunks(width)
+        .map(|row| {
+            row.iter()
+                .take_while(|&&x| x >= 0.0)
+                .map(|&x| x as u32)
+                .collect()
+        })
+        .collect()
+}
+
 pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
     assert_eq!(got.len(), want.len(), "{what}: lengths differ");
     let mut worst: Option<(usize, f32)> = None;
