@@ -25,13 +25,22 @@ captune with on both backends, so that CI needs no torch:
   shading, hard edges and fine stripes, so that resampling shows), with
   the folder's preprocessor_config.json (shortest side 40, centre crop
   32, CLIP's mean and std), and `processed_embeds`, their image
-  embeddings.
+  embeddings;
+- `clip_s` and `ref_clip_s`: the mean CLIPScore and RefCLIPScore of
+  CANDIDATES for the two pictures, with REFERENCES, as Hessel et al.
+  (2021) define them (w = 2.5, the prompt "A photo depicts " before every
+  caption and reference, RefCLIP-S the harmonic mean of CLIP-S and the
+  best reference cosine, floored at 0).
 
 The tiny model has CLIP's architecture (quick GELU, a class vector, the
 pre-layer-norm, projections without biases) at small widths; its MLP
 widths are not multiples of the widths, so a loader that assumed 4x
 would fail. Its end id is the vocabulary's last (not 2), so transformers
 pools at the first end id, as captune does.
+
+The tokenizer's trainer breaks ties between equally frequent merges in no
+fixed order, so two runs may number a few pieces differently: the folder
+and the expected file are always made together.
 
 Usage:
     pip install torch transformers tokenizers pillow
@@ -53,6 +62,10 @@ from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPToken
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 LENGTHS = [9, 4, 6]
+# For the two pictures, wide then tall.
+CANDIDATES = ["a wide picture with a blue circle", "two girls play in the grass"]
+REFERENCES = [["a striped picture of a circle", "colours fade from left to right"],
+              ["a tall striped picture", "a dog runs through the water"]]
 CAPTIONS = [
     "A black dog is running through the grass .",
     "Two girls play",
@@ -99,6 +112,11 @@ def main():
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias") or "class_embedding" in name:
                 p.add_(torch.randn_like(p) * 0.2)
+        # The random towers' embeddings point away from each other (every
+        # image-text cosine below 0), where CLIPScore's floor at 0 would hide
+        # its arithmetic: the text projection's sign, as random as the other,
+        # turns them towards each other.
+        model.text_projection.weight.neg_()
     folder = DATA / "clip-tiny"
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
@@ -125,6 +143,20 @@ def main():
         caption_embeds = model.text_projection(model.text_model(**encoded).pooler_output)
         processed_embeds = model.visual_projection(
             model.vision_model(pixel_values=processed.double()).pooler_output)
+
+        def text_features(texts):
+            t = tokenizer(["A photo depicts " + x for x in texts], padding=True, truncation=True,
+                          max_length=16, return_tensors="pt")
+            return F.normalize(model.text_projection(model.text_model(**t).pooler_output), dim=-1)
+
+        images = F.normalize(processed_embeds, dim=-1)
+        candidates = text_features(CANDIDATES)
+        clip_s = 2.5 * (images * candidates).sum(-1).clamp(min=0)
+        ref_clip_s = []
+        for k, refs in enumerate(REFERENCES):
+            best = (text_features(refs) @ candidates[k]).max().clamp(min=0)
+            ref_clip_s.append(2 * clip_s[k] * best / (clip_s[k] + best))
+        print("CLIP-S", clip_s.tolist(), "RefCLIP-S", [r.item() for r in ref_clip_s])
     save_file(
         {
             "pixel_values": pixels.float().contiguous(),
@@ -137,6 +169,8 @@ def main():
             "caption_embeds": caption_embeds.float().contiguous(),
             "processed_pixels": processed.float().contiguous(),
             "processed_embeds": processed_embeds.float().contiguous(),
+            "clip_s": clip_s.mean().reshape(1).float(),
+            "ref_clip_s": torch.stack(ref_clip_s).mean().reshape(1).float(),
         },
         str(DATA / "clip_tiny_expected.safetensors"),
     )

@@ -311,3 +311,88 @@ fn embed_writes_a_features_file_from_clip() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `captune score --clip FOLDER`: CLIPScore and RefCLIPScore of two
+/// candidates for the two pictures, with two references each, equal the
+/// script's computation of Hessel et al.'s definitions with transformers
+/// (the prompt, w = 2.5, the harmonic mean with the best reference).
+#[test]
+fn score_reports_clipscore_as_its_authors_define_it() {
+    let dir = std::env::temp_dir().join(format!(
+        "captune-clip-score-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
+    let images = dir.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    let pictures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let candidates = [
+        "a wide picture with a blue circle",
+        "two girls play in the grass",
+    ];
+    let references = [
+        [
+            "a striped picture of a circle",
+            "colours fade from left to right",
+        ],
+        ["a tall striped picture", "a dog runs through the water"],
+    ];
+    let mut entries = Vec::new();
+    let mut results = Vec::new();
+    for (id, name) in ["wide.png", "tall.png"].iter().enumerate() {
+        std::fs::copy(pictures.join(name), images.join(name)).unwrap();
+        let sentences: Vec<serde_json::Value> = references[id]
+            .iter()
+            .enumerate()
+            .map(|(k, r)| {
+                serde_json::json!({"tokens": r.split(' ').collect::<Vec<_>>(), "raw": r,
+                    "imgid": id, "sentid": 2 * id + k})
+            })
+            .collect();
+        entries.push(
+            serde_json::json!({"filename": name, "imgid": id, "split": "test",
+            "sentids": [2 * id, 2 * id + 1], "sentences": sentences}),
+        );
+        results.push(serde_json::json!({"image_id": id, "caption": candidates[id]}));
+    }
+    let data = dir.join("data.json");
+    std::fs::write(
+        &data,
+        serde_json::json!({"dataset": "pictures", "images": entries}).to_string(),
+    )
+    .unwrap();
+    let results_file = dir.join("results.json");
+    std::fs::write(&results_file, serde_json::Value::from(results).to_string()).unwrap();
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+        .arg("score")
+        .arg("--data")
+        .arg(format!("karpathy:{}", data.display()))
+        .arg("--results")
+        .arg(&results_file)
+        .arg("--clip")
+        .arg(folder())
+        .arg("--json")
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let scores: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    let want = expected();
+    for (key, tensor) in [("CLIP-S", "clip_s"), ("RefCLIP-S", "ref_clip_s")] {
+        let (got, want) = (
+            scores[key].as_f64().unwrap(),
+            f64::from(want.tensors[tensor].data[0]),
+        );
+        assert!(
+            want > 0.05,
+            "{key}: the fixture's figure is not floored at 0"
+        );
+        assert!(
+            (got - want).abs() < 1e-5 * want,
+            "{key}: {got} vs transformers' {want}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

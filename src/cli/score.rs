@@ -3,12 +3,17 @@
 
 use super::captioner::{parse_split, print_metrics};
 use anyhow::{Context, Result, bail};
+use captune::cpu::CpuBackend;
+use captune::data::clip_image::ClipImageProcessor;
+use captune::data::clip_text::ClipTokenizer;
 use captune::data::tokenize::ptb_tokenize;
 use captune::data::{Item, Split};
 use captune::metrics::coco_scores;
+use captune::retriever::eval::embed_ids;
 use captune::source::DataArgs;
+use indicatif::ProgressBar;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct ScoreArgs {
@@ -21,6 +26,12 @@ pub struct ScoreArgs {
     pub results: PathBuf,
     #[arg(long)]
     pub json: bool,
+    /// A Hugging Face CLIP folder (config.json, model.safetensors,
+    /// preprocessor_config.json, tokenizer.json): also report CLIPScore and
+    /// RefCLIPScore as Hessel et al. (2021) define them, reading the
+    /// images (on the CPU).
+    #[arg(long, value_name = "FOLDER")]
+    pub clip: Option<PathBuf>,
 }
 
 /// What `score` reports: the reference-based scores of each image's first
@@ -37,11 +48,15 @@ struct Scores {
     div2: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mbleu4: Option<f64>,
+    #[serde(rename = "CLIP-S", skip_serializing_if = "Option::is_none")]
+    clip_s: Option<f64>,
+    #[serde(rename = "RefCLIP-S", skip_serializing_if = "Option::is_none")]
+    ref_clip_s: Option<f64>,
 }
 
 /// Scores a results file against the split's references, exactly as
 /// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L). Only the
-/// references are read, never the images. Several captions of one image
+/// references are read, and with a CLIP the images too. Several captions of one image
 /// (`eval --decode sample:5`) are accepted as eval scores them: the first
 /// for the reference-based scores, all for Div-1, Div-2 and mBLEU-4.
 pub fn score(args: &ScoreArgs) -> Result<()> {
@@ -55,6 +70,8 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
     // Each image's captions, images in their first appearance's order.
     let mut order: Vec<&Item> = Vec::new();
     let mut captions: HashMap<String, Vec<Vec<String>>> = HashMap::new();
+    // Each image's first caption as written, for CLIP.
+    let mut raw_firsts: HashMap<String, String> = HashMap::new();
     for (k, r) in results.iter().enumerate() {
         let id = match &r["image_id"] {
             serde_json::Value::String(s) => s.clone(),
@@ -71,6 +88,9 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
                 data.name
             );
         };
+        raw_firsts
+            .entry(id.clone())
+            .or_insert_with(|| caption.to_string());
         let list = captions.entry(id).or_default();
         if list.is_empty() {
             order.push(item);
@@ -98,6 +118,13 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         .map(|item| item.captions.iter().map(|c| c.tokens.clone()).collect())
         .collect();
     let d = (per_image >= 2).then(|| captune::metrics::diversity::diversity(&sets));
+    let clip = match &args.clip {
+        Some(dir) => {
+            let candidates: Vec<&str> = order.iter().map(|i| raw_firsts[&i.id].as_str()).collect();
+            Some(clip_scores(dir, &order, &candidates)?)
+        }
+        None => None,
+    };
     let scores = Scores {
         images: sets.len(),
         captions_per_image: per_image,
@@ -105,6 +132,8 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         div1: d.as_ref().map(|d| d.div1),
         div2: d.as_ref().map(|d| d.div2),
         mbleu4: d.as_ref().map(|d| d.mbleu4),
+        clip_s: clip.map(|(s, _)| s),
+        ref_clip_s: clip.map(|(_, r)| r),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);
@@ -118,4 +147,56 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         print_metrics(&scores)?;
     }
     Ok(())
+}
+
+/// The mean CLIP-S and RefCLIP-S of each item's candidate, with the CLIP
+/// in `dir` on the CPU: its images through CLIP's preprocessing, the
+/// candidates and the references after the prompt.
+fn clip_scores(dir: &Path, items: &[&Item], candidates: &[&str]) -> Result<(f64, f64)> {
+    use captune::metrics::clipscore::{PROMPT, clip_s, ref_clip_s};
+    let b = CpuBackend::new();
+    let clip = captune::model::clip::read(dir)?;
+    let max_len = clip.retriever.max_len;
+    let processor = ClipImageProcessor::load(dir)?;
+    let tokenizer = ClipTokenizer::load(dir, max_len)?;
+    let mut model = clip.into_retriever(&b, 32)?;
+    let paths: Vec<&Path> = items.iter().map(|i| i.image.as_path()).collect();
+    let embedded = captune::model::clip::embed_files(
+        &b,
+        &mut model,
+        &processor,
+        &paths,
+        &ProgressBar::hidden(),
+    )?;
+    if let Some(why) = embedded.skipped.first() {
+        bail!("{why}: CLIPScore reads every image's file");
+    }
+    let encode = |text: &str| tokenizer.encode(&format!("{PROMPT}{text}"));
+    let ids: Vec<Vec<u32>> = candidates
+        .iter()
+        .map(|c| encode(c))
+        .collect::<Result<_>>()?;
+    let texts = embed_ids(&b, &mut model, &ids)?;
+    let refs: Vec<Vec<u32>> = items
+        .iter()
+        .flat_map(|i| i.captions.iter().map(|c| encode(&c.raw)))
+        .collect::<Result<_>>()?;
+    let ref_texts = embed_ids(&b, &mut model, &refs)?;
+    let e = model.config.embed_dim;
+    let (mut total, mut ref_total, mut next_ref) = (0.0, 0.0, 0);
+    for (k, item) in items.iter().enumerate() {
+        let (image, text) = (
+            &embedded.embeddings[k * e..(k + 1) * e],
+            &texts[k * e..(k + 1) * e],
+        );
+        let s = clip_s(image, text);
+        let own: Vec<&[f32]> = (next_ref..next_ref + item.captions.len())
+            .map(|r| &ref_texts[r * e..(r + 1) * e])
+            .collect();
+        next_ref += item.captions.len();
+        total += s;
+        ref_total += ref_clip_s(s, text, &own);
+    }
+    let n = items.len() as f64;
+    Ok((total / n, ref_total / n))
 }

@@ -4,6 +4,7 @@
 
 pub mod bleu;
 pub mod cider;
+pub mod clipscore;
 pub mod diversity;
 mod ngrams;
 pub mod rouge;

@@ -1,0 +1,40 @@
+//! CLIPScore and RefCLIPScore as their authors define them (Hessel,
+//! Holtzman, Forbes, Le Bras and Choi, "CLIPScore: A Reference-free
+//! Evaluation Metric for Image Captioning", 2021): a caption is read by
+//! CLIP's text tower after the prompt "A photo depicts " (references too),
+//! CLIP-S = w max(cos(image, caption), 0) with w = 2.5, and RefCLIP-S is
+//! the harmonic mean of CLIP-S and max(max over the references of
+//! cos(caption, reference), 0). A corpus' figure is the mean over its
+//! images. Embeddings here are unit-norm, so a cosine is a dot product.
+
+/// The weight w.
+pub const W: f64 = 2.5;
+/// The prompt before every caption and reference.
+pub const PROMPT: &str = "A photo depicts ";
+
+fn dot(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| f64::from(*x) * f64::from(*y))
+        .sum()
+}
+
+/// CLIP-S of an image and a caption (unit-norm embeddings).
+pub fn clip_s(image: &[f32], caption: &[f32]) -> f64 {
+    W * dot(image, caption).max(0.0)
+}
+
+/// RefCLIP-S of a caption whose CLIP-S is `clip_s`, given its references'
+/// unit-norm embeddings.
+pub fn ref_clip_s(clip_s: f64, caption: &[f32], references: &[&[f32]]) -> f64 {
+    let text = references
+        .iter()
+        .map(|r| dot(caption, r))
+        .fold(f64::NEG_INFINITY, f64::max)
+        .max(0.0);
+    if clip_s + text == 0.0 {
+        0.0
+    } else {
+        2.0 * clip_s * text / (clip_s + text)
+    }
+}
