@@ -115,7 +115,16 @@ fn gelu_mlp_backward_matches_finite_differences() {
         vec![0.0; outputs],
         vec![0.0; pre.len()],
     );
-    l2.backward_through_gelu(&b, &r, &act, &w2, &mut dw2, &mut db2, &pre, &mut d_pre);
+    l2.backward_through_gelu(
+        &b,
+        &r,
+        &act,
+        &w2,
+        &mut dw2,
+        Some(&mut db2),
+        &pre,
+        &mut d_pre,
+    );
     let (mut dw1, mut db1, mut dx) = (vec![0.0; w1.len()], vec![0.0; hidden], vec![0.0; x.len()]);
     l1.backward(
         &b,

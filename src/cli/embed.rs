@@ -105,13 +105,6 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
     if embedded.kept.is_empty() {
         bail!("{}: no image could be read", data.name);
     }
-    let weights = ["model.safetensors", "model.safetensors.index.json"]
-        .iter()
-        .map(|f| dir.join(f))
-        .find(|p| p.is_file())
-        .expect("read found the weights");
-    let bytes =
-        std::fs::read(&weights).with_context(|| format!("cannot read {}", weights.display()))?;
     let features = captune::data::features::Features {
         source: args.out.clone(),
         ids: embedded
@@ -121,7 +114,7 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
             .collect(),
         dim: model.config.embed_dim,
         embeddings: embedded.embeddings,
-        encoder: Some(format!("clip:{}", captune::tensorfile::fingerprint(&bytes))),
+        encoder: Some(captune::model::clip::encoder_id(dir)?),
     };
     let metadata = HashMap::from([
         ("encoder".to_string(), format!("CLIP {}", dir.display())),

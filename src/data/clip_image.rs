@@ -1,8 +1,11 @@
-//! An image as CLIP's image processor makes it (`CLIPImageProcessor` with
-//! its PIL backend, as OpenAI's CLIP preprocessed): the shortest side
-//! resized to `size` (bicubic, the other side in proportion, rounded
-//! down), the centre `crop` x `crop` cut out, bytes rescaled to [0, 1]
-//! and normalised per channel with the folder's mean and std. The
+//! An image as transformers' CLIP image processor makes it
+//! (`CLIPImageProcessor` with its PIL backend): the shortest side resized
+//! to `size` (bicubic, the other side in proportion, rounded down), the
+//! centre `crop` x `crop` cut out (its offset rounded down, as
+//! transformers does; OpenAI's own torchvision transform rounds it to the
+//! nearest, which moves the crop by a pixel for some sizes), bytes
+//! rescaled to [0, 1] and normalised per channel with the folder's mean
+//! and std. The
 //! `[3, crop, crop]` result is what `model::clip::patches_of_pixels` cuts
 //! into the retriever's patches.
 //!

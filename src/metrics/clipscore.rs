@@ -6,6 +6,9 @@
 //! the harmonic mean of CLIP-S and max(max over the references of
 //! cos(caption, reference), 0). A corpus' figure is the mean over its
 //! images. Embeddings here are unit-norm, so a cosine is a dot product.
+//! Images are preprocessed as transformers' CLIP image processor does
+//! (`data::clip_image`), whose crop can sit a pixel from that of the
+//! authors' code (OpenAI's transform) for some image sizes.
 
 /// The weight w.
 pub const W: f64 = 2.5;

@@ -505,3 +505,26 @@ pub fn embed_files<B: Backend>(
     }
     Ok(out)
 }
+
+/// The identity of the CLIP in `dir` as an encoder: a fingerprint of its
+/// config.json and of every safetensors file (all shards of a sharded
+/// one), so that features from two fine-tunes never pass for each other's.
+pub fn encoder_id(dir: &Path) -> Result<String> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read the folder {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    files.insert(0, dir.join("config.json"));
+    let mut prints = String::new();
+    for file in &files {
+        let bytes =
+            std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+        prints.push_str(&crate::tensorfile::fingerprint(&bytes));
+    }
+    Ok(format!(
+        "clip:{}",
+        crate::tensorfile::fingerprint(prints.as_bytes())
+    ))
+}

@@ -142,28 +142,33 @@ impl Dense {
         d_x: &mut B::Tensor,
         d_pre: &mut B::Tensor,
     ) {
-        match (act, self.bias) {
-            (Activation::Gelu, Some(bias)) => {
-                let (values, [dw, dbias]) = params.for_backward(self.w, bias);
-                self.on(x.len()).backward_through_gelu(
-                    b,
-                    dy,
-                    x,
-                    &values[self.w.0],
-                    dw,
-                    dbias,
-                    pre,
-                    d_pre,
-                );
-            }
-            _ => {
-                self.backward(b, params, dy, x, Some((d_x, false)));
-                match act {
-                    Activation::Gelu => b.gelu_backward(pre, d_x, d_pre, false),
-                    Activation::Tanh => b.tanh_backward(pre, d_x, d_pre),
-                    Activation::Relu => b.relu_backward(pre, d_x, d_pre),
-                    Activation::QuickGelu => b.quick_gelu_backward(pre, d_x, d_pre),
+        match act {
+            Activation::Gelu => {
+                let linear = self.on(x.len());
+                match self.bias {
+                    Some(bias) => {
+                        let (values, [dw, dbias]) = params.for_backward(self.w, bias);
+                        let w = &values[self.w.0];
+                        linear.backward_through_gelu(b, dy, x, w, dw, Some(dbias), pre, d_pre);
+                    }
+                    None => {
+                        let (values, dw) = params.for_backward_one(self.w);
+                        let w = &values[self.w.0];
+                        linear.backward_through_gelu(b, dy, x, w, dw, None, pre, d_pre);
+                    }
                 }
+            }
+            Activation::Tanh => {
+                self.backward(b, params, dy, x, Some((d_x, false)));
+                b.tanh_backward(pre, d_x, d_pre);
+            }
+            Activation::Relu => {
+                self.backward(b, params, dy, x, Some((d_x, false)));
+                b.relu_backward(pre, d_x, d_pre);
+            }
+            Activation::QuickGelu => {
+                self.backward(b, params, dy, x, Some((d_x, false)));
+                b.quick_gelu_backward(pre, d_x, d_pre);
             }
         }
     }

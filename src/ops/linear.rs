@@ -72,11 +72,11 @@ impl Linear {
         x: &B::Tensor,
         w: &B::Tensor,
         dw: &mut B::Tensor,
-        dbias: &mut B::Tensor,
+        dbias: Option<&mut B::Tensor>,
         pre: &B::Tensor,
         d_pre: &mut B::Tensor,
     ) {
-        self.parameter_gradients(b, dy, x, dw, Some(dbias));
+        self.parameter_gradients(b, dy, x, dw, dbias);
         b.matmul_gelu_backward(dy, w, pre, d_pre, &self.input_gradient());
     }
 
