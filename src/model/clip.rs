@@ -498,11 +498,7 @@ pub fn embed_files<B: Backend>(
         progress.inc(chunk.len() as u64);
     }
     let dim = model.config.embed_dim;
-    for row in out.embeddings.chunks_mut(dim) {
-        let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
-        row.iter_mut()
-            .for_each(|x| *x /= norm.max(f32::MIN_POSITIVE));
-    }
+    out.embeddings = crate::retriever::eval::unit_rows(std::mem::take(&mut out.embeddings), dim);
     Ok(out)
 }
 

@@ -40,10 +40,15 @@ fn embed_in_batches<B: Backend>(
         out.extend_from_slice(&e[..real * dim]);
         progress.inc(real as u64);
     }
-    // The same normalisation the loss applies, on the host copy.
-    let (mut unit, mut norms) = (vec![0.0; out.len()], vec![0.0; out.len() / dim]);
-    CpuBackend::new().l2_normalize(&out, &mut unit, &mut norms, dim);
-    Ok(unit)
+    Ok(unit_rows(out, dim))
+}
+
+/// Embeddings `[rows, dim]` made unit-norm on the host, by the same
+/// normalisation the contrastive loss applies.
+pub fn unit_rows(rows: Vec<f32>, dim: usize) -> Vec<f32> {
+    let (mut unit, mut norms) = (vec![0.0; rows.len()], vec![0.0; rows.len() / dim]);
+    CpuBackend::new().l2_normalize(&rows, &mut unit, &mut norms, dim);
+    unit
 }
 
 /// The unit-norm embeddings of `images[items]`, advancing `progress` by one for each.
