@@ -32,6 +32,20 @@ captune with on both backends, so that CI needs no torch:
   caption and reference, RefCLIP-S the harmonic mean of CLIP-S and the
   best reference cosine, floored at 0).
 
+and clip_relevance_expected.safetensors, one CLIP-relevance step of a
+captioner over the words RELEVANCE_WORDS with the tiny CLIP as the frozen
+listener: random teacher-forced logits `logits` [captions * positions,
+vocab], the chosen `captions` (padded with -1), unit image embeddings
+`images`; the Gumbel-softmax with the noise captune draws for SEED (its
+counter hash, reproduced here), each chosen word's CLIP pieces at as many
+of the text tower's positions (the j-th relaxed over every word's j-th
+piece, pieces after the fourth as chosen), transformers' text tower fed
+those inputs through a hook on its token embedding, -mean cos, and the
+gradient at the logits, straight-through (`hard.*`, tau 1) and soft
+(`soft.*`, tau 0.5). The captions hold words CLIP splits into several
+pieces, one of more than four, an empty caption and one cut at the
+tower's 16 positions.
+
 The tiny model has CLIP's architecture (quick GELU, a class vector, the
 pre-layer-norm, projections without biases) at small widths; its MLP
 widths are not multiples of the widths, so a loader that assumed 4x
@@ -175,6 +189,107 @@ def main():
         str(DATA / "clip_tiny_expected.safetensors"),
     )
     print("logits_per_image", logits)
+    relevance(model, tokenizer)
+
+
+RELEVANCE_WORDS = ["a", "dog", "runs", "through", "the", "grass", "two", "girls", "play", "in",
+                   "skateboarder", "qzxjvkwpfh"]
+RELEVANCE_CAPTIONS = [
+    "a dog runs through the grass",
+    "",
+    "two girls play in the grass skateboarder qzxjvkwpfh a dog runs in the grass",
+    "skateboarder qzxjvkwpfh girls",
+]
+SEED = 0x5eed_cafe_0123
+CAPTIONER_SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
+RELAXED_PIECES = 4
+
+
+def mix32(x):
+    m = 0xFFFFFFFF
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & m
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & m
+    x ^= x >> 16
+    return x
+
+
+def gumbel(seed, row, step, j):
+    """captune's Gumbel noise for (seed, row, step, token), in float32 as it computes it."""
+    h = mix32((seed & 0xFFFFFFFF) ^ 0x85EBCA6B)
+    for v in (seed >> 32, row, step, j):
+        h = mix32(h ^ v)
+    u = (np.float32(h >> 8) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+    return float(-np.log(np.maximum(-np.log(u), np.finfo(np.float32).tiny)))
+
+
+def relevance(model, tokenizer):
+    words = CAPTIONER_SPECIALS + RELEVANCE_WORDS
+    end, vocab = 2, len(words)
+    clip_end = tokenizer.eos_token_id
+    pieces = [[clip_end] if v == end else tokenizer(w, add_special_tokens=False)["input_ids"]
+              for v, w in enumerate(words)]
+    print("pieces per word", {w: len(p) for w, p in zip(words, pieces)})
+    captions = [[words.index(w) for w in c.split()] + [end] for c in RELEVANCE_CAPTIONS]
+    n, positions = len(captions), max(len(c) for c in captions)
+    max_len = model.config.text_config.max_position_embeddings
+    table = model.text_model.embeddings.token_embedding.weight.detach()
+    slots = min(max(len(p) for p in pieces), RELAXED_PIECES)
+    slot_tables = [torch.stack([table[p[j]] if len(p) > j else torch.zeros_like(table[0])
+                                for p in pieces]) for j in range(slots)]
+    torch.manual_seed(1)
+    logits = torch.randn(n * positions, vocab, dtype=torch.float64).float().double()
+    images = F.normalize(torch.randn(n, model.config.projection_dim, dtype=torch.float64), dim=-1)
+    images = images.float().double()
+    noise = torch.tensor([[gumbel(SEED, r // positions, r % positions, j) for j in range(vocab)]
+                          for r in range(n * positions)], dtype=torch.float64)
+    out = {"logits": logits.float(), "images": images.float(),
+           "captions": torch.tensor([c + [-1] * (positions - len(c)) for c in captions],
+                                    dtype=torch.float32)}
+    for name, tau, soft in [("hard", 1.0, False), ("soft", 0.5, True)]:
+        z = logits.clone().requires_grad_(True)
+        y = torch.softmax((z + noise) / tau, dim=-1)
+        inputs, ids = [], []
+        for c, caption in enumerate(captions):
+            x, seq = [table[tokenizer.bos_token_id]], [tokenizer.bos_token_id]
+            for t, token in enumerate(caption):
+                yt = y[c * positions + t]
+                for j, piece in enumerate(pieces[token]):
+                    if len(seq) == max_len:
+                        break
+                    if j >= slots:
+                        x.append(table[piece])
+                    elif soft:
+                        x.append(yt @ slot_tables[j])
+                    else:  # straight-through: the piece forward, y's gradient back
+                        x.append(table[piece] + (yt - yt.detach()) @ slot_tables[j])
+                    seq.append(piece)
+            if seq[-1] != clip_end:
+                if len(seq) == max_len:  # cut: the end in place of the last, no gradient
+                    x[-1], seq[-1] = table[clip_end], clip_end
+                else:
+                    x.append(table[clip_end])
+                    seq.append(clip_end)
+            inputs.append(torch.stack(x + [table[clip_end]] * (max_len - len(x))))
+            ids.append(seq + [clip_end] * (max_len - len(seq)))
+        lengths = [s.index(clip_end) + 1 for s in ids]
+        mask = torch.tensor([[1] * k + [0] * (max_len - k) for k in lengths])
+        relaxed = torch.stack(inputs)
+        hook = model.text_model.embeddings.token_embedding.register_forward_hook(
+            lambda module, args, output: relaxed)
+        text = model.text_projection(
+            model.text_model(input_ids=torch.tensor(ids), attention_mask=mask).pooler_output)
+        hook.remove()
+        loss = -F.cosine_similarity(text, images, dim=-1).mean()
+        loss.backward()
+        print(f"relevance {name}: loss {loss.item():.6f}, ids {ids}")
+        out[f"{name}.loss"] = loss.detach().reshape(1).float()
+        out[f"{name}.d_logits"] = z.grad.float()
+    save_file(out, str(DATA / "clip_relevance_expected.safetensors"),
+              metadata={"words": json.dumps(RELEVANCE_WORDS), "seed": str(SEED),
+                        "made_by": "scripts/clip_fixtures.py (PyTorch " + torch.__version__
+                                   + ", float64)"})
 
 
 def draw_images(folder):

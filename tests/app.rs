@@ -609,7 +609,7 @@ fn the_per_token_view_explains_a_reference_under_each_rewarding_objective() {
     });
     let cpu = CpuBackend::new();
     let retriever = dir.join("retriever.safetensors");
-    common::tiny_retriever(&cpu, &tiny_data(), 4)
+    common::tiny_retriever_checkpoint(&cpu, &tiny_data(), 4)
         .save(&cpu, &retriever, HashMap::new())
         .unwrap();
     h.state().judge_with(retriever);

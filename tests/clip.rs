@@ -12,10 +12,14 @@
 mod common;
 
 use captune::backend::Backend;
+use captune::captioner::CaptionVocab;
+use captune::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
 use captune::cpu::CpuBackend;
 use captune::data::clip_image::ClipImageProcessor;
 use captune::data::clip_text::ClipTokenizer;
+use captune::data::vocab::EOS;
 use captune::model::clip;
+use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
 use captune::retriever::model::TextBatch;
 use captune::tensorfile;
 use std::path::{Path, PathBuf};
@@ -395,4 +399,118 @@ fn score_reports_clipscore_as_its_authors_define_it() {
         );
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn frozen_clip<B: Backend>(b: &B) -> FrozenRetriever<B> {
+    let named = PathBuf::from(format!("{CLIP_PREFIX}{}", folder().display()));
+    FrozenRetriever::load(b, &named, 4).unwrap()
+}
+
+fn relevance_expected() -> tensorfile::TensorFile {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/clip_relevance_expected.safetensors");
+    tensorfile::read(&path).unwrap()
+}
+
+fn relevance_vocab(want: &tensorfile::TensorFile) -> CaptionVocab {
+    let words: Vec<String> = serde_json::from_str(&want.metadata["words"]).unwrap();
+    CaptionVocab::from_words(words)
+}
+
+/// A captioner's caption, as a CLIP reads it through the vocabulary map,
+/// is CLIP's tokenizer's encoding of its words: a word of several pieces
+/// reads as all of them, in order; the caption stops at its end, an empty
+/// caption is the two specials, and a long one is cut to the text tower's
+/// positions with the end kept.
+#[test]
+fn captions_map_onto_clip_pieces_as_the_tokenizer_encodes_them() {
+    let want = relevance_expected();
+    let captioner = relevance_vocab(&want);
+    let clip = frozen_clip(&CpuBackend::new());
+    let map = VocabMap::new(&captioner, &clip.captions).unwrap();
+    let tokenizer = ClipTokenizer::load(&folder(), clip.model.config.max_len).unwrap();
+    let own = captioner.word_list().unwrap();
+    let several = tokenizer.pieces("skateboarder").unwrap();
+    assert!(several.len() > 1, "{several:?}");
+    assert_eq!(map.pieces(own.id("skateboarder")), several);
+    for text in [
+        "a dog runs through the grass",
+        "skateboarder girls play",
+        "",
+        "two girls play in the grass skateboarder qzxjvkwpfh a dog runs in the grass",
+    ] {
+        let ids: Vec<u32> = text
+            .split_whitespace()
+            .map(|w| own.id(w))
+            .chain([EOS, own.id("dog")])
+            .collect();
+        let read = map.caption(&ids, clip.model.config.max_len);
+        assert_eq!(read, tokenizer.encode(text).unwrap(), "{text:?}");
+    }
+}
+
+fn relaxed_step<B: Backend>(b: &B, relaxation: Relaxation, tau: f32) -> (f64, Vec<f32>) {
+    let want = relevance_expected();
+    let captioner = relevance_vocab(&want);
+    let mut clip = frozen_clip(b);
+    let map = VocabMap::new(&captioner, &clip.captions).unwrap();
+    let mut listener = RelaxedListener::new(b, &clip.model, map);
+    let images = &want.tensors["images"];
+    let positions = want.tensors["captions"].shape[1];
+    let captions = common::padded_ids(&want.tensors["captions"].data, positions);
+    let seed: u64 = want.metadata["seed"].parse().unwrap();
+    let logits = b.tensor(&want.tensors["logits"].data);
+    let texts = listener
+        .forward(
+            b,
+            &mut clip.model,
+            &logits,
+            &captions,
+            positions,
+            seed,
+            tau,
+            relaxation,
+        )
+        .unwrap();
+    let (loss, _, d_texts) = negative_cosine(&images.data, &texts, images.shape[1]);
+    let d_logits = b.to_vec(listener.backward(b, &mut clip.model, &d_texts));
+    (loss, d_logits)
+}
+
+/// One CLIP-relevance step with the tiny CLIP as the listener, against
+/// scripts/clip_fixtures.py (transformers' text tower, float64, fed the
+/// relaxed inputs): the loss and the gradient at the captioner's logits,
+/// straight-through and soft, on both backends. The captions hold words
+/// CLIP reads as several pieces (one of ten, past the four that carry a
+/// gradient), an empty caption and one cut at the tower's positions.
+#[test]
+fn clip_relevance_gradient_equals_transformers() {
+    let want = relevance_expected();
+    let check = |what: &str, (loss, d_logits): (f64, Vec<f32>), name: &str| {
+        let expected_loss = want.tensors[&format!("{name}.loss")].data[0] as f64;
+        assert!(
+            (loss - expected_loss).abs() < 1e-5,
+            "{what} {name}: loss {loss} against {expected_loss}"
+        );
+        let d =
+            common::relative_difference(&d_logits, &want.tensors[&format!("{name}.d_logits")].data);
+        assert!(
+            d < 1e-5,
+            "{what} {name}: d logits differ by {d} of their largest"
+        );
+    };
+    let cases = [
+        ("hard", Relaxation::StraightThrough, 1.0),
+        ("soft", Relaxation::Soft, 0.5),
+    ];
+    for (name, relaxation, tau) in cases {
+        check(
+            "cpu",
+            relaxed_step(&CpuBackend::new(), relaxation, tau),
+            name,
+        );
+        if let Some(g) = common::gpu() {
+            check("gpu", relaxed_step(&g, relaxation, tau), name);
+        }
+    }
 }

@@ -20,6 +20,7 @@ use captune::captioner::train::fresh_checkpoint;
 use captune::cpu::CpuBackend;
 use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use captune::retriever::eval::embed_images;
+use captune::retriever::frozen::FrozenRetriever;
 use captune::retriever::train::Prepared;
 use captune::source::embeddings::CaptionData;
 use common::{new_run, tiny_data};
@@ -54,7 +55,7 @@ impl<B: Backend> Objective<B> for Flipped<B> {
 /// retriever (the one captune carries), and that retriever: the frozen
 /// listener DiscriTune and CLIP relevance read captions with, which tells
 /// these images apart.
-fn tiny_world_and_retriever(b: &CpuBackend) -> (CaptionData, RetrieverCheckpoint<CpuBackend>) {
+fn tiny_world_and_retriever(b: &CpuBackend) -> (CaptionData, FrozenRetriever<CpuBackend>) {
     let mut data = tiny_data();
     let path = captune::cache::shapes_retriever().unwrap();
     let mut retriever = RetrieverCheckpoint::load(b, &path, 16).unwrap();
@@ -63,7 +64,7 @@ fn tiny_world_and_retriever(b: &CpuBackend) -> (CaptionData, RetrieverCheckpoint
     let hidden = indicatif::ProgressBar::hidden();
     data.features = embed_images(b, &mut retriever.model, &prep.images, &items, &hidden).unwrap();
     data.dim = retriever.model.config.embed_dim;
-    (data, retriever)
+    (data, retriever.into())
 }
 
 fn config(objective: &str, settings: &[(&str, SettingValue)], lr: f32, epochs: usize) -> RunConfig {
@@ -110,7 +111,8 @@ fn all_series(
         vocab: start.vocab.clone(),
     };
     let path = captune::cache::shapes_retriever().unwrap();
-    let mut retriever = RetrieverCheckpoint::load(&b, &path, 16).unwrap();
+    let mut retriever: FrozenRetriever<_> =
+        RetrieverCheckpoint::load(&b, &path, 16).unwrap().into();
     // Tests run at once: the folder names the test too.
     let test = std::thread::current()
         .name()

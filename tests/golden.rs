@@ -439,7 +439,7 @@ fn objective_steps<B: Backend>(
     b: &B,
     expected: &TensorFile,
     at: &Golden<'_>,
-    mut retriever: Option<&mut captune::retriever::Checkpoint<B>>,
+    mut retriever: Option<&mut captune::retriever::frozen::FrozenRetriever<B>>,
 ) -> Vec<Outcome> {
     let cases: Vec<serde_json::Value> = serde_json::from_str(&expected.metadata["cases"]).unwrap();
     let mut out = Vec::new();
@@ -610,8 +610,10 @@ fn discritune_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&inputs.tensors["corpus_embeddings"].data);
     let batch = discritune_batch(&corpus);
-    let mut retriever =
-        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
+    let mut retriever: captune::retriever::frozen::FrozenRetriever<B> =
+        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4)
+            .unwrap()
+            .into();
     let at = Golden {
         checkpoint: "golden_listener_captioner.safetensors",
         batch: &batch,
@@ -686,8 +688,10 @@ fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
         images: RELEVANCE_IMAGES.to_vec(),
         labelled: None,
     };
-    let mut retriever =
-        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4).unwrap();
+    let mut retriever: captune::retriever::frozen::FrozenRetriever<B> =
+        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4)
+            .unwrap()
+            .into();
     let at = Golden {
         checkpoint: "golden_listener_captioner.safetensors",
         batch: &batch,

@@ -28,6 +28,7 @@ use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::gpu::GpuBackend;
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
+use captune::retriever::frozen::{CaptionReader, FrozenRetriever};
 use captune::retriever::model::Retriever;
 use captune::retriever::neighbours::Neighbours;
 use captune::retriever::{Checkpoint as RetrieverCheckpoint, RetrieverConfig};
@@ -83,7 +84,7 @@ fn tiny_run() -> RunConfig {
 fn train_steps<B: Backend>(
     b: &B,
     ck: &mut Checkpoint<B>,
-    retriever: &mut RetrieverCheckpoint<B>,
+    retriever: &mut FrozenRetriever<B>,
     corpus: &TrainingCorpus,
     batch: &TrainingBatch,
     name: &str,
@@ -132,7 +133,7 @@ fn train_steps<B: Backend>(
 fn warm_up<B: Backend>(
     b: &B,
     ck: &mut Checkpoint<B>,
-    retriever: &mut RetrieverCheckpoint<B>,
+    retriever: &mut FrozenRetriever<B>,
     corpus: &TrainingCorpus,
     batch: &TrainingBatch,
 ) {
@@ -160,7 +161,7 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
 fn discritune_by_hand<B: Backend>(
     b: &B,
     ck: &mut Checkpoint<B>,
-    retriever: &mut RetrieverCheckpoint<B>,
+    retriever: &mut FrozenRetriever<B>,
     corpus: &TrainingCorpus,
     rows: &[usize],
     hard: usize,
@@ -177,7 +178,7 @@ fn discritune_by_hand<B: Backend>(
     let row = |i: usize| &e[i * dim..(i + 1) * dim];
     let features: Vec<f32> = images.iter().flat_map(|&i| row(i).to_vec()).collect();
     let captions = generate(b, &ck.model, &features, decoding, &DecodeOptions::default()).unwrap();
-    let map = VocabMap::new(&ck.vocab, &retriever.vocab);
+    let map = VocabMap::new(&ck.vocab, &retriever.captions).unwrap();
     let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
     let text = embed_generated(b, &mut retriever.model, &map, &ids).unwrap();
     let m = &retriever.model;
@@ -335,10 +336,14 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
         model: on_cpu.model_on(&c, &g).unwrap(),
         vocab: on_cpu.vocab.clone(),
     };
-    let mut retriever_gpu = RetrieverCheckpoint {
-        model: Retriever::new(&g, retriever_cpu.model.config, 4, 5).unwrap(),
-        vocab: retriever_cpu.vocab.clone(),
+    let CaptionReader::Words(vocab) = &retriever_cpu.captions else {
+        unreachable!("the tiny retriever reads words")
     };
+    let mut retriever_gpu: FrozenRetriever<_> = RetrieverCheckpoint {
+        model: Retriever::new(&g, retriever_cpu.model.config, 4, 5).unwrap(),
+        vocab: vocab.clone(),
+    }
+    .into();
     let settings = Settings::from([
         ("hard_negatives".to_string(), SettingValue::Number(2.0)),
         ("mle_weight".to_string(), SettingValue::Number(0.2)),
@@ -411,10 +416,11 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         image_pool: captune::retriever::ImagePool::Mean,
         biases: true,
     };
-    let retriever = RetrieverCheckpoint {
+    let retriever: FrozenRetriever<B> = RetrieverCheckpoint {
         model: Retriever::new(b, config, 2, 11).unwrap(),
         vocab,
-    };
+    }
+    .into();
     let id = |w: &str| captioner.word_list().unwrap().id(w);
     let captions = vec![
         vec![id("a"), id("red"), id("circle"), EOS],
@@ -429,7 +435,7 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         ],
         vec![EOS],
     ];
-    let map = VocabMap::new(&captioner, &retriever.vocab);
+    let map = VocabMap::new(&captioner, &retriever.captions).unwrap();
     let listener = RelaxedListener::new(b, &retriever.model, map);
     let listening = Listening {
         listener,
@@ -655,7 +661,7 @@ fn a_clip_relevance_step_scores_its_own_captions() {
         &DecodeOptions::default(),
     )
     .unwrap();
-    let map = VocabMap::new(&ck.vocab, &retriever.vocab);
+    let map = VocabMap::new(&ck.vocab, &retriever.captions).unwrap();
     let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
     let text = embed_generated(&b, &mut retriever.model, &map, &ids).unwrap();
     let by_hand: f64 = (0..captions.len())

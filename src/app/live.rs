@@ -12,7 +12,7 @@ use crate::captioner::run::RunConfig;
 use crate::captioner::run_folder::{Begin, RunFolder};
 use crate::captioner::train::{Trainer, fresh_checkpoint};
 use crate::device::{self, DeviceChoice};
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::frozen::FrozenRetriever;
 use crate::source::embeddings::CaptionData;
 use anyhow::Result;
 use std::path::PathBuf;
@@ -174,7 +174,7 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
     let mut retriever = match &setup.retriever {
         // Batch 32: the per-epoch metrics embed a few hundred captions,
         // and a smaller batch keeps the app's memory down.
-        Some(path) => Some(RetrieverCheckpoint::load(b, path, 32)?),
+        Some(path) => Some(FrozenRetriever::load(b, path, 32)?),
         None => None,
     };
     let folder = RunFolder::new(&setup.out);

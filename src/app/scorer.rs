@@ -14,7 +14,7 @@ use crate::captioner::objectives::{self, settings::Settings};
 use crate::captioner::{CaptionVocab, Checkpoint};
 use crate::cpu::CpuBackend;
 use crate::data::tokenize::ptb_tokenize;
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::frozen::FrozenRetriever;
 use crate::source::embeddings::CaptionData;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -157,17 +157,17 @@ struct Explainer {
 #[derive(Default)]
 struct Judge {
     path: Option<PathBuf>,
-    loaded: Option<Result<RetrieverCheckpoint<CpuBackend>, String>>,
+    loaded: Option<Result<FrozenRetriever<CpuBackend>, String>>,
 }
 
 impl Judge {
     fn get(
         &mut self,
         cpu: &CpuBackend,
-    ) -> Option<Result<&mut RetrieverCheckpoint<CpuBackend>, String>> {
+    ) -> Option<Result<&mut FrozenRetriever<CpuBackend>, String>> {
         let path = self.path.as_ref()?;
         let loaded = self.loaded.get_or_insert_with(|| {
-            RetrieverCheckpoint::load(cpu, path, 32).map_err(|e| format!("{e:#}"))
+            FrozenRetriever::load(cpu, path, 32).map_err(|e| format!("{e:#}"))
         });
         Some(loaded.as_mut().map_err(|e| e.clone()))
     }

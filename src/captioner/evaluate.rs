@@ -4,11 +4,12 @@
 //! RefCompare; on the shapes world, fact precision and recall.
 
 use crate::backend::Backend;
-use crate::data::{Caption, Item};
+use crate::data::Item;
+use crate::metrics::clipscore::{PROMPT, corpus_scores};
 use crate::metrics::diversity::{diversity, mean_length, vocabulary_usage};
 use crate::metrics::{CocoScores, coco_scores};
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
-use crate::retriever::eval::{embed_captions, recall};
+use crate::retriever::eval::recall;
+use crate::retriever::frozen::FrozenRetriever;
 use crate::shapes::{self, Scene, facts};
 use anyhow::Result;
 use rand::SeedableRng;
@@ -34,6 +35,11 @@ pub struct CaptionMetrics {
     pub p1_among_100: Option<f64>,
     pub clipscore: Option<f64>,
     pub refcompare: Option<f64>,
+    /// Given a CLIP: CLIP-S and RefCLIP-S (Hessel et al., 2021).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clip_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ref_clip_s: Option<f64>,
     pub fact_precision: Option<f64>,
     pub fact_recall: Option<f64>,
     /// Shapes world: the objects a caption names, on average (its breadth).
@@ -45,7 +51,7 @@ pub struct CaptionMetrics {
 /// The retriever and the evaluated images' embeddings (L2-normalised, one
 /// row per item).
 pub struct Judge<'r, B: Backend> {
-    pub retriever: &'r mut RetrieverCheckpoint<B>,
+    pub retriever: &'r mut FrozenRetriever<B>,
     pub image_embeddings: &'r [f32],
 }
 
@@ -111,23 +117,11 @@ fn relevance<B: Backend>(
     m: &mut CaptionMetrics,
 ) -> Result<()> {
     let ck = judge.retriever;
-    let as_caption = |tokens: &Vec<String>| Caption {
-        raw: tokens.join(" "),
-        tokens: if tokens.is_empty() {
-            vec!["<unk>".into()]
-        } else {
-            tokens.clone()
-        },
-    };
-    let generated: Vec<Caption> = captions.iter().map(as_caption).collect();
-    let text = embed_captions(
-        b,
-        &mut ck.model,
-        &ck.vocab,
-        &generated.iter().collect::<Vec<_>>(),
-    )?;
-    let references: Vec<&Caption> = items.iter().flat_map(|i| &i.captions).collect();
-    let reference_text = embed_captions(b, &mut ck.model, &ck.vocab, &references)?;
+    let text = ck.embed_captions(b, captions)?;
+    let references: Vec<Vec<String>> = (items.iter())
+        .flat_map(|i| i.captions.iter().map(|c| c.tokens.clone()))
+        .collect();
+    let reference_text = ck.embed_captions(b, &references)?;
     let counts: Vec<usize> = items.iter().map(|i| i.captions.len()).collect();
     let r = retrieval_scores(
         judge.image_embeddings,
@@ -141,6 +135,23 @@ fn relevance<B: Backend>(
     m.p1_among_100 = Some(r.p1_among_100);
     m.clipscore = Some(r.clipscore);
     m.refcompare = Some(r.refcompare);
+    if ck.is_clip() {
+        // CLIPScore as its authors define it: raw text after the prompt.
+        let prompted = |text: &str| format!("{PROMPT}{text}");
+        let candidates: Vec<String> = captions.iter().map(|c| prompted(&c.join(" "))).collect();
+        let references: Vec<String> = (items.iter())
+            .flat_map(|i| i.captions.iter().map(|c| prompted(&c.raw)))
+            .collect();
+        let scores = corpus_scores(
+            judge.image_embeddings,
+            &ck.embed_texts(b, &candidates)?,
+            &ck.embed_texts(b, &references)?,
+            &counts,
+            ck.model.config.embed_dim,
+        );
+        m.clip_s = Some(scores.clip_s);
+        m.ref_clip_s = Some(scores.ref_clip_s);
+    }
     Ok(())
 }
 

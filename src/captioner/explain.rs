@@ -8,7 +8,7 @@ use super::CaptionVocab;
 use super::model::Captioner;
 use super::objective::TrainingCorpus;
 use crate::backend::Backend;
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::frozen::FrozenRetriever;
 use crate::retriever::neighbours::nearest;
 use crate::source::embeddings::CaptionData;
 use rand::SeedableRng;
@@ -29,7 +29,7 @@ pub struct ExplainContext<'a, B: Backend> {
     /// The caption's image: an item of `data`.
     pub item: usize,
     /// The run's frozen retriever, if one was given.
-    pub retriever: Option<&'a mut RetrieverCheckpoint<B>>,
+    pub retriever: Option<&'a mut FrozenRetriever<B>>,
     /// How many images a training batch holds, the caption's own
     /// included: those a retrieval reward ranks the caption among.
     pub batch_images: usize,

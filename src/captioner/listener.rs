@@ -7,61 +7,78 @@
 
 use super::{CaptionVocab, SpecialIds};
 use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
-use crate::data::vocab::{BOS, EOS, UNK, Vocab};
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
 use crate::retriever::RetrieverConfig;
 use crate::retriever::eval::embed_ids;
+use crate::retriever::frozen::{CaptionReader, FrozenRetriever};
 use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::{Result, bail};
 
-/// Captioner id -> retriever id: the word it spells
-/// (`CaptionVocab::spelled`), or the retriever's `<unk>` for a word it
-/// does not know. An alternative (SMILE's reserved copy of a word) maps
-/// as its word; a BPE piece as the word its text is, without the space
-/// that begins a word, so a word the tokenizer splits into several
-/// pieces reads as several words, most of them `<unk>`. The caption's
-/// end maps to the retriever's `<eos>`.
+/// Captioner id -> the retriever's pieces of the word it spells
+/// (`CaptionVocab::spelled`): for captune's retriever one id, `<unk>` for
+/// a word it does not know; for a CLIP the word's BPE pieces, one or
+/// more. An alternative (SMILE's reserved copy of a word) maps as its
+/// word; a captioner's own BPE piece as the word its text is, without the
+/// space that begins a word, so a word the captioner splits into several
+/// pieces reads as several words. The caption's end maps to the
+/// retriever's end.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VocabMap {
-    ids: Vec<u32>,
+    pieces: Vec<Vec<u32>>,
     /// The captioner's.
     specials: SpecialIds,
+    /// The retriever's begin and end, and its reading of an empty caption.
+    begin: u32,
+    end: u32,
+    empty: Vec<u32>,
 }
 
 impl VocabMap {
-    pub fn new(captioner: &CaptionVocab, retriever: &Vocab) -> VocabMap {
-        let ids = (0..captioner.len() as u32)
-            .map(|id| retriever.id(&captioner.spelled(id)))
-            .collect();
-        VocabMap {
-            ids,
-            specials: captioner.specials(),
-        }
+    pub fn new(captioner: &CaptionVocab, retriever: &CaptionReader) -> Result<VocabMap> {
+        let specials = captioner.specials();
+        let pieces = (0..captioner.len() as u32)
+            .map(|id| match id == specials.end {
+                true => Ok(vec![retriever.end()]),
+                false => retriever.pieces(&captioner.spelled(id)),
+            })
+            .collect::<Result<_>>()?;
+        Ok(VocabMap {
+            pieces,
+            specials,
+            begin: retriever.begin(),
+            end: retriever.end(),
+            empty: retriever.empty(),
+        })
     }
 
-    /// The retriever's id of captioner id `id` (`<unk>` past the vocabulary).
-    pub fn map(&self, id: u32) -> u32 {
-        self.ids.get(id as usize).copied().unwrap_or(UNK)
+    /// The retriever's pieces of captioner id `id` (an id past the
+    /// vocabulary reads as an empty caption does).
+    pub fn pieces(&self, id: u32) -> &[u32] {
+        self.pieces.get(id as usize).unwrap_or(&self.empty)
     }
 
-    /// A generated caption (ids up to its `<eos>`, if any; `<bos>` and
-    /// specials dropped) as the retriever reads it: `<bos> words <eos>`
-    /// within `max_len`, the words cut as `Vocab::encode` cuts them. An
-    /// empty caption reads as `<unk>`, as evaluation embeds it.
+    /// The most pieces a captioner id maps to.
+    fn longest(&self) -> usize {
+        self.pieces.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// A generated caption (ids up to its end, if any; specials dropped)
+    /// as the retriever reads it: begin, the words' pieces, end, within
+    /// `max_len` (`CaptionReader::encode` of its words). An empty caption
+    /// reads as the retriever reads one.
     pub fn caption(&self, generated: &[u32], max_len: usize) -> Vec<u32> {
-        let mut words: Vec<u32> = generated
+        let mut pieces: Vec<u32> = generated
             .iter()
             .take_while(|&&id| id != self.specials.end)
             .filter(|&&id| !self.specials.is_masked(id))
-            .map(|&id| self.map(id))
+            .flat_map(|&id| self.pieces(id).iter().copied())
             .collect();
-        if words.is_empty() {
-            words.push(UNK);
+        if pieces.is_empty() {
+            pieces = self.empty.clone();
         }
-        words.truncate(max_len.saturating_sub(2));
-        std::iter::once(BOS)
-            .chain(words)
-            .chain(std::iter::once(EOS))
+        pieces.truncate(max_len.saturating_sub(2));
+        std::iter::once(self.begin)
+            .chain(pieces)
+            .chain(std::iter::once(self.end))
             .collect()
     }
 }
@@ -81,21 +98,22 @@ pub fn embed_generated<B: Backend>(
 /// The run's retriever (`StepContext::retriever`), checked to embed in
 /// the features' `dim`, for `objective`.
 pub fn frozen_retriever<'r, B: Backend>(
-    retriever: Option<&'r mut RetrieverCheckpoint<B>>,
+    retriever: Option<&'r mut FrozenRetriever<B>>,
     dim: usize,
     objective: &str,
-) -> Result<&'r mut RetrieverCheckpoint<B>> {
+) -> Result<&'r mut FrozenRetriever<B>> {
     let Some(retriever) = retriever else {
         bail!(
-            "{objective} needs the frozen retriever: pass --retriever PATH, the retriever whose \
-             image embeddings are the run's features"
+            "{objective} needs the frozen retriever: pass --retriever PATH (a captune retriever, \
+             or clip:FOLDER for a Hugging Face CLIP), the encoder whose image embeddings are the \
+             run's features"
         );
     };
     if retriever.model.config.embed_dim != dim {
         bail!(
             "{objective}: the retriever embeds in {} dimensions but the run's features have {dim}; \
              the features must be this retriever's image embeddings (captune embed --checkpoint \
-             RETRIEVER)",
+             RETRIEVER, or --clip FOLDER for a CLIP)",
             retriever.model.config.embed_dim
         );
     }
@@ -121,16 +139,27 @@ pub enum Relaxation {
 /// forward with y's gradient backward. It reads the run's frozen
 /// retriever in place (each call is given it); the retriever is never
 /// trained.
+///
+/// A chosen word the retriever reads as several pieces (a CLIP's BPE)
+/// takes as many of the tower's positions. The j-th of them is relaxed
+/// over every word's j-th piece (a word with fewer pieces contributes
+/// nothing there): forward it holds the chosen word's j-th piece, and its
+/// gradient reaches y through every word's j-th piece. Pieces after the
+/// [`RELAXED_PIECES`]-th are read as chosen, without a gradient.
 pub struct RelaxedListener<B: Backend> {
-    /// `[captioner vocab, text width]`: the retriever's embedding of each
-    /// captioner id's word (the frozen table, gathered once).
-    mapped_table: B::Tensor,
+    /// Per piece slot j, `[captioner vocab, text width]`: the retriever's
+    /// embedding of each captioner id's j-th piece, zero where it has none
+    /// (the frozen table, gathered once).
+    slot_tables: Vec<B::Tensor>,
     map: VocabMap,
     /// The buffers of each shape seen, kept: steps of one shape allocate
     /// no tensor.
     buffers: Vec<Buffers<B>>,
     step: Option<RelaxedStep<B>>,
 }
+
+/// The pieces of a word that carry a gradient to the captioner.
+pub const RELAXED_PIECES: usize = 4;
 
 /// A forward's and its backward's device tensors for `captions` captions
 /// of `positions` captioner steps each.
@@ -140,8 +169,8 @@ struct Buffers<B: Backend> {
     /// (z + g) / tau, then y, `[rows, vocab]`.
     perturbed: B::Tensor,
     relaxed: B::Tensor,
-    /// Soft: y's mixture of token embeddings, the chosen ones', their
-    /// difference `[rows, width]`, moved to the tower's rows.
+    /// Soft: y's mixture of one slot's embeddings, the chosen ones', their
+    /// difference `[rows, width]`, moved to the tower's rows for every slot.
     soft: B::Tensor,
     hard: B::Tensor,
     difference: B::Tensor,
@@ -180,12 +209,82 @@ impl<B: Backend> Buffers<B> {
 /// What a forward keeps for its backward.
 struct RelaxedStep<B: Backend> {
     texts: TextBatch<B>,
-    /// Captioner row (n * positions + t) -> the text tower's row of that
-    /// token, or NO_ROW.
-    tower_row: B::Ids,
+    /// Per slot, captioner row (n * positions + t) -> the text tower's row
+    /// of that token's piece, or NO_ROW.
+    tower_rows: Vec<B::Ids>,
     /// Its buffers (y among them), by index.
     buffers: usize,
     tau: f32,
+}
+
+/// Where a batch of relaxed captions sits in the text tower, per slot.
+struct Layout {
+    sequences: Vec<Vec<u32>>,
+    /// Per slot: tower row -> captioner row, or NO_ROW.
+    sources: Vec<Vec<u32>>,
+    /// Per slot: captioner row -> tower row, or NO_ROW.
+    tower_rows: Vec<Vec<u32>>,
+    /// Each captioner row's chosen id (padding where there is none).
+    chosen: Vec<u32>,
+}
+
+impl VocabMap {
+    /// `captions` (the chosen ids after `<bos>`) as the tower reads them
+    /// (`VocabMap::caption`, the end included), with `slots` relaxed slots.
+    fn layout(
+        &self,
+        captions: &[Vec<u32>],
+        positions: usize,
+        max_len: usize,
+        slots: usize,
+    ) -> Layout {
+        let (n, rows) = (captions.len(), captions.len() * positions);
+        let mut l = Layout {
+            sequences: Vec::with_capacity(n),
+            sources: vec![vec![NO_ROW; n * max_len]; slots],
+            tower_rows: vec![vec![NO_ROW; rows]; slots],
+            chosen: vec![self.specials.pad; rows],
+        };
+        for (c, caption) in captions.iter().enumerate() {
+            let mut ids = vec![self.begin];
+            if caption.first() == Some(&self.specials.end) {
+                // An empty caption reads as the retriever reads one.
+                ids.extend(&self.empty);
+            }
+            for (t, &token) in caption.iter().take(positions).enumerate() {
+                let row = c * positions + t;
+                l.chosen[row] = token;
+                for (j, &piece) in self.pieces(token).iter().enumerate() {
+                    if ids.len() == max_len {
+                        break;
+                    }
+                    if j < slots {
+                        l.sources[j][c * max_len + ids.len()] = row as u32;
+                        l.tower_rows[j][row] = (c * max_len + ids.len()) as u32;
+                    }
+                    ids.push(piece);
+                }
+            }
+            if ids.last() != Some(&self.end) {
+                // Cut short: the tower still reads an end, with no gradient.
+                if ids.len() == max_len {
+                    let last = c * max_len + max_len - 1;
+                    for j in 0..slots {
+                        let row = l.sources[j][last];
+                        if row != NO_ROW {
+                            l.tower_rows[j][row as usize] = NO_ROW;
+                            l.sources[j][last] = NO_ROW;
+                        }
+                    }
+                    ids[max_len - 1] = self.end;
+                } else {
+                    ids.push(self.end);
+                }
+            }
+            l.sequences.push(ids);
+        }
+        l
+    }
 }
 
 impl<B: Backend> RelaxedListener<B> {
@@ -193,16 +292,25 @@ impl<B: Backend> RelaxedListener<B> {
     /// vocabulary, mapped by `map`.
     pub fn new(b: &B, retriever: &Retriever<B>, map: VocabMap) -> Self {
         let width = retriever.config.text.width;
-        let mut mapped_table = b.zeros(map.ids.len() * width);
-        b.embedding(
-            retriever.token_table(),
-            &b.ids(&map.ids),
-            &mut mapped_table,
-            width,
-            false,
-        );
+        let vocab = map.pieces.len();
+        let slot_tables = (0..map.longest().min(RELAXED_PIECES))
+            .map(|j| {
+                let ids: Vec<u32> = (map.pieces.iter())
+                    .map(|p| p.get(j).copied().unwrap_or(NO_ROW))
+                    .collect();
+                let mut table = b.zeros(vocab * width);
+                b.embedding(
+                    retriever.token_table(),
+                    &b.ids(&ids),
+                    &mut table,
+                    width,
+                    false,
+                );
+                table
+            })
+            .collect();
         RelaxedListener {
-            mapped_table,
+            slot_tables,
             map,
             buffers: Vec::new(),
             step: None,
@@ -228,44 +336,11 @@ impl<B: Backend> RelaxedListener<B> {
         let n = captions.len();
         let config = retriever.config;
         let (max_len, width) = (config.max_len, config.text.width);
-        let vocab = self.map.ids.len();
+        let vocab = self.map.pieces.len();
         let rows = n * positions;
-        // Each caption as the tower reads it (`VocabMap::caption`): <bos>,
-        // its tokens (mapped), <eos>; the tower's row of each captioner
-        // row, and back.
-        let mut sequences = Vec::with_capacity(n);
-        let mut source = vec![NO_ROW; n * max_len];
-        let mut tower_row = vec![NO_ROW; rows];
-        let mut chosen = vec![self.map.specials.pad; rows];
-        for (c, caption) in captions.iter().enumerate() {
-            let mut ids = vec![BOS];
-            if caption.first() == Some(&self.map.specials.end) {
-                // An empty caption reads as <unk>, as evaluation embeds it.
-                ids.push(UNK);
-            }
-            for (t, &token) in caption.iter().take(positions).enumerate() {
-                chosen[c * positions + t] = token;
-                if ids.len() < max_len {
-                    source[c * max_len + ids.len()] = (c * positions + t) as u32;
-                    tower_row[c * positions + t] = (c * max_len + ids.len()) as u32;
-                    ids.push(self.map.map(token));
-                }
-            }
-            if ids.last() != Some(&EOS) {
-                // Cut short: the tower still reads an end, with no gradient.
-                if ids.len() == max_len {
-                    let last = c * max_len + max_len - 1;
-                    let row = source[last] as usize;
-                    tower_row[row] = NO_ROW;
-                    source[last] = NO_ROW;
-                    ids[max_len - 1] = EOS;
-                } else {
-                    ids.push(EOS);
-                }
-            }
-            sequences.push(ids);
-        }
-        let texts = TextBatch::new(b, &config, &sequences)?;
+        let slots = self.slot_tables.len();
+        let layout = self.map.layout(captions, positions, max_len, slots);
+        let texts = TextBatch::new(b, &config, &layout.sequences)?;
         let shape = (n, positions);
         let at = match (self.buffers.iter()).position(|w| (w.captions, w.positions) == shape) {
             Some(at) => at,
@@ -285,17 +360,21 @@ impl<B: Backend> RelaxedListener<B> {
         let shift = match relaxation {
             Relaxation::StraightThrough => None,
             Relaxation::Soft => {
-                // Soft minus chosen embeddings, moved to the tower's rows.
-                b.matmul(
-                    &w.relaxed,
-                    &self.mapped_table,
-                    &mut w.soft,
-                    &Matmul::new(rows, width, vocab),
-                );
-                let chosen = b.ids(&chosen);
-                b.embedding(&self.mapped_table, &chosen, &mut w.hard, width, false);
-                b.add(1.0, &w.soft, -1.0, &w.hard, &mut w.difference);
-                b.embedding(&w.difference, &b.ids(&source), &mut w.shift, width, false);
+                // Per slot, soft minus chosen embeddings, moved to the
+                // tower's rows (each slot's rows its own).
+                let chosen = b.ids(&layout.chosen);
+                for (j, table) in self.slot_tables.iter().enumerate() {
+                    b.matmul(
+                        &w.relaxed,
+                        table,
+                        &mut w.soft,
+                        &Matmul::new(rows, width, vocab),
+                    );
+                    b.embedding(table, &chosen, &mut w.hard, width, false);
+                    b.add(1.0, &w.soft, -1.0, &w.hard, &mut w.difference);
+                    let source = b.ids(&layout.sources[j]);
+                    b.embedding(&w.difference, &source, &mut w.shift, width, j > 0);
+                }
                 Some(&w.shift)
             }
         };
@@ -303,7 +382,7 @@ impl<B: Backend> RelaxedListener<B> {
         let embeddings = b.to_vec(retriever.text_embeddings());
         self.step = Some(RelaxedStep {
             texts,
-            tower_row: b.ids(&tower_row),
+            tower_rows: layout.tower_rows.iter().map(|r| b.ids(r)).collect(),
             buffers: at,
             tau,
         });
@@ -321,14 +400,17 @@ impl<B: Backend> RelaxedListener<B> {
     ) -> &B::Tensor {
         let s = self.step.as_ref().expect("a forward before its backward");
         let width = retriever.config.text.width;
-        let vocab = self.map.ids.len();
+        let vocab = self.map.pieces.len();
         let d_input = retriever.text_input_gradient(b, &s.texts, d_embeddings);
         let w = &mut self.buffers[s.buffers];
-        b.embedding(d_input, &s.tower_row, &mut w.d_rows, width, false);
-        let mut shape = Matmul::new(w.captions * w.positions, vocab, width);
-        shape.trans_b = true;
-        shape.alpha = 1.0 / s.tau;
-        b.matmul(&w.d_rows, &self.mapped_table, &mut w.d_relaxed, &shape);
+        for (j, table) in self.slot_tables.iter().enumerate() {
+            b.embedding(d_input, &s.tower_rows[j], &mut w.d_rows, width, false);
+            let mut shape = Matmul::new(w.captions * w.positions, vocab, width);
+            shape.trans_b = true;
+            shape.alpha = 1.0 / s.tau;
+            shape.accumulate = j > 0;
+            b.matmul(&w.d_rows, table, &mut w.d_relaxed, &shape);
+        }
         b.softmax_backward(&w.relaxed, &w.d_relaxed, &mut w.d_logits, vocab, false);
         &w.d_logits
     }
@@ -369,6 +451,7 @@ pub fn negative_cosine(images: &[f32], texts: &[f32], dim: usize) -> (f64, Vec<f
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 
     fn words(list: &[&str]) -> Vec<String> {
         list.iter().map(|w| w.to_string()).collect()
@@ -378,14 +461,15 @@ mod tests {
     fn words_map_by_name_and_unknown_words_become_unk() {
         let captioner = CaptionVocab::from_words(words(&["a", "red", "zebra", "circle", "##red"]));
         let retriever = Vocab::from_words(words(&["circle", "a", "red"]));
-        let map = VocabMap::new(&captioner, &retriever);
-        let id = |v: &Vocab, w: &str| v.id(w);
+        let reader = CaptionReader::Words(retriever.clone());
+        let map = VocabMap::new(&captioner, &reader).unwrap();
+        let id = |v: &Vocab, w: &str| vec![v.id(w)];
         let own = captioner.word_list().unwrap();
-        assert_eq!(map.map(own.id("a")), id(&retriever, "a"));
-        assert_eq!(map.map(own.id("circle")), id(&retriever, "circle"));
-        assert_eq!(map.map(own.id("zebra")), UNK);
-        assert_eq!(map.map(own.id("##red")), id(&retriever, "red"));
-        assert_eq!(map.map(10_000), UNK);
+        assert_eq!(map.pieces(own.id("a")), id(&retriever, "a"));
+        assert_eq!(map.pieces(own.id("circle")), id(&retriever, "circle"));
+        assert_eq!(map.pieces(own.id("zebra")), [UNK]);
+        assert_eq!(map.pieces(own.id("##red")), id(&retriever, "red"));
+        assert_eq!(map.pieces(10_000), [UNK]);
         // A caption reads as the retriever's own encoding of its words.
         let generated: Vec<u32> = ["a", "red", "zebra", "circle"]
             .iter()

@@ -18,7 +18,7 @@ use super::model::Captioner;
 use super::objectives::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::Backend;
 use crate::data::{Dataset, Split};
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::frozen::FrozenRetriever;
 use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
 use std::time::Duration;
@@ -241,7 +241,7 @@ pub struct StepContext<'a, B: Backend> {
     pub gradient_weight: f32,
     /// The frozen retriever the run was given, if any (its weights are
     /// not trained).
-    pub retriever: Option<&'a mut RetrieverCheckpoint<B>>,
+    pub retriever: Option<&'a mut FrozenRetriever<B>>,
     /// Seeded by the run's seed and the step: subsets, samples.
     pub rng: &'a mut ChaCha8Rng,
     /// The step is logged: compute every value `logged` names, also the

@@ -25,7 +25,7 @@ use crate::data::Split;
 use crate::metrics::diversity::diversity;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::progress::Progress;
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
+use crate::retriever::frozen::FrozenRetriever;
 use crate::source::embeddings::CaptionData;
 use crate::tensorfile;
 use anyhow::{Result, bail};
@@ -51,7 +51,7 @@ fn images_of(trains_on: TrainsOn) -> &'static str {
 fn needs_met<B: Backend>(
     objective: &ObjectiveInfo,
     settings: &Settings,
-    retriever: Option<&mut RetrieverCheckpoint<B>>,
+    retriever: Option<&mut FrozenRetriever<B>>,
     dim: usize,
 ) -> Result<Needs> {
     let needs = (objective.needs)(settings);
@@ -159,7 +159,7 @@ pub fn fresh_checkpoint<B: Backend>(
 pub struct Trainer<'d, B: Backend> {
     pub ck: &'d mut Checkpoint<B>,
     data: &'d CaptionData,
-    retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+    retriever: Option<&'d mut FrozenRetriever<B>>,
     config: RunConfig,
     run: RunFolder,
     opt: AdamW<B>,
@@ -218,7 +218,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         config: &RunConfig,
         run: RunFolder,
         begin: Begin,
-        mut retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+        mut retriever: Option<&'d mut FrozenRetriever<B>>,
     ) -> Result<Self> {
         let t = &config.train;
         let all_train = data.items(Split::Train);
@@ -904,7 +904,7 @@ pub fn train<B: Backend>(
     run: &RunFolder,
     begin: Begin,
     validate_start: bool,
-    retriever: Option<&mut RetrieverCheckpoint<B>>,
+    retriever: Option<&mut FrozenRetriever<B>>,
     progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
@@ -955,7 +955,7 @@ pub fn evaluate_items<B: Backend>(
     data: &CaptionData,
     items: &[usize],
     decoding: &Decoding,
-    retriever: Option<&mut RetrieverCheckpoint<B>>,
+    retriever: Option<&mut FrozenRetriever<B>>,
 ) -> Result<CaptionMetrics> {
     let generated = caption_items(b, ck, data, items, decoding, &DecodeOptions::default())?;
     score_captions(b, data, items, &generated, retriever)
@@ -968,7 +968,7 @@ pub fn score_captions<B: Backend>(
     data: &CaptionData,
     items: &[usize],
     captions: &[Vec<String>],
-    retriever: Option<&mut RetrieverCheckpoint<B>>,
+    retriever: Option<&mut FrozenRetriever<B>>,
 ) -> Result<CaptionMetrics> {
     let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
     let tokens: Vec<Vec<Vec<String>>> = captions

@@ -4,10 +4,9 @@ use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
-use captune::data::{Dataset, Item, Split, images};
+use captune::data::{Dataset, Item, Split};
 use captune::progress::Progress;
-use captune::retriever::Checkpoint as RetrieverCheckpoint;
-use captune::retriever::eval::embed_images;
+use captune::retriever::frozen::FrozenRetriever;
 use captune::source::embeddings::FeatureSource;
 use captune::source::embeddings::{TrainedOn, check_same_encoder, default_retriever};
 use std::path::PathBuf;
@@ -16,8 +15,10 @@ use std::path::PathBuf;
 pub struct CaptionArgs {
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The retriever whose image tower embeds the images. Default: the one
-    /// the captioner was trained with (on the shapes world, the carried one).
+    /// The retriever whose image tower embeds the images: a retriever
+    /// checkpoint, or a Hugging Face CLIP folder as clip:FOLDER. Default:
+    /// the one the captioner was trained with (on the shapes world, the
+    /// carried one).
     #[arg(long)]
     pub retriever: Option<PathBuf>,
     #[command(flatten)]
@@ -85,14 +86,15 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     else {
         bail!(
             "{ck_path} was trained on {}, and `caption` embeds images only with a captune \
-             retriever: pass --retriever with the retriever of those features",
+             retriever or CLIP: pass --retriever with the encoder of those features (a retriever \
+             checkpoint, or clip:FOLDER)",
             captioner
                 .trained_on
                 .as_ref()
                 .map_or("unrecorded features".into(), |t| t.origin())
         );
     };
-    let mut retriever = RetrieverCheckpoint::load(b, &file.path, 128)?;
+    let mut retriever = FrozenRetriever::load(b, &file.path, 128)?;
     let embed_dim = retriever.model.config.embed_dim;
     let now = FeatureSource {
         retriever: Some(file.path.clone()),
@@ -136,17 +138,11 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         report: Default::default(),
     };
     let progress = Progress::terminal();
-    let n = data.items.len() as u64;
-    let bar = progress.start("loading images", n);
-    let images = images::load(&mut data, retriever.model.config.image_size, &bar)?;
-    bar.finish_and_clear();
+    let features = retriever.embed_dataset(b, &mut data, &progress)?;
     if !data.report.is_clean() {
         eprintln!("{}", data.report);
     }
     let all: Vec<usize> = (0..data.items.len()).collect();
-    let bar = progress.start("embedding images", all.len() as u64);
-    let features = embed_images(b, &mut retriever.model, &images, &all, &bar)?;
-    bar.finish_and_clear();
     let ck = &captioner.ck;
     let decode = &args.decoding.decode;
     let bar = progress.start("captioning", all.len() as u64);

@@ -94,8 +94,9 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
     let retriever_recall = {
         // Only the val images: the others' embeddings are already there.
         let val = data_args.load()?.only(Split::Val);
-        let prep = Prepared::new(val, retriever.model.config.image_size)?;
-        prep.evaluate(b, &mut retriever, Split::Val)?
+        let mut ck = captune::retriever::Checkpoint::load(b, &retriever_path, 128)?;
+        let prep = Prepared::new(val, ck.model.config.image_size)?;
+        prep.evaluate(b, &mut ck, Split::Val)?
     };
     eprintln!("retriever on val: {retriever_recall}");
     // The two stages, by the objectives' registry names (which are also

@@ -4,14 +4,13 @@
 use super::captioner::{parse_split, print_metrics};
 use anyhow::{Context, Result, bail};
 use captune::cpu::CpuBackend;
-use captune::data::clip_image::ClipImageProcessor;
-use captune::data::clip_text::ClipTokenizer;
 use captune::data::tokenize::ptb_tokenize;
-use captune::data::{Item, Split};
+use captune::data::{Dataset, Item, Split};
+use captune::metrics::clipscore::{CorpusScores, PROMPT, corpus_scores};
 use captune::metrics::coco_scores;
-use captune::retriever::eval::embed_ids;
+use captune::progress::Progress;
+use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
 use captune::source::DataArgs;
-use indicatif::ProgressBar;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -132,8 +131,8 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         div1: d.as_ref().map(|d| d.div1),
         div2: d.as_ref().map(|d| d.div2),
         mbleu4: d.as_ref().map(|d| d.mbleu4),
-        clip_s: clip.map(|(s, _)| s),
-        ref_clip_s: clip.map(|(_, r)| r),
+        clip_s: clip.map(|c| c.clip_s),
+        ref_clip_s: clip.map(|c| c.ref_clip_s),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);
@@ -152,51 +151,30 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
 /// The mean CLIP-S and RefCLIP-S of each item's candidate, with the CLIP
 /// in `dir` on the CPU: its images through CLIP's preprocessing, the
 /// candidates and the references after the prompt.
-fn clip_scores(dir: &Path, items: &[&Item], candidates: &[&str]) -> Result<(f64, f64)> {
-    use captune::metrics::clipscore::{PROMPT, clip_s, ref_clip_s};
+fn clip_scores(dir: &Path, items: &[&Item], candidates: &[&str]) -> Result<CorpusScores> {
     let b = CpuBackend::new();
-    let clip = captune::model::clip::read(dir)?;
-    let max_len = clip.retriever.max_len;
-    let processor = ClipImageProcessor::load(dir)?;
-    let tokenizer = ClipTokenizer::load(dir, max_len)?;
-    let mut model = clip.into_retriever(&b, 32)?;
-    let paths: Vec<&Path> = items.iter().map(|i| i.image.as_path()).collect();
-    let embedded = captune::model::clip::embed_files(
-        &b,
-        &mut model,
-        &processor,
-        &paths,
-        &ProgressBar::hidden(),
-    )?;
-    if let Some(why) = embedded.skipped.first() {
+    let named = PathBuf::from(format!("{CLIP_PREFIX}{}", dir.display()));
+    let mut clip = FrozenRetriever::load(&b, &named, 32)?;
+    let mut data = Dataset {
+        name: "scored images".into(),
+        items: items.iter().map(|&i| i.clone()).collect(),
+        report: Default::default(),
+    };
+    let images = clip.embed_dataset(&b, &mut data, &Progress::hidden())?;
+    if let Some(why) = data.report.warnings.first() {
         bail!("{why}: CLIPScore reads every image's file");
     }
-    let encode = |text: &str| tokenizer.encode(&format!("{PROMPT}{text}"));
-    let ids: Vec<Vec<u32>> = candidates
-        .iter()
-        .map(|c| encode(c))
-        .collect::<Result<_>>()?;
-    let texts = embed_ids(&b, &mut model, &ids)?;
-    let refs: Vec<Vec<u32>> = items
-        .iter()
-        .flat_map(|i| i.captions.iter().map(|c| encode(&c.raw)))
-        .collect::<Result<_>>()?;
-    let ref_texts = embed_ids(&b, &mut model, &refs)?;
-    let e = model.config.embed_dim;
-    let (mut total, mut ref_total, mut next_ref) = (0.0, 0.0, 0);
-    for (k, item) in items.iter().enumerate() {
-        let (image, text) = (
-            &embedded.embeddings[k * e..(k + 1) * e],
-            &texts[k * e..(k + 1) * e],
-        );
-        let s = clip_s(image, text);
-        let own: Vec<&[f32]> = (next_ref..next_ref + item.captions.len())
-            .map(|r| &ref_texts[r * e..(r + 1) * e])
-            .collect();
-        next_ref += item.captions.len();
-        total += s;
-        ref_total += ref_clip_s(s, text, &own);
-    }
-    let n = items.len() as f64;
-    Ok((total / n, ref_total / n))
+    let prompted = |text: &str| format!("{PROMPT}{text}");
+    let candidates: Vec<String> = candidates.iter().map(|c| prompted(c)).collect();
+    let references: Vec<String> = (items.iter())
+        .flat_map(|i| i.captions.iter().map(|c| prompted(&c.raw)))
+        .collect();
+    let counts: Vec<usize> = items.iter().map(|i| i.captions.len()).collect();
+    Ok(corpus_scores(
+        &images,
+        &clip.embed_texts(&b, &candidates)?,
+        &clip.embed_texts(&b, &references)?,
+        &counts,
+        clip.model.config.embed_dim,
+    ))
 }

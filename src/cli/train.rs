@@ -15,7 +15,7 @@ use captune::captioner::train::{self};
 use captune::captioner::{Checkpoint, MapperTransformer};
 use captune::data::Split;
 use captune::progress::Progress;
-use captune::retriever::Checkpoint as RetrieverCheckpoint;
+use captune::retriever::frozen::FrozenRetriever;
 use captune::source::DataArgs;
 use captune::source::embeddings::CaptionData;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn, check_same_encoder};
@@ -305,7 +305,7 @@ impl TrainArgs {
 pub fn train<B: Backend>(
     b: &B,
     args: &TrainArgs,
-    loaded: Option<(&CaptionData, Option<&mut RetrieverCheckpoint<B>>)>,
+    loaded: Option<(&CaptionData, Option<&mut FrozenRetriever<B>>)>,
 ) -> Result<Checkpoint<B>> {
     let run = RunFolder::new(&args.out);
     // Before anything slow: a resumable folder, or one free for a new run

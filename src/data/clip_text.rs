@@ -56,16 +56,39 @@ impl ClipTokenizer {
     /// `<|startoftext|>`, the pieces of `text` (at most `max_len - 2`),
     /// `<|endoftext|>`.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow!("{}: cannot encode {text:?}: {e}", self.origin))?;
-        let pieces = encoding.get_ids();
+        let pieces = self.pieces(text)?;
         let kept = pieces.len().min(self.max_len - 2);
         let mut ids = Vec::with_capacity(kept + 2);
         ids.push(self.start);
         ids.extend_from_slice(&pieces[..kept]);
         ids.push(self.end);
         Ok(ids)
+    }
+
+    /// The pieces of `text`, uncut and without the two specials. CLIP's
+    /// tokenizer splits text into words before it splits words into
+    /// pieces, so a caption's pieces are its words' pieces one after
+    /// another.
+    pub fn pieces(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| anyhow!("{}: cannot encode {text:?}: {e}", self.origin))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `<|startoftext|>`'s id.
+    pub fn start(&self) -> u32 {
+        self.start
+    }
+
+    /// `<|endoftext|>`'s id, where the text tower reads its state.
+    pub fn end(&self) -> u32 {
+        self.end
+    }
+
+    /// The text tower's positions, the specials included.
+    pub fn max_len(&self) -> usize {
+        self.max_len
     }
 }

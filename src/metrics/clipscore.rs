@@ -41,3 +41,41 @@ pub fn ref_clip_s(clip_s: f64, caption: &[f32], references: &[&[f32]]) -> f64 {
         2.0 * clip_s * text / (clip_s + text)
     }
 }
+
+/// A corpus' mean CLIP-S and RefCLIP-S.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CorpusScores {
+    pub clip_s: f64,
+    pub ref_clip_s: f64,
+}
+
+/// The mean CLIP-S and RefCLIP-S of `candidates[j]` on `images[j]` (unit
+/// embeddings `[n, dim]`, texts embedded after the prompt); `references`
+/// holds image j's `reference_counts[j]` embeddings in image order.
+pub fn corpus_scores(
+    images: &[f32],
+    candidates: &[f32],
+    references: &[f32],
+    reference_counts: &[usize],
+    dim: usize,
+) -> CorpusScores {
+    fn row(e: &[f32], k: usize, dim: usize) -> &[f32] {
+        &e[k * dim..(k + 1) * dim]
+    }
+    let (mut total, mut ref_total, mut next) = (0.0, 0.0, 0);
+    for (j, &count) in reference_counts.iter().enumerate() {
+        let (image, caption) = (row(images, j, dim), row(candidates, j, dim));
+        let s = clip_s(image, caption);
+        let own: Vec<&[f32]> = (next..next + count)
+            .map(|k| row(references, k, dim))
+            .collect();
+        next += count;
+        total += s;
+        ref_total += ref_clip_s(s, caption, &own);
+    }
+    let n = reference_counts.len().max(1) as f64;
+    CorpusScores {
+        clip_s: total / n,
+        ref_clip_s: ref_total / n,
+    }
+}

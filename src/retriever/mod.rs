@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod eval;
+pub mod frozen;
 pub mod model;
 pub mod neighbours;
 pub mod train;

@@ -7,14 +7,13 @@
 use super::{DataArgs, DataSource, absolute};
 use crate::backend::Backend;
 use crate::cache;
-use crate::data::features::{Features, retriever_encoder_id};
-use crate::data::{Dataset, Split, images};
+use crate::data::features::Features;
+use crate::data::{Dataset, Split};
 use crate::progress::Progress;
-use crate::retriever::Checkpoint as RetrieverCheckpoint;
-use crate::retriever::eval::embed_images;
+use crate::retriever::frozen::{self, FrozenRetriever};
 use crate::shapes::ShapesConfig;
 use crate::tensorfile::fingerprint;
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -98,8 +97,10 @@ pub struct FeatureArgs {
     #[arg(long)]
     pub features_ids: Option<PathBuf>,
     /// The retriever that embeds the images (and scores self-retrieval and
-    /// relevance). Default: the one the captioner was trained with, else on
-    /// the shapes world the shapes retriever carried in the binary.
+    /// relevance): a captune retriever checkpoint, or a Hugging Face CLIP
+    /// folder as clip:FOLDER. Default: the one the captioner was trained
+    /// with, else on the shapes world the shapes retriever carried in the
+    /// binary.
     #[arg(long)]
     pub retriever: Option<PathBuf>,
 }
@@ -125,12 +126,11 @@ pub struct RetrieverFile {
 }
 
 impl RetrieverFile {
+    /// A retriever checkpoint, or a CLIP folder as `clip:FOLDER`.
     pub fn open(path: &Path) -> Result<RetrieverFile> {
-        let bytes =
-            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
         Ok(RetrieverFile {
             path: path.to_path_buf(),
-            encoder: retriever_encoder_id(&bytes),
+            encoder: frozen::encoder_id(path)?,
         })
     }
 }
@@ -145,7 +145,7 @@ pub fn default_retriever(
 ) -> Result<Option<RetrieverFile>> {
     let recorded_file = recorded
         .and_then(|r| r.retriever.as_deref())
-        .filter(|p| p.is_file());
+        .filter(|p| frozen::exists(p));
     let shapes = recorded.map_or(shapes, |r| r.data == DataSource::Shapes.to_string());
     match asked.or(recorded_file) {
         Some(path) => Ok(Some(RetrieverFile::open(path)?)),
@@ -201,7 +201,7 @@ pub fn load<B: Backend>(
     features: &FeatureArgs,
     trained_on: Option<TrainedOn<'_>>,
     progress: &Progress,
-) -> Result<(CaptionData, Option<RetrieverCheckpoint<B>>)> {
+) -> Result<(CaptionData, Option<FrozenRetriever<B>>)> {
     let data = resolve_data(data, trained_on)?;
     let recorded = trained_on.map(|t| t.source);
     let mut dataset = data.load()?;
@@ -214,7 +214,7 @@ pub fn load<B: Backend>(
             .filter(|_| features.retriever.is_none())
     });
     let mut retriever = match &retriever_file {
-        Some(r) => Some(RetrieverCheckpoint::load(b, &r.path, 128)?),
+        Some(r) => Some(FrozenRetriever::load(b, &r.path, 128)?),
         None => None,
     };
     let (embeddings, dim, source) = match (&features_file, retriever.as_mut()) {
@@ -235,7 +235,7 @@ pub fn load<B: Backend>(
             let embeddings = embed_cached(b, r, &file.encoder, &mut dataset, progress)?;
             let dim = r.model.config.embed_dim;
             let source = FeatureSource {
-                retriever: Some(absolute(&file.path)),
+                retriever: Some(frozen::absolute(&file.path)),
                 encoder: Some(file.encoder.clone()),
                 ..source_of(&data, dim)
             };
@@ -324,13 +324,12 @@ pub fn check_same_encoder(t: TrainedOn<'_>, now: &FeatureSource) -> Result<()> {
 /// removed from `data`, as `images::load` does.
 fn embed_cached<B: Backend>(
     b: &B,
-    r: &mut RetrieverCheckpoint<B>,
+    r: &mut FrozenRetriever<B>,
     encoder: &str,
     data: &mut Dataset,
     progress: &Progress,
 ) -> Result<Vec<f32>> {
-    let size = r.model.config.image_size;
-    let mut listing = format!("{encoder}\n{size}\n");
+    let mut listing = format!("{encoder}\n{}\n", r.image_reading());
     for item in &data.items {
         let meta = std::fs::metadata(&item.image).ok();
         let modified = meta
@@ -357,16 +356,7 @@ fn embed_cached<B: Backend>(
             }
         }
     }
-    let bar = progress.start(
-        &format!("loading {} images", data.items.len()),
-        data.items.len() as u64,
-    );
-    let images = images::load(data, size, &bar)?;
-    bar.finish_and_clear();
-    let all: Vec<usize> = (0..data.items.len()).collect();
-    let bar = progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
-    let embeddings = embed_images(b, &mut r.model, &images, &all, &bar)?;
-    bar.finish_and_clear();
+    let embeddings = r.embed_dataset(b, data, progress)?;
     let mut features = Features {
         source: cached.clone(),
         ids: data.items.iter().map(|i| i.id.clone()).collect(),

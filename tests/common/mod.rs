@@ -8,7 +8,7 @@ use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::Trainer;
 use captune::data::karpathy;
 use captune::gpu::{GpuBackend, adapter};
-use captune::retriever::Checkpoint as RetrieverCheckpoint;
+use captune::retriever::frozen::FrozenRetriever;
 use captune::shapes::{self, Domain, ShapesConfig};
 use captune::source::embeddings::CaptionData;
 use rand::{Rng, SeedableRng};
@@ -229,7 +229,7 @@ pub fn new_run<'d, B: Backend>(
     data: &'d CaptionData,
     config: &RunConfig,
     name: &str,
-    retriever: Option<&'d mut RetrieverCheckpoint<B>>,
+    retriever: Option<&'d mut FrozenRetriever<B>>,
 ) -> (Trainer<'d, B>, PathBuf) {
     // A folder of this call's own, so that no other run's files land in
     // it while a test deletes it: process ids repeat across containers
@@ -243,13 +243,18 @@ pub fn new_run<'d, B: Backend>(
     (trainer, dir)
 }
 
+/// [`tiny_retriever_checkpoint`], frozen.
+pub fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> FrozenRetriever<B> {
+    tiny_retriever_checkpoint(b, data, batch).into()
+}
+
 /// A fresh retriever over the tiny world's words that embeds in the
 /// features' width ([`tiny_data`]'s), for batches of `batch`.
-pub fn tiny_retriever<B: Backend>(
+pub fn tiny_retriever_checkpoint<B: Backend>(
     b: &B,
     data: &CaptionData,
     batch: usize,
-) -> RetrieverCheckpoint<B> {
+) -> captune::retriever::Checkpoint<B> {
     let vocab = captune::data::vocab::Vocab::build(&data.data, 1);
     let tower = |causal| captune::model::transformer::TransformerConfig::new(16, 1, 2, causal);
     let config = captune::retriever::RetrieverConfig {
@@ -263,7 +268,7 @@ pub fn tiny_retriever<B: Backend>(
         image_pool: captune::retriever::ImagePool::Mean,
         biases: true,
     };
-    RetrieverCheckpoint {
+    captune::retriever::Checkpoint {
         model: captune::retriever::model::Retriever::new(b, config, batch, 5).unwrap(),
         vocab,
     }

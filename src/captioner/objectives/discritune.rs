@@ -267,7 +267,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             };
             let log_scale = b.to_vec(retriever.model.params.value(retriever.model.log_scale))[0];
             self.listener = Some(Listener {
-                map: VocabMap::new(cx.vocab, &retriever.vocab),
+                map: VocabMap::new(cx.vocab, &retriever.captions)?,
                 scale: (log_scale as f64).exp(),
                 neighbours,
             });
@@ -354,7 +354,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         let candidates = cx.batch(c.hard_negatives);
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         let n = candidates.ids.len();
-        let map = VocabMap::new(vocab, &retriever.vocab);
+        let map = VocabMap::new(vocab, &retriever.captions)?;
         let m = &retriever.model;
         let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
         let features = &candidates.features;

@@ -117,10 +117,11 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         let name = CLIP_RELEVANCE.name;
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, name)?;
         let (_, features) = cx.batch.distinct_images(dim);
-        let listener = self.listener.get_or_insert_with(|| {
-            let map = VocabMap::new(cx.vocab, &retriever.vocab);
-            RelaxedListener::new(b, &retriever.model, map)
-        });
+        if self.listener.is_none() {
+            let map = VocabMap::new(cx.vocab, &retriever.captions)?;
+            self.listener = Some(RelaxedListener::new(b, &retriever.model, map));
+        }
+        let listener = self.listener.as_mut().expect("made above");
         let seed: u64 = cx.rng.random();
         let decoding = Decoding::Gumbel { n: 1, seed };
         let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;

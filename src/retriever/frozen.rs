@@ -1,0 +1,251 @@
+//! A retriever used frozen: the judge of self-retrieval and relevance,
+//! the listener of DiscriTune and CLIP relevance, the image encoder of
+//! `caption` and of embeddings computed on the fly. It is captune's own
+//! checkpoint or a Hugging Face CLIP folder (named `clip:FOLDER`), and
+//! each reads captions and images its own way: captune's by its word
+//! vocabulary and resized, patchified pixels; CLIP's by its BPE tokenizer
+//! and its image processor.
+
+use super::Checkpoint;
+use super::eval::{embed_ids, embed_images};
+use super::model::Retriever;
+use crate::backend::Backend;
+use crate::data::clip_image::ClipImageProcessor;
+use crate::data::clip_text::ClipTokenizer;
+use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+use crate::data::{Dataset, images};
+use crate::model::clip;
+use crate::progress::Progress;
+use anyhow::{Context, Result};
+use std::path::{Path, PathBuf};
+
+/// What names a CLIP folder where a retriever checkpoint is asked for.
+pub const CLIP_PREFIX: &str = "clip:";
+
+/// The CLIP folder `path` names (`clip:FOLDER`), if it names one.
+pub fn clip_folder(path: &Path) -> Option<&Path> {
+    path.to_str()?.strip_prefix(CLIP_PREFIX).map(Path::new)
+}
+
+/// `path` with its file or folder made absolute (after `clip:` for a CLIP).
+pub fn absolute(path: &Path) -> PathBuf {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    match clip_folder(path) {
+        Some(dir) => PathBuf::from(format!("{CLIP_PREFIX}{}", absolute(dir).display())),
+        None => absolute(path),
+    }
+}
+
+/// Whether the checkpoint file or CLIP folder `path` names is there.
+pub fn exists(path: &Path) -> bool {
+    match clip_folder(path) {
+        Some(dir) => dir.is_dir(),
+        None => path.is_file(),
+    }
+}
+
+/// The identity of the retriever `path` names as an image encoder, as
+/// features files record it.
+pub fn encoder_id(path: &Path) -> Result<String> {
+    match clip_folder(path) {
+        Some(dir) => clip::encoder_id(dir),
+        None => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            Ok(crate::data::features::retriever_encoder_id(&bytes))
+        }
+    }
+}
+
+/// How a retriever turns captions into the ids its text tower reads.
+pub enum CaptionReader {
+    /// captune's: one id per word, `<unk>` for a word it does not know.
+    Words(Vocab),
+    /// CLIP's byte-level BPE: every word is one or more pieces.
+    Clip(Box<ClipTokenizer>),
+}
+
+impl CaptionReader {
+    /// The id before a caption's pieces.
+    pub fn begin(&self) -> u32 {
+        match self {
+            CaptionReader::Words(_) => BOS,
+            CaptionReader::Clip(t) => t.start(),
+        }
+    }
+
+    /// The id after them, where the text tower reads its state.
+    pub fn end(&self) -> u32 {
+        match self {
+            CaptionReader::Words(_) => EOS,
+            CaptionReader::Clip(t) => t.end(),
+        }
+    }
+
+    /// The pieces of one word: its id (`<unk>` if unknown), or its BPE pieces.
+    pub fn pieces(&self, word: &str) -> Result<Vec<u32>> {
+        match self {
+            CaptionReader::Words(v) => Ok(vec![v.id(word)]),
+            CaptionReader::Clip(t) => t.pieces(word),
+        }
+    }
+
+    /// What an empty caption reads as between its begin and end: captune's
+    /// retriever reads `<unk>`, CLIP nothing.
+    pub fn empty(&self) -> Vec<u32> {
+        match self {
+            CaptionReader::Words(_) => vec![UNK],
+            CaptionReader::Clip(_) => Vec::new(),
+        }
+    }
+
+    /// A caption's words as the text tower reads them: begin, the words'
+    /// pieces (cut to `max_len` ids in all), end.
+    pub fn encode(&self, words: &[String], max_len: usize) -> Result<Vec<u32>> {
+        let mut pieces = Vec::new();
+        for word in words {
+            pieces.extend(self.pieces(word)?);
+        }
+        if pieces.is_empty() {
+            pieces = self.empty();
+        }
+        pieces.truncate(max_len.saturating_sub(2));
+        Ok(std::iter::once(self.begin())
+            .chain(pieces)
+            .chain(std::iter::once(self.end()))
+            .collect())
+    }
+}
+
+/// How a retriever turns image files into its image tower's patches.
+enum ImageReader {
+    /// captune's: resized to the tower's side, scaled as `patchify` does.
+    Patches,
+    /// CLIP's image processor (resize, centre crop, normalise).
+    Clip(ClipImageProcessor),
+}
+
+/// A retriever loaded to be used frozen, with its caption and image readers.
+pub struct FrozenRetriever<B: Backend> {
+    pub model: Retriever<B>,
+    pub captions: CaptionReader,
+    images: ImageReader,
+}
+
+/// The largest batch of a frozen CLIP: its towers are large.
+const CLIP_BATCH: usize = 32;
+
+impl<B: Backend> From<Checkpoint<B>> for FrozenRetriever<B> {
+    fn from(ck: Checkpoint<B>) -> Self {
+        FrozenRetriever {
+            model: ck.model,
+            captions: CaptionReader::Words(ck.vocab),
+            images: ImageReader::Patches,
+        }
+    }
+}
+
+impl<B: Backend> FrozenRetriever<B> {
+    /// The captune retriever checkpoint at `path`, or the CLIP folder of
+    /// `clip:FOLDER`, embedding `batch` images or captions at a time (a
+    /// CLIP at most 32).
+    pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
+        match clip_folder(path) {
+            Some(dir) => {
+                let clip = clip::read(dir)?;
+                let tokenizer = ClipTokenizer::load(dir, clip.retriever.max_len)?;
+                let processor = ClipImageProcessor::load(dir)?;
+                Ok(FrozenRetriever {
+                    model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
+                    captions: CaptionReader::Clip(Box::new(tokenizer)),
+                    images: ImageReader::Clip(processor),
+                })
+            }
+            None => Ok(Checkpoint::load(b, path, batch)?.into()),
+        }
+    }
+
+    /// Whether it is a CLIP (which CLIPScore needs).
+    pub fn is_clip(&self) -> bool {
+        matches!(self.captions, CaptionReader::Clip(_))
+    }
+
+    /// The unit text embeddings `[n, embed_dim]` of captions given as words.
+    pub fn embed_captions(&mut self, b: &B, captions: &[Vec<String>]) -> Result<Vec<f32>> {
+        let max_len = self.model.config.max_len;
+        let ids: Vec<Vec<u32>> = captions
+            .iter()
+            .map(|words| self.captions.encode(words, max_len))
+            .collect::<Result<_>>()?;
+        embed_ids(b, &mut self.model, &ids)
+    }
+
+    /// The unit text embeddings `[n, embed_dim]` of raw texts: CLIP's
+    /// tokenizer reads them as they are; captune's retriever reads their
+    /// lowercased words.
+    pub fn embed_texts(&mut self, b: &B, texts: &[String]) -> Result<Vec<f32>> {
+        let max_len = self.model.config.max_len;
+        let ids: Vec<Vec<u32>> = texts
+            .iter()
+            .map(|text| match &self.captions {
+                CaptionReader::Clip(t) => t.encode(text),
+                words => {
+                    let lower: Vec<String> =
+                        text.split_whitespace().map(str::to_lowercase).collect();
+                    words.encode(&lower, max_len)
+                }
+            })
+            .collect::<Result<_>>()?;
+        embed_ids(b, &mut self.model, &ids)
+    }
+
+    /// What the image embeddings depend on besides the weights: the
+    /// preprocessing (a cache key).
+    pub fn image_reading(&self) -> String {
+        match &self.images {
+            ImageReader::Patches => self.model.config.image_size.to_string(),
+            ImageReader::Clip(p) => format!("{p:?}"),
+        }
+    }
+
+    /// The unit image embeddings `[items, embed_dim]` of `data`'s images,
+    /// advancing a bar of `progress`. Items whose image cannot be read are
+    /// removed from `data` and reported in it, as `images::load` does.
+    pub fn embed_dataset(
+        &mut self,
+        b: &B,
+        data: &mut Dataset,
+        progress: &Progress,
+    ) -> Result<Vec<f32>> {
+        let n = data.items.len() as u64;
+        match &self.images {
+            ImageReader::Patches => {
+                let bar = progress.start(&format!("loading {n} images"), n);
+                let images = images::load(data, self.model.config.image_size, &bar)?;
+                bar.finish_and_clear();
+                let all: Vec<usize> = (0..data.items.len()).collect();
+                let bar = progress.start(&format!("embedding {} images", all.len()), n);
+                let embeddings = embed_images(b, &mut self.model, &images, &all, &bar)?;
+                bar.finish_and_clear();
+                Ok(embeddings)
+            }
+            ImageReader::Clip(processor) => {
+                let paths: Vec<&Path> = data.items.iter().map(|i| i.image.as_path()).collect();
+                let bar = progress.start(&format!("embedding {n} images with CLIP"), n);
+                let embedded = clip::embed_files(b, &mut self.model, processor, &paths, &bar)?;
+                bar.finish_and_clear();
+                let mut kept = embedded.kept.iter().peekable();
+                let items = std::mem::take(&mut data.items);
+                for (k, item) in items.into_iter().enumerate() {
+                    if kept.next_if_eq(&&k).is_some() {
+                        data.items.push(item);
+                    }
+                }
+                for why in embedded.skipped {
+                    data.report.skip_item(why);
+                }
+                Ok(embedded.embeddings)
+            }
+        }
+    }
+}
