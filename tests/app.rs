@@ -624,3 +624,66 @@ fn the_per_token_view_explains_a_reference_under_each_rewarding_objective() {
     assert!(h.query_all_by_label_contains("rank").count() > 0);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A live DiscriTune run in the app with a Hugging Face CLIP as its
+/// retriever (`clip:FOLDER`), on the tiny world's CLIP image embeddings:
+/// it trains to the end, its metrics over time hold CLIP-S and
+/// RefCLIP-S, and the per-token view ranks a caption among candidates
+/// with the CLIP as the judge.
+#[test]
+fn a_live_run_with_a_clip_retriever_fills_its_panels() {
+    use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
+    let cpu = CpuBackend::new();
+    let folder = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-tiny");
+    let clip = PathBuf::from(format!("{CLIP_PREFIX}{}", folder.display()));
+    let mut data = tiny_data();
+    let mut frozen = FrozenRetriever::load(&cpu, &clip, 16).unwrap();
+    let hidden = captune::progress::Progress::hidden();
+    data.features = frozen.embed_dataset(&cpu, &mut data.data, &hidden).unwrap();
+    data.dim = frozen.model.config.embed_dim;
+    let out = temp("live-clip");
+    let mut config = tiny_config();
+    config.train.epochs = 2;
+    config.train.objective = "discritune".into();
+    let source = Source::Train(Box::new(TrainSetup {
+        device: DeviceChoice::Cpu,
+        config,
+        out: out.clone(),
+        init: None,
+        retriever: Some(clip.clone()),
+        autostart: true,
+    }));
+    let mut h = harness_on(data, source);
+    step_until(&mut h, "the end of the run", |a| {
+        a.live_status().is_some_and(|s| s.state == State::Finished)
+    });
+    step_until(&mut h, "the last records", |a| {
+        a.history.metrics.last().map(|m| m.epoch) == Some(2)
+    });
+    h.get_by_label("Metrics over time").click_accesskit();
+    h.run();
+    // Each plot is titled "title: newest value".
+    for (title, plots) in [
+        ("CLIP-S: ", 2),
+        ("RefCLIP-S: ", 1),
+        ("self-retrieval R@1: ", 1),
+    ] {
+        let found = h.query_all_by_label_contains(title).count();
+        assert!(found >= plots, "{found} plots titled {title:?}");
+    }
+    h.get_by_label("Per-token view").click_accesskit();
+    h.run();
+    h.state().judge_with(clip);
+    h.get_by_label("discritune").click_accesskit();
+    let explained = |a: &CaptuneApp| a.explained(captune::app::scorer::Asker::PerToken).cloned();
+    step_until(&mut h, "DiscriTune's explanation", |a| {
+        explained(a).is_some_and(|e| e.objective.starts_with("discritune"))
+    });
+    let e = explained(h.state()).unwrap();
+    let rank = e.figures.get("rank").unwrap();
+    assert!(
+        rank >= 1.0 && rank <= e.figures.get("candidates").unwrap(),
+        "{e:?}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}

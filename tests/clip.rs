@@ -514,3 +514,100 @@ fn clip_relevance_gradient_equals_transformers() {
         }
     }
 }
+
+fn captune(args: &[&str], cache: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+        .args(["--device", "cpu"])
+        .args(args)
+        .env("CAPTUNE_CACHE", cache)
+        .env_remove("CAPTUNE_DEVICE")
+        .output()
+        .unwrap()
+}
+
+/// Fails with the command's standard error unless it succeeded; returns it.
+fn succeeded(out: &std::process::Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// `--retriever clip:FOLDER` through the commands, on a tiny shapes world
+/// in a private cache: MLE on the image embeddings the CLIP computes (and
+/// caches), then DiscriTune and CLIP relevance with the CLIP as their
+/// listener (the run's recorded retriever), `eval` with self-retrieval
+/// and CLIP-S beside the CLIPScore-style figure, and `caption` of an
+/// image file through CLIP's preprocessing.
+#[test]
+fn a_clip_serves_as_the_retriever_of_every_command() {
+    let dir = std::env::temp_dir().join(format!(
+        "captune-clip-commands-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
+    let cache = dir.join("cache");
+    let clip = format!("{CLIP_PREFIX}{}", folder().display());
+    let world = common::TINY_WORLD_ARGS;
+    let train = |extra: &[&str], out: &Path| {
+        let mut args = vec![
+            "train", "--preset", "tiny", "--epochs", "1", "--batch", "16",
+        ];
+        args.extend(extra);
+        args.extend(["--out", out.to_str().unwrap()]);
+        captune(&args, &cache)
+    };
+    let mle = dir.join("mle");
+    let mut args = vec!["--data", "shapes", "--retriever", &clip];
+    args.extend(world);
+    succeeded(&train(&args, &mle));
+    let config = std::fs::read_to_string(mle.join("config.toml")).unwrap();
+    assert!(config.contains("retriever = \"clip:"), "{config}");
+    let ck = mle.join("checkpoint.safetensors");
+    let ck = ck.to_str().unwrap();
+
+    for objective in ["discritune", "clip-relevance"] {
+        let run = dir.join(objective);
+        let stderr = succeeded(&train(&["--init", ck, "--objective", objective], &run));
+        assert!(
+            stderr.contains("image embeddings from the cache"),
+            "{stderr}"
+        );
+        let log = std::fs::read_to_string(run.join("log.jsonl")).unwrap();
+        let series = if objective == "discritune" {
+            "reward"
+        } else {
+            "cosine"
+        };
+        assert!(log.contains(&format!("\"{series}\"")), "{log}");
+    }
+
+    let tuned = dir.join("discritune/checkpoint.safetensors");
+    let tuned = tuned.to_str().unwrap();
+    let out = captune(
+        &["eval", "--checkpoint", tuned, "--split", "test", "--json"],
+        &cache,
+    );
+    succeeded(&out);
+    let metrics: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "self_retrieval_r1",
+        "p1_among_100",
+        "clipscore",
+        "refcompare",
+        "clip_s",
+        "ref_clip_s",
+    ] {
+        assert!(
+            metrics[key].is_number(),
+            "eval --json lacks {key}: {metrics}"
+        );
+    }
+    let image = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images/wide.png");
+    let out = captune(
+        &["caption", "--checkpoint", tuned, image.to_str().unwrap()],
+        &cache,
+    );
+    succeeded(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.starts_with(image.to_str().unwrap()), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

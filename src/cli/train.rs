@@ -130,7 +130,9 @@ pub struct TrainArgs {
     /// labelled depends on their ids only, so runs with one fraction agree.
     #[arg(long, value_name = "FRACTION")]
     pub labelled: Option<f64>,
-    /// Start from this captioner checkpoint's weights (its config and vocabulary win).
+    /// Start from this captioner checkpoint's weights (its config and
+    /// vocabulary win); the data, features and retriever it was trained on
+    /// are the defaults.
     #[arg(long, conflicts_with = "decoder")]
     pub init: Option<PathBuf>,
     /// A pretrained decoder, hf:FOLDER ([model] decoder): a Hugging Face
@@ -327,19 +329,24 @@ pub fn train<B: Backend>(
     };
     let (config, lr_reason) = args.run_config()?;
     let progress = Progress::terminal();
+    // A fine-tune starts from its checkpoint's record of data and features,
+    // as a resumed run from its own.
+    let start = match (&args.init, args.resume) {
+        (Some(init), false) => Some((init, Captioner::load(b, init)?)),
+        _ => None,
+    };
     let mut owned = None;
     let (data, retriever) = match loaded {
         Some(l) => l,
         None => {
-            let trained_on = if args.resume {
-                config.features.as_ref()
-            } else {
-                None
+            let trained_on = match &start {
+                Some((init, start)) => TrainedOn::of(init, &start.trained_on),
+                None if args.resume => config.features.as_ref().map(|source| TrainedOn {
+                    record: &args.out,
+                    source,
+                }),
+                None => None,
             };
-            let trained_on = trained_on.map(|source| TrainedOn {
-                record: &args.out,
-                source,
-            });
             let (d, r) = embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
             let o = owned.insert((d, r));
             (&o.0, o.1.as_mut())
@@ -347,8 +354,7 @@ pub fn train<B: Backend>(
     };
     let mut ck = if args.resume {
         Checkpoint::load(b, &run.checkpoint())?
-    } else if let Some(init) = &args.init {
-        let start = Captioner::load(b, init)?;
+    } else if let Some((init, start)) = start {
         if let (Some(t), Some(now)) = (TrainedOn::of(init, &start.trained_on), &data.source) {
             check_same_encoder(t, now)?;
         }

@@ -7,7 +7,7 @@ use egui_plot::{Line, Plot, Points};
 
 /// Titles of the metrics the per-epoch validation records, in the order
 /// they are shown; a metric not listed comes after them under its key.
-const TITLES: [(&str, &str); 21] = [
+const TITLES: [(&str, &str); 23] = [
     ("mean_length", "mean length"),
     ("div1", "Div-1"),
     ("div2", "Div-2"),
@@ -19,6 +19,8 @@ const TITLES: [(&str, &str); 21] = [
     ("p1_among_100", "P@1 among 100"),
     ("clipscore", "CLIPScore-style"),
     ("refcompare", "RefCompare"),
+    ("clip_s", "CLIP-S"),
+    ("ref_clip_s", "RefCLIP-S"),
     ("CIDEr-D", "CIDEr-D"),
     ("BLEU-1", "BLEU-1"),
     ("BLEU-2", "BLEU-2"),
