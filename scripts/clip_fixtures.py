@@ -46,8 +46,10 @@ gradient at the logits, straight-through (`hard.*`, tau 1) and soft
 pieces, one of more than four, an empty caption and one cut at the
 tower's 16 positions.
 
-The tiny model has CLIP's architecture (quick GELU, a class vector, the
-pre-layer-norm, projections without biases) at small widths; its MLP
+The tiny model has CLIP's architecture (a class vector, the
+pre-layer-norm, projections without biases) at small widths, its image
+tower with OpenAI's quick GELU and its text tower with the exact GELU
+(erf) of other CLIPs; its MLP
 widths are not multiples of the widths, so a loader that assumed 4x
 would fail. Its end id is the vocabulary's last (not 2), so transformers
 pools at the first end id, as captune does.
@@ -113,7 +115,7 @@ def main():
     config = CLIPConfig(
         text_config=dict(hidden_size=24, intermediate_size=40, num_attention_heads=4,
                          num_hidden_layers=2, max_position_embeddings=16, vocab_size=vocab,
-                         hidden_act="quick_gelu", eos_token_id=eos,
+                         hidden_act="gelu", eos_token_id=eos,
                          bos_token_id=tokenizer.bos_token_id, pad_token_id=eos),
         vision_config=dict(hidden_size=32, intermediate_size=52, num_attention_heads=4,
                            num_hidden_layers=2, image_size=32, patch_size=8,

@@ -85,6 +85,26 @@ fn relu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
+// Phi(x), the standard normal CDF: 0.5 erfc(-x / sqrt 2), erfc by
+// Abramowitz and Stegun's 7.1.26 on |x| (as the CPU twin's normal_cdf)
+fn normal_cdf(v: f32) -> f32 {
+    let z = abs(v) * 0.70710677;
+    let t = 1.0 / (1.0 + 0.3275911 * z);
+    let poly = t * (0.2548296 + t * (-0.28449674 + t * (1.4214138 + t * (-1.453152 + t * 1.0614054))));
+    let tail = 0.5 * poly * exp(-z * z);
+    return select(tail, 1.0 - tail, v >= 0.0);
+}
+
+// y = x Phi(x), GELU with the exact CDF (CLIP's "gelu")
+@compute @workgroup_size(256)
+fn gelu_erf_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        y[i] = x[i] * normal_cdf(x[i]);
+    }
+}
+
 // y = x sigmoid(1.702 x), CLIP's quick GELU
 @compute @workgroup_size(256)
 fn quick_gelu_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -131,6 +151,17 @@ fn relu_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
         dx[i] = select(0.0, dy[i], x[i] > 0.0);
+    }
+}
+
+// dx = dy * (Phi(x) + x phi(x))
+@compute @workgroup_size(256)
+fn gelu_erf_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i < p.len) {
+        let v = x[i];
+        dx[i] = dy[i] * (normal_cdf(v) + v * 0.3989423 * exp(-0.5 * v * v));
     }
 }
 

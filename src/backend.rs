@@ -641,6 +641,10 @@ pub trait Backend: 'static {
     fn quick_gelu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
     /// The gradient through y = quick_gelu(x).
     fn quick_gelu_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor);
+    /// y = x Phi(x), GELU with the normal distribution's exact CDF (erf).
+    fn gelu_erf(&self, x: &Self::Tensor, y: &mut Self::Tensor);
+    /// dx = dy (Phi(x) + x phi(x)), the gradient through y = gelu_erf(x).
+    fn gelu_erf_backward(&self, x: &Self::Tensor, dy: &Self::Tensor, dx: &mut Self::Tensor);
     /// y = max(x, 0).
     fn relu(&self, x: &Self::Tensor, y: &mut Self::Tensor);
     /// dx = dy where x > 0, else 0: the gradient through y = max(x, 0).

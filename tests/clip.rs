@@ -235,11 +235,11 @@ fn folders_captune_cannot_compute_are_refused_naming_what() {
     assert!(e.contains("config.json") && e.contains("\"siglip\""), "{e}");
     let e = refused(&altered(
         "act",
-        |c| c["vision_config"]["hidden_act"] = "gelu".into(),
+        |c| c["vision_config"]["hidden_act"] = "silu".into(),
         None,
     ));
     assert!(
-        e.contains("vision_config.hidden_act") && e.contains("\"gelu\""),
+        e.contains("vision_config.hidden_act") && e.contains("\"silu\""),
         "{e}"
     );
     let e = refused(&altered(

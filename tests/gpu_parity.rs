@@ -235,6 +235,10 @@ fn elementwise_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     outs.push(b.to_vec(&g));
     b.quick_gelu_backward(&x, &b.tensor(&random(n, 9)), &mut dx);
     outs.push(b.to_vec(&dx));
+    b.gelu_erf(&x, &mut g);
+    outs.push(b.to_vec(&g));
+    b.gelu_erf_backward(&x, &b.tensor(&random(n, 10)), &mut dx);
+    outs.push(b.to_vec(&dx));
     b.relu_backward(&x, &b.tensor(&random(n, 8)), &mut dx);
     outs.push(b.to_vec(&dx));
     for accumulate in [false, true] {

@@ -220,6 +220,20 @@ fn quick_gelu_backward_matches_finite_differences() {
 }
 
 #[test]
+fn gelu_erf_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let x: Vec<f32> = random(64, 9).iter().map(|v| 3.0 * v).collect();
+    let r = random(64, 10);
+    let mut dx = vec![0.0; 64];
+    b.gelu_erf_backward(&x, &r, &mut dx);
+    check("gelu_erf", &x, &dx, |x| {
+        let mut y = vec![0.0; 64];
+        b.gelu_erf(&x.to_vec(), &mut y);
+        dot(&y, &r)
+    });
+}
+
+#[test]
 fn relu_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     // Kept a step away from the kink at 0, where no derivative exists.

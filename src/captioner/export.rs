@@ -132,6 +132,7 @@ pub fn mapper_metadata(c: &CaptionerConfig) -> Vec<(&'static str, String)> {
         Activation::Tanh => "tanh",
         Activation::Relu => "relu",
         Activation::QuickGelu => "quick_gelu",
+        Activation::GeluErf => "gelu",
     };
     let kind = if c.mapper_transformer.is_some() {
         "transformer"

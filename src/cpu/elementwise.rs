@@ -128,6 +128,39 @@ pub fn quick_gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
         });
 }
 
+/// Phi(x), the standard normal CDF, as 0.5 erfc(-x / sqrt 2) with erfc
+/// from Abramowitz and Stegun's 7.1.26 (absolute error below 1.5e-7),
+/// evaluated on |x| so that both tails keep their precision. The WGSL
+/// kernel computes the same expression.
+fn normal_cdf(x: f32) -> f32 {
+    let z = x.abs() * std::f32::consts::FRAC_1_SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * z);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
+    let tail = 0.5 * poly * (-z * z).exp();
+    if x >= 0.0 { 1.0 - tail } else { tail }
+}
+
+/// 1 / sqrt(2 pi), the normal density's scale.
+const NORMAL_DENSITY: f32 = 0.398_942_3;
+
+/// y = x Phi(x) (GELU with the exact CDF: CLIP's and BERT's "gelu").
+pub fn gelu_erf_forward(x: &[f32], y: &mut [f32]) {
+    y.par_iter_mut()
+        .zip(x)
+        .for_each(|(y, &v)| *y = v * normal_cdf(v));
+}
+
+/// dx = dy * (Phi(x) + x phi(x)).
+pub fn gelu_erf_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    dx.par_iter_mut()
+        .zip(x.par_iter().zip(dy))
+        .for_each(|(d, (&v, &g))| {
+            *d = g * (normal_cdf(v) + v * NORMAL_DENSITY * (-0.5 * v * v).exp());
+        });
+}
+
 /// y = max(x, 0) (ClipCap's transformer mapper).
 pub fn relu_forward(x: &[f32], y: &mut [f32]) {
     y.par_iter_mut().zip(x).for_each(|(y, &v)| *y = v.max(0.0));

@@ -147,6 +147,14 @@ impl Backend for CpuBackend {
         elementwise::quick_gelu_backward(x, dy, dx);
     }
 
+    fn gelu_erf(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        elementwise::gelu_erf_forward(x, y);
+    }
+
+    fn gelu_erf_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        elementwise::gelu_erf_backward(x, dy, dx);
+    }
+
     fn relu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
         elementwise::relu_forward(x, y);
     }

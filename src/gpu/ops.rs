@@ -414,6 +414,21 @@ impl Backend for GpuBackend {
         );
     }
 
+    fn gelu_erf(&self, x: &GpuTensor, y: &mut GpuTensor) {
+        self.elementwise("gelu_erf_forward", y.len(), 0, 0.0, 0.0, &[&x.0, &y.0]);
+    }
+
+    fn gelu_erf_backward(&self, x: &GpuTensor, dy: &GpuTensor, dx: &mut GpuTensor) {
+        self.elementwise(
+            "gelu_erf_backward",
+            dx.len(),
+            0,
+            0.0,
+            0.0,
+            &[&x.0, &dy.0, &dx.0],
+        );
+    }
+
     fn quick_gelu(&self, x: &GpuTensor, y: &mut GpuTensor) {
         self.elementwise("quick_gelu_forward", y.len(), 0, 0.0, 0.0, &[&x.0, &y.0]);
     }

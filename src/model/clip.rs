@@ -97,10 +97,10 @@ impl ClipConfig {
             ("text_config", &self.text_config),
             ("vision_config", &self.vision_config),
         ] {
-            if c.hidden_act != "quick_gelu" {
+            if activation(&c.hidden_act).is_none() {
                 bail!(
-                    "{}: {tower}.hidden_act is {:?}; captune computes CLIP with \"quick_gelu\" \
-                     only",
+                    "{}: {tower}.hidden_act is {:?}; captune computes CLIP with \"quick_gelu\", \
+                     \"gelu\", \"gelu_new\", \"gelu_pytorch_tanh\" or \"relu\"",
                     path.display(),
                     c.hidden_act
                 );
@@ -141,12 +141,25 @@ impl ClipConfig {
             .validate()
             .with_context(|| format!("{}: not a retriever captune can build", path.display()))
     }
+}
 
+/// The activation a `hidden_act` names, when captune computes it.
+fn activation(hidden_act: &str) -> Option<Activation> {
+    match hidden_act {
+        "quick_gelu" => Some(Activation::QuickGelu),
+        "gelu" => Some(Activation::GeluErf),
+        "gelu_new" | "gelu_pytorch_tanh" => Some(Activation::Gelu),
+        "relu" => Some(Activation::Relu),
+        _ => None,
+    }
+}
+
+impl ClipConfig {
     /// The retriever of this CLIP's shape.
     pub fn retriever(&self) -> RetrieverConfig {
         let tower = |c: &TowerConfig, causal| TransformerConfig {
             mlp_width: Some(c.intermediate_size),
-            activation: Activation::QuickGelu,
+            activation: activation(&c.hidden_act).expect("checked by check"),
             ..TransformerConfig::new(
                 c.hidden_size,
                 c.num_hidden_layers,

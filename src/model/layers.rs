@@ -12,7 +12,8 @@ const LN_EPS: f32 = 1e-5;
 
 /// The activation after a dense layer: GELU (tanh approximation, GPT-2's
 /// and captune's), tanh (ClipCap's MLP mapper), ReLU (ClipCap's
-/// transformer mapper) or quick GELU (x sigmoid(1.702 x), CLIP's).
+/// transformer mapper), quick GELU (x sigmoid(1.702 x), OpenAI's CLIPs)
+/// or GELU with the exact normal CDF (other CLIPs').
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Activation {
@@ -22,6 +23,8 @@ pub enum Activation {
     Relu,
     #[serde(rename = "quick_gelu")]
     QuickGelu,
+    #[serde(rename = "gelu_erf")]
+    GeluErf,
 }
 
 impl Activation {
@@ -123,6 +126,10 @@ impl Dense {
                 self.forward(b, params, x, pre);
                 b.quick_gelu(pre, y);
             }
+            (Activation::GeluErf, _) => {
+                self.forward(b, params, x, pre);
+                b.gelu_erf(pre, y);
+            }
         }
     }
 
@@ -169,6 +176,10 @@ impl Dense {
             Activation::QuickGelu => {
                 self.backward(b, params, dy, x, Some((d_x, false)));
                 b.quick_gelu_backward(pre, d_x, d_pre);
+            }
+            Activation::GeluErf => {
+                self.backward(b, params, dy, x, Some((d_x, false)));
+                b.gelu_erf_backward(pre, d_x, d_pre);
             }
         }
     }
