@@ -765,7 +765,8 @@ pub trait Backend: 'static {
         cols: usize,
         eps: f32,
     );
-    /// dx (+)= d/dx; dgamma += d/dgamma; dbeta += d/dbeta.
+    /// dx (+)= d/dx; dgamma += d/dgamma; dbeta += d/dbeta, unless they are
+    /// empty (a frozen layer's).
     #[allow(clippy::too_many_arguments)]
     fn layer_norm_backward(
         &self,

@@ -593,8 +593,8 @@ fn a_clip_serves_as_the_retriever_of_every_command() {
         "p1_among_100",
         "clipscore",
         "refcompare",
-        "clip_s",
-        "ref_clip_s",
+        "CLIP-S",
+        "RefCLIP-S",
     ] {
         assert!(
             metrics[key].is_number(),

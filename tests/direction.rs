@@ -64,7 +64,10 @@ fn tiny_world_and_retriever(b: &CpuBackend) -> (CaptionData, FrozenRetriever<Cpu
     let hidden = indicatif::ProgressBar::hidden();
     data.features = embed_images(b, &mut retriever.model, &prep.images, &items, &hidden).unwrap();
     data.dim = retriever.model.config.embed_dim;
-    (data, retriever.into())
+    (
+        data,
+        FrozenRetriever::from_checkpoint(b, retriever).unwrap(),
+    )
 }
 
 fn config(objective: &str, settings: &[(&str, SettingValue)], lr: f32, epochs: usize) -> RunConfig {
@@ -111,8 +114,8 @@ fn all_series(
         vocab: start.vocab.clone(),
     };
     let path = captune::cache::shapes_retriever().unwrap();
-    let mut retriever: FrozenRetriever<_> =
-        RetrieverCheckpoint::load(&b, &path, 16).unwrap().into();
+    let trained = RetrieverCheckpoint::load(&b, &path, 16).unwrap();
+    let mut retriever = FrozenRetriever::from_checkpoint(&b, trained).unwrap();
     // Tests run at once: the folder names the test too.
     let test = std::thread::current()
         .name()

@@ -610,10 +610,9 @@ fn discritune_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&inputs.tensors["corpus_embeddings"].data);
     let batch = discritune_batch(&corpus);
-    let mut retriever: captune::retriever::frozen::FrozenRetriever<B> =
-        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4)
-            .unwrap()
-            .into();
+    let ck = captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4);
+    let mut retriever =
+        captune::retriever::frozen::FrozenRetriever::from_checkpoint(b, ck.unwrap()).unwrap();
     let at = Golden {
         checkpoint: "golden_listener_captioner.safetensors",
         batch: &batch,
@@ -688,10 +687,9 @@ fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
         images: RELEVANCE_IMAGES.to_vec(),
         labelled: None,
     };
-    let mut retriever: captune::retriever::frozen::FrozenRetriever<B> =
-        captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4)
-            .unwrap()
-            .into();
+    let ck = captune::retriever::Checkpoint::load(b, &data("golden_retriever.safetensors"), 4);
+    let mut retriever =
+        captune::retriever::frozen::FrozenRetriever::from_checkpoint(b, ck.unwrap()).unwrap();
     let at = Golden {
         checkpoint: "golden_listener_captioner.safetensors",
         batch: &batch,

@@ -339,11 +339,11 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
     let CaptionReader::Words(vocab) = &retriever_cpu.captions else {
         unreachable!("the tiny retriever reads words")
     };
-    let mut retriever_gpu: FrozenRetriever<_> = RetrieverCheckpoint {
+    let ck = RetrieverCheckpoint {
         model: Retriever::new(&g, retriever_cpu.model.config, 4, 5).unwrap(),
         vocab: vocab.clone(),
-    }
-    .into();
+    };
+    let mut retriever_gpu = FrozenRetriever::from_checkpoint(&g, ck).unwrap();
     let settings = Settings::from([
         ("hard_negatives".to_string(), SettingValue::Number(2.0)),
         ("mle_weight".to_string(), SettingValue::Number(0.2)),
@@ -416,11 +416,11 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         image_pool: captune::retriever::ImagePool::Mean,
         biases: true,
     };
-    let retriever: FrozenRetriever<B> = RetrieverCheckpoint {
+    let ck = RetrieverCheckpoint {
         model: Retriever::new(b, config, 2, 11).unwrap(),
         vocab,
-    }
-    .into();
+    };
+    let retriever = FrozenRetriever::from_checkpoint(b, ck).unwrap();
     let id = |w: &str| captioner.word_list().unwrap().id(w);
     let captions = vec![
         vec![id("a"), id("red"), id("circle"), EOS],

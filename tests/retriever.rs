@@ -358,3 +358,70 @@ fn whole_backward_matches_finite_differences(config: impl Fn(usize) -> Retriever
         },
     );
 }
+
+/// The image embeddings and the gradient at the text tower's input (what
+/// CLIP relevance reads) of a CLIP-shaped retriever, frozen or not, and
+/// the frozen one's gradient buffers.
+fn read_frozen<B: Backend>(b: &B, frozen: bool) -> (Vec<f32>, Vec<f32>, Vec<usize>) {
+    let data = tiny_world();
+    // Three image blocks: a frozen tower takes its stream's two buffers in turn.
+    let config = |v| {
+        let mut c = clip_shaped(tiny_config(v));
+        c.image.layers = 3;
+        c
+    };
+    let mut ck = checkpoint_of(b, &data, 4, config);
+    if frozen {
+        ck.model.freeze(b).unwrap();
+    }
+    let prep = Prepared::new(data, 32).unwrap();
+    let items: Vec<usize> = prep.items(Split::Train)[..4].to_vec();
+    let config = ck.model.config;
+    ck.model
+        .encode_images(b, &patchify(&config, &prep.images, &items))
+        .unwrap();
+    let images = b.to_vec(ck.model.image_embeddings());
+    let ids: Vec<Vec<u32>> = items
+        .iter()
+        .map(|&i| {
+            ck.vocab
+                .encode(&prep.data.items[i].captions[0].tokens, config.max_len)
+        })
+        .collect();
+    let texts = TextBatch::new(b, &config, &ids).unwrap();
+    ck.model.encode_texts(b, &texts).unwrap();
+    let d_text = common::random(4 * config.embed_dim, 3);
+    let d_input = b.to_vec(ck.model.text_input_gradient(b, &texts, &d_text));
+    let grads = ck
+        .model
+        .params
+        .grads
+        .iter()
+        .map(|g| b.to_vec(g).len())
+        .collect();
+    (images, d_input, grads)
+}
+
+/// A frozen retriever (as every objective and evaluation uses one) holds
+/// no parameter gradients and runs its image tower with one set of block
+/// buffers, and embeds and passes gradients to its text tower's input
+/// exactly as before, on both backends.
+#[test]
+fn a_frozen_retriever_computes_the_same_without_gradient_buffers() {
+    let check = |what: &str,
+                 (images, d_input, grads): (Vec<f32>, Vec<f32>, Vec<usize>),
+                 want: &(Vec<f32>, Vec<f32>, Vec<usize>)| {
+        assert_eq!(images, want.0, "{what}: image embeddings");
+        assert_eq!(d_input, want.1, "{what}: input gradient");
+        assert!(
+            grads.iter().all(|&n| n == 0),
+            "{what}: gradient buffers {grads:?}"
+        );
+        assert!(want.2.iter().all(|&n| n > 0));
+    };
+    let c = CpuBackend::new();
+    check("cpu", read_frozen(&c, true), &read_frozen(&c, false));
+    if let Some(g) = gpu() {
+        check("gpu", read_frozen(&g, true), &read_frozen(&g, false));
+    }
+}

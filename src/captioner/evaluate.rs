@@ -35,10 +35,11 @@ pub struct CaptionMetrics {
     pub p1_among_100: Option<f64>,
     pub clipscore: Option<f64>,
     pub refcompare: Option<f64>,
-    /// Given a CLIP: CLIP-S and RefCLIP-S (Hessel et al., 2021).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// Given a CLIP: CLIP-S and RefCLIP-S (Hessel et al., 2021), named
+    /// as `score` names them.
+    #[serde(rename = "CLIP-S", skip_serializing_if = "Option::is_none")]
     pub clip_s: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "RefCLIP-S", skip_serializing_if = "Option::is_none")]
     pub ref_clip_s: Option<f64>,
     pub fact_precision: Option<f64>,
     pub fact_recall: Option<f64>,

@@ -57,6 +57,9 @@ pub fn backward(
                 dx[c] = if accumulate_dx { dx[c] + v } else { v };
             }
         });
+    if grads.dgamma.is_empty() {
+        return;
+    }
     for (r, dy) in dy.chunks(cols).enumerate() {
         for c in 0..cols {
             grads.dgamma[c] += dy[c] * (x[r * cols + c] - mean[r]) * rstd[r];

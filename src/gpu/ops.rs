@@ -795,6 +795,9 @@ impl Backend for GpuBackend {
             &bufs,
             self.grid(rows),
         );
+        if dgamma.is_empty() {
+            return;
+        }
         let blocks = rows.div_ceil(ROW_BLOCK);
         let dgamma_partial = self.scratch(blocks * cols);
         let dbeta_partial = self.scratch(blocks * cols);

@@ -399,9 +399,10 @@ fn patch_rows(conv: &[f32], width: usize, p: usize) -> Vec<f32> {
 }
 
 impl Clip {
-    /// The retriever with this CLIP's weights, for batches of `batch`.
+    /// The retriever with this CLIP's weights, frozen (captune never
+    /// trains a CLIP), for batches of `batch`.
     pub fn into_retriever<B: Backend>(self, b: &B, batch: usize) -> Result<Retriever<B>> {
-        let mut model = Retriever::new(b, self.retriever, batch, 0)?;
+        let mut model = Retriever::frozen(b, self.retriever, batch)?;
         let mut weights = self.weights;
         for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
             let tensor = weights

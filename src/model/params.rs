@@ -7,7 +7,7 @@
 //! gradients, their norm and the AdamW update are one op per group
 //! (on the GPU, one dispatch over one buffer) instead of one per tensor.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Storage};
 use crate::tensorfile;
 use anyhow::{Result, bail};
 use rand::SeedableRng;
@@ -51,6 +51,8 @@ pub struct Params<B: Backend> {
     /// Initial values come from here, on the host, so every backend starts
     /// from the same numbers.
     rng: ChaCha8Rng,
+    /// Every value starts at zero instead (the caller writes the weights).
+    zeros: bool,
 }
 
 /// The indices of the tensors that decay, then of those that do not,
@@ -108,6 +110,16 @@ impl<B: Backend> Params<B> {
             grads: Vec::new(),
             pending: Vec::new(),
             rng: ChaCha8Rng::seed_from_u64(seed),
+            zeros: false,
+        }
+    }
+
+    /// Parameters whose values the caller writes after `finish` (weights
+    /// read from a file): declared at zero, with no random draws.
+    pub fn for_loading() -> Self {
+        Params {
+            zeros: true,
+            ..Params::new(0)
         }
     }
 
@@ -119,6 +131,7 @@ impl<B: Backend> Params<B> {
             decay,
         };
         let data: Vec<f32> = match init {
+            _ if self.zeros => vec![0.0; spec.len()],
             Init::Normal(std) => {
                 let normal = Normal::new(0.0, std).expect("a positive standard deviation");
                 (0..spec.len())
@@ -135,11 +148,21 @@ impl<B: Backend> Params<B> {
     /// Allocates every declared parameter, with its initial value, and
     /// its gradient (zeros), in the decay groups.
     pub fn finish(&mut self, b: &B) {
+        self.finish_values(b);
+        let zeros: Vec<Vec<f32>> = self.specs.iter().map(|s| vec![0.0; s.len()]).collect();
+        self.grads = grouped_tensors(b, &zeros, &self.groups());
+    }
+
+    /// `finish` for a frozen model: no gradient buffers ([`Params::freeze`]).
+    pub fn finish_frozen(&mut self, b: &B) {
+        self.finish_values(b);
+        self.freeze(b);
+    }
+
+    fn finish_values(&mut self, b: &B) {
         assert!(self.values.is_empty(), "Params::finish runs once");
         let groups = self.groups();
-        let zeros: Vec<Vec<f32>> = self.specs.iter().map(|s| vec![0.0; s.len()]).collect();
         self.values = grouped_tensors(b, &std::mem::take(&mut self.pending), &groups);
-        self.grads = grouped_tensors(b, &zeros, &groups);
     }
 
     fn groups(&self) -> [Vec<usize>; 2] {
@@ -174,13 +197,30 @@ impl<B: Backend> Params<B> {
         (&self.values, grads)
     }
 
+    /// Drops every gradient buffer: a frozen model's backward passes (to
+    /// an input's gradient, through it) compute no parameter gradient,
+    /// since each layer skips a gradient that is empty.
+    pub fn freeze(&mut self, b: &B) {
+        self.grads = self.specs.iter().map(|_| b.zeros(0)).collect();
+    }
+
+    pub fn is_frozen(&self) -> bool {
+        self.grads.first().is_some_and(|g| g.is_empty())
+    }
+
     pub fn zero_grads(&mut self, b: &B) {
+        if self.is_frozen() {
+            return;
+        }
         let groups = self.groups();
         for_each_group(b, &mut self.grads, &groups, |g| b.fill(g, 0.0));
     }
 
     /// Every gradient times `factor` (one dispatch per group on the GPU).
     pub fn scale_grads(&mut self, b: &B, factor: f32) {
+        if self.is_frozen() {
+            return;
+        }
         let groups = self.groups();
         for_each_group(b, &mut self.grads, &groups, |g| b.scale(g, factor));
     }

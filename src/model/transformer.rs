@@ -290,9 +290,34 @@ pub struct Activations<B: Backend> {
     d_stream: B::Tensor,
     /// The gradient w.r.t. the input, through ln_pre (empty without it).
     d_input: B::Tensor,
+    /// `forward_activations`: one set of block buffers and a stream of
+    /// two, taken in turn.
+    forward_only: bool,
 }
 
 impl<B: Backend> Activations<B> {
+    /// Block i's buffers, its input and its output in the stream.
+    fn block(&mut self, i: usize) -> (&mut BlockActivations<B>, &B::Tensor, &mut B::Tensor) {
+        let (acts, from, to) = match self.forward_only {
+            true => (&mut self.blocks[0], i % 2, (i + 1) % 2),
+            false => (&mut self.blocks[i], i, i + 1),
+        };
+        let [from, to] = self
+            .stream
+            .get_disjoint_mut([from, to])
+            .expect("two distinct stream buffers");
+        (acts, from, to)
+    }
+
+    /// Where the last of `layers` blocks left its output in the stream.
+    fn top(&self, layers: usize) -> usize {
+        if self.forward_only {
+            layers % 2
+        } else {
+            layers
+        }
+    }
+
     /// The input buffer: write the embeddings here before `forward`.
     pub fn input(&mut self) -> &mut B::Tensor {
         if self.input.is_empty() {
@@ -348,25 +373,53 @@ impl Transformer {
         }
     }
 
-    /// Buffers for running this transformer on `[batch, seq, width]`.
+    /// Buffers for running this transformer on `[batch, seq, width]`,
+    /// forward and backward.
     pub fn activations<B: Backend>(&self, b: &B, batch: usize, seq: usize) -> Activations<B> {
+        self.activations_for(b, batch, seq, true)
+    }
+
+    /// Buffers for its forward only (a frozen tower that is only read): no
+    /// gradient buffers, and since no block's activations are kept for a
+    /// backward, one set of block buffers and two of the residual stream
+    /// serve every block in turn.
+    pub fn forward_activations<B: Backend>(
+        &self,
+        b: &B,
+        batch: usize,
+        seq: usize,
+    ) -> Activations<B> {
+        self.activations_for(b, batch, seq, false)
+    }
+
+    fn activations_for<B: Backend>(
+        &self,
+        b: &B,
+        batch: usize,
+        seq: usize,
+        backward: bool,
+    ) -> Activations<B> {
         let rows = batch * seq;
         let w = self.config.width;
         let pre = |len: usize| b.zeros(if self.config.pre_norm { len } else { 0 });
+        let grad = |len: usize| b.zeros(if backward { len } else { 0 });
+        let (blocks, streams) = match backward {
+            true => (self.config.layers, self.config.layers + 1),
+            false => (self.config.layers.min(1), 2),
+        };
         Activations {
             batch,
             seq,
-            blocks: (0..self.config.layers)
-                .map(|_| BlockActivations::new(b, &self.config, batch, seq, true))
+            blocks: (0..blocks)
+                .map(|_| BlockActivations::new(b, &self.config, batch, seq, backward))
                 .collect(),
             ln_f: NormStats::new(b, rows),
             input: pre(rows * w),
             ln_pre: NormStats::new(b, if self.config.pre_norm { rows } else { 0 }),
-            stream: (0..=self.config.layers)
-                .map(|_| b.zeros(rows * w))
-                .collect(),
-            d_stream: b.zeros(rows * w),
-            d_input: pre(rows * w),
+            stream: (0..streams).map(|_| b.zeros(rows * w)).collect(),
+            d_stream: grad(rows * w),
+            d_input: grad(if self.config.pre_norm { rows * w } else { 0 }),
+            forward_only: !backward,
         }
     }
 
@@ -382,11 +435,11 @@ impl Transformer {
         if let Some(ln_pre) = &self.ln_pre {
             ln_pre.forward(b, p, &a.input, &mut a.stream[0], &mut a.ln_pre);
         }
-        for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate() {
-            let (done, rest) = a.stream.split_at_mut(i + 1);
-            block.forward(b, p, acts, &done[i], key_mask, &mut rest[0]);
+        for (i, block) in self.blocks.iter().enumerate() {
+            let (acts, from, to) = a.block(i);
+            block.forward(b, p, acts, from, key_mask, to);
         }
-        let top = &a.stream[self.config.layers];
+        let top = &a.stream[a.top(self.config.layers)];
         self.final_output(b, p, top, out, &mut a.ln_f);
     }
 
@@ -398,6 +451,7 @@ impl Transformer {
         a: &'a mut Activations<B>,
         d_out: &B::Tensor,
     ) -> &'a B::Tensor {
+        assert!(!a.forward_only, "activations made for the forward only");
         let d = &mut a.d_stream;
         let top = &a.stream[self.config.layers];
         match &self.ln_f {

@@ -1,6 +1,6 @@
 //! A linear layer y = x W + b, W stored [inputs, outputs].
 
-use crate::backend::{Backend, Matmul};
+use crate::backend::{Backend, Matmul, Storage};
 
 /// Dimensions of a linear layer applied to `rows` rows.
 #[derive(Clone, Copy, Debug)]
@@ -80,7 +80,8 @@ impl Linear {
         b.matmul_gelu_backward(dy, w, pre, d_pre, &self.input_gradient());
     }
 
-    /// dW += x^T dy; dbias += column sums of dy.
+    /// dW += x^T dy; dbias += column sums of dy. Nothing for a frozen
+    /// layer (an empty dW).
     fn parameter_gradients<B: Backend>(
         &self,
         b: &B,
@@ -89,6 +90,9 @@ impl Linear {
         dw: &mut B::Tensor,
         dbias: Option<&mut B::Tensor>,
     ) {
+        if dw.is_empty() {
+            return;
+        }
         let dw_shape = Matmul::new(self.inputs, self.outputs, self.rows)
             .trans_a()
             .accumulate();

@@ -135,8 +135,15 @@ pub struct FrozenRetriever<B: Backend> {
 /// The largest batch of a frozen CLIP: its towers are large.
 const CLIP_BATCH: usize = 32;
 
-impl<B: Backend> From<Checkpoint<B>> for FrozenRetriever<B> {
-    fn from(ck: Checkpoint<B>) -> Self {
+impl<B: Backend> FrozenRetriever<B> {
+    /// A trained retriever, frozen.
+    pub fn from_checkpoint(b: &B, mut ck: Checkpoint<B>) -> Result<Self> {
+        ck.model.freeze(b)?;
+        Ok(Self::words(ck))
+    }
+
+    /// captune's retriever (frozen), which reads words and patches.
+    fn words(ck: Checkpoint<B>) -> Self {
         FrozenRetriever {
             model: ck.model,
             captions: CaptionReader::Words(ck.vocab),
@@ -161,7 +168,9 @@ impl<B: Backend> FrozenRetriever<B> {
                     images: ImageReader::Clip(processor),
                 })
             }
-            None => Ok(Checkpoint::load(b, path, batch)?.into()),
+            None => Ok(Self::words(Checkpoint::load_with(b, path, |c| {
+                Retriever::frozen(b, c, batch)
+            })?)),
         }
     }
 

@@ -85,10 +85,19 @@ fn repeated_positions<B: Backend>(b: &B, batch: usize, n: usize) -> Result<Token
 }
 
 impl<B: Backend> ImageWork<B> {
-    fn new(b: &B, c: &RetrieverConfig, tower: &ImageTower, batch: usize) -> Result<Self> {
+    /// Buffers for batches of `batch` images; without `backward` (a frozen
+    /// retriever's) no gradient buffers.
+    fn new(
+        b: &B,
+        c: &RetrieverConfig,
+        tower: &ImageTower,
+        batch: usize,
+        backward: bool,
+    ) -> Result<Self> {
         let (patches, iw, d) = (c.patches_per_image(), c.image.width, c.embed_dim);
         let positions = c.image_positions();
         let rows = batch * positions;
+        let grad = |len: usize| b.zeros(if backward { len } else { 0 });
         let class = match c.image_pool {
             ImagePool::Mean => None,
             ImagePool::Class => {
@@ -106,23 +115,26 @@ impl<B: Backend> ImageWork<B> {
                     patch_rows: b.zeros(batch * patches * iw),
                     class_layout: one_run_per_image(iw, 0),
                     patch_layout: one_run_per_image(patches * iw, iw),
-                    d_rows: b.zeros(batch * iw),
-                    d_patch_rows: b.zeros(batch * patches * iw),
+                    d_rows: grad(batch * iw),
+                    d_patch_rows: grad(batch * patches * iw),
                 })
             }
         };
         Ok(ImageWork {
             batch,
             position_ids: repeated_positions(b, batch, positions)?,
-            activations: tower.transformer.activations(b, batch, positions),
+            activations: match backward {
+                true => tower.transformer.activations(b, batch, positions),
+                false => tower.transformer.forward_activations(b, batch, positions),
+            },
             patches: b.zeros(batch * patches * c.patch_dim()),
             class,
             hidden: b.zeros(rows * iw),
             pooled: b.zeros(batch * iw),
-            d_pooled: b.zeros(batch * iw),
-            d_hidden: b.zeros(rows * iw),
+            d_pooled: grad(batch * iw),
+            d_hidden: grad(rows * iw),
             embeddings: b.zeros(batch * d),
-            d_embeddings: b.zeros(batch * d),
+            d_embeddings: grad(batch * d),
         })
     }
 }
@@ -200,8 +212,28 @@ impl<B: Backend> Retriever<B> {
     /// A model with fresh weights (from `seed`) that trains and embeds in
     /// batches of `batch` (other batch sizes get workspaces as they come).
     pub fn new(b: &B, config: RetrieverConfig, batch: usize, seed: u64) -> Result<Self> {
+        Self::build(b, config, batch, seed, true)
+    }
+
+    /// A frozen model ([`Retriever::freeze`]), whose weights (zeros) the
+    /// caller then writes: no gradient buffers are ever allocated.
+    pub fn frozen(b: &B, config: RetrieverConfig, batch: usize) -> Result<Self> {
+        Self::build(b, config, batch, 0, false)
+    }
+
+    fn build(
+        b: &B,
+        config: RetrieverConfig,
+        batch: usize,
+        seed: u64,
+        trains: bool,
+    ) -> Result<Self> {
         config.validate()?;
-        let mut p = Params::new(seed);
+        let mut p = if trains {
+            Params::new(seed)
+        } else {
+            Params::for_loading()
+        };
         let c = &config;
         let (iw, tw, d) = (c.image.width, c.text.width, c.embed_dim);
         let dense = |p: &mut Params<B>, name: &str, inputs, outputs, std| {
@@ -246,8 +278,12 @@ impl<B: Backend> Retriever<B> {
             Init::Const(INIT_LOG_SCALE),
             false,
         );
-        p.finish(b);
-        let image_work = vec![ImageWork::new(b, c, &image, batch)?];
+        if trains {
+            p.finish(b);
+        } else {
+            p.finish_frozen(b);
+        }
+        let image_work = vec![ImageWork::new(b, c, &image, batch, trains)?];
         let text_work = vec![TextWork::new(b, c, &text, batch)?];
         Ok(Retriever {
             config,
@@ -262,6 +298,18 @@ impl<B: Backend> Retriever<B> {
             image_current: 0,
             text_current: 0,
         })
+    }
+
+    /// Makes it a frozen retriever, which embeds and passes gradients to
+    /// its text tower's input but never trains: no parameter gradients,
+    /// and no gradient buffers for its image tower. (A model built
+    /// frozen, [`Retriever::frozen`], never allocates them.)
+    pub fn freeze(&mut self, b: &B) -> Result<()> {
+        self.params.freeze(b);
+        let c = &self.config;
+        self.image_work = vec![ImageWork::new(b, c, &self.image, self.batch, false)?];
+        self.image_current = 0;
+        Ok(())
     }
 
     /// The image embeddings `[batch, embed_dim]` of the last `encode_images`.
@@ -282,7 +330,8 @@ impl<B: Backend> Retriever<B> {
         let at = match self.image_work.iter().position(|w| w.batch == batch) {
             Some(at) => at,
             None => {
-                let work = ImageWork::new(b, c, &self.image, batch)?;
+                let backward = !self.params.is_frozen();
+                let work = ImageWork::new(b, c, &self.image, batch, backward)?;
                 self.image_work.push(work);
                 self.image_work.len() - 1
             }
@@ -368,6 +417,10 @@ impl<B: Backend> Retriever<B> {
     /// Forward and backward of the contrastive loss on one batch of
     /// `batch` matching pairs; gradients land in `params.grads` (zeroed first).
     pub fn forward_backward(&mut self, b: &B, patches: &[f32], texts: &TextBatch<B>) -> Result<()> {
+        assert!(
+            !self.params.is_frozen(),
+            "a frozen retriever does not train"
+        );
         if texts.captions != self.batch {
             anyhow::bail!(
                 "a training batch holds {} pairs, not {}",

@@ -61,10 +61,11 @@ pub struct FeatureSource {
     /// `--images`, when given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub images: Option<PathBuf>,
-    /// The features file the embeddings were read from, if any...
+    /// The features file the embeddings were read from, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub features: Option<PathBuf>,
-    /// ...else the retriever that embedded the images.
+    /// The retriever that embedded the images (computed here, or the
+    /// encoder of the features file, by its identity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retriever: Option<PathBuf>,
     /// The encoder's identity (`captune-retriever:<fingerprint>`, or a
@@ -217,7 +218,7 @@ pub fn load<B: Backend>(
         Some(r) => Some(FrozenRetriever::load(b, &r.path, 128)?),
         None => None,
     };
-    let (embeddings, dim, source) = match (&features_file, retriever.as_mut()) {
+    let (embeddings, dim, mut source) = match (&features_file, retriever.as_mut()) {
         (Some(path), _) => {
             let f = Features::load(path, features.features_ids.as_deref())?;
             let embeddings = f.align(&mut dataset)?;
@@ -250,17 +251,21 @@ pub fn load<B: Backend>(
     }
     // Self-retrieval and relevance compare the retriever's text embeddings
     // with these image embeddings: only meaningful from the same encoder.
-    if let Some(file) = &retriever_file
-        && source.encoder.as_ref() != Some(&file.encoder)
-    {
-        eprintln!(
-            "warning: the image embeddings come from {} ({}), not from the retriever {}; \
-             self-retrieval and relevance metrics are left out",
-            source.origin(),
-            source.encoder.as_deref().unwrap_or("an unrecorded encoder"),
-            file.path.display()
-        );
-        retriever = None;
+    if let Some(file) = &retriever_file {
+        if source.encoder.as_ref() == Some(&file.encoder) {
+            // Recorded beside a features file too: later commands (eval,
+            // a fine-tune from this run) judge with it by default.
+            source.retriever = Some(frozen::absolute(&file.path));
+        } else {
+            eprintln!(
+                "warning: the image embeddings come from {} ({}), not from the retriever {}; \
+                 self-retrieval and relevance metrics are left out",
+                source.origin(),
+                source.encoder.as_deref().unwrap_or("an unrecorded encoder"),
+                file.path.display()
+            );
+            retriever = None;
+        }
     }
     if !dataset.report.is_clean() {
         eprintln!("{}", dataset.report);

@@ -245,7 +245,7 @@ pub fn new_run<'d, B: Backend>(
 
 /// [`tiny_retriever_checkpoint`], frozen.
 pub fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> FrozenRetriever<B> {
-    tiny_retriever_checkpoint(b, data, batch).into()
+    FrozenRetriever::from_checkpoint(b, tiny_retriever_checkpoint(b, data, batch)).unwrap()
 }
 
 /// A fresh retriever over the tiny world's words that embeds in the
