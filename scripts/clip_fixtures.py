@@ -230,8 +230,11 @@ def relevance(model, tokenizer):
     words = CAPTIONER_SPECIALS + RELEVANCE_WORDS
     end, vocab = 2, len(words)
     clip_end = tokenizer.eos_token_id
-    pieces = [[clip_end] if v == end else tokenizer(w, add_special_tokens=False)["input_ids"]
-              for v, w in enumerate(words)]
+    # The captioner's end is CLIP's; its padding and start (masked: no
+    # caption holds them) read as nothing; every other id as its word's pieces.
+    masked = {0, 1}
+    pieces = [[clip_end] if v == end else [] if v in masked
+              else tokenizer(w, add_special_tokens=False)["input_ids"] for v, w in enumerate(words)]
     print("pieces per word", {w: len(p) for w, p in zip(words, pieces)})
     captions = [[words.index(w) for w in c.split()] + [end] for c in RELEVANCE_CAPTIONS]
     n, positions = len(captions), max(len(c) for c in captions)

@@ -9,7 +9,7 @@ use super::{CaptionVocab, SpecialIds};
 use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
 use crate::retriever::RetrieverConfig;
 use crate::retriever::eval::embed_ids;
-use crate::retriever::frozen::{CaptionReader, FrozenRetriever};
+use crate::retriever::frozen::{CaptionReader, Framing, FrozenRetriever};
 use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::{Result, bail};
 
@@ -26,34 +26,31 @@ pub struct VocabMap {
     pieces: Vec<Vec<u32>>,
     /// The captioner's.
     specials: SpecialIds,
-    /// The retriever's begin and end, and its reading of an empty caption.
-    begin: u32,
-    end: u32,
-    empty: Vec<u32>,
+    /// The retriever's begin, end and empty caption.
+    framing: Framing,
 }
 
 impl VocabMap {
     pub fn new(captioner: &CaptionVocab, retriever: &CaptionReader) -> Result<VocabMap> {
         let specials = captioner.specials();
         let pieces = (0..captioner.len() as u32)
-            .map(|id| match id == specials.end {
-                true => Ok(vec![retriever.end()]),
-                false => retriever.pieces(&captioner.spelled(id)),
+            .map(|id| match id {
+                _ if id == specials.end => Ok(vec![retriever.end()]),
+                _ if specials.is_masked(id) => Ok(retriever.special(&captioner.spelled(id))),
+                _ => retriever.pieces(&captioner.spelled(id)),
             })
             .collect::<Result<_>>()?;
         Ok(VocabMap {
             pieces,
             specials,
-            begin: retriever.begin(),
-            end: retriever.end(),
-            empty: retriever.empty(),
+            framing: retriever.framing(),
         })
     }
 
     /// The retriever's pieces of captioner id `id` (an id past the
     /// vocabulary reads as an empty caption does).
     pub fn pieces(&self, id: u32) -> &[u32] {
-        self.pieces.get(id as usize).unwrap_or(&self.empty)
+        self.pieces.get(id as usize).unwrap_or(&self.framing.empty)
     }
 
     /// The most pieces a captioner id maps to.
@@ -66,20 +63,13 @@ impl VocabMap {
     /// `max_len` (`CaptionReader::encode` of its words). An empty caption
     /// reads as the retriever reads one.
     pub fn caption(&self, generated: &[u32], max_len: usize) -> Vec<u32> {
-        let mut pieces: Vec<u32> = generated
+        let pieces: Vec<u32> = generated
             .iter()
             .take_while(|&&id| id != self.specials.end)
             .filter(|&&id| !self.specials.is_masked(id))
             .flat_map(|&id| self.pieces(id).iter().copied())
             .collect();
-        if pieces.is_empty() {
-            pieces = self.empty.clone();
-        }
-        pieces.truncate(max_len.saturating_sub(2));
-        std::iter::once(self.begin)
-            .chain(pieces)
-            .chain(std::iter::once(self.end))
-            .collect()
+        self.framing.frame(pieces, max_len)
     }
 }
 
@@ -246,10 +236,10 @@ impl VocabMap {
             chosen: vec![self.specials.pad; rows],
         };
         for (c, caption) in captions.iter().enumerate() {
-            let mut ids = vec![self.begin];
-            if caption.first() == Some(&self.specials.end) {
+            let mut ids = vec![self.framing.begin];
+            if caption.first().is_none_or(|&id| id == self.specials.end) {
                 // An empty caption reads as the retriever reads one.
-                ids.extend(&self.empty);
+                ids.extend(&self.framing.empty);
             }
             for (t, &token) in caption.iter().take(positions).enumerate() {
                 let row = c * positions + t;
@@ -265,7 +255,7 @@ impl VocabMap {
                     ids.push(piece);
                 }
             }
-            if ids.last() != Some(&self.end) {
+            if ids.last() != Some(&self.framing.end) {
                 // Cut short: the tower still reads an end, with no gradient.
                 if ids.len() == max_len {
                     let last = c * max_len + max_len - 1;
@@ -276,9 +266,9 @@ impl VocabMap {
                             l.sources[j][last] = NO_ROW;
                         }
                     }
-                    ids[max_len - 1] = self.end;
+                    ids[max_len - 1] = self.framing.end;
                 } else {
-                    ids.push(self.end);
+                    ids.push(self.framing.end);
                 }
             }
             l.sequences.push(ids);
@@ -480,5 +470,73 @@ mod tests {
         assert_eq!(map.caption(&generated, 16), retriever.encode(&tokens, 16));
         assert_eq!(map.caption(&generated, 4), retriever.encode(&tokens, 4));
         assert_eq!(map.caption(&[EOS], 16), vec![BOS, UNK, EOS]);
+    }
+
+    /// The relaxed listener's layout: each caption's tower ids are
+    /// `VocabMap::caption`'s, a word of k pieces takes k positions, slot j
+    /// of a token points at its j-th piece's row and back, pieces past the
+    /// slots and an end written over a cut piece carry no row.
+    #[test]
+    fn relaxed_captions_take_a_position_per_piece() {
+        let captioner = CaptionVocab::from_words(words(&["one", "two", "long"]));
+        let own = captioner.word_list().unwrap();
+        let (one, two, long) = (own.id("one"), own.id("two"), own.id("long"));
+        let mut pieces = vec![Vec::new(); captioner.len()];
+        pieces[EOS as usize] = vec![101];
+        pieces[one as usize] = vec![10];
+        pieces[two as usize] = vec![20, 21];
+        pieces[long as usize] = vec![30, 31, 32, 33, 34, 35];
+        let map = VocabMap {
+            pieces,
+            specials: captioner.specials(),
+            framing: Framing {
+                begin: 100,
+                end: 101,
+                empty: Vec::new(),
+            },
+        };
+        let (positions, max_len, slots) = (4, 8, RELAXED_PIECES);
+        let captions = vec![
+            vec![one, two, EOS],
+            vec![EOS],
+            vec![long, two, long, EOS],
+            vec![],
+        ];
+        let l = map.layout(&captions, positions, max_len, slots);
+        assert_eq!(l.sequences[0], [100, 10, 20, 21, 101]);
+        assert_eq!(l.sequences[1], [100, 101]);
+        // Cut at 8: the end over "two"'s first piece, "long"'s last two
+        // pieces past the slots.
+        assert_eq!(l.sequences[2], [100, 30, 31, 32, 33, 34, 35, 101]);
+        assert_eq!(l.sequences[3], [100, 101]);
+        for (c, caption) in captions.iter().enumerate() {
+            assert_eq!(l.sequences[c], map.caption(caption, max_len), "caption {c}");
+        }
+        for j in 0..slots {
+            for (tower, &row) in l.sources[j].iter().enumerate() {
+                if row != NO_ROW {
+                    assert_eq!(l.tower_rows[j][row as usize], tower as u32, "slot {j}");
+                }
+            }
+            for (row, &tower) in l.tower_rows[j].iter().enumerate() {
+                if tower != NO_ROW {
+                    assert_eq!(l.sources[j][tower as usize], row as u32, "slot {j}");
+                }
+            }
+        }
+        let row = |c: usize, t: usize| c * positions + t;
+        // "two" in caption 0: slots 0 and 1 at tower positions 2 and 3.
+        assert_eq!(l.tower_rows[0][row(0, 1)], 2);
+        assert_eq!(l.tower_rows[1][row(0, 1)], 3);
+        // "long" in caption 2: four slots, positions 1..=4; 5 and 6 none.
+        for j in 0..slots {
+            assert_eq!(l.tower_rows[j][row(2, 0)], (2 * max_len + 1 + j) as u32);
+        }
+        for position in [5, 6, 7] {
+            assert!((0..slots).all(|j| l.sources[j][2 * max_len + position] == NO_ROW));
+        }
+        // "two" in caption 2 was cut: no slot keeps it.
+        assert!((0..slots).all(|j| l.tower_rows[j][row(2, 1)] == NO_ROW));
+        assert_eq!(l.chosen[row(2, 1)], two);
     }
 }

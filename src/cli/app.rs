@@ -10,7 +10,7 @@ use captune::captioner::run_folder::RunFolder;
 use captune::device::{self, DeviceChoice};
 use captune::source::DataArgs;
 use captune::source::embeddings::FeatureSource;
-use captune::source::embeddings::{self, FeatureArgs, TrainedOn, default_retriever};
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -115,18 +115,13 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         let (data, judged) = captune::with_backend!(&selection.backend, b => {
             embeddings::load(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
         })?;
-        // The retriever caption_data kept as the judge of these embeddings.
-        let retriever = if judged {
-            let shapes = data.source.as_ref().is_some_and(|s| s.shapes.is_some());
-            default_retriever(
-                features.retriever.as_deref(),
-                trained_on.map(|t| t.source),
-                shapes,
-            )?
-            .map(|f| f.path)
-        } else {
-            None
-        };
+        // The retriever caption_data kept as the judge of these embeddings
+        // (recorded in their source).
+        let retriever = data
+            .source
+            .as_ref()
+            .filter(|_| judged)
+            .and_then(|s| s.retriever.clone());
         Ok(window::Loaded { data, retriever })
     });
     let source = if let Some(dir) = &args.follow {

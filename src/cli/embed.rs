@@ -4,8 +4,9 @@
 use super::check_new_output;
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
-use captune::data::clip_image::ClipImageProcessor;
+use captune::progress::Progress;
 use captune::retriever::Checkpoint;
+use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
 use captune::retriever::train::Prepared;
 use captune::source::DataArgs;
 use std::collections::HashMap;
@@ -45,6 +46,9 @@ pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
             .expect("clap requires --checkpoint or --clip");
         return run_clip(b, args, dir);
     };
+    if clip_folder(checkpoint).is_some() {
+        bail!("--checkpoint takes a retriever checkpoint; for a CLIP folder pass --clip FOLDER");
+    }
     let (data, checkpoint, out) = (&args.data, checkpoint.as_path(), args.out.as_path());
     let mut ck = Checkpoint::load(b, checkpoint, 128)?;
     let prep = Prepared::new(data.load()?, ck.model.config.image_size)?;
@@ -84,36 +88,20 @@ fn report(features: &captune::data::features::Features, out: &Path) {
     );
 }
 
-/// Batch of images the CLIP image tower embeds at once.
-const CLIP_BATCH: usize = 32;
-
 fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
-    let clip = captune::model::clip::read(dir)?;
-    let processor = ClipImageProcessor::load(dir)?;
-    let mut model = clip.into_retriever(b, CLIP_BATCH)?;
-    let data = args.data.load()?;
-    let paths: Vec<&Path> = data.items.iter().map(|i| i.image.as_path()).collect();
-    let bar = captune::progress::Progress::terminal().start(
-        &format!("embedding {} images with CLIP", paths.len()),
-        paths.len() as u64,
-    );
-    let embedded = captune::model::clip::embed_files(b, &mut model, &processor, &paths, &bar)?;
-    bar.finish_and_clear();
-    for why in &embedded.skipped {
-        eprintln!("{why}");
-    }
-    if embedded.kept.is_empty() {
-        bail!("{}: no image could be read", data.name);
+    // As --retriever takes it, too.
+    let dir = clip_folder(dir).unwrap_or(dir);
+    let mut clip = FrozenRetriever::clip(b, dir, CLIP_BATCH)?;
+    let mut data = args.data.load()?;
+    let embeddings = clip.embed_dataset(b, &mut data, &Progress::terminal())?;
+    if !data.report.is_clean() {
+        eprintln!("{}", data.report);
     }
     let features = captune::data::features::Features {
         source: args.out.clone(),
-        ids: embedded
-            .kept
-            .iter()
-            .map(|&k| data.items[k].id.clone())
-            .collect(),
-        dim: model.config.embed_dim,
-        embeddings: embedded.embeddings,
+        ids: data.items.iter().map(|i| i.id.clone()).collect(),
+        dim: clip.model.config.embed_dim,
+        embeddings,
         encoder: Some(captune::model::clip::encoder_id(dir)?),
     };
     let metadata = HashMap::from([

@@ -9,7 +9,7 @@ use captune::data::{Dataset, Item, Split};
 use captune::metrics::clipscore::{CorpusScores, PROMPT, corpus_scores};
 use captune::metrics::coco_scores;
 use captune::progress::Progress;
-use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
+use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
 use captune::source::DataArgs;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -153,8 +153,9 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
 /// candidates and the references after the prompt.
 fn clip_scores(dir: &Path, items: &[&Item], candidates: &[&str]) -> Result<CorpusScores> {
     let b = CpuBackend::new();
-    let named = PathBuf::from(format!("{CLIP_PREFIX}{}", dir.display()));
-    let mut clip = FrozenRetriever::load(&b, &named, 32)?;
+    // As --retriever takes it, too.
+    let dir = clip_folder(dir).unwrap_or(dir);
+    let mut clip = FrozenRetriever::clip(&b, dir, CLIP_BATCH)?;
     let mut data = Dataset {
         name: "scored images".into(),
         items: items.iter().map(|&i| i.clone()).collect(),

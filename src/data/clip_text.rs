@@ -34,7 +34,13 @@ impl ClipTokenizer {
             )
         })?;
         let origin = path.display().to_string();
-        let tokenizer = parse_tokenizer(&text, &origin)?;
+        let mut tokenizer = parse_tokenizer(&text, &origin)?;
+        // Pieces are read word by word: a padding or truncation the file
+        // sets would pad or cut every word (captune cuts captions itself).
+        tokenizer.with_padding(None);
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| anyhow!("{origin}: {e}"))?;
         let special = |token: &str| {
             tokenizer
                 .token_to_id(token)
@@ -85,10 +91,5 @@ impl ClipTokenizer {
     /// `<|endoftext|>`'s id, where the text tower reads its state.
     pub fn end(&self) -> u32 {
         self.end
-    }
-
-    /// The text tower's positions, the specials included.
-    pub fn max_len(&self) -> usize {
-        self.max_len
     }
 }

@@ -130,8 +130,7 @@ pub(super) struct BlockActivations<B: Backend> {
 
 impl<B: Backend> BlockActivations<B> {
     /// Buffers for `[batch, seq]`; with `backward` false (incremental
-    /// decoding, which runs no backward and no full attention) the
-    /// gradient buffers are empty.
+    /// decoding, a frozen tower's forward) the gradient buffers are empty.
     pub(super) fn new(
         b: &B,
         c: &TransformerConfig,
@@ -284,7 +283,8 @@ pub struct Activations<B: Backend> {
     input: B::Tensor,
     ln_pre: NormStats<B>,
     /// stream[0] is the first block's input (the input, or ln_pre of it),
-    /// stream[i + 1] block i's output.
+    /// stream[i + 1] block i's output; forward-only, block i reads
+    /// stream[i % 2] and writes stream[(i + 1) % 2].
     stream: Vec<B::Tensor>,
     /// The gradient w.r.t. the residual stream, from the top down.
     d_stream: B::Tensor,

@@ -1,5 +1,5 @@
 //! A retriever used frozen: the judge of self-retrieval and relevance,
-//! the listener of DiscriTune and CLIP relevance, the image encoder of
+//! the listener of the objectives that read captions with it, the image encoder of
 //! `caption` and of embeddings computed on the fly. It is captune's own
 //! checkpoint or a Hugging Face CLIP folder (named `clip:FOLDER`), and
 //! each reads captions and images its own way: captune's by its word
@@ -16,7 +16,7 @@ use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, images};
 use crate::model::clip;
 use crate::progress::Progress;
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use std::path::{Path, PathBuf};
 
 /// What names a CLIP folder where a retriever checkpoint is asked for.
@@ -49,6 +49,12 @@ pub fn exists(path: &Path) -> bool {
 pub fn encoder_id(path: &Path) -> Result<String> {
     match clip_folder(path) {
         Some(dir) => clip::encoder_id(dir),
+        None if path.is_dir() => bail!(
+            "{} is a folder, not a retriever checkpoint; for a Hugging Face CLIP folder pass \
+             {CLIP_PREFIX}{}",
+            path.display(),
+            path.display()
+        ),
         None => {
             let bytes =
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -90,6 +96,16 @@ impl CaptionReader {
         }
     }
 
+    /// A captioner's special that no caption holds (its padding, its
+    /// start), spelled `word`: captune's retriever reads its own special of
+    /// that name, CLIP nothing (it would read the name as text).
+    pub fn special(&self, word: &str) -> Vec<u32> {
+        match self {
+            CaptionReader::Words(v) => vec![v.id(word)],
+            CaptionReader::Clip(_) => Vec::new(),
+        }
+    }
+
     /// What an empty caption reads as between its begin and end: captune's
     /// retriever reads `<unk>`, CLIP nothing.
     pub fn empty(&self) -> Vec<u32> {
@@ -106,14 +122,39 @@ impl CaptionReader {
         for word in words {
             pieces.extend(self.pieces(word)?);
         }
+        Ok(self.framing().frame(pieces, max_len))
+    }
+
+    /// Its begin, end and empty caption.
+    pub fn framing(&self) -> Framing {
+        Framing {
+            begin: self.begin(),
+            end: self.end(),
+            empty: self.empty(),
+        }
+    }
+}
+
+/// How a retriever frames a caption's pieces.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Framing {
+    pub begin: u32,
+    pub end: u32,
+    /// What an empty caption reads as.
+    pub empty: Vec<u32>,
+}
+
+impl Framing {
+    /// begin, `pieces` (or the empty caption's), end, within `max_len`.
+    pub fn frame(&self, mut pieces: Vec<u32>, max_len: usize) -> Vec<u32> {
         if pieces.is_empty() {
-            pieces = self.empty();
+            pieces = self.empty.clone();
         }
         pieces.truncate(max_len.saturating_sub(2));
-        Ok(std::iter::once(self.begin())
+        std::iter::once(self.begin)
             .chain(pieces)
-            .chain(std::iter::once(self.end()))
-            .collect())
+            .chain(std::iter::once(self.end))
+            .collect()
     }
 }
 
@@ -133,7 +174,7 @@ pub struct FrozenRetriever<B: Backend> {
 }
 
 /// The largest batch of a frozen CLIP: its towers are large.
-const CLIP_BATCH: usize = 32;
+pub const CLIP_BATCH: usize = 32;
 
 impl<B: Backend> FrozenRetriever<B> {
     /// A trained retriever, frozen.
@@ -158,20 +199,24 @@ impl<B: Backend> FrozenRetriever<B> {
     /// CLIP at most 32).
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
         match clip_folder(path) {
-            Some(dir) => {
-                let clip = clip::read(dir)?;
-                let tokenizer = ClipTokenizer::load(dir, clip.retriever.max_len)?;
-                let processor = ClipImageProcessor::load(dir)?;
-                Ok(FrozenRetriever {
-                    model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
-                    captions: CaptionReader::Clip(Box::new(tokenizer)),
-                    images: ImageReader::Clip(processor),
-                })
-            }
+            Some(dir) => Self::clip(b, dir, batch),
             None => Ok(Self::words(Checkpoint::load_with(b, path, |c| {
                 Retriever::frozen(b, c, batch)
             })?)),
         }
+    }
+
+    /// The Hugging Face CLIP folder `dir`, embedding `batch` (at most 32)
+    /// images or captions at a time.
+    pub fn clip(b: &B, dir: &Path, batch: usize) -> Result<Self> {
+        let clip = clip::read(dir)?;
+        let tokenizer = ClipTokenizer::load(dir, clip.retriever.max_len)?;
+        let processor = ClipImageProcessor::load(dir)?;
+        Ok(FrozenRetriever {
+            model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
+            captions: CaptionReader::Clip(Box::new(tokenizer)),
+            images: ImageReader::Clip(processor),
+        })
     }
 
     /// Whether it is a CLIP (which CLIPScore needs).
@@ -189,21 +234,15 @@ impl<B: Backend> FrozenRetriever<B> {
         embed_ids(b, &mut self.model, &ids)
     }
 
-    /// The unit text embeddings `[n, embed_dim]` of raw texts: CLIP's
-    /// tokenizer reads them as they are; captune's retriever reads their
-    /// lowercased words.
+    /// The unit text embeddings `[n, embed_dim]` of raw texts, as CLIP's
+    /// tokenizer reads them (CLIPScore's prompted captions).
     pub fn embed_texts(&mut self, b: &B, texts: &[String]) -> Result<Vec<f32>> {
-        let max_len = self.model.config.max_len;
+        let CaptionReader::Clip(tokenizer) = &self.captions else {
+            bail!("raw text is read by a CLIP; captune's retriever reads words");
+        };
         let ids: Vec<Vec<u32>> = texts
             .iter()
-            .map(|text| match &self.captions {
-                CaptionReader::Clip(t) => t.encode(text),
-                words => {
-                    let lower: Vec<String> =
-                        text.split_whitespace().map(str::to_lowercase).collect();
-                    words.encode(&lower, max_len)
-                }
-            })
+            .map(|text| tokenizer.encode(text))
             .collect::<Result<_>>()?;
         embed_ids(b, &mut self.model, &ids)
     }
@@ -213,7 +252,10 @@ impl<B: Backend> FrozenRetriever<B> {
     pub fn image_reading(&self) -> String {
         match &self.images {
             ImageReader::Patches => self.model.config.image_size.to_string(),
-            ImageReader::Clip(p) => format!("{p:?}"),
+            ImageReader::Clip(p) => format!(
+                "clip shortest {} crop {} mean {:?} std {:?}",
+                p.size, p.crop, p.mean, p.std
+            ),
         }
     }
 
@@ -233,7 +275,8 @@ impl<B: Backend> FrozenRetriever<B> {
                 let images = images::load(data, self.model.config.image_size, &bar)?;
                 bar.finish_and_clear();
                 let all: Vec<usize> = (0..data.items.len()).collect();
-                let bar = progress.start(&format!("embedding {} images", all.len()), n);
+                let bar =
+                    progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
                 let embeddings = embed_images(b, &mut self.model, &images, &all, &bar)?;
                 bar.finish_and_clear();
                 Ok(embeddings)
@@ -252,6 +295,9 @@ impl<B: Backend> FrozenRetriever<B> {
                 }
                 for why in embedded.skipped {
                     data.report.skip_item(why);
+                }
+                if data.items.is_empty() {
+                    bail!("{}: no image could be read\n{}", data.name, data.report);
                 }
                 Ok(embedded.embeddings)
             }

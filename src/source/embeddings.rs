@@ -243,7 +243,7 @@ pub fn load<B: Backend>(
             (embeddings, dim, source)
         }
         (None, None) => bail!(
-            "no image embeddings: give --features FILE (from `captune embed` or another encoder) or --retriever CHECKPOINT"
+            "no image embeddings: give --features FILE (from `captune embed` or another encoder), or --retriever CHECKPOINT or clip:FOLDER"
         ),
     };
     if let Some(t) = trained_on {
