@@ -17,6 +17,14 @@
 // reads heads side by side in token-major rows, so attention needs no
 // layout copies.
 //
+// Split-K (k_split > 0, one product, no epilogue but COLUMN_SUMS): workgroup
+// z takes the k-range [z * k_split, (z + 1) * k_split) and writes its raw
+// partial product to epilogue_out at [z, m, n] (its column sums of op(B)
+// after all the products, at [splits, m, n] + [z, n]); the reduce family's
+// `split_sum` then adds the splits in order, scales by alpha and
+// accumulates: the same bits on every run, with many more workgroups for a
+// product of few output tiles and a long k (a weight gradient).
+//
 // Two variants compute the same thing:
 // - `matmul_registers`: each thread owns a 4x4 block of C and reads A and B
 //   straight from storage. Fastest on CPU-type adapters (lavapipe), where
@@ -38,8 +46,8 @@ struct Params {
     flags: u32,     // TRANS_A | TRANS_B | ACCUMULATE and the epilogues
     alpha: f32,
     heads: u32,
-    _pad0: u32,
-    _pad1: u32,
+    k_split: u32,   // 0: the whole k; else each split's k (a multiple of 8)
+    _pad: u32,
     a: Operand,
     b: Operand,
     c: Operand,
@@ -92,9 +100,32 @@ fn load_b(base: u32, kk: u32, col: u32) -> f32 {
     return b[base + kk * p.b.ld + col];
 }
 
-// C[row, col] of the batch item whose C starts at `base`.
-fn store_c(base: u32, row: u32, col: u32, value: f32) {
+// With split-K, the batch item is 0 and workgroup z the split.
+fn batch_of(z: u32) -> u32 {
+    return select(z, 0u, p.k_split != 0u);
+}
+
+// The k-range workgroup z sums over.
+fn k_begin(z: u32) -> u32 {
+    return select(0u, z * p.k_split, p.k_split != 0u);
+}
+
+fn k_end(z: u32) -> u32 {
+    return select(p.k, min(p.k, (z + 1u) * p.k_split), p.k_split != 0u);
+}
+
+fn splits() -> u32 {
+    return (p.k + p.k_split - 1u) / p.k_split;
+}
+
+// C[row, col] of the batch item whose C starts at `base`; with split-K,
+// split z's partial product at that place.
+fn store_c(base: u32, z: u32, row: u32, col: u32, value: f32) {
     if (row >= p.m || col >= p.n) {
+        return;
+    }
+    if (p.k_split != 0u) {
+        epilogue_out[(z * p.m + row) * p.n + col] = value;
         return;
     }
     let i = base + row * p.c.ld + col;
@@ -114,8 +145,12 @@ fn store_c(base: u32, row: u32, col: u32, value: f32) {
     }
 }
 
-fn store_sum(col: u32, value: f32) {
+fn store_sum(z: u32, col: u32, value: f32) {
     if (col >= p.n) {
+        return;
+    }
+    if (p.k_split != 0u) {
+        epilogue_out[splits() * p.m * p.n + z * p.n + col] = value;
         return;
     }
     var out = value;
@@ -132,7 +167,7 @@ fn matmul_registers(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_id) lid: vec3<u32>,
 ) {
-    let batch = wid.z;
+    let batch = batch_of(wid.z);
     let base_a = start(p.a, batch);
     let base_b = start(p.b, batch);
     let row0 = wid.y * 64u + lid.y * 4u;
@@ -141,7 +176,7 @@ fn matmul_registers(
     // The threads of C's first rows also sum B's columns.
     let sum_b = (p.flags & COLUMN_SUMS) != 0u && row0 == 0u;
     var b_sum: array<f32, 4>;
-    for (var kk = 0u; kk < p.k; kk += 1u) {
+    for (var kk = k_begin(wid.z); kk < k_end(wid.z); kk += 1u) {
         var av: array<f32, 4>;
         var bv: array<f32, 4>;
         for (var i = 0u; i < 4u; i += 1u) {
@@ -162,12 +197,12 @@ fn matmul_registers(
     let base_c = start(p.c, batch);
     for (var i = 0u; i < 4u; i += 1u) {
         for (var j = 0u; j < 4u; j += 1u) {
-            store_c(base_c, row0 + i, col0 + j, acc[i][j]);
+            store_c(base_c, wid.z, row0 + i, col0 + j, acc[i][j]);
         }
     }
     if (sum_b) {
         for (var j = 0u; j < 4u; j += 1u) {
-            store_sum(col0 + j, b_sum[j]);
+            store_sum(wid.z, col0 + j, b_sum[j]);
         }
     }
 }
@@ -186,7 +221,7 @@ fn matmul_shared(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) li: u32,
 ) {
-    let batch = wid.z;
+    let batch = batch_of(wid.z);
     let base_a = start(p.a, batch);
     let base_b = start(p.b, batch);
     let tile_row = wid.y * TILE;
@@ -198,7 +233,9 @@ fn matmul_shared(
     // The threads of C's first rows also sum B's columns.
     let sum_b = (p.flags & COLUMN_SUMS) != 0u && tile_row == 0u && ty == 0u;
     var b_sum: array<f32, 8>;
-    for (var k0 = 0u; k0 < p.k; k0 += SLICE) {
+    // A split's range is a whole number of slices: only the last one of
+    // k can run past it, and the loads read zeros there.
+    for (var k0 = k_begin(wid.z); k0 < k_end(wid.z); k0 += SLICE) {
         // Each thread stages 4 elements of each 128x8 slice. Neighbouring
         // threads take neighbouring addresses of the stored layout, so the
         // index that is contiguous in memory varies fastest.
@@ -243,12 +280,12 @@ fn matmul_shared(
     let base_c = start(p.c, batch);
     for (var i = 0u; i < 8u; i += 1u) {
         for (var j = 0u; j < 8u; j += 1u) {
-            store_c(base_c, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
+            store_c(base_c, wid.z, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
         }
     }
     if (sum_b) {
         for (var j = 0u; j < 8u; j += 1u) {
-            store_sum(tile_col + tx * 8u + j, b_sum[j]);
+            store_sum(wid.z, tile_col + tx * 8u + j, b_sum[j]);
         }
     }
 }

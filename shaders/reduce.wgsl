@@ -8,6 +8,7 @@
 // out[out_index].
 // Column sums (the bias gradient) take two passes too: `column_partials`
 // sums blocks of ROW_BLOCK rows per column, `column_sum` sums those blocks.
+// `split_sum` is a split-K product's second pass (see matmul.wgsl).
 
 struct Params {
     len: u32,        // elements (full) or rows (column)
@@ -95,4 +96,35 @@ fn column_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     }
     if (p.accumulate != 0u) { acc += out[col]; }
     out[col] = acc;
+}
+
+// A split-K product's partials (`chunk` splits, each `len` elements of C
+// then `cols` column sums, as matmul.wgsl writes them): out[i] = scale *
+// their sum over the splits, in split order (+ out[i] when accumulating),
+// and sums[col] likewise for the column sums (unscaled, as the matmul's).
+@group(0) @binding(3) var<storage, read_write> sums: array<f32>;
+
+@compute @workgroup_size(256)
+fn split_sum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    let splits = p.chunk;
+    if (i < p.len) {
+        var total = 0.0;
+        for (var s = 0u; s < splits; s += 1u) {
+            total += x[s * p.len + i];
+        }
+        var v = p.scale * total;
+        if (p.accumulate != 0u) { v += out[i]; }
+        out[i] = v;
+    } else if (i < p.len + p.cols) {
+        let col = i - p.len;
+        var total = 0.0;
+        for (var s = 0u; s < splits; s += 1u) {
+            total += x[splits * p.len + s * p.cols + col];
+        }
+        var v = total;
+        if (p.accumulate != 0u) { v += sums[col]; }
+        sums[col] = v;
+    }
 }

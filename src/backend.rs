@@ -12,6 +12,7 @@
 //! read back (`to_vec`) or [`Backend::flush`] is called.
 
 use crate::index::{FULL_VOCAB, IndexError, group_by_id, subset_bits};
+use std::collections::BTreeMap;
 
 /// A buffer that knows its element count.
 pub trait Storage {
@@ -36,8 +37,14 @@ impl<T> Storage for Vec<T> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceCounters {
     pub dispatches: u64,
+    /// Compute passes begun: a copy, a clear or an upload between two
+    /// dispatches ends one.
+    pub passes: u64,
     pub submissions: u64,
+    /// Reads that wait for the device.
     pub readbacks: u64,
+    /// Reads begun without waiting ([`Backend::begin_ids_read`]).
+    pub async_reads: u64,
     pub buffers_created: u64,
     pub bind_groups_created: u64,
 }
@@ -46,10 +53,13 @@ impl std::fmt::Display for DeviceCounters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} dispatches, {} submissions, {} readbacks, {} buffers, {} bind groups",
+            "{} dispatches, {} passes, {} submissions, {} readbacks, {} reads without waiting, \
+             {} buffers, {} bind groups",
             self.dispatches,
+            self.passes,
             self.submissions,
             self.readbacks,
+            self.async_reads,
             self.buffers_created,
             self.bind_groups_created
         )
@@ -62,8 +72,10 @@ impl DeviceCounters {
         let n = n.max(1) as u64;
         DeviceCounters {
             dispatches: self.dispatches.div_ceil(n),
+            passes: self.passes.div_ceil(n),
             submissions: self.submissions.div_ceil(n),
             readbacks: self.readbacks.div_ceil(n),
+            async_reads: self.async_reads.div_ceil(n),
             buffers_created: self.buffers_created.div_ceil(n),
             bind_groups_created: self.bind_groups_created.div_ceil(n),
         }
@@ -73,11 +85,97 @@ impl DeviceCounters {
     pub fn since(&self, earlier: &DeviceCounters) -> DeviceCounters {
         DeviceCounters {
             dispatches: self.dispatches - earlier.dispatches,
+            passes: self.passes - earlier.passes,
             submissions: self.submissions - earlier.submissions,
             readbacks: self.readbacks - earlier.readbacks,
+            async_reads: self.async_reads - earlier.async_reads,
             buffers_created: self.buffers_created - earlier.buffers_created,
             bind_groups_created: self.bind_groups_created - earlier.bind_groups_created,
         }
+    }
+}
+
+/// Matmul dispatches by their workgroup count and by the kernel chosen
+/// for them: how well the products would fill a real GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WorkgroupCounts {
+    pub workgroups: BTreeMap<u64, u64>,
+    pub kernels: BTreeMap<String, u64>,
+}
+
+/// `now` less `earlier`, count by count.
+fn counts_since<K: Ord + Clone>(
+    now: &BTreeMap<K, u64>,
+    earlier: &BTreeMap<K, u64>,
+) -> BTreeMap<K, u64> {
+    let mut out = now.clone();
+    for (key, n) in earlier {
+        if let Some(count) = out.get_mut(key) {
+            *count -= n;
+        }
+    }
+    out.retain(|_, n| *n > 0);
+    out
+}
+
+impl WorkgroupCounts {
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &WorkgroupCounts) -> WorkgroupCounts {
+        WorkgroupCounts {
+            workgroups: counts_since(&self.workgroups, &earlier.workgroups),
+            kernels: counts_since(&self.kernels, &earlier.kernels),
+        }
+    }
+
+    /// The summary the benchmarks report (`None` without a dispatch).
+    pub fn summary(&self) -> Option<WorkgroupSummary> {
+        let dispatches: u64 = self.workgroups.values().sum();
+        let min = *self.workgroups.keys().next()?;
+        // The lower median: the count of the (dispatches - 1) / 2-th
+        // dispatch in order of workgroups.
+        let mut left = (dispatches - 1) / 2;
+        let mut median = min;
+        for (&groups, &n) in &self.workgroups {
+            if left < n {
+                median = groups;
+                break;
+            }
+            left -= n;
+        }
+        Some(WorkgroupSummary {
+            matmul_dispatches: dispatches,
+            min,
+            median,
+            kernels: self.kernels.clone(),
+        })
+    }
+}
+
+/// Matmul dispatches, their fewest and median workgroups, and how many
+/// ran each kernel (`+split` for split-K).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WorkgroupSummary {
+    pub matmul_dispatches: u64,
+    #[serde(rename = "matmul_workgroups_min")]
+    pub min: u64,
+    #[serde(rename = "matmul_workgroups_median")]
+    pub median: u64,
+    #[serde(rename = "matmul_kernels")]
+    pub kernels: BTreeMap<String, u64>,
+}
+
+impl std::fmt::Display for WorkgroupSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} matmuls, workgroups min {} median {} (",
+            self.matmul_dispatches, self.min, self.median
+        )?;
+        for (i, (kernel, n)) in self.kernels.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            write!(f, "{sep}{kernel} {n}")?;
+        }
+        write!(f, ")")
     }
 }
 
@@ -568,6 +666,8 @@ pub trait Backend: 'static {
     type Tensor: Storage;
     /// u32 storage (token ids, masks, index arrays).
     type Ids: Storage;
+    /// A read of ids begun without waiting ([`Backend::begin_ids_read`]).
+    type PendingIds;
 
     fn kind(&self) -> BackendKind;
     /// What runs the ops: the adapter's name, or the CPU's.
@@ -595,6 +695,12 @@ pub trait Backend: 'static {
     }
     fn to_vec(&self, src: &Self::Tensor) -> Vec<f32>;
     fn ids_to_vec(&self, src: &Self::Ids) -> Vec<u32>;
+    /// Starts reading `src` back as it is at this point of the program,
+    /// without waiting for the device (later ops may change `src`).
+    fn begin_ids_read(&self, src: &Self::Ids) -> Self::PendingIds;
+    /// The ids a begun read gives, once the device has them; `None` while
+    /// it still works. Never waits; `Some` once only.
+    fn poll_ids_read(&self, pending: &mut Self::PendingIds) -> Option<Vec<u32>>;
     /// Run everything recorded so far and wait for it.
     fn flush(&self);
     /// Start everything recorded so far without waiting for it: a training
@@ -604,6 +710,11 @@ pub trait Backend: 'static {
     /// What a real GPU pays for so far (dispatches, submissions,
     /// readbacks, buffer and bind-group creations); `None` on the CPU.
     fn counters(&self) -> Option<DeviceCounters> {
+        None
+    }
+    /// How many matmul dispatches so far had each workgroup count; `None`
+    /// on the CPU.
+    fn matmul_workgroups(&self) -> Option<WorkgroupCounts> {
         None
     }
     /// Device memory held so far (GPU buffers; none of them is released

@@ -169,7 +169,7 @@ fn strided_products_equal_copies_and_packed_products() {
     };
     check("cpu", strided_matmul_cases(&CpuBackend::new()));
     let Some(g) = gpu() else { return };
-    for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
+    for kernel in [MatmulKernel::Registers, MatmulKernel::SharedOnly] {
         g.set_matmul_kernel(kernel);
         check(&format!("gpu {kernel:?}"), strided_matmul_cases(&g));
     }
@@ -188,10 +188,69 @@ fn matmul_registers_kernel_matches_cpu() {
 #[test]
 fn matmul_shared_kernel_matches_cpu() {
     let Some(g) = gpu() else { return };
-    g.set_matmul_kernel(MatmulKernel::Shared);
+    g.set_matmul_kernel(MatmulKernel::SharedOnly);
     let (want, got) = (matmul_cases(&CpuBackend::new()), matmul_cases(&g));
     for (i, (got, want)) in got.iter().zip(&want).enumerate() {
         assert_close(&format!("matmul case {i}"), got, want, 1e-4, 1e-4);
+    }
+}
+
+/// Products of few output tiles and a long k, which the GPU runs split-K:
+/// weight-gradient shapes (A transposed) and others, k not a multiple of
+/// a slice, alpha, accumulate, and B's column sums beside the product.
+fn split_k_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for &(m, n, k) in &[(40, 70, 2001), (96, 33, 700), (5, 200, 4096)] {
+        for trans_a in [false, true] {
+            let mut s = Matmul::new(m, n, k).alpha(0.75);
+            s.trans_a = trans_a;
+            let a = b.tensor(&random(m * k, 1));
+            let w = b.tensor(&random(k * n, 2));
+            let mut c = b.tensor(&random(m * n, 3));
+            b.matmul(&a, &w, &mut c, &s.accumulate());
+            outs.push(b.to_vec(&c));
+            let mut sums = b.tensor(&random(n, 5));
+            b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s);
+            b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s.accumulate());
+            outs.extend([b.to_vec(&c), b.to_vec(&sums)]);
+        }
+    }
+    outs
+}
+
+/// Split-K on both matmul kernels: the CPU's numbers, the same bits on a
+/// second run, and dispatches of `splits` times the output tiles.
+#[test]
+fn split_k_products_match_cpu_and_repeat_exactly() {
+    let Some(g) = gpu() else { return };
+    let want = split_k_cases(&CpuBackend::new());
+    for (kernel, tile) in [
+        (MatmulKernel::Registers, 64),
+        (MatmulKernel::SharedOnly, 128),
+    ] {
+        g.set_matmul_kernel(kernel);
+        let before = g.matmul_workgroups();
+        let got = split_k_cases(&g);
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_close(
+                &format!("{kernel:?} split-K case {i}"),
+                got,
+                want,
+                1e-4,
+                1e-3,
+            );
+        }
+        assert_eq!(got, split_k_cases(&g), "{kernel:?}: a second run differs");
+        // 40 x 70 over k = 2001: its tiles, each split 7 ways (k / 256).
+        let tiles = 40usize.div_ceil(tile) * 70usize.div_ceil(tile);
+        let splits = captune::gpu::k_split(tiles, 2001).map(|per| 2001usize.div_ceil(per));
+        assert_eq!(splits, Some(7), "{kernel:?}");
+        let counts = g.matmul_workgroups().since(&before);
+        assert!(
+            counts.workgroups.contains_key(&(tiles as u64 * 7)),
+            "{kernel:?}: no dispatch of {} workgroups in {counts:?}",
+            tiles * 7
+        );
     }
 }
 

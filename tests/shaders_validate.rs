@@ -312,3 +312,41 @@ fn every_shader_loop_ends() {
     // 54 when this was written.
     assert!(loops >= 40, "only {loops} loops found: the scan is broken");
 }
+
+/// Every entry point fits the smallest limits captune targets (WebGPU's
+/// defaults, which Metal and DX12 adapters meet): at most 8 storage
+/// buffers and 16 KiB of workgroup memory. (Validating with no
+/// capabilities, above, already refuses f16 and subgroup operations.)
+#[test]
+fn every_entry_point_fits_the_portable_limits() {
+    for (name, source) in captune::shaders::SHADERS {
+        let (module, info) = validate_with_info(name, source);
+        let ctx = module.to_ctx();
+        for (index, entry) in module.entry_points.iter().enumerate() {
+            let uses = info.get_entry_point(index);
+            let (mut storage, mut workgroup_bytes) = (0, 0);
+            for (handle, var) in module.global_variables.iter() {
+                if uses[handle].is_empty() {
+                    continue;
+                }
+                match var.space {
+                    naga::AddressSpace::Storage { .. } => storage += 1,
+                    naga::AddressSpace::WorkGroup => {
+                        workgroup_bytes += module.types[var.ty].inner.size(ctx)
+                    }
+                    _ => {}
+                }
+            }
+            assert!(
+                storage <= 8,
+                "{name}/{}: {storage} storage buffers",
+                entry.name
+            );
+            assert!(
+                workgroup_bytes <= 16 * 1024,
+                "{name}/{}: {workgroup_bytes} bytes of workgroup memory",
+                entry.name
+            );
+        }
+    }
+}

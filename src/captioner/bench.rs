@@ -18,7 +18,7 @@ use super::objective::{StepContext, TrainingBatch, TrainingCorpus};
 use super::objectives::{self, settings::Settings};
 use super::run::RunConfig;
 use super::train::optimise;
-use crate::backend::{Backend, BackendKind, DeviceCounters};
+use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupCounts, WorkgroupSummary};
 use crate::data::Split;
 use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS};
@@ -144,6 +144,9 @@ pub struct TrainBench {
     /// Per training step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
+    /// Its matmul dispatches per step and their workgroups, on the GPU.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub matmuls: Option<WorkgroupSummary>,
 }
 
 impl std::fmt::Display for TrainBench {
@@ -165,6 +168,9 @@ impl std::fmt::Display for TrainBench {
         write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
+        }
+        if let Some(m) = &self.matmuls {
+            write!(f, "; {m}")?;
         }
         Ok(())
     }
@@ -295,6 +301,7 @@ pub fn train_throughput<B: Backend>(
     }
     b.flush();
     let before = b.counters();
+    let matmuls_before = b.matmul_workgroups();
     let start = Instant::now();
     let mut tokens = 0;
     for sequences in &batches[warmup..] {
@@ -303,6 +310,7 @@ pub fn train_throughput<B: Backend>(
     b.flush();
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
     let per_step = per(b.counters(), before, steps);
+    let matmuls = matmul_summary(b, matmuls_before, steps);
     let parameters = model.params.count();
     Ok(TrainBench {
         op: "train".into(),
@@ -319,6 +327,26 @@ pub fn train_throughput<B: Backend>(
         tokens_per_s: tokens as f64 / steps as f64 / seconds,
         memory: MemoryUse::now(b),
         per_step,
+        matmuls,
+    })
+}
+
+/// The matmul dispatches since `before` (`Backend::matmul_workgroups`),
+/// per one of `n` (rounded up), with their fewest and median workgroups
+/// and, per one of `n`, the kernels they ran.
+pub fn matmul_summary<B: Backend>(
+    b: &B,
+    before: Option<WorkgroupCounts>,
+    n: usize,
+) -> Option<WorkgroupSummary> {
+    let summary = b.matmul_workgroups()?.since(&before?).summary()?;
+    let per = |count: u64| count.div_ceil(n.max(1) as u64);
+    Some(WorkgroupSummary {
+        matmul_dispatches: per(summary.matmul_dispatches),
+        kernels: (summary.kernels.into_iter())
+            .map(|(kernel, count)| (kernel, per(count)))
+            .collect(),
+        ..summary
     })
 }
 
@@ -352,6 +380,9 @@ pub struct DecodeBench {
     /// Per decoded batch, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_batch: Option<DeviceCounters>,
+    /// Its matmul dispatches per decoded batch and their workgroups.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub matmuls: Option<WorkgroupSummary>,
 }
 
 impl std::fmt::Display for DecodeBench {
@@ -369,6 +400,9 @@ impl std::fmt::Display for DecodeBench {
         write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_batch {
             write!(f, "; per batch of {}: {c}", self.batch)?;
+        }
+        if let Some(m) = &self.matmuls {
+            write!(f, "; {m}")?;
         }
         Ok(())
     }
@@ -408,6 +442,7 @@ pub fn decode_throughput<B: Backend>(
     super::decode::generate(b, &ck.model, first, decoding, &Default::default())?;
     b.flush();
     let before = b.counters();
+    let matmuls_before = b.matmul_workgroups();
     let start = Instant::now();
     let generated =
         super::decode::generate(b, &ck.model, &features, decoding, &Default::default())?;
@@ -433,6 +468,7 @@ pub fn decode_throughput<B: Backend>(
         tokens_per_s: tokens as f64 / seconds,
         memory: MemoryUse::now(b),
         per_batch: per(b.counters(), before, batches),
+        matmuls: matmul_summary(b, matmuls_before, batches),
     })
 }
 
@@ -463,6 +499,9 @@ pub struct ScstBench {
     /// Per step, on the GPU backend.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_step: Option<DeviceCounters>,
+    /// Its matmul dispatches per step and their workgroups, on the GPU.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub matmuls: Option<WorkgroupSummary>,
 }
 
 impl std::fmt::Display for ScstBench {
@@ -484,6 +523,9 @@ impl std::fmt::Display for ScstBench {
         write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_step {
             write!(f, "; per step: {c}")?;
+        }
+        if let Some(m) = &self.matmuls {
+            write!(f, "; {m}")?;
         }
         Ok(())
     }
@@ -526,11 +568,12 @@ pub fn scst_throughput<B: Backend>(
         .map(|_| rng.random_range(-0.1..0.1))
         .collect();
     let (mut sampling, mut rewards, mut total) = (0.0, 0.0, 0.0);
-    let mut before = None;
+    let (mut before, mut matmuls_before) = (None, None);
     for step in 0..warmup + steps {
         if step == warmup {
             b.flush();
             before = b.counters();
+            matmuls_before = b.matmul_workgroups();
         }
         let first = step * batch % SCST_CORPUS_IMAGES;
         let batch_of = TrainingBatch {
@@ -569,6 +612,7 @@ pub fn scst_throughput<B: Backend>(
         }
     }
     let per_step = per(b.counters(), before, steps);
+    let matmuls = matmul_summary(b, matmuls_before, steps);
     let seconds = total / steps as f64;
     Ok(ScstBench {
         op: "scst".into(),
@@ -586,5 +630,6 @@ pub fn scst_throughput<B: Backend>(
         update_share: (total - sampling - rewards) / total,
         memory: MemoryUse::now(b),
         per_step,
+        matmuls,
     })
 }

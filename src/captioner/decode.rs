@@ -7,9 +7,10 @@
 //! ([`crate::model::kv_cache`]): the prefix and <bos> once, then one
 //! position per word. Greedy and sampled tokens are chosen on the device
 //! (`Backend::choose_tokens`, the same ids on both backends for the same
-//! seed); the host reads back only whether every caption has ended, every
-//! [`END_CHECK_STEPS`] steps, and the chosen ids and their
-//! log-probabilities at the end. Beam search reads each step's logits and
+//! seed); whether every caption has ended is read every
+//! [`END_CHECK_STEPS`] steps without waiting (the answer arrives while
+//! later steps are recorded), and the host waits only for the chosen ids
+//! and their log-probabilities at the end. Beam search reads each step's logits and
 //! chooses among the candidates on the host; the cache follows each beam's
 //! parent on the device.
 
@@ -185,10 +186,11 @@ impl Generated {
     }
 }
 
-/// Steps between two reads of whether every caption has ended: each read
-/// waits for the device, so greedy and sampled decoding of T steps reads
-/// back at most ceil(T / 4) + 2 times (the checks, then ids and
-/// log-probabilities).
+/// Steps between two reads of whether every caption has ended. A read is
+/// begun without waiting and taken at a later step, once the device has
+/// it, while the steps after it are recorded; greedy and sampled decoding
+/// read back (and wait) only twice per batch: the ids and their
+/// log-probabilities.
 pub const END_CHECK_STEPS: usize = 4;
 
 /// Images decoded at once (each with `Decoding::rows_per_image` rows).
@@ -419,6 +421,9 @@ fn choose_on_device<B: Backend>(
     let specials = decoder.model.config.specials;
     let [pad, masked_start] = specials.masked();
     let mut ran = steps;
+    // The end check under way: the chosen tokens at some step, arriving
+    // while later steps are recorded.
+    let mut check = None;
     for step in 0..steps {
         let feed = if step == 0 { Feed::Bos } else { Feed::Chosen };
         decoder.advance(b, feed);
@@ -442,14 +447,21 @@ fn choose_on_device<B: Backend>(
             &mut decoder.history,
             &mut decoder.logprobs,
         );
-        if (step + 1).is_multiple_of(END_CHECK_STEPS)
-            && step + 1 < steps
-            && b.ids_to_vec(&decoder.next)
-                .iter()
-                .all(|&t| t == specials.end || t == pad)
-        {
-            ran = step + 1;
-            break;
+        if (step + 1).is_multiple_of(END_CHECK_STEPS) && step + 1 < steps {
+            match check {
+                None => check = Some(b.begin_ids_read(&decoder.next)),
+                // The device works on these steps while later ones are
+                // recorded.
+                Some(_) => b.submit(),
+            }
+        }
+        if let Some(chosen) = check.as_mut().and_then(|c| b.poll_ids_read(c)) {
+            check = None;
+            // Every caption had ended by then: the steps since add nothing.
+            if chosen.iter().all(|&t| t == specials.end || t == pad) {
+                ran = step + 1;
+                break;
+            }
         }
     }
     let history = b.ids_to_vec(&decoder.history);

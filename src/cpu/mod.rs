@@ -53,6 +53,7 @@ fn subsets(s: &VocabSubsets<CpuBackend>) -> logprob::Subsets<'_> {
 impl Backend for CpuBackend {
     type Tensor = Vec<f32>;
     type Ids = Vec<u32>;
+    type PendingIds = Option<Vec<u32>>;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Cpu
@@ -89,6 +90,14 @@ impl Backend for CpuBackend {
 
     fn ids_to_vec(&self, src: &Vec<u32>) -> Vec<u32> {
         src.clone()
+    }
+
+    fn begin_ids_read(&self, src: &Vec<u32>) -> Option<Vec<u32>> {
+        Some(src.clone())
+    }
+
+    fn poll_ids_read(&self, pending: &mut Option<Vec<u32>>) -> Option<Vec<u32>> {
+        pending.take()
     }
 
     fn flush(&self) {}

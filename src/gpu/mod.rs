@@ -14,7 +14,7 @@ pub mod adapter;
 mod memory;
 mod ops;
 
-use crate::backend::DeviceCounters;
+use crate::backend::{DeviceCounters, WorkgroupCounts};
 use anyhow::{Context, Result};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use memory::BufferPool;
 pub use memory::GpuBuffer;
+pub use ops::{MATMUL_MIN_WORKGROUPS, k_split};
 
 /// f32 storage on the GPU.
 pub struct GpuTensor(GpuBuffer);
@@ -46,8 +47,11 @@ impl crate::backend::Storage for GpuIds {
 pub enum MatmulKernel {
     /// Register tiles only: best on software adapters (lavapipe).
     Registers,
-    /// Workgroup-memory tiles: best on real GPUs.
+    /// Workgroup-memory tiles: best on real GPUs; a product of too few
+    /// 128 x 128 tiles to fill one takes register tiles.
     Shared,
+    /// Workgroup-memory tiles for every product (the kernel's tests).
+    SharedOnly,
 }
 
 /// wgpu's runtime checks on captune's own shaders: the bounds checks
@@ -100,6 +104,58 @@ struct BindKey {
     buffers: Vec<(u64, u64, usize)>,
 }
 
+/// A read begun without waiting ([`GpuBackend::begin_read`]): its staging
+/// buffer is being mapped; it returns to the backend's pool once read.
+pub struct PendingRead {
+    staging: Option<wgpu::Buffer>,
+    size: u64,
+    mapped: std::sync::mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>,
+    device: wgpu::Device,
+    free: Rc<RefCell<Vec<wgpu::Buffer>>>,
+}
+
+impl PendingRead {
+    /// The bytes, once the device has copied and mapped them; `None`
+    /// before, and after they were taken. Never waits.
+    pub fn poll(&mut self) -> Option<Vec<u8>> {
+        self.staging.as_ref()?;
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        match self.mapped.try_recv() {
+            Ok(result) => {
+                result.expect("mapping a read buffer failed");
+                Some(self.finish())
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The mapped bytes; the buffer unmapped and back in the pool.
+    fn finish(&mut self) -> Vec<u8> {
+        let staging = self.staging.take().expect("a read is finished once");
+        let bytes = staging
+            .get_mapped_range(..self.size.max(4))
+            .expect("read buffer is mapped")[..self.size as usize]
+            .to_vec();
+        staging.unmap();
+        self.free.borrow_mut().push(staging);
+        bytes
+    }
+}
+
+impl Drop for PendingRead {
+    /// A read nobody took: its mapping is waited for (by then the device
+    /// has usually finished, a later readback having waited for it), so
+    /// that its buffer can serve another read.
+    fn drop(&mut self) {
+        if self.staging.is_some() {
+            let _ = self.device.poll(wgpu::PollType::wait_indefinitely());
+            if let Ok(Ok(())) = self.mapped.recv() {
+                self.finish();
+            }
+        }
+    }
+}
+
 pub struct GpuBackend {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -117,12 +173,15 @@ pub struct GpuBackend {
     pool: Rc<BufferPool>,
     /// The readback staging buffer, grown as needed.
     staging: RefCell<Option<wgpu::Buffer>>,
+    /// Staging buffers of reads begun without waiting, back when read.
+    async_staging: Rc<RefCell<Vec<wgpu::Buffer>>>,
     bind_groups: RefCell<HashMap<BindKey, wgpu::BindGroup>>,
     /// Bound in place of a key mask when a softmax has none.
     no_mask: GpuIds,
     /// Bound for a kernel's optional writable output when it has none.
     spare: GpuTensor,
     counters: Cell<DeviceCounters>,
+    matmul_workgroups: RefCell<WorkgroupCounts>,
 }
 
 impl GpuBackend {
@@ -182,10 +241,12 @@ impl GpuBackend {
             upload_buffer,
             pool,
             staging: RefCell::default(),
+            async_staging: Rc::default(),
             bind_groups: RefCell::default(),
             no_mask,
             spare,
             counters: Cell::default(),
+            matmul_workgroups: RefCell::default(),
         })
     }
 
@@ -194,6 +255,17 @@ impl GpuBackend {
         let mut c = self.counters.get();
         what(&mut c);
         self.counters.set(c);
+    }
+
+    /// Counts a matmul dispatch of `workgroups` workgroups by `kernel`.
+    pub(crate) fn count_matmul(&self, kernel: &str, workgroups: u64) {
+        let mut counts = self.matmul_workgroups.borrow_mut();
+        *counts.workgroups.entry(workgroups).or_default() += 1;
+        *counts.kernels.entry(kernel.to_string()).or_default() += 1;
+    }
+
+    pub fn matmul_workgroups(&self) -> WorkgroupCounts {
+        self.matmul_workgroups.borrow().clone()
     }
 
     pub fn counters(&self) -> DeviceCounters {
@@ -277,11 +349,13 @@ impl GpuBackend {
         GpuIds(self.buffer_from_bytes(bytemuck::cast_slice(data), data.len()))
     }
 
-    /// A zeroed scratch tensor for a multi-pass kernel. Dropping it right
-    /// after recording is fine: its buffer goes back to the pool, and only
-    /// commands recorded later can reuse it.
+    /// A scratch tensor for a multi-pass kernel whose first pass writes
+    /// every element before any is read: not cleared (a clear would end
+    /// the compute pass). Dropping it right after recording is fine: its
+    /// buffer goes back to the pool, and only commands recorded later can
+    /// reuse it.
     fn scratch(&self, len: usize) -> GpuTensor {
-        GpuTensor(self.zeroed(len))
+        GpuTensor(self.allocate(len).0)
     }
 
     /// Elements between the starts of two tensors of a group: the
@@ -362,6 +436,44 @@ impl GpuBackend {
         });
         self.submit();
         self.map_read(&staging, size)
+    }
+
+    /// Starts copying `src` to a staging buffer of its own and mapping it,
+    /// without waiting ([`PendingRead::poll`] takes the bytes).
+    pub(crate) fn begin_read(&self, src: &GpuBuffer) -> PendingRead {
+        let size = (src.len * 4).max(4) as u64;
+        self.count(|c| c.async_reads += 1);
+        let pooled = {
+            let mut free = self.async_staging.borrow_mut();
+            let at = free.iter().position(|b| b.size() >= size);
+            at.map(|at| free.swap_remove(at))
+        };
+        let staging = pooled.unwrap_or_else(|| {
+            self.count(|c| c.buffers_created += 1);
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("read without waiting"),
+                size: memory::size_class(size),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        if src.len > 0 {
+            self.with_encoder(|encoder| {
+                encoder.copy_buffer_to_buffer(src.raw(), src.offset, &staging, 0, size)
+            });
+        }
+        self.submit();
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, ..size, move |result| {
+            let _ = tx.send(result);
+        });
+        PendingRead {
+            staging: Some(staging),
+            size: (src.len * 4) as u64,
+            mapped: rx,
+            device: self.device.clone(),
+            free: self.async_staging.clone(),
+        }
     }
 
     fn map_read(&self, staging: &wgpu::Buffer, size: u64) -> Vec<u8> {
@@ -508,7 +620,18 @@ impl GpuBackend {
                 size: wgpu::BufferSize::new(bytes.len() as u64),
             }),
         }];
+        let limit = self.limits.max_storage_buffer_binding_size;
         for (i, b) in buffers.iter().enumerate() {
+            // Checked here to say what is too large: wgpu would only say
+            // that the bind group is invalid.
+            assert!(
+                b.bound_bytes() <= limit,
+                "{shader}/{entry}: a tensor of {} MiB is larger than this adapter binds \
+                 ({} MiB, its max_storage_buffer_binding_size); use a smaller model or \
+                 --device cpu",
+                b.bound_bytes() >> 20,
+                limit >> 20
+            );
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
                 resource: b.binding(),
@@ -537,6 +660,9 @@ impl GpuBackend {
                 group
             }
         };
+        if rec.pass.is_none() {
+            self.count(|c| c.passes += 1);
+        }
         let pass = Self::open_pass(&self.device, &mut rec, None);
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset as u32]);

@@ -2,10 +2,10 @@
 //! out as the `Params` struct of its `shaders/*.wgsl` file) and records the
 //! dispatch.
 
-use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, describe};
+use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, PendingRead, describe};
 use crate::backend::{
     AdamWStep, Backend, BackendKind, ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce,
-    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
+    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -27,7 +27,8 @@ struct MatmulParams {
     flags: u32,
     alpha: f32,
     heads: u32,
-    _pad: [u32; 2],
+    k_split: u32,
+    _pad: u32,
     a: OperandParams,
     b: OperandParams,
     c: OperandParams,
@@ -224,6 +225,29 @@ fn u(x: usize) -> u32 {
     u32::try_from(x).expect("size exceeds u32: the WGSL kernels index with u32")
 }
 
+/// Workgroups a matmul dispatch should have at least: fewer leave most of
+/// a GPU's compute units idle (24 to 132 of them, each taking a workgroup
+/// or two at once).
+pub const MATMUL_MIN_WORKGROUPS: usize = 64;
+/// The shortest k a split takes.
+const SPLIT_MIN_K: usize = 256;
+const MAX_SPLITS: usize = 16;
+
+/// The k of each split when a product of `tiles` output tiles and depth
+/// `k` runs split-K, or `None` when it runs whole: it has the workgroups
+/// already, or too short a k to share. The choice depends on the shape
+/// alone, so results do not depend on the adapter.
+pub fn k_split(tiles: usize, k: usize) -> Option<usize> {
+    if tiles >= MATMUL_MIN_WORKGROUPS {
+        return None;
+    }
+    let splits = MATMUL_MIN_WORKGROUPS
+        .div_ceil(tiles.max(1))
+        .min(k / SPLIT_MIN_K)
+        .min(MAX_SPLITS);
+    (splits >= 2).then(|| k.div_ceil(splits).next_multiple_of(8))
+}
+
 impl GpuBackend {
     /// A matmul dispatch, with the bias epilogue when `bias` is given.
     /// C (+)= alpha op(A) op(B), with an epilogue (`shaders/matmul.wgsl`).
@@ -257,22 +281,92 @@ impl GpuBackend {
             flags,
             alpha: s.alpha,
             heads: u(s.heads),
-            _pad: [0; 2],
+            k_split: 0,
+            _pad: 0,
             a: OperandParams::new(&s.a, lda),
             b: OperandParams::new(&s.b, ldb),
             c: OperandParams::new(&s.c, ldc),
         };
-        let (entry, tile) = match self.matmul_kernel() {
+        let (mut entry, mut tile) = match self.matmul_kernel() {
             MatmulKernel::Registers => ("matmul_registers", 64),
-            MatmulKernel::Shared => ("matmul_shared", 128),
+            MatmulKernel::Shared | MatmulKernel::SharedOnly => ("matmul_shared", 128),
         };
+        let tiles = |tile: usize| s.n.div_ceil(tile) * s.m.div_ceil(tile);
+        let splittable = s.batch == 1
+            && matches!(epilogue, Epilogue::None | Epilogue::ColumnSums(_))
+            && s.c.offset == 0
+            && ldc == s.n;
+        // Few output tiles: a long k is shared among workgroups; else the
+        // tiles shrink to the register kernel's 64 x 64.
+        if let Some(per) = k_split(tiles(tile), s.k).filter(|_| splittable) {
+            return self.split_matmul(a, b, epilogue, c, s, params, entry, tile, per);
+        }
+        let small = tiles(tile) * s.batch < MATMUL_MIN_WORKGROUPS;
+        if self.matmul_kernel() == MatmulKernel::Shared && small {
+            (entry, tile) = ("matmul_registers", 64);
+        }
         let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
+        self.count_matmul(entry, (tiles(tile) * s.batch) as u64);
         self.dispatch(
             "matmul",
             entry,
             &params,
             &[&a.0, &b.0, &c.0, &input.0, &output.0],
             groups,
+        );
+    }
+
+    /// `matmul_with` by split-K (see matmul.wgsl): each split's partial
+    /// product over `per` of k, then `split_sum` adds them in order (and
+    /// their column sums), scales and accumulates.
+    #[allow(clippy::too_many_arguments)]
+    fn split_matmul(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        epilogue: Epilogue,
+        c: &mut GpuTensor,
+        s: &Matmul,
+        params: MatmulParams,
+        entry: &'static str,
+        tile: usize,
+        per: usize,
+    ) {
+        let splits = s.k.div_ceil(per);
+        let (cols, sums) = match epilogue {
+            Epilogue::ColumnSums(sums) => (s.n, sums),
+            _ => (0, &self.spare),
+        };
+        let product = s.m * s.n;
+        let partials = self.scratch(splits * (product + cols));
+        let params = MatmulParams {
+            k_split: u(per),
+            ..params
+        };
+        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(splits)];
+        let workgroups = groups.iter().map(|&g| g as u64).product();
+        self.count_matmul(&format!("{entry}+split"), workgroups);
+        self.dispatch(
+            "matmul",
+            entry,
+            &params,
+            &[&a.0, &b.0, &c.0, &a.0, &partials.0],
+            groups,
+        );
+        let sum = ReduceParams {
+            len: u(product),
+            cols: u(cols),
+            chunk: u(splits),
+            accumulate: s.accumulate as u32,
+            scale: s.alpha,
+            ..Default::default()
+        };
+        self.dispatch(
+            "reduce",
+            "split_sum",
+            &sum,
+            &[&partials.0, &c.0, &sums.0],
+            self.grid_for(product + cols),
         );
     }
 
@@ -298,6 +392,7 @@ impl GpuBackend {
 impl Backend for GpuBackend {
     type Tensor = GpuTensor;
     type Ids = GpuIds;
+    type PendingIds = PendingRead;
 
     fn kind(&self) -> BackendKind {
         BackendKind::Gpu
@@ -340,6 +435,16 @@ impl Backend for GpuBackend {
         bytemuck::pod_collect_to_vec(&self.read_bytes(&src.0))
     }
 
+    fn begin_ids_read(&self, src: &GpuIds) -> PendingRead {
+        self.begin_read(&src.0)
+    }
+
+    fn poll_ids_read(&self, pending: &mut PendingRead) -> Option<Vec<u32>> {
+        pending
+            .poll()
+            .map(|bytes| bytemuck::pod_collect_to_vec(&bytes))
+    }
+
     fn flush(&self) {
         GpuBackend::submit(self);
         self.wait();
@@ -351,6 +456,10 @@ impl Backend for GpuBackend {
 
     fn counters(&self) -> Option<DeviceCounters> {
         Some(GpuBackend::counters(self))
+    }
+
+    fn matmul_workgroups(&self) -> Option<WorkgroupCounts> {
+        Some(GpuBackend::matmul_workgroups(self))
     }
 
     fn device_memory_bytes(&self) -> Option<u64> {

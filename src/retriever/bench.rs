@@ -5,8 +5,8 @@
 //! model's work, stay out of the figure on both sides.
 
 use super::model::Retriever;
-use crate::backend::{Backend, BackendKind, DeviceCounters};
-use crate::captioner::bench::{MemoryUse, per};
+use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupSummary};
+use crate::captioner::bench::{MemoryUse, matmul_summary, per};
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -28,6 +28,9 @@ pub struct EmbedBench {
     pub memory: MemoryUse,
     /// The GPU's work per batch (absent on the CPU).
     pub per_batch: Option<DeviceCounters>,
+    /// Its matmul dispatches per batch and their workgroups, on the GPU.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub matmuls: Option<WorkgroupSummary>,
 }
 
 impl std::fmt::Display for EmbedBench {
@@ -40,6 +43,9 @@ impl std::fmt::Display for EmbedBench {
         write!(f, "{}", self.memory)?;
         if let Some(c) = &self.per_batch {
             write!(f, "; per batch of {}: {c}", self.batch)?;
+        }
+        if let Some(m) = &self.matmuls {
+            write!(f, "; {m}")?;
         }
         Ok(())
     }
@@ -64,6 +70,7 @@ pub fn embed_throughput<B: Backend>(
     model.encode_images(b, &patches)?;
     b.to_vec(model.image_embeddings());
     let before = b.counters();
+    let matmuls_before = b.matmul_workgroups();
     let start = Instant::now();
     let batches = images.div_ceil(batch);
     for _ in 0..batches {
@@ -85,5 +92,6 @@ pub fn embed_throughput<B: Backend>(
         images_per_s: embedded as f64 / seconds,
         memory: MemoryUse::now(b),
         per_batch: per(b.counters(), before, batches),
+        matmuls: matmul_summary(b, matmuls_before, batches),
     })
 }
