@@ -551,6 +551,33 @@ fn captioner_commands(
     );
 
     let ck = run.join("checkpoint.safetensors");
+    // `bench decode` with the captioner's own features: all its images,
+    // fewer than the 1000 asked for.
+    let features = dir.join("f.safetensors");
+    let items = captune::data::features::Features::load(&features, None)
+        .unwrap()
+        .ids
+        .len();
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "bench",
+            "decode",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--features",
+            features.to_str().unwrap(),
+            "--images",
+            "1000",
+            "--json",
+        ],
+        env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(items < 1000);
+    assert_eq!(record[0]["images"], items, "{record}");
     let results = dir.join("results.json");
     let mut args = vec![
         "--device",

@@ -408,14 +408,18 @@ impl std::fmt::Display for DecodeBench {
     }
 }
 
-/// Times decoding `images` random image embeddings with the preset's
-/// network, from `checkpoint` when given (its captions end where it says
-/// `<eos>`), else with fresh weights (whose captions mostly run to the
-/// maximum length: the most work a caption can take).
+/// Times decoding `images` image embeddings with the preset's network,
+/// from `checkpoint` when given (its captions end where it says `<eos>`),
+/// else with fresh weights (whose captions mostly run to the maximum
+/// length: the most work a caption can take). The embeddings are the
+/// first rows of the features file `features` when given (a trained
+/// captioner's own, so that its captions are the ones it writes), else
+/// random.
 pub fn decode_throughput<B: Backend>(
     b: &B,
     bench: &BenchModel,
     checkpoint: Option<&std::path::Path>,
+    features: Option<&std::path::Path>,
     decoding: &super::decode::Decoding,
     images: usize,
 ) -> Result<DecodeBench> {
@@ -431,10 +435,29 @@ pub fn decode_throughput<B: Backend>(
         }
     };
     let dim = ck.model.config.embed_dim;
-    let mut rng = ChaCha8Rng::seed_from_u64(1);
-    let features: Vec<f32> = (0..images * dim)
-        .map(|_| rng.random_range(-0.1..0.1))
-        .collect();
+    let features = match features {
+        Some(path) => {
+            let mut file = crate::data::features::Features::load(path, None)?;
+            if file.dim != dim {
+                anyhow::bail!(
+                    "{}: {}-dimensional embeddings, but the captioner reads {dim}",
+                    path.display(),
+                    file.dim
+                );
+            }
+            file.normalise()?;
+            let rows = images.min(file.ids.len());
+            file.embeddings.truncate(rows * dim);
+            file.embeddings
+        }
+        None => {
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            (0..images * dim)
+                .map(|_| rng.random_range(-0.1..0.1))
+                .collect()
+        }
+    };
+    let images = features.len() / dim;
     // As `eval` decodes: 64 images at once.
     let batch = super::decode::IMAGES_PER_BATCH;
     // Warm-up: the first batch builds the GPU's pipelines.

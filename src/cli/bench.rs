@@ -120,6 +120,11 @@ pub enum BenchCommand {
         /// A trained captioner (default: fresh weights, whose captions run to the maximum length).
         #[arg(long)]
         checkpoint: Option<PathBuf>,
+        /// Image embeddings to decode: the first --images rows of this
+        /// features file (the checkpoint's own, for the captions it
+        /// writes) instead of random ones.
+        #[arg(long, requires = "checkpoint")]
+        features: Option<PathBuf>,
         /// greedy, beam:W, sample:N...
         #[arg(long, default_value = "greedy", value_parser = captune::captioner::decode::Decoding::parse)]
         decode: captune::captioner::decode::Decoding,
@@ -144,6 +149,7 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
             json,
             model,
             checkpoint,
+            features,
             decode,
             images,
         } => {
@@ -156,7 +162,14 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
             let bench = model.bench_model()?;
             bench_each(devices, json, |selection, emit| {
                 emit(captune::with_backend!(&selection.backend, b => {
-                    decode_throughput(b, &bench, checkpoint.as_deref(), &decode, images)
+                    decode_throughput(
+                        b,
+                        &bench,
+                        checkpoint.as_deref(),
+                        features.as_deref(),
+                        &decode,
+                        images,
+                    )
                 })?);
                 Ok(())
             })
