@@ -94,7 +94,7 @@ fn train<B: Backend>(b: &B) -> Vec<(f32, f32)> {
         l1.forward(b, &x, &w1, Some(&b1), &mut a1);
         b.gelu(&a1, &mut h);
         l2.forward(b, &h, &w2, Some(&b2), &mut logits);
-        ce.forward(b, &logits, &targets, &subsets);
+        ce.forward(b, &logits, &targets, &subsets, true);
         // backward, the same list reversed
         for g in [&mut dw1, &mut db1, &mut dw2, &mut db2] {
             b.fill(g, 0.0);

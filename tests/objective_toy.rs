@@ -54,7 +54,7 @@ impl<B: Backend> Objective<B> for FirstWord<B> {
         ce.set_weights(b, &weights, 1.0);
         let full = VocabSubsets::full(b, inputs.rows());
         cx.model.forward(b, &cx.batch.features, &inputs)?;
-        ce.forward(b, cx.model.logits(), &targets, &full);
+        ce.forward(b, cx.model.logits(), &targets, &full, cx.monitor);
         let mut d_logits = b.zeros(inputs.rows() * vocab);
         ce.backward(b, cx.model.logits(), &targets, &full, &mut d_logits, false);
         cx.model.backward(b, &inputs, &d_logits);

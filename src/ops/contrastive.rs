@@ -79,9 +79,9 @@ impl<B: Backend> Contrastive<B> {
         b.matmul(&self.text_n, &self.image_n, cos, &similarities);
         b.scale_by_exp(log_scale, cos, &mut self.logits_t2i, false);
         self.i2t
-            .forward(b, &self.logits_i2t, &self.targets, &self.full);
+            .forward(b, &self.logits_i2t, &self.targets, &self.full, true);
         self.t2i
-            .forward(b, &self.logits_t2i, &self.targets, &self.full);
+            .forward(b, &self.logits_t2i, &self.targets, &self.full, true);
         b.add(1.0, &self.i2t.loss, 1.0, &self.t2i.loss, &mut self.loss);
     }
 

@@ -53,12 +53,15 @@ impl<B: Backend> CrossEntropy<B> {
         b.write(&mut self.d_coef, &d);
     }
 
+    /// What `backward` needs; with `with_loss`, the loss too (a step
+    /// that does not log it skips its reduction).
     pub fn forward(
         &mut self,
         b: &B,
         logits: &B::Tensor,
         targets: &B::Ids,
         subsets: &VocabSubsets<B>,
+        with_loss: bool,
     ) {
         b.log_softmax_gather(
             logits,
@@ -68,8 +71,10 @@ impl<B: Backend> CrossEntropy<B> {
             &mut self.logp,
             &mut self.lse,
         );
-        b.mul(1.0, &self.coef, &self.logp, &mut self.weighted);
-        b.reduce(&self.weighted, Reduce::Sum, &mut self.loss, 0);
+        if with_loss {
+            b.mul(1.0, &self.coef, &self.logp, &mut self.weighted);
+            b.reduce(&self.weighted, Reduce::Sum, &mut self.loss, 0);
+        }
     }
 
     /// dlogits (+)= d loss / d logits. Call after `forward` on the same logits.

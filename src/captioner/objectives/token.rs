@@ -444,7 +444,8 @@ impl<B: Backend> Losses<B> {
     /// The objective's losses on `logits`, then `d_logits` = its
     /// gradient. With `monitor`, also the losses it does not train on
     /// (plain MLE and standard SMILE are always logged), for a step whose
-    /// losses are read; without, a step skips their softmax passes.
+    /// losses are read; without, a step skips their softmax passes and
+    /// every loss's reduction.
     pub fn forward_backward(
         &mut self,
         b: &B,
@@ -457,13 +458,13 @@ impl<B: Backend> Losses<B> {
             ce.set_weights(b, &t.weights, 1.0);
         }
         if monitor || lambda > 0.0 {
-            self.mle.forward(b, logits, &t.targets, &t.full);
+            self.mle.forward(b, logits, &t.targets, &t.full, monitor);
         }
         if monitor || (rest > 0.0 && t.term.is_none()) {
-            self.smile.forward(b, logits, &t.targets, &t.smile);
+            self.smile.forward(b, logits, &t.targets, &t.smile, monitor);
         }
         if let Some((targets, subsets)) = &t.term {
-            self.term.forward(b, logits, targets, subsets);
+            self.term.forward(b, logits, targets, subsets, monitor);
         }
         // The first loss with a gradient writes d_logits, the next adds.
         let mut written = false;
