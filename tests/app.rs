@@ -557,6 +557,12 @@ fn a_live_run_says_when_its_captions_collapse() {
         h.query_all_by_label_contains("collaps").count() > 0,
         "{note}"
     );
+    // The guard stops the run, which still writes its last records: its
+    // folder goes once the run is over.
+    step_until(&mut h, "the stopped run", |a| {
+        a.live_status()
+            .is_some_and(|s| matches!(s.state, State::Stopped | State::Finished | State::Failed(_)))
+    });
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
