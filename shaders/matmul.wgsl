@@ -25,12 +25,17 @@
 // accumulates: the same bits on every run, with many more workgroups for a
 // product of few output tiles and a long k (a weight gradient).
 //
-// Two variants compute the same thing:
-// - `matmul_registers`: each thread owns a 4x4 block of C and reads A and B
-//   straight from storage. Fastest on CPU-type adapters (lavapipe), where
-//   workgroup barriers are expensive.
-// - `matmul_shared`: a 128x128 tile of C per workgroup, staged through
-//   workgroup memory in k-slices of 8, 8x8 results per thread. For real GPUs.
+// Four variants compute the same thing, by the tile of C a workgroup takes
+// (src/gpu/matmul_plan.rs chooses per product):
+// - `matmul_shared`: 128x128, staged through workgroup memory in k-slices
+//   of 8, 8x8 results per thread. For real GPUs' large products.
+// - `matmul_registers`: 64x64, each thread owning a 4x4 block of C and
+//   reading A and B straight from storage. Large products on CPU-type
+//   adapters (lavapipe), where workgroup barriers are expensive, and real
+//   GPUs' products of too few 128x128 tiles.
+// - `matmul_skinny` (16x8, 4 rows per thread) and `matmul_row` (1x64, one
+//   output per thread): products too small or too thin for the others to
+//   fill a GPU.
 
 struct Operand {
     offset: u32,
@@ -204,6 +209,67 @@ fn matmul_registers(
         for (var j = 0u; j < 4u; j += 1u) {
             store_sum(wid.z, col0 + j, b_sum[j]);
         }
+    }
+}
+
+// ---- small tiles: products too small or too thin to fill a GPU ----
+
+// A 16 x 8 tile of C per workgroup of 32 threads, each thread 4 rows of
+// one column: skinny products (the mapper's rows are a batch's images)
+// and small ones, with 8 to 16 times the workgroups of the 64 x 64 tile.
+// Consecutive threads take consecutive columns of B; each B value read
+// serves 4 rows.
+@compute @workgroup_size(8, 4, 1)
+fn matmul_skinny(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let batch = batch_of(wid.z);
+    let base_a = start(p.a, batch);
+    let base_b = start(p.b, batch);
+    let row0 = wid.y * 16u + lid.y * 4u;
+    let col = wid.x * 8u + lid.x;
+    var acc: array<f32, 4>;
+    var b_sum = 0.0;
+    for (var kk = k_begin(wid.z); kk < k_end(wid.z); kk += 1u) {
+        let bv = load_b(base_b, kk, col);
+        b_sum += bv;
+        for (var i = 0u; i < 4u; i += 1u) {
+            acc[i] = fma(load_a(base_a, row0 + i, kk), bv, acc[i]);
+        }
+    }
+    let base_c = start(p.c, batch);
+    for (var i = 0u; i < 4u; i += 1u) {
+        store_c(base_c, wid.z, row0 + i, col, acc[i]);
+    }
+    if ((p.flags & COLUMN_SUMS) != 0u && row0 == 0u) {
+        store_sum(wid.z, col, b_sum);
+    }
+}
+
+// A 1 x 64 tile of C per workgroup, one output per thread: products of a
+// few rows (decoding's per-head products have one), which a taller tile
+// would mostly pad.
+@compute @workgroup_size(64, 1, 1)
+fn matmul_row(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_id) lid: vec3<u32>,
+) {
+    let batch = batch_of(wid.z);
+    let base_a = start(p.a, batch);
+    let base_b = start(p.b, batch);
+    let row = wid.y;
+    let col = wid.x * 64u + lid.x;
+    var acc = 0.0;
+    var b_sum = 0.0;
+    for (var kk = k_begin(wid.z); kk < k_end(wid.z); kk += 1u) {
+        let bv = load_b(base_b, kk, col);
+        acc = fma(load_a(base_a, row, kk), bv, acc);
+        b_sum += bv;
+    }
+    store_c(start(p.c, batch), wid.z, row, col, acc);
+    if ((p.flags & COLUMN_SUMS) != 0u && row == 0u) {
+        store_sum(wid.z, col, b_sum);
     }
 }
 

@@ -9,7 +9,7 @@ use captune::backend::{
     SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
-use captune::gpu::MatmulKernel;
+use captune::gpu::{MatmulKernel, MatmulTile};
 use captune::index::FULL_VOCAB;
 use captune::ops::attention::{Attention, AttentionShape};
 use captune::ops::contrastive::Contrastive;
@@ -169,29 +169,28 @@ fn strided_products_equal_copies_and_packed_products() {
     };
     check("cpu", strided_matmul_cases(&CpuBackend::new()));
     let Some(g) = gpu() else { return };
-    for kernel in [MatmulKernel::Registers, MatmulKernel::SharedOnly] {
+    for tile in MatmulTile::ALL {
+        g.set_matmul_kernel(MatmulKernel::Only(tile));
+        check(&format!("gpu {tile:?}"), strided_matmul_cases(&g));
+    }
+}
+
+/// Every matmul kernel, forced onto every product, and the choice per
+/// product of both kernel families.
+#[test]
+fn every_matmul_kernel_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let want = matmul_cases(&CpuBackend::new());
+    let kernels = MatmulTile::ALL
+        .map(MatmulKernel::Only)
+        .into_iter()
+        .chain([MatmulKernel::Registers, MatmulKernel::Shared]);
+    for kernel in kernels {
         g.set_matmul_kernel(kernel);
-        check(&format!("gpu {kernel:?}"), strided_matmul_cases(&g));
-    }
-}
-
-#[test]
-fn matmul_registers_kernel_matches_cpu() {
-    let Some(g) = gpu() else { return };
-    g.set_matmul_kernel(MatmulKernel::Registers);
-    let (want, got) = (matmul_cases(&CpuBackend::new()), matmul_cases(&g));
-    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-        assert_close(&format!("matmul case {i}"), got, want, 1e-4, 1e-4);
-    }
-}
-
-#[test]
-fn matmul_shared_kernel_matches_cpu() {
-    let Some(g) = gpu() else { return };
-    g.set_matmul_kernel(MatmulKernel::SharedOnly);
-    let (want, got) = (matmul_cases(&CpuBackend::new()), matmul_cases(&g));
-    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-        assert_close(&format!("matmul case {i}"), got, want, 1e-4, 1e-4);
+        let got = matmul_cases(&g);
+        for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+            assert_close(&format!("{kernel:?} matmul case {i}"), got, want, 1e-4, 1e-4);
+        }
     }
 }
 
@@ -218,38 +217,31 @@ fn split_k_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     outs
 }
 
-/// Split-K on both matmul kernels: the CPU's numbers, the same bits on a
+/// Split-K on every matmul kernel: the CPU's numbers, the same bits on a
 /// second run, and dispatches of `splits` times the output tiles.
 #[test]
 fn split_k_products_match_cpu_and_repeat_exactly() {
     let Some(g) = gpu() else { return };
     let want = split_k_cases(&CpuBackend::new());
-    for (kernel, tile) in [
-        (MatmulKernel::Registers, 64),
-        (MatmulKernel::SharedOnly, 128),
-    ] {
-        g.set_matmul_kernel(kernel);
+    for tile in MatmulTile::ALL {
+        g.set_matmul_kernel(MatmulKernel::Only(tile));
         let before = g.matmul_workgroups();
         let got = split_k_cases(&g);
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-            assert_close(
-                &format!("{kernel:?} split-K case {i}"),
-                got,
-                want,
-                1e-4,
-                1e-3,
-            );
+            assert_close(&format!("{tile:?} split-K case {i}"), got, want, 1e-4, 1e-3);
         }
-        assert_eq!(got, split_k_cases(&g), "{kernel:?}: a second run differs");
-        // 40 x 70 over k = 2001: its tiles, each split 7 ways (k / 256).
-        let tiles = 40usize.div_ceil(tile) * 70usize.div_ceil(tile);
-        let splits = captune::gpu::k_split(tiles, 2001).map(|per| 2001usize.div_ceil(per));
-        assert_eq!(splits, Some(7), "{kernel:?}");
+        assert_eq!(got, split_k_cases(&g), "{tile:?}: a second run differs");
+        // 5 x 200 over k = 4096: its tiles, split as many ways as make 64
+        // workgroups, at most 16 (k / 256 and the cap).
+        let tiles = tile.tiles(5, 200);
+        let splits = captune::gpu::k_split(tiles, 4096).map(|per| 4096usize.div_ceil(per));
+        let want_splits = 64usize.div_ceil(tiles).min(16);
+        assert_eq!(splits, Some(want_splits), "{tile:?}");
         let counts = g.matmul_workgroups().since(&before);
         assert!(
-            counts.workgroups.contains_key(&(tiles as u64 * 7)),
-            "{kernel:?}: no dispatch of {} workgroups in {counts:?}",
-            tiles * 7
+            counts.workgroups.contains_key(&((tiles * want_splits) as u64)),
+            "{tile:?}: no dispatch of {} workgroups in {counts:?}",
+            tiles * want_splits
         );
     }
 }

@@ -116,9 +116,18 @@ fn every_entry_point_the_gpu_backend_dispatches_exists() {
                 .len()
         })
         .sum();
-    // The matmul family's entry is chosen at run time (both are parity-tested).
+    // The matmul family's entry is chosen at run time, from the tiles of
+    // src/gpu/matmul_plan.rs (each parity-tested); every one exists.
+    let matmul = naga::front::wgsl::parse_str(captune::shaders::source("matmul")).unwrap();
+    for tile in captune::gpu::MatmulTile::ALL {
+        assert!(
+            matmul.entry_points.iter().any(|e| e.name == tile.entry()),
+            "{tile:?}: shaders/matmul.wgsl does not define {}",
+            tile.entry()
+        );
+    }
     assert!(
-        kernels.len() + 2 >= entry_points,
+        kernels.len() + captune::gpu::MatmulTile::ALL.len() >= entry_points,
         "found only {} dispatches of {entry_points} entry points",
         kernels.len()
     );

@@ -11,6 +11,7 @@
 //! a step that repeats the previous one's shapes creates neither.
 
 pub mod adapter;
+mod matmul_plan;
 mod memory;
 mod ops;
 
@@ -23,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use memory::BufferPool;
 pub use memory::GpuBuffer;
-pub use ops::{MATMUL_MIN_WORKGROUPS, k_split};
+pub use matmul_plan::{
+    MATMUL_MIN_WORKGROUPS, MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan,
+};
 
 /// f32 storage on the GPU.
 pub struct GpuTensor(GpuBuffer);
@@ -40,18 +43,6 @@ impl crate::backend::Storage for GpuIds {
     fn len(&self) -> usize {
         self.0.len
     }
-}
-
-/// Which matmul kernel runs (both compute the same thing; see `shaders/matmul.wgsl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum MatmulKernel {
-    /// Register tiles only: best on software adapters (lavapipe).
-    Registers,
-    /// Workgroup-memory tiles: best on real GPUs; a product of too few
-    /// 128 x 128 tiles to fill one takes register tiles.
-    Shared,
-    /// Workgroup-memory tiles for every product (the kernel's tests).
-    SharedOnly,
 }
 
 /// wgpu's runtime checks on captune's own shaders: the bounds checks

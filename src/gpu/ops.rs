@@ -2,7 +2,8 @@
 //! out as the `Params` struct of its `shaders/*.wgsl` file) and records the
 //! dispatch.
 
-use super::{GpuBackend, GpuIds, GpuTensor, MatmulKernel, PendingRead, describe};
+use super::matmul_plan::{self, MatmulTile};
+use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
     AdamWStep, Backend, BackendKind, ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce,
     SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
@@ -225,29 +226,6 @@ fn u(x: usize) -> u32 {
     u32::try_from(x).expect("size exceeds u32: the WGSL kernels index with u32")
 }
 
-/// Workgroups a matmul dispatch should have at least: fewer leave most of
-/// a GPU's compute units idle (24 to 132 of them, each taking a workgroup
-/// or two at once).
-pub const MATMUL_MIN_WORKGROUPS: usize = 64;
-/// The shortest k a split takes.
-const SPLIT_MIN_K: usize = 256;
-const MAX_SPLITS: usize = 16;
-
-/// The k of each split when a product of `tiles` output tiles and depth
-/// `k` runs split-K, or `None` when it runs whole: it has the workgroups
-/// already, or too short a k to share. The choice depends on the shape
-/// alone, so results do not depend on the adapter.
-pub fn k_split(tiles: usize, k: usize) -> Option<usize> {
-    if tiles >= MATMUL_MIN_WORKGROUPS {
-        return None;
-    }
-    let splits = MATMUL_MIN_WORKGROUPS
-        .div_ceil(tiles.max(1))
-        .min(k / SPLIT_MIN_K)
-        .min(MAX_SPLITS);
-    (splits >= 2).then(|| k.div_ceil(splits).next_multiple_of(8))
-}
-
 impl GpuBackend {
     /// A matmul dispatch, with the bias epilogue when `bias` is given.
     /// C (+)= alpha op(A) op(B), with an epilogue (`shaders/matmul.wgsl`).
@@ -287,26 +265,18 @@ impl GpuBackend {
             b: OperandParams::new(&s.b, ldb),
             c: OperandParams::new(&s.c, ldc),
         };
-        let (mut entry, mut tile) = match self.matmul_kernel() {
-            MatmulKernel::Registers => ("matmul_registers", 64),
-            MatmulKernel::Shared | MatmulKernel::SharedOnly => ("matmul_shared", 128),
-        };
-        let tiles = |tile: usize| s.n.div_ceil(tile) * s.m.div_ceil(tile);
         let splittable = s.batch == 1
             && matches!(epilogue, Epilogue::None | Epilogue::ColumnSums(_))
             && s.c.offset == 0
             && ldc == s.n;
-        // Few output tiles: a long k is shared among workgroups; else the
-        // tiles shrink to the register kernel's 64 x 64.
-        if let Some(per) = k_split(tiles(tile), s.k).filter(|_| splittable) {
-            return self.split_matmul(a, b, epilogue, c, s, params, entry, tile, per);
+        let plan = matmul_plan::plan(self.matmul_kernel(), s.m, s.n, s.k, s.batch, splittable);
+        if let Some(per) = plan.k_split {
+            return self.split_matmul(a, b, epilogue, c, s, params, plan.tile, per);
         }
-        let small = tiles(tile) * s.batch < MATMUL_MIN_WORKGROUPS;
-        if self.matmul_kernel() == MatmulKernel::Shared && small {
-            (entry, tile) = ("matmul_registers", 64);
-        }
-        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(s.batch)];
-        self.count_matmul(entry, (tiles(tile) * s.batch) as u64);
+        let (rows, cols) = plan.tile.size();
+        let groups = [u(s.n.div_ceil(cols)), u(s.m.div_ceil(rows)), u(s.batch)];
+        let entry = plan.tile.entry();
+        self.count_matmul(entry, plan.workgroups(s.m, s.n, s.k, s.batch) as u64);
         self.dispatch(
             "matmul",
             entry,
@@ -328,23 +298,24 @@ impl GpuBackend {
         c: &mut GpuTensor,
         s: &Matmul,
         params: MatmulParams,
-        entry: &'static str,
-        tile: usize,
+        tile: MatmulTile,
         per: usize,
     ) {
         let splits = s.k.div_ceil(per);
-        let (cols, sums) = match epilogue {
+        let (sum_cols, sums) = match epilogue {
             Epilogue::ColumnSums(sums) => (s.n, sums),
             _ => (0, &self.spare),
         };
         let product = s.m * s.n;
-        let partials = self.scratch(splits * (product + cols));
+        let partials = self.scratch(splits * (product + sum_cols));
         let params = MatmulParams {
             k_split: u(per),
             ..params
         };
-        let groups = [u(s.n.div_ceil(tile)), u(s.m.div_ceil(tile)), u(splits)];
+        let (rows, cols) = tile.size();
+        let groups = [u(s.n.div_ceil(cols)), u(s.m.div_ceil(rows)), u(splits)];
         let workgroups = groups.iter().map(|&g| g as u64).product();
+        let entry = tile.entry();
         self.count_matmul(&format!("{entry}+split"), workgroups);
         self.dispatch(
             "matmul",
@@ -355,7 +326,7 @@ impl GpuBackend {
         );
         let sum = ReduceParams {
             len: u(product),
-            cols: u(cols),
+            cols: u(sum_cols),
             chunk: u(splits),
             accumulate: s.accumulate as u32,
             scale: s.alpha,
@@ -366,7 +337,7 @@ impl GpuBackend {
             "split_sum",
             &sum,
             &[&partials.0, &c.0, &sums.0],
-            self.grid_for(product + cols),
+            self.grid_for(product + sum_cols),
         );
     }
 

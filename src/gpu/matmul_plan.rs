@@ -1,0 +1,238 @@
+//! Which matmul kernel a product takes, and whether it runs split-K.
+//!
+//! A GPU has 24 to 132 compute units, each taking a workgroup or two at
+//! once; a product of fewer workgroups leaves most of them idle. So the
+//! tiles shrink with the product: the adapter's large tile when it gives
+//! enough workgroups, else smaller ones, and a long k is shared among
+//! workgroups (split-K) where tiles alone cannot. The plan depends on the
+//! shape and the adapter's kernel family alone, so a product's bits do not
+//! depend on scheduling.
+
+/// Workgroups a matmul dispatch should have at least.
+pub const MATMUL_MIN_WORKGROUPS: usize = 64;
+/// The shortest k a split takes.
+const SPLIT_MIN_K: usize = 256;
+const MAX_SPLITS: usize = 16;
+/// Rows up to which a product takes the one-row kernel (decoding's
+/// per-head products have one).
+const ROW_KERNEL_MAX_M: usize = 4;
+
+/// The matmul kernels of `shaders/matmul.wgsl`, by the tile of C one
+/// workgroup computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulTile {
+    /// 128 x 128 through workgroup memory (`matmul_shared`): real GPUs.
+    Shared128,
+    /// 64 x 64 in registers (`matmul_registers`): software adapters, and
+    /// real GPUs' products of too few 128 x 128 tiles.
+    Registers64,
+    /// 16 x 8, four rows per thread (`matmul_skinny`): products too small
+    /// for either, such as the mapper's, whose rows are a batch's images.
+    Skinny16x8,
+    /// 1 x 64, one output per thread (`matmul_row`): products of one to
+    /// four rows.
+    Row1x64,
+}
+
+impl MatmulTile {
+    pub const ALL: [MatmulTile; 4] = [
+        MatmulTile::Shared128,
+        MatmulTile::Registers64,
+        MatmulTile::Skinny16x8,
+        MatmulTile::Row1x64,
+    ];
+
+    pub fn entry(self) -> &'static str {
+        match self {
+            MatmulTile::Shared128 => "matmul_shared",
+            MatmulTile::Registers64 => "matmul_registers",
+            MatmulTile::Skinny16x8 => "matmul_skinny",
+            MatmulTile::Row1x64 => "matmul_row",
+        }
+    }
+
+    /// Rows and columns of C per workgroup.
+    pub fn size(self) -> (usize, usize) {
+        match self {
+            MatmulTile::Shared128 => (128, 128),
+            MatmulTile::Registers64 => (64, 64),
+            MatmulTile::Skinny16x8 => (16, 8),
+            MatmulTile::Row1x64 => (1, 64),
+        }
+    }
+
+    /// Output tiles of an m x n product.
+    pub fn tiles(self, m: usize, n: usize) -> usize {
+        let (rows, cols) = self.size();
+        m.div_ceil(rows) * n.div_ceil(cols)
+    }
+}
+
+/// Which kernels a backend chooses among.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulKernel {
+    /// Register tiles for large products: software adapters (lavapipe),
+    /// where workgroup barriers are expensive.
+    Registers,
+    /// Workgroup-memory tiles for large products: real GPUs.
+    Shared,
+    /// One kernel for every product (the kernels' tests).
+    Only(MatmulTile),
+}
+
+/// How one product runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulPlan {
+    pub tile: MatmulTile,
+    /// The k of each split, or `None` for the whole k in one workgroup.
+    pub k_split: Option<usize>,
+}
+
+impl MatmulPlan {
+    /// Workgroups of the dispatch for a batch of `batch` products.
+    pub fn workgroups(&self, m: usize, n: usize, k: usize, batch: usize) -> usize {
+        let layers = self.k_split.map_or(batch, |per| k.div_ceil(per));
+        self.tile.tiles(m, n) * layers
+    }
+}
+
+/// The k of each split when a product of `tiles` output tiles and depth
+/// `k` runs split-K, or `None` when it runs whole: it has the workgroups
+/// already, or too short a k to share.
+pub fn k_split(tiles: usize, k: usize) -> Option<usize> {
+    if tiles >= MATMUL_MIN_WORKGROUPS {
+        return None;
+    }
+    let splits = MATMUL_MIN_WORKGROUPS
+        .div_ceil(tiles.max(1))
+        .min(k / SPLIT_MIN_K)
+        .min(MAX_SPLITS);
+    (splits >= 2).then(|| k.div_ceil(splits).next_multiple_of(8))
+}
+
+/// The plan for `batch` products of m x n over k; `splittable` when the
+/// product may run split-K (one product, no epilogue but column sums).
+/// Tiles no taller than the product are tried from the largest down: the
+/// first that gives enough workgroups whole, or split, is taken; else the
+/// smallest, split if k allows.
+pub fn plan(
+    kernel: MatmulKernel,
+    m: usize,
+    n: usize,
+    k: usize,
+    batch: usize,
+    splittable: bool,
+) -> MatmulPlan {
+    let split = |tile: MatmulTile| {
+        splittable
+            .then(|| k_split(tile.tiles(m, n), k))
+            .flatten()
+    };
+    let family: &[MatmulTile] = match kernel {
+        MatmulKernel::Only(tile) => {
+            return MatmulPlan {
+                tile,
+                k_split: split(tile),
+            };
+        }
+        _ if m <= ROW_KERNEL_MAX_M => &[MatmulTile::Row1x64],
+        MatmulKernel::Shared => &[
+            MatmulTile::Shared128,
+            MatmulTile::Registers64,
+            MatmulTile::Skinny16x8,
+        ],
+        MatmulKernel::Registers => &[MatmulTile::Registers64, MatmulTile::Skinny16x8],
+    };
+    let smallest = family[family.len() - 1];
+    // A tile taller than the product would compute mostly padding.
+    let candidates = family
+        .iter()
+        .copied()
+        .filter(|&tile| tile.size().0 <= m || tile == smallest);
+    for tile in candidates {
+        let whole = MatmulPlan {
+            tile,
+            k_split: None,
+        };
+        if whole.workgroups(m, n, k, batch) >= MATMUL_MIN_WORKGROUPS {
+            return whole;
+        }
+        let split = MatmulPlan {
+            tile,
+            k_split: split(tile),
+        };
+        if split.k_split.is_some() && split.workgroups(m, n, k, batch) >= MATMUL_MIN_WORKGROUPS {
+            return split;
+        }
+    }
+    MatmulPlan {
+        tile: smallest,
+        k_split: split(smallest),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn workgroups(kernel: MatmulKernel, (m, n, k, batch): (usize, usize, usize, usize)) -> usize {
+        plan(kernel, m, n, k, batch, batch == 1).workgroups(m, n, k, batch)
+    }
+
+    /// The products of a GPT-2-small ClipCap step (batch 16, 41 positions,
+    /// width 768, 12 heads, mapper 512 -> 768 -> 7680) each get at least
+    /// 64 workgroups on either kernel family.
+    #[test]
+    fn gpt2_small_products_fill_a_gpu() {
+        let rows = 16 * 41;
+        let shapes = [
+            (16, 768, 512, 1),     // mapper's first layer
+            (16, 7680, 768, 1),    // its second
+            (16, 768, 7680, 1),    // the gradient into its hidden layer
+            (512, 768, 16, 1),     // its first layer's weight gradient
+            (rows, 2304, 768, 1),  // q, k, v
+            (41, 41, 64, 16 * 12), // scores per head
+            (41, 64, 41, 16 * 12), // weights times values
+            (768, 768, rows, 1),   // a weight gradient
+            (768, 3072, rows, 1),  // the MLP's
+            (rows, 768, 3072, 1),  // the MLP's second layer
+        ];
+        for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
+            for shape in shapes {
+                let got = workgroups(kernel, shape);
+                assert!(got >= MATMUL_MIN_WORKGROUPS, "{kernel:?} {shape:?}: {got}");
+            }
+        }
+    }
+
+    #[test]
+    fn large_tiles_are_kept_where_they_fill_the_device() {
+        let p = plan(MatmulKernel::Shared, 1024, 1024, 1024, 1, true);
+        assert_eq!(p, MatmulPlan { tile: MatmulTile::Shared128, k_split: None });
+        // A weight gradient of few large tiles splits its k before its
+        // tiles shrink.
+        let p = plan(MatmulKernel::Shared, 768, 768, 656, 1, true);
+        assert_eq!(p.tile, MatmulTile::Shared128);
+        assert_eq!(p.k_split, Some(328));
+        // Where it may not split (an epilogue), the tiles shrink.
+        let p = plan(MatmulKernel::Shared, 768, 768, 656, 1, false);
+        assert_eq!(p, MatmulPlan { tile: MatmulTile::Registers64, k_split: None });
+    }
+
+    #[test]
+    fn one_row_products_take_the_row_kernel_and_tiny_ones_split_small_tiles() {
+        for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
+            let p = plan(kernel, 1, 40, 64, 64 * 12, false);
+            assert_eq!(p, MatmulPlan { tile: MatmulTile::Row1x64, k_split: None });
+            // The shapes preset's weight gradient: 64 x 64 over 768.
+            let p = plan(kernel, 64, 64, 768, 1, true);
+            assert_eq!(p.tile, MatmulTile::Skinny16x8, "{kernel:?}");
+            assert_eq!(p.workgroups(64, 64, 768, 1), 64, "{kernel:?}");
+        }
+        // A forced kernel is taken as it is, split where k allows.
+        let only = MatmulKernel::Only(MatmulTile::Registers64);
+        let p = plan(only, 40, 70, 2001, 1, true);
+        assert_eq!(p.tile, MatmulTile::Registers64);
+        assert_eq!(p.k_split.map(|per| 2001usize.div_ceil(per)), Some(7));
+    }
+}
