@@ -7,6 +7,8 @@
 //   before C gets it (the gradient through an MLP's GELU);
 // - COLUMN_SUMS: epilogue_out[col] (+)= the sum over kk of op(B)[kk, col]
 //   (a linear layer's bias gradient beside its weight gradient).
+// - RESIDUAL (after BIAS): C gets epilogue_add added elementwise (a
+//   residual branch's last layer joining the stream).
 //
 // op(A) is m x k: A is stored row-major as [m, k], or as [k, m] when TRANS_A.
 // op(B) is k x n: B is stored row-major as [k, n], or as [n, k] when TRANS_B.
@@ -65,6 +67,7 @@ const BIAS: u32 = 8u;
 const COLUMN_SUMS: u32 = 16u;
 const GELU: u32 = 32u;
 const GELU_GRAD: u32 = 64u;
+const RESIDUAL: u32 = 128u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
@@ -76,6 +79,8 @@ const GELU_GRAD: u32 = 64u;
 // GELU(C) (GELU) or the column sums of op(B) (COLUMN_SUMS); a spare buffer
 // otherwise.
 @group(0) @binding(5) var<storage, read_write> epilogue_out: array<f32>;
+// The residual stream, as large as C (RESIDUAL); A otherwise.
+@group(0) @binding(6) var<storage, read> epilogue_add: array<f32>;
 
 fn start(o: Operand, batch: u32) -> u32 {
     return o.offset + (batch / p.heads) * o.group_stride + (batch % p.heads) * o.head_stride;
@@ -137,6 +142,9 @@ fn store_c(base: u32, z: u32, row: u32, col: u32, value: f32) {
     var out = p.alpha * value;
     if ((p.flags & BIAS) != 0u) {
         out += epilogue_in[col];
+    }
+    if ((p.flags & RESIDUAL) != 0u) {
+        out += epilogue_add[i];
     }
     if ((p.flags & GELU_GRAD) != 0u) {
         out *= gelu_slope(epilogue_in[i]);

@@ -795,6 +795,22 @@ pub trait Backend: 'static {
         self.add_bias(c, bias);
     }
 
+    /// `matmul_bias`, then `residual` (as large as C) added: a residual
+    /// branch's last linear layer and the add that joins the stream, one
+    /// dispatch on the GPU. One product into a packed C.
+    fn matmul_bias_residual(
+        &self,
+        a: &Self::Tensor,
+        b: &Self::Tensor,
+        bias: &Self::Tensor,
+        residual: &Self::Tensor,
+        c: &mut Self::Tensor,
+        shape: &Matmul,
+    ) {
+        self.matmul_bias(a, b, bias, c, shape);
+        self.axpby(1.0, residual, 1.0, c);
+    }
+
     /// `matmul_bias`, then act = GELU(C): an MLP's first layer keeping its
     /// pre-activation for the backward, one dispatch on the GPU.
     fn matmul_bias_gelu(

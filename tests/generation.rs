@@ -106,6 +106,57 @@ fn cached_and_full<B: Backend>(b: &B) -> (Vec<f32>, Vec<f32>) {
     (comparable_cached, comparable_full)
 }
 
+/// (the cached outputs, the full forward's) at positions 3 to 6 of three
+/// sequences of 7, after a prefill of positions 0 to 2 at once.
+fn prefilled_and_full<B: Backend>(b: &B) -> (Vec<f32>, Vec<f32>) {
+    let (rows, seq, w, len) = (3, 7, WIDTH, 3);
+    let mut params = Params::new(0);
+    let t = Transformer::new(&mut params, "t", transformer_config());
+    params.finish(b);
+    randomise(b, &mut params, 41);
+    let whole = random(rows * seq * w, 3);
+    let mut acts = t.activations(b, rows, seq);
+    b.write(acts.input(), &whole);
+    let mut full_out = b.zeros(rows * seq * w);
+    t.forward(b, &params, &mut acts, None, &mut full_out);
+    let full = b.to_vec(&full_out);
+    let at = |x: &[f32], r: usize, p: usize| x[(r * seq + p) * w..][..w].to_vec();
+
+    let mut cache = t.kv_cache(b, rows, seq);
+    let mut prefill = t.prefill(b, rows, len);
+    let mut first = Vec::new();
+    for r in 0..rows {
+        for p in 0..len {
+            first.extend(at(&whole, r, p));
+        }
+    }
+    b.write(prefill.input(), &first);
+    t.prefill_cached(b, &params, &mut cache, &mut prefill);
+    assert_eq!(cache.len(), len);
+    let mut out = b.zeros(rows * w);
+    let (mut cached, mut wanted) = (Vec::new(), Vec::new());
+    for p in len..seq {
+        let input: Vec<f32> = (0..rows).flat_map(|r| at(&whole, r, p)).collect();
+        b.write(cache.input(), &input);
+        t.forward_cached(b, &params, &mut cache, &mut out);
+        cached.extend(b.to_vec(&out));
+        wanted.extend((0..rows).flat_map(|r| at(&full, r, p)));
+    }
+    (cached, wanted)
+}
+
+#[test]
+fn a_prefilled_cache_continues_as_the_full_forward() {
+    let c = CpuBackend::new();
+    let (cached, full) = prefilled_and_full(&c);
+    assert_eq!(cached.len(), 3 * 4 * WIDTH);
+    assert_close("cpu: prefilled vs full", &cached, &full, 1e-5, 1e-5);
+    let Some(g) = gpu() else { return };
+    let (gpu_cached, gpu_full) = prefilled_and_full(&g);
+    assert_close("gpu: prefilled vs full", &gpu_cached, &gpu_full, 1e-4, 1e-5);
+    assert_close("gpu vs cpu", &gpu_cached, &cached, 1e-4, 1e-5);
+}
+
 #[test]
 fn the_cached_transformer_equals_the_full_forward() {
     let c = CpuBackend::new();

@@ -68,6 +68,11 @@ fn matmul_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
                     let bias = b.tensor(&random(n, 4));
                     b.matmul_bias(&a, &w, &bias, &mut c, &s);
                     outs.push(b.to_vec(&c));
+                    // The residual stream added after the bias.
+                    let residual = b.tensor(&random(m * n, 8));
+                    let mut joined = b.zeros(m * n);
+                    b.matmul_bias_residual(&a, &w, &bias, &residual, &mut joined, &s);
+                    outs.push(b.to_vec(&joined));
                 }
                 if batch == 1 {
                     // GELU after the bias, and the gradient through a GELU.
@@ -189,7 +194,13 @@ fn every_matmul_kernel_matches_cpu() {
         g.set_matmul_kernel(kernel);
         let got = matmul_cases(&g);
         for (i, (got, want)) in got.iter().zip(&want).enumerate() {
-            assert_close(&format!("{kernel:?} matmul case {i}"), got, want, 1e-4, 1e-4);
+            assert_close(
+                &format!("{kernel:?} matmul case {i}"),
+                got,
+                want,
+                1e-4,
+                1e-4,
+            );
         }
     }
 }
@@ -239,7 +250,9 @@ fn split_k_products_match_cpu_and_repeat_exactly() {
         assert_eq!(splits, Some(want_splits), "{tile:?}");
         let counts = g.matmul_workgroups().since(&before);
         assert!(
-            counts.workgroups.contains_key(&((tiles * want_splits) as u64)),
+            counts
+                .workgroups
+                .contains_key(&((tiles * want_splits) as u64)),
             "{tile:?}: no dispatch of {} workgroups in {counts:?}",
             tiles * want_splits
         );

@@ -18,9 +18,9 @@ use super::CaptionVocab;
 use super::SpecialIds;
 use super::mapper::MapperActivations;
 use super::model::Captioner;
-use crate::backend::{Backend, ChoiceRule, HeadLayout, Sampling, TokenChoice};
+use crate::backend::{Backend, ChoiceRule, Sampling, TokenChoice};
 use crate::data::vocab::UNK;
-use crate::model::kv_cache::KvCache;
+use crate::model::kv_cache::{KvCache, Prefill};
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
@@ -212,6 +212,9 @@ struct Decoder<'m, B: Backend> {
     /// Token steps of one batch at most (columns of history and logprobs).
     steps: usize,
     cache: KvCache<B>,
+    prefill: Prefill<B>,
+    /// [0, 1, .., prefix_len - 1] for every row: the prefix's position ids.
+    prefix_positions: B::Ids,
     mapper: MapperActivations<B>,
     /// positions[p] = [p; rows]: the position ids of decoder position p.
     positions: Vec<B::Ids>,
@@ -233,6 +236,8 @@ impl<'m, B: Backend> Decoder<'m, B> {
             rows,
             steps,
             cache: model.decoder.kv_cache(b, rows, k + steps),
+            prefill: model.decoder.prefill(b, rows, k),
+            prefix_positions: b.ids(&(0..rows).flat_map(|_| 0..k as u32).collect::<Vec<_>>()),
             mapper: MapperActivations::new(b, model.mapper(), c, rows, false),
             positions: (0..k + steps)
                 .map(|p| b.ids(&vec![p as u32; rows]))
@@ -247,27 +252,27 @@ impl<'m, B: Backend> Decoder<'m, B> {
     }
 
     /// Starts a batch: the mapper on `features` (`[rows, embed_dim]`),
-    /// then the prefix positions into the cache.
+    /// then the prefix positions into the cache, all at once.
     fn start(&mut self, b: &B, features: &[f32]) {
         let (m, p) = (self.model, &self.model.params);
         let c = &m.config;
-        let (w, k) = (c.decoder.width, c.prefix_len);
         m.mapper().forward(b, p, &mut self.mapper, features);
         self.cache.clear();
-        for t in 0..k {
-            let vector_t = HeadLayout {
-                batch: self.rows,
-                seq: 1,
-                heads: 1,
-                head_dim: w,
-                row_stride: k * w,
-                col_offset: t * w,
-            };
-            b.tokens_to_heads(&self.mapper.prefix, self.cache.input(), &vector_t);
-            self.add_position(b);
-            m.decoder
-                .forward_cached(b, p, &mut self.cache, &mut self.hidden);
+        if c.prefix_len == 0 {
+            return;
         }
+        // The prefix is [rows, prefix_len, width] already.
+        let input = self.prefill.input();
+        b.axpby(1.0, &self.mapper.prefix, 0.0, input);
+        b.embedding(
+            p.value(m.positions),
+            &self.prefix_positions,
+            input,
+            c.decoder.width,
+            true,
+        );
+        m.decoder
+            .prefill_cached(b, p, &mut self.cache, &mut self.prefill);
     }
 
     /// Adds the next position's embedding to the cache's input.

@@ -123,11 +123,7 @@ pub fn plan(
     batch: usize,
     splittable: bool,
 ) -> MatmulPlan {
-    let split = |tile: MatmulTile| {
-        splittable
-            .then(|| k_split(tile.tiles(m, n), k))
-            .flatten()
-    };
+    let split = |tile: MatmulTile| splittable.then(|| k_split(tile.tiles(m, n), k)).flatten();
     let family: &[MatmulTile] = match kernel {
         MatmulKernel::Only(tile) => {
             return MatmulPlan {
@@ -208,7 +204,13 @@ mod tests {
     #[test]
     fn large_tiles_are_kept_where_they_fill_the_device() {
         let p = plan(MatmulKernel::Shared, 1024, 1024, 1024, 1, true);
-        assert_eq!(p, MatmulPlan { tile: MatmulTile::Shared128, k_split: None });
+        assert_eq!(
+            p,
+            MatmulPlan {
+                tile: MatmulTile::Shared128,
+                k_split: None
+            }
+        );
         // A weight gradient of few large tiles splits its k before its
         // tiles shrink.
         let p = plan(MatmulKernel::Shared, 768, 768, 656, 1, true);
@@ -216,14 +218,26 @@ mod tests {
         assert_eq!(p.k_split, Some(328));
         // Where it may not split (an epilogue), the tiles shrink.
         let p = plan(MatmulKernel::Shared, 768, 768, 656, 1, false);
-        assert_eq!(p, MatmulPlan { tile: MatmulTile::Registers64, k_split: None });
+        assert_eq!(
+            p,
+            MatmulPlan {
+                tile: MatmulTile::Registers64,
+                k_split: None
+            }
+        );
     }
 
     #[test]
     fn one_row_products_take_the_row_kernel_and_tiny_ones_split_small_tiles() {
         for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
             let p = plan(kernel, 1, 40, 64, 64 * 12, false);
-            assert_eq!(p, MatmulPlan { tile: MatmulTile::Row1x64, k_split: None });
+            assert_eq!(
+                p,
+                MatmulPlan {
+                    tile: MatmulTile::Row1x64,
+                    k_split: None
+                }
+            );
             // The shapes preset's weight gradient: 64 x 64 over 768.
             let p = plan(kernel, 64, 64, 768, 1, true);
             assert_eq!(p.tile, MatmulTile::Skinny16x8, "{kernel:?}");

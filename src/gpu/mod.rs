@@ -22,11 +22,11 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use memory::BufferPool;
-pub use memory::GpuBuffer;
 pub use matmul_plan::{
     MATMUL_MIN_WORKGROUPS, MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan,
 };
+use memory::BufferPool;
+pub use memory::GpuBuffer;
 
 /// f32 storage on the GPU.
 pub struct GpuTensor(GpuBuffer);

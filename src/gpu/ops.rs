@@ -49,6 +49,7 @@ const BIAS: u32 = 8;
 const COLUMN_SUMS: u32 = 16;
 const GELU: u32 = 32;
 const GELU_GRAD: u32 = 64;
+const RESIDUAL: u32 = 128;
 
 /// What a matmul does besides the product (see `shaders/matmul.wgsl`).
 enum Epilogue<'a> {
@@ -62,6 +63,10 @@ enum Epilogue<'a> {
         pre: &'a GpuTensor,
     },
     ColumnSums(&'a GpuTensor),
+    BiasResidual {
+        bias: &'a GpuTensor,
+        residual: &'a GpuTensor,
+    },
 }
 
 #[repr(C)]
@@ -249,6 +254,11 @@ impl GpuBackend {
             Epilogue::BiasGelu { bias, act } => (BIAS | GELU, bias, act),
             Epilogue::GeluGrad { pre } => (GELU_GRAD, pre, &self.spare),
             Epilogue::ColumnSums(sums) => (COLUMN_SUMS, a, sums),
+            Epilogue::BiasResidual { bias, .. } => (BIAS | RESIDUAL, bias, &self.spare),
+        };
+        let residual = match epilogue {
+            Epilogue::BiasResidual { residual, .. } => residual,
+            _ => a,
         };
         let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2 | flag;
         let [lda, ldb, ldc] = s.row_strides();
@@ -281,7 +291,7 @@ impl GpuBackend {
             "matmul",
             entry,
             &params,
-            &[&a.0, &b.0, &c.0, &input.0, &output.0],
+            &[&a.0, &b.0, &c.0, &input.0, &output.0, &residual.0],
             groups,
         );
     }
@@ -321,7 +331,7 @@ impl GpuBackend {
             "matmul",
             entry,
             &params,
-            &[&a.0, &b.0, &c.0, &a.0, &partials.0],
+            &[&a.0, &b.0, &c.0, &a.0, &partials.0, &a.0],
             groups,
         );
         let sum = ReduceParams {
@@ -665,6 +675,25 @@ impl Backend for GpuBackend {
     ) {
         assert!(bias.len() == s.n, "matmul_bias: one bias per column");
         self.matmul_with(a, b, Epilogue::Bias(bias), c, s);
+    }
+
+    fn matmul_bias_residual(
+        &self,
+        a: &GpuTensor,
+        b: &GpuTensor,
+        bias: &GpuTensor,
+        residual: &GpuTensor,
+        c: &mut GpuTensor,
+        s: &Matmul,
+    ) {
+        assert!(
+            bias.len() == s.n
+                && residual.len() == c.len()
+                && c.len() == s.m * s.n
+                && s.c.offset == 0,
+            "matmul_bias_residual: one bias per column, a packed C and a residual as large"
+        );
+        self.matmul_with(a, b, Epilogue::BiasResidual { bias, residual }, c, s);
     }
 
     fn matmul_bias_gelu(

@@ -1,6 +1,7 @@
 //! Incremental decoding: the transformer run one position at a time,
 //! each new position attending to the keys and values that every layer
-//! cached for the earlier ones. Causal models only; the results equal
+//! cached for the earlier ones, after a prefill that runs the first
+//! positions (a captioner's prefix) at once. Causal models only; the results equal
 //! those of the full forward over the whole sequence (tests/generation.rs).
 //!
 //! The cache of layer l is `[rows, heads, capacity, head_dim]` for keys
@@ -68,7 +69,92 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
+/// Buffers to run a cache's first `len` positions of `rows` sequences at
+/// once (a captioner's prefix).
+pub struct Prefill<B: Backend> {
+    len: usize,
+    block: BlockActivations<B>,
+    /// The input `[rows, len, width]`, then each block's output in turn.
+    stream: [B::Tensor; 2],
+    /// One layer's keys or values, `[rows, heads, len, head_dim]`.
+    packed: B::Tensor,
+}
+
+impl<B: Backend> Prefill<B> {
+    /// The positions' input `[rows, len, width]`: write it before
+    /// `Transformer::prefill_cached`.
+    pub fn input(&mut self) -> &mut B::Tensor {
+        &mut self.stream[0]
+    }
+}
+
 impl Transformer {
+    /// Buffers to fill a cache's first `len` positions of `rows` sequences
+    /// in one pass.
+    pub fn prefill<B: Backend>(&self, b: &B, rows: usize, len: usize) -> Prefill<B> {
+        let w = self.config.width;
+        Prefill {
+            len,
+            block: BlockActivations::new(b, &self.config, rows, len, false),
+            stream: [b.zeros(rows * len * w), b.zeros(rows * len * w)],
+            packed: b.zeros(rows * len * w),
+        }
+    }
+
+    /// The empty cache's first positions from `prefill.input()`, all at
+    /// once: each block runs causally over them as in the full forward,
+    /// and their keys and values join the cache. Their outputs are not
+    /// kept (a prefix's next token is not asked for).
+    pub fn prefill_cached<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        cache: &mut KvCache<B>,
+        prefill: &mut Prefill<B>,
+    ) {
+        let c = &self.config;
+        let (w, heads, d) = (c.width, c.heads, c.head_dim());
+        let (rows, len, capacity) = (cache.rows, prefill.len, cache.capacity);
+        assert!(cache.is_empty(), "a prefill starts an empty cache");
+        assert!(len <= capacity, "the prefill is longer than the KV cache");
+        // Keys (1) or values (2) of every position, token-major in qkv.
+        let part = |k: usize| HeadLayout {
+            batch: rows,
+            seq: len,
+            heads,
+            head_dim: d,
+            row_stride: 3 * w,
+            col_offset: k * w,
+        };
+        // [rows, heads, len, head_dim] into positions 0..len of each (row,
+        // head)'s [capacity, head_dim] cache: a (row, head)'s positions are
+        // the "heads" of one token row of capacity * head_dim.
+        let slots = HeadLayout {
+            batch: rows * heads,
+            seq: 1,
+            heads: len,
+            head_dim: d,
+            row_stride: capacity * d,
+            col_offset: 0,
+        };
+        let Prefill {
+            block: a,
+            stream,
+            packed,
+            ..
+        } = prefill;
+        for (l, block) in self.blocks.iter().enumerate() {
+            let [x, next] = &mut *stream;
+            block.forward(b, p, a, x, None, next);
+            for (k, layer) in [(1, &mut cache.keys[l]), (2, &mut cache.values[l])] {
+                b.tokens_to_heads(&a.qkv_out, packed, &part(k));
+                b.heads_to_tokens(packed, layer, &slots, false);
+            }
+            std::mem::swap(x, next);
+        }
+        cache.len = len;
+    }
+
     /// A cache for `rows` sequences of up to `capacity` positions.
     pub fn kv_cache<B: Backend>(&self, b: &B, rows: usize, capacity: usize) -> KvCache<B> {
         let c = &self.config;
@@ -166,8 +252,9 @@ impl Transformer {
             );
             b.softmax(scores, probs, &SoftmaxRows::plain(rows * heads, keys), None);
             b.matmul(probs, &value_cache[l], &mut a.attn_out, &per_head(d, keys));
-            block.proj.forward(b, p, &a.attn_out, next);
-            b.add(1.0, x, 1.0, next, &mut a.mid);
+            block
+                .proj
+                .forward_residual(b, p, &a.attn_out, x, &mut a.mid);
             block.mlp_forward(b, p, a, next);
             std::mem::swap(x, next);
         }

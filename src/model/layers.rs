@@ -94,6 +94,21 @@ impl Dense {
             .forward(b, x, params.value(self.w), bias, y);
     }
 
+    /// y = x W + b + residual: the layer ending a residual branch, joined
+    /// to the stream in the same dispatch on the GPU.
+    pub fn forward_residual<B: Backend>(
+        &self,
+        b: &B,
+        params: &Params<B>,
+        x: &B::Tensor,
+        residual: &B::Tensor,
+        y: &mut B::Tensor,
+    ) {
+        let bias = self.bias.map(|id| params.value(id));
+        self.on(x.len())
+            .forward_residual(b, x, params.value(self.w), bias, residual, y);
+    }
+
     /// y = act(x W + b), the pre-activation kept in `pre` (GELU in the
     /// same dispatch on the GPU).
     pub fn forward_act<B: Backend>(

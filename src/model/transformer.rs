@@ -113,7 +113,6 @@ pub(super) struct BlockActivations<B: Backend> {
     pub(super) ln1_out: B::Tensor,
     pub(super) qkv_out: B::Tensor, // [rows, 3 width]
     pub(super) attn_out: B::Tensor,
-    branch_out: B::Tensor,
     pub(super) mid: B::Tensor,
     ln2_out: B::Tensor,
     fc1_out: B::Tensor, // [rows, mlp width]
@@ -154,7 +153,6 @@ impl<B: Backend> BlockActivations<B> {
             ln1_out: b.zeros(rows * w),
             qkv_out: b.zeros(rows * 3 * w),
             attn_out: b.zeros(rows * w),
-            branch_out: b.zeros(rows * w),
             mid: b.zeros(rows * w),
             ln2_out: b.zeros(rows * w),
             fc1_out: b.zeros(rows * h),
@@ -190,7 +188,7 @@ impl Block {
         }
     }
 
-    fn forward<B: Backend>(
+    pub(super) fn forward<B: Backend>(
         &self,
         b: &B,
         p: &Params<B>,
@@ -202,8 +200,7 @@ impl Block {
         self.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
         self.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
         a.attn.forward(b, &a.qkv_out, key_mask, &mut a.attn_out);
-        self.proj.forward(b, p, &a.attn_out, &mut a.branch_out);
-        b.add(1.0, x, 1.0, &a.branch_out, &mut a.mid);
+        self.proj.forward_residual(b, p, &a.attn_out, x, &mut a.mid);
         self.mlp_forward(b, p, a, out);
     }
 
@@ -224,8 +221,7 @@ impl Block {
             &mut a.fc1_out,
             &mut a.act_out,
         );
-        self.fc2.forward(b, p, &a.act_out, &mut a.branch_out);
-        b.add(1.0, &a.mid, 1.0, &a.branch_out, out);
+        self.fc2.forward_residual(b, p, &a.act_out, &a.mid, out);
     }
 
     /// Given the gradient w.r.t. the block's output in `d`, leaves there

@@ -26,6 +26,27 @@ impl Linear {
         }
     }
 
+    /// y = x W + b + residual (one dispatch on the GPU where there is a
+    /// bias): a residual branch's output joining the stream.
+    pub fn forward_residual<B: Backend>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        w: &B::Tensor,
+        bias: Option<&B::Tensor>,
+        residual: &B::Tensor,
+        y: &mut B::Tensor,
+    ) {
+        let shape = Matmul::new(self.rows, self.outputs, self.inputs);
+        match bias {
+            Some(bias) => b.matmul_bias_residual(x, w, bias, residual, y, &shape),
+            None => {
+                b.matmul(x, w, y, &shape);
+                b.axpby(1.0, residual, 1.0, y);
+            }
+        }
+    }
+
     /// y = GELU(x W + b), keeping the pre-activation x W + b in `pre`
     /// (one dispatch on the GPU).
     pub fn forward_gelu<B: Backend>(
