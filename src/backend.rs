@@ -589,6 +589,49 @@ impl HeadLayout {
     }
 }
 
+/// Decoding's attention at one new position of `rows` sequences, over a
+/// KV cache of `[rows, heads, capacity, head_dim]` per layer (see
+/// [`Backend::attend_cached`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CachedAttention {
+    pub rows: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    pub capacity: usize,
+    /// The new position: keys 0..=position take part.
+    pub position: usize,
+    /// Multiplies q k (1 / sqrt(head_dim)).
+    pub scale: f32,
+}
+
+impl CachedAttention {
+    /// Keys a cache may hold: the GPU kernel keeps a row's weights in
+    /// workgroup memory.
+    pub const MAX_CAPACITY: usize = 1024;
+
+    pub fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Panics unless the tensors have this shape: qkv `[rows, 3 width]`,
+    /// each cache `[rows, heads, capacity, head_dim]`, out `[rows, width]`.
+    pub fn check(&self, (qkv, keys, values, out): (usize, usize, usize, usize)) {
+        let w = self.width();
+        let cache = self.rows * self.heads * self.capacity * self.head_dim;
+        assert!(
+            qkv == self.rows * 3 * w && keys == cache && values == cache && out == self.rows * w,
+            "attend_cached: tensors of {qkv}, {keys}, {values}, {out} elements for {self:?}"
+        );
+        assert!(
+            self.position < self.capacity && self.capacity <= Self::MAX_CAPACITY,
+            "attend_cached: position {} of a cache of {} (at most {})",
+            self.position,
+            self.capacity,
+            Self::MAX_CAPACITY
+        );
+    }
+}
+
 /// One AdamW update's hyper-parameters for one tensor.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWStep {
@@ -778,6 +821,19 @@ pub trait Backend: 'static {
     );
     /// x = clamp(x, lo, hi)
     fn clamp(&self, x: &mut Self::Tensor, lo: f32, hi: f32);
+
+    /// Decoding's attention, fused: each (row, head)'s new key and value
+    /// (parts 1 and 2 of its row of `qkv`, `[rows, 3 width]`) join the
+    /// caches at `l.position`, then its part of out (`[rows, width]`) is
+    /// softmax(scale q k_j) over keys j <= position, times the values.
+    fn attend_cached(
+        &self,
+        qkv: &Self::Tensor,
+        keys: &mut Self::Tensor,
+        values: &mut Self::Tensor,
+        out: &mut Self::Tensor,
+        l: &CachedAttention,
+    );
 
     // ---- matmul ----
     fn matmul(&self, a: &Self::Tensor, b: &Self::Tensor, c: &mut Self::Tensor, shape: &Matmul);

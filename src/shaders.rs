@@ -18,6 +18,7 @@ macro_rules! family {
 
 pub const SHADERS: &[(&str, &str)] = &[
     family!("adamw"),
+    family!("attention"),
     family!("choose"),
     family!("elementwise"),
     family!("embedding"),

@@ -5,8 +5,8 @@
 mod common;
 
 use captune::backend::{
-    AdamWStep, Backend, ChoiceRule, HeadLayout, Matmul, NO_ROW, Operand, Reduce, Sampling,
-    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, Backend, CachedAttention, ChoiceRule, HeadLayout, Matmul, NO_ROW, Operand, Reduce,
+    Sampling, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::{MatmulKernel, MatmulTile};
@@ -256,6 +256,45 @@ fn split_k_products_match_cpu_and_repeat_exactly() {
             "{tile:?}: no dispatch of {} workgroups in {counts:?}",
             tiles * want_splits
         );
+    }
+}
+
+// ---- decoding's attention ----
+
+/// `attend_cached` at the first position, a middle one and the last of a
+/// cache of 300 (more keys than a workgroup has threads): its output and
+/// both caches after the append.
+fn cached_attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let (rows, heads, head_dim, capacity) = (2, 3, 40, 300);
+    let width = heads * head_dim;
+    let mut outs = Vec::new();
+    for (i, position) in [0, 7, capacity - 1].into_iter().enumerate() {
+        let l = CachedAttention {
+            rows,
+            heads,
+            head_dim,
+            capacity,
+            position,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        let cache = rows * heads * capacity * head_dim;
+        let qkv = b.tensor(&random(rows * 3 * width, 10 + i as u64));
+        let mut keys = b.tensor(&random(cache, 20 + i as u64));
+        let mut values = b.tensor(&random(cache, 30 + i as u64));
+        let mut out = b.zeros(rows * width);
+        b.attend_cached(&qkv, &mut keys, &mut values, &mut out, &l);
+        outs.extend([b.to_vec(&out), b.to_vec(&keys), b.to_vec(&values)]);
+    }
+    outs
+}
+
+#[test]
+fn cached_attention_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let want = cached_attention_cases(&CpuBackend::new());
+    let got = cached_attention_cases(&g);
+    for (i, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_close(&format!("attend_cached case {i}"), got, want, 1e-5, 1e-5);
     }
 }
 

@@ -258,9 +258,6 @@ impl<'m, B: Backend> Decoder<'m, B> {
         let c = &m.config;
         m.mapper().forward(b, p, &mut self.mapper, features);
         self.cache.clear();
-        if c.prefix_len == 0 {
-            return;
-        }
         // The prefix is [rows, prefix_len, width] already.
         let input = self.prefill.input();
         b.axpby(1.0, &self.mapper.prefix, 0.0, input);

@@ -203,6 +203,15 @@ impl CaptionerConfig {
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");
         }
+        let positions = self.prefix_len + self.max_len;
+        if positions > crate::backend::CachedAttention::MAX_CAPACITY {
+            bail!(
+                "prefix_len {} + max_len {} = {positions} positions; decoding caches at most {}",
+                self.prefix_len,
+                self.max_len,
+                crate::backend::CachedAttention::MAX_CAPACITY
+            );
+        }
         if let Some(t) = &self.mapper_transformer {
             if t.clip_len == 0 || t.layers == 0 || t.heads == 0 {
                 bail!("the transformer mapper's clip_len, layers and heads must be positive");

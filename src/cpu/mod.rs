@@ -3,6 +3,7 @@
 //! of the `shaders/` file of the same name.
 
 mod adamw;
+mod attention;
 pub mod choose;
 mod elementwise;
 mod embedding;
@@ -16,8 +17,8 @@ mod reduce;
 mod softmax;
 
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, HeadLayout, Matmul, Reduce, SoftmaxRows, TokenChoice,
-    TokenIndex, VocabSubsets,
+    AdamWStep, Backend, BackendKind, CachedAttention, HeadLayout, Matmul, Reduce, SoftmaxRows,
+    TokenChoice, TokenIndex, VocabSubsets,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -305,6 +306,18 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) {
         softmax::backward(y, dy, dx, cols, accumulate);
+    }
+
+    fn attend_cached(
+        &self,
+        qkv: &Vec<f32>,
+        keys: &mut Vec<f32>,
+        values: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+        l: &CachedAttention,
+    ) {
+        l.check((qkv.len(), keys.len(), values.len(), out.len()));
+        attention::attend_cached(qkv, keys, values, out, l);
     }
 
     fn tokens_to_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout) {

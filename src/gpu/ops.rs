@@ -5,8 +5,8 @@
 use super::matmul_plan::{self, MatmulTile};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce,
-    SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
+    AdamWStep, Backend, BackendKind, CachedAttention, ChoiceRule, DeviceCounters, HeadLayout,
+    Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -122,6 +122,18 @@ struct SoftmaxParams {
     use_mask: u32,
     accumulate: u32,
     _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttentionParams {
+    rows: u32,
+    heads: u32,
+    head_dim: u32,
+    capacity: u32,
+    position: u32,
+    scale: f32,
+    _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -992,6 +1004,33 @@ impl Backend for GpuBackend {
             &params,
             &[&y.0, &dy.0, &dx.0],
             self.grid(rows),
+        );
+    }
+
+    fn attend_cached(
+        &self,
+        qkv: &GpuTensor,
+        keys: &mut GpuTensor,
+        values: &mut GpuTensor,
+        out: &mut GpuTensor,
+        l: &CachedAttention,
+    ) {
+        l.check((qkv.len(), keys.len(), values.len(), out.len()));
+        let params = AttentionParams {
+            rows: u(l.rows),
+            heads: u(l.heads),
+            head_dim: u(l.head_dim),
+            capacity: u(l.capacity),
+            position: u(l.position),
+            scale: l.scale,
+            _pad: [0; 2],
+        };
+        self.dispatch(
+            "attention",
+            "attend_cached",
+            &params,
+            &[&qkv.0, &keys.0, &values.0, &out.0],
+            self.grid(l.rows * l.heads),
         );
     }
 

@@ -6,15 +6,15 @@
 //!
 //! The cache of layer l is `[rows, heads, capacity, head_dim]` for keys
 //! and the same for values, so that row r, head h's keys are one
-//! contiguous `[capacity, head_dim]` matrix: attention over the cache is
-//! two batched products and a softmax, and appending a position is a
-//! strided copy. Everything is built from the backend's ops, so both
-//! backends run it and the parity tests of those ops cover it.
+//! contiguous `[capacity, head_dim]` matrix. A step's attention, with the
+//! new position's key and value appended, is one op
+//! ([`Backend::attend_cached`], one dispatch on the GPU); the prefill is
+//! the training forward's blocks and strided copies into the cache.
 
 use super::layers::NormStats;
 use super::params::Params;
 use super::transformer::{BlockActivations, Transformer};
-use crate::backend::{Backend, HeadLayout, Matmul, Operand, SoftmaxRows, Storage};
+use crate::backend::{Backend, CachedAttention, HeadLayout, Storage};
 
 /// Keys and values of every layer for `rows` sequences of up to
 /// `capacity` positions, and the buffers of one step.
@@ -31,10 +31,6 @@ pub struct KvCache<B: Backend> {
     ln_f: NormStats<B>,
     /// The step's input `[rows, width]`, then each block's output in turn.
     stream: [B::Tensor; 2],
-    new_key: B::Tensor,
-    new_value: B::Tensor,
-    scores: B::Tensor,
-    probs: B::Tensor,
 }
 
 impl<B: Backend> KvCache<B> {
@@ -159,7 +155,7 @@ impl Transformer {
     pub fn kv_cache<B: Backend>(&self, b: &B, rows: usize, capacity: usize) -> KvCache<B> {
         let c = &self.config;
         assert!(c.causal, "only a causal transformer decodes incrementally");
-        let (w, h) = (c.width, c.heads);
+        let w = c.width;
         let layer = rows * capacity * w;
         KvCache {
             rows,
@@ -173,10 +169,6 @@ impl Transformer {
                 .collect(),
             ln_f: NormStats::new(b, rows),
             stream: [b.zeros(rows * w), b.zeros(rows * w)],
-            new_key: b.zeros(rows * w),
-            new_value: b.zeros(rows * w),
-            scores: b.zeros(rows * h * capacity),
-            probs: b.zeros(rows * h * capacity),
         }
     }
 
@@ -191,67 +183,34 @@ impl Transformer {
         out: &mut B::Tensor,
     ) {
         let c = &self.config;
-        let (w, heads, d) = (c.width, c.heads, c.head_dim());
         let (rows, capacity, position) = (cache.rows, cache.capacity, cache.len);
         assert!(position < capacity, "the KV cache is full");
-        let keys = position + 1;
-        // Token-major parts of qkv; with one position, head-major [rows,
-        // heads, 1, head_dim] is the same layout as token-major [rows, width].
-        let part = |k: usize| HeadLayout {
-            batch: rows,
-            seq: 1,
-            heads,
-            head_dim: d,
-            row_stride: 3 * w,
-            col_offset: k * w,
+        let attention = CachedAttention {
+            rows,
+            heads: c.heads,
+            head_dim: c.head_dim(),
+            capacity,
+            position,
+            scale: 1.0 / (c.head_dim() as f32).sqrt(),
         };
-        // Position `position` of each (row, head)'s [capacity, head_dim] cache.
-        let slot = HeadLayout {
-            batch: rows * heads,
-            seq: 1,
-            heads: 1,
-            head_dim: d,
-            row_stride: capacity * d,
-            col_offset: position * d,
-        };
-        // Row r, head h's one-position product with its cache.
-        let cache_operand = Operand {
-            head_stride: capacity * d,
-            ..Operand::packed(heads * capacity * d)
-        };
-        let per_head =
-            |n: usize, k: usize| Matmul::per_head(rows, heads, 1, n, k).with_b(cache_operand);
         let KvCache {
-            keys: key_cache,
-            values: value_cache,
+            keys,
+            values,
             blocks,
             stream,
-            new_key,
-            new_value,
-            scores,
-            probs,
             ..
         } = cache;
         for (l, (block, a)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
             let [x, next] = &mut *stream;
             block.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
             block.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
-            b.tokens_to_heads(&a.qkv_out, new_key, &part(1));
-            b.tokens_to_heads(&a.qkv_out, new_value, &part(2));
-            b.heads_to_tokens(new_key, &mut key_cache[l], &slot, false);
-            b.heads_to_tokens(new_value, &mut value_cache[l], &slot, false);
-            let scale = 1.0 / (d as f32).sqrt();
-            b.matmul(
+            b.attend_cached(
                 &a.qkv_out,
-                &key_cache[l],
-                scores,
-                &per_head(keys, d)
-                    .with_a(Operand::heads_in_rows(&part(0)))
-                    .trans_b()
-                    .alpha(scale),
+                &mut keys[l],
+                &mut values[l],
+                &mut a.attn_out,
+                &attention,
             );
-            b.softmax(scores, probs, &SoftmaxRows::plain(rows * heads, keys), None);
-            b.matmul(probs, &value_cache[l], &mut a.attn_out, &per_head(d, keys));
             block
                 .proj
                 .forward_residual(b, p, &a.attn_out, x, &mut a.mid);
