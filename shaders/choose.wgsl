@@ -3,9 +3,10 @@
 // with temperature, top-k and top-p, or by the Gumbel-max trick (argmax of
 // the logits plus Gumbel noise hashed from (seed, row, step, token)); and
 // the Gumbel-softmax relaxation of that last choice (gumbel_logits), which
-// draws the same noise again. One thread per row, walking the
-// vocabulary in id order, so the CPU twin (src/cpu/choose.rs) runs the
-// same arithmetic in the same order and draws the same random bits.
+// draws the same noise again. One workgroup per row, its 256 threads each
+// walking a contiguous chunk of the vocabulary in id order (below), so the
+// CPU twin (src/cpu/choose.rs) runs the same arithmetic in the same order
+// and draws the same random bits.
 //
 // Sampling needs no sort: top-k keeps the tokens whose tempered
 // log-probability is at least the k-th largest, top-p those at least the
@@ -97,19 +98,102 @@ fn tempered(base: u32, j: u32, lse: f32) -> f32 {
     return (logits[base + j] - lse) / p.temperature;
 }
 
-// Tokens of the row with key >= threshold and allowed.
-fn count_at_least(base: u32, lse: f32, threshold: u32) -> u32 {
-    var n = 0u;
-    for (var j = 0u; j < p.vocab; j++) {
-        if (allowed(j) && order_key(tempered(base, j, lse)) >= threshold) { n += 1u; }
-    }
-    return n;
+// ---- one workgroup per row ----
+//
+// Thread t (a lane) takes the contiguous chunk [t c, (t + 1) c) of the
+// vocabulary, c = ceil(vocab / 256), walking it in id order. A sum adds
+// each lane's chunk in id order, then the lanes' sums in lane order; the
+// CPU twin keeps that order, so both get the same bits (up to `exp`). A
+// maximum, a count and an argmax (lowest id on ties) are exact in any
+// order. Values every thread needs pass through workgroup memory and
+// `workgroupUniformLoad`, which keeps the bisections' loops in uniform
+// control flow.
+
+var<workgroup> lane_f: array<f32, 256>;
+var<workgroup> lane_u: array<u32, 256>;
+var<workgroup> shared_f: f32;
+var<workgroup> shared_u: u32;
+
+fn chunk_begin(lane: u32) -> u32 {
+    return min(lane * ((p.vocab + WG - 1u) / WG), p.vocab);
 }
 
-// Sum of exp(value - top) over the tokens with key >= threshold (and >= floor).
-fn mass_at_least(base: u32, lse: f32, top: f32, floor: u32, threshold: u32) -> f32 {
+fn chunk_end(lane: u32) -> u32 {
+    return min(chunk_begin(lane) + (p.vocab + WG - 1u) / WG, p.vocab);
+}
+
+// The lanes' values added in lane order, in every thread.
+fn lane_sum(lid: u32, v: f32) -> f32 {
+    lane_f[lid] = v;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var t = 0u; t < WG; t += 1u) { total += lane_f[t]; }
+        shared_f = total;
+    }
+    return workgroupUniformLoad(&shared_f);
+}
+
+fn lane_max(lid: u32, v: f32) -> f32 {
+    lane_f[lid] = v;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var m = NEG_INF;
+        for (var t = 0u; t < WG; t += 1u) { m = max(m, lane_f[t]); }
+        shared_f = m;
+    }
+    return workgroupUniformLoad(&shared_f);
+}
+
+fn lane_count(lid: u32, v: u32) -> u32 {
+    lane_u[lid] = v;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var n = 0u;
+        for (var t = 0u; t < WG; t += 1u) { n += lane_u[t]; }
+        shared_u = n;
+    }
+    return workgroupUniformLoad(&shared_u);
+}
+
+// The id of the largest value over the lanes (the lowest id on ties);
+// a lane that found none passes id 0xffffffff.
+fn lane_argmax(lid: u32, v: f32, id: u32) -> u32 {
+    lane_f[lid] = v;
+    lane_u[lid] = id;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var found = false;
+        var best = NEG_INF;
+        var chosen = 0u;
+        for (var t = 0u; t < WG; t += 1u) {
+            if (lane_u[t] != NONE && (!found || lane_f[t] > best)) {
+                best = lane_f[t];
+                chosen = lane_u[t];
+                found = true;
+            }
+        }
+        shared_u = chosen;
+    }
+    return workgroupUniformLoad(&shared_u);
+}
+
+const NONE: u32 = 0xffffffffu;
+
+// Tokens of the row with key >= threshold and allowed.
+fn count_at_least(lid: u32, base: u32, lse: f32, threshold: u32) -> u32 {
+    var n = 0u;
+    for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
+        if (allowed(j) && order_key(tempered(base, j, lse)) >= threshold) { n += 1u; }
+    }
+    return lane_count(lid, n);
+}
+
+// This lane's sum of exp(value - top) over the tokens with key >=
+// threshold (and >= floor), in id order.
+fn chunk_mass(lid: u32, base: u32, lse: f32, top: f32, floor: u32, threshold: u32) -> f32 {
     var mass = 0.0;
-    for (var j = 0u; j < p.vocab; j++) {
+    for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
         let s = tempered(base, j, lse);
         let key = order_key(s);
         if (allowed(j) && key >= floor && key >= threshold) { mass += exp(s - top); }
@@ -117,60 +201,71 @@ fn mass_at_least(base: u32, lse: f32, top: f32, floor: u32, threshold: u32) -> f
     return mass;
 }
 
-@compute @workgroup_size(64)
-fn choose_tokens(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let row = gid.x;
+fn mass_at_least(lid: u32, base: u32, lse: f32, top: f32, floor: u32, threshold: u32) -> f32 {
+    return lane_sum(lid, chunk_mass(lid, base, lse, top, floor, threshold));
+}
+
+@compute @workgroup_size(256)
+fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = workgroup_index(wid, nwg);
     if (row >= p.rows) { return; }
     let out = row * p.steps + p.step;
     if (p.step > 0u) {
-        let previous = history[out - 1u];
+        if (lid == 0u) { shared_u = history[out - 1u]; }
+        let previous = workgroupUniformLoad(&shared_u);
         if (previous == p.eos || previous == p.pad) {
-            history[out] = p.pad;
-            logprobs[out] = 0.0;
-            next[row] = p.pad;
+            if (lid == 0u) {
+                history[out] = p.pad;
+                logprobs[out] = 0.0;
+                next[row] = p.pad;
+            }
             return;
         }
     }
     let base = row * p.vocab;
+    let begin = chunk_begin(lid);
+    let end = chunk_end(lid);
     // Log-sum-exp over the tokens that may be chosen.
     var top = NEG_INF;
-    for (var j = 0u; j < p.vocab; j++) {
+    for (var j = begin; j < end; j += 1u) {
         if (allowed(j)) { top = max(top, logits[base + j]); }
     }
+    top = lane_max(lid, top);
     var sum = 0.0;
-    for (var j = 0u; j < p.vocab; j++) {
+    for (var j = begin; j < end; j += 1u) {
         if (allowed(j)) { sum += exp(logits[base + j] - top); }
     }
-    let lse = top + log(sum);
+    let lse = top + log(lane_sum(lid, sum));
 
     var chosen = 0u;
-    var found = false;
-    if (p.sample == 0u) {
-        for (var j = 0u; j < p.vocab; j++) {
-            if (allowed(j) && (!found || logits[base + j] > logits[base + chosen])) {
-                chosen = j;
-                found = true;
-            }
-        }
-    } else if (p.sample == 2u) {
+    if (p.sample != 1u) {
+        // Greedy, or Gumbel-max: the argmax of the logits, or of the
+        // logits plus noise.
         var best = NEG_INF;
-        for (var j = 0u; j < p.vocab; j++) {
-            let v = logits[base + j] + gumbel(p.seed_lo, p.seed_hi, p.first_row + row, p.step, j);
-            if (allowed(j) && (!found || v > best)) {
-                chosen = j;
+        var best_j = NONE;
+        for (var j = begin; j < end; j += 1u) {
+            var v = logits[base + j];
+            if (p.sample == 2u) {
+                v += gumbel(p.seed_lo, p.seed_hi, p.first_row + row, p.step, j);
+            }
+            if (allowed(j) && (best_j == NONE || v > best)) {
+                best_j = j;
                 best = v;
-                found = true;
             }
         }
+        chosen = lane_argmax(lid, best, best_j);
     } else {
         var candidates = 0u;
         var best = NEG_INF;
-        for (var j = 0u; j < p.vocab; j++) {
+        for (var j = begin; j < end; j += 1u) {
             if (allowed(j)) {
                 candidates += 1u;
                 best = max(best, tempered(base, j, lse));
             }
         }
+        candidates = lane_count(lid, candidates);
+        best = lane_max(lid, best);
         // floor: the smallest key kept by top-k (0 keeps all).
         var floor = 0u;
         if (p.top_k > 0u && p.top_k < candidates) {
@@ -178,34 +273,66 @@ fn choose_tokens(@builtin(global_invocation_id) gid: vec3<u32>) {
             var hi = 0xffffffffu;
             while (lo < hi) {
                 let mid = hi - (hi - lo) / 2u;
-                if (count_at_least(base, lse, mid) >= p.top_k) { lo = mid; } else { hi = mid - 1u; }
+                if (count_at_least(lid, base, lse, mid) >= p.top_k) { lo = mid; } else { hi = mid - 1u; }
             }
             floor = lo;
         }
         if (p.top_p < 1.0) {
-            let goal = p.top_p * mass_at_least(base, lse, best, floor, 0u);
+            let goal = p.top_p * mass_at_least(lid, base, lse, best, floor, 0u);
             var lo = floor;
             var hi = 0xffffffffu;
             while (lo < hi) {
                 let mid = hi - (hi - lo) / 2u;
-                if (mass_at_least(base, lse, best, floor, mid) >= goal) { lo = mid; } else { hi = mid - 1u; }
+                if (mass_at_least(lid, base, lse, best, floor, mid) >= goal) { lo = mid; } else { hi = mid - 1u; }
             }
             floor = lo;
         }
-        let draw = random_unit(p.first_row + row, p.step) * mass_at_least(base, lse, best, floor, 0u);
-        var acc = 0.0;
-        for (var j = 0u; j < p.vocab; j++) {
-            let s = tempered(base, j, lse);
-            if (allowed(j) && order_key(s) >= floor) {
-                chosen = j;
-                acc += exp(s - best);
-                if (draw < acc) { break; }
-            }
+        // The draw falls in one lane's share of the kept mass: the lane
+        // whose running total (the lanes before it, in lane order) is at
+        // most the draw and passes it with its own mass. That lane walks
+        // its kept tokens from its running total. A draw at the very top
+        // (rounding) takes the last kept token.
+        var last = 0u;
+        for (var j = begin; j < end; j += 1u) {
+            if (allowed(j) && order_key(tempered(base, j, lse)) >= floor) { last = j + 1u; }
         }
+        lane_u[lid] = last;
+        let mass = chunk_mass(lid, base, lse, best, floor, 0u);
+        lane_f[lid] = mass;
+        workgroupBarrier();
+        if (lid == 0u) {
+            var highest = 0u;
+            for (var t = 0u; t < WG; t += 1u) { highest = max(highest, lane_u[t]); }
+            shared_u = highest - 1u;
+        }
+        var before = 0.0;
+        var total = 0.0;
+        for (var t = 0u; t < WG; t += 1u) {
+            if (t == lid) { before = total; }
+            total += lane_f[t];
+        }
+        let draw = random_unit(p.first_row + row, p.step) * total;
+        workgroupBarrier();
+        if (before <= draw && draw < before + mass) {
+            var acc = before;
+            var walked = 0u;
+            for (var j = begin; j < end; j += 1u) {
+                let s = tempered(base, j, lse);
+                if (allowed(j) && order_key(s) >= floor) {
+                    walked = j;
+                    acc += exp(s - best);
+                    if (draw < acc) { break; }
+                }
+            }
+            shared_u = walked;
+        }
+        chosen = workgroupUniformLoad(&shared_u);
     }
-    history[out] = chosen;
-    logprobs[out] = logits[base + chosen] - lse;
-    next[row] = chosen;
+    if (lid == 0u) {
+        history[out] = chosen;
+        logprobs[out] = logits[base + chosen] - lse;
+        next[row] = chosen;
+    }
 }
 
 // gumbel_logits: out[r, j] = (logits[r, j] + gumbel(seed, first_row +

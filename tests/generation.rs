@@ -7,7 +7,7 @@
 
 mod common;
 
-use captune::backend::{Backend, ChoiceRule, Storage, TokenChoice};
+use captune::backend::{Backend, ChoiceRule, Sampling, Storage, TokenChoice};
 use captune::captioner::decode::{
     BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
 };
@@ -563,6 +563,78 @@ fn beam_search_over_the_cache_equals_recomputation() {
 /// logits, each token's share is within 0.02 of its probability; and
 /// `gumbel_logits` draws the noise it chose with: the perturbed row's
 /// largest allowed entry is the chosen token, at any temperature.
+/// Sampled ids of 4,000 rows of one distribution over 1,000 tokens, whose
+/// likely tokens sit in different lanes of the kernel's split of the
+/// vocabulary, plainly and with top-k 2.
+fn sampled<B: Backend>(b: &B, likely: &[(usize, f32)]) -> Vec<Vec<u32>> {
+    let (rows, vocab) = (4000, 1000);
+    let mut z = vec![-30.0f32; vocab];
+    for &(j, v) in likely {
+        z[j] = v;
+    }
+    let logits = b.tensor(&z.repeat(rows));
+    [0, 2]
+        .into_iter()
+        .map(|top_k| {
+            let (mut next, mut history, mut logprobs) =
+                (b.ids(&vec![0; rows]), b.ids(&vec![0; rows]), b.zeros(rows));
+            let choice = TokenChoice {
+                rows,
+                vocab,
+                step: 0,
+                steps: 1,
+                rule: ChoiceRule::Sample(Sampling {
+                    temperature: 1.0,
+                    top_k,
+                    top_p: 1.0,
+                }),
+                seed: 7,
+                first_row: 0,
+                banned: u32::MAX,
+                bos: 0,
+                eos: 1,
+                pad: 2,
+            };
+            b.choose_tokens(&logits, &choice, &mut next, &mut history, &mut logprobs);
+            b.ids_to_vec(&next)
+        })
+        .collect()
+}
+
+#[test]
+fn sampling_draws_each_token_with_its_probability() {
+    let likely = [(5, 1.0f32), (300, 2.0), (301, 0.5), (777, 1.5), (999, 0.0)];
+    let check = |what: &str, drawn: &[Vec<u32>]| {
+        for (i, ids) in drawn.iter().enumerate() {
+            // Top-k 2 keeps tokens 300 and 777 alone.
+            let kept: Vec<(usize, f32)> = if i == 0 {
+                likely.to_vec()
+            } else {
+                vec![likely[1], likely[3]]
+            };
+            let total: f64 = kept.iter().map(|&(_, v)| (v as f64).exp()).sum();
+            for &(j, v) in &kept {
+                let share = ids.iter().filter(|&&c| c as usize == j).count() as f64 / 4000.0;
+                let p = (v as f64).exp() / total;
+                assert!(
+                    (share - p).abs() < 0.025,
+                    "{what} top-k {i}: token {j}: {share} vs {p}"
+                );
+            }
+            let unlikely = ids
+                .iter()
+                .filter(|&&c| !kept.iter().any(|k| k.0 == c as usize));
+            assert!(unlikely.count() <= 2, "{what}: tokens of e^-30 drawn");
+        }
+    };
+    let cpu = sampled(&CpuBackend::new(), &likely);
+    check("cpu", &cpu);
+    let Some(g) = gpu() else { return };
+    let drawn = sampled(&g, &likely);
+    check("gpu", &drawn);
+    assert_eq!(drawn, cpu, "the GPU drew other ids than the CPU");
+}
+
 #[test]
 fn gumbel_max_samples_the_softmax_and_its_noise_is_drawn_again() {
     let b = CpuBackend::new();

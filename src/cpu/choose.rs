@@ -1,5 +1,6 @@
-//! CPU twin of `shaders/choose.wgsl`: the same walk over the vocabulary in
-//! id order, the same f32 arithmetic and the same random bits, so both
+//! CPU twin of `shaders/choose.wgsl`: the vocabulary split into the
+//! kernel's 256 lanes, each summed in id order and the lanes in lane
+//! order, the same f32 arithmetic and the same random bits, so both
 //! backends choose the same ids for the same seed (up to a device's `exp`
 //! and `log` rounding, for a draw on the boundary between two tokens).
 
@@ -55,60 +56,74 @@ fn order_key(x: f32) -> u32 {
     }
 }
 
+/// Threads of the kernel's workgroup: the lanes a row's vocabulary is
+/// split among.
+const LANES: usize = 256;
+
+/// Lane t's contiguous chunk of a vocabulary of `v` tokens.
+fn chunk(v: usize, lane: usize) -> std::ops::Range<usize> {
+    let per = v.div_ceil(LANES);
+    let begin = (lane * per).min(v);
+    begin..(begin + per).min(v)
+}
+
+/// Each lane's chunk summed in id order, then the lanes' sums in lane
+/// order: the kernel's order.
+fn lane_sum(v: usize, term: impl Fn(usize) -> Option<f32>) -> f32 {
+    lane_sums(v, term).iter().fold(0.0, |s, m| s + m)
+}
+
+fn lane_sums(v: usize, term: impl Fn(usize) -> Option<f32>) -> Vec<f32> {
+    (0..LANES)
+        .map(|t| chunk(v, t).filter_map(&term).fold(0.0, |s, x| s + x))
+        .collect()
+}
+
 /// The choice for one row of logits, given the previous chosen token
 /// (None at step 0): (token, its log-probability).
 fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u32, f32) {
     if previous.is_some_and(|t| t == c.eos || t == c.pad) {
         return (c.pad, 0.0);
     }
+    let v = z.len();
     let allowed = |j: usize| {
         let j = j as u32;
         j != c.banned && j != c.bos && j != c.pad
     };
     // Log-sum-exp over the tokens that may be chosen.
-    let top = (0..z.len())
+    let top = (0..v)
         .filter(|&j| allowed(j))
         .fold(f32::NEG_INFINITY, |m, j| m.max(z[j]));
-    let sum: f32 = (0..z.len())
-        .filter(|&j| allowed(j))
-        .fold(0.0, |s, j| s + (z[j] - top).exp());
+    let sum = lane_sum(v, |j| allowed(j).then(|| (z[j] - top).exp()));
     let lse = top + sum.ln();
-    let chosen = match c.rule {
-        ChoiceRule::Greedy => {
-            let mut chosen = None::<usize>;
-            for j in (0..z.len()).filter(|&j| allowed(j)) {
-                if chosen.is_none_or(|k| z[j] > z[k]) {
-                    chosen = Some(j);
-                }
+    // The argmax in id order, lowest id on ties (exact in any order).
+    let argmax = |value: &dyn Fn(usize) -> f32| {
+        let mut chosen = None::<(usize, f32)>;
+        for j in (0..v).filter(|&j| allowed(j)) {
+            let x = value(j);
+            if chosen.is_none_or(|(_, best)| x > best) {
+                chosen = Some((j, x));
             }
-            chosen.unwrap_or(0)
         }
+        chosen.map_or(0, |c| c.0)
+    };
+    let chosen = match c.rule {
+        ChoiceRule::Greedy => argmax(&|j| z[j]),
         ChoiceRule::Gumbel => {
-            let mut chosen = None::<(usize, f32)>;
-            for j in (0..z.len()).filter(|&j| allowed(j)) {
-                let v = z[j] + gumbel(c.seed, c.first_row + row, c.step, j as u32);
-                if chosen.is_none_or(|(_, best)| v > best) {
-                    chosen = Some((j, v));
-                }
-            }
-            chosen.map_or(0, |c| c.0)
+            argmax(&|j| z[j] + gumbel(c.seed, c.first_row + row, c.step, j as u32))
         }
         ChoiceRule::Sample(s) => {
             let tempered = |j: usize| (z[j] - lse) / s.temperature;
-            let candidates = (0..z.len()).filter(|&j| allowed(j)).count();
-            let best = (0..z.len())
+            let candidates = (0..v).filter(|&j| allowed(j)).count();
+            let best = (0..v)
                 .filter(|&j| allowed(j))
                 .fold(f32::MIN, |m, j| m.max(tempered(j)));
-            let mass = |floor: u32, threshold: u32| -> f32 {
-                (0..z.len()).fold(0.0, |m, j| {
-                    let v = tempered(j);
-                    let key = order_key(v);
-                    if allowed(j) && key >= floor && key >= threshold {
-                        m + (v - best).exp()
-                    } else {
-                        m
-                    }
-                })
+            let kept = |j: usize, floor: u32, threshold: u32| {
+                let key = order_key(tempered(j));
+                allowed(j) && key >= floor && key >= threshold
+            };
+            let mass_term = |floor: u32, threshold: u32| {
+                move |j: usize| kept(j, floor, threshold).then(|| (tempered(j) - best).exp())
             };
             // The largest key in [lo, u32::MAX] that `keeps`.
             let bisect = |mut lo: u32, keeps: &dyn Fn(u32) -> bool| {
@@ -125,29 +140,35 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
             };
             let mut floor = 0;
             if s.top_k > 0 && (s.top_k as usize) < candidates {
-                let count = |threshold: u32| {
-                    (0..z.len())
-                        .filter(|&j| allowed(j) && order_key(tempered(j)) >= threshold)
-                        .count()
-                };
+                let count = |threshold: u32| (0..v).filter(|&j| kept(j, 0, threshold)).count();
                 floor = bisect(0, &|mid| count(mid) >= s.top_k as usize);
             }
             if s.top_p < 1.0 {
-                let goal = s.top_p * mass(floor, 0);
-                floor = bisect(floor, &|mid| mass(floor, mid) >= goal);
+                let goal = s.top_p * lane_sum(v, mass_term(floor, 0));
+                floor = bisect(floor, &|mid| lane_sum(v, mass_term(floor, mid)) >= goal);
             }
-            let draw = random_unit(c.seed, c.first_row + row, c.step) * mass(floor, 0);
-            let mut acc = 0.0f32;
-            let mut chosen = 0;
-            for j in 0..z.len() {
-                let v = tempered(j);
-                if allowed(j) && order_key(v) >= floor {
-                    chosen = j;
-                    acc += (v - best).exp();
-                    if draw < acc {
-                        break;
+            // The lane whose share of the kept mass the draw falls in walks
+            // its kept tokens from the lanes' running total before it; a
+            // draw at the very top (rounding) takes the last kept token.
+            let masses = lane_sums(v, mass_term(floor, 0));
+            let total = masses.iter().fold(0.0f32, |s, m| s + m);
+            let draw = random_unit(c.seed, c.first_row + row, c.step) * total;
+            let last_kept = (0..v).rev().find(|&j| kept(j, floor, 0)).unwrap_or(0);
+            let mut before = 0.0f32;
+            let mut chosen = last_kept;
+            for (t, mass) in masses.iter().enumerate() {
+                if before <= draw && draw < before + mass {
+                    let mut acc = before;
+                    for j in chunk(v, t).filter(|&j| kept(j, floor, 0)) {
+                        chosen = j;
+                        acc += (tempered(j) - best).exp();
+                        if draw < acc {
+                            break;
+                        }
                     }
+                    break;
                 }
+                before += mass;
             }
             chosen
         }

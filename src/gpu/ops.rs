@@ -1213,7 +1213,7 @@ impl Backend for GpuBackend {
             "choose_tokens",
             &params,
             &[&logits.0, &next.0, &history.0, &logprobs.0],
-            [u(choice.rows.div_ceil(64)), 1, 1],
+            self.grid(choice.rows),
         );
     }
 
