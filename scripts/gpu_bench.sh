@@ -5,7 +5,7 @@
 #   - matmul GFLOP/s against PyTorch's FP32 (TF32 off) at square sizes;
 #   - training steps (shapes preset; a GPT-2-small-sized ClipCap);
 #   - greedy decoding (both networks);
-#   - an SCST step (shapes preset);
+#   - an SCST step (shapes preset; and a trained shapes captioner's);
 #   - CLIP ViT-B/32 image embedding (a random CLIP of that shape).
 # captune's JSON records carry its dispatches, passes, readbacks and each
 # matmul dispatch's workgroups per step. Results go to OUT (default
@@ -55,6 +55,13 @@ for pair in 1 2; do
     run "decode-gpt2-torch-$pair" python3 scripts/bench_torch_decode.py "${gpt2[@]}" --device cuda --json
     run "scst-shapes-captune-$pair" "$captune" --device gpu bench scst --preset shapes --json
     run "scst-shapes-torch-$pair" python3 scripts/bench_torch_scst.py --preset shapes --device cuda --json
+done
+
+# A trained shapes captioner (one epoch), whose SCST samples end where the
+# model ends them.
+run "train-shapes-epoch" "$captune" --device gpu train --preset shapes --epochs 1 --out "$out/shapes-run"
+for pair in 1 2; do
+    run "scst-trained-captune-$pair" "$captune" --device gpu bench scst --checkpoint "$out/shapes-run/checkpoint.safetensors" --json
 done
 
 clip="$out/clip-b32"

@@ -578,6 +578,31 @@ fn captioner_commands(
     let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(items < 1000);
     assert_eq!(record[0]["images"], items, "{record}");
+    // `bench scst` with the captioner on the data and embeddings it was
+    // trained on, from its record.
+    let out = captune(
+        &[
+            "--device",
+            "cpu",
+            "bench",
+            "scst",
+            "--checkpoint",
+            ck.to_str().unwrap(),
+            "--batch",
+            "8",
+            "--steps",
+            "1",
+            "--warmup",
+            "1",
+            "--json",
+        ],
+        env,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let record: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(record[0]["preset"], ck.to_str().unwrap(), "{record}");
+    assert_eq!(record[0]["batch"], 8, "{record}");
+    assert!(record[0]["steps_per_s"].as_f64().unwrap() > 0.0, "{record}");
     let results = dir.join("results.json");
     let mut args = vec![
         "--device",

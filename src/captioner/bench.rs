@@ -24,6 +24,7 @@ use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS};
 use crate::optim::{AdamW, AdamWConfig};
 use crate::shapes;
+use crate::source::embeddings::CaptionData;
 use anyhow::{Result, bail};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -554,42 +555,95 @@ impl std::fmt::Display for ScstBench {
     }
 }
 
-/// Times SCST steps (greedy baseline, 5 samples) with the preset's network
-/// from fresh weights (whose samples run to the maximum length: the most
-/// work a step can take) on random image embeddings, against a corpus of
-/// [`SCST_CORPUS_IMAGES`] images with 5 random references of 8 to 14 words
-/// over the synthetic vocabulary.
+/// What `bench scst` trains: a captioner, the corpus its rewards read, and
+/// each corpus image's embedding.
+pub struct ScstWorkload<B: Backend> {
+    /// The preset's or the checkpoint's name, for the record.
+    pub name: String,
+    pub ck: super::Checkpoint<B>,
+    pub corpus: TrainingCorpus,
+    /// `[corpus images, embed_dim]`.
+    pub features: Vec<f32>,
+}
+
+impl<B: Backend> ScstWorkload<B> {
+    /// The preset's network from fresh weights (whose samples run to the
+    /// maximum length: the most work a step can take) on random image
+    /// embeddings, against a corpus of [`SCST_CORPUS_IMAGES`] images with 5
+    /// random references of 8 to 14 words over the synthetic vocabulary.
+    pub fn synthetic(b: &B, bench: &BenchModel) -> Result<Self> {
+        let mut rng = ChaCha8Rng::seed_from_u64(0);
+        let vocab = bench.vocab();
+        let ids = bench.synthetic_vocab;
+        let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..ids));
+        let references = (0..SCST_CORPUS_IMAGES)
+            .map(|_| {
+                (0..5)
+                    .map(|_| {
+                        (0..rng.random_range(8..=14))
+                            .map(|_| word(&mut rng))
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let features = (0..SCST_CORPUS_IMAGES * EMBED_DIM)
+            .map(|_| rng.random_range(-0.1..0.1))
+            .collect();
+        Ok(ScstWorkload {
+            name: bench.name.clone(),
+            ck: super::Checkpoint {
+                model: Captioner::new(b, bench.run.captioner(EMBED_DIM, vocab.len()), 0)?,
+                vocab,
+            },
+            corpus: TrainingCorpus::new("bench-scst-synthetic", references),
+            features,
+        })
+    }
+
+    /// A trained captioner on its data's training images, whose samples
+    /// end where the model ends them, rewarded against their references.
+    pub fn trained(name: String, ck: super::Checkpoint<B>, data: &CaptionData) -> Result<Self> {
+        let (corpus, items) = TrainingCorpus::training_split(&data.data);
+        if items.is_empty() {
+            bail!(
+                "{}: no training images to take SCST steps on",
+                data.data.name
+            );
+        }
+        Ok(ScstWorkload {
+            name,
+            ck,
+            corpus,
+            features: data.features_of(&items),
+        })
+    }
+}
+
+/// Times SCST steps (greedy baseline, 5 samples, CIDEr-D) of `work`'s
+/// captioner on batches of its corpus's images in order.
 pub fn scst_throughput<B: Backend>(
     b: &B,
     bench: &BenchModel,
+    work: ScstWorkload<B>,
     warmup: usize,
     steps: usize,
 ) -> Result<ScstBench> {
     MemoryUse::reset();
-    let run = &bench.run;
-    let batch = run.train.batch;
+    let batch = bench.run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let vocab = bench.vocab();
-    let ids = bench.synthetic_vocab;
-    let word = |rng: &mut ChaCha8Rng| format!("w{}", rng.random_range(4..ids));
-    let references = (0..SCST_CORPUS_IMAGES)
-        .map(|_| {
-            (0..5)
-                .map(|_| {
-                    (0..rng.random_range(8..=14))
-                        .map(|_| word(&mut rng))
-                        .collect()
-                })
-                .collect()
-        })
-        .collect();
-    let corpus = TrainingCorpus::new("bench-scst-synthetic", references);
-    let mut model = Captioner::new(b, run.captioner(EMBED_DIM, vocab.len()), 0)?;
+    let ScstWorkload {
+        name,
+        ck,
+        corpus,
+        features,
+    } = work;
+    let super::Checkpoint { model, vocab } = ck;
+    let mut model = model;
+    let images = corpus.references.len();
+    let dim = model.config.embed_dim;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
     let mut scst = objectives::build::<B>("scst", &Settings::new(), vocab.len())?;
-    let features: Vec<f32> = (0..batch * EMBED_DIM)
-        .map(|_| rng.random_range(-0.1..0.1))
-        .collect();
     let (mut sampling, mut rewards, mut total) = (0.0, 0.0, 0.0);
     let (mut before, mut matmuls_before) = (None, None);
     for step in 0..warmup + steps {
@@ -598,13 +652,15 @@ pub fn scst_throughput<B: Backend>(
             before = b.counters();
             matmuls_before = b.matmul_workgroups();
         }
-        let first = step * batch % SCST_CORPUS_IMAGES;
+        let first = step * batch % images;
+        let chosen: Vec<usize> = (0..batch).map(|i| (first + i) % images).collect();
         let batch_of = TrainingBatch {
-            features: features.clone(),
-            sequences: Vec::new(),
-            images: (0..batch)
-                .map(|i| (first + i) % SCST_CORPUS_IMAGES)
+            features: chosen
+                .iter()
+                .flat_map(|&i| features[i * dim..(i + 1) * dim].iter().copied())
                 .collect(),
+            sequences: Vec::new(),
+            images: chosen,
             labelled: None,
         };
         let start = Instant::now();
@@ -641,7 +697,7 @@ pub fn scst_throughput<B: Backend>(
         op: "scst".into(),
         backend: b.kind(),
         adapter: b.adapter_name(),
-        preset: bench.name.clone(),
+        preset: name,
         objective: scst.describe(),
         batch,
         samples_per_image: 5,

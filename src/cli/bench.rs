@@ -2,14 +2,17 @@
 //! backend asked for.
 
 use anyhow::Result;
+use captune::backend::Backend;
 use captune::bench;
 use captune::captioner::bench::{
-    BenchModel, VOCAB, Workload, decode_throughput, scst_throughput, train_throughput,
+    BenchModel, ScstWorkload, VOCAB, Workload, decode_throughput, scst_throughput, train_throughput,
 };
 use captune::device::{self, DeviceChoice};
 use captune::retriever::bench::embed_throughput;
+use captune::source::DataArgs;
+use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
 use clap::{Args, Subcommand};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The network a captioner benchmark times.
 #[derive(Args)]
@@ -86,6 +89,18 @@ pub enum BenchCommand {
         json: bool,
         #[command(flatten)]
         model: ModelArgs,
+        /// A trained captioner (default: the preset's network with fresh
+        /// weights, whose samples run to the maximum length), stepped on
+        /// its data's training images in order, rewarded against their
+        /// references.
+        #[arg(long)]
+        checkpoint: Option<PathBuf>,
+        /// The checkpoint's data (default: the data it was trained on).
+        #[arg(long, requires = "checkpoint")]
+        data: Option<captune::source::DataSource>,
+        /// Its image embeddings (default: the features it was trained on).
+        #[arg(long, requires = "checkpoint")]
+        features: Option<PathBuf>,
         #[arg(long, default_value_t = 10)]
         steps: usize,
         #[arg(long, default_value_t = 2)]
@@ -189,13 +204,30 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
         BenchCommand::Scst {
             json,
             model,
+            checkpoint,
+            data,
+            features,
             steps,
             warmup,
         } => {
             let bench = model.bench_model()?;
+            let data = DataArgs {
+                data,
+                images: None,
+                shapes: Default::default(),
+            };
+            let features = FeatureArgs {
+                features,
+                features_ids: None,
+                retriever: None,
+            };
             bench_each(devices, json, |selection, emit| {
                 emit(captune::with_backend!(&selection.backend, b => {
-                    scst_throughput(b, &bench, warmup, steps)
+                    let work = match &checkpoint {
+                        Some(path) => trained_scst(b, path, &data, &features)?,
+                        None => ScstWorkload::synthetic(b, &bench)?,
+                    };
+                    scst_throughput(b, &bench, work, warmup, steps)
                 })?);
                 Ok(())
             })
@@ -227,6 +259,23 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
             })
         }
     }
+}
+
+/// `bench scst --checkpoint`'s workload: the captioner on its data's
+/// training images, with the features it was trained on unless others
+/// are given.
+fn trained_scst<B: Backend>(
+    b: &B,
+    path: &Path,
+    data: &DataArgs,
+    features: &FeatureArgs,
+) -> Result<ScstWorkload<B>> {
+    let start = super::captioner::Captioner::load(b, path)?;
+    let trained_on = TrainedOn::of(path, &start.trained_on);
+    let progress = captune::progress::Progress::terminal();
+    let (loaded, _) = embeddings::load(b, data, features, trained_on, &progress)?;
+    start.check_dim(path, &loaded)?;
+    ScstWorkload::trained(path.display().to_string(), start.ck, &loaded)
 }
 
 /// Runs a benchmark on each device asked for, printing records as they
