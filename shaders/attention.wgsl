@@ -32,7 +32,7 @@ const MAX_KEYS: u32 = 1024u;
 @group(0) @binding(3) var<storage, read_write> values: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-var<workgroup> weights: array<f32, 1024>;
+var<workgroup> weights: array<f32, MAX_KEYS>;
 
 @compute @workgroup_size(256)
 fn attend_cached(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

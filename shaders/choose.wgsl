@@ -303,7 +303,8 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         if (lid == 0u) {
             var highest = 0u;
             for (var t = 0u; t < WG; t += 1u) { highest = max(highest, lane_u[t]); }
-            shared_u = highest - 1u;
+            // 0 where nothing is kept (NaN logits), as the CPU twin.
+            shared_u = select(highest - 1u, 0u, highest == 0u);
         }
         var before = 0.0;
         var total = 0.0;

@@ -256,8 +256,7 @@ fn matmul_skinny(
 }
 
 // A 1 x 64 tile of C per workgroup, one output per thread: products of a
-// few rows (decoding's per-head products have one), which a taller tile
-// would mostly pad.
+// few rows, which a taller tile would mostly pad.
 @compute @workgroup_size(64, 1, 1)
 fn matmul_row(
     @builtin(workgroup_id) wid: vec3<u32>,

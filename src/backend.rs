@@ -863,6 +863,10 @@ pub trait Backend: 'static {
         c: &mut Self::Tensor,
         shape: &Matmul,
     ) {
+        assert!(
+            residual.len() == c.len(),
+            "matmul_bias_residual: a residual as large as C"
+        );
         self.matmul_bias(a, b, bias, c, shape);
         self.axpby(1.0, residual, 1.0, c);
     }

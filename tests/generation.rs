@@ -559,13 +559,9 @@ fn beam_search_over_the_cache_equals_recomputation() {
     check("gpu", beams_both_ways(&g));
 }
 
-/// Gumbel-max choice samples the softmax: over 6000 rows of the same
-/// logits, each token's share is within 0.02 of its probability; and
-/// `gumbel_logits` draws the noise it chose with: the perturbed row's
-/// largest allowed entry is the chosen token, at any temperature.
 /// Sampled ids of 4,000 rows of one distribution over 1,000 tokens, whose
 /// likely tokens sit in different lanes of the kernel's split of the
-/// vocabulary, plainly and with top-k 2.
+/// vocabulary (chunks of 4 tokens), plainly and with top-k 2.
 fn sampled<B: Backend>(b: &B, likely: &[(usize, f32)]) -> Vec<Vec<u32>> {
     let (rows, vocab) = (4000, 1000);
     let mut z = vec![-30.0f32; vocab];
@@ -635,6 +631,47 @@ fn sampling_draws_each_token_with_its_probability() {
     assert_eq!(drawn, cpu, "the GPU drew other ids than the CPU");
 }
 
+/// Greedy choice among tied logits in different chunks of the kernel's
+/// split of the vocabulary (chunks of 4 tokens) takes the lowest id.
+#[test]
+fn greedy_takes_the_lowest_id_among_ties() {
+    fn chosen<B: Backend>(b: &B) -> u32 {
+        let mut z = vec![0.0f32; 1000];
+        for j in [700, 259, 3] {
+            z[j] = 5.0;
+        }
+        let (mut next, mut history, mut logprobs) = (b.ids(&[0]), b.ids(&[0]), b.zeros(1));
+        let choice = TokenChoice {
+            rows: 1,
+            vocab: 1000,
+            step: 0,
+            steps: 1,
+            rule: ChoiceRule::Greedy,
+            seed: 0,
+            first_row: 0,
+            banned: u32::MAX,
+            bos: 0,
+            eos: 1,
+            pad: 2,
+        };
+        b.choose_tokens(
+            &b.tensor(&z),
+            &choice,
+            &mut next,
+            &mut history,
+            &mut logprobs,
+        );
+        b.ids_to_vec(&next)[0]
+    }
+    assert_eq!(chosen(&CpuBackend::new()), 3);
+    let Some(g) = gpu() else { return };
+    assert_eq!(chosen(&g), 3);
+}
+
+/// Gumbel-max choice samples the softmax: over 6000 rows of the same
+/// logits, each token's share is within 0.02 of its probability; and
+/// `gumbel_logits` draws the noise it chose with: the perturbed row's
+/// largest allowed entry is the chosen token, at any temperature.
 #[test]
 fn gumbel_max_samples_the_softmax_and_its_noise_is_drawn_again() {
     let b = CpuBackend::new();

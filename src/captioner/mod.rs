@@ -203,10 +203,12 @@ impl CaptionerConfig {
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");
         }
-        let positions = self.prefix_len + self.max_len;
+        // Decoding's KV cache holds the decoder's whole sequence.
+        let positions = self.seq_len();
         if positions > crate::backend::CachedAttention::MAX_CAPACITY {
             bail!(
-                "prefix_len {} + max_len {} = {positions} positions; decoding caches at most {}",
+                "prefix_len {} and max_len {} make {positions} decoder positions; decoding \
+                 caches at most {}",
                 self.prefix_len,
                 self.max_len,
                 crate::backend::CachedAttention::MAX_CAPACITY

@@ -92,8 +92,9 @@ pub enum BenchCommand {
         /// A trained captioner (default: the preset's network with fresh
         /// weights, whose samples run to the maximum length), stepped on
         /// its data's training images in order, rewarded against their
-        /// references.
-        #[arg(long)]
+        /// references. Its own network, not a preset's: --batch sets the
+        /// images per step.
+        #[arg(long, conflicts_with_all = ["preset", "config", "vocab"])]
         checkpoint: Option<PathBuf>,
         /// The checkpoint's data (default: the data it was trained on).
         #[arg(long, requires = "checkpoint")]

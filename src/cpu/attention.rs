@@ -1,6 +1,7 @@
 //! CPU twin of `shaders/attention.wgsl`: decoding's attention over a KV
 //! cache, each (row, head) in the kernel's order (scores, their maximum,
-//! the sum of their exponentials, then the values weighted in key order).
+//! the sum of their exponentials as the kernel's workgroup adds them, then
+//! the values weighted in key order).
 
 use crate::backend::CachedAttention;
 use rayon::prelude::*;
@@ -36,7 +37,7 @@ pub fn attend_cached(
                     .collect();
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
                 let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let total: f32 = weights.iter().sum();
+                let total = workgroup_sum(&weights);
                 for (i, o) in out[h * d..][..d].iter_mut().enumerate() {
                     let sum = weights
                         .iter()
@@ -46,4 +47,27 @@ pub fn attend_cached(
                 }
             }
         });
+}
+
+/// Threads of the kernel's workgroup.
+const WG: usize = 256;
+
+/// The sum of `x` as `workgroup_reduce` in `shaders/prelude.wgsl` takes it:
+/// thread t adds the elements t, t + 256, ... in order, then each of the
+/// first `stride` threads adds thread t + stride's sum, for strides 128
+/// down to 1.
+fn workgroup_sum(x: &[f32]) -> f32 {
+    let mut partial = [0.0f32; WG];
+    for (t, p) in partial.iter_mut().enumerate() {
+        *p = x.iter().skip(t).step_by(WG).fold(0.0, |s, v| s + v);
+    }
+    let mut stride = WG / 2;
+    while stride > 0 {
+        let (low, high) = partial.split_at_mut(stride);
+        for (a, b) in low.iter_mut().zip(&high[..stride]) {
+            *a += b;
+        }
+        stride /= 2;
+    }
+    partial[0]
 }

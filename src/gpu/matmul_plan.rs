@@ -13,8 +13,7 @@ pub const MATMUL_MIN_WORKGROUPS: usize = 64;
 /// The shortest k a split takes.
 const SPLIT_MIN_K: usize = 256;
 const MAX_SPLITS: usize = 16;
-/// Rows up to which a product takes the one-row kernel (decoding's
-/// per-head products have one).
+/// Rows up to which a product takes the one-row kernel.
 const ROW_KERNEL_MAX_M: usize = 4;
 
 /// The matmul kernels of `shaders/matmul.wgsl`, by the tile of C one
@@ -30,7 +29,7 @@ pub enum MatmulTile {
     /// for either, such as the mapper's, whose rows are a batch's images.
     Skinny16x8,
     /// 1 x 64, one output per thread (`matmul_row`): products of one to
-    /// four rows.
+    /// four rows, which a taller tile would mostly pad.
     Row1x64,
 }
 

@@ -113,6 +113,10 @@ impl Transformer {
         let (rows, len, capacity) = (cache.rows, prefill.len, cache.capacity);
         assert!(cache.is_empty(), "a prefill starts an empty cache");
         assert!(len <= capacity, "the prefill is longer than the KV cache");
+        assert!(
+            prefill.stream[0].len() == rows * len * w,
+            "the prefill is for another number of rows than the cache"
+        );
         // Keys (1) or values (2) of every position, token-major in qkv.
         let part = |k: usize| HeadLayout {
             batch: rows,
