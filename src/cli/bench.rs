@@ -133,8 +133,9 @@ pub enum BenchCommand {
         json: bool,
         #[command(flatten)]
         model: ModelArgs,
-        /// A trained captioner (default: fresh weights, whose captions run to the maximum length).
-        #[arg(long)]
+        /// A trained captioner (default: the preset's network with fresh
+        /// weights, whose captions run to the maximum length).
+        #[arg(long, conflicts_with_all = ["preset", "config", "vocab"])]
         checkpoint: Option<PathBuf>,
         /// Image embeddings to decode: the first --images rows of this
         /// features file (the checkpoint's own, for the captions it

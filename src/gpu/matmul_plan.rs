@@ -111,9 +111,9 @@ pub fn k_split(tiles: usize, k: usize) -> Option<usize> {
 
 /// The plan for `batch` products of m x n over k; `splittable` when the
 /// product may run split-K (one product, no epilogue but column sums).
-/// Tiles no taller than the product are tried from the largest down: the
-/// first that gives enough workgroups whole, or split, is taken; else the
-/// smallest, split if k allows.
+/// Tiles no taller and no wider than the product are tried from the
+/// largest down: the first that gives enough workgroups whole, or split,
+/// is taken; else the smallest, split if k allows.
 pub fn plan(
     kernel: MatmulKernel,
     m: usize,
@@ -139,11 +139,15 @@ pub fn plan(
         MatmulKernel::Registers => &[MatmulTile::Registers64, MatmulTile::Skinny16x8],
     };
     let smallest = family[family.len() - 1];
-    // A tile taller than the product would compute mostly padding.
+    // A tile taller or wider than the product would compute mostly padding.
+    let fits = |tile: MatmulTile| {
+        let (rows, cols) = tile.size();
+        rows <= m && cols <= n
+    };
     let candidates = family
         .iter()
         .copied()
-        .filter(|&tile| tile.size().0 <= m || tile == smallest);
+        .filter(|&tile| fits(tile) || tile == smallest);
     for tile in candidates {
         let whole = MatmulPlan {
             tile,
@@ -224,6 +228,9 @@ mod tests {
                 k_split: None
             }
         );
+        // A tall product of few columns takes tiles of its width.
+        let p = plan(MatmulKernel::Shared, 8192, 8, 64, 1, false);
+        assert_eq!(p.tile, MatmulTile::Skinny16x8);
     }
 
     #[test]
