@@ -104,10 +104,10 @@ fn tempered(base: u32, j: u32, lse: f32) -> f32 {
 // vocabulary, c = ceil(vocab / 256), walking it in id order. A sum adds
 // each lane's chunk in id order, then the lanes' sums in lane order; the
 // CPU twin keeps that order, so both get the same bits (up to `exp`). A
-// maximum, a count and an argmax (lowest id on ties) are exact in any
-// order. Values every thread needs pass through workgroup memory and
-// `workgroupUniformLoad`, which keeps the bisections' loops in uniform
-// control flow.
+// maximum (the prelude's `workgroup_reduce`), a count and an argmax
+// (lowest id on ties) are exact in any order. Values the bisections'
+// loops test pass through workgroup memory and `workgroupUniformLoad`,
+// which keeps those loops in uniform control flow.
 
 var<workgroup> lane_f: array<f32, 256>;
 var<workgroup> lane_u: array<u32, 256>;
@@ -130,17 +130,6 @@ fn lane_sum(lid: u32, v: f32) -> f32 {
         var total = 0.0;
         for (var t = 0u; t < WG; t += 1u) { total += lane_f[t]; }
         shared_f = total;
-    }
-    return workgroupUniformLoad(&shared_f);
-}
-
-fn lane_max(lid: u32, v: f32) -> f32 {
-    lane_f[lid] = v;
-    workgroupBarrier();
-    if (lid == 0u) {
-        var m = NEG_INF;
-        for (var t = 0u; t < WG; t += 1u) { m = max(m, lane_f[t]); }
-        shared_f = m;
     }
     return workgroupUniformLoad(&shared_f);
 }
@@ -231,7 +220,7 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     for (var j = begin; j < end; j += 1u) {
         if (allowed(j)) { top = max(top, logits[base + j]); }
     }
-    top = lane_max(lid, top);
+    top = workgroup_reduce(lid, top, true);
     var sum = 0.0;
     for (var j = begin; j < end; j += 1u) {
         if (allowed(j)) { sum += exp(logits[base + j] - top); }
@@ -265,7 +254,7 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
             }
         }
         candidates = lane_count(lid, candidates);
-        best = lane_max(lid, best);
+        best = workgroup_reduce(lid, best, true);
         // floor: the smallest key kept by top-k (0 keeps all).
         var floor = 0u;
         if (p.top_k > 0u && p.top_k < candidates) {

@@ -638,8 +638,7 @@ pub fn scst_throughput<B: Backend>(
         corpus,
         features,
     } = work;
-    let super::Checkpoint { model, vocab } = ck;
-    let mut model = model;
+    let super::Checkpoint { mut model, vocab } = ck;
     let images = corpus.references.len();
     let dim = model.config.embed_dim;
     let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());

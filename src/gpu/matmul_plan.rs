@@ -88,10 +88,17 @@ pub struct MatmulPlan {
 }
 
 impl MatmulPlan {
-    /// Workgroups of the dispatch for a batch of `batch` products.
-    pub fn workgroups(&self, m: usize, n: usize, k: usize, batch: usize) -> usize {
+    /// The dispatch's grid for a batch of `batch` products: C's column
+    /// tiles, its row tiles, and the batch items or the splits.
+    pub fn grid(&self, m: usize, n: usize, k: usize, batch: usize) -> [usize; 3] {
+        let (rows, cols) = self.tile.size();
         let layers = self.k_split.map_or(batch, |per| k.div_ceil(per));
-        self.tile.tiles(m, n) * layers
+        [n.div_ceil(cols), m.div_ceil(rows), layers]
+    }
+
+    /// Workgroups of that dispatch.
+    pub fn workgroups(&self, m: usize, n: usize, k: usize, batch: usize) -> usize {
+        self.grid(m, n, k, batch).iter().product()
     }
 }
 

@@ -2,7 +2,7 @@
 //! out as the `Params` struct of its `shaders/*.wgsl` file) and records the
 //! dispatch.
 
-use super::matmul_plan::{self, MatmulTile};
+use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
     AdamWStep, Backend, BackendKind, CachedAttention, ChoiceRule, DeviceCounters, HeadLayout,
@@ -260,17 +260,14 @@ impl GpuBackend {
         }
         // What the epilogue reads and writes; A stands in for an input
         // (bound, never read) and a spare buffer for an output.
-        let (flag, input, output) = match epilogue {
-            Epilogue::None => (0, a, &self.spare),
-            Epilogue::Bias(bias) => (BIAS, bias, &self.spare),
-            Epilogue::BiasGelu { bias, act } => (BIAS | GELU, bias, act),
-            Epilogue::GeluGrad { pre } => (GELU_GRAD, pre, &self.spare),
-            Epilogue::ColumnSums(sums) => (COLUMN_SUMS, a, sums),
-            Epilogue::BiasResidual { bias, .. } => (BIAS | RESIDUAL, bias, &self.spare),
-        };
-        let residual = match epilogue {
-            Epilogue::BiasResidual { residual, .. } => residual,
-            _ => a,
+        let spare = &self.spare;
+        let (flag, input, output, residual) = match epilogue {
+            Epilogue::None => (0, a, spare, a),
+            Epilogue::Bias(bias) => (BIAS, bias, spare, a),
+            Epilogue::BiasGelu { bias, act } => (BIAS | GELU, bias, act, a),
+            Epilogue::GeluGrad { pre } => (GELU_GRAD, pre, spare, a),
+            Epilogue::ColumnSums(sums) => (COLUMN_SUMS, a, sums, a),
+            Epilogue::BiasResidual { bias, residual } => (BIAS | RESIDUAL, bias, spare, residual),
         };
         let flags = s.trans_a as u32 | (s.trans_b as u32) << 1 | (s.accumulate as u32) << 2 | flag;
         let [lda, ldb, ldc] = s.row_strides();
@@ -293,10 +290,8 @@ impl GpuBackend {
             && ldc == s.n;
         let plan = matmul_plan::plan(self.matmul_kernel(), s.m, s.n, s.k, s.batch, splittable);
         if let Some(per) = plan.k_split {
-            return self.split_matmul(a, b, epilogue, c, s, params, plan.tile, per);
+            return self.split_matmul(a, b, epilogue, c, s, params, plan, per);
         }
-        let (rows, cols) = plan.tile.size();
-        let groups = [u(s.n.div_ceil(cols)), u(s.m.div_ceil(rows)), u(s.batch)];
         let entry = plan.tile.entry();
         self.count_matmul(entry, plan.workgroups(s.m, s.n, s.k, s.batch) as u64);
         self.dispatch(
@@ -304,7 +299,7 @@ impl GpuBackend {
             entry,
             &params,
             &[&a.0, &b.0, &c.0, &input.0, &output.0, &residual.0],
-            groups,
+            plan.grid(s.m, s.n, s.k, s.batch).map(u),
         );
     }
 
@@ -320,7 +315,7 @@ impl GpuBackend {
         c: &mut GpuTensor,
         s: &Matmul,
         params: MatmulParams,
-        tile: MatmulTile,
+        plan: MatmulPlan,
         per: usize,
     ) {
         let splits = s.k.div_ceil(per);
@@ -334,17 +329,15 @@ impl GpuBackend {
             k_split: u(per),
             ..params
         };
-        let (rows, cols) = tile.size();
-        let groups = [u(s.n.div_ceil(cols)), u(s.m.div_ceil(rows)), u(splits)];
-        let workgroups = groups.iter().map(|&g| g as u64).product();
-        let entry = tile.entry();
+        let entry = plan.tile.entry();
+        let workgroups = plan.workgroups(s.m, s.n, s.k, s.batch) as u64;
         self.count_matmul(&format!("{entry}+split"), workgroups);
         self.dispatch(
             "matmul",
             entry,
             &params,
             &[&a.0, &b.0, &c.0, &a.0, &partials.0, &a.0],
-            groups,
+            plan.grid(s.m, s.n, s.k, s.batch).map(u),
         );
         let sum = ReduceParams {
             len: u(product),

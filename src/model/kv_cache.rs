@@ -15,6 +15,7 @@ use super::layers::NormStats;
 use super::params::Params;
 use super::transformer::{BlockActivations, Transformer};
 use crate::backend::{Backend, CachedAttention, HeadLayout, Storage};
+use crate::ops::attention::AttentionShape;
 
 /// Keys and values of every layer for `rows` sequences of up to
 /// `capacity` positions, and the buffers of one step.
@@ -117,14 +118,12 @@ impl Transformer {
             prefill.stream[0].len() == rows * len * w,
             "the prefill is for another number of rows than the cache"
         );
-        // Keys (1) or values (2) of every position, token-major in qkv.
-        let part = |k: usize| HeadLayout {
+        let shape = AttentionShape {
             batch: rows,
             seq: len,
             heads,
             head_dim: d,
-            row_stride: 3 * w,
-            col_offset: k * w,
+            causal: true,
         };
         // [rows, heads, len, head_dim] into positions 0..len of each (row,
         // head)'s [capacity, head_dim] cache: a (row, head)'s positions are
@@ -146,8 +145,9 @@ impl Transformer {
         for (l, block) in self.blocks.iter().enumerate() {
             let [x, next] = &mut *stream;
             block.forward(b, p, a, x, None, next);
+            // Keys (part 1) and values (part 2) of every position.
             for (k, layer) in [(1, &mut cache.keys[l]), (2, &mut cache.values[l])] {
-                b.tokens_to_heads(&a.qkv_out, packed, &part(k));
+                b.tokens_to_heads(&a.qkv_out, packed, &shape.qkv_part(k));
                 b.heads_to_tokens(packed, layer, &slots, false);
             }
             std::mem::swap(x, next);
@@ -189,13 +189,20 @@ impl Transformer {
         let c = &self.config;
         let (rows, capacity, position) = (cache.rows, cache.capacity, cache.len);
         assert!(position < capacity, "the KV cache is full");
+        let shape = AttentionShape {
+            batch: rows,
+            seq: 1,
+            heads: c.heads,
+            head_dim: c.head_dim(),
+            causal: true,
+        };
         let attention = CachedAttention {
             rows,
             heads: c.heads,
             head_dim: c.head_dim(),
             capacity,
             position,
-            scale: 1.0 / (c.head_dim() as f32).sqrt(),
+            scale: shape.scale(),
         };
         let KvCache {
             keys,

@@ -20,7 +20,7 @@ impl AttentionShape {
     }
 
     /// q (part 0), k (1) or v (2) inside the fused qkv tensor.
-    fn qkv_part(&self, part: usize) -> HeadLayout {
+    pub fn qkv_part(&self, part: usize) -> HeadLayout {
         HeadLayout {
             batch: self.batch,
             seq: self.seq,
@@ -39,7 +39,8 @@ impl AttentionShape {
         }
     }
 
-    fn scale(&self) -> f32 {
+    /// What q k is multiplied by: 1 / sqrt(head_dim).
+    pub fn scale(&self) -> f32 {
         1.0 / (self.head_dim as f32).sqrt()
     }
 
