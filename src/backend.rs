@@ -589,6 +589,118 @@ impl HeadLayout {
     }
 }
 
+/// Multi-head self-attention over a fused qkv tensor `[batch, seq, 3 *
+/// channels]` (q, then k, then v, each `[heads, head_dim]` per token), with
+/// its output `[batch, seq, channels]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Each position attends only to itself and earlier ones.
+    pub causal: bool,
+}
+
+impl AttentionShape {
+    /// The widest head the fused kernels take: they hold 16 rows of
+    /// three operands in 16 KiB of workgroup memory.
+    pub const MAX_FUSED_HEAD_DIM: usize = 64;
+
+    pub fn channels(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// q (part 0), k (1) or v (2) inside the fused qkv tensor.
+    pub fn qkv_part(&self, part: usize) -> HeadLayout {
+        HeadLayout {
+            batch: self.batch,
+            seq: self.seq,
+            heads: self.heads,
+            head_dim: self.head_dim,
+            row_stride: 3 * self.channels(),
+            col_offset: part * self.channels(),
+        }
+    }
+
+    /// What q k is multiplied by: 1 / sqrt(head_dim).
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+
+    /// Attention as batched products per head, each operand read in place.
+    pub fn products(&self) -> AttentionProducts {
+        let (t, d) = (self.seq, self.head_dim);
+        let per_head = |m, n, k| Matmul::per_head(self.batch, self.heads, m, n, k);
+        let part = |p| Operand::heads_in_rows(&self.qkv_part(p));
+        let out = Operand::heads_in_rows(&HeadLayout {
+            row_stride: self.channels(),
+            col_offset: 0,
+            ..self.qkv_part(0)
+        });
+        AttentionProducts {
+            scores: per_head(t, t, d)
+                .with_a(part(0))
+                .with_b(part(1))
+                .trans_b()
+                .alpha(self.scale()),
+            weighted_values: per_head(t, d, t).with_b(part(2)).with_c(out),
+            d_weights: per_head(t, t, d).with_a(out).with_b(part(2)).trans_b(),
+            d_values: per_head(t, d, t).trans_a().with_b(out).with_c(part(2)),
+            d_queries: per_head(t, d, t)
+                .with_b(part(1))
+                .with_c(part(0))
+                .alpha(self.scale()),
+            d_keys: per_head(t, d, t)
+                .trans_a()
+                .with_b(part(0))
+                .with_c(part(1))
+                .alpha(self.scale()),
+        }
+    }
+
+    /// Panics unless the tensors of [`Backend::attention`] have this shape:
+    /// qkv `[batch, seq, 3 channels]`, out `[batch, seq, channels]`, the
+    /// log-sum-exps `[batch, heads, seq]` and the mask `[batch, seq]`; and
+    /// unless the heads fit the fused kernels.
+    pub fn check(&self, (qkv, out, lse): (usize, usize, usize), mask: Option<usize>) {
+        let tokens = self.batch * self.seq;
+        assert!(
+            qkv == tokens * 3 * self.channels()
+                && out == tokens * self.channels()
+                && lse == tokens * self.heads
+                && mask.is_none_or(|m| m == tokens),
+            "attention: tensors of {qkv}, {out}, {lse} and {mask:?} elements for {self:?}"
+        );
+        assert!(
+            self.head_dim <= Self::MAX_FUSED_HEAD_DIM,
+            "attention: heads of {} (the fused kernels take at most {})",
+            self.head_dim,
+            Self::MAX_FUSED_HEAD_DIM
+        );
+    }
+}
+
+/// Attention's products per head ([`AttentionShape::products`]): q, k and
+/// v read inside qkv, the heads of out and of its gradient inside `[batch,
+/// seq, channels]`, the weights and scores packed `[batch, heads, seq,
+/// seq]`. Each writes its part of C (none accumulates).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionProducts {
+    /// scores = scale q k^T.
+    pub scores: Matmul,
+    /// out = weights v.
+    pub weighted_values: Matmul,
+    /// d weights = d_out v^T.
+    pub d_weights: Matmul,
+    /// dv = weights^T d_out.
+    pub d_values: Matmul,
+    /// dq = scale d_scores k.
+    pub d_queries: Matmul,
+    /// dk = scale d_scores^T q.
+    pub d_keys: Matmul,
+}
+
 /// Decoding's attention at one new position of `rows` sequences, over a
 /// KV cache of `[rows, heads, capacity, head_dim]` per layer (see
 /// [`Backend::attend_cached`]).
@@ -821,6 +933,34 @@ pub trait Backend: 'static {
     );
     /// x = clamp(x, lo, hi)
     fn clamp(&self, x: &mut Self::Tensor, lo: f32, hi: f32);
+
+    /// Self-attention, fused (FlashAttention's scheme: no `[seq, seq]`
+    /// tensor is stored): out = softmax(scale q k + masks) v per head, with
+    /// the causal mask if `l.causal` and, given `key_mask` (`[batch, seq]`,
+    /// nonzero = a real token), padding keys masked. A query with no key
+    /// left gets 0. `lse` (`[batch, heads, seq]`) gets each query's
+    /// log-sum-exp of its scores, which the backward reads.
+    fn attention(
+        &self,
+        qkv: &Self::Tensor,
+        key_mask: Option<&Self::Ids>,
+        out: &mut Self::Tensor,
+        lse: &mut Self::Tensor,
+        l: &AttentionShape,
+    );
+    /// dqkv (overwritten) = the gradient through `attention`, given its
+    /// inputs, its out and lse, and d_out.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        qkv: &Self::Tensor,
+        key_mask: Option<&Self::Ids>,
+        out: &Self::Tensor,
+        lse: &Self::Tensor,
+        d_out: &Self::Tensor,
+        dqkv: &mut Self::Tensor,
+        l: &AttentionShape,
+    );
 
     /// Decoding's attention, fused: each (row, head)'s new key and value
     /// (parts 1 and 2 of its row of `qkv`, `[rows, 3 width]`) join the

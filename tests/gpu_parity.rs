@@ -11,7 +11,7 @@ use captune::backend::{
 use captune::cpu::CpuBackend;
 use captune::gpu::{MatmulKernel, MatmulTile};
 use captune::index::FULL_VOCAB;
-use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::sequence_likelihood::SequenceLikelihood;
@@ -631,25 +631,41 @@ fn adamw_matches_cpu() {
 
 // ---- composites built from the kernels ----
 
+/// Both attention kernels, causal and not, with padded keys: the fused
+/// kernels at one tile of positions and at several (37 positions, an
+/// item whose keys are all padding, heads of 64, the widest they take).
 fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
-    for causal in [true, false] {
-        let shape = AttentionShape {
-            batch: 2,
-            seq: 6,
-            heads: 2,
-            head_dim: 5,
-            causal,
-        };
-        let c = shape.channels();
-        let mask = b.ids(&[1, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
-        let qkv = b.tensor(&random(2 * 6 * 3 * c, 1));
-        let mut attn = Attention::new(b, shape, true);
-        let mut out = b.zeros(2 * 6 * c);
-        attn.forward(b, &qkv, Some(&mask), &mut out);
-        let mut dqkv = b.zeros(2 * 6 * 3 * c);
-        attn.backward(b, &qkv, &b.tensor(&random(2 * 6 * c, 2)), &mut dqkv);
-        outs.extend([b.to_vec(&out), b.to_vec(&dqkv)]);
+    let cases = [
+        (AttentionKernel::Products, 6, 5, vec![4, 6]),
+        (AttentionKernel::Fused, 6, 5, vec![4, 6]),
+        (AttentionKernel::Fused, 37, 64, vec![20, 0]),
+        (AttentionKernel::Fused, 37, 24, vec![37, 33]),
+    ];
+    for (kernel, seq, head_dim, real) in cases {
+        for causal in [true, false] {
+            let shape = AttentionShape {
+                batch: 2,
+                seq,
+                heads: 2,
+                head_dim,
+                causal,
+            };
+            let c = shape.channels();
+            let mask: Vec<u32> = real
+                .iter()
+                .flat_map(|&n| (0..seq).map(move |t| u32::from(t < n)))
+                .collect();
+            let qkv = b.tensor(&random(2 * seq * 3 * c, 1));
+            let mut attn = Attention::with_kernel(b, shape, true, kernel);
+            let mut out = b.zeros(2 * seq * c);
+            let mask = b.ids(&mask);
+            attn.forward(b, &qkv, Some(&mask), &mut out);
+            let mut dqkv = b.tensor(&random(2 * seq * 3 * c, 3));
+            let dout = b.tensor(&random(2 * seq * c, 2));
+            attn.backward(b, &qkv, Some(&mask), &out, &dout, &mut dqkv);
+            outs.extend([b.to_vec(&out), b.to_vec(&dqkv)]);
+        }
     }
     outs
 }

@@ -7,11 +7,11 @@ mod common;
 use captune::backend::{Backend, Matmul, SoftmaxRows, TokenIndex, VocabSubsets};
 use captune::cpu::CpuBackend;
 use captune::index::FULL_VOCAB;
-use captune::ops::attention::{Attention, AttentionShape};
+use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::linear::Linear;
-use common::{probes, random, random_ids};
+use common::{assert_close, probes, random, random_ids};
 
 const EPS: f32 = 1e-2;
 
@@ -325,36 +325,83 @@ fn masked_softmax_backward_matches_finite_differences() {
     check("softmax", &x, &dx, |x| dot(&forward(x), &r));
 }
 
+/// Both kernels; the fused one over 19 positions (two tiles of keys and
+/// of queries).
 #[test]
 fn attention_backward_matches_finite_differences() {
     let b = CpuBackend::new();
-    for causal in [true, false] {
-        let shape = AttentionShape {
-            batch: 2,
-            seq: 4,
-            heads: 2,
-            head_dim: 3,
-            causal,
-        };
-        let c = shape.channels();
-        let mask = vec![1, 1, 1, 0, 1, 1, 1, 1];
-        let qkv = random(2 * 4 * 3 * c, 1);
-        let r = random(2 * 4 * c, 2);
-        let forward = |qkv: &[f32]| {
-            let mut attn = Attention::new(&b, shape, true);
-            let mut out = vec![0.0; 2 * 4 * c];
-            attn.forward(&b, &qkv.to_vec(), Some(&mask), &mut out);
-            (dot(&out, &r), attn)
-        };
-        let (_, mut attn) = forward(&qkv);
-        let mut dqkv = vec![0.0; qkv.len()];
-        attn.backward(&b, &qkv, &r, &mut dqkv);
-        check(
-            &format!("attention (causal {causal}) dqkv"),
-            &qkv,
-            &dqkv,
-            |x| forward(x).0,
-        );
+    for (kernel, seq) in [
+        (AttentionKernel::Products, 4),
+        (AttentionKernel::Fused, 4),
+        (AttentionKernel::Fused, 19),
+    ] {
+        for causal in [true, false] {
+            let shape = AttentionShape {
+                batch: 2,
+                seq,
+                heads: 2,
+                head_dim: 3,
+                causal,
+            };
+            let c = shape.channels();
+            let mut mask = vec![1; 2 * seq];
+            mask[seq - 1] = 0;
+            let qkv = random(2 * seq * 3 * c, 1);
+            let r = random(2 * seq * c, 2);
+            let forward = |qkv: &[f32]| {
+                let mut attn = Attention::with_kernel(&b, shape, true, kernel);
+                let mut out = vec![0.0; 2 * seq * c];
+                attn.forward(&b, &qkv.to_vec(), Some(&mask), &mut out);
+                (out, attn)
+            };
+            let (out, mut attn) = forward(&qkv);
+            let mut dqkv = vec![0.0; qkv.len()];
+            attn.backward(&b, &qkv, Some(&mask), &out, &r, &mut dqkv);
+            check(
+                &format!("attention ({kernel:?}, {seq} positions, causal {causal}) dqkv"),
+                &qkv,
+                &dqkv,
+                |x| dot(&forward(x).0, &r),
+            );
+        }
+    }
+}
+
+/// The fused kernels against batched products and a softmax, an
+/// independent computation of the same function, over several tiles of
+/// positions, padded keys and an item with none.
+#[test]
+fn fused_attention_equals_products() {
+    let b = CpuBackend::new();
+    for (seq, head_dim) in [(40, 64), (33, 24)] {
+        for causal in [true, false] {
+            let shape = AttentionShape {
+                batch: 3,
+                seq,
+                heads: 3,
+                head_dim,
+                causal,
+            };
+            let c = shape.channels();
+            let mask: Vec<u32> = [seq, 17, 0]
+                .iter()
+                .flat_map(|&n| (0..seq).map(move |t| u32::from(t < n)))
+                .collect();
+            let qkv: Vec<f32> = random(3 * seq * 3 * c, 1).iter().map(|v| 3.0 * v).collect();
+            let d_out = random(3 * seq * c, 2);
+            let run = |kernel| {
+                let mut attn = Attention::with_kernel(&b, shape, true, kernel);
+                let mut out = vec![0.0; 3 * seq * c];
+                attn.forward(&b, &qkv, Some(&mask), &mut out);
+                let mut dqkv = random(qkv.len(), 3);
+                attn.backward(&b, &qkv, Some(&mask), &out, &d_out, &mut dqkv);
+                (out, dqkv)
+            };
+            let (fused, products) = (run(AttentionKernel::Fused), run(AttentionKernel::Products));
+            let what = format!("{seq} positions, heads of {head_dim}, causal {causal}");
+            assert_close(&format!("out, {what}"), &fused.0, &products.0, 1e-5, 1e-5);
+            assert_close(&format!("dqkv, {what}"), &fused.1, &products.1, 1e-4, 1e-5);
+        }
     }
 }
 

@@ -183,7 +183,7 @@ impl Mapper {
                 // The outputs at the embedding's vectors are read by no
                 // one: their rows of d_out stay zero from its making.
                 b.heads_to_tokens(d_prefix, &mut t.d_out, &t.constant_layout, false);
-                let d_input = transformer.backward(b, p, &mut t.transformer, &t.d_out);
+                let d_input = transformer.backward(b, p, &mut t.transformer, None, &t.d_out);
                 b.tokens_to_heads(d_input, &mut t.d_clip, &t.clip_layout);
                 b.tokens_to_heads(d_input, &mut t.d_constant_rows, &t.constant_layout);
                 b.embedding_backward(&t.d_constant_rows, &t.constant_ids, p.grad(*constants), w);

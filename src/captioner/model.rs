@@ -354,7 +354,9 @@ impl<B: Backend> Captioner<B> {
             p.grad(self.tokens),
             &Matmul::new(c.vocab_size, w, rows).trans_a().accumulate(),
         );
-        let d_input = self.decoder.backward(b, p, &mut ws.decoder, &ws.d_hidden);
+        let d_input = self
+            .decoder
+            .backward(b, p, &mut ws.decoder, None, &ws.d_hidden);
         b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
         b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);

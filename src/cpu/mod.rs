@@ -17,8 +17,8 @@ mod reduce;
 mod softmax;
 
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, CachedAttention, HeadLayout, Matmul, Reduce, SoftmaxRows,
-    TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, HeadLayout, Matmul, Reduce,
+    SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -306,6 +306,38 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) {
         softmax::backward(y, dy, dx, cols, accumulate);
+    }
+
+    fn attention(
+        &self,
+        qkv: &Vec<f32>,
+        key_mask: Option<&Vec<u32>>,
+        out: &mut Vec<f32>,
+        lse: &mut Vec<f32>,
+        l: &AttentionShape,
+    ) {
+        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
+        attention::forward(qkv, key_mask.map(|m| &m[..]), out, lse, l);
+    }
+
+    fn attention_backward(
+        &self,
+        qkv: &Vec<f32>,
+        key_mask: Option<&Vec<u32>>,
+        out: &Vec<f32>,
+        lse: &Vec<f32>,
+        d_out: &Vec<f32>,
+        dqkv: &mut Vec<f32>,
+        l: &AttentionShape,
+    ) {
+        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
+        assert!(
+            d_out.len() == out.len() && dqkv.len() == qkv.len(),
+            "attention_backward: d_out of {} and dqkv of {} elements for {l:?}",
+            d_out.len(),
+            dqkv.len()
+        );
+        attention::backward(qkv, key_mask.map(|m| &m[..]), out, lse, d_out, dqkv, l);
     }
 
     fn attend_cached(

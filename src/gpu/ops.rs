@@ -5,8 +5,9 @@
 use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
-    AdamWStep, Backend, BackendKind, CachedAttention, ChoiceRule, DeviceCounters, HeadLayout,
-    Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
+    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, ChoiceRule, DeviceCounters,
+    HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
+    WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -134,6 +135,41 @@ struct AttentionParams {
     position: u32,
     scale: f32,
     _pad: [u32; 2],
+}
+
+/// `Shape` in shaders/attention.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SelfAttentionParams {
+    batch: u32,
+    seq: u32,
+    heads: u32,
+    head_dim: u32,
+    causal: u32,
+    use_mask: u32,
+    scale: f32,
+    _pad: u32,
+}
+
+impl SelfAttentionParams {
+    fn new(l: &AttentionShape, use_mask: bool) -> Self {
+        SelfAttentionParams {
+            batch: u(l.batch),
+            seq: u(l.seq),
+            heads: u(l.heads),
+            head_dim: u(l.head_dim),
+            causal: l.causal as u32,
+            use_mask: use_mask as u32,
+            scale: l.scale(),
+            _pad: 0,
+        }
+    }
+}
+
+/// Workgroups of the self-attention kernels: one per (item, head, tile
+/// of 16 positions).
+fn self_attention_groups(l: &AttentionShape) -> usize {
+    l.batch * l.heads * l.seq.div_ceil(16)
 }
 
 #[repr(C)]
@@ -997,6 +1033,64 @@ impl Backend for GpuBackend {
             &params,
             &[&y.0, &dy.0, &dx.0],
             self.grid(rows),
+        );
+    }
+
+    fn attention(
+        &self,
+        qkv: &GpuTensor,
+        key_mask: Option<&GpuIds>,
+        out: &mut GpuTensor,
+        lse: &mut GpuTensor,
+        l: &AttentionShape,
+    ) {
+        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
+        let params = SelfAttentionParams::new(l, key_mask.is_some());
+        let mask = &key_mask.unwrap_or(&self.no_mask).0;
+        self.dispatch(
+            "attention",
+            "attention_forward",
+            &params,
+            &[&qkv.0, mask, &out.0, &lse.0],
+            self.grid(self_attention_groups(l)),
+        );
+    }
+
+    fn attention_backward(
+        &self,
+        qkv: &GpuTensor,
+        key_mask: Option<&GpuIds>,
+        out: &GpuTensor,
+        lse: &GpuTensor,
+        d_out: &GpuTensor,
+        dqkv: &mut GpuTensor,
+        l: &AttentionShape,
+    ) {
+        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
+        assert!(
+            d_out.len() == out.len() && dqkv.len() == qkv.len(),
+            "attention_backward: d_out of {} and dqkv of {} elements for {l:?}",
+            d_out.len(),
+            dqkv.len()
+        );
+        let params = SelfAttentionParams::new(l, key_mask.is_some());
+        let mask = &key_mask.unwrap_or(&self.no_mask).0;
+        let buffers = [&qkv.0, mask, &out.0, &lse.0, &d_out.0, &dqkv.0];
+        let groups = self.grid(self_attention_groups(l));
+        // The query rows of dqkv, then its key and value rows.
+        self.dispatch(
+            "attention",
+            "attention_backward_queries",
+            &params,
+            &buffers,
+            groups,
+        );
+        self.dispatch(
+            "attention",
+            "attention_backward_keys",
+            &params,
+            &buffers,
+            groups,
         );
     }
 

@@ -225,15 +225,15 @@ impl Block {
     }
 
     /// Given the gradient w.r.t. the block's output in `d`, leaves there
-    /// the gradient w.r.t. its input x. The residual connections pass the
-    /// gradient through unchanged, so each branch's layer norm adds its
-    /// share in place.
+    /// the gradient w.r.t. its input x (and the forward's key mask). The
+    /// residual connections pass the gradient through unchanged, so each
+    /// branch's layer norm adds its share in place.
     fn backward<B: Backend>(
         &self,
         b: &B,
         p: &mut Params<B>,
         a: &mut BlockActivations<B>,
-        x: &B::Tensor,
+        (x, key_mask): (&B::Tensor, Option<&B::Ids>),
         d: &mut B::Tensor,
     ) {
         // MLP branch: d becomes the gradient w.r.t. mid.
@@ -253,7 +253,14 @@ impl Block {
         // Attention branch: d becomes the gradient w.r.t. x.
         self.proj
             .backward(b, p, d, &a.attn_out, Some((&mut a.d_attn, false)));
-        a.attn.backward(b, &a.qkv_out, &a.d_attn, &mut a.d_qkv);
+        a.attn.backward(
+            b,
+            &a.qkv_out,
+            key_mask,
+            &a.attn_out,
+            &a.d_attn,
+            &mut a.d_qkv,
+        );
         self.qkv
             .backward(b, p, &a.d_qkv, &a.ln1_out, Some((&mut a.d_ln, false)));
         self.ln1.backward(b, p, &a.d_ln, x, &a.ln1, d, true);
@@ -439,12 +446,14 @@ impl Transformer {
         self.final_output(b, p, top, out, &mut a.ln_f);
     }
 
-    /// The gradient w.r.t. the input, given d_out; parameter gradients accumulate.
+    /// The gradient w.r.t. the input, given d_out and the forward's key
+    /// mask; parameter gradients accumulate.
     pub fn backward<'a, B: Backend>(
         &self,
         b: &B,
         p: &mut Params<B>,
         a: &'a mut Activations<B>,
+        key_mask: Option<&B::Ids>,
         d_out: &B::Tensor,
     ) -> &'a B::Tensor {
         assert!(!a.forward_only, "activations made for the forward only");
@@ -455,7 +464,7 @@ impl Transformer {
             None => b.axpby(1.0, d_out, 0.0, d),
         }
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
-            block.backward(b, p, acts, &a.stream[i], d);
+            block.backward(b, p, acts, (&a.stream[i], key_mask), d);
         }
         match &self.ln_pre {
             Some(ln_pre) => {

@@ -475,7 +475,7 @@ impl<B: Backend> Retriever<B> {
         }
         let d_input = t
             .transformer
-            .backward(b, p, &mut w.activations, &w.d_hidden);
+            .backward(b, p, &mut w.activations, None, &w.d_hidden);
         b.embedding_backward(d_input, &w.position_ids, p.grad(t.positions), iw);
         match (&mut w.class, t.class) {
             (Some(cw), Some(class)) => {
@@ -534,6 +534,6 @@ impl<B: Backend> Retriever<B> {
         b.fill(&mut w.d_hidden, 0.0);
         b.embedding_backward(&w.d_pooled, &texts.end_rows, &mut w.d_hidden, tw);
         t.transformer
-            .backward(b, p, &mut w.activations, &w.d_hidden);
+            .backward(b, p, &mut w.activations, Some(&texts.key_mask), &w.d_hidden);
     }
 }
