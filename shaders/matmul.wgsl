@@ -281,13 +281,58 @@ fn matmul_row(
 }
 
 // ---- shared-memory variant: 256 threads, 128x128 tile of C, k-slices of 8 ----
+//
+// A slice of A (128 rows x 8) and one of B (8 x 128 columns) are staged in
+// workgroup memory k-major, as vec4s: each k-row holds 32 vec4s and one of
+// padding, so the 32 threads that store one step of a slice hit 32
+// different banks. Thread (tx, ty) owns rows ty*4.. and 64 + ty*4.., and
+// columns tx*4.. and 64 + tx*4.., of the tile (8x8 results): the 16
+// threads of a row of the workgroup read 16 consecutive vec4s of B, free
+// of bank conflicts. While a slice is multiplied, each thread's share of
+// the next one is already on its way from storage into registers.
 
 const TILE: u32 = 128u;
 const SLICE: u32 = 8u;
+// vec4s per staged k-row: 32 and one of padding.
+const PADDED: u32 = 33u;
 
-// Stored k-major so the inner loop reads consecutive rows/columns.
-var<workgroup> tile_a: array<f32, 1024>; // [SLICE][TILE]
-var<workgroup> tile_b: array<f32, 1024>; // [SLICE][TILE]
+var<workgroup> tile_a: array<vec4<f32>, 264>; // [SLICE][PADDED]
+var<workgroup> tile_b: array<vec4<f32>, 264>; // [SLICE][PADDED]
+
+// A thread's share of one slice: 4 elements of A's and 4 of B's, element e
+// at (row or column of the tile, k within the slice) = `staged(li, e, ..)`.
+struct Slice {
+    a: array<f32, 4>,
+    b: array<f32, 4>,
+}
+
+// Where element e of thread li's share sits: neighbouring threads take
+// neighbouring addresses of the stored operand, so the index that is
+// contiguous in memory varies fastest. `k_fast`: the operand's k is
+// contiguous (A untransposed, B transposed).
+fn staged(li: u32, e: u32, k_fast: bool) -> vec2<u32> {
+    let idx = li + e * 256u; // 0..1024
+    if (k_fast) {
+        return vec2<u32>(idx / SLICE, idx % SLICE);
+    }
+    return vec2<u32>(idx % TILE, idx / TILE);
+}
+
+fn fetch(base_a: u32, base_b: u32, tile_row: u32, tile_col: u32, k0: u32, li: u32) -> Slice {
+    var s: Slice;
+    for (var e = 0u; e < 4u; e += 1u) {
+        let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
+        s.a[e] = load_a(base_a, tile_row + at_a.x, k0 + at_a.y);
+        let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
+        s.b[e] = load_b(base_b, k0 + at_b.y, tile_col + at_b.x);
+    }
+    return s;
+}
+
+// Row or column i (0..8) of a thread's 8 inside the tile, for t = tx or ty.
+fn owned(t: u32, i: u32) -> u32 {
+    return (i / 4u) * 64u + t * 4u + i % 4u;
+}
 
 @compute @workgroup_size(256, 1, 1)
 fn matmul_shared(
@@ -299,7 +344,6 @@ fn matmul_shared(
     let base_b = start(p.b, batch);
     let tile_row = wid.y * TILE;
     let tile_col = wid.x * TILE;
-    // This thread's 8x8 block inside the tile: rows ty*8.., columns tx*8..
     let tx = li % 16u;
     let ty = li / 16u;
     var acc: array<array<f32, 8>, 8>;
@@ -308,35 +352,27 @@ fn matmul_shared(
     var b_sum: array<f32, 8>;
     // A split's range is a whole number of slices: only the last one of
     // k can run past it, and the loads read zeros there.
-    for (var k0 = k_begin(wid.z); k0 < k_end(wid.z); k0 += SLICE) {
-        // Each thread stages 4 elements of each 128x8 slice. Neighbouring
-        // threads take neighbouring addresses of the stored layout, so the
-        // index that is contiguous in memory varies fastest.
+    let first = k_begin(wid.z);
+    let last = k_end(wid.z);
+    var next = fetch(base_a, base_b, tile_row, tile_col, first, li);
+    for (var k0 = first; k0 < last; k0 += SLICE) {
         for (var e = 0u; e < 4u; e += 1u) {
-            let idx = li + e * 256u; // 0..1024
-            let k_fast_r = idx / SLICE;
-            let k_fast_k = idx % SLICE;
-            let r_fast_r = idx % TILE;
-            let r_fast_k = idx / TILE;
-            if ((p.flags & TRANS_A) != 0u) {
-                tile_a[r_fast_k * TILE + r_fast_r] = load_a(base_a, tile_row + r_fast_r, k0 + r_fast_k);
-            } else {
-                tile_a[k_fast_k * TILE + k_fast_r] = load_a(base_a, tile_row + k_fast_r, k0 + k_fast_k);
-            }
-            if ((p.flags & TRANS_B) != 0u) {
-                tile_b[k_fast_k * TILE + k_fast_r] = load_b(base_b, k0 + k_fast_k, tile_col + k_fast_r);
-            } else {
-                tile_b[r_fast_k * TILE + r_fast_r] = load_b(base_b, k0 + r_fast_k, tile_col + r_fast_r);
-            }
+            let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
+            tile_a[at_a.y * PADDED + at_a.x / 4u][at_a.x % 4u] = next.a[e];
+            let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
+            tile_b[at_b.y * PADDED + at_b.x / 4u][at_b.x % 4u] = next.b[e];
         }
         workgroupBarrier();
+        if (k0 + SLICE < last) {
+            next = fetch(base_a, base_b, tile_row, tile_col, k0 + SLICE, li);
+        }
         for (var kk = 0u; kk < SLICE; kk += 1u) {
-            var av: array<f32, 8>;
-            var bv: array<f32, 8>;
-            for (var i = 0u; i < 8u; i += 1u) {
-                av[i] = tile_a[kk * TILE + ty * 8u + i];
-                bv[i] = tile_b[kk * TILE + tx * 8u + i];
-            }
+            let a_lo = tile_a[kk * PADDED + ty];
+            let a_hi = tile_a[kk * PADDED + 16u + ty];
+            let b_lo = tile_b[kk * PADDED + tx];
+            let b_hi = tile_b[kk * PADDED + 16u + tx];
+            let av = array<f32, 8>(a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w);
+            let bv = array<f32, 8>(b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w);
             if (sum_b) {
                 for (var j = 0u; j < 8u; j += 1u) {
                     b_sum[j] += bv[j];
@@ -353,12 +389,12 @@ fn matmul_shared(
     let base_c = start(p.c, batch);
     for (var i = 0u; i < 8u; i += 1u) {
         for (var j = 0u; j < 8u; j += 1u) {
-            store_c(base_c, wid.z, tile_row + ty * 8u + i, tile_col + tx * 8u + j, acc[i][j]);
+            store_c(base_c, wid.z, tile_row + owned(ty, i), tile_col + owned(tx, j), acc[i][j]);
         }
     }
     if (sum_b) {
         for (var j = 0u; j < 8u; j += 1u) {
-            store_sum(wid.z, tile_col + tx * 8u + j, b_sum[j]);
+            store_sum(wid.z, tile_col + owned(tx, j), b_sum[j]);
         }
     }
 }
