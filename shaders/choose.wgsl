@@ -145,16 +145,17 @@ fn lane_count(lid: u32, v: u32) -> u32 {
     return workgroupUniformLoad(&shared_u);
 }
 
-// The id of the largest value over the lanes (the lowest id on ties);
-// a lane that found none passes id 0xffffffff.
-fn lane_argmax(lid: u32, v: f32, id: u32) -> u32 {
+// The id of the largest value over the lanes (the lowest id on ties), or
+// `if_none` where no lane found one; a lane that found none passes id
+// 0xffffffff.
+fn lane_argmax(lid: u32, v: f32, id: u32, if_none: u32) -> u32 {
     lane_f[lid] = v;
     lane_u[lid] = id;
     workgroupBarrier();
     if (lid == 0u) {
         var found = false;
         var best = NEG_INF;
-        var chosen = 0u;
+        var chosen = if_none;
         for (var t = 0u; t < WG; t += 1u) {
             if (lane_u[t] != NONE && (!found || lane_f[t] > best)) {
                 best = lane_f[t];
@@ -194,6 +195,20 @@ fn mass_at_least(lid: u32, base: u32, lse: f32, top: f32, floor: u32, threshold:
     return lane_sum(lid, chunk_mass(lid, base, lse, top, floor, threshold));
 }
 
+// Log-sum-exp of the row at `base` over the tokens that may be chosen.
+fn log_sum_exp(lid: u32, base: u32) -> f32 {
+    var top = NEG_INF;
+    for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
+        if (allowed(j)) { top = max(top, logits[base + j]); }
+    }
+    top = workgroup_reduce(lid, top, true);
+    var sum = 0.0;
+    for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
+        if (allowed(j)) { sum += exp(logits[base + j] - top); }
+    }
+    return top + log(lane_sum(lid, sum));
+}
+
 @compute @workgroup_size(256)
 fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -215,17 +230,7 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let base = row * p.vocab;
     let begin = chunk_begin(lid);
     let end = chunk_end(lid);
-    // Log-sum-exp over the tokens that may be chosen.
-    var top = NEG_INF;
-    for (var j = begin; j < end; j += 1u) {
-        if (allowed(j)) { top = max(top, logits[base + j]); }
-    }
-    top = workgroup_reduce(lid, top, true);
-    var sum = 0.0;
-    for (var j = begin; j < end; j += 1u) {
-        if (allowed(j)) { sum += exp(logits[base + j] - top); }
-    }
-    let lse = top + log(lane_sum(lid, sum));
+    let lse = log_sum_exp(lid, base);
 
     var chosen = 0u;
     if (p.sample != 1u) {
@@ -243,7 +248,7 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                 best = v;
             }
         }
-        chosen = lane_argmax(lid, best, best_j);
+        chosen = lane_argmax(lid, best, best_j, 0u);
     } else {
         var candidates = 0u;
         var best = NEG_INF;
@@ -322,6 +327,53 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         history[out] = chosen;
         logprobs[out] = logits[base + chosen] - lse;
         next[row] = chosen;
+    }
+}
+
+// ---- beam search's candidates ----
+// top_candidates: the `top_k` allowed tokens of largest logit of each row
+// (lowest id on ties), best first, as pairs of the id and the bits of its
+// log-probability over the allowed tokens; id 0xffffffff and minus
+// infinity past the last allowed one. One workgroup per row, in top_k rounds: in each, every lane takes
+// the best token of its chunk that comes after the last round's pick (a
+// smaller logit, or the same and a larger id), and the lanes' argmax is
+// the round's pick. Beam search reads these [rows, top_k] back instead of
+// [rows, vocab] logits.
+
+@group(0) @binding(2) var<storage, read_write> candidates: array<u32>;
+
+@compute @workgroup_size(256)
+fn top_candidates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let row = workgroup_index(wid, nwg);
+    if (row >= p.rows) { return; }
+    let base = row * p.vocab;
+    let lse = log_sum_exp(lid, base);
+    var last = NONE;
+    var last_v = 0.0;
+    for (var n = 0u; n < p.top_k; n += 1u) {
+        var best = NEG_INF;
+        var best_j = NONE;
+        for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
+            let v = logits[base + j];
+            let after = last == NONE || v < last_v || (v == last_v && j > last);
+            if (allowed(j) && after && (best_j == NONE || v > best)) {
+                best_j = j;
+                best = v;
+            }
+        }
+        let pick = lane_argmax(lid, best, best_j, NONE);
+        if (pick != NONE) {
+            last = pick;
+            last_v = logits[base + pick];
+        }
+        if (lid == 0u) {
+            let at = 2u * (row * p.top_k + n);
+            candidates[at] = pick;
+            var logprob = bitcast<f32>(0xff800000u); // minus infinity
+            if (pick != NONE) { logprob = last_v - lse; }
+            candidates[at + 1u] = bitcast<u32>(logprob);
+        }
     }
 }
 

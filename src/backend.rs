@@ -814,6 +814,36 @@ pub struct TokenChoice {
     pub pad: u32,
 }
 
+/// Beam search's candidates: each row's `count` most likely tokens among
+/// those that may be chosen (see [`Backend::top_candidates`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Candidates {
+    pub rows: usize,
+    pub vocab: usize,
+    pub count: usize,
+    /// Never a candidate: a banned token (`<unk>` when suppressed, or
+    /// `u32::MAX`), `<bos>` and padding.
+    pub banned: u32,
+    pub bos: u32,
+    pub pad: u32,
+}
+
+impl Candidates {
+    /// Whether token j may be a candidate.
+    pub fn allowed(&self, j: u32) -> bool {
+        j != self.banned && j != self.bos && j != self.pad
+    }
+
+    /// Panics unless logits are `[rows, vocab]` and the candidates `[rows,
+    /// count, 2]`.
+    pub fn check(&self, (logits, candidates): (usize, usize)) {
+        assert!(
+            logits == self.rows * self.vocab && candidates == self.rows * self.count * 2,
+            "top_candidates: tensors of {logits} and {candidates} elements for {self:?}"
+        );
+    }
+}
+
 /// The ops. See the module documentation for conventions; each method's
 /// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
 pub trait Backend: 'static {
@@ -1271,6 +1301,15 @@ pub trait Backend: 'static {
         history: &mut Self::Ids,
         logprobs: &mut Self::Tensor,
     );
+
+    /// Beam search's candidates: each row's `count` most likely allowed
+    /// tokens, best first (the largest logit, the lowest id on ties), as
+    /// `[rows, count, 2]` pairs of the id and the bits of its
+    /// log-probability under the softmax over the allowed tokens only (one
+    /// tensor, so one read takes both). Where fewer are allowed, the rest
+    /// get id `u32::MAX` and log-probability minus infinity.
+    fn top_candidates(&self, logits: &Self::Tensor, c: &Candidates, candidates: &mut Self::Ids);
+
     /// out[r, j] = (logits[r, j] + g(seed, first_row + r / positions,
     /// r % positions, j)) / tau over teacher-forced rows `[sequences *
     /// positions, vocab]`: the noise [`ChoiceRule::Gumbel`] chose sequence

@@ -7,7 +7,7 @@
 
 mod common;
 
-use captune::backend::{Backend, ChoiceRule, Sampling, Storage, TokenChoice};
+use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, TokenChoice};
 use captune::captioner::decode::{
     BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
 };
@@ -517,6 +517,7 @@ fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) 
         suppress_unk: false,
         specials: SpecialIds::WORDS,
     };
+    let candidates = shape.candidates();
     let mut seqs = vec![vec![BOS]; images * width];
     let reference = beam_search(&shape, |moved| {
         if let Some((parents, next)) = moved {
@@ -529,9 +530,12 @@ fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) 
         let inputs = TokenInputs::new(b, &c, &seqs).unwrap();
         model.forward(b, &row_features, &inputs).unwrap();
         let all = b.to_vec(model.logits());
-        (0..seqs.len())
+        let last: Vec<f32> = (0..seqs.len())
             .flat_map(|r| all[(r * t + seqs[r].len() - 1) * v..][..v].to_vec())
-            .collect()
+            .collect();
+        let mut pairs = b.ids(&vec![0; candidates.rows * candidates.count * 2]);
+        b.top_candidates(&b.tensor(&last), &candidates, &mut pairs);
+        b.ids_to_vec(&pairs)
     });
     (cached, reference)
 }
@@ -557,6 +561,68 @@ fn beam_search_over_the_cache_equals_recomputation() {
     check("cpu", beams_both_ways(&CpuBackend::new()));
     let Some(g) = gpu() else { return };
     check("gpu", beams_both_ways(&g));
+}
+
+/// Beam search's candidates are each row's best allowed tokens by logit,
+/// lowest id first among equals, with their log-probabilities over the
+/// allowed tokens; a row with fewer allowed tokens than asked fills the
+/// rest with no token.
+#[test]
+fn top_candidates_are_the_best_allowed_tokens() {
+    let check = |b: &dyn Fn(&[f32], &Candidates) -> Vec<u32>, what: &str| {
+        for (vocab, count) in [(1000, 6), (5, 6)] {
+            let rows = 3;
+            // Few distinct values, so ties span the kernel's lanes.
+            let z: Vec<f32> = random(rows * vocab, 4)
+                .iter()
+                .map(|x| (x * 4.0).round())
+                .collect();
+            let c = Candidates {
+                rows,
+                vocab,
+                count,
+                banned: 3,
+                bos: 1,
+                pad: 0,
+            };
+            let pairs = b(&z, &c);
+            for r in 0..rows {
+                let z = &z[r * vocab..][..vocab];
+                let mut allowed: Vec<usize> = (0..vocab).filter(|&j| c.allowed(j as u32)).collect();
+                let lse = allowed
+                    .iter()
+                    .map(|&j| (z[j] as f64).exp())
+                    .sum::<f64>()
+                    .ln();
+                allowed.sort_by(|&x, &y| z[y].total_cmp(&z[x]).then(x.cmp(&y)));
+                for n in 0..count {
+                    let at = 2 * (r * count + n);
+                    let (id, logprob) = (pairs[at], f32::from_bits(pairs[at + 1]));
+                    match allowed.get(n) {
+                        Some(&j) => {
+                            assert_eq!(id, j as u32, "{what}: row {r}, candidate {n}");
+                            let want = z[j] as f64 - lse;
+                            assert!(
+                                (logprob as f64 - want).abs() < 1e-5,
+                                "{what}: {logprob} vs {want}"
+                            );
+                        }
+                        None => assert_eq!((id, logprob), (u32::MAX, f32::NEG_INFINITY), "{what}"),
+                    }
+                }
+            }
+        }
+    };
+    fn on<B: Backend>(b: &B) -> impl Fn(&[f32], &Candidates) -> Vec<u32> + '_ {
+        move |z, c| {
+            let mut pairs = b.ids(&vec![0; c.rows * c.count * 2]);
+            b.top_candidates(&b.tensor(z), c, &mut pairs);
+            b.ids_to_vec(&pairs)
+        }
+    }
+    check(&on(&CpuBackend::new()), "cpu");
+    let Some(g) = gpu() else { return };
+    check(&on(&g), "gpu");
 }
 
 /// Sampled ids of 4,000 rows of one distribution over 1,000 tokens, whose

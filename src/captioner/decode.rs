@@ -10,15 +10,16 @@
 //! seed); whether every caption has ended is read every
 //! [`END_CHECK_STEPS`] steps without waiting (the answer arrives while
 //! later steps are recorded), and the host waits only for the chosen ids
-//! and their log-probabilities at the end. Beam search reads each step's logits and
-//! chooses among the candidates on the host; the cache follows each beam's
-//! parent on the device.
+//! and their log-probabilities at the end. Beam search reads back each
+//! row's 2 x width best candidates (`Backend::top_candidates`, not the
+//! row's logits) and chooses among them on the host; the cache follows
+//! each beam's parent on the device.
 
 use super::CaptionVocab;
 use super::SpecialIds;
 use super::mapper::MapperActivations;
 use super::model::Captioner;
-use crate::backend::{Backend, ChoiceRule, Sampling, TokenChoice};
+use crate::backend::{Backend, Candidates, ChoiceRule, Sampling, TokenChoice};
 use crate::data::vocab::UNK;
 use crate::model::kv_cache::{KvCache, Prefill};
 use anyhow::{Result, bail};
@@ -310,13 +311,6 @@ impl<'m, B: Backend> Decoder<'m, B> {
     }
 }
 
-/// log softmax of one row of logits.
-fn log_softmax(z: &[f32]) -> Vec<f32> {
-    let max = z.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let lse = max + z.iter().map(|&x| (x - max).exp()).sum::<f32>().ln();
-    z.iter().map(|&x| x - lse).collect()
-}
-
 /// Captions for every image of `features` (`[n, embed_dim]`), in image
 /// order, `decoding.per_image()` each, within `options`' limits (and the
 /// model's maximum length), with the model's current weights.
@@ -482,7 +476,8 @@ fn choose_on_device<B: Backend>(
 }
 
 /// Beam search over the decoder's KV cache: each step feeds every beam's
-/// last id, after the cache rows followed their parents.
+/// last id, after the cache rows followed their parents, and reads back
+/// each row's candidates.
 fn beam_rows<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
@@ -500,6 +495,8 @@ fn beam_rows<B: Backend>(
         suppress_unk,
         specials: decoder.model.config.specials,
     };
+    let c = shape.candidates();
+    let mut candidates = b.ids(&vec![0; c.rows * c.count * 2]);
     beam_search(&shape, |moved| {
         match moved {
             None => decoder.advance(b, Feed::Bos),
@@ -508,7 +505,8 @@ fn beam_rows<B: Backend>(
                 decoder.advance(b, Feed::Given(&b.ids(next)));
             }
         }
-        b.to_vec(&decoder.logits)
+        b.top_candidates(&decoder.logits, &c, &mut candidates);
+        b.ids_to_vec(&candidates)
     })
 }
 
@@ -526,8 +524,26 @@ pub struct BeamShape {
     pub specials: SpecialIds,
 }
 
-/// Beam search on the host over any source of next-token logits:
-/// `logits(moved)` returns `[images * width, vocab]` logits after row r
+impl BeamShape {
+    /// What each step ranks: every row's 2 x width best tokens. The best
+    /// 2 x width continuations of an image are among them, since a row
+    /// adds its beam's score to each of its tokens alike.
+    pub fn candidates(&self) -> Candidates {
+        let [pad, start] = self.specials.masked();
+        Candidates {
+            rows: self.images * self.width,
+            vocab: self.vocab,
+            count: 2 * self.width,
+            banned: if self.suppress_unk { UNK } else { u32::MAX },
+            bos: start,
+            pad,
+        }
+    }
+}
+
+/// Beam search on the host over any source of next-token candidates:
+/// `step_candidates(moved)` returns the pairs of
+/// [`Backend::top_candidates`] for [`BeamShape::candidates`] after row r
 /// took over row `parents[r]`'s history and was fed `next[r]` (`moved` =
 /// `(parents, next)`; `None` at the first step, when every row is fed
 /// `<bos>`). Beam k of image i runs on row i * width + k. Returns `n_best`
@@ -542,17 +558,17 @@ pub struct BeamShape {
 /// finished captions.
 pub fn beam_search(
     shape: &BeamShape,
-    mut logits: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<f32>,
+    mut step_candidates: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<u32>,
 ) -> Vec<(Vec<u32>, f32)> {
     let BeamShape {
         images,
         width,
         n_best,
         steps,
-        vocab,
-        suppress_unk,
         specials,
+        ..
     } = *shape;
+    let count = shape.candidates().count;
     let rows = images * width;
     // Live beams per image: (ids from <bos>, score). At the start one beam per image.
     let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![specials.start], 0.0)]; images];
@@ -562,27 +578,18 @@ pub fn beam_search(
         if live.iter().all(Vec::is_empty) {
             break;
         }
-        let z = logits(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
-        let logp = |row: usize| {
-            // Out of every choice, as on the device, and out of the
-            // distribution the others' log-probabilities are taken over.
-            let mut z = z[row * vocab..(row + 1) * vocab].to_vec();
-            for id in specials.masked() {
-                z[id as usize] = f32::NEG_INFINITY;
-            }
-            if suppress_unk {
-                z[UNK as usize] = f32::NEG_INFINITY;
-            }
-            log_softmax(&z)
-        };
+        let pairs = step_candidates(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
         let last_step = step + 1 == steps;
         let mut parents: Vec<u32> = (0..rows as u32).collect();
         let mut next_ids = vec![specials.pad; rows];
         for i in 0..images {
             let mut candidates: Vec<(f32, usize, usize)> = Vec::new();
             for (k, (_, score)) in live[i].iter().enumerate() {
-                for (id, &lp) in logp(i * width + k).iter().enumerate() {
-                    candidates.push((score + lp, k, id));
+                let row = (i * width + k) * count;
+                for pair in pairs[2 * row..2 * (row + count)].chunks(2) {
+                    if pair[0] != u32::MAX {
+                        candidates.push((score + f32::from_bits(pair[1]), k, pair[0] as usize));
+                    }
                 }
             }
             candidates.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));

@@ -4,7 +4,7 @@
 //! backends choose the same ids for the same seed (up to a device's `exp`
 //! and `log` rounding, for a draw on the boundary between two tokens).
 
-use crate::backend::{ChoiceRule, TokenChoice};
+use crate::backend::{Candidates, ChoiceRule, TokenChoice};
 use rayon::prelude::*;
 
 fn mix32(v: u32) -> u32 {
@@ -79,6 +79,16 @@ fn lane_sums(v: usize, term: impl Fn(usize) -> Option<f32>) -> Vec<f32> {
         .collect()
 }
 
+/// The log-sum-exp of a row over the tokens that may be chosen, its sum in
+/// the kernel's order.
+fn log_sum_exp(z: &[f32], allowed: impl Fn(usize) -> bool) -> f32 {
+    let top = (0..z.len())
+        .filter(|&j| allowed(j))
+        .fold(f32::NEG_INFINITY, |m, j| m.max(z[j]));
+    let sum = lane_sum(z.len(), |j| allowed(j).then(|| (z[j] - top).exp()));
+    top + sum.ln()
+}
+
 /// The choice for one row of logits, given the previous chosen token
 /// (None at step 0): (token, its log-probability).
 fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u32, f32) {
@@ -90,12 +100,7 @@ fn choose_row(z: &[f32], c: &TokenChoice, row: u32, previous: Option<u32>) -> (u
         let j = j as u32;
         j != c.banned && j != c.bos && j != c.pad
     };
-    // Log-sum-exp over the tokens that may be chosen.
-    let top = (0..v)
-        .filter(|&j| allowed(j))
-        .fold(f32::NEG_INFINITY, |m, j| m.max(z[j]));
-    let sum = lane_sum(v, |j| allowed(j).then(|| (z[j] - top).exp()));
-    let lse = top + sum.ln();
+    let lse = log_sum_exp(z, allowed);
     // The argmax in id order, lowest id on ties (exact in any order).
     let argmax = |value: &dyn Fn(usize) -> f32| {
         let mut chosen = None::<(usize, f32)>;
@@ -196,6 +201,39 @@ pub fn choose_tokens(
         logprobs[r * steps + step] = logprob;
         next[r] = token;
     }
+}
+
+/// CPU twin of the `top_candidates` kernel: the best `count` allowed
+/// tokens of each row by (logit, then lowest id), as each of the kernel's
+/// rounds takes the next.
+pub fn top_candidates(logits: &[f32], c: &Candidates, candidates: &mut [u32]) {
+    let (v, count) = (c.vocab, c.count);
+    candidates
+        .par_chunks_mut(2 * count)
+        .enumerate()
+        .for_each(|(r, out)| {
+            let z = &logits[r * v..(r + 1) * v];
+            let allowed = |j: usize| c.allowed(j as u32);
+            let lse = log_sum_exp(z, allowed);
+            // Kept best first; a token goes in after every kept one it
+            // does not beat, so ties keep id order.
+            let mut best: Vec<usize> = Vec::with_capacity(count + 1);
+            for j in (0..v).filter(|&j| allowed(j)) {
+                if best.len() == count && z[j] <= z[best[count - 1]] {
+                    continue;
+                }
+                let at = best.partition_point(|&k| z[k] >= z[j]);
+                best.insert(at, j);
+                best.truncate(count);
+            }
+            for (n, pair) in out.chunks_mut(2).enumerate() {
+                let (id, logprob) = match best.get(n) {
+                    Some(&j) => (j as u32, z[j] - lse),
+                    None => (u32::MAX, f32::NEG_INFINITY),
+                };
+                pair.copy_from_slice(&[id, logprob.to_bits()]);
+            }
+        });
 }
 
 /// CPU twin of the `gumbel_logits` kernel.

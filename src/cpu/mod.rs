@@ -17,8 +17,8 @@ mod reduce;
 mod softmax;
 
 use crate::backend::{
-    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, HeadLayout, Matmul, Reduce,
-    SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, Candidates, HeadLayout,
+    Matmul, Reduce, SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -439,6 +439,11 @@ impl Backend for CpuBackend {
         logprobs: &mut Vec<f32>,
     ) {
         choose::choose_tokens(logits, choice, next, history, logprobs);
+    }
+
+    fn top_candidates(&self, logits: &Vec<f32>, c: &Candidates, candidates: &mut Vec<u32>) {
+        c.check((logits.len(), candidates.len()));
+        choose::top_candidates(logits, c, candidates);
     }
 
     fn gumbel_logits(

@@ -5,9 +5,9 @@
 use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
-    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, ChoiceRule, DeviceCounters,
-    HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
-    WorkgroupCounts,
+    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, Candidates, ChoiceRule,
+    DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex,
+    VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -1301,6 +1301,26 @@ impl Backend for GpuBackend {
             &params,
             &[&logits.0, &next.0, &history.0, &logprobs.0],
             self.grid(choice.rows),
+        );
+    }
+
+    fn top_candidates(&self, logits: &GpuTensor, c: &Candidates, candidates: &mut GpuIds) {
+        c.check((logits.len(), candidates.len()));
+        let params = ChooseParams {
+            rows: u(c.rows),
+            vocab: u(c.vocab),
+            top_k: u(c.count),
+            banned: c.banned,
+            bos: c.bos,
+            pad: c.pad,
+            ..ChooseParams::zeroed()
+        };
+        self.dispatch(
+            "choose",
+            "top_candidates",
+            &params,
+            &[&logits.0, &candidates.0],
+            self.grid(c.rows),
         );
     }
 
