@@ -4,7 +4,7 @@
 # pair run alternately on the same card:
 #   - matmul GFLOP/s against PyTorch's FP32 (TF32 off) at square sizes;
 #   - training steps (shapes preset; a GPT-2-small-sized ClipCap);
-#   - greedy decoding (both networks);
+#   - greedy decoding (both networks), and beam search (GPT-2-sized, captune only);
 #   - an SCST step (shapes preset; and a trained shapes captioner's);
 #   - CLIP ViT-B/32 image embedding (a random CLIP of that shape).
 # captune's JSON records carry its dispatches, passes, readbacks and each
@@ -53,6 +53,8 @@ for pair in 1 2; do
     run "decode-shapes-torch-$pair" python3 scripts/bench_torch_decode.py --preset shapes --device cuda --json
     run "decode-gpt2-captune-$pair" "$captune" --device gpu bench decode "${gpt2[@]}" --json
     run "decode-gpt2-torch-$pair" python3 scripts/bench_torch_decode.py "${gpt2[@]}" --device cuda --json
+    # Beam search (captune's counts: one read of candidates per step).
+    run "decode-gpt2-beam-captune-$pair" "$captune" --device gpu bench decode "${gpt2[@]}" --decode beam:5 --json
     run "scst-shapes-captune-$pair" "$captune" --device gpu bench scst --preset shapes --json
     run "scst-shapes-torch-$pair" python3 scripts/bench_torch_scst.py --preset shapes --device cuda --json
 done

@@ -213,19 +213,11 @@ impl Transformer {
         } = cache;
         for (l, (block, a)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
             let [x, next] = &mut *stream;
-            block.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
-            block.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
-            b.attend_cached(
-                &a.qkv_out,
-                &mut keys[l],
-                &mut values[l],
-                &mut a.attn_out,
-                &attention,
-            );
-            block
-                .proj
-                .forward_residual(b, p, &a.attn_out, x, &mut a.mid);
-            block.mlp_forward(b, p, a, next);
+            let (keys, values) = (&mut keys[l], &mut values[l]);
+            let attend = |qkv: &B::Tensor, _: &mut _, attended: &mut B::Tensor| {
+                b.attend_cached(qkv, keys, values, attended, &attention)
+            };
+            block.forward_with(b, p, a, x, attend, next);
             std::mem::swap(x, next);
         }
         self.final_output(b, p, &stream[0], out, &mut cache.ln_f);

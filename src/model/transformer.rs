@@ -95,25 +95,25 @@ impl TransformerConfig {
 
 /// x + attn(ln1(x)), then + mlp(ln2(.)): the weights.
 pub(super) struct Block {
-    pub(super) ln1: Norm,
-    pub(super) qkv: Dense,
-    pub(super) proj: Dense,
-    pub(super) ln2: Norm,
-    pub(super) fc1: Dense,
-    pub(super) fc2: Dense,
+    ln1: Norm,
+    qkv: Dense,
+    proj: Dense,
+    ln2: Norm,
+    fc1: Dense,
+    fc2: Dense,
     activation: Activation,
 }
 
 /// One block's activations for a batch shape, `[rows, width]` unless
 /// named otherwise.
 pub(super) struct BlockActivations<B: Backend> {
-    pub(super) ln1: NormStats<B>,
+    ln1: NormStats<B>,
     attn: Attention<B>,
     ln2: NormStats<B>,
-    pub(super) ln1_out: B::Tensor,
+    ln1_out: B::Tensor,
     pub(super) qkv_out: B::Tensor, // [rows, 3 width]
-    pub(super) attn_out: B::Tensor,
-    pub(super) mid: B::Tensor,
+    attn_out: B::Tensor,
+    mid: B::Tensor,
     ln2_out: B::Tensor,
     fc1_out: B::Tensor, // [rows, mlp width]
     act_out: B::Tensor,
@@ -197,15 +197,32 @@ impl Block {
         key_mask: Option<&B::Ids>,
         out: &mut B::Tensor,
     ) {
+        let attend = |qkv: &B::Tensor, attn: &mut Attention<B>, attended: &mut B::Tensor| {
+            attn.forward(b, qkv, key_mask, attended)
+        };
+        self.forward_with(b, p, a, x, attend, out);
+    }
+
+    /// The block with `attend(qkv, a.attn, attended)` as its attention
+    /// (decoding's attends over a KV cache instead).
+    pub(super) fn forward_with<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        a: &mut BlockActivations<B>,
+        x: &B::Tensor,
+        attend: impl FnOnce(&B::Tensor, &mut Attention<B>, &mut B::Tensor),
+        out: &mut B::Tensor,
+    ) {
         self.ln1.forward(b, p, x, &mut a.ln1_out, &mut a.ln1);
         self.qkv.forward(b, p, &a.ln1_out, &mut a.qkv_out);
-        a.attn.forward(b, &a.qkv_out, key_mask, &mut a.attn_out);
+        attend(&a.qkv_out, &mut a.attn, &mut a.attn_out);
         self.proj.forward_residual(b, p, &a.attn_out, x, &mut a.mid);
         self.mlp_forward(b, p, a, out);
     }
 
     /// out = mid + mlp(ln2(mid)).
-    pub(super) fn mlp_forward<B: Backend>(
+    fn mlp_forward<B: Backend>(
         &self,
         b: &B,
         p: &Params<B>,
