@@ -331,10 +331,11 @@ fn choose_tokens(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 }
 
 // ---- beam search's candidates ----
-// top_candidates: the `top_k` allowed tokens of largest logit of each row
-// (lowest id on ties), best first, as pairs of the id and the bits of its
-// log-probability over the allowed tokens; id 0xffffffff and minus
-// infinity past the last allowed one. One workgroup per row, in top_k rounds: in each, every lane takes
+// top_candidates: the `top_k` allowed tokens of largest log-probability
+// over the allowed tokens of each row (lowest id on ties, ranked by the
+// f32 value beam search adds, so ties of rounding rank as it ranks them),
+// best first, as pairs of the id and the bits of its log-probability; id
+// 0xffffffff and minus infinity past the last allowed one. One workgroup per row, in top_k rounds: in each, every lane takes
 // the best token of its chunk that comes after the last round's pick (a
 // smaller logit, or the same and a larger id), and the lanes' argmax is
 // the round's pick. Beam search reads these [rows, top_k] back instead of
@@ -355,7 +356,7 @@ fn top_candidates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         var best = NEG_INF;
         var best_j = NONE;
         for (var j = chunk_begin(lid); j < chunk_end(lid); j += 1u) {
-            let v = logits[base + j];
+            let v = logits[base + j] - lse;
             let after = last == NONE || v < last_v || (v == last_v && j > last);
             if (allowed(j) && after && (best_j == NONE || v > best)) {
                 best_j = j;
@@ -365,13 +366,13 @@ fn top_candidates(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         let pick = lane_argmax(lid, best, best_j, NONE);
         if (pick != NONE) {
             last = pick;
-            last_v = logits[base + pick];
+            last_v = logits[base + pick] - lse;
         }
         if (lid == 0u) {
             let at = 2u * (row * p.top_k + n);
             candidates[at] = pick;
             var logprob = bitcast<f32>(0xff800000u); // minus infinity
-            if (pick != NONE) { logprob = last_v - lse; }
+            if (pick != NONE) { logprob = last_v; }
             candidates[at + 1u] = bitcast<u32>(logprob);
         }
     }

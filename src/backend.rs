@@ -1303,7 +1303,8 @@ pub trait Backend: 'static {
     );
 
     /// Beam search's candidates: each row's `count` most likely allowed
-    /// tokens, best first (the largest logit, the lowest id on ties), as
+    /// tokens, best first (the largest log-probability as an f32, the
+    /// lowest id on ties), as
     /// `[rows, count, 2]` pairs of the id and the bits of its
     /// log-probability under the softmax over the allowed tokens only (one
     /// tensor, so one read takes both). Where fewer are allowed, the rest

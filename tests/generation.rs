@@ -563,8 +563,8 @@ fn beam_search_over_the_cache_equals_recomputation() {
     check("gpu", beams_both_ways(&g));
 }
 
-/// Beam search's candidates are each row's best allowed tokens by logit,
-/// lowest id first among equals, with their log-probabilities over the
+/// Beam search's candidates are each row's best allowed tokens by
+/// log-probability, lowest id first among equals, with their log-probabilities over the
 /// allowed tokens; a row with fewer allowed tokens than asked fills the
 /// rest with no token.
 #[test]

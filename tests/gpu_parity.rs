@@ -633,14 +633,16 @@ fn adamw_matches_cpu() {
 
 /// Both attention kernels, causal and not, with padded keys: the fused
 /// kernels at one tile of positions and at several (37 positions, an
-/// item whose keys are all padding, heads of 64, the widest they take).
+/// item whose keys are all padding, heads of 64, the widest they take),
+/// and without a key mask.
 fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut outs = Vec::new();
     let cases = [
-        (AttentionKernel::Products, 6, 5, vec![4, 6]),
-        (AttentionKernel::Fused, 6, 5, vec![4, 6]),
-        (AttentionKernel::Fused, 37, 64, vec![20, 0]),
-        (AttentionKernel::Fused, 37, 24, vec![37, 33]),
+        (AttentionKernel::Products, 6, 5, Some([4, 6])),
+        (AttentionKernel::Fused, 6, 5, Some([4, 6])),
+        (AttentionKernel::Fused, 37, 64, Some([20, 0])),
+        (AttentionKernel::Fused, 37, 24, Some([37, 33])),
+        (AttentionKernel::Fused, 37, 24, None),
     ];
     for (kernel, seq, head_dim, real) in cases {
         for causal in [true, false] {
@@ -652,18 +654,20 @@ fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
                 causal,
             };
             let c = shape.channels();
-            let mask: Vec<u32> = real
-                .iter()
-                .flat_map(|&n| (0..seq).map(move |t| u32::from(t < n)))
-                .collect();
+            let mask = real.map(|real| {
+                let mask: Vec<u32> = real
+                    .iter()
+                    .flat_map(|&n| (0..seq).map(move |t| u32::from(t < n)))
+                    .collect();
+                b.ids(&mask)
+            });
             let qkv = b.tensor(&random(2 * seq * 3 * c, 1));
             let mut attn = Attention::with_kernel(b, shape, true, kernel);
             let mut out = b.zeros(2 * seq * c);
-            let mask = b.ids(&mask);
-            attn.forward(b, &qkv, Some(&mask), &mut out);
+            attn.forward(b, &qkv, mask.as_ref(), &mut out);
             let mut dqkv = b.tensor(&random(2 * seq * 3 * c, 3));
             let dout = b.tensor(&random(2 * seq * c, 2));
-            attn.backward(b, &qkv, Some(&mask), &out, &dout, &mut dqkv);
+            attn.backward(b, &qkv, mask.as_ref(), &out, &dout, &mut dqkv);
             outs.extend([b.to_vec(&out), b.to_vec(&dqkv)]);
         }
     }

@@ -76,6 +76,9 @@ pub fn forward(
     l: &AttentionShape,
 ) {
     let (s, w) = (l.seq, l.channels());
+    if out.is_empty() {
+        return;
+    }
     out.par_chunks_mut(s * w)
         .zip(lse.par_chunks_mut(l.heads * s))
         .enumerate()
@@ -97,6 +100,9 @@ pub fn backward(
     l: &AttentionShape,
 ) {
     let (s, w, d) = (l.seq, l.channels(), l.head_dim);
+    if dqkv.is_empty() {
+        return;
+    }
     dqkv.par_chunks_mut(s * 3 * w)
         .enumerate()
         .for_each(|(b, dqkv)| {

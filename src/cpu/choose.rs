@@ -204,10 +204,13 @@ pub fn choose_tokens(
 }
 
 /// CPU twin of the `top_candidates` kernel: the best `count` allowed
-/// tokens of each row by (logit, then lowest id), as each of the kernel's
-/// rounds takes the next.
+/// tokens of each row by (log-probability, then lowest id), as each of the
+/// kernel's rounds takes the next.
 pub fn top_candidates(logits: &[f32], c: &Candidates, candidates: &mut [u32]) {
     let (v, count) = (c.vocab, c.count);
+    if count == 0 {
+        return;
+    }
     candidates
         .par_chunks_mut(2 * count)
         .enumerate()
@@ -215,20 +218,21 @@ pub fn top_candidates(logits: &[f32], c: &Candidates, candidates: &mut [u32]) {
             let z = &logits[r * v..(r + 1) * v];
             let allowed = |j: usize| c.allowed(j as u32);
             let lse = log_sum_exp(z, allowed);
+            let logprob = |j: usize| z[j] - lse;
             // Kept best first; a token goes in after every kept one it
             // does not beat, so ties keep id order.
             let mut best: Vec<usize> = Vec::with_capacity(count + 1);
             for j in (0..v).filter(|&j| allowed(j)) {
-                if best.len() == count && z[j] <= z[best[count - 1]] {
+                if best.len() == count && logprob(j) <= logprob(best[count - 1]) {
                     continue;
                 }
-                let at = best.partition_point(|&k| z[k] >= z[j]);
+                let at = best.partition_point(|&k| logprob(k) >= logprob(j));
                 best.insert(at, j);
                 best.truncate(count);
             }
             for (n, pair) in out.chunks_mut(2).enumerate() {
                 let (id, logprob) = match best.get(n) {
-                    Some(&j) => (j as u32, z[j] - lse),
+                    Some(&j) => (j as u32, logprob(j)),
                     None => (u32::MAX, f32::NEG_INFINITY),
                 };
                 pair.copy_from_slice(&[id, logprob.to_bits()]);
