@@ -172,6 +172,11 @@ fn out_at(item: u32, t: u32, head: u32) -> u32 {
     return (item * shape.seq + t) * w + head * shape.head_dim;
 }
 
+// Position t's log-sum-exp for head `head` ([batch, heads, seq]).
+fn lse_at(item: u32, head: u32, t: u32) -> u32 {
+    return (item * shape.heads + head) * shape.seq + t;
+}
+
 fn visible(item: u32, query: u32, key: u32) -> bool {
     if (query >= shape.seq || key >= shape.seq) { return false; }
     if (shape.causal != 0u && key > query) { return false; }
@@ -304,7 +309,7 @@ fn attention_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         if (c == 0u) {
             var v = 0.0;
             if (l > 0.0) { v = m + log(l); }
-            lse[(g.item * shape.heads + g.head) * shape.seq + i] = v;
+            lse[lse_at(g.item, g.head, i)] = v;
         }
     }
 }
@@ -328,7 +333,7 @@ fn attention_backward_queries(@builtin(workgroup_id) wid: vec3<u32>,
     workgroupBarrier();
     let delta = row_sum(PAIRS_A, r);
     var lse_i = 0.0;
-    if (i < shape.seq) { lse_i = lse_in[(g.item * shape.heads + g.head) * shape.seq + i]; }
+    if (i < shape.seq) { lse_i = lse_in[lse_at(g.item, g.head, i)]; }
     var key_tiles = g.tiles;
     if (shape.causal != 0u) { key_tiles = g.tile + 1u; }
     var acc = array<f32, COLS>(0.0, 0.0, 0.0, 0.0);
@@ -388,7 +393,7 @@ fn attention_backward_keys(@builtin(workgroup_id) wid: vec3<u32>,
         let seen = visible(g.item, i, j);
         var p = 0.0;
         if (seen) {
-            let lse_i = lse_in[(g.item * shape.heads + g.head) * shape.seq + i];
+            let lse_i = lse_in[lse_at(g.item, g.head, i)];
             p = exp(shape.scale * panel_dot(C, c, A, r) - lse_i);
         }
         workgroupBarrier(); // the queries are read

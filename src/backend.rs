@@ -679,6 +679,20 @@ impl AttentionShape {
             Self::MAX_FUSED_HEAD_DIM
         );
     }
+
+    /// `check`, and d_out as large as out and dqkv as qkv: the tensors of
+    /// [`Backend::attention_backward`].
+    pub fn check_backward(
+        &self,
+        (qkv, out, lse, d_out, dqkv): (usize, usize, usize, usize, usize),
+        mask: Option<usize>,
+    ) {
+        self.check((qkv, out, lse), mask);
+        assert!(
+            d_out == out && dqkv == qkv,
+            "attention_backward: d_out of {d_out} and dqkv of {dqkv} elements for {self:?}"
+        );
+    }
 }
 
 /// Attention's products per head ([`AttentionShape::products`]): q, k and

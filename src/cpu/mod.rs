@@ -330,13 +330,8 @@ impl Backend for CpuBackend {
         dqkv: &mut Vec<f32>,
         l: &AttentionShape,
     ) {
-        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
-        assert!(
-            d_out.len() == out.len() && dqkv.len() == qkv.len(),
-            "attention_backward: d_out of {} and dqkv of {} elements for {l:?}",
-            d_out.len(),
-            dqkv.len()
-        );
+        let sizes = (qkv.len(), out.len(), lse.len(), d_out.len(), dqkv.len());
+        l.check_backward(sizes, key_mask.map(|m| m.len()));
         attention::backward(qkv, key_mask.map(|m| &m[..]), out, lse, d_out, dqkv, l);
     }
 

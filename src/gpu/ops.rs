@@ -1066,13 +1066,8 @@ impl Backend for GpuBackend {
         dqkv: &mut GpuTensor,
         l: &AttentionShape,
     ) {
-        l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
-        assert!(
-            d_out.len() == out.len() && dqkv.len() == qkv.len(),
-            "attention_backward: d_out of {} and dqkv of {} elements for {l:?}",
-            d_out.len(),
-            dqkv.len()
-        );
+        let sizes = (qkv.len(), out.len(), lse.len(), d_out.len(), dqkv.len());
+        l.check_backward(sizes, key_mask.map(|m| m.len()));
         let params = SelfAttentionParams::new(l, key_mask.is_some());
         let mask = &key_mask.unwrap_or(&self.no_mask).0;
         let buffers = [&qkv.0, mask, &out.0, &lse.0, &d_out.0, &dqkv.0];
