@@ -858,6 +858,78 @@ impl Candidates {
     }
 }
 
+/// One step of beam search over `images` images of `width` rows each,
+/// beam k of image i on row i * width + k (see [`Backend::beam_step`]).
+///
+/// The search's record is one `[state_len()]` u32 tensor, zero at the
+/// start: first the trace, `[steps, rows, 3]`, where (parent, token,
+/// score bits) at (s, r) say that the beam on row r after step s took
+/// `token` after the beam on row `parent` after step s - 1 and has total
+/// log-probability `score`; a row without a beam has token `pad`. Then,
+/// per image, the count of its finished captions and up to `width` of
+/// them, best first, as (score bits, step, parent, token): the beam on row
+/// `parent` after step - 1, followed by `token`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BeamStep {
+    pub images: usize,
+    pub width: usize,
+    /// Captions kept per image: an image stops once its n_best-th finished
+    /// caption beats every live beam.
+    pub n_best: usize,
+    /// Steps of the whole search (ids a caption may have, `<eos>`
+    /// included): the last one finishes every beam.
+    pub steps: usize,
+    /// The step this call takes.
+    pub step: usize,
+    pub eos: u32,
+    pub pad: u32,
+}
+
+impl BeamStep {
+    /// Candidates each row offers ([`Candidates::count`]): 2 x width. An
+    /// image's best 2 x width continuations are among its rows' best
+    /// 2 x width, since a row adds its beam's score to each of its tokens
+    /// alike.
+    pub fn count(&self) -> usize {
+        2 * self.width
+    }
+
+    pub fn rows(&self) -> usize {
+        self.images * self.width
+    }
+
+    /// Where the finished captions start in the state tensor.
+    pub fn finished_start(&self) -> usize {
+        self.steps * self.rows() * 3
+    }
+
+    /// u32s per image in the finished part: the count, then `width`
+    /// entries of 4.
+    pub fn finished_stride(&self) -> usize {
+        1 + 4 * self.width
+    }
+
+    pub fn state_len(&self) -> usize {
+        self.finished_start() + self.images * self.finished_stride()
+    }
+
+    /// Panics unless candidates are `[rows, count, 2]`, parents and next
+    /// `[rows]`, the state `[state_len()]`, the step within the search and
+    /// n_best within the width.
+    pub fn check(&self, (candidates, parents, next, state): (usize, usize, usize, usize)) {
+        let rows = self.rows();
+        assert!(
+            candidates == rows * self.count() * 2
+                && parents == rows
+                && next == rows
+                && state == self.state_len()
+                && self.step < self.steps
+                && (1..=self.width).contains(&self.n_best),
+            "beam_step: tensors of {candidates}, {parents}, {next} and {state} elements for {self:?}"
+        );
+    }
+}
+
 /// The ops. See the module documentation for conventions; each method's
 /// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
 pub trait Backend: 'static {
@@ -1324,6 +1396,26 @@ pub trait Backend: 'static {
     /// tensor, so one read takes both). Where fewer are allowed, the rest
     /// get id `u32::MAX` and log-probability minus infinity.
     fn top_candidates(&self, logits: &Self::Tensor, c: &Candidates, candidates: &mut Self::Ids);
+
+    /// One step of beam search (layout in [`BeamStep`]) from each row's
+    /// candidates (the pairs of [`Backend::top_candidates`] for
+    /// [`BeamStep::count`]). Per image, every live beam's continuations are
+    /// ranked by total log-probability (then beam, then id); of the best 2
+    /// x width, those among the best width that end (at `<eos>`, or at the
+    /// last step) finish, and the best width of the others become the new
+    /// beams, in rank order on the image's first rows: parents[r] = the row
+    /// whose cache row r takes over, next[r] = the token it is fed (`pad`
+    /// where no beam is left). Finished captions keep the best width,
+    /// earlier ones first among equals. At step 0 only each image's first
+    /// row is live, with score 0.
+    fn beam_step(
+        &self,
+        candidates: &Self::Ids,
+        step: &BeamStep,
+        parents: &mut Self::Ids,
+        next: &mut Self::Ids,
+        state: &mut Self::Ids,
+    );
 
     /// out[r, j] = (logits[r, j] + g(seed, first_row + r / positions,
     /// r % positions, j)) / tau over teacher-forced rows `[sequences *

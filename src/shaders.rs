@@ -19,6 +19,7 @@ macro_rules! family {
 pub const SHADERS: &[(&str, &str)] = &[
     family!("adamw"),
     family!("attention"),
+    family!("beam"),
     family!("choose"),
     family!("elementwise"),
     family!("embedding"),

@@ -175,6 +175,13 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
             "per_batch",
         ),
         (
+            "decode",
+            vec![
+                "decode", "--preset", "tiny", "--images", "8", "--decode", "beam:3",
+            ],
+            "per_batch",
+        ),
+        (
             "train",
             vec![
                 "train",
@@ -249,9 +256,11 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                     // nothing.
                     assert_eq!(count("readbacks"), 4, "{r}");
                 } else {
-                    // The ids and their log-probabilities; the end checks
-                    // (23 steps, every 4) are read without waiting.
-                    assert_eq!(count("readbacks"), 2, "{r}");
+                    // Greedy: the ids and their log-probabilities; beam
+                    // search: the search's record. The end checks (23
+                    // steps, every 4) are read without waiting.
+                    let beam = args.contains(&"beam:3");
+                    assert_eq!(count("readbacks"), if beam { 1 } else { 2 }, "{r}");
                     assert!((1..=5).contains(&count("async_reads")), "{r}");
                     // Parameter blocks sit at dynamic offsets: a batch binds
                     // the buffers of the one before, with few new groups.

@@ -8,9 +8,7 @@
 mod common;
 
 use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, TokenChoice};
-use captune::captioner::decode::{
-    BeamShape, DecodeOptions, Decoding, Generated, beam_search, generate,
-};
+use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
 use captune::captioner::{CaptionerConfig, SpecialIds};
@@ -494,9 +492,90 @@ fn trimmed_batches_give_the_same_losses_and_gradients() {
     }
 }
 
-/// Beam search over the KV cache (rows following their parents on the
-/// device) against the same host search fed by full recomputation of
-/// each row's whole history.
+/// Beam search written plainly on the host, as the reference for the
+/// device's (`Backend::beam_step`): per image, the live beams' candidates
+/// (`step_candidates(moved)`'s pairs for [`BeamShape::candidates`], after
+/// row r took over row `parents[r]`'s history and was fed `next[r]`;
+/// `moved` = `None` at the first step) are sorted, those among the best
+/// width that end finish, the best width others go on, and an image stops
+/// once its n_best-th finished caption beats every live beam.
+fn host_beam_search(
+    shape: &BeamShape,
+    mut step_candidates: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<u32>,
+) -> Vec<(Vec<u32>, f32)> {
+    let BeamShape {
+        images,
+        width,
+        n_best,
+        steps,
+        specials,
+        ..
+    } = *shape;
+    let count = shape.candidates().count;
+    let rows = images * width;
+    // Live beams per image: (ids after <bos>, score).
+    let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![], 0.0)]; images];
+    let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
+    let mut moved: Option<(Vec<u32>, Vec<u32>)> = None;
+    for step in 0..steps {
+        if live.iter().all(Vec::is_empty) {
+            break;
+        }
+        let pairs = step_candidates(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
+        let last_step = step + 1 == steps;
+        let mut parents: Vec<u32> = (0..rows as u32).collect();
+        let mut next_ids = vec![specials.pad; rows];
+        for i in 0..images {
+            let mut candidates: Vec<(f32, usize, u32)> = Vec::new();
+            for (k, (_, score)) in live[i].iter().enumerate() {
+                let row = (i * width + k) * count;
+                for pair in pairs[2 * row..2 * (row + count)].chunks(2) {
+                    if pair[0] != u32::MAX {
+                        candidates.push((score + f32::from_bits(pair[1]), k, pair[0]));
+                    }
+                }
+            }
+            candidates.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));
+            let mut next = Vec::new();
+            for (rank, (score, k, id)) in candidates.into_iter().take(2 * width).enumerate() {
+                let mut ids = live[i][k].0.clone();
+                ids.push(id);
+                if id == specials.end || last_step {
+                    if rank < width {
+                        finished[i].push((ids, score));
+                    }
+                } else if next.len() < width {
+                    let row = i * width + next.len();
+                    parents[row] = (i * width + k) as u32;
+                    next_ids[row] = id;
+                    next.push((ids, score));
+                }
+            }
+            finished[i].sort_by(|x, y| y.1.total_cmp(&x.1));
+            finished[i].truncate(width);
+            if let Some(kth) = finished[i].get(n_best - 1)
+                && next.iter().all(|l| l.1 <= kth.1)
+            {
+                next.clear();
+            }
+            live[i] = next;
+        }
+        moved = Some((parents, next_ids));
+    }
+    finished
+        .into_iter()
+        .flat_map(|done| {
+            (0..n_best).map(move |k| {
+                done.get(k)
+                    .cloned()
+                    .unwrap_or((vec![specials.end], f32::NEG_INFINITY))
+            })
+        })
+        .collect()
+}
+
+/// Beam search over the KV cache, on the device, against the host's
+/// search fed by full recomputation of each row's whole history.
 fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) {
     let mut model = random_captioner(b);
     let c = model.config;
@@ -519,7 +598,7 @@ fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) 
     };
     let candidates = shape.candidates();
     let mut seqs = vec![vec![BOS]; images * width];
-    let reference = beam_search(&shape, |moved| {
+    let reference = host_beam_search(&shape, |moved| {
         if let Some((parents, next)) = moved {
             seqs = parents
                 .iter()
@@ -538,6 +617,76 @@ fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) 
         b.ids_to_vec(&pairs)
     });
     (cached, reference)
+}
+
+/// The search's record after `beam_step` on each step's candidates in turn.
+fn beam_record<B: Backend>(b: &B, shape: &BeamShape, step_pairs: &[Vec<u32>]) -> Vec<u32> {
+    let rows = shape.images * shape.width;
+    let (mut parents, mut next) = (b.ids(&vec![0; rows]), b.ids(&vec![0; rows]));
+    let mut state = b.ids(&vec![0; shape.at(0).state_len()]);
+    for (step, pairs) in step_pairs.iter().enumerate() {
+        let at = shape.at(step);
+        b.beam_step(&b.ids(pairs), &at, &mut parents, &mut next, &mut state);
+    }
+    b.ids_to_vec(&state)
+}
+
+/// The device's beam steps, fed random candidates with many ties (of
+/// score across beams, and of finished captions), rows offering fewer
+/// candidates than asked, and frequent ends, give the host search's
+/// captions and scores exactly, and the same record on both backends.
+#[test]
+fn beam_steps_equal_the_host_search() {
+    for (images, width, n_best, steps) in [(5, 3, 2, 7), (3, 1, 1, 5), (2, 4, 4, 9)] {
+        let shape = BeamShape {
+            images,
+            width,
+            n_best,
+            steps,
+            vocab: 8,
+            suppress_unk: false,
+            specials: SpecialIds::WORDS,
+        };
+        let c = shape.candidates();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(steps as u64);
+        let step_pairs: Vec<Vec<u32>> = (0..steps)
+            .map(|_| {
+                (0..c.rows)
+                    .flat_map(|_| {
+                        let mut ids: Vec<u32> =
+                            (0..c.vocab as u32).filter(|&j| c.allowed(j)).collect();
+                        rand::seq::SliceRandom::shuffle(ids.as_mut_slice(), &mut rng);
+                        let offered = rand::Rng::random_range(&mut rng, 1..=c.count);
+                        (0..c.count).flat_map(move |n| match ids.get(n).filter(|_| n < offered) {
+                            // Quarters, so sums tie exactly; <eos> is
+                            // favoured, so captions end before the last step.
+                            Some(&id) => {
+                                let quarters = if id == EOS { n } else { n + id as usize % 3 };
+                                [id, (0.0 - quarters as f32 / 4.0).to_bits()]
+                            }
+                            None => [u32::MAX, f32::NEG_INFINITY.to_bits()],
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut at = 0;
+        let want = host_beam_search(&shape, |_| {
+            at += 1;
+            step_pairs[at - 1].clone()
+        });
+        assert!(
+            want.iter()
+                .any(|(ids, _)| ids.len() < steps && ids.last() == Some(&EOS)),
+            "some caption ends before the last step: {want:?}"
+        );
+        let cpu = beam_record(&CpuBackend::new(), &shape, &step_pairs);
+        assert_eq!(shape.captions(&cpu), want, "cpu: {images} x {width}");
+        if let Some(g) = gpu() {
+            let on_gpu = beam_record(&g, &shape, &step_pairs);
+            assert_eq!(on_gpu, cpu, "gpu record: {images} x {width}");
+        }
+    }
 }
 
 #[test]

@@ -10,16 +10,17 @@
 //! seed); whether every caption has ended is read every
 //! [`END_CHECK_STEPS`] steps without waiting (the answer arrives while
 //! later steps are recorded), and the host waits only for the chosen ids
-//! and their log-probabilities at the end. Beam search reads back each
-//! row's 2 x width best candidates (`Backend::top_candidates`, not the
-//! row's logits) and chooses among them on the host; the cache follows
-//! each beam's parent on the device.
+//! and their log-probabilities at the end. Beam search runs on the device
+//! too: each row's 2 x width best candidates (`Backend::top_candidates`),
+//! the choice of beams among them (`Backend::beam_step`), and the cache
+//! rows following their parents; the same end checks apply, and the host
+//! reads the search's record once, at the end, to spell the captions.
 
 use super::CaptionVocab;
 use super::SpecialIds;
 use super::mapper::MapperActivations;
 use super::model::Captioner;
-use crate::backend::{Backend, Candidates, ChoiceRule, Sampling, TokenChoice};
+use crate::backend::{Backend, BeamStep, Candidates, ChoiceRule, Sampling, TokenChoice};
 use crate::data::vocab::UNK;
 use crate::model::kv_cache::{KvCache, Prefill};
 use anyhow::{Result, bail};
@@ -198,11 +199,10 @@ pub const END_CHECK_STEPS: usize = 4;
 pub const IMAGES_PER_BATCH: usize = 64;
 
 /// What feeds a token position.
-enum Feed<'a, B: Backend> {
+enum Feed {
     Bos,
-    /// The tokens the device chose at the previous step.
+    /// The tokens the device chose at the previous step (`next`).
     Chosen,
-    Given(&'a B::Ids),
 }
 
 /// The captioner run incrementally on `rows` sequences: the mapper's
@@ -288,13 +288,12 @@ impl<'m, B: Backend> Decoder<'m, B> {
 
     /// Runs the next token position on `feed`; `logits` become its
     /// next-token logits.
-    fn advance(&mut self, b: &B, feed: Feed<'_, B>) {
+    fn advance(&mut self, b: &B, feed: Feed) {
         let (m, p) = (self.model, &self.model.params);
         let c = &m.config;
         let ids = match feed {
             Feed::Bos => &self.bos,
             Feed::Chosen => &self.next,
-            Feed::Given(ids) => ids,
         };
         b.embedding(
             p.value(m.tokens),
@@ -379,14 +378,18 @@ pub fn generate<B: Backend>(
                 let rule = ChoiceRule::Sample(sampling);
                 choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
             }
-            Decoding::Beam { width, n_best } => beam_rows(
-                b,
-                &mut decoder,
-                width,
-                n_best,
-                chunk.len(),
-                options.suppress_unk,
-            ),
+            Decoding::Beam { width, n_best } => {
+                let shape = BeamShape {
+                    images: chunk.len(),
+                    width,
+                    n_best,
+                    steps,
+                    vocab: c.vocab_size,
+                    suppress_unk: options.suppress_unk,
+                    specials: c.specials,
+                };
+                beam_rows(b, &mut decoder, &shape)
+            }
         };
         if let Some(bar) = &options.progress {
             bar.inc(chunk.len() as u64);
@@ -403,6 +406,45 @@ pub fn generate<B: Backend>(
     Ok(out)
 }
 
+/// Whether every row has ended (its next token is `<eos>` or padding),
+/// asked every [`END_CHECK_STEPS`] steps without waiting: the answer
+/// arrives while later steps are recorded.
+struct EndCheck<B: Backend> {
+    /// The check under way: the next tokens at some step.
+    pending: Option<B::PendingIds>,
+}
+
+impl<B: Backend> EndCheck<B> {
+    fn new() -> Self {
+        EndCheck { pending: None }
+    }
+
+    /// After step `step` of `steps` wrote `next`: whether a check that
+    /// arrived shows every row ended (then the steps since add nothing).
+    fn all_ended(
+        &mut self,
+        b: &B,
+        (step, steps): (usize, usize),
+        next: &B::Ids,
+        specials: SpecialIds,
+    ) -> bool {
+        if (step + 1).is_multiple_of(END_CHECK_STEPS) && step + 1 < steps {
+            match self.pending {
+                None => self.pending = Some(b.begin_ids_read(next)),
+                // The device works on these steps while later ones are
+                // recorded.
+                Some(_) => b.submit(),
+            }
+        }
+        let Some(chosen) = self.pending.as_mut().and_then(|c| b.poll_ids_read(c)) else {
+            return false;
+        };
+        self.pending = None;
+        let pad = specials.masked()[0];
+        chosen.iter().all(|&t| t == specials.end || t == pad)
+    }
+}
+
 /// Greedy or sampled continuation of every row at once, chosen on the
 /// device; (ids after <bos>, their total log-probability) per row.
 fn choose_on_device<B: Backend>(
@@ -417,9 +459,7 @@ fn choose_on_device<B: Backend>(
     let specials = decoder.model.config.specials;
     let [pad, masked_start] = specials.masked();
     let mut ran = steps;
-    // The end check under way: the chosen tokens at some step, arriving
-    // while later steps are recorded.
-    let mut check = None;
+    let mut check = EndCheck::new();
     for step in 0..steps {
         let feed = if step == 0 { Feed::Bos } else { Feed::Chosen };
         decoder.advance(b, feed);
@@ -443,21 +483,9 @@ fn choose_on_device<B: Backend>(
             &mut decoder.history,
             &mut decoder.logprobs,
         );
-        if (step + 1).is_multiple_of(END_CHECK_STEPS) && step + 1 < steps {
-            match check {
-                None => check = Some(b.begin_ids_read(&decoder.next)),
-                // The device works on these steps while later ones are
-                // recorded.
-                Some(_) => b.submit(),
-            }
-        }
-        if let Some(chosen) = check.as_mut().and_then(|c| b.poll_ids_read(c)) {
-            check = None;
-            // Every caption had ended by then: the steps since add nothing.
-            if chosen.iter().all(|&t| t == specials.end || t == pad) {
-                ran = step + 1;
-                break;
-            }
+        if check.all_ended(b, (step, steps), &decoder.next, specials) {
+            ran = step + 1;
+            break;
         }
     }
     let history = b.ids_to_vec(&decoder.history);
@@ -475,42 +503,53 @@ fn choose_on_device<B: Backend>(
         .collect()
 }
 
-/// Beam search over the decoder's KV cache: each step feeds every beam's
-/// last id, after the cache rows followed their parents, and reads back
-/// each row's candidates.
+/// Beam search over the decoder's KV cache, wholly on the device: each
+/// step ranks every row's best candidates (`Backend::top_candidates`),
+/// chooses the beams (`Backend::beam_step`), and the next step's cache rows
+/// follow their parents. The host reads the search's record once, at the
+/// end.
 fn beam_rows<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
-    width: usize,
-    n_best: usize,
-    images: usize,
-    suppress_unk: bool,
+    shape: &BeamShape,
 ) -> Vec<(Vec<u32>, f32)> {
-    let shape = BeamShape {
-        images,
-        width,
-        n_best,
-        steps: decoder.steps,
-        vocab: decoder.model.config.vocab_size,
-        suppress_unk,
-        specials: decoder.model.config.specials,
-    };
     let c = shape.candidates();
     let mut candidates = b.ids(&vec![0; c.rows * c.count * 2]);
-    beam_search(&shape, |moved| {
-        match moved {
-            None => decoder.advance(b, Feed::Bos),
-            Some((parents, next)) => {
-                decoder.cache.reorder(b, &b.ids(parents));
-                decoder.advance(b, Feed::Given(&b.ids(next)));
-            }
+    let mut parents = b.ids(&vec![0; c.rows]);
+    let mut state = b.ids(&vec![0; shape.at(0).state_len()]);
+    let mut check = EndCheck::new();
+    for step in 0..shape.steps {
+        if step == 0 {
+            decoder.advance(b, Feed::Bos);
+        } else {
+            decoder.cache.reorder(b, &parents);
+            decoder.advance(b, Feed::Chosen);
         }
         b.top_candidates(&decoder.logits, &c, &mut candidates);
-        b.ids_to_vec(&candidates)
-    })
+        let at = shape.at(step);
+        b.beam_step(
+            &candidates,
+            &at,
+            &mut parents,
+            &mut decoder.next,
+            &mut state,
+        );
+        if check.all_ended(b, (step, shape.steps), &decoder.next, shape.specials) {
+            break;
+        }
+    }
+    shape.captions(&b.ids_to_vec(&state))
 }
 
-/// What a beam search covers: `images` images of `width` rows each.
+/// What a beam search covers: `images` images of `width` rows each, beam
+/// k of image i on row i * width + k. The search is the canonical one, as
+/// transformers runs it with `length_penalty = 0` (no length
+/// normalisation) and `early_stopping = "never"`: each step ranks every
+/// beam's continuations, those among the best `width` that end finish, the
+/// best `width` that do not go on, and an image stops when no live beam can
+/// beat its `n_best` finished captions. Captions are ranked by total
+/// log-probability under the policy: `<pad>`, `<bos>` and, when
+/// suppressed, `<unk>` are never chosen and have none of its mass.
 #[derive(Clone, Copy, Debug)]
 pub struct BeamShape {
     pub images: usize,
@@ -525,120 +564,65 @@ pub struct BeamShape {
 }
 
 impl BeamShape {
-    /// What each step ranks: every row's 2 x width best tokens. The best
-    /// 2 x width continuations of an image are among them, since a row
-    /// adds its beam's score to each of its tokens alike.
+    /// What each step ranks: every row's [`BeamStep::count`] best tokens.
     pub fn candidates(&self) -> Candidates {
         let [pad, start] = self.specials.masked();
         Candidates {
             rows: self.images * self.width,
             vocab: self.vocab,
-            count: 2 * self.width,
+            count: self.at(0).count(),
             banned: if self.suppress_unk { UNK } else { u32::MAX },
             bos: start,
             pad,
         }
     }
-}
 
-/// Beam search on the host over any source of next-token candidates:
-/// `step_candidates(moved)` returns the pairs of
-/// [`Backend::top_candidates`] for [`BeamShape::candidates`] after row r
-/// took over row `parents[r]`'s history and was fed `next[r]` (`moved` =
-/// `(parents, next)`; `None` at the first step, when every row is fed
-/// `<bos>`). Beam k of image i runs on row i * width + k. Returns `n_best`
-/// captions per image (ids after `<bos>`), best first, ranked by total
-/// log-probability under the policy: `<pad>`, `<bos>` and, when
-/// suppressed, `<unk>` are never chosen and have none of its mass. The
-/// search is the canonical one, as transformers runs it with
-/// `length_penalty = 0` (no length normalisation) and
-/// `early_stopping = "never"`: each step ranks every beam's continuations,
-/// those among the best `width` that end finish, the best `width` that do
-/// not go on, and an image stops when no live beam can beat its `n_best`
-/// finished captions.
-pub fn beam_search(
-    shape: &BeamShape,
-    mut step_candidates: impl FnMut(Option<(&[u32], &[u32])>) -> Vec<u32>,
-) -> Vec<(Vec<u32>, f32)> {
-    let BeamShape {
-        images,
-        width,
-        n_best,
-        steps,
-        specials,
-        ..
-    } = *shape;
-    let count = shape.candidates().count;
-    let rows = images * width;
-    // Live beams per image: (ids from <bos>, score). At the start one beam per image.
-    let mut live: Vec<Vec<(Vec<u32>, f32)>> = vec![vec![(vec![specials.start], 0.0)]; images];
-    let mut finished: Vec<Vec<(Vec<u32>, f32)>> = vec![Vec::new(); images];
-    let mut moved: Option<(Vec<u32>, Vec<u32>)> = None;
-    for step in 0..steps {
-        if live.iter().all(Vec::is_empty) {
-            break;
-        }
-        let pairs = step_candidates(moved.as_ref().map(|(p, n)| (p.as_slice(), n.as_slice())));
-        let last_step = step + 1 == steps;
-        let mut parents: Vec<u32> = (0..rows as u32).collect();
-        let mut next_ids = vec![specials.pad; rows];
-        for i in 0..images {
-            let mut candidates: Vec<(f32, usize, usize)> = Vec::new();
-            for (k, (_, score)) in live[i].iter().enumerate() {
-                let row = (i * width + k) * count;
-                for pair in pairs[2 * row..2 * (row + count)].chunks(2) {
-                    if pair[0] != u32::MAX {
-                        candidates.push((score + f32::from_bits(pair[1]), k, pair[0] as usize));
-                    }
-                }
-            }
-            candidates.sort_by(|x, y| y.0.total_cmp(&x.0).then((x.1, x.2).cmp(&(y.1, y.2))));
-            // The best 2 x width candidates: those of them among the best
-            // width that end (at the end id, or at the last step) finish,
-            // and the best width of the others go on; the finished keep
-            // their best width.
-            let mut next = Vec::new();
-            for (rank, (score, k, id)) in candidates.into_iter().take(2 * width).enumerate() {
-                if score == f32::NEG_INFINITY {
-                    break;
-                }
-                let mut ids = live[i][k].0.clone();
-                ids.push(id as u32);
-                if id as u32 == specials.end || last_step {
-                    if rank < width {
-                        finished[i].push((ids, score));
-                    }
-                } else if next.len() < width {
-                    let row = i * width + next.len();
-                    parents[row] = (i * width + k) as u32;
-                    next_ids[row] = id as u32;
-                    next.push((ids, score));
-                }
-            }
-            finished[i].sort_by(|x, y| y.1.total_cmp(&x.1));
-            finished[i].truncate(width);
-            // Extending a beam only lowers its score: stop an image once its
-            // n_best-th finished caption beats every live beam.
-            if let Some(kth) = finished[i].get(n_best - 1)
-                && next.iter().all(|l| l.1 <= kth.1)
-            {
-                next.clear();
-            }
-            live[i] = next;
-        }
-        moved = Some((parents, next_ids));
-    }
-    let mut out = Vec::with_capacity(images * n_best);
-    for (i, mut done) in finished.into_iter().enumerate() {
-        done.append(&mut live[i]);
-        done.sort_by(|x, y| y.1.total_cmp(&x.1));
-        for k in 0..n_best {
-            let (ids, score) = done
-                .get(k)
-                .cloned()
-                .unwrap_or((vec![specials.start, specials.end], f32::NEG_INFINITY));
-            out.push((ids[1..].to_vec(), score));
+    /// Step `step` of the search.
+    pub fn at(&self, step: usize) -> BeamStep {
+        BeamStep {
+            images: self.images,
+            width: self.width,
+            n_best: self.n_best,
+            steps: self.steps,
+            step,
+            eos: self.specials.end,
+            pad: self.specials.masked()[0],
         }
     }
-    out
+
+    /// The `n_best` captions of each image (ids after `<bos>`, total
+    /// log-probability), best first, from the search's record (the state
+    /// of [`Backend::beam_step`]); an image with fewer finished gets
+    /// `<eos>` alone at minus infinity for the rest.
+    pub fn captions(&self, state: &[u32]) -> Vec<(Vec<u32>, f32)> {
+        let s = self.at(0);
+        let trace = |step: usize, row: usize| &state[(step * s.rows() + row) * 3..][..3];
+        let mut out = Vec::with_capacity(self.images * self.n_best);
+        for image in 0..self.images {
+            let f = s.finished_start() + image * s.finished_stride();
+            let count = state[f] as usize;
+            for k in 0..self.n_best {
+                if k >= count {
+                    out.push((vec![self.specials.end], f32::NEG_INFINITY));
+                    continue;
+                }
+                let [score, step, parent, token] = state[f + 1 + 4 * k..][..4] else {
+                    unreachable!("four u32s")
+                };
+                // Walk the trace back from the beam the caption ended.
+                let mut ids = vec![token];
+                let mut row = parent as usize;
+                for back in (0..step as usize).rev() {
+                    let [from, token, _] = trace(back, row) else {
+                        unreachable!("three u32s")
+                    };
+                    ids.push(*token);
+                    row = *from as usize;
+                }
+                ids.reverse();
+                out.push((ids, f32::from_bits(score)));
+            }
+        }
+        out
+    }
 }

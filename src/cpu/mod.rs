@@ -4,6 +4,7 @@
 
 mod adamw;
 mod attention;
+mod beam;
 pub mod choose;
 mod elementwise;
 mod embedding;
@@ -17,8 +18,8 @@ mod reduce;
 mod softmax;
 
 use crate::backend::{
-    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, Candidates, HeadLayout,
-    Matmul, Reduce, SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, AttentionShape, Backend, BackendKind, BeamStep, CachedAttention, Candidates,
+    HeadLayout, Matmul, Reduce, SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -439,6 +440,18 @@ impl Backend for CpuBackend {
     fn top_candidates(&self, logits: &Vec<f32>, c: &Candidates, candidates: &mut Vec<u32>) {
         c.check((logits.len(), candidates.len()));
         choose::top_candidates(logits, c, candidates);
+    }
+
+    fn beam_step(
+        &self,
+        candidates: &Vec<u32>,
+        step: &BeamStep,
+        parents: &mut Vec<u32>,
+        next: &mut Vec<u32>,
+        state: &mut Vec<u32>,
+    ) {
+        step.check((candidates.len(), parents.len(), next.len(), state.len()));
+        beam::beam_step(candidates, step, parents, next, state);
     }
 
     fn gumbel_logits(

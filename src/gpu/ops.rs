@@ -5,9 +5,9 @@
 use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
-    AdamWStep, AttentionShape, Backend, BackendKind, CachedAttention, Candidates, ChoiceRule,
-    DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice, TokenIndex,
-    VocabSubsets, WorkgroupCounts,
+    AdamWStep, AttentionShape, Backend, BackendKind, BeamStep, CachedAttention, Candidates,
+    ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice,
+    TokenIndex, VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -204,6 +204,19 @@ struct ChooseParams {
     eos: u32,
     pad: u32,
     _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct BeamParams {
+    images: u32,
+    width: u32,
+    n_best: u32,
+    count: u32,
+    steps: u32,
+    step: u32,
+    eos: u32,
+    pad: u32,
 }
 
 #[repr(C)]
@@ -1316,6 +1329,34 @@ impl Backend for GpuBackend {
             &params,
             &[&logits.0, &candidates.0],
             self.grid(c.rows),
+        );
+    }
+
+    fn beam_step(
+        &self,
+        candidates: &GpuIds,
+        step: &BeamStep,
+        parents: &mut GpuIds,
+        next: &mut GpuIds,
+        state: &mut GpuIds,
+    ) {
+        step.check((candidates.len(), parents.len(), next.len(), state.len()));
+        let params = BeamParams {
+            images: u(step.images),
+            width: u(step.width),
+            n_best: u(step.n_best),
+            count: u(step.count()),
+            steps: u(step.steps),
+            step: u(step.step),
+            eos: step.eos,
+            pad: step.pad,
+        };
+        self.dispatch(
+            "beam",
+            "beam_step",
+            &params,
+            &[&candidates.0, &parents.0, &next.0, &state.0],
+            self.grid(step.images.div_ceil(64)),
         );
     }
 
