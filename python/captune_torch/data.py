@@ -1,0 +1,158 @@
+"""A run's data, read as captune reads it: a Karpathy split file
+(`karpathy:PATH`) or a COCO captions file (`coco:PATH`), its captions
+PTB-tokenised and encoded with the checkpoint's vocabulary, and the image
+embeddings of a features file (`embeddings` [n, dim], metadata
+`image_ids`), L2-normalised. Images without an embedding are left out;
+captions without a token are skipped."""
+
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from safetensors import safe_open
+
+from .tokenize import ptb_tokenize
+
+PAD, BOS, EOS, UNK = 0, 1, 2, 3
+
+
+class DataError(ValueError):
+    """Data this package cannot read; the message names the file and the
+    field, and what to do."""
+
+
+@dataclass
+class Item:
+    id: str
+    split: str  # train, val or test
+    captions: list  # each a list of PTB tokens
+
+
+def split_of(name):
+    return {"train": "train", "restval": "train", "val": "val", "test": "test"}.get(name)
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; the run's [features] data names it (move the data "
+                        "there, or give --data)")
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}; fix or re-download the file")
+
+
+def id_text(v):
+    return v if isinstance(v, str) else json.dumps(v)
+
+
+def load_karpathy(path):
+    doc = read_json(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
+        raise DataError(f'{path}: no "images" array: this is not a Karpathy split file '
+                        "(for COCO annotation files use coco:PATH)")
+    items = []
+    for k, entry in enumerate(doc["images"]):
+        ident = entry.get("cocoid", entry.get("imgid"))
+        ident = id_text(ident) if ident is not None else entry.get("filename")
+        split = split_of(entry.get("split"))
+        if split is None or ident is None:
+            continue
+        captions = [t for t in (ptb_tokenize(s.get("raw", "")) for s in entry.get("sentences", [])) if t]
+        if captions:
+            items.append(Item(ident, split, captions))
+    return items
+
+
+def load_coco(path):
+    """A COCO captions file; its split is read from its name, as captune
+    reads it (captions_train2014.json: train)."""
+    name = os.path.basename(path).lower()
+    split = next((s for s in ("train", "val", "test") if s in name), None)
+    if split is None:
+        raise DataError(f"{path}: cannot tell the split from the file name (it should contain train, "
+                        "val or test, as captions_train2014.json does); rename the file")
+    doc = read_json(path)
+    for key in ("annotations", "images"):
+        if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
+            raise DataError(f"{path}: no {key!r} array: this is not a COCO caption annotation file")
+    by_image = {}
+    for a in doc["annotations"]:
+        by_image.setdefault(a.get("image_id"), []).append(a.get("caption", ""))
+    items = []
+    for image in doc["images"]:
+        captions = [t for t in (ptb_tokenize(c) for c in by_image.get(image.get("id"), [])) if t]
+        if captions:
+            items.append(Item(str(image["id"]), split, captions))
+    return items
+
+
+def load_data(source):
+    """`karpathy:PATH` or `coco:PATH`."""
+    kind, _, path = source.partition(":")
+    if kind == "karpathy":
+        return load_karpathy(path)
+    if kind == "coco":
+        return load_coco(path)
+    raise DataError(f"data source {source!r}: captune_torch reads karpathy:PATH and coco:PATH "
+                    "(embed the shapes world's images into a features file and give its "
+                    "dataset_shapes.json as karpathy:PATH)")
+
+
+def load_features(path):
+    """{image id: L2-normalised embedding}."""
+    try:
+        with safe_open(os.fspath(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            embeddings = f.get_tensor("embeddings").to(torch.float32)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such features file; the run's [features] features names it (or give --features)")
+    except Exception as e:
+        raise DataError(f"{path}: not a features file ({e}); it needs a tensor `embeddings` and metadata `image_ids`")
+    try:
+        ids = json.loads(meta["image_ids"])
+    except (KeyError, json.JSONDecodeError):
+        raise DataError(f"{path}: metadata image_ids is missing or not a JSON list of strings")
+    if len(ids) != embeddings.shape[0]:
+        raise DataError(f"{path}: {len(ids)} image_ids for {embeddings.shape[0]} embeddings")
+    norms = embeddings.double().norm(dim=1)
+    bad = (~torch.isfinite(norms)) | (norms == 0)
+    if bad.any():
+        row = int(bad.nonzero()[0])
+        raise DataError(f"{path}: embedding of image {ids[row]} (row {row}) is zero or not finite")
+    # Rows already of unit length stay as they are, as captune keeps them.
+    scale = torch.where((norms - 1).abs() > 1e-6, norms, torch.ones_like(norms))
+    embeddings = (embeddings.double() / scale[:, None]).to(torch.float32)
+    return {i: embeddings[r] for r, i in enumerate(ids)}
+
+
+class Vocabulary:
+    """The checkpoint's: a word list (`vocab` metadata, after the four
+    specials) or a GPT-2 tokenizer (`tokenizer` metadata)."""
+
+    def __init__(self, metadata, config):
+        self.max_len = config["max_len"]
+        if "vocab" in metadata:
+            words = json.loads(metadata["vocab"])
+            self.index = {w: 4 + i for i, w in enumerate(words)}
+            self.tokenizer = None
+        elif "tokenizer" in metadata:
+            try:
+                from tokenizers import Tokenizer
+            except ImportError:
+                raise DataError("this checkpoint's decoder came from a GPT-2: install the tokenizers "
+                                "library (pip install 'captune-torch[gpt2]')")
+            self.tokenizer = Tokenizer.from_str(metadata["tokenizer"])
+            self.end = config["specials"]["end"]
+        else:
+            raise DataError("the checkpoint has neither a vocab nor a tokenizer in its metadata")
+
+    def encode(self, tokens):
+        """`<bos> ids <eos>`, truncated to fit max_len."""
+        keep = self.max_len - 2
+        if self.tokenizer is None:
+            return [BOS] + [self.index.get(t, UNK) for t in tokens[:keep]] + [EOS]
+        pieces = self.tokenizer.encode(" ".join(tokens), add_special_tokens=False).ids
+        return [self.end] + pieces[:keep] + [self.end]
