@@ -425,6 +425,37 @@ fn following_a_run_folder_fills_every_panel_as_it_grows() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A run that PyTorch trained in two processes under torchrun (the
+/// package in `python/`, skipped where python3 has no torch) fills the
+/// loss curves when followed, as captune's own runs do.
+#[test]
+fn following_a_torchrun_run_fills_the_loss_curves() {
+    let Some(python) = common::python_with_torch() else {
+        return;
+    };
+    let dir = temp("follow-torchrun");
+    let out = std::process::Command::new(python)
+        .args(["-m", "tests.test_ddp"])
+        .arg(&dir)
+        .current_dir(common::python_dir())
+        .env("CAPTUNE_BIN", env!("CARGO_BIN_EXE_captune"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let log = std::fs::read_to_string(dir.join("log.jsonl")).unwrap();
+    let lines = log.lines().count();
+    assert!(lines >= 2, "{log}");
+    let mut h = harness(Source::Follow(dir.clone()));
+    step_until(&mut h, "the run's log lines", |a| {
+        a.history.losses.len() == lines
+    });
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// On a data set without scenes, no fact can be checked: the samples
 /// panel highlights the words no reference uses, and says so.
 #[test]

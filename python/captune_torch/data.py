@@ -138,6 +138,9 @@ class Vocabulary:
             words = json.loads(metadata["vocab"])
             self.index = {w: 4 + i for i, w in enumerate(words)}
             self.tokenizer = None
+            # Each word's reserved first-token alternative, `##word`.
+            self.alternatives = {self.index[w[2:]]: i for w, i in self.index.items()
+                                 if w.startswith("##") and w[2:] in self.index}
         elif "tokenizer" in metadata:
             try:
                 from tokenizers import Tokenizer
@@ -145,6 +148,7 @@ class Vocabulary:
                 raise DataError("this checkpoint's decoder came from a GPT-2: install the tokenizers "
                                 "library (pip install 'captune-torch[gpt2]')")
             self.tokenizer = Tokenizer.from_str(metadata["tokenizer"])
+            self.alternatives = {}
             self.end = config["specials"]["end"]
         else:
             raise DataError("the checkpoint has neither a vocab nor a tokenizer in its metadata")

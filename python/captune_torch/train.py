@@ -50,6 +50,8 @@ def arguments(argv=None):
     p.add_argument("--lr", type=float, help="the peak learning rate")
     p.add_argument("--batch", type=int, help="images per step, over all processes")
     p.add_argument("--objective", help=f"one of: {', '.join(objectives.SUPPORTED)}")
+    p.add_argument("--first-token", choices=["mle", "shift", "none"], help="SMILE's step 0")
+    p.add_argument("--mle-weight", type=float, help="SMILE: the loss is L * MLE + (1 - L) * SMILE")
     p.add_argument("--data", help="karpathy:PATH or coco:PATH (default: the run's)")
     p.add_argument("--features", help="the image embeddings (default: the run's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -104,6 +106,12 @@ def apply_overrides(args, config, checkpoint_metadata):
     train = config.setdefault("train", {})
     if args.objective:
         train["objective"] = args.objective
+    if args.first_token:
+        train["first_token"] = args.first_token
+    if args.mle_weight is not None:
+        if not 0.0 <= args.mle_weight <= 1.0:
+            fail(f"--mle-weight {args.mle_weight}: a weight between 0 and 1")
+        train["mle_weight"] = args.mle_weight
     if args.lr is not None:
         train["lr"] = args.lr
     if args.batch is not None:
@@ -184,7 +192,6 @@ def run(args, ranks):
     ck = load_checkpoint(checkpoint_path)
     config = apply_overrides(args, config, ck.metadata)
     t = config["train"]
-    objective = objectives.find(t.get("objective", "mle"))
     step, epoch = 0, 0
     if args.resume:
         step, epoch = recover(args.out) if lead else (0, 0)
@@ -197,6 +204,7 @@ def run(args, ranks):
         t["epochs"] = args.epochs
     Captioner.check(ck.config, ck.tensors, checkpoint_path)
     vocab = Vocabulary(ck.metadata, ck.config)
+    objective = objectives.TokenObjective(t.get("objective", "mle"), t, vocab.alternatives)
     corpus = Corpus(config, vocab)
     batch, world = t["batch"], ranks.world
     if batch % world:
@@ -231,21 +239,23 @@ def run(args, ranks):
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.zero_grad(set_to_none=True)
-            loss_sum, _ = objective(ddp, features, inputs, targets)
+            sums = objective(ddp, features, inputs, targets)
             # DDP averages the processes' gradients: each process's share of
             # the batch's summed loss, times the processes, over the batch's
             # tokens, gives the whole batch's mean. Captions' tokens weigh
             # what they would in an average batch (captune's rule).
             weight = tokens / (batch * mean_tokens)
-            (loss_sum * (world * weight / tokens)).backward()
+            (sums["loss"] * (world * weight / tokens)).backward()
             norm = clip(model)
             step += 1
             tokens_since += tokens
             logs = step % log_every == 0 or step == total
-            loss = None
+            reported = {}
             if logs:
-                loss = float(ranks.sum(loss_sum.detach().double().reshape(1))[0]) / tokens
-            if not math.isfinite(norm) or (loss is not None and not math.isfinite(loss)):
+                names = ("loss", "mle", "smile")
+                totals = ranks.sum(torch.stack([sums[n].detach().double() for n in names]))
+                reported = {n: float(v) / tokens for n, v in zip(names, totals)}
+            if not math.isfinite(norm) or not all(map(math.isfinite, reported.values())):
                 fail(f"the loss became NaN or infinite at step {step}; {args.out} keeps its last saved "
                      f"state (epoch {epoch}): resume at a tenth of the rate with "
                      f"`torchrun ... -m captune_torch.train --resume --out {args.out} --lr {t['lr'] / 10:g}`")
@@ -253,8 +263,8 @@ def run(args, ranks):
             if logs and lead:
                 now = time.time()
                 append_record(args.out, LOG, {
-                    "step": step, "epoch": epoch + 1, "objective": t["objective"], "loss": loss,
-                    "mle": loss, "lr": lr, "grad_norm": norm,
+                    "step": step, "epoch": epoch + 1, "objective": objective.describe(), **reported,
+                    "lr": lr, "grad_norm": norm,
                     "tokens_per_s": tokens_since / max(now - since, 1e-9)})
                 since, tokens_since = now, 0
         epoch += 1

@@ -1,54 +1,70 @@
-"""The package's MLE step against the golden values that captune's own
-golden test checks (tests/data/golden_captioner*, made by
-scripts/golden.py in float64): the loss, every gradient and every weight
-after one AdamW step."""
+"""The package's objectives against the golden values that captune's own
+golden test checks (tests/data/golden_*, made by scripts/golden.py in
+float64 from the documentation alone): MLE's loss, every gradient and
+every weight after one AdamW step; SMILE's loss and every gradient with
+first-token MLE, none, and shift mixed with MLE."""
 
+import json
+import unittest
 from pathlib import Path
 
-import unittest
-import torch
 from safetensors import safe_open
 
 from captune_torch import load_checkpoint
+from captune_torch.data import Vocabulary
 from captune_torch.model import Captioner
-from captune_torch.objectives import mle
+from captune_torch.objectives import TokenObjective
 from captune_torch.optim import adamw, clip
 
-from .tolerances import assert_step_close
+from .tolerances import assert_close, assert_step_close
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 
 
-def expected(name):
+def golden(name):
     with safe_open(str(DATA / f"golden_{name}_expected.safetensors"), framework="pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
 
 
-def close(got, want, what, tol=1e-5):
-    scale = max(float(want.abs().max()), 1.0)
-    err = float((got.detach().float() - want).abs().max())
-    assert err <= tol * scale, f"{what}: off by {err} (scale {scale})"
+def loss_and_gradients(checkpoint, objective, settings, want):
+    ck = load_checkpoint(DATA / checkpoint)
+    model = Captioner(ck.config, ck.tensors)
+    alternatives = Vocabulary(ck.metadata, ck.config).alternatives
+    targets = want["targets"].long()
+    sums = TokenObjective(objective, settings, alternatives)(model, want["features"], want["inputs"].long(), targets)
+    loss = sums["loss"] / int((targets != model.pad).sum())
+    loss.backward()
+    return model, loss
 
 
 class Golden(unittest.TestCase):
     def test_mle_step_equals_the_golden_values(self):
-        mle_step_equals_the_golden_values()
+        want, meta = golden("captioner")
+        model, loss = loss_and_gradients("golden_captioner.safetensors", "mle", {}, want)
+        assert_close("loss", loss.reshape(1), want["loss"], 1e-5, 0)
+        number = lambda key: float(meta[key])
+        opt = adamw(model, number("lr"), number("weight_decay"))
+        grads = {n: model.tensor(n).grad.clone() for n in model.names}
+        norm = clip(model, number("max_grad_norm"))
+        self.assertLess(abs(norm - float(want["grad_norm"][0])), 1e-5 * norm)
+        opt.step()
+        assert_step_close(
+            "captune_torch", grads, model.state(),
+            {n: want[f"grad.{n}"] for n in model.names}, {n: want[f"after.{n}"] for n in model.names},
+            norm, number("lr"), number("eps"), number("max_grad_norm"))
+        for i, name in enumerate(model.names):
+            state = opt.state[model.tensor(name)]
+            clipped = min(number("max_grad_norm") / norm, 1.0)
+            assert_close(f"first moment of {name}", state["exp_avg"], want[f"m.{name}"], 1e-5, 1e-7 * clipped)
+            assert_close(f"second moment of {name}", state["exp_avg_sq"], want[f"v.{name}"], 2e-5, 1e-12)
 
-
-def mle_step_equals_the_golden_values():
-    ck = load_checkpoint(DATA / "golden_captioner.safetensors")
-    want, meta = expected("captioner")
-    model = Captioner(ck.config, ck.tensors)
-    total, tokens = mle(model, want["features"], want["inputs"].long(), want["targets"].long())
-    loss = total / tokens
-    loss.backward()
-    close(loss, want["loss"][0], "loss")
-    opt = adamw(model, float(meta["lr"]), float(meta["weight_decay"]))
-    grads = {n: model.tensor(n).grad.clone() for n in model.names}
-    norm = clip(model, float(meta["max_grad_norm"]))
-    assert abs(norm - float(want["grad_norm"][0])) <= 1e-5 * norm, norm
-    opt.step()
-    assert_step_close(
-        "captune_torch", grads, model.state(),
-        {n: want[f"grad.{n}"] for n in model.names}, {n: want[f"after.{n}"] for n in model.names},
-        norm, float(meta["lr"]), float(meta["eps"]), float(meta["max_grad_norm"]))
+    def test_smile_equals_the_golden_values(self):
+        want, meta = golden("smile")
+        cases = json.loads(meta["cases"])
+        self.assertEqual(len(cases), 3)
+        for case in cases:
+            name = case["name"]
+            model, loss = loss_and_gradients("golden_smile.safetensors", case["objective"], case["settings"], want)
+            assert_close(f"{name}: loss", loss.reshape(1), want[f"{name}.loss"], 1e-5, 0)
+            for n in model.names:
+                assert_close(f"{name}: gradient of {n}", model.tensor(n).grad, want[f"{name}.grad.{n}"], 1e-5, 1e-6)

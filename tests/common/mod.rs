@@ -273,3 +273,27 @@ pub fn tiny_retriever_checkpoint<B: Backend>(
         vocab,
     }
 }
+
+/// `python3` where it imports torch and safetensors (what the PyTorch
+/// package, `python/`, needs); otherwise the calling test is marked
+/// skipped and gets `None`.
+pub fn python_with_torch() -> Option<&'static str> {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import torch, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        skip(
+            "python3 cannot import torch and safetensors: the PyTorch package's tests need them \
+             (pip install ./python)",
+        );
+        return None;
+    }
+    Some("python3")
+}
+
+/// The repository's `python/` folder, where the PyTorch package and its
+/// tests live.
+pub fn python_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python")
+}
