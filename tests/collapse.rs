@@ -162,7 +162,7 @@ fn a_run_from_a_checkpoint_validates_its_starting_weights_as_epoch_0() {
     let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, "validate-start", None);
     let mut seen = Vec::new();
     trainer
-        .validate_start(&b, |e| {
+        .validate_now(&b, |e| {
             if let Event::Metrics(m) = e {
                 seen.push((m.epoch, m.step));
             }

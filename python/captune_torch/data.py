@@ -136,6 +136,7 @@ class Vocabulary:
         self.max_len = config["max_len"]
         if "vocab" in metadata:
             words = json.loads(metadata["vocab"])
+            self.words = ["<pad>", "<bos>", "<eos>", "<unk>"] + words
             self.index = {w: 4 + i for i, w in enumerate(words)}
             self.tokenizer = None
             # Each word's reserved first-token alternative, `##word`.
@@ -153,6 +154,21 @@ class Vocabulary:
         else:
             raise DataError("the checkpoint has neither a vocab nor a tokenizer in its metadata")
 
+    def words_of(self, ids):
+        """A generated caption's words: its ids up to `<eos>`, read back
+        (an alternative `##word` as the word; a GPT-2's pieces decoded and
+        PTB-tokenised)."""
+        end = EOS if self.tokenizer is None else self.end
+        kept = []
+        for i in ids:
+            if i == end:
+                break
+            kept.append(int(i))
+        if self.tokenizer is not None:
+            return ptb_tokenize(self.tokenizer.decode(kept, skip_special_tokens=False))
+        words = [self.words[i] if i < len(self.words) else "<unk>" for i in kept if i >= UNK]
+        return [w[2:] if w.startswith("##") else w for w in words]
+
     def encode(self, tokens):
         """`<bos> ids <eos>`, truncated to fit max_len."""
         keep = self.max_len - 2
@@ -160,3 +176,45 @@ class Vocabulary:
             return [BOS] + [self.index.get(t, UNK) for t in tokens[:keep]] + [EOS]
         pieces = self.tokenizer.encode(" ".join(tokens), add_special_tokens=False).ids
         return [self.end] + pieces[:keep] + [self.end]
+
+
+class Corpus:
+    """The training images that have an embedding: their embeddings and
+    their captions' ids."""
+
+    def __init__(self, config, vocab):
+        f = config["features"]
+        items = [i for i in load_data(f["data"]) if i.split == "train"]
+        embeddings = load_features(f["features"])
+        kept = [i for i in items if i.id in embeddings]
+        if not kept:
+            raise DataError(f"{f['features']}: no embedding of any training image of {f['data']}; "
+                            "the features file is not this data set's")
+        self.features = torch.stack([embeddings[i.id] for i in kept])
+        self.captions = [[vocab.encode(c) for c in i.captions] for i in kept]
+        # Every reference's words: SCST's reward reads them.
+        self.references = [i.captions for i in kept]
+
+    def __len__(self):
+        return len(self.captions)
+
+
+def epoch_order(corpus, seed, epoch):
+    """The epoch's (image, reference) pairs: a permutation of the images,
+    one reference drawn for each; the same on every process."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2 ** 63))
+    images = torch.randperm(len(corpus), generator=g).tolist()
+    return [(i, int(torch.randint(len(corpus.captions[i]), (1,), generator=g))) for i in images]
+
+
+def tensors_of(corpus, pairs, device, pad):
+    """Features, inputs `<bos> w..` and targets `w.. <eos>`, padded with `pad`."""
+    ids = [corpus.captions[i][r] for i, r in pairs]
+    width = max(len(c) for c in ids) - 1
+    inputs = torch.full((len(ids), width), pad, dtype=torch.long)
+    targets = torch.full((len(ids), width), pad, dtype=torch.long)
+    for row, c in enumerate(ids):
+        inputs[row, : len(c) - 1] = torch.tensor(c[:-1])
+        targets[row, : len(c) - 1] = torch.tensor(c[1:])
+    features = corpus.features[[i for i, _ in pairs]]
+    return features.to(device), inputs.to(device), targets.to(device)

@@ -1,15 +1,29 @@
 """The objectives this package trains with, as captune states them
-(docs/training.md): MLE and SMILE (Yue et al., 2023) on the references.
+(docs/training.md): MLE and SMILE (Yue et al., 2023) on the references,
+and SCST (Rennie et al., 2017) on the model's samples.
 
-Each works on a share of a batch and returns summed per-token losses by
-name: `loss` (what trains) and the `mle` and standard `smile` that every
-token-level log line reports. The batch's losses are the sums' totals
-over the batch's real target tokens, so a batch split among processes
-trains as it would whole."""
+Each one's `step` works on one process's share of a batch and returns
+sums by name, `loss` (what trains) among them; `per_batch` is what the
+whole batch's sums are divided by (its tokens, or its samples), and
+`report` turns the batch's totals into a log line's values. A batch split
+among processes thus trains as it would whole."""
+
+import math
 
 import torch
 
-SUPPORTED = ("mle", "smile")
+from .cider import CiderD
+from .data import tensors_of
+from .sampling import generate
+
+SUPPORTED = ("mle", "smile", "scst")
+
+
+def find(name, settings, vocab, corpus):
+    """The objective `name` with its [train] settings."""
+    if name == "scst":
+        return Scst(settings, vocab, CiderD(corpus.references))
+    return TokenObjective(name, settings, vocab.alternatives)
 
 
 def pad_of(model):
@@ -42,8 +56,10 @@ class TokenObjective:
     """MLE or SMILE with its settings ([train] first_token and mle_weight),
     over the vocabulary's first-token alternatives (`##word`)."""
 
+    reports = ("loss", "mle", "smile")
+
     def __init__(self, name, settings, alternatives):
-        if name not in SUPPORTED:
+        if name not in ("mle", "smile"):
             raise ValueError(
                 f"objective {name!r} is not supported by captune_torch; it trains "
                 f"{', '.join(SUPPORTED)} (train the others with captune itself)")
@@ -65,6 +81,22 @@ class TokenObjective:
         number = str(int(weight)) if weight == int(weight) else repr(weight)
         return f"smile (first token: {self.first_token}, mle weight: {number})"
 
+    def per_batch(self, corpus, pairs):
+        """The batch's real target tokens."""
+        return sum(len(corpus.captions[i][r]) - 1 for i, r in pairs)
+
+    def gradient_weight(self, corpus, pairs, batch, mean_tokens):
+        """Captions' tokens weigh what they would in an average batch (a
+        loss is a per-token mean; captune's rule)."""
+        return self.per_batch(corpus, pairs) / (batch * mean_tokens)
+
+    def step(self, model, corpus, mine, context):
+        features, inputs, targets = tensors_of(corpus, mine, context.device, pad_of(model))
+        return self(model, features, inputs, targets)
+
+    def report(self, totals, per_batch):
+        return {n: totals[n] / per_batch for n in self.reports}
+
     def __call__(self, model, features, inputs, targets):
         pad = pad_of(model)
         logits = model(features, inputs)
@@ -85,3 +117,106 @@ class TokenObjective:
                 term = subset_nll(logits, own, real, full_first_step=False)
             train = self.mle_weight * mle + (1 - self.mle_weight) * term
         return {"loss": train.sum(), "mle": mle.detach().sum(), "smile": smile.detach().sum()}
+
+
+class Scst:
+    """Self-critical sequence training (Rennie et al., 2017): per image,
+    `samples` captions sampled at temperature 1, rewarded by CIDEr-D with
+    the training statistics; advantage A_j = r_j - the greedy caption's
+    reward (`baseline = greedy`) or the mean of the image's other samples'
+    (`mean`, Luo, 2020); loss -(1/(B n)) sum_j A_j sum_t log p(y_jt), over
+    each sample's tokens up to and with its `<eos>`."""
+
+    name = "scst"
+    reports = ("loss", "reward", "baseline", "advantage", "advantage_sq", "sample_length")
+
+    def __init__(self, settings, vocab, cider):
+        self.samples = int(settings.get("samples", 5))
+        self.baseline = settings.get("baseline", "greedy")
+        if self.baseline not in ("greedy", "mean"):
+            raise ValueError(f"[train] baseline = {self.baseline!r}: expected greedy or mean")
+        if self.baseline == "mean" and self.samples < 2:
+            raise ValueError("baseline = mean needs at least 2 samples per image ([train] samples)")
+        unsupported = {"reward": settings.get("reward", "cider-d") != "cider-d",
+                       "bleu4_weight": float(settings.get("bleu4_weight", 0.0)) != 0.0,
+                       "mle_weight": float(settings.get("mle_weight", 0.0)) != 0.0}
+        for key, bad in unsupported.items():
+            if bad:
+                raise ValueError(f"[train] {key} = {settings.get(key)!r}: captune_torch trains SCST with "
+                                 "the CIDEr-D reward alone (reward = cider-d, bleu4_weight = 0, "
+                                 f"mle_weight = 0); give --{key.replace('_', '-')} or train with captune")
+        self.vocab, self.cider = vocab, cider
+
+    def describe(self):
+        return (f"scst (samples: {self.samples}, baseline: {self.baseline}, reward: cider-d, "
+                "bleu4 weight: 0, mle weight: 0)")
+
+    def per_batch(self, corpus, pairs):
+        """The batch's samples."""
+        return len(pairs) * self.samples
+
+    def gradient_weight(self, corpus, pairs, batch, mean_tokens):
+        # Samples have no reference lengths to even out.
+        return 1.0
+
+    def step(self, model, corpus, mine, context):
+        """Samples and greedy captions of this process's images, their
+        rewards and advantages, and the surrogate's sum."""
+        module = getattr(model, "module", model)
+        images = [i for i, _ in mine]
+        features = corpus.features[images].to(context.device)
+        rows = features.repeat_interleave(self.samples, 0)
+        steps = module.config["max_len"] - 1
+        samples = generate(module, rows, steps, sample=True, seed=context.seed,
+                           first_row=context.first_image * self.samples)
+        greedy = generate(module, features, steps) if self.baseline == "greedy" else None
+        scored = self.advantages(images, samples, greedy)
+        advantages = torch.tensor([a for _, _, a in scored], device=context.device)
+        lengths = [len(self.vocab.words_of(c.tolist())) for c in samples]
+        return {
+            "loss": self.surrogate(model, rows, samples, advantages),
+            "reward": torch.tensor(sum(r for r, _, _ in scored), dtype=torch.float64),
+            "baseline": torch.tensor(sum(b for _, b, _ in scored), dtype=torch.float64),
+            "advantage": torch.tensor(sum(a for _, _, a in scored), dtype=torch.float64),
+            "advantage_sq": torch.tensor(sum(a * a for _, _, a in scored), dtype=torch.float64),
+            "sample_length": torch.tensor(float(sum(lengths)), dtype=torch.float64),
+        }
+
+    def report(self, totals, per_batch):
+        """Per sample: the loss, reward, baseline, the advantages' spread
+        (standard deviation) and the length in words."""
+        mean = {n: totals[n] / per_batch for n in self.reports}
+        spread = math.sqrt(max(mean["advantage_sq"] - mean["advantage"] ** 2, 0.0))
+        return {"loss": mean["loss"], "reward": mean["reward"], "baseline": mean["baseline"],
+                "advantage_spread": spread, "sample_length": mean["sample_length"]}
+
+    def rewards(self, images, captions):
+        """CIDEr-D of each caption (ids) against its image's references."""
+        return [self.cider.score(i, self.vocab.words_of(c.tolist())) for i, c in zip(images, captions)]
+
+    def advantages(self, images, samples, greedy):
+        """Per sample: (reward, baseline, advantage)."""
+        n = self.samples
+        rewards = self.rewards([i for i in images for _ in range(n)], samples)
+        if self.baseline == "greedy":
+            base = [b for b in self.rewards(images, greedy) for _ in range(n)]
+        else:
+            base = [(sum(rewards[j - j % n:j - j % n + n]) - rewards[j]) / (n - 1) for j in range(len(rewards))]
+        return [(r, b, r - b) for r, b in zip(rewards, base)]
+
+    def surrogate(self, model, features, samples, advantages):
+        """-sum_j A_j sum_t log p(y_jt), teacher-forcing the samples."""
+        module = getattr(model, "module", model)
+        inputs, targets = teacher_forced(samples, module.start)
+        logp = torch.log_softmax(model(features, inputs), -1)
+        real = targets != module.pad
+        picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)
+        return -(advantages.to(picked.dtype) * picked.sum(-1)).sum()
+
+
+def teacher_forced(samples, start):
+    """Generated ids `[n, steps]`, padded after `<eos>`, as inputs
+    `<bos> y1 ..` and targets `y1 .. <eos>` (the padding after `<eos>`
+    is no target)."""
+    inputs = torch.cat([torch.full_like(samples[:, :1], start), samples[:, :-1]], 1)
+    return inputs, samples

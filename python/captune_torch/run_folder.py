@@ -58,16 +58,18 @@ def position_of(path):
 
 
 def save_state(folder, model, optimizer, checkpoint_metadata, step, epoch, objective_state):
-    """The checkpoint and AdamW's moments (`m.{i}`, `v.{i}` in the model's
-    parameter order) at (step, epoch), atomically as captune saves them."""
+    """The checkpoint and AdamW's moments (`m.{i}`, `v.{i}`, flat, in the
+    model's parameter order) at (step, epoch), atomically as captune saves
+    them."""
     position = {"step": str(step), "epoch": str(epoch)}
     meta = dict(checkpoint_metadata, format=FORMAT, **position)
     tensors = model.state()
     moments = {}
     for i, name in enumerate(model.names):
         state = optimizer.state.get(model.tensor(name), {})
-        moments[f"m.{i}"] = state.get("exp_avg", torch.zeros_like(tensors[name]))
-        moments[f"v.{i}"] = state.get("exp_avg_sq", torch.zeros_like(tensors[name]))
+        # Flat, as captune stores them.
+        moments[f"m.{i}"] = state.get("exp_avg", torch.zeros_like(tensors[name])).reshape(-1)
+        moments[f"v.{i}"] = state.get("exp_avg_sq", torch.zeros_like(tensors[name])).reshape(-1)
     staged_ck = write_atomic(tensors, os.path.join(folder, CHECKPOINT), meta)
     staged_opt = write_atomic(moments, os.path.join(folder, OPTIMIZER), dict(
         position, adamw_step=str(step_count(optimizer)), objective_state=json.dumps(objective_state)))

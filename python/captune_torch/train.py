@@ -15,6 +15,10 @@ so N processes take the step one process would take on the same batch.
 """
 
 import argparse
+import datetime
+import shutil
+import subprocess
+from dataclasses import dataclass
 import math
 import os
 import sys
@@ -26,7 +30,7 @@ import torch.distributed as dist
 from . import objectives
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import read_config, write_config
-from .data import DataError, Vocabulary, load_data, load_features
+from .data import Corpus, DataError, Vocabulary, epoch_order
 from .model import Captioner
 from .optim import adamw, clip, warmup_cosine
 from .run_folder import (CONFIG, LOG, RunFolderError, append_record, holds_a_run, load_optimizer,
@@ -55,6 +59,11 @@ def arguments(argv=None):
     p.add_argument("--data", help="karpathy:PATH or coco:PATH (default: the run's)")
     p.add_argument("--features", help="the image embeddings (default: the run's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--captune", default="captune",
+                   help="the captune binary that validates each epoch's state into samples.jsonl and "
+                        "metrics.jsonl (default: captune on PATH; 'none' skips validation)")
+    p.add_argument("--captune-device", default="auto", choices=["auto", "gpu", "cpu"],
+                   help="what captune validates on")
     return p.parse_args(argv)
 
 
@@ -70,7 +79,9 @@ class Distributed:
         if cuda:
             torch.cuda.set_device(self.device)
         if self.world > 1:
-            dist.init_process_group("nccl" if cuda else "gloo")
+            # The other processes wait at each epoch's end while the first
+            # has captune validate the saved state.
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(hours=2))
 
     def sum(self, x):
         if self.world > 1:
@@ -133,44 +144,35 @@ def apply_overrides(args, config, checkpoint_metadata):
     return config
 
 
-class Corpus:
-    """The training images that have an embedding: their embeddings and
-    their captions' ids."""
+@dataclass
+class StepContext:
+    """What a step's objective needs beside the batch: the device, the
+    seed of its samples, and where this process's share starts."""
 
-    def __init__(self, config, vocab):
-        f = config["features"]
-        items = [i for i in load_data(f["data"]) if i.split == "train"]
-        embeddings = load_features(f["features"])
-        kept = [i for i in items if i.id in embeddings]
-        if not kept:
-            raise DataError(f"{f['features']}: no embedding of any training image of {f['data']}; "
-                            "the features file is not this data set's")
-        self.features = torch.stack([embeddings[i.id] for i in kept])
-        self.captions = [[vocab.encode(c) for c in i.captions] for i in kept]
-
-    def __len__(self):
-        return len(self.captions)
+    device: torch.device
+    seed: int
+    first_image: int
 
 
-def epoch_order(corpus, seed, epoch):
-    """The epoch's (image, reference) pairs: a permutation of the images,
-    one reference drawn for each; the same on every process."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2 ** 63))
-    images = torch.randperm(len(corpus), generator=g).tolist()
-    return [(i, int(torch.randint(len(corpus.captions[i]), (1,), generator=g))) for i in images]
+def validator(args):
+    """The captune command that validates the run's saved state, or None
+    (with a note) where there is no captune."""
+    if args.captune == "none":
+        return None
+    found = shutil.which(args.captune)
+    if not found:
+        print(f"note: no captune binary ({args.captune!r} is not on PATH; give --captune PATH): the run's "
+              "log and state are written, its samples.jsonl and metrics.jsonl are not", file=sys.stderr)
+        return None
+    return [found, "--device", args.captune_device, "train", "--resume", "--out", args.out, "--validate-only"]
 
 
-def tensors_of(corpus, pairs, device, pad):
-    """Features, inputs `<bos> w..` and targets `w.. <eos>`, padded with `pad`."""
-    ids = [corpus.captions[i][r] for i, r in pairs]
-    width = max(len(c) for c in ids) - 1
-    inputs = torch.full((len(ids), width), pad, dtype=torch.long)
-    targets = torch.full((len(ids), width), pad, dtype=torch.long)
-    for row, c in enumerate(ids):
-        inputs[row, : len(c) - 1] = torch.tensor(c[:-1])
-        targets[row, : len(c) - 1] = torch.tensor(c[1:])
-    features = corpus.features[[i for i, _ in pairs]]
-    return features.to(device), inputs.to(device), targets.to(device)
+def validate(command):
+    """Appends the saved state's samples and metrics records, as captune's
+    epoch end writes them."""
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode != 0:
+        fail(f"{' '.join(command)} failed:\n{out.stderr.strip()}")
 
 
 def main(argv=None):
@@ -204,8 +206,8 @@ def run(args, ranks):
         t["epochs"] = args.epochs
     Captioner.check(ck.config, ck.tensors, checkpoint_path)
     vocab = Vocabulary(ck.metadata, ck.config)
-    objective = objectives.TokenObjective(t.get("objective", "mle"), t, vocab.alternatives)
     corpus = Corpus(config, vocab)
+    objective = objectives.find(t.get("objective", "mle"), t, vocab, corpus)
     batch, world = t["batch"], ranks.world
     if batch % world:
         fail(f"[train] batch {batch} does not split evenly among {world} processes; choose a multiple of {world}")
@@ -225,6 +227,7 @@ def run(args, ranks):
         write_text_atomic(os.path.join(args.out, CONFIG), write_config(config))
         if not args.resume:
             save_state(args.out, model, opt, metadata, step, epoch, dict(FRESH_OBJECTIVE_STATE, objective=t["objective"]))
+    validation = validator(args) if lead else None
     log_every = max(t.get("log_every", 50), 1)
     since, tokens_since = time.time(), 0
     while step < total:
@@ -232,29 +235,27 @@ def run(args, ranks):
         mean_tokens = sum(len(corpus.captions[i][r]) - 1 for i, r in order) / len(order)
         for b in range(step - epoch * per_epoch, per_epoch):
             pairs = order[b * batch:(b + 1) * batch]
-            tokens = sum(len(corpus.captions[i][r]) - 1 for i, r in pairs)
-            mine = pairs[ranks.rank * batch // world:(ranks.rank + 1) * batch // world]
-            features, inputs, targets = tensors_of(corpus, mine, ranks.device, model.pad)
+            share = slice(ranks.rank * batch // world, (ranks.rank + 1) * batch // world)
+            context = StepContext(ranks.device, (t.get("seed", 0) * 1_000_003 + step) % 2 ** 64, share.start)
             lr = warmup_cosine(t["lr"], t.get("warmup", 0), step, total)
             for group in opt.param_groups:
                 group["lr"] = lr
             opt.zero_grad(set_to_none=True)
-            sums = objective(ddp, features, inputs, targets)
+            sums = objective.step(ddp, corpus, pairs[share], context)
             # DDP averages the processes' gradients: each process's share of
-            # the batch's summed loss, times the processes, over the batch's
-            # tokens, gives the whole batch's mean. Captions' tokens weigh
-            # what they would in an average batch (captune's rule).
-            weight = tokens / (batch * mean_tokens)
-            (sums["loss"] * (world * weight / tokens)).backward()
+            # the batch's summed loss, times the processes, over the whole
+            # batch's tokens (or samples), gives the whole batch's mean.
+            per_batch = objective.per_batch(corpus, pairs)
+            weight = objective.gradient_weight(corpus, pairs, batch, mean_tokens)
+            (sums["loss"] * (world * weight / per_batch)).backward()
             norm = clip(model)
             step += 1
-            tokens_since += tokens
+            tokens_since += sum(len(corpus.captions[i][r]) - 1 for i, r in pairs)
             logs = step % log_every == 0 or step == total
             reported = {}
             if logs:
-                names = ("loss", "mle", "smile")
-                totals = ranks.sum(torch.stack([sums[n].detach().double() for n in names]))
-                reported = {n: float(v) / tokens for n, v in zip(names, totals)}
+                totals = ranks.sum(torch.stack([sums[n].detach().double().cpu() for n in objective.reports]).to(ranks.device))
+                reported = objective.report(dict(zip(objective.reports, totals.tolist())), per_batch)
             if not math.isfinite(norm) or not all(map(math.isfinite, reported.values())):
                 fail(f"the loss became NaN or infinite at step {step}; {args.out} keeps its last saved "
                      f"state (epoch {epoch}): resume at a tenth of the rate with "
@@ -270,6 +271,8 @@ def run(args, ranks):
         epoch += 1
         if lead:
             save_state(args.out, model, opt, metadata, step, epoch, dict(FRESH_OBJECTIVE_STATE, objective=t["objective"]))
+            if validation:
+                validate(validation)
         if ranks.world > 1:
             dist.barrier()
     if lead:

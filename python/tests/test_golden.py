@@ -68,3 +68,37 @@ class Golden(unittest.TestCase):
             assert_close(f"{name}: loss", loss.reshape(1), want[f"{name}.loss"], 1e-5, 0)
             for n in model.names:
                 assert_close(f"{name}: gradient of {n}", model.tensor(n).grad, want[f"{name}.grad.{n}"], 1e-5, 1e-6)
+
+
+class GoldenScst(unittest.TestCase):
+    def test_scst_equals_the_golden_values(self):
+        """For the samples and greedy captions captune drew for one step
+        (golden_sequence_inputs), the rewards, advantages, loss and every
+        gradient of SCST with the greedy and the mean baseline."""
+        import torch
+        from captune_torch.cider import CiderD
+        from captune_torch.objectives import Scst
+
+        with safe_open(str(DATA / "golden_sequence_inputs.safetensors"), framework="pt") as f:
+            given = {k: f.get_tensor(k) for k in f.keys()}
+            meta = f.metadata()
+        references = [[r.split() for r in image] for image in json.loads(meta["references"])]
+        images = json.loads(meta["images"])
+        want, wmeta = golden("sequence")
+        cases = [c for c in json.loads(wmeta["cases"]) if c["objective"] == "scst"]
+        self.assertEqual([c["settings"]["baseline"] for c in cases], ["greedy", "mean"])
+        ck = load_checkpoint(DATA / "golden_captioner.safetensors")
+        vocab = Vocabulary(ck.metadata, ck.config)
+        samples, greedy = given["samples"].long(), given["greedy"].long()
+        for case in cases:
+            name = case["name"]
+            scst = Scst({**case["settings"], "samples": samples.shape[0] // len(images)}, vocab,
+                        CiderD(references))
+            model = Captioner(ck.config, ck.tensors)
+            advantages = torch.tensor([a for _, _, a in scst.advantages(images, samples, greedy)])
+            rows = torch.arange(samples.shape[0]) // scst.samples
+            loss = scst.surrogate(model, given["features"][rows], samples, advantages) / samples.shape[0]
+            loss.backward()
+            assert_close(f"{name}: loss", loss.reshape(1), want[f"{name}.loss"], 1e-5, 1e-7)
+            for n in model.names:
+                assert_close(f"{name}: gradient of {n}", model.tensor(n).grad, want[f"{name}.grad.{n}"], 1e-5, 1e-6)

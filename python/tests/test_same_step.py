@@ -1,8 +1,9 @@
 """One step of the package and one step of captune, from the same
 checkpoint on the same batch (16 images of one caption each, the whole
-epoch), with fresh AdamW state, for MLE and for SMILE mixed with MLE: the
-same losses, gradient norm, AdamW moments and weights, within the golden
-test's tolerances."""
+epoch), with fresh AdamW state, for MLE and for SMILE mixed with MLE, on
+both captioner kinds (captune's own decoder and a GPT-2 ClipCap, the tiny
+random GPT-2 of tests/data): the same losses, gradient norm, AdamW
+moments and weights, within the golden test's tolerances."""
 
 import json
 import unittest
@@ -12,16 +13,19 @@ from safetensors.torch import load_file
 
 from captune_torch.checkpoint import load_checkpoint
 from captune_torch.config import read_config
-from captune_torch.data import Vocabulary
+from captune_torch.data import Corpus, Vocabulary, tensors_of
 from captune_torch.model import Captioner
 from captune_torch.objectives import TokenObjective
 from captune_torch.optim import MAX_GRAD_NORM, EPS, warmup_cosine
-from captune_torch.train import Corpus, tensors_of
 
 from .tolerances import assert_close, assert_step_close
-from .world import World, captune, captune_binary, package
+from .world import REPO, World, captune, captune_binary, package
 
 IMAGES = 16
+DECODERS = {  # captioner kind: the flags that start it
+    "captune decoder": [],
+    "GPT-2 ClipCap": ["--decoder", f"hf:{REPO / 'tests/data/gpt2-tiny'}"],
+}
 LR = 3e-3
 CASES = [  # (objective, its flags, its settings)
     ("mle", [], {}),
@@ -38,18 +42,19 @@ class SameStep(unittest.TestCase):
     def test_one_step_equals_captunes(self):
         world = World(one_caption_images=IMAGES)
         try:
-            start = world.dir / "start"
             common = ["--preset", "tiny", *world.data_args(), "--batch", IMAGES, "--epochs", 1]
-            # A trained start: one step from fresh weights.
-            captune("train", *common, "--out", start)
-            for objective, flags, settings in CASES:
-                with self.subTest(objective):
-                    self.one_step(world, start, common, objective, flags, settings)
+            for kind, decoder in DECODERS.items():
+                # A trained start: one step from fresh weights.
+                start = world.dir / f"start-{len(decoder)}"
+                captune("train", *common, *decoder, "--out", start)
+                for objective, flags, settings in CASES:
+                    with self.subTest(f"{kind}, {objective}"):
+                        self.one_step(world, start, common, objective, flags, settings)
         finally:
             world.close()
 
     def one_step(self, world, start, common, objective, flags, settings):
-        ours, theirs = world.dir / f"torch-{objective}", world.dir / f"captune-{objective}"
+        ours, theirs = (world.dir / f"{who}-{start.name}-{objective}" for who in ("torch", "captune"))
         captune("train", *common, *flags, "--lr", LR, "--init", start / "checkpoint.safetensors", "--out", theirs)
         package("--init", start, "--epochs", 1, *flags, "--lr", LR, "--out", ours)
 
@@ -78,6 +83,7 @@ class SameStep(unittest.TestCase):
         clip = min(MAX_GRAD_NORM / norm, 1.0)
         m, want_m = (load_file(str(f / "optimizer.safetensors")) for f in (ours, theirs))
         for i, name in enumerate(exact.names):
+            self.assertEqual(m[f"m.{i}"].shape, want_m[f"m.{i}"].shape, name)
             assert_close(f"{objective}: first moment of {name}", m[f"m.{i}"], want_m[f"m.{i}"], 1e-5, 1e-7 * clip)
             assert_close(f"{objective}: second moment of {name}", m[f"v.{i}"], want_m[f"v.{i}"], 2e-5, 1e-12)
         after = load_file(str(ours / "checkpoint.safetensors"))

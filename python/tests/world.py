@@ -43,9 +43,10 @@ def package(*args, processes=None):
                "--standalone", "-m", "captune_torch.train"]
     else:
         cmd = [sys.executable, "-m", "captune_torch.train"]
-    out = subprocess.run(cmd + ["--device", "cpu", *map(str, args)], capture_output=True, text=True, env=env)
+    args = ["--device", "cpu", "--captune", captune_binary(), "--captune-device", "cpu", *map(str, args)]
+    out = subprocess.run(cmd + args, capture_output=True, text=True, env=env)
     if out.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} {' '.join(map(str, args))} failed:\n{out.stdout}\n{out.stderr}")
+        raise AssertionError(f"{' '.join(cmd)} {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
     return out.stdout
 
 

@@ -198,7 +198,7 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
     repaint();
     if setup.init.is_some() {
         // Metrics of the weights the run starts from: the "before" point.
-        trainer.validate_start(b, |_| Flow::Continue)?;
+        trainer.validate_now(b, |_| Flow::Continue)?;
         repaint();
     }
     let mut paused = false;

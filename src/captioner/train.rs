@@ -665,9 +665,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
         Ok(Flow::Continue)
     }
 
-    /// Validates the weights the run starts from, as epoch 0 at step 0, so
-    /// that a run from a checkpoint has a "before" point in its metrics.
-    pub fn validate_start(
+    /// Validates the current weights into a metrics record of the current
+    /// epoch and step: at a run's start (epoch 0, step 0), the "before"
+    /// point of a run from a checkpoint.
+    pub fn validate_now(
         &mut self,
         b: &B,
         mut on_event: impl FnMut(Event<'_>) -> Flow,
@@ -676,7 +677,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             return Ok(Flow::Continue);
         }
         let record = EpochMetrics {
-            epoch: 0,
+            epoch: self.epoch,
             step: self.step,
             metrics: self.validate(b)?,
         };
@@ -912,7 +913,7 @@ pub fn train<B: Backend>(
     trainer.show_progress(progress.clone());
     if validate_start
         && trainer.step() == 0
-        && trainer.validate_start(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop
+        && trainer.validate_now(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop
     {
         return Ok(());
     }
@@ -944,6 +945,29 @@ pub fn train<B: Backend>(
         }
     }
     bar.finish();
+    Ok(())
+}
+
+/// Validates a run folder's saved state (`run` resumed) without training:
+/// the samples and metrics records of its epoch and step, as the end of
+/// that epoch writes them. For a run another engine trained.
+#[allow(clippy::too_many_arguments)]
+pub fn validate_saved<B: Backend>(
+    b: &B,
+    ck: &mut Checkpoint<B>,
+    data: &CaptionData,
+    config: &RunConfig,
+    run: &RunFolder,
+    retriever: Option<&mut FrozenRetriever<B>>,
+    progress: &Progress,
+    mut on_event: impl FnMut(Event<'_>) -> Flow,
+) -> Result<()> {
+    let mut trainer = Trainer::new(b, ck, data, config, run.clone(), Begin::Resume, retriever)?;
+    trainer.show_progress(progress.clone());
+    if trainer.write_samples(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop {
+        return Ok(());
+    }
+    trainer.validate_now(b, |e| progress.suspend(|| on_event(e)))?;
     Ok(())
 }
 

@@ -129,6 +129,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             mapper: None,
             out: out.join(objective),
             resume: false,
+            validate_only: false,
             overwrite: args.overwrite,
             no_collapse_stop: false,
             freeze_decoder: false,

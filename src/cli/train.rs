@@ -155,6 +155,12 @@ pub struct TrainArgs {
     /// Continue the run in --out from its last saved state.
     #[arg(long, conflicts_with = "overwrite")]
     pub resume: bool,
+    /// With --resume: train no further, but validate the saved state,
+    /// appending the samples and metrics records of its epoch and step as
+    /// an epoch's end writes them (for a run another engine trained, such
+    /// as the PyTorch package's).
+    #[arg(long, requires = "resume")]
+    pub validate_only: bool,
     /// Start a new run in --out even though one is there (its files are deleted).
     #[arg(long)]
     pub overwrite: bool,
@@ -380,31 +386,37 @@ pub fn train<B: Backend>(
         ck.vocab.len(),
         objectives::describe(&config.train.objective, &config.train.settings)
     );
-    eprintln!("{lr_reason}");
-    train::train(
-        b,
-        &mut ck,
-        data,
-        &config,
-        &run,
-        begin,
-        args.init.is_some() && !args.resume,
-        retriever,
-        &progress,
-        |e| {
-            match e {
-                Event::Log(_) => {}
-                Event::Warning(w) => eprintln!("{w}"),
-                Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
-                Event::Metrics(m) => eprintln!(
-                    "epoch {} val: {}",
-                    m.epoch,
-                    serde_json::to_string(&m.metrics).unwrap_or_default()
-                ),
-            }
-            Flow::Continue
-        },
-    )?;
+    let show = |e: Event<'_>| {
+        match e {
+            Event::Log(_) => {}
+            Event::Warning(w) => eprintln!("{w}"),
+            Event::Sample(s) => eprintln!("  sample {}: {}", s.image_id, s.caption),
+            Event::Metrics(m) => eprintln!(
+                "epoch {} val: {}",
+                m.epoch,
+                serde_json::to_string(&m.metrics).unwrap_or_default()
+            ),
+        }
+        Flow::Continue
+    };
+    if args.validate_only {
+        train::validate_saved(b, &mut ck, data, &config, &run, retriever, &progress, show)?;
+    } else {
+        eprintln!("{lr_reason}");
+        let validate_start = args.init.is_some() && !args.resume;
+        train::train(
+            b,
+            &mut ck,
+            data,
+            &config,
+            &run,
+            begin,
+            validate_start,
+            retriever,
+            &progress,
+            show,
+        )?;
+    }
     eprintln!("run folder: {}", run.dir.display());
     Ok(ck)
 }
