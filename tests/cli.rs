@@ -901,6 +901,63 @@ fn captioner_commands(
     scoring_needs_only_references(dir, look, &results, &sample_results, env);
     features_must_be_the_captioners(dir, &ck, r, &png, &metrics, env);
     switching_to_scst_on_resume(&run, r, shapes, env);
+    validating_the_saved_state(&run, r, shapes, env);
+}
+
+/// `train --resume --validate-only` appends the saved state's samples and
+/// metrics records (its epoch and step) and changes nothing else; without
+/// `--resume` it is refused.
+fn validating_the_saved_state(
+    run: &std::path::Path,
+    retriever: &str,
+    shapes: &[&str],
+    env: &[(&str, &str)],
+) {
+    let read = |f: &str| std::fs::read(run.join(f)).unwrap();
+    let records = |f: &str| -> Vec<serde_json::Value> {
+        String::from_utf8(read(f))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let (log, checkpoint, optimizer) = (
+        read("log.jsonl"),
+        read("checkpoint.safetensors"),
+        read("optimizer.safetensors"),
+    );
+    let (metrics, samples) = (records("metrics.jsonl"), records("samples.jsonl"));
+    let mut args = vec!["--device", "cpu", "train", "--resume", "--out"];
+    args.extend([
+        run.to_str().unwrap(),
+        "--retriever",
+        retriever,
+        "--validate-only",
+    ]);
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(read("log.jsonl"), log);
+    assert_eq!(read("checkpoint.safetensors"), checkpoint);
+    assert_eq!(read("optimizer.safetensors"), optimizer);
+    let position = |r: &serde_json::Value| (r["epoch"].clone(), r["step"].clone());
+    let (now, last) = (records("metrics.jsonl"), metrics.last().unwrap());
+    assert_eq!(now.len(), metrics.len() + 1);
+    assert_eq!(position(now.last().unwrap()), position(last));
+    assert_eq!(now.last().unwrap()["CIDEr-D"], last["CIDEr-D"]);
+    let new_samples = &records("samples.jsonl")[samples.len()..];
+    assert!(!new_samples.is_empty());
+    assert!(new_samples.iter().all(|r| position(r) == position(last)));
+    let fresh = captune(
+        &["train", "--out", run.to_str().unwrap(), "--validate-only"],
+        env,
+    );
+    assert!(!fresh.status.success());
+    assert!(
+        text(&fresh.stderr).contains("--resume"),
+        "{}",
+        text(&fresh.stderr)
+    );
 }
 
 /// `caption FOLDER` captions every PNG and JPEG file in the folder, in
