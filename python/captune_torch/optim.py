@@ -22,9 +22,9 @@ def warmup_cosine(peak, warmup, step, total):
 
 
 def adamw(model, lr, weight_decay):
-    """AdamW over the model's parameters: the decaying group first, as
-    captune groups them."""
-    named = [(n, model.tensor(n)) for n in model.names]
+    """AdamW over the model's trained parameters: the decaying group
+    first, as captune groups them."""
+    named = [(n, model.tensor(n)) for n in model.names if model.tensor(n).requires_grad]
     return torch.optim.AdamW(
         [{"params": [p for n, p in named if decays(n, p.shape)], "weight_decay": weight_decay},
          {"params": [p for n, p in named if not decays(n, p.shape)], "weight_decay": 0.0}],
@@ -34,4 +34,5 @@ def adamw(model, lr, weight_decay):
 def clip(model, max_norm=MAX_GRAD_NORM):
     """Scales every gradient by min(1, max_norm / (norm + 1e-6)); returns
     the norm before clipping."""
-    return float(torch.nn.utils.clip_grad_norm_(list(model.parameters()), max_norm))
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return float(torch.nn.utils.clip_grad_norm_(trained, max_norm))

@@ -56,6 +56,8 @@ def arguments(argv=None):
     p.add_argument("--objective", help=f"one of: {', '.join(objectives.SUPPORTED)}")
     p.add_argument("--first-token", choices=["mle", "shift", "none"], help="SMILE's step 0")
     p.add_argument("--mle-weight", type=float, help="SMILE: the loss is L * MLE + (1 - L) * SMILE")
+    p.add_argument("--freeze-decoder", action="store_true",
+                   help="train the mapper only ([train] freeze_decoder = true)")
     p.add_argument("--data", help="karpathy:PATH or coco:PATH (default: the run's)")
     p.add_argument("--features", help="the image embeddings (default: the run's)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -117,6 +119,8 @@ def apply_overrides(args, config, checkpoint_metadata):
     train = config.setdefault("train", {})
     if args.objective:
         train["objective"] = args.objective
+    if args.freeze_decoder:
+        train["freeze_decoder"] = True
     if args.first_token:
         train["first_token"] = args.first_token
     if args.mle_weight is not None:
@@ -208,6 +212,9 @@ def run(args, ranks):
     vocab = Vocabulary(ck.metadata, ck.config)
     corpus = Corpus(config, vocab)
     objective = objectives.find(t.get("objective", "mle"), t, vocab, corpus)
+    if t.get("labelled", 1.0) != 1.0:
+        fail(f"[train] labelled = {t['labelled']}: captune_torch trains on every training image's "
+             "captions; train a labelled fraction with captune")
     batch, world = t["batch"], ranks.world
     if batch % world:
         fail(f"[train] batch {batch} does not split evenly among {world} processes; choose a multiple of {world}")
@@ -217,6 +224,12 @@ def run(args, ranks):
     total = per_epoch * t["epochs"]
 
     model = Captioner(ck.config, ck.tensors).to(ranks.device)
+    if t.get("freeze_decoder", False):
+        # ClipCap's prefix-only mode: the decoder stays as it is (no
+        # update, no decay, no part in the norm) while the loss's gradient
+        # still flows through it to the prefix.
+        for name in model.names:
+            model.tensor(name).requires_grad_(name.startswith("mapper."))
     opt = adamw(model, t["lr"], t.get("weight_decay", 0.01))
     if args.resume:
         load_optimizer(args.out, model, opt)
