@@ -1,8 +1,9 @@
 """One step of the package and one step of captune, from the same
 checkpoint on the same batch (16 images of one caption each, the whole
 epoch), with fresh AdamW state, for MLE and for SMILE mixed with MLE, on
-both captioner kinds (captune's own decoder and a GPT-2 ClipCap, the tiny
-random GPT-2 of tests/data): the same losses, gradient norm, AdamW
+both captioner kinds (captune's own decoder, with ClipCap's MLP or
+transformer mapper, and a GPT-2 ClipCap, the tiny random GPT-2 of
+tests/data): the same losses, gradient norm, AdamW
 moments and weights, within the golden test's tolerances."""
 
 import json
@@ -24,6 +25,7 @@ from .world import REPO, World, captune, captune_binary, package
 IMAGES = 16
 DECODERS = {  # captioner kind: the flags that start it
     "captune decoder": [],
+    "captune decoder, ClipCap's transformer mapper": ["--mapper", "transformer"],
     "GPT-2 ClipCap": ["--decoder", f"hf:{REPO / 'tests/data/gpt2-tiny'}"],
 }
 LR = 3e-3
@@ -44,9 +46,9 @@ class SameStep(unittest.TestCase):
         world = World(one_caption_images=IMAGES)
         try:
             common = ["--preset", "tiny", *world.data_args(), "--batch", IMAGES, "--epochs", 1]
-            for kind, decoder in DECODERS.items():
+            for k, (kind, decoder) in enumerate(DECODERS.items()):
                 # A trained start: one step from fresh weights.
-                start = world.dir / f"start-{len(decoder)}"
+                start = world.dir / f"start-{k}"
                 captune("train", *common, *decoder, "--out", start)
                 for objective, flags, settings in CASES:
                     with self.subTest(f"{kind}, {objective} {flags}"):
