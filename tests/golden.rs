@@ -407,6 +407,83 @@ fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     objective_steps(b, expected, &at, None)
 }
 
+/// The PyTorch package (`python/`) and captune take the same SCST step:
+/// for the samples and greedy captions captune draws at its first step on
+/// the golden captioner, the package's loss, gradients, norm, AdamW
+/// moments and weights after one step (`python/tests/scst_step.py`) hold
+/// captune's own step (sampling included) to the golden test's
+/// tolerances, with the greedy and the mean baseline. Skipped where
+/// python3 has no torch.
+#[test]
+fn the_pytorch_package_takes_captunes_scst_step() {
+    let Some(python) = common::python_with_torch() else {
+        return;
+    };
+    let b = CpuBackend::new();
+    let inputs = tensorfile::read(&data("golden_sequence_inputs.safetensors")).unwrap();
+    let hyper = tensorfile::read(&data("golden_captioner_expected.safetensors")).unwrap();
+    let batch = TrainingBatch {
+        features: inputs.tensors["features"].data.clone(),
+        sequences: Vec::new(),
+        images: SEQUENCE_IMAGES.to_vec(),
+        labelled: None,
+    };
+    let corpus = sequence_corpus();
+    for baseline in ["greedy", "mean"] {
+        let out = std::env::temp_dir().join(format!(
+            "captune-torch-scst-{baseline}-{}.safetensors",
+            std::process::id()
+        ));
+        let run = std::process::Command::new(python)
+            .args(["-m", "tests.scst_step"])
+            .arg(&out)
+            .arg(baseline)
+            .current_dir(common::python_dir())
+            .output()
+            .unwrap();
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        let package = tensorfile::read(&out).unwrap();
+        std::fs::remove_file(&out).unwrap();
+
+        let mut ck = Checkpoint::load(&b, &data("golden_captioner.safetensors")).unwrap();
+        let settings: Settings =
+            serde_json::from_value(serde_json::json!({ "baseline": baseline })).unwrap();
+        let vocab = ck.model.config.vocab_size;
+        let mut objective = objectives::build::<CpuBackend>("scst", &settings, vocab).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        ck.model.params.zero_grads(&b);
+        let mut cx = StepContext {
+            b: &b,
+            model: &mut ck.model,
+            vocab: &ck.vocab,
+            batch: &batch,
+            corpus: &corpus,
+            gradient_weight: 1.0,
+            retriever: None,
+            rng: &mut rng,
+            monitor: true,
+        };
+        objective.step(&mut cx).unwrap();
+        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+        let loss = objective
+            .report(&read)
+            .into_iter()
+            .find(|(k, _)| *k == "loss")
+            .unwrap()
+            .1;
+        let step = finish(&b, loss, &mut ck.model.params, &hyper);
+        check(
+            &format!("captune's SCST step ({baseline} baseline) against the PyTorch package's"),
+            &step,
+            &package,
+        );
+    }
+}
+
 #[test]
 fn both_backends_reproduce_the_sequence_level_objectives_independently() {
     check_both(

@@ -34,7 +34,8 @@ fn the_package_passes_its_tests() {
 
 /// Raw captions: every punctuation and clitic rule's case, random
 /// strings over the characters the rules look at (and some beyond
-/// ASCII), and Flickr8k's when `$CAPTUNE_FLICKR8K` is set.
+/// ASCII, a control character Python calls a space and a no-break space
+/// among them), and Flickr8k's when `$CAPTUNE_FLICKR8K` is set.
 fn captions() -> Vec<String> {
     let mut out: Vec<String> = [
         "A Dog runs, jumps; and BARKS!",
@@ -46,7 +47,9 @@ fn captions() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec();
-    let alphabet: Vec<char> = "ab1 .,:;!?'\"-`$%()[]{}n'té\t".chars().collect();
+    let alphabet: Vec<char> = "ab1 .,:;!?'\"-`$%()[]{}n'té\t\u{1c}\u{a0}"
+        .chars()
+        .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(5);
     for _ in 0..2000 {
         let len = rng.random_range(0..24);

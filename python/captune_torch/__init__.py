@@ -6,7 +6,7 @@ captune, and writes captune's run-folder format, so `captune app
 --follow`, `eval`, `inspect` and `train --resume` work on the result.
 """
 
-from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import Checkpoint, load_checkpoint
 from .model import Captioner
 
-__all__ = ["Captioner", "Checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["Captioner", "Checkpoint", "load_checkpoint"]

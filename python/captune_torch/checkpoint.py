@@ -31,14 +31,6 @@ class Checkpoint:
     tensors: dict
     metadata: dict = field(default_factory=dict)
 
-    @property
-    def step(self) -> int:
-        return int(self.metadata.get("step", 0))
-
-    @property
-    def epoch(self) -> int:
-        return int(self.metadata.get("epoch", 0))
-
 
 def load_checkpoint(path) -> Checkpoint:
     path = os.fspath(path)
@@ -72,10 +64,3 @@ def write_atomic(tensors: dict, path, metadata: dict) -> str:
     save_file({n: t.detach().to(torch.float32).contiguous().cpu() for n, t in tensors.items()},
               staged, metadata={k: str(v) for k, v in metadata.items()})
     return staged
-
-
-def save_checkpoint(ck: Checkpoint, path) -> None:
-    """Writes a checkpoint alone, atomically."""
-    metadata = dict(ck.metadata, format=FORMAT)
-    metadata.setdefault("captioner_config", json.dumps(ck.config))
-    os.replace(write_atomic(ck.tensors, path, metadata), os.fspath(path))

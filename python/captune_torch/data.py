@@ -38,7 +38,7 @@ def read_json(path):
         with open(path, encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
-        raise DataError(f"{path}: no such file; the run's [features] data names it (move the data "
+        raise DataError(f"{path}: no such file; the run's [features] data names it (copy the data "
                         "there, or give --data)")
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: malformed JSON at line {e.lineno} column {e.colno}; fix or re-download the file")
@@ -48,32 +48,57 @@ def id_text(v):
     return v if isinstance(v, str) else json.dumps(v)
 
 
-def load_karpathy(path):
+def karpathy_image(folder, filepath, filename):
+    """Where an entry's image is, as captune looks: under `filepath` when
+    the entry has one and the image is there, else in the folder."""
+    if filepath:
+        nested = os.path.join(folder, filepath, filename)
+        if os.path.isfile(nested):
+            return nested
+    return os.path.join(folder, filename)
+
+
+def load_karpathy(path, images=None):
+    """A Karpathy split file. As captune trains on it, an entry counts only
+    where its image is in `images` (default: the `images` folder beside the
+    file); returns the items and how many entries were skipped for a
+    missing image."""
     doc = read_json(path)
     if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
         raise DataError(f'{path}: no "images" array: this is not a Karpathy split file '
                         "(for COCO annotation files use coco:PATH)")
-    items = []
-    for k, entry in enumerate(doc["images"]):
-        ident = entry.get("cocoid", entry.get("imgid"))
-        ident = id_text(ident) if ident is not None else entry.get("filename")
+    folder = images or os.path.join(os.path.dirname(os.path.abspath(path)), "images")
+    items, missing = [], 0
+    for entry in doc["images"]:
+        filename = entry.get("filename")
         split = split_of(entry.get("split"))
-        if split is None or ident is None:
+        if not isinstance(filename, str) or split is None:
+            continue
+        ident = entry.get("cocoid")
+        if ident is None:
+            ident = entry.get("imgid")
+        ident = filename if ident is None else id_text(ident)
+        if not os.path.isfile(karpathy_image(folder, entry.get("filepath"), filename)):
+            missing += 1
             continue
         captions = [t for t in (ptb_tokenize(s.get("raw", "")) for s in entry.get("sentences", [])) if t]
         if captions:
             items.append(Item(ident, split, captions))
-    return items
+    return items, missing
 
 
-def load_coco(path):
-    """A COCO captions file; its split is read from its name, as captune
-    reads it (captions_train2014.json: train)."""
+def load_coco(path, images=None):
+    """A COCO captions file, its split read from its name as captune reads
+    it (captions_train2014.json: train), with its images in `images`
+    (needed, as captune needs them); returns the items and how many
+    images were missing."""
     name = os.path.basename(path).lower()
     split = next((s for s in ("train", "val", "test") if s in name), None)
     if split is None:
         raise DataError(f"{path}: cannot tell the split from the file name (it should contain train, "
                         "val or test, as captions_train2014.json does); rename the file")
+    if images is None:
+        raise DataError(f"coco:{path}: pass the image folder with --images")
     doc = read_json(path)
     for key in ("annotations", "images"):
         if not isinstance(doc, dict) or not isinstance(doc.get(key), list):
@@ -81,28 +106,41 @@ def load_coco(path):
     by_image = {}
     for a in doc["annotations"]:
         by_image.setdefault(a.get("image_id"), []).append(a.get("caption", ""))
-    items = []
+    items, missing = [], 0
     for image in doc["images"]:
+        if not os.path.isfile(os.path.join(images, str(image.get("file_name")))):
+            missing += 1
+            continue
         captions = [t for t in (ptb_tokenize(c) for c in by_image.get(image.get("id"), [])) if t]
         if captions:
             items.append(Item(str(image["id"]), split, captions))
-    return items
+    return items, missing
 
 
-def load_data(source):
-    """`karpathy:PATH` or `coco:PATH`."""
+def load_data(source, images=None):
+    """`karpathy:PATH` or `coco:PATH`: the items whose images are there,
+    and how many were not."""
     kind, _, path = source.partition(":")
     if kind == "karpathy":
-        return load_karpathy(path)
+        return load_karpathy(path, images)
     if kind == "coco":
-        return load_coco(path)
+        return load_coco(path, images)
     raise DataError(f"data source {source!r}: captune_torch reads karpathy:PATH and coco:PATH "
                     "(embed the shapes world's images into a features file and give its "
                     "dataset_shapes.json as karpathy:PATH)")
 
 
+@dataclass
+class Features:
+    """A features file: each image's L2-normalised embedding by id, and
+    the encoder that made them when the file says."""
+
+    embeddings: dict
+    dim: int
+    encoder: str = None
+
+
 def load_features(path):
-    """{image id: L2-normalised embedding}."""
     try:
         with safe_open(os.fspath(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -115,6 +153,8 @@ def load_features(path):
         ids = json.loads(meta["image_ids"])
     except (KeyError, json.JSONDecodeError):
         raise DataError(f"{path}: metadata image_ids is missing or not a JSON list of strings")
+    if embeddings.dim() != 2:
+        raise DataError(f"{path}: embeddings have shape {list(embeddings.shape)}; expected [N, D]")
     if len(ids) != embeddings.shape[0]:
         raise DataError(f"{path}: {len(ids)} image_ids for {embeddings.shape[0]} embeddings")
     norms = embeddings.double().norm(dim=1)
@@ -125,7 +165,8 @@ def load_features(path):
     # Rows already of unit length stay as they are, as captune keeps them.
     scale = torch.where((norms - 1).abs() > 1e-6, norms, torch.ones_like(norms))
     embeddings = (embeddings.double() / scale[:, None]).to(torch.float32)
-    return {i: embeddings[r] for r, i in enumerate(ids)}
+    encoder = meta.get("encoder_id", meta.get("encoder"))
+    return Features({i: embeddings[r] for r, i in enumerate(ids)}, embeddings.shape[1], encoder)
 
 
 class Vocabulary:
@@ -179,30 +220,40 @@ class Vocabulary:
 
 
 class Corpus:
-    """The training images that have an embedding: their embeddings and
-    their captions' ids."""
+    """The training images that have their image and an embedding: their
+    embeddings, their captions' ids, and every reference's words (SCST's
+    reward reads them)."""
 
-    def __init__(self, config, vocab):
-        f = config["features"]
-        items = [i for i in load_data(f["data"]) if i.split == "train"]
-        embeddings = load_features(f["features"])
-        kept = [i for i in items if i.id in embeddings]
+    def __init__(self, record, features, vocab):
+        items, self.missing_images = load_data(record["data"], record.get("images"))
+        items = [i for i in items if i.split == "train"]
+        kept = [i for i in items if i.id in features.embeddings]
         if not kept:
-            raise DataError(f"{f['features']}: no embedding of any training image of {f['data']}; "
-                            "the features file is not this data set's")
-        self.features = torch.stack([embeddings[i.id] for i in kept])
+            why = (f"{record['data']} has no training image" if not items else
+                   f"{record['features']} has no embedding of any training image of {record['data']}: "
+                   "the features file is not this data set's")
+            raise DataError(f"{why} (images found: {len(items)}, missing: {self.missing_images})")
+        self.features = torch.stack([features.embeddings[i.id] for i in kept])
         self.captions = [[vocab.encode(c) for c in i.captions] for i in kept]
-        # Every reference's words: SCST's reward reads them.
         self.references = [i.captions for i in kept]
 
     def __len__(self):
         return len(self.captions)
 
+    def tokens(self, pairs):
+        """The real target tokens of (image, reference) pairs."""
+        return sum(len(self.captions[i][r]) - 1 for i, r in pairs)
+
+
+def mixed_seed(seed, counter):
+    """A seed of its own for each epoch (or step) of a run's seed."""
+    return (seed * 1_000_003 + counter) % (2 ** 63)
+
 
 def epoch_order(corpus, seed, epoch):
     """The epoch's (image, reference) pairs: a permutation of the images,
     one reference drawn for each; the same on every process."""
-    g = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2 ** 63))
+    g = torch.Generator().manual_seed(mixed_seed(seed, epoch))
     images = torch.randperm(len(corpus), generator=g).tolist()
     return [(i, int(torch.randint(len(corpus.captions[i]), (1,), generator=g))) for i in images]
 

@@ -5,12 +5,13 @@ positions runs over the prefix and `<bos> w1 .. wn`; the output layer is
 the token table, tied. Every tensor keeps its checkpoint name and layout
 (dense weights input-major: y = x W + b)."""
 
-import json
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .checkpoint import CheckpointError
 
 LN_EPS = 1e-5
 # The masked ids' logit (captune's rule, not a stored tensor).
@@ -104,17 +105,21 @@ class Captioner(nn.Module):
 
     @staticmethod
     def check(config, tensors, path="the checkpoint"):
-        """Raises ValueError naming the first tensor that is missing,
-        unexpected or of the wrong shape."""
-        want = dict(captioner_shapes(config))
+        """Raises CheckpointError naming the first config field or tensor
+        that is missing, unexpected or of the wrong shape."""
+        try:
+            want = dict(captioner_shapes(config))
+        except (KeyError, TypeError) as e:
+            raise CheckpointError(f"{path}: metadata captioner_config has no field {e}; not a captune captioner")
         for name, shape in want.items():
             if name not in tensors:
-                raise ValueError(f"{path}: tensor {name} is missing (its config needs it)")
+                raise CheckpointError(f"{path}: tensor {name} is missing (its config needs it)")
             if tuple(tensors[name].shape) != tuple(shape):
-                raise ValueError(f"{path}: tensor {name} is {list(tensors[name].shape)}, its config says {list(shape)}")
+                raise CheckpointError(
+                    f"{path}: tensor {name} is {list(tensors[name].shape)}, its config says {list(shape)}")
         extra = sorted(set(tensors) - set(want))
         if extra:
-            raise ValueError(f"{path}: tensor {extra[0]} is not part of the captioner its config describes")
+            raise CheckpointError(f"{path}: tensor {extra[0]} is not part of the captioner its config describes")
 
     def tensor(self, name):
         return self.weights[self.index[name]]
@@ -129,9 +134,8 @@ class Captioner(nn.Module):
     def norm(self, x, name):
         return F.layer_norm(x, (x.shape[-1],), self.tensor(name + ".weight"), self.tensor(name + ".bias"), LN_EPS)
 
-    def transformer(self, x, prefix, t, final_norm=True, key_padding=None):
-        """Pre-LN blocks over x [batch, seq, width]; `key_padding`
-        [batch, seq] marks keys no position may attend to."""
+    def transformer(self, x, prefix, t, final_norm=True):
+        """Pre-LN blocks over x [batch, seq, width]."""
         d, heads = t["width"], t["heads"]
         act = activation(t.get("activation", "gelu"))
         if t.get("pre_norm", False):
@@ -140,9 +144,6 @@ class Captioner(nn.Module):
         mask = None
         if t.get("causal", True):
             mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()[None, None]
-        if key_padding is not None:
-            keys = ~key_padding[:, None, None, :]
-            mask = keys if mask is None else mask & keys
         for i in range(t["layers"]):
             b = f"{prefix}.blocks.{i}"
             qkv = self.dense(self.norm(x, f"{b}.ln1"), f"{b}.attn.qkv", bias=t.get("qkv_bias", True))

@@ -8,11 +8,14 @@ whole batch's sums are divided by (its tokens, or its samples), and
 `report` turns the batch's totals into a log line's values. A batch split
 among processes thus trains as it would whole."""
 
+import decimal
 import math
+import struct
 
 import torch
 
 from .cider import CiderD
+from .config import ConfigError
 from .data import tensors_of
 from .sampling import generate
 
@@ -26,9 +29,20 @@ def find(name, settings, vocab, corpus):
     return TokenObjective(name, settings, vocab.alternatives)
 
 
-def pad_of(model):
-    # DistributedDataParallel wraps the captioner.
-    return getattr(model, "module", model).pad
+def module_of(model):
+    """The captioner, whether or not DistributedDataParallel wraps it."""
+    return getattr(model, "module", model)
+
+
+def rust_f32(x):
+    """`x` as an f32 prints in Rust (the shortest digits that read back as
+    the same f32, never in exponent form): how captune names settings."""
+    def as_f32(v):
+        return struct.unpack("f", struct.pack("f", v))[0]
+    target = as_f32(x)
+    digits = next(f"{target:.{n}g}" for n in range(1, 18) if as_f32(float(f"{target:.{n}g}")) == target)
+    text = format(decimal.Decimal(digits), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def picked_nll(logits, targets, real):
@@ -60,54 +74,56 @@ class TokenObjective:
 
     def __init__(self, name, settings, alternatives):
         if name not in ("mle", "smile"):
-            raise ValueError(
+            raise ConfigError(
                 f"objective {name!r} is not supported by captune_torch; it trains "
                 f"{', '.join(SUPPORTED)} (train the others with captune itself)")
         self.name = name
         self.first_token = settings.get("first_token", "mle")
         self.mle_weight = float(settings.get("mle_weight", 0.0))
         if self.first_token not in ("mle", "none", "shift"):
-            raise ValueError(f"[train] first_token = {self.first_token!r}: expected mle, none or shift")
+            raise ConfigError(f"[train] first_token = {self.first_token!r}: expected mle, none or shift")
+        if not 0.0 <= self.mle_weight <= 1.0:
+            raise ConfigError(f"[train] mle_weight = {self.mle_weight}: a weight between 0 and 1")
         if name == "smile" and self.first_token == "shift" and not alternatives:
-            raise ValueError("first_token = shift trains step 0 towards a word's reserved alternative "
-                             "id, and this vocabulary has none; use first_token = mle or none")
+            raise ConfigError("first_token = shift trains step 0 towards a word's reserved alternative "
+                              "id, and this vocabulary has none; use first_token = mle or none")
         self.alternatives = alternatives
 
     def describe(self):
         """The objective with its settings, as captune's log lines name it."""
         if self.name == "mle":
             return "mle"
-        weight = self.mle_weight
-        number = str(int(weight)) if weight == int(weight) else repr(weight)
-        return f"smile (first token: {self.first_token}, mle weight: {number})"
+        return f"smile (first token: {self.first_token}, mle weight: {rust_f32(self.mle_weight)})"
 
     def per_batch(self, corpus, pairs):
         """The batch's real target tokens."""
-        return sum(len(corpus.captions[i][r]) - 1 for i, r in pairs)
+        return corpus.tokens(pairs)
 
     def gradient_weight(self, corpus, pairs, batch, mean_tokens):
         """Captions' tokens weigh what they would in an average batch (a
         loss is a per-token mean; captune's rule)."""
-        return self.per_batch(corpus, pairs) / (batch * mean_tokens)
+        return corpus.tokens(pairs) / (batch * mean_tokens)
 
     def step(self, model, corpus, mine, context):
-        features, inputs, targets = tensors_of(corpus, mine, context.device, pad_of(model))
-        return self(model, features, inputs, targets)
+        features, inputs, targets = tensors_of(corpus, mine, context.device, module_of(model).pad)
+        return self(model, features, inputs, targets, context.monitor)
 
     def report(self, totals, per_batch):
         return {n: totals[n] / per_batch for n in self.reports}
 
-    def __call__(self, model, features, inputs, targets):
-        pad = pad_of(model)
+    def __call__(self, model, features, inputs, targets, monitor=True):
+        """Summed per-token losses: `loss` (what trains) and, when
+        `monitor`, the plain `mle` and standard `smile` every log line
+        reports, computed without a gradient where they do not train."""
         logits = model(features, inputs)
-        real = targets != pad
-        mle = picked_nll(logits, targets, real)
-        smile = subset_nll(logits, targets, real, full_first_step=True)
+        real = targets != module_of(model).pad
+        mle = lambda: picked_nll(logits, targets, real)
+        smile = lambda: subset_nll(logits, targets, real, full_first_step=True)
         if self.name == "mle":
-            train = mle
+            train = mle()
         else:
             if self.first_token == "mle":
-                term = smile
+                term = smile()
             else:
                 own = targets
                 if self.first_token == "shift":
@@ -115,8 +131,15 @@ class TokenObjective:
                     own[:, 0] = torch.tensor([self.alternatives.get(int(t), int(t)) for t in targets[:, 0]],
                                              device=targets.device)
                 term = subset_nll(logits, own, real, full_first_step=False)
-            train = self.mle_weight * mle + (1 - self.mle_weight) * term
-        return {"loss": train.sum(), "mle": mle.detach().sum(), "smile": smile.detach().sum()}
+            train = (1 - self.mle_weight) * term
+            if self.mle_weight > 0:
+                train = train + self.mle_weight * mle()
+        sums = {"loss": train.sum()}
+        if monitor:
+            with torch.no_grad():
+                sums["mle"] = mle().sum()
+                sums["smile"] = smile().sum()
+        return sums
 
 
 class Scst:
@@ -127,24 +150,24 @@ class Scst:
     (`mean`, Luo, 2020); loss -(1/(B n)) sum_j A_j sum_t log p(y_jt), over
     each sample's tokens up to and with its `<eos>`."""
 
-    name = "scst"
     reports = ("loss", "reward", "baseline", "advantage", "advantage_sq", "sample_length")
 
     def __init__(self, settings, vocab, cider):
         self.samples = int(settings.get("samples", 5))
         self.baseline = settings.get("baseline", "greedy")
         if self.baseline not in ("greedy", "mean"):
-            raise ValueError(f"[train] baseline = {self.baseline!r}: expected greedy or mean")
-        if self.baseline == "mean" and self.samples < 2:
-            raise ValueError("baseline = mean needs at least 2 samples per image ([train] samples)")
+            raise ConfigError(f"[train] baseline = {self.baseline!r}: expected greedy or mean")
+        if self.samples < 1 or (self.baseline == "mean" and self.samples < 2):
+            raise ConfigError(f"[train] samples = {self.samples}: at least 1, and 2 with baseline = mean")
         unsupported = {"reward": settings.get("reward", "cider-d") != "cider-d",
                        "bleu4_weight": float(settings.get("bleu4_weight", 0.0)) != 0.0,
                        "mle_weight": float(settings.get("mle_weight", 0.0)) != 0.0}
         for key, bad in unsupported.items():
             if bad:
-                raise ValueError(f"[train] {key} = {settings.get(key)!r}: captune_torch trains SCST with "
-                                 "the CIDEr-D reward alone (reward = cider-d, bleu4_weight = 0, "
-                                 f"mle_weight = 0); give --{key.replace('_', '-')} or train with captune")
+                way = "give --mle-weight 0 or set" if key == "mle_weight" else "set"
+                raise ConfigError(f"[train] {key} = {settings.get(key)!r}: captune_torch trains SCST with "
+                                  "the CIDEr-D reward alone (reward = \"cider-d\", bleu4_weight = 0, "
+                                  f"mle_weight = 0); {way} it so in the run's config.toml, or train with captune")
         self.vocab, self.cider = vocab, cider
 
     def describe(self):
@@ -162,7 +185,7 @@ class Scst:
     def step(self, model, corpus, mine, context):
         """Samples and greedy captions of this process's images, their
         rewards and advantages, and the surrogate's sum."""
-        module = getattr(model, "module", model)
+        module = module_of(model)
         images = [i for i, _ in mine]
         features = corpus.features[images].to(context.device)
         rows = features.repeat_interleave(self.samples, 0)
@@ -206,7 +229,7 @@ class Scst:
 
     def surrogate(self, model, features, samples, advantages):
         """-sum_j A_j sum_t log p(y_jt), teacher-forcing the samples."""
-        module = getattr(model, "module", model)
+        module = module_of(model)
         inputs, targets = teacher_forced(samples, module.start)
         logp = torch.log_softmax(model(features, inputs), -1)
         real = targets != module.pad

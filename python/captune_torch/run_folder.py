@@ -45,8 +45,12 @@ def write_text_atomic(path, text):
 
 
 def metadata_of(path):
-    with safe_open(path, framework="pt") as f:
-        return dict(f.metadata() or {})
+    try:
+        with safe_open(path, framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own error types
+        raise RunFolderError(f"{path}: not a readable state file ({e}); start a new run from the "
+                             "folder's checkpoint (--init)")
 
 
 def position_of(path):
@@ -88,14 +92,20 @@ def load_optimizer(folder, model, optimizer):
     meta = metadata_of(path)
     t = int(meta.get("adamw_step", meta.get("step", 0)))
     with safe_open(path, framework="pt") as f:
+        stored = set(f.keys())
         for i, name in enumerate(model.names):
             p = model.tensor(name)
+            for key in (f"m.{i}", f"v.{i}"):
+                if key not in stored or f.get_slice(key).get_shape() != [p.numel()]:
+                    raise RunFolderError(f"{path}: no moment {key} of {p.numel()} values for {name}: the "
+                                         "optimizer state is another model's; start a new run with --init")
+            if not p.requires_grad:
+                continue
             optimizer.state[p] = {
                 "step": torch.tensor(float(t)),
                 "exp_avg": f.get_tensor(f"m.{i}").to(p.device, torch.float32).reshape(p.shape),
                 "exp_avg_sq": f.get_tensor(f"v.{i}").to(p.device, torch.float32).reshape(p.shape),
             }
-    return meta
 
 
 def recover(folder):
@@ -119,22 +129,55 @@ def recover(folder):
     return position
 
 
-def truncate_records(path, step):
-    """Keeps the complete records written at or before `step`."""
+def has_metrics_at(folder, step):
+    """Whether the metrics records hold one of step `step`."""
+    return any(r.get("step") == step for r in read_records(os.path.join(folder, METRICS)))
+
+
+def drop_validation_at(folder, step):
+    """Removes the samples and metrics records of step `step` (what a
+    validation cut short left, before it runs again), keeping every other
+    line as written."""
+    for name in (SAMPLES, METRICS):
+        keep_lines(os.path.join(folder, name), lambda record: record.get("step") != step)
+
+
+def read_records(path):
+    """The whole records of a JSON-lines file (none where it is absent)."""
+    return [record for _, record in complete_lines(path)]
+
+
+def complete_lines(path):
+    """(line, record) for each whole line of a JSON-lines file that reads
+    as JSON."""
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            text = f.read().decode("utf-8", errors="replace")
     except FileNotFoundError:
-        return
-    text = data.decode("utf-8", errors="replace")
-    complete = text[: text.rfind("\n") + 1]
-    kept = []
-    for line in complete.splitlines(keepends=True):
+        return []
+    out = []
+    for line in text[: text.rfind("\n") + 1].splitlines(keepends=True):
         try:
-            if int(json.loads(line)["step"]) <= step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            pass
-    kept = "".join(kept)
-    if kept.encode("utf-8") != data:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            out.append((line, record))
+    return out
+
+
+def keep_lines(path, keep):
+    """Rewrites `path` (atomically, where anything changes) with the whole
+    lines whose record `keep` accepts."""
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        before = f.read()
+    kept = "".join(line for line, record in complete_lines(path) if keep(record))
+    if kept.encode("utf-8") != before:
         write_text_atomic(path, kept)
+
+
+def truncate_records(path, step):
+    """Keeps the complete records written at or before `step`."""
+    keep_lines(path, lambda record: isinstance(record.get("step"), int) and record["step"] <= step)

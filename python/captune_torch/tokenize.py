@@ -12,6 +12,12 @@ SPLIT_WORDS = {"cannot": ("can", "not"), "gonna": ("gon", "na"), "gotta": ("got"
 BRACKETS = {"(": "-lrb-", ")": "-rrb-", "[": "-lsb-", "]": "-rsb-", "{": "-lcb-", "}": "-rcb-"}
 
 
+# Unicode's White_Space characters, as Rust's char::is_whitespace reads
+# them (Python's str.isspace also takes U+001C to U+001F).
+WHITESPACE = set("\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000") | {
+    chr(c) for c in range(0x2000, 0x200B)}
+
+
 def nbytes(s):
     # captune measures words in UTF-8 bytes.
     return len(s.encode("utf-8"))
@@ -25,7 +31,7 @@ def ptb_tokens(text):
     out, i = [], 0
     while i < len(text):
         c = text[i]
-        if c.isspace():
+        if c in WHITESPACE:
             i += 1
         elif c in BRACKETS:
             out.append(BRACKETS[c])
@@ -46,7 +52,7 @@ def ptb_tokens(text):
 
 def in_word(text, i):
     c = text[i]
-    if c.isspace() or c == '"' or c in BRACKETS or c in ";!?":
+    if c in WHITESPACE or c == '"' or c in BRACKETS or c in ";!?":
         return False
     if c in ",:":
         digit = lambda j: 0 <= j < len(text) and text[j] in "0123456789"

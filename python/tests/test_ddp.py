@@ -76,11 +76,11 @@ class TwoProcesses(unittest.TestCase):
         self.assertEqual(w1.keys(), w2.keys())
         for n in w1:
             assert_close(f"{name}: {n} at the end", w2[n], w1[n], 1e-4, 1e-5)
-        # Each epoch's state validated by captune, as its own epochs are:
-        # the same records from both runs' (equal) weights.
+        # The start and each epoch's state validated by captune, as its own
+        # are: the same records from both runs' (equal) weights.
         for f in ("metrics.jsonl", "samples.jsonl"):
             mine, theirs = ([json.loads(x) for x in (d / f).read_text().splitlines()] for d in (one, two))
-            self.assertEqual(sorted({r["epoch"] for r in mine}), list(range(1, epochs + 1)), f)
+            self.assertEqual(sorted({r["epoch"] for r in mine}), list(range(epochs + 1)), f)
             self.assertEqual([(r["epoch"], r["step"]) for r in mine], [(r["epoch"], r["step"]) for r in theirs])
         metrics = [json.loads(x) for x in (two / "metrics.jsonl").read_text().splitlines()]
         self.assertEqual(metrics[-1]["step"], a[-1]["step"])

@@ -33,15 +33,46 @@ class Inputs(unittest.TestCase):
                                {"image_id": 7, "caption": "a cat's toy"}]}
         path = self.path / "captions_val2014.json"
         path.write_text(json.dumps(doc))
-        items = load_coco(str(path))
+        images = self.path / "images"
+        images.mkdir()
+        for name in ("a.jpg", "b.jpg"):  # c.jpg is missing: captune leaves it out
+            (images / name).write_bytes(b"")
+        items, missing = load_coco(str(path), str(images))
+        self.assertEqual(missing, 1)
         self.assertEqual([(i.id, i.split) for i in items], [("7", "val"), ("3", "val")])
         self.assertEqual(items[0].captions, [["two", "cats"], ["a", "cat", "'s", "toy"]])
         self.assertEqual(items[1].captions, [["a", "dog", "running"]])
-        self.assertEqual([i.id for i in load_data(f"coco:{path}")], ["7", "3"])
+        self.assertEqual([i.id for i in load_data(f"coco:{path}", str(images))[0]], ["7", "3"])
+        with self.assertRaisesRegex(DataError, "pass the image folder with --images"):
+            load_coco(str(path))
         unnamed = self.path / "captions.json"
         unnamed.write_text(json.dumps(doc))
         with self.assertRaisesRegex(DataError, "cannot tell the split from the file name"):
-            load_coco(str(unnamed))
+            load_coco(str(unnamed), str(images))
+
+    def test_karpathy_files(self):
+        """Ids as captune reads them (cocoid, else imgid, else the file
+        name; a null id counts as none), images looked for under an
+        entry's filepath, entries without their image left out."""
+        doc = {"images": [
+            {"filename": "a.jpg", "filepath": "train2014", "cocoid": 5, "split": "train",
+             "sentences": [{"raw": "A dog."}]},
+            {"filename": "b.jpg", "cocoid": None, "imgid": 8, "split": "restval", "sentences": [{"raw": "b"}]},
+            {"filename": "c.jpg", "split": "val", "sentences": [{"raw": "c"}]},
+            {"filename": "gone.jpg", "imgid": 9, "split": "test", "sentences": [{"raw": "d"}]},
+            {"filename": "a.jpg", "imgid": 10, "split": "unknown", "sentences": [{"raw": "e"}]}]}
+        path = self.path / "dataset.json"
+        path.write_text(json.dumps(doc))
+        (self.path / "images" / "train2014").mkdir(parents=True)
+        (self.path / "images" / "train2014" / "a.jpg").write_bytes(b"")
+        for name in ("b.jpg", "c.jpg"):
+            (self.path / "images" / name).write_bytes(b"")
+        items, missing = load_karpathy(str(path))
+        self.assertEqual([(i.id, i.split) for i in items], [("5", "train"), ("8", "train"), ("c.jpg", "val")])
+        self.assertEqual(items[0].captions, [["a", "dog"]])
+        self.assertEqual(missing, 1)
+        elsewhere, missing = load_karpathy(str(path), str(self.path))
+        self.assertEqual((elsewhere, missing), ([], 4))
 
     def test_errors_name_the_file_and_what_to_do(self):
         with self.assertRaisesRegex(CheckpointError, "'captune retriever', not 'captune captioner'"):

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from captune_torch.checkpoint import load_checkpoint
 from captune_torch.config import read_config
-from captune_torch.data import Corpus, Vocabulary, tensors_of
+from captune_torch.data import Corpus, Vocabulary, load_features, tensors_of
 from captune_torch.model import Captioner
 from captune_torch.objectives import TokenObjective
 from captune_torch.optim import MAX_GRAD_NORM, EPS, warmup_cosine
@@ -73,7 +73,8 @@ class SameStep(unittest.TestCase):
         # step where |g| is near eps.
         ck = load_checkpoint(start / "checkpoint.safetensors")
         vocab = Vocabulary(ck.metadata, ck.config)
-        corpus = Corpus(read_config(start / "config.toml"), vocab)
+        config = read_config(start / "config.toml", "the start run has one")
+        corpus = Corpus(config["features"], load_features(config["features"]["features"]), vocab)
         exact = Captioner(ck.config, ck.tensors).double()
         pairs = [(i, 0) for i in range(len(corpus))]
         features, inputs, targets = tensors_of(corpus, pairs, "cpu", exact.pad)
@@ -82,7 +83,7 @@ class SameStep(unittest.TestCase):
         frozen = "--freeze-decoder" in flags
         grads = {n: exact.tensor(n).grad for n in exact.names if not (frozen and not n.startswith("mapper."))}
         norm = float(torch.sqrt(sum((g ** 2).sum() for g in grads.values())))
-        lr = warmup_cosine(LR, read_config(start / "config.toml")["train"]["warmup"], 0, 1)
+        lr = warmup_cosine(LR, config["train"]["warmup"], 0, 1)
         # AdamW's moments carry the clipped gradient itself (the first
         # step's update is about lr * sign(g), blind to small errors).
         clip = min(MAX_GRAD_NORM / norm, 1.0)

@@ -34,9 +34,11 @@ def captune(*args):
     return out.stdout
 
 
-def package(*args, processes=None):
+def package(*args, processes=None, fails=False):
     """Runs `python -m captune_torch.train` (under torchrun with
-    `processes`), on the CPU."""
+    `processes`) on the CPU, validating with this build's captune; fails
+    with its output unless it fails as expected (`fails`: then its
+    standard error)."""
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if processes:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
@@ -44,10 +46,11 @@ def package(*args, processes=None):
     else:
         cmd = [sys.executable, "-m", "captune_torch.train"]
     args = ["--device", "cpu", "--captune", captune_binary(), "--captune-device", "cpu", *map(str, args)]
-    out = subprocess.run(cmd + args, capture_output=True, text=True, env=env)
-    if out.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}")
-    return out.stdout
+    out = subprocess.run(cmd + args, capture_output=True, text=True, env=env, timeout=600)
+    if (out.returncode != 0) != fails:
+        raise AssertionError(f"{' '.join(cmd)} {' '.join(args)} exited with {out.returncode}:\n"
+                             f"{out.stdout}\n{out.stderr}")
+    return out.stderr if fails else out.stdout
 
 
 class World:
