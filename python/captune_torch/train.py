@@ -137,8 +137,10 @@ def main(argv=None):
         sys.exit(2)
     except Stopped:
         sys.exit(2)
-    finally:
-        ranks.close()
+    # Every process done: they leave the group together (gloo aborts a
+    # process that tears its group down while another still talks).
+    ranks.barrier()
+    ranks.close()
 
 
 def starting_point(args):
