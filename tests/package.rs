@@ -28,6 +28,19 @@ fn run(cmd: &mut Command, what: &str) {
     );
 }
 
+/// Sets every file under `dir` to have been modified now.
+fn touch_all(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            touch_all(&path);
+        } else {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            file.set_modified(std::time::SystemTime::now()).unwrap();
+        }
+    }
+}
+
 #[test]
 fn the_packaged_crate_installs_and_runs_the_demo_from_an_empty_folder() {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -66,6 +79,11 @@ fn the_packaged_crate_installs_and_runs_the_demo_from_an_empty_folder() {
         "unpacking the crate",
     );
     let unpacked = scratch.join(format!("captune-{version}"));
+    // The crate's files keep the times they were packed with, which can
+    // be older than this target folder's build of an earlier crate: cargo
+    // would then install that build (and put it where the other tests
+    // find captune). New times make it build these sources.
+    touch_all(&unpacked);
     let root = scratch.join("root");
     run(
         cargo()
