@@ -449,32 +449,14 @@ fn the_pytorch_package_takes_captunes_scst_step() {
         let package = tensorfile::read(&out).unwrap();
         std::fs::remove_file(&out).unwrap();
 
-        let mut ck = Checkpoint::load(&b, &data("golden_captioner.safetensors")).unwrap();
-        let settings: Settings =
-            serde_json::from_value(serde_json::json!({ "baseline": baseline })).unwrap();
-        let vocab = ck.model.config.vocab_size;
-        let mut objective = objectives::build::<CpuBackend>("scst", &settings, vocab).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        ck.model.params.zero_grads(&b);
-        let mut cx = StepContext {
-            b: &b,
-            model: &mut ck.model,
-            vocab: &ck.vocab,
+        let at = Golden {
+            checkpoint: "golden_captioner.safetensors",
             batch: &batch,
             corpus: &corpus,
-            gradient_weight: 1.0,
-            retriever: None,
-            rng: &mut rng,
-            monitor: true,
         };
-        objective.step(&mut cx).unwrap();
-        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
-        let loss = objective
-            .report(&read)
-            .into_iter()
-            .find(|(k, _)| *k == "loss")
-            .unwrap()
-            .1;
+        let settings = serde_json::json!({ "baseline": baseline });
+        let (mut ck, values) = objective_step(&b, &at, "scst", &settings, None);
+        let loss = values.into_iter().find(|(k, _)| *k == "loss").unwrap().1;
         let step = finish(&b, loss, &mut ck.model.params, &hyper);
         check(
             &format!("captune's SCST step ({baseline} baseline) against the PyTorch package's"),
@@ -523,26 +505,13 @@ fn objective_steps<B: Backend>(
     for case in cases {
         let name = case["name"].as_str().unwrap().to_string();
         let objective = case["objective"].as_str().unwrap();
-        let settings: Settings = serde_json::from_value(case["settings"].clone()).unwrap();
-        let mut ck = Checkpoint::load(b, &data(at.checkpoint)).unwrap();
-        let vocab = ck.model.config.vocab_size;
-        let mut objective = objectives::build::<B>(objective, &settings, vocab).unwrap();
-        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-        ck.model.params.zero_grads(b);
-        let mut cx = StepContext {
+        let (ck, values) = objective_step(
             b,
-            model: &mut ck.model,
-            vocab: &ck.vocab,
-            batch: at.batch,
-            corpus: at.corpus,
-            gradient_weight: 1.0,
-            retriever: retriever.as_deref_mut(),
-            rng: &mut rng,
-            monitor: true,
-        };
-        objective.step(&mut cx).unwrap();
-        let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
-        let values = objective.report(&read);
+            at,
+            objective,
+            &case["settings"],
+            retriever.as_deref_mut(),
+        );
         let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
         out.push(Outcome {
             case: name,
@@ -551,6 +520,40 @@ fn objective_steps<B: Backend>(
         });
     }
     out
+}
+
+/// One step of `objective` with `settings` (JSON) from the golden
+/// checkpoint on the golden batch, its generator seeded as a trainer's
+/// first step: the checkpoint with the step's gradients, and the values
+/// it reports.
+fn objective_step<B: Backend>(
+    b: &B,
+    at: &Golden<'_>,
+    objective: &str,
+    settings: &serde_json::Value,
+    retriever: Option<&mut captune::retriever::frozen::FrozenRetriever<B>>,
+) -> (Checkpoint<B>, Vec<(&'static str, f32)>) {
+    let settings: Settings = serde_json::from_value(settings.clone()).unwrap();
+    let mut ck = Checkpoint::load(b, &data(at.checkpoint)).unwrap();
+    let vocab = ck.model.config.vocab_size;
+    let mut objective = objectives::build::<B>(objective, &settings, vocab).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    ck.model.params.zero_grads(b);
+    let mut cx = StepContext {
+        b,
+        model: &mut ck.model,
+        vocab: &ck.vocab,
+        batch: at.batch,
+        corpus: at.corpus,
+        gradient_weight: 1.0,
+        retriever,
+        rng: &mut rng,
+        monitor: true,
+    };
+    objective.step(&mut cx).unwrap();
+    let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+    let values = objective.report(&read);
+    (ck, values)
 }
 
 /// An objective's golden cases on the CPU and, where an adapter exists,
