@@ -40,9 +40,7 @@ class CiderD:
 
     def score(self, image, words):
         """CIDEr-D of `words` against training image `image`'s references."""
-        return self.score_against(words, self.references[image])
-
-    def score_against(self, words, refs):
+        refs = self.references[image]
         cand, cand_norms, cand_length = self.vector(words)
         total = [0.0] * N
         for ref, ref_norms, ref_length in refs:

@@ -48,6 +48,12 @@ def id_text(v):
     return v if isinstance(v, str) else json.dumps(v)
 
 
+def tokenised(raws):
+    """The PTB tokens of each raw caption; a caption with none is skipped,
+    as captune skips it."""
+    return [tokens for tokens in map(ptb_tokenize, raws) if tokens]
+
+
 def karpathy_image(folder, filepath, filename):
     """Where an entry's image is, as captune looks: under `filepath` when
     the entry has one and the image is there, else in the folder."""
@@ -81,7 +87,7 @@ def load_karpathy(path, images=None):
         if not os.path.isfile(karpathy_image(folder, entry.get("filepath"), filename)):
             missing += 1
             continue
-        captions = [t for t in (ptb_tokenize(s.get("raw", "")) for s in entry.get("sentences", [])) if t]
+        captions = tokenised(s.get("raw", "") for s in entry.get("sentences", []))
         if captions:
             items.append(Item(ident, split, captions))
     return items, missing
@@ -111,7 +117,7 @@ def load_coco(path, images=None):
         if not os.path.isfile(os.path.join(images, str(image.get("file_name")))):
             missing += 1
             continue
-        captions = [t for t in (ptb_tokenize(c) for c in by_image.get(image.get("id"), [])) if t]
+        captions = tokenised(by_image.get(image.get("id"), []))
         if captions:
             items.append(Item(str(image["id"]), split, captions))
     return items, missing

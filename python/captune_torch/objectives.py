@@ -231,10 +231,8 @@ class Scst:
         """-sum_j A_j sum_t log p(y_jt), teacher-forcing the samples."""
         module = module_of(model)
         inputs, targets = teacher_forced(samples, module.start)
-        logp = torch.log_softmax(model(features, inputs), -1)
-        real = targets != module.pad
-        picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)
-        return -(advantages.to(picked.dtype) * picked.sum(-1)).sum()
+        nll = picked_nll(model(features, inputs), targets, targets != module.pad)
+        return (advantages.to(nll.dtype) * nll.sum(-1)).sum()
 
 
 def teacher_forced(samples, start):

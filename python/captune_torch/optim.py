@@ -33,6 +33,7 @@ def adamw(model, lr, weight_decay):
 
 def clip(model, max_norm=MAX_GRAD_NORM):
     """Scales every gradient by min(1, max_norm / (norm + 1e-6)); returns
-    the norm before clipping."""
+    the norm before clipping, as a tensor on the gradients' device (read
+    it only where it is needed: reading waits for the device)."""
     trained = [p for p in model.parameters() if p.requires_grad]
-    return float(torch.nn.utils.clip_grad_norm_(trained, max_norm))
+    return torch.nn.utils.clip_grad_norm_(trained, max_norm)

@@ -343,22 +343,24 @@ def run(args, ranks):
             norm = clip(model)
             step += 1
             tokens_since += corpus.tokens(pairs)
-            reported = {}
             if logs:
+                # Only a logged step reads anything back, and is checked
+                # for NaN, as captune's are.
                 local = torch.stack([sums[n].detach().double().to(ranks.device) for n in objective.reports])
                 totals = ranks.sum(local).tolist()
                 reported = objective.report(dict(zip(objective.reports, totals)), per_batch)
-            if not math.isfinite(norm) or not all(map(math.isfinite, reported.values())):
-                raise RunFolderError(
-                    f"the loss became NaN or infinite at step {step}; {args.out} keeps its last saved state "
-                    f"(epoch {epoch}): resume at a tenth of the rate with `torchrun ... -m captune_torch.train "
-                    f"--resume --out {args.out} --lr {t['lr'] / 10:g}`")
+                grad_norm = float(norm)
+                if not all(map(math.isfinite, [grad_norm, *reported.values()])):
+                    raise RunFolderError(
+                        f"the loss became NaN or infinite at step {step}; {args.out} keeps its last saved state "
+                        f"(epoch {epoch}): resume at a tenth of the rate with `torchrun ... -m "
+                        f"captune_torch.train --resume --out {args.out} --lr {t['lr'] / 10:g}`")
             opt.step()
             if logs and ranks.lead:
                 now = time.time()
                 append_record(args.out, LOG, {
                     "step": step, "epoch": epoch + 1, "objective": objective.describe(), **reported,
-                    "lr": lr, "grad_norm": norm, "tokens_per_s": tokens_since / max(now - since, 1e-9)})
+                    "lr": lr, "grad_norm": grad_norm, "tokens_per_s": tokens_since / max(now - since, 1e-9)})
                 since, tokens_since = now, 0
         epoch += 1
 

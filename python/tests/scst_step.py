@@ -32,9 +32,11 @@ def read(name):
         return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
 
 
-def main(out, baseline):
+def loss_and_gradients(baseline):
+    """The golden captioner with SCST's gradients for the samples captune
+    drew, and the loss: rewards by the package's CIDEr-D over the inputs'
+    corpus, advantages against `baseline`."""
     given, meta = read("golden_sequence_inputs.safetensors")
-    _, hyper = read("golden_captioner_expected.safetensors")
     references = [[r.split() for r in image] for image in json.loads(meta["references"])]
     images = json.loads(meta["images"])
     samples, greedy = given["samples"].long(), given["greedy"].long()
@@ -46,9 +48,15 @@ def main(out, baseline):
     rows = torch.arange(samples.shape[0]) // scst.samples
     loss = scst.surrogate(model, given["features"][rows], samples, advantages) / samples.shape[0]
     loss.backward()
+    return model, loss
+
+
+def main(out, baseline):
+    _, hyper = read("golden_captioner_expected.safetensors")
+    model, loss = loss_and_gradients(baseline)
     grads = {n: model.tensor(n).grad.clone() for n in model.names}
     opt = adamw(model, float(hyper["lr"]), float(hyper["weight_decay"]))
-    norm = clip(model, float(hyper["max_grad_norm"]))
+    norm = float(clip(model, float(hyper["max_grad_norm"])))
     opt.step()
     tensors = {"loss": loss.detach().reshape(1), "grad_norm": torch.tensor([norm])}
     for n in model.names:
