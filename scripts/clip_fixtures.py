@@ -5,7 +5,7 @@ pipeline: lower case, byte-level pieces ending words with </w>,
 <|startoftext|> .. <|endoftext|>) over a BPE vocabulary the `tokenizers`
 library trains on Flickr8k's training captions, and
 clip_tiny_expected.safetensors,
-what transformers computes with it in float64 for tests/clip.rs to compare
+what transformers computes with it in float64 for tests/suite/models/clip.rs to compare
 captune with on both backends, so that CI needs no torch:
 
 - `pixel_values` [3, 3, 32, 32] (random, in the normalised range) and the

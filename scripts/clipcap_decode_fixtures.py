@@ -6,7 +6,7 @@ few random image embeddings, saved as transformers saves a GPT-2
 (config.json, model.safetensors, tokenizer.json) with the mapper in
 mapper.safetensors as `captune export` writes it; and
 decode_expected.safetensors: transformers' greedy and beam captions of
-those embeddings and of a few it never saw, for tests/clipcap.rs to
+those embeddings and of a few it never saw, for tests/suite/models/clipcap.rs to
 compare captune's decoding with on both backends, so that CI needs no
 torch.
 

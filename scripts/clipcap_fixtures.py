@@ -3,7 +3,7 @@
 tests/data/clipcap_transformer_step_expected.safetensors: one ClipCap MLE
 step of a captioner whose decoder is the tiny GPT-2 in tests/data/gpt2-tiny
 (made by scripts/gpt2_fixtures.py), computed by transformers in float64,
-for tests/clipcap.rs to compare captune with on both backends, so that
+for tests/suite/models/clipcap.rs to compare captune with on both backends, so that
 CI needs no torch. The first file's mapper is ClipCap's MLP, the second's
 its transformer mapper.
 

@@ -2,7 +2,7 @@
 """Checks that a results file written by `captune eval` works with the COCO
 tools: pycocotools' loadRes accepts it against the split's annotations, and
 pycocoevalcap's BLEU, CIDEr-D and ROUGE-L score it. Prints the scores as
-JSON (keys as `captune score --json`). Used by tests/cli.rs when
+JSON (keys as `captune score --json`). Used by tests/suite/cli/commands.rs when
 pycocoevalcap is installed (pip install pycocoevalcap).
 
     python3 scripts/coco_interop.py KARPATHY_SPLIT_FILE SPLIT RESULTS.json

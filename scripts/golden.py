@@ -2,7 +2,7 @@
 """An independent implementation of captune's captioner and retriever,
 written from docs/checkpoints.md (the models), docs/training.md (the
 losses, and which tensors AdamW decays) and the spec alone, no captune
-code, for the golden test in tests/golden.rs, as llm.c's test_gpt2.c.
+code, for the golden test in tests/suite/models/golden.rs, as llm.c's test_gpt2.c.
 
 For each model it builds a tiny one with random weights, writes it as a
 captune checkpoint, and for one fixed batch writes the loss (the
@@ -19,7 +19,7 @@ gradients (first-token MLE, none, and shift mixed with MLE) on a
 checkpoint whose vocabulary holds the first-token alternatives, and those
 of SCST (greedy and mean baselines), SLE and SLL-ME for the samples and
 greedy captions captune drew for one step (golden_sequence_inputs, written
-by the ignored test `write_sequence_inputs` in tests/golden.rs), with
+by the ignored test `write_sequence_inputs` in tests/suite/models/golden.rs), with
 rewards by pycocoevalcap's CIDEr-D over the corpus' statistics; and
 DiscriTune's (greedy, with hard negatives, sampled) with the golden
 retriever's text tower as the listener, for the captions captune drew
@@ -29,7 +29,7 @@ tower, for the Gumbel-max captions and the Gumbel noise captune drew
 (golden_relevance_inputs, from the ignored test `write_relevance_inputs`).
 
     pip install torch safetensors pycocoevalcap
-    cargo test --test golden -- --ignored    # only if the sampler or the golden captioner changed
+    cargo test --test suite golden:: -- --ignored    # only if the sampler or the golden captioner changed
     python3 scripts/golden.py tests/data
 """
 import json
@@ -383,7 +383,7 @@ def teacher_forced(captions):
 # The sequence-level objectives on the captioner's checkpoint, from the
 # samples and greedy captions captune drew for one step
 # (golden_sequence_inputs.safetensors, written by
-# `cargo test --test golden -- --ignored`).
+# `cargo test --test suite golden:: -- --ignored`).
 SEQUENCE_CASES = [  # (name, objective, settings)
     ("scst_greedy", "scst", {"baseline": "greedy"}),
     ("scst_mean", "scst", {"baseline": "mean"}),
@@ -495,7 +495,7 @@ def sequence(out_dir):
 # DiscriTune with the golden retriever as the listener, on a captioner
 # that reads its 8-wide embeddings (golden_listener_captioner), from the
 # captions captune drew for one step (golden_discritune_inputs, written by
-# `cargo test --test golden -- --ignored`).
+# `cargo test --test suite golden:: -- --ignored`).
 DISCRITUNE_CASES = [  # (name, settings, which captions)
     ("discritune", {}, "greedy"),
     ("discritune_hard", {"hard_negatives": 2}, "greedy"),
@@ -535,7 +535,7 @@ def listener_setup(out_dir, inputs_file):
     from safetensors.torch import load_file
     path = f"{out_dir}/{inputs_file}"
     if not os.path.exists(path):
-        print(f"{inputs_file}: not written yet (cargo test --test golden -- --ignored)")
+        print(f"{inputs_file}: not written yet (cargo test --test suite golden:: -- --ignored)")
         return None
     weights = lambda f: {n: t.to(DT) for n, t in load_file(f"{out_dir}/{f}").items()}
     return (load_file(path), weights("golden_listener_captioner.safetensors"),
@@ -606,7 +606,7 @@ def discritune(out_dir):
 
 # CLIP relevance with the same listener and captioner, from the captions
 # captune chose by the Gumbel-max trick and the Gumbel noise it drew
-# (golden_relevance_inputs, written by `cargo test --test golden -- --ignored`).
+# (golden_relevance_inputs, written by `cargo test --test suite golden:: -- --ignored`).
 RELEVANCE_CASES = [  # (name, settings)
     ("relevance_hard", {"gumbel": "hard", "tau": 1.0}),
     ("relevance_soft", {"gumbel": "soft", "tau": 0.5}),

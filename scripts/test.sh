@@ -84,24 +84,59 @@ else
 fi
 
 # Tests skipped for want of a GPU, Xvfb, a browser, Flickr8k or
-# pycocoevalcap write a line to CAPTUNE_SKIP_LOG (tests/common/mod.rs,
+# pycocoevalcap write a line to CAPTUNE_SKIP_LOG (tests/suite/common/mod.rs,
 # skip), since cargo test shows nothing of a skip inside a passing test;
 # the summary after the tests counts them apart from the tests that ran.
 CAPTUNE_SKIP_LOG=$(mktemp)
 output=$(mktemp)
+times=$(mktemp)
 export CAPTUNE_SKIP_LOG
-# cargo test's own status, through the tee.
-set +e +o pipefail
-cargo test --locked "$@" 2>&1 | tee "$output"
-status=${PIPESTATUS[0]}
-set -e -o pipefail
+status=0
+crashes=0
+
+# Runs `cargo test --locked ARGS...`, its output through the tee, and
+# records its wall time under LABEL. A run that fails without a failed
+# test's result line (a crash, a build error) counts as one failure.
+step() {
+    local label=$1 start code
+    shift
+    start=$(date +%s)
+    set +e +o pipefail
+    cargo test --locked "$@" 2>&1 | tee "$output.step"
+    code=${PIPESTATUS[0]}
+    set -e -o pipefail
+    cat "$output.step" >>"$output"
+    if [ "$code" != 0 ]; then
+        status=$code
+        grep -Eq '^test result: .* [1-9][0-9]* failed' "$output.step" || crashes=$((crashes + 1))
+    fi
+    printf '%-12s %5d s\n' "$label" $(($(date +%s) - start)) >>"$times"
+}
+
+if [ $# -gt 0 ]; then
+    # Arguments go on to one plain cargo test.
+    step "cargo test" "$@"
+else
+    # The build, then each area of the integration tests (the modules of
+    # tests/suite/main.rs) on its own, so that its wall time shows.
+    step build --no-run
+    step unit --lib --bins
+    for dir in tests/suite/*/; do
+        area=$(basename "$dir")
+        [ "$area" = common ] || step "$area" --test suite -- "$area::"
+    done
+    step fuzz --test fuzz_loaders
+    step doc --doc
+fi
+
 skipped=$(sort -u "$CAPTUNE_SKIP_LOG")
 [ -z "$skipped" ] || printf '%s\n' "$skipped" | sed 's/^/SKIPPED (whole or in part): /'
-skips=$(printf '%s' "$skipped" | cut -d: -f1 | sort -u | grep -c . || true)
-# A test that skipped any part counts as skipped, not passed; a test binary
-# that crashed before its result line counts as one failure.
-awk -v skips="$skips" -v status="$status" '/^test result:/ { passed += $4; failed += $6 }
-    END { if (status != 0 && failed == 0) failed = 1
-          printf "summary: %d passed, %d failed, %d skipped\n", passed - skips, failed, skips }' "$output"
-rm -f "$CAPTUNE_SKIP_LOG" "$output"
+# A test's name holds "::" but never ": ", which ends it in a skip line.
+skips=$(printf '%s' "$skipped" | awk -F': ' '{ print $1 }' | sort -u | grep -c . || true)
+echo "wall time:"
+sed 's/^/  /' "$times"
+# A test that skipped any part counts as skipped, not passed.
+awk -v skips="$skips" -v crashes="$crashes" '/^test result:/ { passed += $4; failed += $6 }
+    END { printf "summary: %d passed, %d failed, %d skipped\n", passed - skips, failed + crashes, skips }' "$output"
+rm -f "$CAPTUNE_SKIP_LOG" "$output" "$output.step" "$times"
 exit "$status"

@@ -1,5 +1,5 @@
 //! Named points where a test stops a real `captune` process, to kill it
-//! there (tests/runs.rs). `CAPTUNE_KILLPOINT=NAME:N` makes the N-th
+//! there (tests/suite/training/runs.rs). `CAPTUNE_KILLPOINT=NAME:N` makes the N-th
 //! pass through the point `NAME` run its setup (e.g. write half a record),
 //! print `killpoint NAME reached` on standard error and wait to be
 //! killed. Without the variable a point costs one comparison.

@@ -163,3 +163,26 @@ impl<B: Backend> AdamW<B> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::warmup_cosine;
+
+    #[test]
+    fn the_schedule_warms_up_from_its_first_step_then_follows_the_cosine() {
+        // Warm-up over 4 of 12 steps: the first step already trains, at a
+        // quarter of the peak, and the 4th reaches it.
+        let lr = |step| warmup_cosine(2.0, 4, step, 12);
+        let warm: Vec<f32> = (0..5).map(lr).collect();
+        assert_eq!(warm, [0.5, 1.0, 1.5, 2.0, 2.0]);
+        // Then half way through the 8 decay steps: half the peak; at the
+        // end and past it: 0.
+        assert!((lr(8) - 1.0).abs() < 1e-6, "{}", lr(8));
+        assert!((lr(6) - (1.0 + (std::f32::consts::PI / 4.0).cos())).abs() < 1e-6);
+        assert!(lr(12).abs() < 1e-6 && lr(20).abs() < 1e-6);
+        // Without warm-up the first step is at the peak; a schedule as
+        // long as its warm-up stays there.
+        assert_eq!(warmup_cosine(2.0, 0, 0, 12), 2.0);
+        assert_eq!(warmup_cosine(2.0, 3, 3, 3), 2.0);
+    }
+}

@@ -1,6 +1,6 @@
 //! The WGSL kernel families, embedded in the binary. One file per family in
 //! `shaders/`, each with `shaders/prelude.wgsl` (shared helpers) prepended,
-//! since WGSL has no imports. `tests/shaders_validate.rs` checks that this
+//! since WGSL has no imports. `tests/suite/kernels/shaders_validate.rs` checks that this
 //! list and the folder agree and that naga accepts every family.
 
 /// `(family, prelude + shaders/<family>.wgsl)`.

@@ -3,7 +3,7 @@ and greedy captions captune draws at its first step
 (tests/data/golden_sequence_inputs.safetensors): the loss, every
 gradient, the gradient norm, and AdamW's moments and every weight after
 the step with the golden test's hyper-parameters, written in the layout
-of a golden expected file so that tests/golden.rs holds captune's own
+of a golden expected file so that tests/suite/models/golden.rs holds captune's own
 step to it.
 
     python3 -m tests.scst_step OUT.safetensors greedy|mean    # from python/

@@ -1,4 +1,4 @@
-"""The golden test's tolerances (tests/golden.rs), for comparing one
+"""The golden test's tolerances (tests/suite/models/golden.rs), for comparing one
 training step of this package with captune's or with float64 PyTorch."""
 
 import torch

@@ -270,4 +270,30 @@ mod tests {
         assert_eq!(g.observe(2, &line(&[("cosine", 0.31)])), None);
         assert!(g.observe(3, &line(&[("cosine", 0.29)])).is_some());
     }
+
+    #[test]
+    fn each_threshold_sits_where_its_constant_says() {
+        let signs = |first: &[(&str, f32)], then: &[(&str, f32)]| {
+            let mut g = CollapseGuard::new(None, 31);
+            assert_eq!(g.observe(1, &line(first)), None);
+            g.observe(2, &line(then)).map_or(0, |c| c.signs.len())
+        };
+        let calm = [
+            ("entropy", 1.0),
+            ("sample_length", 31.0),
+            ("repetition", 0.25),
+        ];
+        // Entropy just under and over 0.05 nats, at full length (within
+        // 1e-3 words of it, as a mean over captions lands).
+        let at = |h: f32, length: f32| [("entropy", h), ("sample_length", length)];
+        assert_eq!(signs(&calm, &at(0.049, 31.0)), 1);
+        assert_eq!(signs(&calm, &at(0.049, 30.9995)), 1);
+        assert_eq!(signs(&calm, &at(0.051, 31.0)), 0);
+        assert_eq!(signs(&calm, &at(0.049, 30.99)), 0);
+        // Repetition at 0.5 (its floor) and 0.2 above the start.
+        assert_eq!(signs(&calm, &[("repetition", 0.5)]), 1);
+        assert_eq!(signs(&calm, &[("repetition", 0.49)]), 0);
+        assert_eq!(signs(&[("repetition", 0.3)], &[("repetition", 0.51)]), 1);
+        assert_eq!(signs(&[("repetition", 0.32)], &[("repetition", 0.51)]), 0);
+    }
 }

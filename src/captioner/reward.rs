@@ -5,7 +5,7 @@
 //! every training image's reference vectors are made once; n-grams are
 //! packed word ids; the rewards of a step's samples are computed in
 //! parallel. The formula is `metrics::cider::CiderD`'s (pycocoevalcap's),
-//! and the two agree given the same references (tests/sequence_objectives.rs).
+//! and the two agree given the same references (tests/suite/objectives/sequence_objectives.rs).
 
 use super::CaptionVocab;
 use super::objective::TrainingCorpus;

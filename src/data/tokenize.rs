@@ -237,4 +237,14 @@ mod tests {
         );
         assert_eq!(tok("A dog. A cat."), "a dog a cat");
     }
+
+    #[test]
+    fn splits_a_separator_with_a_digit_on_one_side_only() {
+        // Stanford's PTBTokenizer (pycocoevalcap's) gives these: a comma
+        // or colon stays inside a number only between two digits.
+        assert_eq!(tok("2, 3 dogs"), "2 3 dogs");
+        assert_eq!(tok("at 10: 5:30, then 4,"), "at 10 5:30 then 4");
+        assert_eq!(tok("the 1990s, 2. next"), "the 1990s 2 next");
+        assert_eq!(tok("room 12,000,5"), "room 12,000,5");
+    }
 }

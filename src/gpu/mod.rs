@@ -54,7 +54,7 @@ impl crate::backend::Storage for GpuIds {
 /// on an H100: docs/results.md, "What the shader checks cost"). Dropping
 /// it is sound for code whose every loop ends, as captune's do: each is a
 /// `for` over a counter, or a binary search that narrows at every step
-/// (`tests/shaders_validate.rs` refuses any other kind).
+/// (`tests/suite/kernels/shaders_validate.rs` refuses any other kind).
 fn shader_runtime_checks() -> wgpu::ShaderRuntimeChecks {
     let mut checks = wgpu::ShaderRuntimeChecks::checked();
     checks.force_loop_bounding = false;

@@ -79,3 +79,60 @@ pub fn corpus_scores(
         ref_clip_s: ref_total / n,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A unit vector at `angle` radians from the first axis, in the plane
+    /// of the first two.
+    fn at(angle: f64) -> Vec<f32> {
+        vec![angle.cos() as f32, angle.sin() as f32, 0.0]
+    }
+
+    #[test]
+    fn negative_cosines_are_floored_at_zero() {
+        // cos = 0.6: CLIP-S = 2.5 x 0.6.
+        let image = at(0.0);
+        let caption = at(0.6f64.acos());
+        assert!((clip_s(&image, &caption) - 1.5).abs() < 1e-6);
+        // cos = -0.6: floored, not -1.5.
+        let away = at((-0.6f64).acos());
+        assert_eq!(clip_s(&image, &away), 0.0);
+        // RefCLIP-S with references at cos 0.8 and -0.9 from the caption:
+        // the harmonic mean of 1.5 and 0.8.
+        let references = [
+            at(0.6f64.acos() + 0.8f64.acos()),
+            at(0.6f64.acos() + (-0.9f64).acos()),
+        ];
+        let refs: Vec<&[f32]> = references.iter().map(Vec::as_slice).collect();
+        let want = 2.0 * 1.5 * 0.8 / (1.5 + 0.8);
+        assert!((ref_clip_s(1.5, &caption, &refs) - want).abs() < 1e-6);
+        // Every reference facing away: the text side is 0, and so is the mean.
+        let opposite = [at(0.6f64.acos() + (-0.9f64).acos())];
+        let opposite: Vec<&[f32]> = opposite.iter().map(Vec::as_slice).collect();
+        assert_eq!(ref_clip_s(1.5, &caption, &opposite), 0.0);
+        assert_eq!(ref_clip_s(0.0, &away, &opposite), 0.0);
+    }
+
+    #[test]
+    fn corpus_scores_average_each_image_with_its_own_references() {
+        // Image 0: caption at cos 0.6, one reference at cos 0.8 from the
+        // caption. Image 1: caption at cos 0.8, references at cos 0.5 and
+        // -0.3 from it.
+        let (c0, c1) = (0.6f64.acos(), 0.8f64.acos());
+        let images = [at(0.0), at(0.0)].concat();
+        let candidates = [at(c0), at(c1)].concat();
+        let references = [
+            at(c0 + 0.8f64.acos()),
+            at(c1 - 0.5f64.acos()),
+            at(c1 + (-0.3f64).acos()),
+        ]
+        .concat();
+        let got = corpus_scores(&images, &candidates, &references, &[1, 2], 3);
+        let harmonic = |a: f64, b: f64| 2.0 * a * b / (a + b);
+        assert!((got.clip_s - (1.5 + 2.0) / 2.0).abs() < 1e-6, "{got:?}");
+        let want = (harmonic(1.5, 0.8) + harmonic(2.0, 0.5)) / 2.0;
+        assert!((got.ref_clip_s - want).abs() < 1e-6, "{got:?}");
+    }
+}

@@ -2,7 +2,7 @@
 //! each new position attending to the keys and values that every layer
 //! cached for the earlier ones, after a prefill that runs the first
 //! positions (a captioner's prefix) at once. Causal models only; the results equal
-//! those of the full forward over the whole sequence (tests/generation.rs).
+//! those of the full forward over the whole sequence (tests/suite/models/generation.rs).
 //!
 //! The cache of layer l is `[rows, heads, capacity, head_dim]` for keys
 //! and the same for values, so that row r, head h's keys are one

@@ -1,0 +1,348 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use captune::backend::Backend;
+use captune::captioner::Checkpoint;
+use captune::captioner::run::RunConfig;
+use captune::captioner::run_folder::{Begin, RunFolder};
+use captune::captioner::train::Trainer;
+use captune::data::karpathy;
+use captune::gpu::{GpuBackend, adapter};
+use captune::retriever::frozen::FrozenRetriever;
+use captune::shapes::{self, Domain, ShapesConfig};
+use captune::source::embeddings::CaptionData;
+use rand::{Rng, SeedableRng};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The shapes-world settings of a tiny world for command-line tests:
+/// 32-pixel images, 48 training, 16 validation and 16 test images.
+pub const TINY_WORLD_ARGS: [&str; 8] = [
+    "--shapes-size",
+    "32",
+    "--shapes-train",
+    "48",
+    "--shapes-val",
+    "16",
+    "--shapes-test",
+    "16",
+];
+
+/// Marks the running test as skipped where CI shows it: a line on
+/// standard error, and one in the file `$CAPTUNE_SKIP_LOG`, which
+/// scripts/test.sh counts and prints after the tests (cargo test itself
+/// shows neither for a passing test).
+pub fn skip(why: &str) {
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("a test")
+        .to_string();
+    eprintln!("SKIPPED: {test}: {why}");
+    if let Some(path) = std::env::var_os("CAPTUNE_SKIP_LOG") {
+        use std::io::Write;
+        let line = format!("{test}: {why}\n");
+        let _ = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+    }
+}
+
+/// The Flickr8k folder (the Karpathy split file `dataset_flickr8k.json`
+/// and the images) named by `$CAPTUNE_FLICKR8K`; without it the calling
+/// test is marked skipped and gets `None`.
+pub fn flickr8k() -> Option<PathBuf> {
+    let Some(dir) = std::env::var_os("CAPTUNE_FLICKR8K").map(PathBuf::from) else {
+        skip("CAPTUNE_FLICKR8K is not set (a folder holding dataset_flickr8k.json and the images)");
+        return None;
+    };
+    if !dir.join("dataset_flickr8k.json").is_file() {
+        skip(&format!(
+            "CAPTUNE_FLICKR8K={} holds no dataset_flickr8k.json",
+            dir.display()
+        ));
+        return None;
+    }
+    Some(dir)
+}
+
+/// The GPU backend on the best adapter (lavapipe in CI). A machine without
+/// any adapter fails these tests with the fix, unless
+/// CAPTUNE_SKIP_GPU_TESTS=1 says to skip them. An adapter whose device
+/// cannot be created always fails them: that is a bug to see, not a
+/// missing driver.
+pub fn gpu() -> Option<GpuBackend> {
+    let backends = adapter::backends_from_env().unwrap();
+    match adapter::adapters(backends).into_iter().next() {
+        Some(found) => Some(GpuBackend::new(&found).unwrap_or_else(|e| {
+            panic!("a GPU adapter exists but its device cannot be created: {e:#}")
+        })),
+        None if std::env::var("CAPTUNE_SKIP_GPU_TESTS").as_deref() == Ok("1") => {
+            skip("no GPU adapter, and CAPTUNE_SKIP_GPU_TESTS=1 is set");
+            None
+        }
+        None => panic!(
+            "no GPU adapter: install a Vulkan driver (Debian: apt-get install mesa-vulkan-drivers), \
+             or set CAPTUNE_SKIP_GPU_TESTS=1 to skip the GPU tests"
+        ),
+    }
+}
+
+/// `count` distinct coordinates of a tensor of `len` (all of them when it
+/// is smaller), drawn with a generator seeded by `what`: a gradient check
+/// probes every part of a tensor (every head, every dimension of q, k and
+/// v), not a fixed stride that keeps landing on the same ones.
+pub fn probes(what: &str, len: usize, count: usize) -> Vec<usize> {
+    use rand::seq::SliceRandom;
+    let seed = what.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    let mut all: Vec<usize> = (0..len).collect();
+    all.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
+    all.truncate(count);
+    all.sort_unstable();
+    all
+}
+
+/// Checks every parameter's gradient `grads[p]` against central
+/// differences (step `eps`) of `loss` at 6 random coordinates of it,
+/// changing one element of `params(model)` at a time.
+pub fn check_parameter_gradients<M>(
+    model: &mut M,
+    params: impl Fn(&mut M) -> &mut captune::model::params::Params<captune::cpu::CpuBackend>,
+    grads: &[Vec<f32>],
+    eps: f32,
+    mut loss: impl FnMut(&mut M) -> f64,
+) {
+    for (p, grad) in grads.iter().enumerate() {
+        let name = params(model).specs[p].name.clone();
+        let original = params(model).values[p].clone();
+        for i in probes(&name, grad.len(), 6) {
+            let mut at = |delta: f32| {
+                let mut x = original.clone();
+                x[i] += delta;
+                params(model).values[p] = x;
+                loss(model)
+            };
+            let numeric = ((at(eps) - at(-eps)) / (2.0 * f64::from(eps))) as f32;
+            params(model).values[p] = original.clone();
+            let tol = 3e-3 + 3e-2 * numeric.abs();
+            assert!(
+                (numeric - grad[i]).abs() <= tol,
+                "{name}[{i}]: {} analytically, {numeric} numerically",
+                grad[i]
+            );
+        }
+    }
+}
+
+pub fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+}
+
+pub fn random_ids(len: usize, below: u32, seed: u64) -> Vec<u32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(0..below)).collect()
+}
+
+/// Asserts |a - b| <= atol + rtol * |b| elementwise, naming the worst element.
+#[track_caller]
+/// The largest difference, relative to the largest magnitude of `want`:
+/// how the tests against transformers' float64 fixtures compare tensors.
+pub fn relative_difference(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0.0f32, |m, x| m.max(x.abs())).max(1e-12);
+    got.iter()
+        .zip(want)
+        .fold(0.0f32, |m, (g, w)| m.max((g - w).abs()))
+        / scale
+}
+
+/// Id sequences a fixture stores as rows of `width` floats, each padded
+/// with -1 after its ids.
+pub fn padded_ids(data: &[f32], width: usize) -> Vec<Vec<u32>> {
+    data.chunks(width)
+        .map(|row| {
+            row.iter()
+                .take_while(|&&x| x >= 0.0)
+                .map(|&x| x as u32)
+                .collect()
+        })
+        .collect()
+}
+
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    let mut worst: Option<(usize, f32)> = None;
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let excess = (g - w).abs() - (atol + rtol * w.abs());
+        let fails = excess.is_nan() || excess > 0.0;
+        if fails && worst.is_none_or(|(_, e)| excess > e || excess.is_nan()) {
+            worst = Some((i, excess));
+        }
+    }
+    if let Some((i, _)) = worst {
+        panic!(
+            "{what}: element {i} is {} but should be {} (rtol {rtol}, atol {atol})",
+            got[i], want[i]
+        );
+    }
+}
+
+/// The embedding width of [`tiny_data`].
+pub const TINY_DIM: usize = 8;
+
+/// A 32-pixel shapes world (96 train, 16 val, 16 test images) with a
+/// random embedding per image, written once per test binary.
+pub fn tiny_data() -> CaptionData {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("captune-tiny-world-{}", std::process::id()));
+        let config = ShapesConfig {
+            seed: 9,
+            image_size: 32,
+            train: 96,
+            val: 16,
+            test: 16,
+            domain: Domain::Default,
+        };
+        shapes::write(&config, &dir).unwrap();
+        dir
+    });
+    let data = karpathy::load(&dir.join(shapes::SPLIT_FILE), None).unwrap();
+    let features = random(data.items.len() * TINY_DIM, 3);
+    CaptionData {
+        data,
+        features,
+        dim: TINY_DIM,
+        source: None,
+    }
+}
+
+/// A new training run of `config` in an empty temporary folder named
+/// after `name` (the caller removes it): the trainer and the folder.
+pub fn new_run<'d, B: Backend>(
+    b: &B,
+    ck: &'d mut Checkpoint<B>,
+    data: &'d CaptionData,
+    config: &RunConfig,
+    name: &str,
+    retriever: Option<&'d mut FrozenRetriever<B>>,
+) -> (Trainer<'d, B>, PathBuf) {
+    // A folder of this call's own, so that no other run's files land in
+    // it while a test deletes it: process ids repeat across containers
+    // sharing the temporary folder.
+    let dir = std::env::temp_dir().join(format!(
+        "captune-{name}-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
+    let run = RunFolder::new(&dir);
+    let trainer = Trainer::new(b, ck, data, config, run, Begin::New, retriever).unwrap();
+    (trainer, dir)
+}
+
+/// [`tiny_retriever_checkpoint`], frozen.
+pub fn tiny_retriever<B: Backend>(b: &B, data: &CaptionData, batch: usize) -> FrozenRetriever<B> {
+    FrozenRetriever::from_checkpoint(b, tiny_retriever_checkpoint(b, data, batch)).unwrap()
+}
+
+/// A fresh retriever over the tiny world's words that embeds in the
+/// features' width ([`tiny_data`]'s), for batches of `batch`.
+pub fn tiny_retriever_checkpoint<B: Backend>(
+    b: &B,
+    data: &CaptionData,
+    batch: usize,
+) -> captune::retriever::Checkpoint<B> {
+    let vocab = captune::data::vocab::Vocab::build(&data.data, 1);
+    let tower = |causal| captune::model::transformer::TransformerConfig::new(16, 1, 2, causal);
+    let config = captune::retriever::RetrieverConfig {
+        image_size: 32,
+        patch: 8,
+        image: tower(false),
+        text: tower(true),
+        max_len: 24,
+        vocab_size: vocab.len(),
+        embed_dim: TINY_DIM,
+        image_pool: captune::retriever::ImagePool::Mean,
+        biases: true,
+    };
+    captune::retriever::Checkpoint {
+        model: captune::retriever::model::Retriever::new(b, config, batch, 5).unwrap(),
+        vocab,
+    }
+}
+
+/// `python3` where it imports torch and safetensors (what the PyTorch
+/// package, `python/`, needs); otherwise the calling test is marked
+/// skipped and gets `None`.
+pub fn python_with_torch() -> Option<&'static str> {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import torch, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        skip(
+            "python3 cannot import torch and safetensors: the PyTorch package's tests need them \
+             (pip install ./python)",
+        );
+        return None;
+    }
+    Some("python3")
+}
+
+/// The repository's `python/` folder, where the PyTorch package and its
+/// tests live.
+pub fn python_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python")
+}
+
+/// Checks a DiscriTune explanation (as JSON) against itself: the five
+/// best matches are the candidates by falling cosine, each probability
+/// is exp(scale x cosine) over one normaliser (so any two differ by the
+/// same positive scale), the caption's rank is its own image's place
+/// among them (past them when it is not there), and the reward is the
+/// log-probability of its own image (below the fifth's when not shown).
+pub fn assert_discritune_explanation(e: &serde_json::Value) {
+    let candidates = e["figures"]["candidates"].as_f64().unwrap();
+    let rank = e["figures"]["rank"].as_f64().unwrap();
+    let reward = e["reward"].as_f64().unwrap();
+    let best = e["compared_with"].as_array().unwrap();
+    assert_eq!(
+        best.len(),
+        5.min(candidates as usize),
+        "the five best matches: {e}"
+    );
+    let figure = |c: &serde_json::Value, k: &str| c["figures"][k].as_f64().unwrap();
+    let scales: Vec<f64> = best
+        .windows(2)
+        .map(|w| {
+            let (a, b) = (&w[0], &w[1]);
+            let cosines = figure(a, "cosine") - figure(b, "cosine");
+            assert!(cosines >= 0.0, "by falling cosine: {e}");
+            (figure(a, "probability").ln() - figure(b, "probability").ln()) / cosines
+        })
+        .filter(|s| s.is_finite())
+        .collect();
+    assert!(!scales.is_empty(), "distinct cosines among the five: {e}");
+    for s in &scales {
+        assert!(
+            *s > 1.0 && (s - scales[0]).abs() < 1e-3 * scales[0],
+            "one scale: {scales:?} {e}"
+        );
+    }
+    let total: f64 = best.iter().map(|c| figure(c, "probability")).sum();
+    assert!(total <= 1.0 + 1e-9, "{e}");
+    match best.iter().position(|c| c["kind"] == "own image") {
+        Some(place) => {
+            assert_eq!(rank, place as f64 + 1.0, "{e}");
+            let p_own = figure(&best[place], "probability");
+            assert!((p_own.ln() - reward).abs() < 1e-6, "{e}");
+        }
+        None => {
+            assert!(rank > 5.0 && rank <= candidates, "{e}");
+            assert!(reward < figure(&best[4], "probability").ln(), "{e}");
+        }
+    }
+}

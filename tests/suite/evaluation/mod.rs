@@ -1,0 +1,5 @@
+//! Scoring captions: the metrics against pycocoevalcap and by hand, and
+//! the HTML report.
+
+mod metrics;
+mod report;

@@ -1,0 +1,212 @@
+//! `captune export`: a captioner written as a Hugging Face GPT-2 folder.
+//! Read back with captune's own GPT-2 reader (which checks config.json the
+//! way it checks any GPT-2), every decoder tensor is the captioner's, bit
+//! for bit; the mapper file holds the mapper with its shape; the tokenizer
+//! encodes and decodes captions with the captioner's ids; the generation
+//! config suppresses the ids the policy masks. A GPT-2 captioner's export
+//! starts the same captioner again. The command refuses to replace a
+//! folder unless asked. (scripts/check_export.py checks the same
+//! folder with transformers itself.)
+
+use crate::common;
+
+use captune::backend::Backend;
+use captune::captioner::model::{Captioner, is_mapper_param};
+use captune::captioner::pretrained::{self, PrefixShape};
+use captune::captioner::run::RunConfig;
+use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, export};
+use captune::cpu::CpuBackend;
+use captune::model::gpt2;
+use captune::model::layers::Activation;
+use captune::tensorfile;
+use common::{TINY_DIM, random, tiny_data};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("captune-export-{}-{name}", std::process::id()))
+}
+
+/// A tiny captioner with ClipCap's tanh mapper and random weights, saved.
+fn saved_checkpoint(b: &CpuBackend, path: &std::path::Path) -> Checkpoint<CpuBackend> {
+    let data = tiny_data();
+    let mut run = RunConfig::preset("tiny").unwrap();
+    run.model.mapper_activation = Activation::Tanh;
+    let vocab = CaptionVocab::build(&data.data, 1).unwrap();
+    let mut model = Captioner::new(b, run.captioner(TINY_DIM, vocab.len()), 3).unwrap();
+    for (i, value) in model.params.values.iter_mut().enumerate() {
+        let v = random(value.len(), 40 + i as u64);
+        b.write(value, &v);
+    }
+    let ck = Checkpoint { model, vocab };
+    ck.save(b, path, HashMap::new()).unwrap();
+    ck
+}
+
+#[test]
+fn an_export_reads_back_as_the_same_gpt2_mapper_and_vocabulary() {
+    let b = CpuBackend::new();
+    let dir = temp("lib");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ck = saved_checkpoint(&b, &dir.join("checkpoint.safetensors"));
+    let out = dir.join("hf");
+    export::to_hf(&b, &ck, &out).unwrap();
+
+    let read = gpt2::read(&out, "decoder").unwrap();
+    let c = ck.model.config;
+    assert_eq!(read.config.n_positions, c.seq_len());
+    assert_eq!(read.config.vocab_size, c.vocab_size);
+    let mut decoder = read.weights;
+    let mut mapper = tensorfile::read(&out.join(export::MAPPER_FILE)).unwrap();
+    for (spec, value) in ck.model.params.specs.iter().zip(&ck.model.params.values) {
+        let file = if is_mapper_param(&spec.name) {
+            &mut mapper
+        } else {
+            &mut decoder
+        };
+        let tensor = file.tensors.remove(&spec.name);
+        let tensor = tensor.unwrap_or_else(|| panic!("{} is not in the export", spec.name));
+        assert_eq!(tensor.shape, spec.shape, "{}", spec.name);
+        assert_eq!(tensor.data, b.to_vec(value), "{} differs", spec.name);
+    }
+    assert!(mapper.tensors.is_empty() && decoder.tensors.is_empty());
+    assert_eq!(mapper.metadata["activation"], "tanh");
+    assert_eq!(mapper.metadata["prefix_len"], c.prefix_len.to_string());
+
+    let tokenizer = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
+    let words = ["a", "red", "circle", "zebraish"];
+    let encoding = tokenizer.encode(words.join(" "), false).unwrap();
+    let want: Vec<u32> = words
+        .iter()
+        .map(|w| ck.vocab.word_list().unwrap().id(w))
+        .collect();
+    assert_eq!(encoding.get_ids(), want, "unknown words go to <unk> too");
+    let known = &want[..3];
+    assert_eq!(tokenizer.decode(known, true).unwrap(), "a red circle");
+
+    let generation: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(generation["suppress_tokens"], serde_json::json!([0, 1]));
+    assert_eq!(generation["eos_token_id"], 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_command_exports_a_run_and_replaces_only_when_asked() {
+    let b = CpuBackend::new();
+    let dir = temp("cli");
+    std::fs::create_dir_all(&dir).unwrap();
+    saved_checkpoint(&b, &dir.join("checkpoint.safetensors"));
+    let out = dir.join("hf");
+    let export = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_captune"))
+            .arg("export")
+            .arg(&dir)
+            .arg("--hf")
+            .arg(&out)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let first = export(&[]);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    assert!(gpt2::read(&out, "decoder").is_ok());
+    let again = export(&[]);
+    assert!(!again.status.success());
+    let why = String::from_utf8_lossy(&again.stderr);
+    assert!(why.contains("--overwrite"), "{why}");
+    let replaced = export(&["--overwrite"]);
+    assert!(
+        replaced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A captioner started from a GPT-2 folder, exported, and started again
+/// from the export (`captune train --decoder hf:EXPORT`) is the same
+/// captioner, bit for bit: the padding row captune adds comes off on
+/// export and back on import, the mapper comes back from its file, and
+/// the tokenizer is the original's.
+#[test]
+fn a_gpt2_captioner_comes_back_from_its_export() {
+    let out = gpt2_round_trip(None, "gpt2");
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// The same with ClipCap's transformer mapper; a run with the MLP is told
+/// the export holds a transformer mapper.
+#[test]
+fn a_gpt2_captioner_with_the_transformer_mapper_comes_back_from_its_export() {
+    let mapper = MapperTransformer {
+        clip_len: 3,
+        layers: 2,
+        heads: 4,
+    };
+    let out = gpt2_round_trip(Some(mapper), "gpt2-transformer");
+    let mlp = PrefixShape {
+        embed_dim: TINY_DIM,
+        prefix_len: 2,
+        mapper_hidden: 16,
+        mapper_transformer: None,
+        max_len: 20,
+    };
+    let Err(e) = pretrained::from_folder(&CpuBackend::new(), &out, mlp, 6) else {
+        panic!("a transformer mapper loaded into an MLP run");
+    };
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("mapper is transformer but the run's is mlp"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Exports a captioner made from the tiny GPT-2 with `mapper` and starts
+/// it again from the export; returns the export's folder.
+fn gpt2_round_trip(mapper: Option<MapperTransformer>, name: &str) -> PathBuf {
+    let b = CpuBackend::new();
+    let gpt2_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let shape = PrefixShape {
+        embed_dim: TINY_DIM,
+        prefix_len: 2,
+        mapper_hidden: 16,
+        mapper_transformer: mapper,
+        max_len: 20,
+    };
+    let ck = pretrained::from_folder(&b, &gpt2_dir, shape, 5).unwrap();
+    let out = temp(name);
+    export::to_hf(&b, &ck, &out).unwrap();
+    let original = std::fs::read(gpt2_dir.join("tokenizer.json")).unwrap();
+    assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), original);
+    let read = gpt2::read(&out, "decoder").unwrap();
+    assert_eq!(read.config.vocab_size, ck.model.config.vocab_size - 1);
+
+    let back = pretrained::from_folder(&b, &out, shape, 6).unwrap();
+    assert_eq!(back.model.config, ck.model.config);
+    assert_eq!(back.vocab, ck.vocab);
+    for ((spec, a), z) in (ck.model.params.specs.iter())
+        .zip(&ck.model.params.values)
+        .zip(&back.model.params.values)
+    {
+        assert_eq!(b.to_vec(a), b.to_vec(z), "{}", spec.name);
+    }
+    // A run of another shape is told which.
+    let other = PrefixShape {
+        mapper_hidden: 32,
+        ..shape
+    };
+    let Err(e) = pretrained::from_folder(&b, &out, other, 6) else {
+        panic!("a mapper of 16 hidden units loaded into a run of 32");
+    };
+    let e = format!("{e:#}");
+    assert!(e.contains("mapper_hidden is 16 but the run's is 32"), "{e}");
+    out
+}

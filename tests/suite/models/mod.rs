@@ -1,0 +1,12 @@
+//! The networks: generation over the KV cache, the golden test against an
+//! independent PyTorch implementation, the policy every loss reads, and
+//! the pretrained families (GPT-2, ClipCap, CLIP) against transformers,
+//! with export.
+
+mod clip;
+mod clipcap;
+mod export;
+mod generation;
+mod golden;
+mod gpt2;
+mod policy;

@@ -1,0 +1,123 @@
+//! Every objective of the registry trains a captioner whose decoder is a
+//! pretrained GPT-2 (the tiny random one in tests/data/gpt2-tiny, with its
+//! byte-level BPE tokenizer), started as `captune train --decoder hf:DIR`
+//! starts it: its loss stays finite, the decoder learns, captions decode
+//! to text, and the run's checkpoint carries the tokenizer back.
+
+use crate::common;
+
+use captune::backend::Backend;
+use captune::captioner::objectives::{self, settings::Settings};
+use captune::captioner::records::{Event, Flow};
+use captune::captioner::run::RunConfig;
+use captune::captioner::train::fresh_checkpoint;
+use captune::captioner::{CaptionVocab, Checkpoint};
+use captune::cpu::CpuBackend;
+use captune::data::bpe::BpeVocab;
+use captune::data::vocab::SPECIALS;
+use common::{new_run, tiny_data, tiny_retriever};
+use std::path::PathBuf;
+
+fn gpt2_folder() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny")
+}
+
+fn gpt2_run(objective: &str) -> RunConfig {
+    let mut config = RunConfig::preset("tiny").unwrap();
+    config.model.decoder = Some(format!("hf:{}", gpt2_folder().display()));
+    config.train.objective = objective.to_string();
+    config.train.settings = Settings::new();
+    config.train.batch = 8;
+    config.train.log_every = 1;
+    config
+}
+
+#[test]
+fn a_gpt2_folder_starts_a_run_with_its_tokenizer_and_network() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    let ck = fresh_checkpoint(&b, &data, &gpt2_run("mle")).unwrap();
+    let bpe = BpeVocab::load(&gpt2_folder()).unwrap();
+    let c = ck.model.config;
+    assert_eq!(c.decoder.width, 32);
+    assert_eq!(c.decoder.layers, 2);
+    // GPT-2's ids and the padding after them.
+    assert_eq!(c.vocab_size, bpe.len() + 1);
+    assert_eq!(ck.vocab.len(), c.vocab_size);
+    assert_eq!((c.specials.start, c.specials.end), (bpe.end(), bpe.end()));
+    assert_eq!(c.specials.pad as usize, bpe.len());
+    assert_eq!(ck.vocab.specials(), c.specials);
+    // A caption is encoded from its PTB words into pieces, and back.
+    let words: Vec<String> = ["a", "skateboarder", "jumps"].map(String::from).to_vec();
+    let ids = ck.vocab.encode(&words, 24).unwrap();
+    assert_eq!(ids.first(), Some(&bpe.end()));
+    assert_eq!(ids.last(), Some(&bpe.end()));
+    assert_eq!(ck.vocab.decode(&ids[1..]), "a skateboarder jumps");
+    // A caption that ends at once is empty, whatever follows its end.
+    assert_eq!(ck.vocab.decode(&[bpe.end(), ids[1], ids[2]]), "");
+    assert_eq!(ck.vocab.decode_words(&ids[1..]), words);
+    // The pieces show as themselves; the retriever reads each as the word
+    // it spells.
+    let labels: Vec<String> = ids[1..ids.len() - 1]
+        .iter()
+        .map(|&id| ck.vocab.label(id))
+        .collect();
+    assert_eq!(labels.concat(), "a skateboarder jumps");
+    assert_eq!(ck.vocab.spelled(ids[1]), "a");
+    assert_eq!(ck.vocab.spelled(bpe.end()), SPECIALS[2]);
+    assert!(!ck.vocab.has_alternatives());
+}
+
+/// The decoder's final layer norm's scale: a tensor every objective trains.
+fn ln_f(b: &CpuBackend, ck: &Checkpoint<CpuBackend>) -> Vec<f32> {
+    let p = &ck.model.params;
+    let at = p
+        .specs
+        .iter()
+        .position(|s| s.name == "decoder.ln_f.weight")
+        .unwrap();
+    b.to_vec(&p.values[at])
+}
+
+#[test]
+fn every_objective_trains_a_gpt2_captioner() {
+    let b = CpuBackend::new();
+    let data = tiny_data();
+    for info in objectives::OBJECTIVES {
+        let config = gpt2_run(info.name);
+        let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
+        let before = ln_f(&b, &ck);
+        let mut retriever = tiny_retriever(&b, &data, 8);
+        let name = format!("gpt2-objective-{}", info.name);
+        let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, &name, Some(&mut retriever));
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            trainer
+                .train_batch(&b, |e| {
+                    if let Event::Log(line) = e {
+                        losses.push(line.values["loss"]);
+                    }
+                    Flow::Continue
+                })
+                .unwrap();
+        }
+        trainer.save(&b, &dir.join("gpt2.safetensors")).unwrap();
+        drop(trainer);
+        assert_eq!(losses.len(), 3, "{}: a log line per step", info.name);
+        assert!(
+            losses.iter().all(|l| l.is_finite()),
+            "{}: losses {losses:?}",
+            info.name
+        );
+        assert_ne!(before, ln_f(&b, &ck), "{}: the decoder learns", info.name);
+        let loaded = Checkpoint::load(&b, &dir.join("gpt2.safetensors")).unwrap();
+        assert!(matches!(loaded.vocab, CaptionVocab::Pieces(_)));
+        assert_eq!(
+            loaded.vocab, ck.vocab,
+            "{}: the tokenizer comes back",
+            info.name
+        );
+        assert_eq!(loaded.model.config, ck.model.config);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
