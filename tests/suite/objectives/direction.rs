@@ -116,12 +116,10 @@ fn all_series(
     let path = captune::cache::shapes_retriever().unwrap();
     let trained = RetrieverCheckpoint::load(&b, &path, 16).unwrap();
     let mut retriever = FrozenRetriever::from_checkpoint(&b, trained).unwrap();
-    // Tests run at once: the folder names the test too.
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("direction")
-        .to_string();
-    let name = format!("{test}-{}-{flipped}", config.train.objective);
+    // Runs go on at once (tests, and the cases of one): each its own folder.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("direction-{run}-{}-{flipped}", config.train.objective);
     let (mut trainer, dir) = new_run(&b, &mut ck, data, config, &name, Some(&mut retriever));
     if flipped {
         let vocab = start.vocab.len();
@@ -275,9 +273,10 @@ fn every_objective_raises_what_it_rewards_and_not_with_its_sign_flipped() {
         ),
         ("clip-relevance", vec![], 2e-3, "cosine", 1.0),
     ];
-    let mut failures = Vec::new();
-    for (objective, settings, lr, watched, sign) in cases {
-        let c = config(objective, &settings, lr, 10);
+    // Each case trained and flipped; the cases run two at a time, since
+    // this tiny captioner's steps keep one core busy, not two.
+    let case = |(objective, settings, lr, watched, sign): &Case| {
+        let c = config(objective, settings, *lr, 10);
         let what = format!("{objective} {settings:?}: {watched}");
         let s = series(&start, &data, &c, watched, false);
         let trained = sign * change(&s);
@@ -286,11 +285,24 @@ fn every_objective_raises_what_it_rewards_and_not_with_its_sign_flipped() {
             "{what}: {trained:+.4} trained, {flipped:+.4} flipped (from {})",
             s[0]
         );
-        if !(trained > 0.0 && flipped < trained && flipped <= 0.0) {
-            failures.push(format!(
-                "{what}: {trained:+.4} trained, {flipped:+.4} flipped"
-            ));
-        }
-    }
+        (!(trained > 0.0 && flipped < trained && flipped <= 0.0))
+            .then(|| format!("{what}: {trained:+.4} trained, {flipped:+.4} flipped"))
+    };
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut failed = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(c) = cases.get(i) else { break failed };
+                        failed.extend(case(c));
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
     assert!(failures.is_empty(), "{failures:#?}");
 }
