@@ -1236,10 +1236,32 @@ fn scoring_needs_only_references(
     assert!(one["div1"].is_null(), "{one}");
     let five = score(sample_results);
     assert_eq!(five["captions_per_image"], 5, "{five}");
-    for key in ["div1", "div2", "mbleu4", "CIDEr-D"] {
+    assert!(five["CIDEr-D"].is_number(), "{five}");
+    // The diversity of each image's five captions, as the file gives them.
+    let written: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(sample_results).unwrap()).unwrap();
+    let mut sets: Vec<(String, Vec<Vec<String>>)> = Vec::new();
+    for r in &written {
+        let id = r["image_id"].to_string();
+        let words = r["caption"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .map(String::from)
+            .collect();
+        match sets.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, set)) => set.push(words),
+            None => sets.push((id, vec![words])),
+        }
+    }
+    let sets: Vec<Vec<Vec<String>>> = sets.into_iter().map(|(_, set)| set).collect();
+    assert!(sets.len() == 16 && sets.iter().all(|s| s.len() == 5));
+    let d = captune::metrics::diversity::diversity(&sets);
+    for (key, want) in [("div1", d.div1), ("div2", d.div2), ("mbleu4", d.mbleu4)] {
+        let got = five[key].as_f64().unwrap();
         assert!(
-            five[key].is_number(),
-            "score of sample:5 results lacks {key}: {five}"
+            (got - want).abs() < 1e-9,
+            "{key}: score {got}, recomputed {want}"
         );
     }
 }

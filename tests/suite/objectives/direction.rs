@@ -302,7 +302,10 @@ fn every_objective_raises_what_it_rewards_and_not_with_its_sign_flipped() {
                 })
             })
             .collect();
-        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap())
+            .collect()
     });
     assert!(failures.is_empty(), "{failures:#?}");
 }
