@@ -112,7 +112,8 @@ mod tests {
         let opposite = [at(0.6f64.acos() + (-0.9f64).acos())];
         let opposite: Vec<&[f32]> = opposite.iter().map(Vec::as_slice).collect();
         assert_eq!(ref_clip_s(1.5, &caption, &opposite), 0.0);
-        assert_eq!(ref_clip_s(0.0, &away, &opposite), 0.0);
+        // Both sides 0: 0, not 0 / 0.
+        assert_eq!(ref_clip_s(0.0, &caption, &opposite), 0.0);
     }
 
     #[test]

@@ -849,6 +849,21 @@ fn captioner_commands(
     // A hard negative already drawn counts once.
     assert!((8.0..=10.0).contains(&candidates), "{e}");
     common::assert_discritune_explanation(e);
+    // Among 4 candidates all are shown, and their probabilities are the
+    // whole softmax the reward is the log of.
+    let few = inspect(&[
+        "--objective",
+        "discritune",
+        "--hard-negatives",
+        "0",
+        "--candidates",
+        "4",
+        "--json",
+    ]);
+    assert!(few.status.success(), "{}", text(&few.stderr));
+    let few: serde_json::Value = serde_json::from_slice(&few.stdout).unwrap();
+    assert_eq!(few["explanation"]["figures"]["candidates"], 4.0, "{few}");
+    common::assert_discritune_explanation(&few["explanation"]);
     if let Some(own) = e["compared_with"]
         .as_array()
         .unwrap()
@@ -1373,9 +1388,6 @@ fn features_must_be_the_captioners(
     );
 }
 
-/// pycocotools' `loadRes` accepts `eval`'s results file and pycocoevalcap
-/// scores it as captune did (scripts/coco_interop.py). Skipped, with a
-/// line saying so, where pycocoevalcap is not installed.
 /// eval's length, lexical diversity and fact metrics are those of the
 /// captions it wrote (`results`), on the scenes of the shapes world's
 /// split file: each caption's facts checked against its own image.
@@ -1428,6 +1440,9 @@ fn assert_caption_metrics(
     }
 }
 
+/// pycocotools' `loadRes` accepts `eval`'s results file and pycocoevalcap
+/// scores it as captune did (scripts/coco_interop.py). Skipped, with a
+/// line saying so, where pycocoevalcap is not installed.
 fn coco_tools_accept(
     look: &std::path::Path,
     results: &std::path::Path,

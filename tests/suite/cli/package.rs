@@ -55,7 +55,7 @@ fn rename_binary(manifest: &Path) {
     assert_eq!(
         text.matches(target).count(),
         1,
-        "{}: no one binary target named captune:\n{text}",
+        "{}: expected exactly one `[[bin]] name = \"captune\"`:\n{text}",
         manifest.display()
     );
     let renamed = text.replace(target, &format!("[[bin]]\nname = \"{PACKAGED_BINARY}\"\n"));
@@ -111,15 +111,10 @@ fn the_packaged_crate_installs_and_runs_the_demo_from_an_empty_folder() {
         cargo()
             .args(["install", "--debug", "--locked", "--offline", "--path"])
             .arg(&unpacked)
-            // The crate itself unoptimised: it compiles in a third of the
-            // time, and the demo here is small. The dependencies keep the
+            // The crate itself unoptimised (this test then takes a quarter
+            // of the time; its demo is small). The dependencies keep the
             // profile's settings, and so their builds.
-            .args([
-                "--config",
-                "profile.dev.opt-level=0",
-                "--config",
-                "profile.dev.debug=false",
-            ])
+            .args(["--config", "profile.dev.opt-level=0"])
             .arg("--root")
             .arg(&root)
             .env("CARGO_TARGET_DIR", &target),

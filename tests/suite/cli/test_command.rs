@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The tools the script uses, taken from the real PATH.
-const TOOLS: [&str; 15] = [
-    "bash", "mktemp", "sort", "cut", "grep", "awk", "tee", "sed", "uname", "dirname", "basename",
-    "rm", "cat", "env", "date",
+const TOOLS: [&str; 14] = [
+    "bash", "mktemp", "sort", "grep", "awk", "tee", "sed", "uname", "dirname", "basename", "rm",
+    "cat", "env", "date",
 ];
 
 fn script(dir: &Path, name: &str, body: &str) {
@@ -56,9 +56,14 @@ fn stand_ins(dir: &Path, log: &Path) -> PathBuf {
 }
 
 fn run(bin: &Path) -> (bool, String) {
+    run_with(bin, &["--no-run"])
+}
+
+/// The script with `args`, from the stand-ins' PATH alone.
+fn run_with(bin: &Path, args: &[&str]) -> (bool, String) {
     let out = Command::new(bin.join("bash"))
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test.sh"))
-        .arg("--no-run")
+        .args(args)
         .env_clear()
         .env("PATH", bin)
         .env("HOME", bin)
@@ -96,7 +101,7 @@ fn without_root_or_sudo_it_prints_the_apt_line_and_goes_on_with_skips() {
     let log = std::fs::read_to_string(&log).unwrap();
     assert!(!log.contains("apt-get without root"), "{log}");
     assert!(
-        log.contains("cargo test --locked --no-run window=1"),
+        log.contains("cargo test --locked --no-fail-fast --no-run window=1"),
         "{log}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
@@ -127,8 +132,69 @@ fn with_sudo_it_installs_through_sudo() {
     assert!(log.contains("apt-get install -y -qq chromium"), "{log}");
     // Installed, so the window test is not told to skip.
     assert!(
-        log.contains("cargo test --locked --no-run window=\n"),
+        log.contains("cargo test --locked --no-fail-fast --no-run window=\n"),
         "{log}"
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Without arguments (as CI runs it): the build, the unit tests, each
+/// area of tests/suite on its own with its filter, whatever lies outside
+/// the areas, the fuzz and the doc tests, each timed, and one summary
+/// over them all.
+#[test]
+fn without_arguments_it_runs_and_times_each_area() {
+    let dir = scratch("areas");
+    let log = dir.join("log");
+    let bin = stand_ins(&dir, &log);
+    script(&bin, "sudo", "true");
+    let (ok, text) = run_with(&bin, &[]);
+    assert!(ok, "{text}");
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite");
+    let mut areas: Vec<String> = std::fs::read_dir(&suite)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.path().is_dir() && e.file_name() != "common")
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    areas.sort();
+    assert!(areas.len() >= 8, "{areas:?}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let calls: Vec<&str> = log.lines().filter(|l| l.starts_with("cargo ")).collect();
+    let mut want = vec![
+        "cargo test --locked --no-fail-fast --no-run".to_string(),
+        "cargo test --locked --no-fail-fast --lib --bins".to_string(),
+    ];
+    for area in &areas {
+        want.push(format!(
+            "cargo test --locked --no-fail-fast --test suite -- {area}::"
+        ));
+    }
+    let skips: Vec<String> = areas.iter().map(|a| format!("--skip {a}::")).collect();
+    want.push(format!(
+        "cargo test --locked --no-fail-fast --test suite -- {}",
+        skips.join(" ")
+    ));
+    want.push("cargo test --locked --no-fail-fast --test fuzz_loaders".to_string());
+    want.push("cargo test --locked --no-fail-fast --doc".to_string());
+    let got: Vec<&str> = calls
+        .iter()
+        .map(|c| c.split(" window=").next().unwrap())
+        .collect();
+    assert_eq!(got, want, "{log}");
+    // Each step timed, and every step's one passing test summed.
+    for label in areas
+        .iter()
+        .map(String::as_str)
+        .chain(["build", "unit", "fuzz", "doc"])
+    {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start().starts_with(label) && l.ends_with(" s")),
+            "no time for {label}: {text}"
+        );
+    }
+    let summary = format!("summary: {} passed, 0 failed, 0 skipped", want.len());
+    assert!(text.contains(&summary), "{summary}: {text}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

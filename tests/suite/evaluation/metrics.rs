@@ -200,8 +200,9 @@ fn metrics_equal_pycocoevalcap_on_brevity_tied_lengths_and_repeats() {
         }
     }
     // The cases reach the branches they are for: a brevity penalty on
-    // the first corpus, and none on the tied one (whose candidates match
-    // their shorter reference's words, so a penalty would show).
+    // the first corpus, and none on the tied one (its first candidate's
+    // words all appear in its references, so its BLEU-1 is 1 unless a
+    // penalty applies).
     let brevity = &expected["corpora"]["brevity"]["bleu"][0];
     assert!(brevity.as_f64().unwrap() < 0.5, "{brevity}");
     let tied = &expected["corpora"]["tied_lengths"]["sentence_bleu"][0][0];

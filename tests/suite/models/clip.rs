@@ -625,7 +625,12 @@ fn a_clip_serves_as_the_retriever_of_every_command() {
             metrics[key].as_f64().unwrap(),
             scores[key].as_f64().unwrap(),
         );
-        assert!((e - s).abs() < 1e-9, "{key}: eval {e}, score {s}");
+        // eval's image embeddings come from the cache, computed in other
+        // batches than score's: equal to rounding.
+        assert!(
+            (e - s).abs() <= 1e-6 * s.abs(),
+            "{key}: eval {e}, score {s}"
+        );
     }
     let image = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images/wide.png");
     let out = captune(

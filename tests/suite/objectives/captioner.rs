@@ -495,14 +495,6 @@ fn a_transformer_mapper_comes_from_the_run_config() {
     let b = CpuBackend::new();
     let model = Captioner::new(&b, config, 0).unwrap();
     assert_eq!(config.parameter_count(), model.params.count() as u128);
-    let spec_decays = |m: &Captioner<CpuBackend>, name: &str| {
-        m.params
-            .specs
-            .iter()
-            .find(|s| s.name == name)
-            .unwrap()
-            .decay
-    };
     let names: Vec<&str> = model.params.specs.iter().map(|s| s.name.as_str()).collect();
     for name in [
         "mapper.linear.weight",
@@ -554,16 +546,6 @@ fn a_transformer_mapper_comes_from_the_run_config() {
             0.0,
         );
     }
-    assert!(
-        decayed.params.specs.iter().any(|s| s.decay) && !spec_decays(&decayed, "mapper.constants"),
-        "{:?}",
-        decayed
-            .params
-            .specs
-            .iter()
-            .map(|s| (&s.name, s.decay))
-            .collect::<Vec<_>>()
-    );
     let json = serde_json::to_string(&config).unwrap();
     assert_eq!(
         serde_json::from_str::<CaptionerConfig>(&json).unwrap(),

@@ -116,10 +116,7 @@ fn all_series(
     let path = captune::cache::shapes_retriever().unwrap();
     let trained = RetrieverCheckpoint::load(&b, &path, 16).unwrap();
     let mut retriever = FrozenRetriever::from_checkpoint(&b, trained).unwrap();
-    // Runs go on at once (tests, and the cases of one): each its own folder.
-    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let name = format!("direction-{run}-{}-{flipped}", config.train.objective);
+    let name = format!("direction-{}-{flipped}", config.train.objective);
     let (mut trainer, dir) = new_run(&b, &mut ck, data, config, &name, Some(&mut retriever));
     if flipped {
         let vocab = start.vocab.len();
@@ -291,15 +288,23 @@ fn every_objective_raises_what_it_rewards_and_not_with_its_sign_flipped() {
     let next = std::sync::atomic::AtomicUsize::new(0);
     let failures: Vec<String> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..2)
-            .map(|_| {
-                scope.spawn(|| {
-                    let mut failed = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(c) = cases.get(i) else { break failed };
-                        failed.extend(case(c));
-                    }
-                })
+            .map(|w| {
+                // Named, so that a panic says which test it is in.
+                let name = format!(
+                    "{}-{w}",
+                    std::thread::current().name().unwrap_or("direction")
+                );
+                std::thread::Builder::new()
+                    .name(name)
+                    .spawn_scoped(scope, || {
+                        let mut failed = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(c) = cases.get(i) else { break failed };
+                            failed.extend(case(c));
+                        }
+                    })
+                    .unwrap()
             })
             .collect();
         workers
