@@ -218,6 +218,20 @@ fn ablation_plans_random_and_reverse_subsets() {
         5,
         "each real row after step 0 draws its own subset"
     );
+    // With more words than that, each subset is the ablation's 10 ids.
+    let words: Vec<String> = (0..30).map(|i| format!("w{i}")).collect();
+    let large = CaptionVocab::from_words(words);
+    let plan = token::plan(
+        ObjectiveKind::SmileRandom,
+        FirstToken::Mle,
+        &large,
+        &tiny_config(large.len()),
+        &TARGETS,
+        STEPS,
+        &mut rng,
+    );
+    assert!(!plan.subsets.is_empty());
+    assert!(plan.subsets.iter().all(|s| s.len() == 10), "{:?}", plan.subsets);
 
     let reverse = token::plan(
         ObjectiveKind::SmileReverse,
