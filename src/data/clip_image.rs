@@ -251,3 +251,68 @@ fn resize_bicubic(rgb: &[u8], w: usize, h: usize, new_w: usize, new_h: usize) ->
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ClipImageProcessor;
+
+    /// An image whose every byte says where it is: (x, y, x + y) mod 256.
+    fn positions(w: u32, h: u32) -> image::RgbImage {
+        image::RgbImage::from_fn(w, h, |x, y| image::Rgb([x as u8, y as u8, (x + y) as u8]))
+    }
+
+    #[test]
+    fn the_crop_is_centred_with_its_offset_rounded_down_on_either_orientation() {
+        // Mean 0 and std 1/255 give the bytes back.
+        let p = ClipImageProcessor {
+            size: 40,
+            crop: 32,
+            mean: [0.0; 3],
+            std: [1.0 / 255.0; 3],
+        };
+        // The shortest side already 40: no filtering, only the crop, whose
+        // offsets (61 - 32) / 2 = 14 and (40 - 32) / 2 = 4 round down.
+        for (w, h, left, top) in [(40, 61, 4, 14), (61, 40, 14, 4), (40, 40, 4, 4)] {
+            let out = p.pixels(&positions(w, h));
+            assert_eq!(out.len(), 3 * 32 * 32);
+            for (y, x) in [(0, 0), (0, 31), (31, 0), (17, 9)] {
+                let at = |c: usize| out[(c * 32 + y) * 32 + x].round() as u32;
+                let (sx, sy) = ((left + x) as u32, (top + y) as u32);
+                assert_eq!(
+                    [at(0), at(1), at(2)],
+                    [sx, sy, (sx + sy) % 256],
+                    "{w}x{h}: pixel ({x}, {y})"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_shortest_side_is_resized_and_the_other_rounded_down() {
+        // The shortest side to 40 and the other in proportion, rounded
+        // down; the 40-wide crop then keeps the whole width.
+        let p = ClipImageProcessor {
+            size: 40,
+            crop: 40,
+            mean: [0.0; 3],
+            std: [1.0 / 255.0; 3],
+        };
+        let flat = image::RgbImage::from_pixel(50, 75, image::Rgb([200, 100, 50]));
+        let out = p.pixels(&flat);
+        // A flat image stays flat under any resampling.
+        assert!(
+            out.chunks(40 * 40)
+                .zip([200.0, 100.0, 50.0])
+                .all(|(plane, v)| plane.iter().all(|&x| (x - v).abs() < 1e-3))
+        );
+        // 77 / 50 x 40 = 61.6: 61 rows, so the crop starts at row
+        // (61 - 40) / 2 = 10, rounded down.
+        let tall = positions(50, 77);
+        let cropped = p.pixels(&tall);
+        let resized = super::resize_bicubic(tall.as_raw(), 50, 77, 40, 61);
+        for y in [0, 20, 39] {
+            let want = f32::from(resized[((10 + y) * 40 + 7) * 3]);
+            assert!((cropped[y * 40 + 7] - want).abs() < 1e-3, "row {y}");
+        }
+    }
+}

@@ -231,7 +231,11 @@ fn ablation_plans_random_and_reverse_subsets() {
         &mut rng,
     );
     assert!(!plan.subsets.is_empty());
-    assert!(plan.subsets.iter().all(|s| s.len() == 10), "{:?}", plan.subsets);
+    assert!(
+        plan.subsets.iter().all(|s| s.len() == 10),
+        "{:?}",
+        plan.subsets
+    );
 
     let reverse = token::plan(
         ObjectiveKind::SmileReverse,
