@@ -268,7 +268,9 @@ mod tests {
         });
         assert_eq!(g.observe(1, &line(&[("cosine", 0.6)])), None);
         assert_eq!(g.observe(2, &line(&[("cosine", 0.31)])), None);
-        assert!(g.observe(3, &line(&[("cosine", 0.29)])).is_some());
+        // Exactly half (0.3f32 is half of 0.6f32) is not below it.
+        assert_eq!(g.observe(3, &line(&[("cosine", 0.3)])), None);
+        assert!(g.observe(4, &line(&[("cosine", 0.29)])).is_some());
     }
 
     #[test]
