@@ -11,7 +11,7 @@ F is the features file the run's image embeddings came from (tensor
 `embeddings`, metadata `image_ids`). Greedy decoding as captune's: the
 mapper's prefix, then the start id; at each step the highest logit among
 the ids the generation config does not suppress, until the end id or
-n_positions - prefix_len ids.
+captune_caption_positions ids.
 """
 import argparse
 import json
@@ -70,7 +70,7 @@ def main():
     ids = json.loads(features.metadata()["image_ids"])
     embeddings = F.normalize(features.get_tensor("embeddings").double(), dim=1)
     row = {str(i): r for r, i in enumerate(ids)}
-    steps = model.config.n_positions - k
+    steps = model.config.captune_caption_positions
     suppressed = list(generation.suppress_tokens or [])
 
     results = json.load(open(a.results))[: a.limit]

@@ -14,6 +14,11 @@
 //! transformers' `generate` never chooses them either; a GPT-2's padding
 //! row, which captune added after GPT-2's ids, is left out, so the
 //! folder is a GPT-2 of its original vocabulary again.
+//!
+//! A decoder that came from a GPT-2 folder, given that folder, is written
+//! as that GPT-2 with what training changed: its `config.json` as it was
+//! (every field kept), its generation config, and the position rows past
+//! the captioner's positions, which training never reads.
 
 use super::model::is_mapper_param;
 use super::{CaptionVocab, CaptionerConfig, Checkpoint};
@@ -31,8 +36,9 @@ use std::path::Path;
 /// The mapper's file in an export.
 pub const MAPPER_FILE: &str = "mapper.safetensors";
 
-/// Writes `ck` into the folder `out` (created; files in it are replaced).
-pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
+/// Writes `ck` into the folder `out` (created; files in it are replaced);
+/// `base` is the GPT-2 folder its decoder came from, if any.
+pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Path>) -> Result<()> {
     let model = &ck.model;
     let c = model.config;
     let d = c.decoder;
@@ -40,6 +46,10 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
     let (exported_ids, pad) = match &ck.vocab {
         CaptionVocab::Words(_) => (c.vocab_size, Some(c.specials.pad)),
         CaptionVocab::Pieces(_) => (c.vocab_size - 1, None),
+    };
+    let base = match base {
+        Some(dir) => Some(Base::read(dir, &c, exported_ids)?),
+        None => None,
     };
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut decoder: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
@@ -57,13 +67,18 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         let Some(theirs) = gpt2::gpt2_name(ours) else {
             bail!("{}: GPT-2 has no such tensor", spec.name);
         };
-        let (shape, data) = if ours == "tokens" {
-            (
+        let (shape, data) = match (ours, &base) {
+            ("tokens", _) => (
                 vec![exported_ids, d.width],
                 data[..exported_ids * d.width].to_vec(),
-            )
-        } else {
-            (spec.shape.clone(), data)
+            ),
+            // The trained rows, then the GPT-2's own past them.
+            ("positions", Some(base)) => {
+                let mut rows = data;
+                rows.extend_from_slice(&base.positions.data[rows.len()..]);
+                (base.positions.shape.clone(), rows)
+            }
+            _ => (spec.shape.clone(), data),
         };
         decoder.push((theirs, shape, data));
     }
@@ -82,7 +97,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         .map(|(key, value)| (key.to_string(), value))
         .collect();
     write(MAPPER_FILE, &mapper, mapper_meta)?;
-    let config = json!({
+    let mut config = json!({
         "model_type": "gpt2",
         "architectures": ["GPT2LMHeadModel"],
         "vocab_size": exported_ids,
@@ -97,14 +112,21 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
         "bos_token_id": s.start,
         "eos_token_id": s.end,
         "pad_token_id": pad,
-        "captune_prefix_len": c.prefix_len,
     });
-    let generation = json!({
+    let mut generation = json!({
         "bos_token_id": s.start,
         "eos_token_id": s.end,
         "pad_token_id": pad,
         "suppress_tokens": s.masked_distinct().into_iter().filter(|&id| (id as usize) < exported_ids).collect::<Vec<_>>(),
     });
+    if let Some(base) = base {
+        config = base.config;
+        generation = base.generation.unwrap_or(generation);
+    }
+    // Where the prefix ends and how many positions a caption may take,
+    // which n_positions no longer says when the GPT-2's are kept.
+    config["captune_prefix_len"] = json!(c.prefix_len);
+    config["captune_caption_positions"] = json!(c.token_positions());
     write_json(out, "config.json", &config)?;
     write_json(out, "generation_config.json", &generation)?;
     match &ck.vocab {
@@ -119,6 +141,70 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path) -> Result<()> {
             });
             write_json(out, "tokenizer_config.json", &config)
         }
+    }
+}
+
+/// What an export keeps of the GPT-2 folder a decoder came from.
+struct Base {
+    /// Its `config.json`, every field as written.
+    config: serde_json::Value,
+    /// Its `generation_config.json`, where it has one.
+    generation: Option<serde_json::Value>,
+    /// Its whole position table, `[n_positions, width]`.
+    positions: tensorfile::Tensor,
+}
+
+impl Base {
+    /// Reads `dir`, which must be a GPT-2 of the checkpoint's shape.
+    fn read(dir: &Path, c: &CaptionerConfig, vocab: usize) -> Result<Base> {
+        let mut gpt2 = gpt2::read(dir, "decoder")?;
+        let g = &gpt2.config;
+        let config_path = dir.join("config.json");
+        let d = c.decoder;
+        for (field, theirs, ours) in [
+            ("vocab_size", g.vocab_size, vocab),
+            ("n_embd", g.n_embd, d.width),
+            ("n_layer", g.n_layer, d.layers),
+            ("n_head", g.n_head, d.heads),
+        ] {
+            if theirs != ours {
+                bail!(
+                    "{}: {field} is {theirs} but the captioner's is {ours}: this is not the GPT-2 \
+                     its decoder came from",
+                    config_path.display()
+                );
+            }
+        }
+        if g.n_positions < c.seq_len() {
+            bail!(
+                "{}: n_positions is {} but the captioner uses {}: this is not the GPT-2 its \
+                 decoder came from",
+                config_path.display(),
+                g.n_positions,
+                c.seq_len()
+            );
+        }
+        let read_json = |path: &Path| -> Result<serde_json::Value> {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: malformed JSON", path.display()))
+        };
+        let generation_path = dir.join("generation_config.json");
+        let generation = match generation_path.is_file() {
+            true => Some(read_json(&generation_path)?),
+            false => None,
+        };
+        let positions = gpt2
+            .weights
+            .tensors
+            .remove("decoder.positions")
+            .expect("gpt2::read gives the positions");
+        Ok(Base {
+            config: read_json(&config_path)?,
+            generation,
+            positions,
+        })
     }
 }
 

@@ -1,9 +1,10 @@
 //! `captune export`: a captioner as a Hugging Face folder.
 
 use super::check_new_output;
-use anyhow::Result;
+use anyhow::{Result, bail};
+use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::RunFolder;
-use captune::captioner::{Checkpoint, export};
+use captune::captioner::{CaptionVocab, Checkpoint, export};
 use captune::cpu::CpuBackend;
 use std::path::PathBuf;
 
@@ -17,6 +18,11 @@ pub struct ExportArgs {
     /// mapper in mapper.safetensors.
     #[arg(long, value_name = "OUT")]
     pub hf: PathBuf,
+    /// The GPT-2 folder the captioner's decoder came from (default: the
+    /// run's own `decoder = "hf:FOLDER"`): the export keeps its config and
+    /// its positions past the captioner's.
+    #[arg(long, value_name = "hf:FOLDER")]
+    pub decoder: Option<String>,
     /// Replace --hf if it exists.
     #[arg(long)]
     pub overwrite: bool,
@@ -31,11 +37,53 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     };
     let b = CpuBackend::new();
     let ck = Checkpoint::load(&b, &path)?;
-    export::to_hf(&b, &ck, &args.hf)?;
+    let base = base_folder(args, &ck)?;
+    export::to_hf(&b, &ck, &args.hf, base.as_deref())?;
     eprintln!(
         "exported {} to {} (docs/checkpoints.md, \"Export to transformers\")",
         path.display(),
         args.hf.display()
     );
     Ok(())
+}
+
+/// The GPT-2 folder a GPT-2 captioner's decoder came from: `--decoder`,
+/// else the run's record of it where that folder is still there. Without
+/// one the export is the captioner alone (its positions only), and says so.
+fn base_folder(args: &ExportArgs, ck: &Checkpoint<CpuBackend>) -> Result<Option<PathBuf>> {
+    if let Some(spec) = &args.decoder {
+        let Some(dir) = spec.strip_prefix("hf:").filter(|d| !d.is_empty()) else {
+            bail!("--decoder {spec:?}: name the GPT-2 folder as hf:PATH");
+        };
+        if !matches!(ck.vocab, CaptionVocab::Pieces(_)) {
+            bail!(
+                "--decoder {spec}: {} has a word vocabulary, so its decoder came from no GPT-2",
+                args.run.display()
+            );
+        }
+        return Ok(Some(PathBuf::from(dir)));
+    }
+    if !matches!(ck.vocab, CaptionVocab::Pieces(_)) {
+        return Ok(None);
+    }
+    let config = RunFolder::new(&args.run).config();
+    let recorded = match args.run.is_dir() && config.is_file() {
+        true => RunConfig::load(&config)?.model.decoder_folder()?,
+        false => None,
+    };
+    match recorded {
+        Some(dir) if dir.join("config.json").is_file() => Ok(Some(dir)),
+        recorded => {
+            let which = recorded.map_or("no record of it here".to_string(), |d| {
+                format!("{} is not there", d.display())
+            });
+            eprintln!(
+                "note: the GPT-2 folder this decoder came from is not known ({which}): the export \
+                 holds the captioner's {} positions only and a config of its own; pass \
+                 --decoder hf:FOLDER to keep the GPT-2's",
+                ck.model.config.seq_len()
+            );
+            Ok(None)
+        }
+    }
 }

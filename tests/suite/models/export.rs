@@ -51,7 +51,7 @@ fn an_export_reads_back_as_the_same_gpt2_mapper_and_vocabulary() {
     std::fs::create_dir_all(&dir).unwrap();
     let ck = saved_checkpoint(&b, &dir.join("checkpoint.safetensors"));
     let out = dir.join("hf");
-    export::to_hf(&b, &ck, &out).unwrap();
+    export::to_hf(&b, &ck, &out, None).unwrap();
 
     let read = gpt2::read(&out, "decoder").unwrap();
     let c = ck.model.config;
@@ -183,7 +183,7 @@ fn gpt2_round_trip(mapper: Option<MapperTransformer>, name: &str) -> PathBuf {
     };
     let ck = pretrained::from_folder(&b, &gpt2_dir, shape, 5).unwrap();
     let out = temp(name);
-    export::to_hf(&b, &ck, &out).unwrap();
+    export::to_hf(&b, &ck, &out, None).unwrap();
     let original = std::fs::read(gpt2_dir.join("tokenizer.json")).unwrap();
     assert_eq!(std::fs::read(out.join("tokenizer.json")).unwrap(), original);
     let read = gpt2::read(&out, "decoder").unwrap();
@@ -209,4 +209,174 @@ fn gpt2_round_trip(mapper: Option<MapperTransformer>, name: &str) -> PathBuf {
     let e = format!("{e:#}");
     assert!(e.contains("mapper_hidden is 16 but the run's is 32"), "{e}");
     out
+}
+
+fn gpt2_tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny")
+}
+
+fn json(path: &std::path::Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// Every tensor of two GPT-2 folders, read under captune's names, bit for
+/// bit.
+fn assert_same_gpt2(got: &std::path::Path, want: &std::path::Path) {
+    let (got, want) = (
+        gpt2::read(got, "d").unwrap(),
+        gpt2::read(want, "d").unwrap(),
+    );
+    assert_eq!(got.weights.tensors.len(), want.weights.tensors.len());
+    for (name, w) in &want.weights.tensors {
+        let g = &got.weights.tensors[name];
+        assert_eq!(g.shape, w.shape, "{name}");
+        let same = g
+            .data
+            .iter()
+            .zip(&w.data)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{name} differs");
+    }
+}
+
+/// A captioner whose decoder came from a GPT-2 (of 32 positions, here
+/// using 21), exported with that folder: the GPT-2 again, whole. Its
+/// config.json is the folder's, every field kept, with captune's prefix
+/// and caption lengths added; its position table has all 32 rows, the
+/// trained ones first; an untrained (or frozen) decoder comes out bit for
+/// bit as it went in. A folder of another shape is refused by name.
+#[test]
+fn a_gpt2_decoder_exports_as_the_whole_gpt2_it_came_from() {
+    let b = CpuBackend::new();
+    let shape = PrefixShape {
+        embed_dim: TINY_DIM,
+        prefix_len: 2,
+        mapper_hidden: 16,
+        mapper_transformer: None,
+        max_len: 20,
+    };
+    let mut ck = pretrained::from_folder(&b, &gpt2_tiny(), shape, 5).unwrap();
+    let out = temp("whole");
+    export::to_hf(&b, &ck, &out, Some(&gpt2_tiny())).unwrap();
+    let mut want = json(&gpt2_tiny().join("config.json"));
+    want["captune_prefix_len"] = 2.into();
+    want["captune_caption_positions"] = 19.into();
+    assert_eq!(json(&out.join("config.json")), want);
+    assert_eq!(
+        json(&out.join("generation_config.json")),
+        json(&gpt2_tiny().join("generation_config.json"))
+    );
+    assert_same_gpt2(&out, &gpt2_tiny());
+
+    // Trained positions are the first rows; the GPT-2's own follow.
+    let at = ck
+        .model
+        .params
+        .specs
+        .iter()
+        .position(|s| s.name == "decoder.positions")
+        .unwrap();
+    let trained: Vec<f32> = random(ck.model.params.values[at].len(), 7);
+    b.write(&mut ck.model.params.values[at], &trained);
+    export::to_hf(&b, &ck, &out, Some(&gpt2_tiny())).unwrap();
+    let (got, original) = (
+        gpt2::read(&out, "d").unwrap(),
+        gpt2::read(&gpt2_tiny(), "d").unwrap(),
+    );
+    let rows = &got.weights.tensors["d.positions"];
+    assert_eq!(rows.shape, [32, 32]);
+    assert_eq!(&rows.data[..trained.len()], trained.as_slice());
+    assert_eq!(
+        &rows.data[trained.len()..],
+        &original.weights.tensors["d.positions"].data[trained.len()..]
+    );
+    // Without the folder: the captioner's 21 positions and a config of its own.
+    export::to_hf(&b, &ck, &out, None).unwrap();
+    let alone = json(&out.join("config.json"));
+    assert_eq!(
+        (alone["n_positions"].as_u64(), alone.get("attn_pdrop")),
+        (Some(21), None)
+    );
+    assert_eq!(alone["captune_caption_positions"], 19);
+
+    // Another GPT-2 is refused, naming its config and the field.
+    let other = temp("other-gpt2");
+    std::fs::create_dir_all(&other).unwrap();
+    for file in [
+        "model.safetensors",
+        "tokenizer.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(gpt2_tiny().join(file), other.join(file)).unwrap();
+    }
+    let mut config = json(&gpt2_tiny().join("config.json"));
+    config["n_head"] = 8.into();
+    std::fs::write(other.join("config.json"), config.to_string()).unwrap();
+    let e = export::to_hf(&b, &ck, &out, Some(&other)).err().unwrap();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("config.json") && e.contains("n_head is 8"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+    std::fs::remove_dir_all(&other).unwrap();
+}
+
+/// As a user meets it: `captune train --decoder hf:GPT2 --freeze-decoder`,
+/// then `captune export RUN --hf OUT`, which finds the GPT-2 in the run's
+/// record: the export's decoder is that GPT-2, bit for bit, with its
+/// config. Given no folder and none recorded, it says what it leaves out.
+#[test]
+fn a_frozen_gpt2_run_exports_its_gpt2_bit_for_bit() {
+    let dir = temp("frozen-run");
+    let _ = std::fs::remove_dir_all(&dir);
+    let run = dir.join("run");
+    let decoder = format!("hf:{}", gpt2_tiny().display());
+    let out = Command::new(env!("CARGO_BIN_EXE_captune"))
+        .args([
+            "--device", "cpu", "train", "--preset", "tiny", "--epochs", "1",
+        ])
+        .args(["--decoder", &decoder, "--freeze-decoder", "--out"])
+        .arg(&run)
+        .args(common::TINY_WORLD_ARGS)
+        .env("CAPTUNE_CACHE", dir.join("cache"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let export = |from: &std::path::Path, hf: &std::path::Path| {
+        Command::new(env!("CARGO_BIN_EXE_captune"))
+            .arg("export")
+            .arg(from)
+            .arg("--hf")
+            .arg(hf)
+            .output()
+            .unwrap()
+    };
+    let hf = dir.join("hf");
+    let done = export(&run, &hf);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_same_gpt2(&hf, &gpt2_tiny());
+    let config = json(&hf.join("config.json"));
+    assert_eq!(
+        (
+            config["n_positions"].as_u64(),
+            config["attn_pdrop"].as_f64()
+        ),
+        (Some(32), Some(0.1))
+    );
+    // The checkpoint file alone carries no record of its GPT-2.
+    let alone = dir.join("alone");
+    let done = export(&run.join("checkpoint.safetensors"), &alone);
+    assert!(done.status.success());
+    let note = String::from_utf8_lossy(&done.stderr);
+    assert!(note.contains("--decoder hf:FOLDER"), "{note}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
