@@ -3,7 +3,8 @@
 for the branches that Flickr8k's folds may not reach: a corpus shorter
 than its references (BLEU's brevity penalty), reference lengths tied
 around a candidate's (the shorter one counts), repeated words (clipped
-counts), and the diversity of caption sets (Div-1, Div-2, mBLEU-4).
+counts), an empty reference, and the diversity of caption sets (Div-1,
+Div-2, mBLEU-4).
 
 Captions are already tokenised (lower case, split on spaces), so no
 tokenizer (and no Java) is needed.
@@ -33,6 +34,12 @@ CORPORA = {
     "tied_lengths": [
         ("a red circle left", ["a red circle", "a red circle on left"]),
         ("one small green star at top", ["small green star at top", "a small green star at the top"]),
+    ],
+    # An empty reference (length 0): no brevity penalty, and every
+    # precision the smoothing's 1e-15 over the candidate's n-grams.
+    "empty_reference": [
+        ("a red circle", [""]),
+        ("two squares", ["two squares"]),
     ],
     # Repeated words: matches are clipped at the references' counts.
     "repeats": [
