@@ -6,15 +6,20 @@ same image embeddings gives the captions captune's `eval` gave.
     captune export RUN --hf OUT
     captune eval --checkpoint RUN --results results.json ...
     python3 scripts/check_export.py OUT --features F.safetensors --results results.json
+    python3 scripts/check_export.py OUT --same-as GPT2_FOLDER
 
 F is the features file the run's image embeddings came from (tensor
-`embeddings`, metadata `image_ids`). Greedy decoding as captune's: the
+`embeddings`, metadata `image_ids`). With --same-as, every weight of the
+export equals the GPT-2 folder's bit for bit and its config.json is that
+folder's (plus the captune_* fields): what a decoder trained with
+--freeze-decoder must give. It exits with status 1 on any difference. Greedy decoding as captune's: the
 mapper's prefix, then the start id; at each step the highest logit among
 the ids the generation config does not suppress, until the end id or
 captune_caption_positions ids.
 """
 import argparse
 import json
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -25,14 +30,21 @@ from transformers import GPT2LMHeadModel, GenerationConfig, PreTrainedTokenizerF
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("folder")
-    p.add_argument("--features", required=True)
-    p.add_argument("--results", required=True)
+    p.add_argument("--features")
+    p.add_argument("--results")
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--same-as", help="a GPT-2 folder the export's decoder must equal")
     a = p.parse_args()
+    if bool(a.features) != bool(a.results) or not (a.results or a.same_as):
+        p.error("give --features and --results, or --same-as, or all three")
 
     model, info = GPT2LMHeadModel.from_pretrained(a.folder, output_loading_info=True)
     problems = {k: v for k, v in info.items() if v}
     assert not problems, f"transformers did not load the folder as is: {problems}"
+    if a.same_as:
+        same_as(model, a.folder, a.same_as)
+    if not a.results:
+        return
     model = model.double().eval()
     tokenizer = PreTrainedTokenizerFast.from_pretrained(a.folder)
     generation = GenerationConfig.from_pretrained(a.folder)
@@ -92,6 +104,23 @@ def main():
             if caption != r["caption"]:
                 print(f"image {r['image_id']}: transformers {caption!r}, captune {r['caption']!r}")
     print(f"{same} of {len(results)} captions identical")
+    if same != len(results):
+        sys.exit(1)
+
+
+def same_as(model, export, folder):
+    original = GPT2LMHeadModel.from_pretrained(folder)
+    ours, theirs = model.state_dict(), original.state_dict()
+    assert ours.keys() == theirs.keys(), f"weights differ in name: {ours.keys() ^ theirs.keys()}"
+    changed = [name for name in ours if not torch.equal(ours[name], theirs[name])]
+    assert not changed, f"weights differ from {folder}'s: {changed}"
+    # The config as written, less the fields captune adds (captune_*).
+    config = json.load(open(f"{export}/config.json"))
+    want = json.load(open(f"{folder}/config.json"))
+    config = {k: v for k, v in config.items() if not k.startswith("captune_")}
+    differ = sorted(k for k in config.keys() | want.keys() if config.get(k) != want.get(k))
+    assert not differ, f"config fields differ from {folder}'s: {differ}"
+    print(f"the decoder is {folder}'s, bit for bit: {len(ours)} tensors, config")
 
 
 if __name__ == "__main__":

@@ -291,6 +291,24 @@ pub fn python_with_torch() -> Option<&'static str> {
     Some("python3")
 }
 
+/// `python3` where it imports torch, transformers and safetensors (what
+/// `scripts/check_export.py` needs); otherwise the calling test is marked
+/// skipped and gets `None`.
+pub fn python_with_transformers() -> Option<&'static str> {
+    let found = std::process::Command::new("python3")
+        .args(["-c", "import torch, transformers, safetensors"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !found {
+        skip(
+            "python3 cannot import torch, transformers and safetensors: the check of an export \
+             with transformers needs them (pip install torch transformers safetensors)",
+        );
+        return None;
+    }
+    Some("python3")
+}
+
 /// The repository's `python/` folder, where the PyTorch package and its
 /// tests live.
 pub fn python_dir() -> PathBuf {

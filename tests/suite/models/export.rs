@@ -5,8 +5,10 @@
 //! encodes and decodes captions with the captioner's ids; the generation
 //! config suppresses the ids the policy masks. A GPT-2 captioner's export
 //! starts the same captioner again. The command refuses to replace a
-//! folder unless asked. (scripts/check_export.py checks the same
-//! folder with transformers itself.)
+//! folder unless asked. Where python3 has torch and transformers,
+//! scripts/check_export.py loads a frozen GPT-2 run's export with
+//! transformers itself: no weight missing or left over, every tensor and
+//! the config the original GPT-2's, and eval's captions decoded again.
 
 use crate::common;
 
@@ -372,6 +374,49 @@ fn a_frozen_gpt2_run_exports_its_gpt2_bit_for_bit() {
         ),
         (Some(32), Some(0.1))
     );
+    // transformers itself: the folder loads as it is, its decoder is the
+    // GPT-2's, and it decodes the captions captune's eval gave.
+    if let Some(python) = common::python_with_transformers() {
+        let results = dir.join("results.json");
+        let eval = Command::new(env!("CARGO_BIN_EXE_captune"))
+            .args(["--device", "cpu", "eval", "--checkpoint"])
+            .arg(run.join("checkpoint.safetensors"))
+            .args(["--split", "val", "--results"])
+            .arg(&results)
+            .env("CAPTUNE_CACHE", dir.join("cache"))
+            .output()
+            .unwrap();
+        assert!(
+            eval.status.success(),
+            "{}",
+            String::from_utf8_lossy(&eval.stderr)
+        );
+        let features: Vec<PathBuf> = std::fs::read_dir(dir.join("cache/features"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(features.len(), 1, "{features:?}");
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/check_export.py");
+        let check = Command::new(python)
+            .arg(&script)
+            .arg(&hf)
+            .arg("--same-as")
+            .arg(gpt2_tiny())
+            .arg("--features")
+            .arg(&features[0])
+            .arg("--results")
+            .arg(&results)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&check.stdout);
+        assert!(
+            check.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert!(said.contains("bit for bit"), "{said}");
+        assert!(said.contains("16 of 16 captions identical"), "{said}");
+    }
     // The checkpoint file alone carries no record of its GPT-2.
     let alone = dir.join("alone");
     let done = export(&run.join("checkpoint.safetensors"), &alone);
