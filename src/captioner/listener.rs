@@ -18,9 +18,11 @@ use anyhow::{Result, bail};
 /// a word it does not know; for a CLIP the word's BPE pieces, one or
 /// more. An alternative (SMILE's reserved copy of a word) maps as its
 /// word; a captioner's own BPE piece as the word its text is, without the
-/// space that begins a word, so a word the captioner splits into several
-/// pieces reads as several words. The caption's end maps to the
-/// retriever's end.
+/// space that begins a word. The caption's end maps to the retriever's
+/// end. The relaxed listener needs this map, id by id, to carry a
+/// gradient back to each id; a chosen caption is read whole by
+/// [`read_caption`] instead, so that a word the captioner splits into
+/// several pieces reaches the retriever as one word.
 #[derive(Clone, Debug, PartialEq)]
 pub struct VocabMap {
     pieces: Vec<Vec<u32>>,
@@ -57,31 +59,42 @@ impl VocabMap {
     fn longest(&self) -> usize {
         self.pieces.iter().map(Vec::len).max().unwrap_or(0)
     }
-
-    /// A generated caption (ids up to its end, if any; specials dropped)
-    /// as the retriever reads it: begin, the words' pieces, end, within
-    /// `max_len` (`CaptionReader::encode` of its words). An empty caption
-    /// reads as the retriever reads one.
-    pub fn caption(&self, generated: &[u32], max_len: usize) -> Vec<u32> {
-        let pieces: Vec<u32> = generated
-            .iter()
-            .take_while(|&&id| id != self.specials.end)
-            .filter(|&&id| !self.specials.is_masked(id))
-            .flat_map(|&id| self.pieces(id).iter().copied())
-            .collect();
-        self.framing.frame(pieces, max_len)
-    }
 }
 
-/// The unit text embeddings `[n, embed_dim]` of generated captions.
+/// A generated caption (ids up to its end, if any; specials dropped) as
+/// the retriever reads its words: begin, the words' pieces, end, within
+/// `max_len` (`CaptionReader::encode` of the words rewards read,
+/// `CaptionVocab::decode_words`). An empty caption reads as the retriever
+/// reads one.
+pub fn read_caption(
+    vocab: &CaptionVocab,
+    reader: &CaptionReader,
+    generated: &[u32],
+    max_len: usize,
+) -> Result<Vec<u32>> {
+    let specials = vocab.specials();
+    let kept: Vec<u32> = generated
+        .iter()
+        .take_while(|&&id| id != specials.end)
+        .filter(|&&id| !specials.is_masked(id))
+        .copied()
+        .collect();
+    reader.encode(&vocab.decode_words(&kept), max_len)
+}
+
+/// The unit text embeddings `[n, embed_dim]` of generated captions in
+/// `vocab`, read by `retriever`'s text tower through `reader`.
 pub fn embed_generated<B: Backend>(
     b: &B,
     retriever: &mut Retriever<B>,
-    map: &VocabMap,
+    reader: &CaptionReader,
+    vocab: &CaptionVocab,
     captions: &[&[u32]],
 ) -> Result<Vec<f32>> {
     let max_len = retriever.config.max_len;
-    let ids: Vec<Vec<u32>> = captions.iter().map(|c| map.caption(c, max_len)).collect();
+    let ids = (captions.iter())
+        .map(|c| read_caption(vocab, reader, c, max_len))
+        .collect::<Result<Vec<_>>>()?;
     embed_ids(b, retriever, &ids)
 }
 
@@ -441,7 +454,7 @@ pub fn negative_cosine(images: &[f32], texts: &[f32], dim: usize) -> (f64, Vec<f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+    use crate::data::vocab::{BOS, EOS, PAD, UNK, Vocab};
 
     fn words(list: &[&str]) -> Vec<String> {
         list.iter().map(|w| w.to_string()).collect()
@@ -467,9 +480,37 @@ mod tests {
             .chain([EOS, own.id("a")])
             .collect();
         let tokens: Vec<String> = ["a", "red", "zebra", "circle"].map(String::from).to_vec();
-        assert_eq!(map.caption(&generated, 16), retriever.encode(&tokens, 16));
-        assert_eq!(map.caption(&generated, 4), retriever.encode(&tokens, 4));
-        assert_eq!(map.caption(&[EOS], 16), vec![BOS, UNK, EOS]);
+        let read = |ids: &[u32], max_len| read_caption(&captioner, &reader, ids, max_len).unwrap();
+        assert_eq!(read(&generated, 16), retriever.encode(&tokens, 16));
+        assert_eq!(read(&generated, 4), retriever.encode(&tokens, 4));
+        assert_eq!(read(&[EOS], 16), vec![BOS, UNK, EOS]);
+        // The start and padding are no words; an alternative reads as its word.
+        let alternative = own.id("##red");
+        assert_eq!(
+            read(&[BOS, own.id("a"), PAD, alternative, EOS], 16),
+            retriever.encode(&words(&["a", "red"]), 16)
+        );
+    }
+
+    /// A captioner of BPE pieces (the tiny GPT-2's): a word it writes as
+    /// several pieces reaches the retriever as that one word.
+    #[test]
+    fn a_word_of_several_pieces_reads_as_one_word() {
+        let folder = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+        let bpe = crate::data::bpe::BpeVocab::load(&folder).unwrap();
+        let ids = bpe.len() + 1;
+        let captioner = CaptionVocab::from_tokenizer(bpe, ids).unwrap();
+        let retriever = Vocab::from_words(words(&["a", "striped", "square"]));
+        let reader = CaptionReader::Words(retriever.clone());
+        let caption = words(&["a", "striped", "square"]);
+        let ids = captioner.encode(&caption, 16).unwrap();
+        let split = (ids.iter())
+            .filter(|&&id| captioner.spelled(id) == "striped")
+            .count();
+        assert!(ids.len() > 5 && split == 0, "striped is split: {ids:?}");
+        let read = read_caption(&captioner, &reader, &ids[1..], 16).unwrap();
+        assert_eq!(read, retriever.encode(&caption, 16));
+        assert!(!read.contains(&UNK), "{read:?}");
     }
 
     /// The relaxed listener's layout: each caption's tower ids are
@@ -509,9 +550,6 @@ mod tests {
         // pieces past the slots.
         assert_eq!(l.sequences[2], [100, 30, 31, 32, 33, 34, 35, 101]);
         assert_eq!(l.sequences[3], [100, 101]);
-        for (c, caption) in captions.iter().enumerate() {
-            assert_eq!(l.sequences[c], map.caption(caption, max_len), "caption {c}");
-        }
         for j in 0..slots {
             for (tower, &row) in l.sources[j].iter().enumerate() {
                 if row != NO_ROW {

@@ -114,6 +114,10 @@ mod tests {
         assert_eq!(ref_clip_s(1.5, &caption, &opposite), 0.0);
         // Both sides 0: 0, not 0 / 0.
         assert_eq!(ref_clip_s(0.0, &caption, &opposite), 0.0);
+        // Both sides equal (0.5, exact in binary): their mean is that value.
+        let even = [vec![0.5, 0.75f32.sqrt(), 0.0]];
+        let even: Vec<&[f32]> = even.iter().map(Vec::as_slice).collect();
+        assert_eq!(ref_clip_s(0.5, &image, &even), 0.5);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! Discriminative Finetuning", CVPR 2023): the frozen
 //! retriever is the listener. Each image of the batch gets one caption
 //! (greedy, as in the paper, or one sample), the retriever's text tower
-//! embeds it (through the vocabulary map), and its reward is the log
+//! embeds its words, and its reward is the log
 //! probability, at the retriever's learned scale, that the retriever picks
 //! the caption's own image among the candidates: the batch's images plus,
 //! optionally, the k training images nearest the target by image-embedding
@@ -17,7 +17,7 @@ use crate::backend::Backend;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
 use crate::captioner::explain::{Compared, ExplainContext, Explanation, Figures};
-use crate::captioner::listener::{VocabMap, embed_generated, frozen_retriever};
+use crate::captioner::listener::{embed_generated, frozen_retriever};
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };
@@ -213,7 +213,6 @@ struct StepFigures {
 
 /// What is made on the first step from the run's retriever and corpus.
 struct Listener {
-    map: VocabMap,
     scale: f64,
     neighbours: Option<Neighbours>,
 }
@@ -267,7 +266,6 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             };
             let log_scale = b.to_vec(retriever.model.params.value(retriever.model.log_scale))[0];
             self.listener = Some(Listener {
-                map: VocabMap::new(cx.vocab, &retriever.captions)?,
                 scale: (log_scale as f64).exp(),
                 neighbours,
             });
@@ -288,7 +286,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         };
         let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;
         let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
-        let text = embed_generated(b, &mut retriever.model, &listener.map, &ids)?;
+        let text = embed_generated(b, &mut retriever.model, &retriever.captions, cx.vocab, &ids)?;
         let row = |e: &[f32], i: usize| -> Vec<f32> { e[i * dim..(i + 1) * dim].to_vec() };
         let judged: Vec<Judged> = captions
             .iter()
@@ -354,7 +352,6 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         let candidates = cx.batch(c.hard_negatives);
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         let n = candidates.ids.len();
-        let map = VocabMap::new(vocab, &retriever.captions)?;
         let m = &retriever.model;
         let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
         let features = &candidates.features;
@@ -367,7 +364,13 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         )?;
         let mut captions: Vec<&[u32]> = vec![&cx.ids[1..]];
         captions.extend(greedy.iter().map(|g| g.ids.as_slice()));
-        let text = embed_generated(b, &mut retriever.model, &map, &captions)?;
+        let text = embed_generated(
+            b,
+            &mut retriever.model,
+            &retriever.captions,
+            vocab,
+            &captions,
+        )?;
         // Row j of `text` against every candidate, and judged as image `own`'s.
         let cosines = |j: usize| -> Vec<f64> {
             (0..n)

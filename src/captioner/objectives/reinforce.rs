@@ -10,7 +10,7 @@ use crate::captioner::explain::TokenTerm;
 use crate::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use crate::captioner::objective::{SeriesGroup, StepContext};
 use crate::ops::sequence_likelihood::SequenceLikelihood;
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// The reward, its baseline and the spread of the advantages (per caption).
 pub const REWARDS_PLOT: SeriesGroup = SeriesGroup {
@@ -211,6 +211,15 @@ pub fn token_terms<B: Backend>(
     entropy_weight: f64,
 ) -> Result<Vec<TokenTerm>> {
     let inputs = TokenInputs::new(b, &model.config, &[ids[..ids.len() - 1].to_vec()])?;
+    if ids.len() - 1 > inputs.positions {
+        bail!(
+            "a caption of {} ids needs {} positions, and the captioner has {}: encode it \
+             with the model's max_len",
+            ids.len(),
+            ids.len() - 1,
+            inputs.positions
+        );
+    }
     model.forward(b, features, &inputs)?;
     let v = model.config.vocab_size;
     let logits = b.to_vec(model.logits());

@@ -13,7 +13,9 @@ use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::CaptionVocab;
-use captune::captioner::listener::{Relaxation, RelaxedListener, VocabMap, negative_cosine};
+use captune::captioner::listener::{
+    Relaxation, RelaxedListener, VocabMap, negative_cosine, read_caption,
+};
 use captune::cpu::CpuBackend;
 use captune::data::clip_image::ClipImageProcessor;
 use captune::data::clip_text::ClipTokenizer;
@@ -417,11 +419,12 @@ fn relevance_vocab(want: &tensorfile::TensorFile) -> CaptionVocab {
     CaptionVocab::from_words(words)
 }
 
-/// A captioner's caption, as a CLIP reads it through the vocabulary map,
-/// is CLIP's tokenizer's encoding of its words: a word of several pieces
-/// reads as all of them, in order; the caption stops at its end, an empty
-/// caption is the two specials, and a long one is cut to the text tower's
-/// positions with the end kept.
+/// A captioner's caption, as a CLIP reads it, is CLIP's tokenizer's
+/// encoding of its words: a word of several pieces reads as all of them,
+/// in order; the caption stops at its end, an empty caption is the two
+/// specials, and a long one is cut to the text tower's positions with the
+/// end kept. A GPT-2 captioner's word of several pieces reaches CLIP as
+/// the one word.
 #[test]
 fn captions_map_onto_clip_pieces_as_the_tokenizer_encodes_them() {
     let want = relevance_expected();
@@ -444,9 +447,26 @@ fn captions_map_onto_clip_pieces_as_the_tokenizer_encodes_them() {
             .map(|w| own.id(w))
             .chain([EOS, own.id("dog")])
             .collect();
-        let read = map.caption(&ids, clip.model.config.max_len);
-        assert_eq!(read, tokenizer.encode(text).unwrap(), "{text:?}");
+        let read = read_caption(&captioner, &clip.captions, &ids, clip.model.config.max_len);
+        assert_eq!(read.unwrap(), tokenizer.encode(text).unwrap(), "{text:?}");
     }
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let bpe = captune::data::bpe::BpeVocab::load(&gpt2).unwrap();
+    let pieces = CaptionVocab::from_tokenizer(bpe.clone(), bpe.len() + 1).unwrap();
+    let text = "a skateboarder jumps";
+    let words: Vec<String> = text.split(' ').map(String::from).collect();
+    let ids = pieces.encode(&words, 16).unwrap();
+    assert!(
+        ids.len() > words.len() + 2,
+        "a word of several pieces: {ids:?}"
+    );
+    let read = read_caption(
+        &pieces,
+        &clip.captions,
+        &ids[1..],
+        clip.model.config.max_len,
+    );
+    assert_eq!(read.unwrap(), tokenizer.encode(text).unwrap());
 }
 
 fn relaxed_step<B: Backend>(b: &B, relaxation: Relaxation, tau: f32) -> (f64, Vec<f32>) {

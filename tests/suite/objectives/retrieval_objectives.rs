@@ -178,9 +178,9 @@ fn discritune_by_hand<B: Backend>(
     let row = |i: usize| &e[i * dim..(i + 1) * dim];
     let features: Vec<f32> = images.iter().flat_map(|&i| row(i).to_vec()).collect();
     let captions = generate(b, &ck.model, &features, decoding, &DecodeOptions::default()).unwrap();
-    let map = VocabMap::new(&ck.vocab, &retriever.captions).unwrap();
     let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
-    let text = embed_generated(b, &mut retriever.model, &map, &ids).unwrap();
+    let reader = &retriever.captions;
+    let text = embed_generated(b, &mut retriever.model, reader, &ck.vocab, &ids).unwrap();
     let m = &retriever.model;
     let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
     let neighbours = Neighbours::compute(e, dim, e.len() / dim);
@@ -661,9 +661,9 @@ fn a_clip_relevance_step_scores_its_own_captions() {
         &DecodeOptions::default(),
     )
     .unwrap();
-    let map = VocabMap::new(&ck.vocab, &retriever.captions).unwrap();
     let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
-    let text = embed_generated(&b, &mut retriever.model, &map, &ids).unwrap();
+    let reader = &retriever.captions;
+    let text = embed_generated(&b, &mut retriever.model, reader, &ck.vocab, &ids).unwrap();
     let by_hand: f64 = (0..captions.len())
         .map(|j| {
             dot(
