@@ -131,6 +131,12 @@ fn diversity_metrics_count_what_they_say() {
     let all: Vec<Vec<&str>> = varied[0].clone();
     assert_eq!(vocabulary_usage(&all), 22);
     assert!((mean_length(&all) - 27.0 / 5.0).abs() < 1e-12);
+    // An image whose captions are all empty has no n-grams: it counts as
+    // 0 in the mean over images, not as 0 / 0.
+    let with_empty = vec![vec![words(""), words("")], vec![words("a b"), words("a c")]];
+    let e = diversity(&with_empty);
+    assert_eq!((e.div1, e.div2), (3.0 / 4.0 / 2.0, 2.0 / 4.0 / 2.0), "{e:?}");
+    assert!(e.mbleu4.is_finite(), "{e:?}");
 }
 
 /// Asserts `got` within 1e-9 of pycocoevalcap's `want`, relatively: a
