@@ -1,76 +1,208 @@
 #!/usr/bin/env bash
 # Every GPU figure docs/results.md asks for, in one call on a machine with
-# an NVIDIA GPU, captune's Vulkan build beside PyTorch eager on CUDA, each
+# an NVIDIA GPU: captune's Vulkan build beside PyTorch eager on CUDA, each
 # pair run alternately on the same card:
 #   - matmul GFLOP/s against PyTorch's FP32 (TF32 off) at square sizes;
 #   - training steps (shapes preset; a GPT-2-small-sized ClipCap);
 #   - greedy decoding (both networks), and beam search (GPT-2-sized, captune only);
-#   - an SCST step (shapes preset; and a trained shapes captioner's);
+#   - an SCST step (shapes preset; GPT-2-small-sized; a trained shapes captioner's);
 #   - CLIP ViT-B/32 image embedding (a random CLIP of that shape).
-# captune's JSON records carry its dispatches, passes, readbacks and each
-# matmul dispatch's workgroups per step. Results go to OUT (default
-# gpu-bench/), one JSON file per run, and a log.
+# captune's records carry its dispatches, passes, readbacks and each
+# matmul dispatch's workgroups per step.
 #
-#     cargo build --release
-#     pip install torch transformers safetensors numpy pillow pycocoevalcap
-#     scripts/gpu_bench.sh [OUT] [CAPTUNE]     # CAPTUNE: default target/release/captune
+#     scripts/gpu_bench.sh --pack       # here: the stripped release binary and
+#                                       # the Vulkan loader into .gpu/, then the call
+#     scripts/gpu_bench.sh              # there: every figure, into $OUT
+#     scripts/gpu_bench.sh --rehearse [--quick]   # here, on lavapipe, small shapes
 #
-# Set VK_DRIVER_FILES to NVIDIA's ICD file where Vulkan does not find it
-# (e.g. /usr/share/vulkan/icd.d/nvidia_icd.json).
+# On the GPU machine it unpacks the carried Vulkan loader where none is
+# installed, stops within seconds if captune finds no hardware GPU, gives
+# every step a time limit inside one budget (CAPTUNE_BENCH_BUDGET seconds,
+# default 420: steps that would start past it are recorded as skipped, the
+# most wanted first), and leaves four files in $OUT (else gpu-bench/):
+# log.txt, adapter.txt (nvidia-smi and captune info), records.json (every
+# step's command, status, seconds and record) and summary.txt (each pair's
+# ratio), which it prints last.
+#
+# --rehearse runs the same steps here: captune on lavapipe, PyTorch on the
+# CPU, with small networks (the tiny preset, the tiny CLIP of the tests),
+# so that the only thing a real GPU can find is speed. --quick keeps one
+# workload of each kind and one alternation. CAPTUNE names the binary
+# (default .gpu/captune, else target/release/captune).
 set -u
 cd "$(dirname "$0")/.."
-out=${1:-gpu-bench}
-captune=${2:-target/release/captune}
+
+mode=device
+quick=0
+for arg in "$@"; do
+    case $arg in
+        --pack) mode=pack ;;
+        --rehearse) mode=rehearse ;;
+        --quick) quick=1 ;;
+        *) echo "gpu_bench.sh: unknown argument $arg (--pack, --rehearse, --quick)" >&2; exit 2 ;;
+    esac
+done
+
+if [ "$mode" = pack ]; then
+    # Carried to the device machine: a stripped release binary and the
+    # Vulkan loader as Debian packages (the image has NVIDIA's driver but
+    # may lack libvulkan1). .gpu/ is ignored by git through .git/info/exclude.
+    set -e
+    grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+    mkdir -p .gpu/debs /tmp/captune-amd64/partial
+    cargo build --release --locked
+    strip -o .gpu/captune target/release/captune
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/captune-amd64'
+    # shellcheck disable=SC2086
+    apt-get $o update -qq && (cd .gpu/debs && apt-get $o download -qq libvulkan1)
+    du -sh .gpu
+    cat <<'EOF'
+Then, through the device tool, one call (limit 480 s):
+  run(command="scripts/gpu_bench.sh", carry=[".gpu"], timeout_s=480)
+EOF
+    exit 0
+fi
+
+out=${OUT:-gpu-bench}
 mkdir -p "$out"
 log="$out/log.txt"
 : > "$log"
+steps=$(mktemp -d)
+: > "$steps/steps.tsv"
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
+export PYTHONUNBUFFERED=1
+captune=${CAPTUNE:-.gpu/captune}
+[ -x "$captune" ] || captune=target/release/captune
+if [ ! -x "$captune" ]; then
+    echo "no captune binary: run scripts/gpu_bench.sh --pack here (or set CAPTUNE)" | tee -a "$log"
+    exit 2
+fi
+start=$(date +%s)
+budget=${CAPTUNE_BENCH_BUDGET:-420}
 
-run() { # name, command...
-    local name=$1
-    shift
-    echo "== $name: $*" | tee -a "$log"
-    if "$@" > "$out/$name.json" 2>> "$log"; then
-        echo "   ok" | tee -a "$log"
-    else
-        echo "   FAILED (exit $?)" | tee -a "$log"
+# The Vulkan loader where the machine has none (the device image may not).
+if [ "$mode" = device ] && ! ldconfig -p | grep -q libvulkan.so.1; then
+    for f in .gpu/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+    ldconfig
+fi
+if [ "$mode" = device ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
+    icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    [ -e "$icd" ] && export VK_DRIVER_FILES=$icd
+fi
+
+# step NAME LIMIT COMMAND...: runs COMMAND with a time limit inside the
+# budget, its output in $steps/NAME.out, its line in steps.tsv.
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$(( start + budget - $(date +%s) ))
+    if (( left < 10 )); then
+        echo "== $name: skipped, the budget of ${budget} s is spent" | tee -a "$log"
+        printf '%s\t%s\t%s\t%s\n' "$name" 124 0 "skipped: $*" >> "$steps/steps.tsv"
+        return
     fi
+    (( limit > left )) && limit=$left
+    echo "== $name (limit ${limit} s): $*" | tee -a "$log"
+    local t0 rc
+    t0=$(date +%s%N)
+    timeout -k 5 "$limit" "$@" > "$steps/$name.out" 2>> "$log"
+    rc=$?
+    printf '%s\t%s\t%se-3\t%s\n' "$name" "$rc" "$(( ($(date +%s%N) - t0) / 1000000 ))" "$*" \
+        >> "$steps/steps.tsv"
+    echo "   exit $rc" | tee -a "$log"
 }
 
-gpt2=(--config scripts/bench/gpt2-small.toml --vocab 50257)
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$log" 2>&1
-"$captune" --device gpu info >> "$log" 2>&1
+# The adapter, and a preflight that stops in seconds without a GPU.
+adapter="$out/adapter.txt"
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
+    timeout 60 "$captune" --device gpu info 2>&1
+} > "$adapter"
+want='device type: +(DiscreteGpu|IntegratedGpu)'
+[ "$mode" = rehearse ] && want='device type: +'
+if ! grep -Eq "$want" "$adapter"; then
+    echo "preflight: captune found no usable GPU adapter (see adapter.txt); nothing measured" | tee -a "$log"
+    cat "$adapter" >> "$log"
+    exit 3
+fi
+echo "preflight: $(grep -m1 '^backend:' "$adapter")" | tee -a "$log"
 
-run kernels-captune "$captune" --device gpu bench kernels --json
-run kernels-torch python3 scripts/bench_torch_matmul.py --compare "$out/kernels-captune.json"
+if [ "$mode" = rehearse ]; then
+    torch_device=cpu
+    sizes=128,256
+    elementwise=1048576
+    # A shapes world small enough for lavapipe to train an epoch of.
+    world=(--shapes-size 32 --shapes-train 48 --shapes-val 16 --shapes-test 16)
+    shapes=(--preset tiny)
+    gpt2=(--preset tiny --vocab 400)
+    images=16
+    clip=tests/data/clip-tiny
+    clip_images=16
+    clip_batch=8
+else
+    torch_device=cuda
+    sizes=256,512,1024,2048,4096
+    elementwise=16777216
+    world=()
+    shapes=(--preset shapes)
+    gpt2=(--config scripts/bench/gpt2-small.toml --vocab 50257)
+    images=128
+    clip=$steps/clip-b32
+    clip_images=256
+    clip_batch=64
+fi
+if ! python3 -c 'import torch' 2>/dev/null; then
+    echo "python3 cannot import torch: the PyTorch steps fail and their pairs show as failed" | tee -a "$log"
+fi
 
-for pair in 1 2; do
-    run "train-shapes-captune-$pair" "$captune" --device gpu bench train --preset shapes --objectives mle --json
-    run "train-shapes-torch-$pair" python3 scripts/bench_torch_captioner.py --preset shapes --device cuda --json
-    run "train-gpt2-captune-$pair" "$captune" --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
-    run "train-gpt2-torch-$pair" python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device cuda --json
-    run "decode-shapes-captune-$pair" "$captune" --device gpu bench decode --preset shapes --json
-    run "decode-shapes-torch-$pair" python3 scripts/bench_torch_decode.py --preset shapes --device cuda --json
-    run "decode-gpt2-captune-$pair" "$captune" --device gpu bench decode "${gpt2[@]}" --json
-    run "decode-gpt2-torch-$pair" python3 scripts/bench_torch_decode.py "${gpt2[@]}" --device cuda --json
-    # Beam search (captune's counts: one read of candidates per step).
-    run "decode-gpt2-beam-captune-$pair" "$captune" --device gpu bench decode "${gpt2[@]}" --decode beam:5 --json
-    run "scst-shapes-captune-$pair" "$captune" --device gpu bench scst --preset shapes --json
-    run "scst-shapes-torch-$pair" python3 scripts/bench_torch_scst.py --preset shapes --device cuda --json
+step kernels-captune 90 "$captune" --device gpu bench kernels --sizes "$sizes" \
+    --elementwise-len "$elementwise" --json
+step kernels-torch 90 python3 scripts/bench_torch_matmul.py --device "$torch_device" \
+    --sizes "$sizes" --compare "$steps/kernels-captune.out"
+
+runs=2
+steps_args=()
+# --quick: one alternation, a few steps on a small batch.
+(( quick )) && runs=1 && steps_args=(--steps 3 --warmup 1 --batch 8)
+for run in $(seq "$runs"); do
+    step "train-shapes-captune-$run" 60 "$captune" --device gpu bench train "${shapes[@]}" \
+        "${steps_args[@]}" --objectives mle --json
+    step "train-shapes-torch-$run" 60 python3 scripts/bench_torch_captioner.py "${shapes[@]}" \
+        "${steps_args[@]}" --device "$torch_device" --json
+    step "decode-shapes-captune-$run" 45 "$captune" --device gpu bench decode "${shapes[@]}" --images "$images" --json
+    step "decode-shapes-torch-$run" 45 python3 scripts/bench_torch_decode.py "${shapes[@]}" --images "$images" --device "$torch_device" --json
+    (( quick )) && break
+    step "train-gpt2-captune-$run" 90 "$captune" --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
+    step "train-gpt2-torch-$run" 90 python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device "$torch_device" --json
+    step "decode-gpt2-captune-$run" 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" --json
+    step "decode-gpt2-torch-$run" 60 python3 scripts/bench_torch_decode.py "${gpt2[@]}" --images "$images" --device "$torch_device" --json
+    step "scst-shapes-captune-$run" 60 "$captune" --device gpu bench scst "${shapes[@]}" --json
+    step "scst-shapes-torch-$run" 60 python3 scripts/bench_torch_scst.py "${shapes[@]}" --device "$torch_device" --json
+    step "scst-gpt2-captune-$run" 90 "$captune" --device gpu bench scst "${gpt2[@]}" --json
+    step "scst-gpt2-torch-$run" 90 python3 scripts/bench_torch_scst.py "${gpt2[@]}" --device "$torch_device" --json
 done
 
-# A trained shapes captioner (one epoch), whose SCST samples end where the
-# model ends them.
-run "train-shapes-epoch" "$captune" --device gpu train --preset shapes --epochs 1 --out "$out/shapes-run"
-for pair in 1 2; do
-    run "scst-trained-captune-$pair" "$captune" --device gpu bench scst --checkpoint "$out/shapes-run/checkpoint.safetensors" --json
-done
+if (( ! quick )); then
+    # Beam search: captune only (one read of candidates per step).
+    step decode-gpt2-beam-captune 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" --decode beam:5 --json
+    if [ "$mode" = device ]; then
+        step make-clip 60 python3 scripts/bench_torch_clip_embed.py --random-clip "$clip"
+    fi
+    for run in 1 2; do
+        step "embed-clip-captune-$run" 60 "$captune" --device gpu bench embed --clip "$clip" \
+            --images "$clip_images" --batch "$clip_batch" --json
+        step "embed-clip-torch-$run" 60 python3 scripts/bench_torch_clip_embed.py --clip "$clip" \
+            --images "$clip_images" --batch "$clip_batch" --device "$torch_device" --json
+    done
+    # A trained shapes captioner (one epoch), whose SCST samples end where
+    # the model ends them: last, as the least wanted.
+    step train-shapes-epoch 120 "$captune" --device gpu train "${shapes[@]}" "${world[@]}" --epochs 1 \
+        --out "$steps/shapes-run"
+    step scst-trained-captune 60 "$captune" --device gpu bench scst \
+        --checkpoint "$steps/shapes-run/checkpoint.safetensors" --json
+fi
 
-clip="$out/clip-b32"
-python3 scripts/bench_torch_clip_embed.py --random-clip "$clip" >> "$log" 2>&1
-for pair in 1 2; do
-    run "embed-clip-captune-$pair" "$captune" --device gpu bench embed --clip "$clip" --images 256 --batch 64 --json
-    run "embed-clip-torch-$pair" python3 scripts/bench_torch_clip_embed.py --clip "$clip" --images 256 --batch 64 --device cuda --json
-done
-rm -rf "$clip"
-echo "results in $out/" | tee -a "$log"
+python3 scripts/gpu_bench_summary.py "$steps" "$out"
+echo "$(( $(date +%s) - start )) s in all; results in $out/" | tee -a "$log"
+rm -rf "$steps"

@@ -3,5 +3,6 @@
 
 mod commands;
 mod flags;
+mod gpu_bench;
 mod package;
 mod test_command;

@@ -135,7 +135,11 @@ fn diversity_metrics_count_what_they_say() {
     // 0 in the mean over images, not as 0 / 0.
     let with_empty = vec![vec![words(""), words("")], vec![words("a b"), words("a c")]];
     let e = diversity(&with_empty);
-    assert_eq!((e.div1, e.div2), (3.0 / 4.0 / 2.0, 2.0 / 4.0 / 2.0), "{e:?}");
+    assert_eq!(
+        (e.div1, e.div2),
+        (3.0 / 4.0 / 2.0, 2.0 / 4.0 / 2.0),
+        "{e:?}"
+    );
     assert!(e.mbleu4.is_finite(), "{e:?}");
 }
 
