@@ -172,6 +172,86 @@ fn smile_matches_algorithm_1_computed_by_hand() {
     }
 }
 
+/// The mean over real rows of -log p(label) among a plan's subset plus
+/// the label (the full vocabulary where the plan says so), by hand.
+fn subset_nll_by_hand(z: &[f32], v: usize, plan: &token::SubsetPlan) -> f64 {
+    let real: Vec<(usize, u32)> = (TARGETS.iter().copied().enumerate())
+        .filter(|&(_, y)| y != PAD)
+        .collect();
+    let nll = |(r, y): (usize, u32)| {
+        let set = plan.row_subset[r];
+        let allowed = |j: usize| {
+            set == FULL_VOCAB || j as u32 == y || plan.subsets[set as usize].contains(&(j as u32))
+        };
+        masked_nll(&z[r * v..(r + 1) * v], y, allowed)
+    };
+    real.iter().map(|&row| nll(row)).sum::<f64>() / real.len() as f64
+}
+
+/// The ablations train on their own subsets, not on the standard SMILE
+/// loss they also log: reverse over the ids its caption does not use plus
+/// the label, random over the ids drawn for each row plus the label (the
+/// first step over the full vocabulary, as `first_token` mle says).
+#[test]
+fn the_ablations_train_on_their_own_subsets() {
+    let b = CpuBackend::new();
+    let vocab = small_vocab();
+    let v = vocab.len();
+    let z: Vec<f32> = random(TARGETS.len() * v, 11)
+        .iter()
+        .map(|x| 3.0 * x)
+        .collect();
+    for kind in [ObjectiveKind::SmileReverse, ObjectiveKind::SmileRandom] {
+        let objective = TokenObjective {
+            kind,
+            ..TokenObjective::smile()
+        };
+        // The plan `losses_of` draws, from the same seed.
+        let plan = token::plan(
+            kind,
+            FirstToken::Mle,
+            &vocab,
+            &tiny_config(v),
+            &TARGETS,
+            STEPS,
+            &mut ChaCha8Rng::seed_from_u64(1),
+        );
+        let want = subset_nll_by_hand(&z, v, &plan);
+        let (loss, _, smile, _) = losses_of(&b, objective, &z);
+        assert!(
+            (loss as f64 - want).abs() < 1e-5,
+            "{kind:?}: {loss} vs {want}"
+        );
+        assert!(
+            (loss - smile).abs() > 0.05,
+            "{kind:?}: its own loss {loss}, the standard SMILE loss {smile}"
+        );
+    }
+}
+
+/// A token-level objective made from its settings names itself, describes
+/// itself with those settings (what the run's log and the app show), and
+/// gives them back as the config holds them.
+#[test]
+fn a_token_objective_describes_itself_by_its_settings() {
+    use captune::captioner::objectives::settings::{SettingValue, Settings};
+    let settings = Settings::from([
+        (
+            "first_token".to_string(),
+            SettingValue::Choice("none".into()),
+        ),
+        ("mle_weight".to_string(), SettingValue::Number(0.3)),
+    ]);
+    let o = TokenObjective::from_settings("smile-reverse", &settings).unwrap();
+    assert_eq!(o.name(), "smile-reverse");
+    assert_eq!(
+        o.describe(),
+        "smile-reverse (first token: none, mle weight: 0.3)"
+    );
+    assert_eq!(o.settings(), settings);
+    assert_eq!(TokenObjective::mle().describe(), "mle");
+}
+
 #[test]
 fn ablation_plans_random_and_reverse_subsets() {
     let vocab = small_vocab();
