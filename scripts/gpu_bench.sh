@@ -134,6 +134,8 @@ if [ "$mode" = rehearse ]; then
     elementwise=1048576
     # A shapes world small enough for lavapipe to train an epoch of.
     world=(--shapes-size 32 --shapes-train 48 --shapes-val 16 --shapes-test 16)
+    # SCST steps on lavapipe take seconds each: two timed after one.
+    scst=(--steps 2 --warmup 1)
     shapes=(--preset tiny)
     gpt2=(--preset tiny --vocab 400)
     images=16
@@ -145,6 +147,7 @@ else
     sizes=256,512,1024,2048,4096
     elementwise=16777216
     world=()
+    scst=()
     shapes=(--preset shapes)
     gpt2=(--config scripts/bench/gpt2-small.toml --vocab 50257)
     images=128
@@ -177,9 +180,9 @@ for run in $(seq "$runs"); do
     step "train-gpt2-torch-$run" 90 python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device "$torch_device" --json
     step "decode-gpt2-captune-$run" 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" --json
     step "decode-gpt2-torch-$run" 60 python3 scripts/bench_torch_decode.py "${gpt2[@]}" --images "$images" --device "$torch_device" --json
-    step "scst-shapes-captune-$run" 60 "$captune" --device gpu bench scst "${shapes[@]}" --json
+    step "scst-shapes-captune-$run" 60 "$captune" --device gpu bench scst "${shapes[@]}" "${scst[@]}" --json
     step "scst-shapes-torch-$run" 60 python3 scripts/bench_torch_scst.py "${shapes[@]}" --device "$torch_device" --json
-    step "scst-gpt2-captune-$run" 90 "$captune" --device gpu bench scst "${gpt2[@]}" --json
+    step "scst-gpt2-captune-$run" 90 "$captune" --device gpu bench scst "${gpt2[@]}" "${scst[@]}" --json
     step "scst-gpt2-torch-$run" 90 python3 scripts/bench_torch_scst.py "${gpt2[@]}" --device "$torch_device" --json
 done
 
@@ -199,7 +202,7 @@ if (( ! quick )); then
     # the model ends them: last, as the least wanted.
     step train-shapes-epoch 120 "$captune" --device gpu train "${shapes[@]}" "${world[@]}" --epochs 1 \
         --out "$steps/shapes-run"
-    step scst-trained-captune 60 "$captune" --device gpu bench scst \
+    step scst-trained-captune 60 "$captune" --device gpu bench scst "${scst[@]}" \
         --checkpoint "$steps/shapes-run/checkpoint.safetensors" --json
 fi
 
