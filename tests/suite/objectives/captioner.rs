@@ -90,15 +90,67 @@ fn mle_by_hand(z: &[f32], v: usize) -> f64 {
 
 /// The losses `Losses` reports and its d_logits, for one objective.
 fn losses_of<B: Backend>(b: &B, objective: TokenObjective, z: &[f32]) -> (f32, f32, f32, Vec<f32>) {
+    let (mut losses, t) = step_of(b, objective, z, true);
+    let v = losses.read(b, &t);
+    (v.loss, v.mle, v.smile, b.to_vec(&losses.d_logits))
+}
+
+/// One forward and backward of `objective` on logits `z`, its losses
+/// computed for the log (`monitor`) or not, by a fresh `Losses`.
+fn step_of<B: Backend>(
+    b: &B,
+    objective: TokenObjective,
+    z: &[f32],
+    monitor: bool,
+) -> (Losses<B>, BatchTargets<B>) {
     let vocab = small_vocab();
     let mut rng = ChaCha8Rng::seed_from_u64(1);
     let config = tiny_config(vocab.len());
     let t = BatchTargets::new(b, &objective, &vocab, &config, &TARGETS, STEPS, &mut rng).unwrap();
     let mut losses = Losses::new(b, objective, TARGETS.len(), vocab.len());
-    let logits = b.tensor(z);
-    losses.forward_backward(b, &logits, &t, true);
-    let v = losses.read(b, &t);
-    (v.loss, v.mle, v.smile, b.to_vec(&losses.d_logits))
+    losses.forward_backward(b, &b.tensor(z), &t, monitor);
+    (losses, t)
+}
+
+/// A step whose losses are not logged skips the passes only the log needs,
+/// and trains exactly as a logged one: the same gradient for every
+/// token-level objective, mixed with MLE or not.
+#[test]
+fn an_unlogged_step_has_the_gradient_of_a_logged_one() {
+    let b = CpuBackend::new();
+    let v = small_vocab().len();
+    let z: Vec<f32> = random(TARGETS.len() * v, 5)
+        .iter()
+        .map(|x| 3.0 * x)
+        .collect();
+    let smile = TokenObjective::smile();
+    let objectives = [
+        TokenObjective::mle(),
+        smile,
+        TokenObjective {
+            mle_weight: 0.3,
+            ..smile
+        },
+        TokenObjective {
+            first_token: FirstToken::None,
+            ..smile
+        },
+        TokenObjective {
+            kind: ObjectiveKind::SmileReverse,
+            mle_weight: 0.3,
+            ..smile
+        },
+        TokenObjective {
+            kind: ObjectiveKind::SmileRandom,
+            ..smile
+        },
+    ];
+    for objective in objectives {
+        let logged = b.to_vec(&step_of(&b, objective, &z, true).0.d_logits);
+        let unlogged = b.to_vec(&step_of(&b, objective, &z, false).0.d_logits);
+        assert!(logged.iter().any(|&d| d != 0.0), "{objective:?}");
+        assert_eq!(logged, unlogged, "{objective:?}");
+    }
 }
 
 #[test]
