@@ -530,7 +530,8 @@ impl<B: Backend> Losses<B> {
     }
 
     /// log p(target) per row under the full vocabulary and under the
-    /// standard SMILE subset (for `inspect`).
+    /// standard SMILE subset, as the last forward computed them (the
+    /// decoding tests' teacher-forced reference).
     pub fn row_logprobs(&self, b: &B) -> (Vec<f32>, Vec<f32>) {
         (b.to_vec(&self.mle.logp), b.to_vec(&self.smile.logp))
     }

@@ -302,6 +302,10 @@ fn a_token_objective_describes_itself_by_its_settings() {
     );
     assert_eq!(o.settings(), settings);
     assert_eq!(TokenObjective::mle().describe(), "mle");
+    // As the registry builds it for a run.
+    let built = captune::captioner::objectives::build::<CpuBackend>("smile-reverse", &settings, 10)
+        .unwrap();
+    assert_eq!(built.describe(), o.describe());
 }
 
 #[test]
@@ -523,26 +527,37 @@ fn the_gradient_weight_scales_the_gradient_not_the_loss() {
     let b = CpuBackend::new();
     let vocab = small_vocab();
     let logits = b.tensor(&random(TARGETS.len() * vocab.len(), 3));
-    let objective = TokenObjective {
+    let smile = TokenObjective {
         mle_weight: 0.4,
         ..TokenObjective::smile()
     };
-    let run = |weight: f32| {
-        let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let config = tiny_config(vocab.len());
-        let mut t =
-            BatchTargets::new(&b, &objective, &vocab, &config, &TARGETS, STEPS, &mut rng).unwrap();
-        t.gradient_weight = weight;
-        let mut losses = Losses::new(&b, objective, TARGETS.len(), vocab.len());
-        losses.forward_backward(&b, &logits, &t, true);
-        (losses.read(&b, &t), b.to_vec(&losses.d_logits))
+    // SMILE's own loss, and an ablation's term of its own.
+    let reverse = TokenObjective {
+        kind: ObjectiveKind::SmileReverse,
+        ..smile
     };
-    let (loss, grad) = run(1.0);
-    let (weighed_loss, weighed_grad) = run(2.5);
-    assert_eq!(loss, weighed_loss);
-    assert!(grad.iter().any(|g| g.abs() > 1e-3));
-    for (g, w) in grad.iter().zip(&weighed_grad) {
-        assert!((w - 2.5 * g).abs() <= 1e-6, "{w} vs 2.5 x {g}");
+    for objective in [smile, reverse] {
+        let run = |weight: f32| {
+            let mut rng = ChaCha8Rng::seed_from_u64(1);
+            let config = tiny_config(vocab.len());
+            let mut t =
+                BatchTargets::new(&b, &objective, &vocab, &config, &TARGETS, STEPS, &mut rng)
+                    .unwrap();
+            t.gradient_weight = weight;
+            let mut losses = Losses::new(&b, objective, TARGETS.len(), vocab.len());
+            losses.forward_backward(&b, &logits, &t, true);
+            (losses.read(&b, &t), b.to_vec(&losses.d_logits))
+        };
+        let (loss, grad) = run(1.0);
+        let (weighed_loss, weighed_grad) = run(2.5);
+        assert_eq!(loss, weighed_loss);
+        assert!(grad.iter().any(|g| g.abs() > 1e-3));
+        for (g, w) in grad.iter().zip(&weighed_grad) {
+            assert!(
+                (w - 2.5 * g).abs() <= 1e-6,
+                "{objective:?}: {w} vs 2.5 x {g}"
+            );
+        }
     }
 }
 
