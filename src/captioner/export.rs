@@ -24,6 +24,7 @@ use super::model::is_mapper_param;
 use super::{CaptionVocab, CaptionerConfig, Checkpoint};
 use crate::backend::Backend;
 use crate::data::bpe::END;
+use crate::data::karpathy::read_json;
 use crate::data::vocab::{SPECIALS, Vocab};
 use crate::model::gpt2;
 use crate::model::layers::Activation;
@@ -184,12 +185,6 @@ impl Base {
                 c.seq_len()
             );
         }
-        let read_json = |path: &Path| -> Result<serde_json::Value> {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            serde_json::from_str(&text)
-                .with_context(|| format!("{}: malformed JSON", path.display()))
-        };
         let generation_path = dir.join("generation_config.json");
         let generation = match generation_path.is_file() {
             true => Some(read_json(&generation_path)?),

@@ -277,33 +277,33 @@ pub fn tiny_retriever_checkpoint<B: Backend>(
 /// package, `python/`, needs); otherwise the calling test is marked
 /// skipped and gets `None`.
 pub fn python_with_torch() -> Option<&'static str> {
-    let found = std::process::Command::new("python3")
-        .args(["-c", "import torch, safetensors"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        skip(
-            "python3 cannot import torch and safetensors: the PyTorch package's tests need them \
-             (pip install ./python)",
-        );
-        return None;
-    }
-    Some("python3")
+    python_importing(
+        "torch, safetensors",
+        "python3 cannot import torch and safetensors: the PyTorch package's tests need them \
+         (pip install ./python)",
+    )
 }
 
 /// `python3` where it imports torch, transformers and safetensors (what
 /// `scripts/check_export.py` needs); otherwise the calling test is marked
 /// skipped and gets `None`.
 pub fn python_with_transformers() -> Option<&'static str> {
+    python_importing(
+        "torch, transformers, safetensors",
+        "python3 cannot import torch, transformers and safetensors: the check of an export \
+         with transformers needs them (pip install torch transformers safetensors)",
+    )
+}
+
+/// `python3` where `import {modules}` succeeds; otherwise the calling test
+/// is marked skipped, saying `why`.
+fn python_importing(modules: &str, why: &str) -> Option<&'static str> {
     let found = std::process::Command::new("python3")
-        .args(["-c", "import torch, transformers, safetensors"])
+        .args(["-c", &format!("import {modules}")])
         .output()
         .is_ok_and(|o| o.status.success());
     if !found {
-        skip(
-            "python3 cannot import torch, transformers and safetensors: the check of an export \
-             with transformers needs them (pip install torch transformers safetensors)",
-        );
+        skip(why);
         return None;
     }
     Some("python3")
