@@ -11,7 +11,7 @@ use captune::app::history::History;
 use captune::captioner::model::Captioner;
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{self, ObjectiveState, Position, RunFolder};
-use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, SpecialIds};
+use captune::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::vocab::Vocab;
@@ -320,6 +320,8 @@ fn features_files() {
 fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
     let vocab = CaptionVocab::from_words(vec!["a".into(), "red".into(), "circle".into()]);
     let config = CaptionerConfig {
+        family: DecoderFamily::Prefix,
+        image_tokens: 0,
         embed_dim: 4,
         prefix_len: 1,
         mapper_hidden: 4,
@@ -356,7 +358,7 @@ fn checkpoints_and_optimizer_state() {
     let opt = AdamW::new(
         &b,
         AdamWConfig::default(),
-        &ck.model.params.optimizer_layout(),
+        &ck.model.params().optimizer_layout(),
     );
     let run = RunFolder::new(dir.join("run"));
     run.start(false).unwrap();
@@ -377,7 +379,7 @@ fn checkpoints_and_optimizer_state() {
     let captioner = std::fs::read(run.checkpoint()).unwrap();
     assert_eq!(
         ck.model.config.parameter_count(),
-        ck.model.params.count() as u128,
+        ck.model.params().count() as u128,
         "the formula loading checks files against"
     );
     // A config asking for another size than the file holds is refused before allocating.
@@ -415,7 +417,7 @@ fn checkpoints_and_optimizer_state() {
         let mut opt = AdamW::new(
             &b,
             AdamWConfig::default(),
-            &ck.model.params.optimizer_layout(),
+            &ck.model.params().optimizer_layout(),
         );
         run_folder::load_optimizer(&b, &mut opt, p).map(|_| ())
     });
@@ -468,7 +470,7 @@ fn run_folder_records_and_configs() {
     let opt = AdamW::new(
         &b,
         AdamWConfig::default(),
-        &ck.model.params.optimizer_layout(),
+        &ck.model.params().optimizer_layout(),
     );
     for (file, seed) in [
         ("log.jsonl", &log[..]),

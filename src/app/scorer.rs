@@ -262,7 +262,7 @@ fn work(
 fn install(ck: Checkpoint<CpuBackend>, notes: &Sender<String>) -> Option<Checkpoint<CpuBackend>> {
     let _ = notes.send(format!(
         "{} parameters, {} words",
-        ck.model.params.count(),
+        ck.model.params().count(),
         ck.vocab.len()
     ));
     Some(ck)

@@ -262,7 +262,11 @@ pub fn train_throughput<B: Backend>(
     let (vocab, batches) = workload_batches(workload, bench, warmup + steps, &mut rng);
     let config = run.captioner(EMBED_DIM, vocab.len());
     let mut model = Captioner::new(b, config, 0)?;
-    let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
+    let mut opt = AdamW::new(
+        b,
+        AdamWConfig::default(),
+        &model.params().optimizer_layout(),
+    );
     let mut trained = objectives::build::<B>(name, &settings, vocab.len())?;
     let features: Vec<f32> = (0..batch * EMBED_DIM)
         .map(|_| rng.random_range(-0.1..0.1))
@@ -312,7 +316,7 @@ pub fn train_throughput<B: Backend>(
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
     let per_step = per(b.counters(), before, steps);
     let matmuls = matmul_summary(b, matmuls_before, steps);
-    let parameters = model.params.count();
+    let parameters = model.params().count();
     Ok(TrainBench {
         op: "train".into(),
         backend: b.kind(),
@@ -641,7 +645,11 @@ pub fn scst_throughput<B: Backend>(
     let super::Checkpoint { mut model, vocab } = ck;
     let images = corpus.references.len();
     let dim = model.config.embed_dim;
-    let mut opt = AdamW::new(b, AdamWConfig::default(), &model.params.optimizer_layout());
+    let mut opt = AdamW::new(
+        b,
+        AdamWConfig::default(),
+        &model.params().optimizer_layout(),
+    );
     let mut scst = objectives::build::<B>("scst", &Settings::new(), vocab.len())?;
     let (mut sampling, mut rewards, mut total) = (0.0, 0.0, 0.0);
     let (mut before, mut matmuls_before) = (None, None);

@@ -3,9 +3,9 @@
 //! `<pad>` and `<bos>` no mass; `<unk>` none either when suppressed),
 //! with the current weights.
 //!
-//! The decoder runs one position at a time over a KV cache
-//! ([`crate::model::kv_cache`]): the prefix and <bos> once, then one
-//! position per word. Greedy and sampled tokens are chosen on the device
+//! The decoder runs one position at a time through its stepper
+//! ([`super::decoder::Stepper`]): what reads the image once per batch,
+//! then one position per token. Greedy and sampled tokens are chosen on the device
 //! (`Backend::choose_tokens`, the same ids on both backends for the same
 //! seed); whether every caption has ended is read every
 //! [`END_CHECK_STEPS`] steps without waiting (the answer arrives while
@@ -18,11 +18,10 @@
 
 use super::CaptionVocab;
 use super::SpecialIds;
-use super::mapper::MapperActivations;
+use super::decoder::Stepper;
 use super::model::Captioner;
 use crate::backend::{Backend, BeamStep, Candidates, ChoiceRule, Sampling, TokenChoice};
 use crate::data::vocab::UNK;
-use crate::model::kv_cache::{KvCache, Prefill};
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
 
@@ -198,119 +197,48 @@ pub const END_CHECK_STEPS: usize = 4;
 /// Images decoded at once (each with `Decoding::rows_per_image` rows).
 pub const IMAGES_PER_BATCH: usize = 64;
 
-/// What feeds a token position.
-enum Feed {
-    Bos,
-    /// The tokens the device chose at the previous step (`next`).
-    Chosen,
-}
-
-/// The captioner run incrementally on `rows` sequences: the mapper's
-/// buffers, the KV cache, and the device-side record of chosen tokens.
+/// A batch's decoding: the model's stepper, and the device-side record
+/// of the tokens chosen for its `rows` sequences.
 struct Decoder<'m, B: Backend> {
-    model: &'m Captioner<B>,
+    stepper: Box<dyn Stepper<B> + 'm>,
     rows: usize,
     /// Token steps of one batch at most (columns of history and logprobs).
     steps: usize,
-    cache: KvCache<B>,
-    prefill: Prefill<B>,
-    /// [0, 1, .., prefix_len - 1] for every row: the prefix's position ids.
-    prefix_positions: B::Ids,
-    mapper: MapperActivations<B>,
-    /// positions[p] = [p; rows]: the position ids of decoder position p.
-    positions: Vec<B::Ids>,
+    vocab: usize,
+    specials: SpecialIds,
     bos: B::Ids,
     next: B::Ids,
     history: B::Ids,
     logprobs: B::Tensor,
-    hidden: B::Tensor,
-    /// [rows, vocab]: the logits of the position just run.
-    logits: B::Tensor,
 }
 
 impl<'m, B: Backend> Decoder<'m, B> {
     fn new(b: &B, model: &'m Captioner<B>, rows: usize, steps: usize) -> Self {
         let c = &model.config;
-        let (w, k) = (c.decoder.width, c.prefix_len);
         Decoder {
-            model,
+            stepper: model.stepper(b, rows, steps),
             rows,
             steps,
-            cache: model.decoder.kv_cache(b, rows, k + steps),
-            prefill: model.decoder.prefill(b, rows, k),
-            prefix_positions: b.ids(&(0..rows).flat_map(|_| 0..k as u32).collect::<Vec<_>>()),
-            mapper: MapperActivations::new(b, model.mapper(), c, rows, false),
-            positions: (0..k + steps)
-                .map(|p| b.ids(&vec![p as u32; rows]))
-                .collect(),
+            vocab: c.vocab_size,
+            specials: c.specials,
             bos: b.ids(&vec![c.specials.start; rows]),
             next: b.ids(&vec![c.specials.pad; rows]),
             history: b.ids(&vec![c.specials.pad; rows * steps]),
             logprobs: b.zeros(rows * steps),
-            hidden: b.zeros(rows * w),
-            logits: b.zeros(rows * c.vocab_size),
         }
     }
 
-    /// Starts a batch: the mapper on `features` (`[rows, embed_dim]`),
-    /// then the prefix positions into the cache, all at once.
-    fn start(&mut self, b: &B, features: &[f32]) {
-        let (m, p) = (self.model, &self.model.params);
-        let c = &m.config;
-        m.mapper().forward(b, p, &mut self.mapper, features);
-        self.cache.clear();
-        // The prefix is [rows, prefix_len, width] already.
-        let input = self.prefill.input();
-        b.axpby(1.0, &self.mapper.prefix, 0.0, input);
-        b.embedding(
-            p.value(m.positions),
-            &self.prefix_positions,
-            input,
-            c.decoder.width,
-            true,
-        );
-        m.decoder
-            .prefill_cached(b, p, &mut self.cache, &mut self.prefill);
-    }
-
-    /// Adds the next position's embedding to the cache's input.
-    fn add_position(&mut self, b: &B) {
-        let m = self.model;
-        let position = &self.positions[self.cache.len()];
-        b.embedding(
-            m.params.value(m.positions),
-            position,
-            self.cache.input(),
-            m.config.decoder.width,
-            true,
-        );
-    }
-
-    /// Runs the next token position on `feed`; `logits` become its
-    /// next-token logits.
-    fn advance(&mut self, b: &B, feed: Feed) {
-        let (m, p) = (self.model, &self.model.params);
-        let c = &m.config;
-        let ids = match feed {
-            Feed::Bos => &self.bos,
-            Feed::Chosen => &self.next,
-        };
-        b.embedding(
-            p.value(m.tokens),
-            ids,
-            self.cache.input(),
-            c.decoder.width,
-            false,
-        );
-        self.add_position(b);
-        m.decoder
-            .forward_cached(b, p, &mut self.cache, &mut self.hidden);
-        m.output
-            .forward(b, p, c, &self.hidden, &mut self.logits, self.rows);
+    /// Runs token position `step`: the start at 0, else the tokens the
+    /// device chose at the step before; the stepper's logits become the
+    /// next token's.
+    fn advance(&mut self, b: &B, step: usize) {
+        let ids = if step == 0 { &self.bos } else { &self.next };
+        self.stepper.advance(b, ids);
     }
 }
 
-/// Captions for every image of `features` (`[n, embed_dim]`), in image
+/// Captions for every image of `features` (`[n, image input]`: an
+/// embedding, or a cross-attending decoder's image tokens), in image
 /// order, `decoding.per_image()` each, within `options`' limits (and the
 /// model's maximum length), with the model's current weights.
 pub fn generate<B: Backend>(
@@ -332,10 +260,10 @@ pub fn generate<B: Backend>(
     let steps = options
         .max_words
         .map_or(c.token_positions(), |w| (w + 1).min(c.token_positions()));
-    let d = c.embed_dim;
+    let d = c.image_input_len();
     if !features.len().is_multiple_of(d) {
         bail!(
-            "{} feature values are not whole image embeddings of {d}",
+            "{} feature values are not whole image inputs of {d}",
             features.len()
         );
     }
@@ -354,7 +282,7 @@ pub fn generate<B: Backend>(
             .map(|r| chunk[(r / per_row).min(chunk.len() - 1)])
             .flat_map(|i| features[i * d..(i + 1) * d].iter().copied())
             .collect();
-        decoder.start(b, &rows_features);
+        decoder.stepper.start(b, &rows_features);
         let generated = match *decoding {
             Decoding::Greedy => choose_on_device(b, &mut decoder, ChoiceRule::Greedy, 0, 0, banned),
             Decoding::Gumbel { seed, .. } => {
@@ -456,16 +384,15 @@ fn choose_on_device<B: Backend>(
     banned: u32,
 ) -> Vec<(Vec<u32>, f32)> {
     let (rows, steps) = (decoder.rows, decoder.steps);
-    let specials = decoder.model.config.specials;
+    let specials = decoder.specials;
     let [pad, masked_start] = specials.masked();
     let mut ran = steps;
     let mut check = EndCheck::new();
     for step in 0..steps {
-        let feed = if step == 0 { Feed::Bos } else { Feed::Chosen };
-        decoder.advance(b, feed);
+        decoder.advance(b, step);
         let choice = TokenChoice {
             rows,
-            vocab: decoder.model.config.vocab_size,
+            vocab: decoder.vocab,
             step: step as u32,
             steps,
             rule,
@@ -477,7 +404,7 @@ fn choose_on_device<B: Backend>(
             pad,
         };
         b.choose_tokens(
-            &decoder.logits,
+            decoder.stepper.logits(),
             &choice,
             &mut decoder.next,
             &mut decoder.history,
@@ -519,13 +446,11 @@ fn beam_rows<B: Backend>(
     let mut state = b.ids(&vec![0; shape.at(0).state_len()]);
     let mut check = EndCheck::new();
     for step in 0..shape.steps {
-        if step == 0 {
-            decoder.advance(b, Feed::Bos);
-        } else {
-            decoder.cache.reorder(b, &parents);
-            decoder.advance(b, Feed::Chosen);
+        if step > 0 {
+            decoder.stepper.reorder(b, &parents);
         }
-        b.top_candidates(&decoder.logits, &c, &mut candidates);
+        decoder.advance(b, step);
+        b.top_candidates(decoder.stepper.logits(), &c, &mut candidates);
         let at = shape.at(step);
         b.beam_step(
             &candidates,

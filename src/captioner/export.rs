@@ -20,7 +20,7 @@
 //! (every field kept), its generation config, and the position rows past
 //! the captioner's positions, which training never reads.
 
-use super::model::is_mapper_param;
+use super::decoders::prefix::is_mapper_param;
 use super::{CaptionVocab, CaptionerConfig, Checkpoint};
 use crate::backend::Backend;
 use crate::data::bpe::END;
@@ -55,7 +55,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let mut decoder: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     let mut mapper: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
-    for (spec, value) in model.params.specs.iter().zip(&model.params.values) {
+    for (spec, value) in model.params().specs.iter().zip(&model.params().values) {
         let data = b.to_vec(value);
         if is_mapper_param(&spec.name) {
             mapper.push((spec.name.clone(), spec.shape.clone(), data));

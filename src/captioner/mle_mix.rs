@@ -39,7 +39,7 @@ impl<B: Backend> Objective<B> for MleMix<B> {
 
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         self.own.step(cx)?;
-        cx.model.params.scale_grads(cx.b, 1.0 - self.weight);
+        cx.model.params_mut().scale_grads(cx.b, 1.0 - self.weight);
         let full = cx.gradient_weight;
         cx.gradient_weight = full * self.weight;
         let stepped = self.mle.step(cx);

@@ -8,13 +8,14 @@
 pub mod bench;
 pub mod collapse;
 pub mod decode;
+pub mod decoder;
+pub mod decoders;
 pub mod evaluate;
 pub mod explain;
 pub mod export;
 pub mod inspect;
 pub mod labelled;
 pub mod listener;
-mod mapper;
 pub mod mle_mix;
 pub mod model;
 pub mod objective;
@@ -127,12 +128,45 @@ impl MapperTransformer {
     }
 }
 
+/// A captioner's decoder family ([`decoder::Decoder`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecoderFamily {
+    /// A mapper's prefix from one image embedding, then a causal pre-LN
+    /// transformer: captune's own decoder, and GPT-2 read as ClipCap.
+    #[default]
+    Prefix,
+    /// BLIP's text decoder (Li et al., 2022): a causal post-LN BERT whose
+    /// every block cross-attends to image tokens, with BERT's prediction
+    /// head.
+    Blip,
+}
+
+impl DecoderFamily {
+    pub fn is_prefix(&self) -> bool {
+        *self == DecoderFamily::Prefix
+    }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// The network's shape. `embed_dim` and `vocab_size` come from the data
 /// (the features file and the vocabulary) when a run starts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CaptionerConfig {
-    /// Size of the image embedding the mapper reads.
+    /// The decoder family; checkpoints from before this field hold a
+    /// prefix decoder.
+    #[serde(default, skip_serializing_if = "DecoderFamily::is_prefix")]
+    pub family: DecoderFamily,
+    /// Size of the image embedding the mapper reads, or of each image
+    /// token a cross-attending decoder reads.
     pub embed_dim: usize,
+    /// Image tokens per image a cross-attending decoder reads (BLIP-base
+    /// at 384 pixels: 577); 0 for a prefix decoder.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub image_tokens: usize,
     /// Number of prefix vectors k.
     pub prefix_len: usize,
     /// Hidden size of the mapper's MLP (the MLP mapper's, or each block's
@@ -154,6 +188,11 @@ pub struct CaptionerConfig {
 }
 
 impl CaptionerConfig {
+    /// Values of one image's input: its embedding, or its tokens.
+    pub fn image_input_len(&self) -> usize {
+        self.embed_dim * self.image_tokens.max(1)
+    }
+
     /// Decoder positions fed with tokens: <bos> and the words, not <eos>.
     pub fn token_positions(&self) -> usize {
         self.max_len - 1
@@ -168,15 +207,18 @@ impl CaptionerConfig {
     pub fn parameter_count(&self) -> u128 {
         let (d, k) = (self.decoder.width as u128, self.prefix_len as u128);
         let (e, h) = (self.embed_dim as u128, self.mapper_hidden as u128);
-        let mapper = match &self.mapper_transformer {
-            None => e * h + h + h * k * d + k * d,
-            Some(t) => {
+        let adapter = match (self.family, &self.mapper_transformer) {
+            (DecoderFamily::Prefix, None) => e * h + h + h * k * d + k * d,
+            (DecoderFamily::Prefix, Some(t)) => {
                 let clip = t.clip_len as u128 * d;
                 e * clip + clip + k * d + t.blocks(self).parameter_count()
             }
+            // BERT's prediction head: a dense layer, a layer norm, the
+            // output bias.
+            (DecoderFamily::Blip, _) => d * d + d + 2 * d + self.vocab_size as u128,
         };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
-        mapper + embeddings + self.decoder.parameter_count()
+        adapter + embeddings + self.decoder.parameter_count()
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -191,17 +233,15 @@ impl CaptionerConfig {
         if !d.causal {
             bail!("the caption decoder must be causal");
         }
-        if d.pre_norm {
-            bail!("the caption decoder has no layer norm before its first block (pre_norm)");
-        }
         if self.max_len < 3 {
             bail!(
                 "max_len {} leaves no room for <bos>, a word and <eos>",
                 self.max_len
             );
         }
-        if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
-            bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        match self.family {
+            DecoderFamily::Prefix => self.validate_prefix()?,
+            DecoderFamily::Blip => self.validate_blip()?,
         }
         // Decoding's KV cache holds the decoder's whole sequence.
         let positions = self.seq_len();
@@ -213,18 +253,6 @@ impl CaptionerConfig {
                 self.max_len,
                 crate::backend::CachedAttention::MAX_CAPACITY
             );
-        }
-        if let Some(t) = &self.mapper_transformer {
-            if t.clip_len == 0 || t.layers == 0 || t.heads == 0 {
-                bail!("the transformer mapper's clip_len, layers and heads must be positive");
-            }
-            if !d.width.is_multiple_of(t.heads) {
-                bail!(
-                    "the transformer mapper's {} heads must divide the decoder width {}",
-                    t.heads,
-                    d.width
-                );
-            }
         }
         let s = self.specials;
         if [s.start, s.end, s.pad]
@@ -238,6 +266,51 @@ impl CaptionerConfig {
         }
         if s.pad == s.end {
             bail!("the padding id {} must not be the end id", s.pad);
+        }
+        Ok(())
+    }
+
+    fn validate_prefix(&self) -> Result<()> {
+        let d = &self.decoder;
+        if d.pre_norm || d.post_norm || d.cross_width.is_some() || self.image_tokens > 0 {
+            bail!(
+                "a prefix decoder is GPT-2's blocks: no layer norm before the first block \
+                 (pre_norm), no post_norm, no cross-attention (cross_width, image_tokens)"
+            );
+        }
+        if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
+            bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        }
+        if let Some(t) = &self.mapper_transformer {
+            if t.clip_len == 0 || t.layers == 0 || t.heads == 0 {
+                bail!("the transformer mapper's clip_len, layers and heads must be positive");
+            }
+            if !d.width.is_multiple_of(t.heads) {
+                bail!(
+                    "the transformer mapper's {} heads must divide the decoder width {}",
+                    t.heads,
+                    d.width
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_blip(&self) -> Result<()> {
+        let d = &self.decoder;
+        let berts = d.pre_norm && d.post_norm && !d.final_norm;
+        if !berts || d.cross_width != Some(self.embed_dim) {
+            bail!(
+                "a BLIP decoder is BERT's blocks: an embedding layer norm (pre_norm), post_norm, \
+                 no final norm, and cross-attention to image tokens of embed_dim {} (cross_width)",
+                self.embed_dim
+            );
+        }
+        if self.image_tokens == 0 || self.embed_dim == 0 {
+            bail!("a BLIP decoder reads image tokens: image_tokens and embed_dim must be positive");
+        }
+        if self.prefix_len > 0 || self.mapper_hidden > 0 || self.mapper_transformer.is_some() {
+            bail!("a BLIP decoder has no mapper: prefix_len and mapper_hidden must be 0");
         }
         Ok(())
     }
@@ -291,11 +364,11 @@ impl<B: Backend> checkpoint::Model for Captioner<B> {
     }
 
     fn params(&self) -> &Params<B> {
-        &self.params
+        Captioner::params(self)
     }
 
     fn params_mut(&mut self) -> &mut Params<B> {
-        &mut self.params
+        Captioner::params_mut(self)
     }
 }
 
@@ -321,10 +394,10 @@ impl<B: Backend> Checkpoint<B> {
     pub fn model_on<C: Backend>(&self, b: &B, to: &C) -> Result<Captioner<C>> {
         let mut model = Captioner::new(to, self.model.config, 0)?;
         for (dst, src) in model
-            .params
+            .params_mut()
             .values
             .iter_mut()
-            .zip(&self.model.params.values)
+            .zip(&self.model.params().values)
         {
             to.write(dst, &b.to_vec(src));
         }

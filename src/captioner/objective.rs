@@ -133,7 +133,7 @@ pub struct SeriesGroup {
 
 /// One training step's batch as the host holds it.
 pub struct TrainingBatch {
-    /// `[batch, embed_dim]` image embeddings, one row per caption.
+    /// `[batch, width]` image inputs (embeddings), one row per caption.
     pub features: Vec<f32>,
     /// Each row's reference caption, encoded `<bos> .. <eos>` within the
     /// model's `max_len`.
@@ -201,9 +201,16 @@ impl TrainingBatch {
         self.labelled.as_deref().unwrap_or(self)
     }
 
+    /// Values of one row's image input: what objectives slice
+    /// `features` by.
+    pub fn image_width(&self) -> usize {
+        self.features.len() / self.images.len().max(1)
+    }
+
     /// The batch's distinct images in order of first appearance, as
-    /// indices into the corpus, and their embeddings `[images, dim]`.
-    pub fn distinct_images(&self, dim: usize) -> (Vec<usize>, Vec<f32>) {
+    /// indices into the corpus, and their inputs `[images, width]`.
+    pub fn distinct_images(&self) -> (Vec<usize>, Vec<f32>) {
+        let dim = self.image_width();
         let mut images: Vec<usize> = Vec::new();
         let mut features: Vec<f32> = Vec::new();
         for (row, &image) in self.images.iter().enumerate() {

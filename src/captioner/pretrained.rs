@@ -13,9 +13,12 @@
 //! - the learned positions are GPT-2's first `prefix_len + max_len - 1`,
 //!   the prefix's and the caption's, as ClipCap feeds them.
 
+use super::decoders::prefix::is_mapper_param;
 use super::export::{MAPPER_FILE, mapper_metadata};
-use super::model::{Captioner, is_mapper_param};
-use super::{CaptionVocab, CaptionerConfig, Checkpoint, MapperTransformer, SpecialIds};
+use super::model::Captioner;
+use super::{
+    CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, MapperTransformer, SpecialIds,
+};
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
 use crate::model::gpt2::{self, Gpt2};
@@ -46,6 +49,8 @@ pub struct PrefixShape {
 pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<CaptionerConfig> {
     let c = &gpt2.config;
     let config = CaptionerConfig {
+        family: DecoderFamily::Prefix,
+        image_tokens: 0,
         embed_dim: shape.embed_dim,
         prefix_len: shape.prefix_len,
         mapper_hidden: shape.mapper_hidden,
@@ -119,7 +124,8 @@ fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Resu
             );
         }
     }
-    for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
+    let params = model.params_mut();
+    for (spec, value) in params.specs.iter().zip(&mut params.values) {
         if !is_mapper_param(&spec.name) {
             continue;
         }
@@ -156,7 +162,8 @@ pub fn from_gpt2<B: Backend>(
     let mut model = Captioner::new(b, config, seed)?;
     let mut weights = gpt2.weights;
     let (w, rows) = (config.decoder.width, config.seq_len());
-    for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
+    let params = model.params_mut();
+    for (spec, value) in params.specs.iter().zip(&mut params.values) {
         let Some(tensor) = weights.tensors.remove(&spec.name) else {
             if is_mapper_param(&spec.name) {
                 continue;

@@ -6,7 +6,7 @@
 use super::objective::Objective;
 use super::objectives;
 use super::objectives::settings::Settings;
-use super::{CaptionerConfig, MapperTransformer};
+use super::{CaptionerConfig, DecoderFamily, MapperTransformer};
 use crate::backend::Backend;
 use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
@@ -231,6 +231,8 @@ impl RunConfig {
     pub fn captioner(&self, embed_dim: usize, vocab_size: usize) -> CaptionerConfig {
         let m = &self.model;
         CaptionerConfig {
+            family: DecoderFamily::Prefix,
+            image_tokens: 0,
             embed_dim,
             prefix_len: m.prefix_len,
             mapper_hidden: m.mapper_hidden,

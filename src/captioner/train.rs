@@ -70,9 +70,9 @@ pub(crate) fn optimise<B: Backend>(
     cx: &mut StepContext<'_, B>,
 ) -> Result<()> {
     let b = cx.b;
-    cx.model.params.zero_grads(b);
+    cx.model.params_mut().zero_grads(b);
     objective.step(cx)?;
-    let params = &mut cx.model.params;
+    let params = cx.model.params_mut();
     let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
     let grads: Vec<&B::Tensor> = params.grads.iter().collect();
     opt.step(b, &mut values, &grads);
@@ -267,14 +267,14 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 weight_decay: t.weight_decay,
                 ..AdamWConfig::default()
             },
-            &ck.model.params.optimizer_layout(),
+            &ck.model.params().optimizer_layout(),
         );
         if t.freeze_decoder {
             let model = &ck.model;
-            opt.train_only(|i| model.is_mapper(i));
-            let frozen: usize = (0..model.params.specs.len())
-                .filter(|&i| !model.is_mapper(i))
-                .map(|i| model.params.specs[i].len())
+            opt.train_only(|i| model.is_adapter(i));
+            let frozen: usize = (0..model.params().specs.len())
+                .filter(|&i| !model.is_adapter(i))
+                .map(|i| model.params().specs[i].len())
                 .sum();
             eprintln!(
                 "training the mapper only (freeze_decoder): the decoder's {frozen} parameters \

@@ -382,7 +382,7 @@ pub fn train<B: Backend>(
         "{}: {} train images; captioner {} parameters, vocabulary {} ids; objective {}",
         data.data.name,
         data.items(Split::Train).len(),
-        ck.model.params.count(),
+        ck.model.params().count(),
         ck.vocab.len(),
         objectives::describe(&config.train.objective, &config.train.settings)
     );

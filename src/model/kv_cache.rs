@@ -10,6 +10,10 @@
 //! new position's key and value appended, is one op
 //! ([`Backend::attend_cached`], one dispatch on the GPU); the prefill is
 //! the training forward's blocks and strided copies into the cache.
+//!
+//! A transformer that cross-attends to a memory (image tokens) has every
+//! layer's memory keys and values projected once per batch
+//! ([`Transformer::remember`]); each step's queries read them.
 
 use super::layers::NormStats;
 use super::params::Params;
@@ -29,6 +33,7 @@ pub struct KvCache<B: Backend> {
     /// Where a reordered layer is built before it swaps in.
     spare: B::Tensor,
     blocks: Vec<BlockActivations<B>>,
+    ln_pre: NormStats<B>,
     ln_f: NormStats<B>,
     /// The step's input `[rows, width]`, then each block's output in turn.
     stream: [B::Tensor; 2],
@@ -56,7 +61,8 @@ impl<B: Backend> KvCache<B> {
 
     /// Row r of every layer's cache becomes what row `parents[r]` held
     /// (beam search: each surviving beam continues one of the previous
-    /// step's beams).
+    /// step's beams). The memory's keys and values stay: a beam's parent
+    /// is one of its own image's beams, which read the same memory.
     pub fn reorder(&mut self, b: &B, parents: &B::Ids) {
         let per_row = self.keys[0].len() / self.rows;
         for layer in self.keys.iter_mut().chain(&mut self.values) {
@@ -92,7 +98,7 @@ impl Transformer {
         let w = self.config.width;
         Prefill {
             len,
-            block: BlockActivations::new(b, &self.config, rows, len, false),
+            block: BlockActivations::new(b, &self.config, (rows, len, 0), false),
             stream: [b.zeros(rows * len * w), b.zeros(rows * len * w)],
             packed: b.zeros(rows * len * w),
         }
@@ -113,6 +119,10 @@ impl Transformer {
         let (w, heads, d) = (c.width, c.heads, c.head_dim());
         let (rows, len, capacity) = (cache.rows, prefill.len, cache.capacity);
         assert!(cache.is_empty(), "a prefill starts an empty cache");
+        assert!(
+            c.cross_width.is_none() && !c.pre_norm,
+            "a prefill neither cross-attends nor normalises its input"
+        );
         assert!(len <= capacity, "the prefill is longer than the KV cache");
         assert!(
             prefill.stream[0].len() == rows * len * w,
@@ -144,7 +154,7 @@ impl Transformer {
         } = prefill;
         for (l, block) in self.blocks.iter().enumerate() {
             let [x, next] = &mut *stream;
-            block.forward(b, p, a, x, None, next);
+            block.forward(b, p, a, x, None, None, next);
             // Keys (part 1) and values (part 2) of every position.
             for (k, layer) in [(1, &mut cache.keys[l]), (2, &mut cache.values[l])] {
                 b.tokens_to_heads(&a.qkv_out, packed, &shape.qkv_part(k));
@@ -157,8 +167,25 @@ impl Transformer {
 
     /// A cache for `rows` sequences of up to `capacity` positions.
     pub fn kv_cache<B: Backend>(&self, b: &B, rows: usize, capacity: usize) -> KvCache<B> {
+        self.memory_kv_cache(b, rows, capacity, 0)
+    }
+
+    /// The same for a transformer that cross-attends to a memory of
+    /// `memory_len` tokens per row.
+    pub fn memory_kv_cache<B: Backend>(
+        &self,
+        b: &B,
+        rows: usize,
+        capacity: usize,
+        memory_len: usize,
+    ) -> KvCache<B> {
         let c = &self.config;
         assert!(c.causal, "only a causal transformer decodes incrementally");
+        assert_eq!(
+            c.cross_width.is_some(),
+            memory_len > 0,
+            "a memory exactly where the blocks cross-attend"
+        );
         let w = c.width;
         let layer = rows * capacity * w;
         KvCache {
@@ -169,10 +196,25 @@ impl Transformer {
             values: (0..c.layers).map(|_| b.zeros(layer)).collect(),
             spare: b.zeros(layer),
             blocks: (0..c.layers)
-                .map(|_| BlockActivations::new(b, c, rows, 1, false))
+                .map(|_| BlockActivations::new(b, c, (rows, 1, memory_len), false))
                 .collect(),
+            ln_pre: NormStats::new(b, if c.pre_norm { rows } else { 0 }),
             ln_f: NormStats::new(b, rows),
             stream: [b.zeros(rows * w), b.zeros(rows * w)],
+        }
+    }
+
+    /// Every layer's keys and values of `memory` (`[rows, memory_len,
+    /// cross_width]`), for the steps of a batch.
+    pub fn remember<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        cache: &mut KvCache<B>,
+        memory: &B::Tensor,
+    ) {
+        for (block, a) in self.blocks.iter().zip(&mut cache.blocks) {
+            block.project_memory(b, p, a, memory);
         }
     }
 
@@ -209,15 +251,21 @@ impl Transformer {
             values,
             blocks,
             stream,
+            ln_pre: ln_pre_stats,
             ..
         } = cache;
+        if let Some(ln_pre) = &self.ln_pre {
+            let [x, next] = &mut *stream;
+            ln_pre.forward(b, p, x, next, ln_pre_stats);
+            std::mem::swap(x, next);
+        }
         for (l, (block, a)) in self.blocks.iter().zip(blocks.iter_mut()).enumerate() {
             let [x, next] = &mut *stream;
             let (keys, values) = (&mut keys[l], &mut values[l]);
             let attend = |qkv: &B::Tensor, _: &mut _, attended: &mut B::Tensor| {
                 b.attend_cached(qkv, keys, values, attended, &attention)
             };
-            block.forward_with(b, p, a, x, attend, next);
+            block.forward_with(b, p, a, x, attend, None, next);
             std::mem::swap(x, next);
         }
         self.final_output(b, p, &stream[0], out, &mut cache.ln_f);

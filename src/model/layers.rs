@@ -8,7 +8,34 @@ use crate::backend::{Backend, Storage};
 use crate::ops::linear::Linear;
 use serde::{Deserialize, Serialize};
 
-const LN_EPS: f32 = 1e-5;
+/// A layer norm's epsilon, added to the variance: 1e-5 (GPT-2's and
+/// CLIP's) unless a model says otherwise (BERT's 1e-12). Compared bit for
+/// bit, so that the configs holding one stay `Eq`.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NormEpsilon(pub f32);
+
+impl NormEpsilon {
+    pub const DEFAULT: NormEpsilon = NormEpsilon(1e-5);
+
+    pub fn is_default(&self) -> bool {
+        *self == Self::DEFAULT
+    }
+}
+
+impl Default for NormEpsilon {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl PartialEq for NormEpsilon {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for NormEpsilon {}
 
 /// The activation after a dense layer: GELU (tanh approximation, GPT-2's
 /// and captune's), tanh (ClipCap's MLP mapper), ReLU (ClipCap's
@@ -225,6 +252,7 @@ impl Dense {
 /// Layer norm over rows of `cols`.
 pub struct Norm {
     pub cols: usize,
+    eps: f32,
     pub gamma: ParamId,
     pub beta: ParamId,
 }
@@ -246,8 +274,18 @@ impl<B: Backend> NormStats<B> {
 
 impl Norm {
     pub fn new<B: Backend>(params: &mut Params<B>, name: &str, cols: usize) -> Self {
+        Self::with_eps(params, name, cols, NormEpsilon::DEFAULT)
+    }
+
+    pub fn with_eps<B: Backend>(
+        params: &mut Params<B>,
+        name: &str,
+        cols: usize,
+        eps: NormEpsilon,
+    ) -> Self {
         Norm {
             cols,
+            eps: eps.0,
             gamma: params.add(format!("{name}.weight"), &[cols], Init::Const(1.0), false),
             beta: params.add(format!("{name}.bias"), &[cols], Init::Const(0.0), false),
         }
@@ -269,7 +307,7 @@ impl Norm {
             &mut stats.mean,
             &mut stats.rstd,
             self.cols,
-            LN_EPS,
+            self.eps,
         );
     }
 

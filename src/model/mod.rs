@@ -1,6 +1,7 @@
 //! Models written once against the ops: parameters, layers, the shared
 //! transformer, and the retriever built from them.
 
+pub mod blip;
 pub mod checkpoint;
 pub mod clip;
 pub mod gpt2;

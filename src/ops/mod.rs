@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod contrastive;
+pub mod cross_attention;
 pub mod cross_entropy;
 pub mod linear;
 pub mod sequence_likelihood;

@@ -247,7 +247,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
         let c = self.config;
-        let dim = cx.model.config.embed_dim;
+        let dim = cx.batch.image_width();
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         if self.listener.is_none() {
             let neighbours = if c.hard_negatives > 0 {
@@ -272,7 +272,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         }
         let listener = self.listener.as_ref().expect("made above");
         // One caption per image: rows of the same image are one candidate.
-        let (images, features) = cx.batch.distinct_images(dim);
+        let (images, features) = cx.batch.distinct_images();
         let decoding = if c.sample {
             Decoding::Sample {
                 n: 1,
@@ -348,7 +348,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
 
     fn explain(&mut self, cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
         let (b, c, vocab) = (cx.b, self.config, cx.vocab);
-        let dim = cx.model.config.embed_dim;
+        let dim = cx.data.dim;
         let candidates = cx.batch(c.hard_negatives);
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         let n = candidates.ids.len();

@@ -113,10 +113,10 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
 
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
-        let dim = cx.model.config.embed_dim;
+        let dim = cx.batch.image_width();
         let name = CLIP_RELEVANCE.name;
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, name)?;
-        let (_, features) = cx.batch.distinct_images(dim);
+        let (_, features) = cx.batch.distinct_images();
         if self.listener.is_none() {
             let map = VocabMap::new(cx.vocab, &retriever.captions)?;
             self.listener = Some(RelaxedListener::new(b, &retriever.model, map));

@@ -104,6 +104,45 @@ pub fn probes(what: &str, len: usize, count: usize) -> Vec<usize> {
     all
 }
 
+/// How a finite-difference check probes a gradient: central differences
+/// of step `eps` (in f32, the loss summed in f64) at `count` coordinates,
+/// each within `atol + rtol |numeric|`.
+pub struct Probing {
+    pub eps: f32,
+    pub count: usize,
+    pub atol: f32,
+    pub rtol: f32,
+}
+
+/// Checks `analytic`, the gradient of `loss` at `x`, against central
+/// differences at the coordinates `probes(what, ..)` draws.
+#[track_caller]
+pub fn check_gradient(
+    what: &str,
+    x: &[f32],
+    analytic: &[f32],
+    mut loss: impl FnMut(&[f32]) -> f64,
+    probing: &Probing,
+) {
+    assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
+    let mut x = x.to_vec();
+    for i in probes(what, x.len(), probing.count) {
+        let orig = x[i];
+        x[i] = orig + probing.eps;
+        let up = loss(&x);
+        x[i] = orig - probing.eps;
+        let down = loss(&x);
+        x[i] = orig;
+        let numeric = ((up - down) / (2.0 * probing.eps as f64)) as f32;
+        let tol = probing.atol + probing.rtol * numeric.abs();
+        assert!(
+            (numeric - analytic[i]).abs() <= tol,
+            "{what}: d/dx[{i}] is {} analytically but {numeric} numerically",
+            analytic[i]
+        );
+    }
+}
+
 /// Checks every parameter's gradient `grads[p]` against central
 /// differences (step `eps`) of `loss` at 6 random coordinates of it,
 /// changing one element of `params(model)` at a time.

@@ -13,6 +13,7 @@ use captune::gpu::{MatmulKernel, MatmulTile};
 use captune::index::FULL_VOCAB;
 use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
+use captune::ops::cross_attention::{CrossAttention, CrossAttentionShape};
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::sequence_likelihood::SequenceLikelihood;
 use common::{assert_close, gpu, random, random_ids};
@@ -677,6 +678,44 @@ fn attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn attention_matches_cpu() {
     parity!(attention_cases, 1e-4, 1e-5);
+}
+
+/// Cross-attention from 7 query positions to 19 keys (padding in one
+/// item, none in the other's, and without a mask), forward and backward.
+fn cross_attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let mut outs = Vec::new();
+    for real in [Some([11, 19]), None] {
+        let shape = CrossAttentionShape {
+            batch: 2,
+            q_len: 7,
+            kv_len: 19,
+            heads: 3,
+            head_dim: 5,
+        };
+        let mask = real.map(|real| {
+            let mask: Vec<u32> = real
+                .iter()
+                .flat_map(|&n| (0..shape.kv_len).map(move |t| u32::from(t < n)))
+                .collect();
+            b.ids(&mask)
+        });
+        let q = b.tensor(&random(shape.q_elements(), 1));
+        let kv = b.tensor(&random(shape.kv_elements(), 2));
+        let mut attn = CrossAttention::new(b, shape, true);
+        let mut out = b.zeros(shape.q_elements());
+        attn.forward(b, &q, &kv, mask.as_ref(), &mut out);
+        let d_out = b.tensor(&random(shape.q_elements(), 3));
+        let mut dq = b.tensor(&random(shape.q_elements(), 4));
+        let mut dkv = b.tensor(&random(shape.kv_elements(), 5));
+        attn.backward(b, (&q, &kv), &d_out, &mut dq, &mut dkv);
+        outs.extend([b.to_vec(&out), b.to_vec(&dq), b.to_vec(&dkv)]);
+    }
+    outs
+}
+
+#[test]
+fn cross_attention_matches_cpu() {
+    parity!(cross_attention_cases, 1e-4, 1e-5);
 }
 
 /// The ops REINFORCE needs: the entropy of the softmax and its gradient,

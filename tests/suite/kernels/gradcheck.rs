@@ -9,11 +9,10 @@ use captune::cpu::CpuBackend;
 use captune::index::FULL_VOCAB;
 use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
+use captune::ops::cross_attention::{CrossAttention, CrossAttentionShape};
 use captune::ops::cross_entropy::CrossEntropy;
 use captune::ops::linear::Linear;
-use common::{assert_close, probes, random, random_ids};
-
-const EPS: f32 = 1e-2;
+use common::{Probing, assert_close, check_gradient, random, random_ids};
 
 fn dot(a: &[f32], b: &[f32]) -> f64 {
     a.iter().zip(b).map(|(&x, &y)| x as f64 * y as f64).sum()
@@ -22,24 +21,14 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
 /// Compares `analytic` with central differences of `loss` at 48 random
 /// coordinates of `x` (seeded by `what`; all of them when there are fewer).
 #[track_caller]
-fn check(what: &str, x: &[f32], analytic: &[f32], mut loss: impl FnMut(&[f32]) -> f64) {
-    assert_eq!(x.len(), analytic.len(), "{what}: gradient length");
-    let mut x = x.to_vec();
-    for i in probes(what, x.len(), 48) {
-        let orig = x[i];
-        x[i] = orig + EPS;
-        let up = loss(&x);
-        x[i] = orig - EPS;
-        let down = loss(&x);
-        x[i] = orig;
-        let numeric = ((up - down) / (2.0 * EPS as f64)) as f32;
-        let tol = 2e-3 + 2e-2 * numeric.abs();
-        assert!(
-            (numeric - analytic[i]).abs() <= tol,
-            "{what}: d/dx[{i}] is {} analytically but {numeric} numerically",
-            analytic[i]
-        );
-    }
+fn check(what: &str, x: &[f32], analytic: &[f32], loss: impl FnMut(&[f32]) -> f64) {
+    let probing = Probing {
+        eps: 1e-2,
+        count: 48,
+        atol: 2e-3,
+        rtol: 2e-2,
+    };
+    check_gradient(what, x, analytic, loss, &probing);
 }
 
 #[test]
@@ -365,6 +354,97 @@ fn attention_backward_matches_finite_differences() {
             );
         }
     }
+}
+
+/// Queries and keys of different lengths, a padded item: dq and the
+/// fused dkv (whose padded keys must get no gradient).
+#[test]
+fn cross_attention_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let shape = CrossAttentionShape {
+        batch: 2,
+        q_len: 3,
+        kv_len: 5,
+        heads: 2,
+        head_dim: 3,
+    };
+    let mask: Vec<u32> = [4, 5]
+        .iter()
+        .flat_map(|&n| (0..5).map(move |t| u32::from(t < n)))
+        .collect();
+    let (q, kv) = (
+        random(shape.q_elements(), 1),
+        random(shape.kv_elements(), 2),
+    );
+    let r = random(shape.q_elements(), 3);
+    let forward = |q: &[f32], kv: &[f32]| {
+        let mut attn = CrossAttention::new(&b, shape, true);
+        let mut out = vec![0.0; shape.q_elements()];
+        attn.forward(&b, &q.to_vec(), &kv.to_vec(), Some(&mask), &mut out);
+        (out, attn)
+    };
+    let (_, mut attn) = forward(&q, &kv);
+    let (mut dq, mut dkv) = (vec![0.0; q.len()], vec![0.0; kv.len()]);
+    attn.backward(&b, (&q, &kv), &r, &mut dq, &mut dkv);
+    check("cross-attention dq", &q, &dq, |x| {
+        dot(&forward(x, &kv).0, &r)
+    });
+    check("cross-attention dkv", &kv, &dkv, |x| {
+        dot(&forward(&q, x).0, &r)
+    });
+    // The first item's fifth key is padding: its k and v get nothing.
+    let row = &dkv[4 * 2 * shape.channels()..5 * 2 * shape.channels()];
+    assert!(row.iter().all(|&g| g == 0.0), "a padded key got {row:?}");
+}
+
+/// Cross-attention against a float64 loop over items, heads, queries and
+/// keys written from the definition.
+#[test]
+fn cross_attention_equals_its_definition() {
+    let b = CpuBackend::new();
+    let s = CrossAttentionShape {
+        batch: 2,
+        q_len: 4,
+        kv_len: 6,
+        heads: 2,
+        head_dim: 3,
+    };
+    let real = [6, 2];
+    let mask: Vec<u32> = real
+        .iter()
+        .flat_map(|&n| (0..6).map(move |t| u32::from(t < n)))
+        .collect();
+    let q: Vec<f32> = random(s.q_elements(), 1).iter().map(|v| 3.0 * v).collect();
+    let kv: Vec<f32> = random(s.kv_elements(), 2).iter().map(|v| 3.0 * v).collect();
+    let mut out = vec![0.0; s.q_elements()];
+    CrossAttention::new(&b, s, false).forward(&b, &q, &kv, Some(&mask), &mut out);
+    let c = s.channels();
+    let mut want = vec![0.0f32; out.len()];
+    for item in 0..s.batch {
+        for h in 0..s.heads {
+            for i in 0..s.q_len {
+                let qi = |e: usize| q[(item * s.q_len + i) * c + h * s.head_dim + e] as f64;
+                let k = |j: usize, e: usize| kv[(item * s.kv_len + j) * 2 * c + h * s.head_dim + e];
+                let v =
+                    |j: usize, e: usize| kv[(item * s.kv_len + j) * 2 * c + c + h * s.head_dim + e];
+                let scores: Vec<f64> = (0..real[item])
+                    .map(|j| {
+                        let dot: f64 = (0..s.head_dim).map(|e| qi(e) * k(j, e) as f64).sum();
+                        dot / (s.head_dim as f64).sqrt()
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let total: f64 = scores.iter().map(|x| (x - max).exp()).sum();
+                for e in 0..s.head_dim {
+                    let mixed: f64 = (0..real[item])
+                        .map(|j| (scores[j] - max).exp() / total * v(j, e) as f64)
+                        .sum();
+                    want[(item * s.q_len + i) * c + h * s.head_dim + e] = mixed as f32;
+                }
+            }
+        }
+    }
+    assert_close("cross-attention", &out, &want, 1e-5, 1e-6);
 }
 
 /// The fused kernels against batched products and a softmax, an

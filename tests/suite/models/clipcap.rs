@@ -15,7 +15,8 @@ use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::{MASKED_LOGIT, TokenInputs, is_mapper_param, teacher_targets};
+use captune::captioner::decoders::prefix::is_mapper_param;
+use captune::captioner::model::{MASKED_LOGIT, TokenInputs, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
 use captune::captioner::{CaptionVocab, MapperTransformer};
@@ -65,7 +66,8 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
     let gpt2 = gpt2::read(&dir, "decoder").unwrap();
     let mut model = pretrained::from_gpt2(b, gpt2, shape, end, 0).unwrap();
-    for (spec, value) in model.params.specs.iter().zip(&mut model.params.values) {
+    let params = model.params_mut();
+    for (spec, value) in params.specs.iter().zip(&mut params.values) {
         if is_mapper_param(&spec.name) {
             b.write(value, &want.tensors[&spec.name].data);
         }
@@ -86,7 +88,7 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
         .forward(b, &want.tensors["features"].data, &inputs)
         .unwrap();
     losses.forward_backward(b, model.logits(), &batch, true);
-    model.params.zero_grads(b);
+    model.params_mut().zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let loss = losses.read(b, &batch).loss;
     let all = b.to_vec(model.logits());
@@ -98,10 +100,10 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
         .flat_map(|row| all[row * v..(row + 1) * v].to_vec())
         .collect();
     let grads = model
-        .params
+        .params()
         .specs
         .iter()
-        .zip(&model.params.grads)
+        .zip(&model.params().grads)
         .map(|(spec, g)| (spec.name.clone(), b.to_vec(g)))
         .collect();
     Step {

@@ -13,7 +13,8 @@
 use crate::common;
 
 use captune::backend::Backend;
-use captune::captioner::model::{Captioner, is_mapper_param};
+use captune::captioner::decoders::prefix::is_mapper_param;
+use captune::captioner::model::Captioner;
 use captune::captioner::pretrained::{self, PrefixShape};
 use captune::captioner::run::RunConfig;
 use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, export};
@@ -37,7 +38,7 @@ fn saved_checkpoint(b: &CpuBackend, path: &std::path::Path) -> Checkpoint<CpuBac
     run.model.mapper_activation = Activation::Tanh;
     let vocab = CaptionVocab::build(&data.data, 1).unwrap();
     let mut model = Captioner::new(b, run.captioner(TINY_DIM, vocab.len()), 3).unwrap();
-    for (i, value) in model.params.values.iter_mut().enumerate() {
+    for (i, value) in model.params_mut().values.iter_mut().enumerate() {
         let v = random(value.len(), 40 + i as u64);
         b.write(value, &v);
     }
@@ -61,7 +62,13 @@ fn an_export_reads_back_as_the_same_gpt2_mapper_and_vocabulary() {
     assert_eq!(read.config.vocab_size, c.vocab_size);
     let mut decoder = read.weights;
     let mut mapper = tensorfile::read(&out.join(export::MAPPER_FILE)).unwrap();
-    for (spec, value) in ck.model.params.specs.iter().zip(&ck.model.params.values) {
+    for (spec, value) in ck
+        .model
+        .params()
+        .specs
+        .iter()
+        .zip(&ck.model.params().values)
+    {
         let file = if is_mapper_param(&spec.name) {
             &mut mapper
         } else {
@@ -194,9 +201,9 @@ fn gpt2_round_trip(mapper: Option<MapperTransformer>, name: &str) -> PathBuf {
     let back = pretrained::from_folder(&b, &out, shape, 6).unwrap();
     assert_eq!(back.model.config, ck.model.config);
     assert_eq!(back.vocab, ck.vocab);
-    for ((spec, a), z) in (ck.model.params.specs.iter())
-        .zip(&ck.model.params.values)
-        .zip(&back.model.params.values)
+    for ((spec, a), z) in (ck.model.params().specs.iter())
+        .zip(&ck.model.params().values)
+        .zip(&back.model.params().values)
     {
         assert_eq!(b.to_vec(a), b.to_vec(z), "{}", spec.name);
     }
@@ -273,13 +280,13 @@ fn a_gpt2_decoder_exports_as_the_whole_gpt2_it_came_from() {
     // Trained positions are the first rows; the GPT-2's own follow.
     let at = ck
         .model
-        .params
+        .params()
         .specs
         .iter()
         .position(|s| s.name == "decoder.positions")
         .unwrap();
-    let trained: Vec<f32> = random(ck.model.params.values[at].len(), 7);
-    b.write(&mut ck.model.params.values[at], &trained);
+    let trained: Vec<f32> = random(ck.model.params().values[at].len(), 7);
+    b.write(&mut ck.model.params_mut().values[at], &trained);
     export::to_hf(&b, &ck, &out, Some(&gpt2_tiny())).unwrap();
     let (got, original) = (
         gpt2::read(&out, "d").unwrap(),

@@ -11,7 +11,7 @@ use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, Token
 use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
-use captune::captioner::{CaptionerConfig, SpecialIds};
+use captune::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::model::layers::Activation;
@@ -169,6 +169,8 @@ fn the_cached_transformer_equals_the_full_forward() {
 
 fn captioner_config() -> CaptionerConfig {
     CaptionerConfig {
+        family: DecoderFamily::Prefix,
+        image_tokens: 0,
         embed_dim: 6,
         prefix_len: 3,
         mapper_hidden: 10,
@@ -183,7 +185,7 @@ fn captioner_config() -> CaptionerConfig {
 
 fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
     let mut model = Captioner::new(b, captioner_config(), 3).unwrap();
-    randomise(b, &mut model.params, 70);
+    randomise(b, model.params_mut(), 70);
     model
 }
 
@@ -375,13 +377,13 @@ fn logits_alone_and_in_a_batch<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let mut out = Vec::new();
     for update in [false, true] {
         if update {
-            let tokens = model.params.values.len() - 1;
+            let tokens = model.params().values.len() - 1;
             let doubled: Vec<f32> = b
-                .to_vec(&model.params.values[tokens])
+                .to_vec(&model.params().values[tokens])
                 .iter()
                 .map(|x| 2.0 * x)
                 .collect();
-            b.write(&mut model.params.values[tokens], &doubled);
+            b.write(&mut model.params_mut().values[tokens], &doubled);
         }
         let batch = TokenInputs::new(b, &c, &seqs).unwrap();
         model.forward(b, &features, &batch).unwrap();
@@ -421,7 +423,7 @@ fn loss_and_gradients<B: Backend>(
     let mut config = captioner_config();
     config.max_len = 20;
     let mut model = Captioner::new(b, config, 4).unwrap();
-    randomise(b, &mut model.params, 90);
+    randomise(b, model.params_mut(), 90);
     let vocab = captune::captioner::CaptionVocab::from_words(
         (4..config.vocab_size).map(|i| format!("w{i}")).collect(),
     );
@@ -447,11 +449,11 @@ fn loss_and_gradients<B: Backend>(
     let features = random(seqs.len() * config.embed_dim, 6);
     model.forward(b, &features, &inputs).unwrap();
     losses.forward_backward(b, model.logits(), &batch, true);
-    model.params.zero_grads(b);
+    model.params_mut().zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let v = losses.read(b, &batch);
     let mut out = vec![vec![v.loss, v.mle, v.smile, steps as f32]];
-    out.extend(model.params.grads.iter().map(|g| b.to_vec(g)));
+    out.extend(model.params().grads.iter().map(|g| b.to_vec(g)));
     out
 }
 

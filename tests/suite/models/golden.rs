@@ -74,10 +74,10 @@ fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
         .forward(b, &expected.tensors["features"].data, &token_inputs)
         .unwrap();
     losses.forward_backward(b, model.logits(), &batch, true);
-    model.params.zero_grads(b);
+    model.params_mut().zero_grads(b);
     model.backward(b, &token_inputs, &losses.d_logits);
     let loss = losses.read(b, &batch).loss;
-    finish(b, loss, &mut model.params, expected)
+    finish(b, loss, model.params_mut(), expected)
 }
 
 /// One step of the retriever's contrastive training on the golden batch.
@@ -460,7 +460,7 @@ fn the_pytorch_package_takes_captunes_scst_step() {
         let settings = serde_json::json!({ "baseline": baseline });
         let (mut ck, values) = objective_step(&b, &at, "scst", &settings, None);
         let loss = values.into_iter().find(|(k, _)| *k == "loss").unwrap().1;
-        let step = finish(&b, loss, &mut ck.model.params, &hyper);
+        let step = finish(&b, loss, ck.model.params_mut(), &hyper);
         check(
             &format!("captune's SCST step ({baseline} baseline) against the PyTorch package's"),
             &step,
@@ -515,7 +515,13 @@ fn objective_steps<B: Backend>(
             &case["settings"],
             retriever.as_deref_mut(),
         );
-        let grads = ck.model.params.grads.iter().map(|g| b.to_vec(g)).collect();
+        let grads = ck
+            .model
+            .params()
+            .grads
+            .iter()
+            .map(|g| b.to_vec(g))
+            .collect();
         out.push(Outcome {
             case: name,
             values,
@@ -541,7 +547,7 @@ fn objective_step<B: Backend>(
     let vocab = ck.model.config.vocab_size;
     let mut objective = objectives::build::<B>(objective, &settings, vocab).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    ck.model.params.zero_grads(b);
+    ck.model.params_mut().zero_grads(b);
     let mut cx = StepContext {
         b,
         model: &mut ck.model,
@@ -595,7 +601,7 @@ fn check_outcomes(
     let names: Vec<String> = {
         let ck = Checkpoint::load(&CpuBackend::new(), &data(file)).unwrap();
         ck.model
-            .params
+            .params()
             .specs
             .iter()
             .map(|s| s.name.clone())
@@ -657,7 +663,7 @@ fn write_discritune_inputs() {
         let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
         row.iter_mut().for_each(|x| *x /= norm);
     }
-    let (distinct, features) = discritune_batch(&discritune_corpus(&corpus)).distinct_images(8);
+    let (distinct, features) = discritune_batch(&discritune_corpus(&corpus)).distinct_images();
     let sampled = Decoding::Sample {
         n: 1,
         temperature: 1.0,

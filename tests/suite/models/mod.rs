@@ -1,8 +1,12 @@
-//! The networks: generation over the KV cache, the golden test against an
+//! The networks: the transformer's post-LN and cross-attending blocks,
+//! BLIP's text decoder against transformers,
+//! generation over the KV cache, the golden test against an
 //! independent PyTorch implementation, the policy every loss reads, and
 //! the pretrained families (GPT-2, ClipCap, CLIP) against transformers,
 //! with export.
 
+mod blip;
+mod blocks;
 mod clip;
 mod clipcap;
 mod export;

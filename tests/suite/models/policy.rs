@@ -15,7 +15,7 @@ use captune::backend::{Backend, Storage};
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_targets};
 use captune::captioner::objectives::reinforce::Surrogate;
-use captune::captioner::{CaptionerConfig, SpecialIds};
+use captune::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::UNK;
 use captune::model::layers::Activation;
@@ -34,6 +34,8 @@ const START_IS_END: SpecialIds = SpecialIds {
 
 fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
     let config = CaptionerConfig {
+        family: DecoderFamily::Prefix,
+        image_tokens: 0,
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
@@ -47,7 +49,7 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
     let mut model = Captioner::new(b, config, 5).unwrap();
     // Weights larger than the initialisation: every id, <pad> and <bos>
     // too, would have mass without the mask.
-    for (i, value) in model.params.values.iter_mut().enumerate() {
+    for (i, value) in model.params_mut().values.iter_mut().enumerate() {
         let v: Vec<f32> = random(value.len(), 90 + i as u64)
             .iter()
             .map(|x| 0.6 * x)

@@ -13,7 +13,9 @@ use captune::captioner::objectives::token::{
     TokenObjective,
 };
 use captune::captioner::records::read_log;
-use captune::captioner::{CaptionVocab, CaptionerConfig, MapperTransformer, SpecialIds};
+use captune::captioner::{
+    CaptionVocab, CaptionerConfig, DecoderFamily, MapperTransformer, SpecialIds,
+};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
 use captune::index::FULL_VOCAB;
@@ -390,6 +392,8 @@ fn ablation_plans_random_and_reverse_subsets() {
 
 fn tiny_config(vocab: usize) -> CaptionerConfig {
     CaptionerConfig {
+        family: DecoderFamily::Prefix,
+        image_tokens: 0,
         embed_dim: 6,
         prefix_len: 2,
         mapper_hidden: 10,
@@ -438,11 +442,11 @@ fn step<B: Backend>(
     let mut losses = Losses::new(b, objective, inputs.rows(), vocab.len());
     model.forward(b, features, &inputs).unwrap();
     losses.forward_backward(b, model.logits(), &targets, true);
-    model.params.zero_grads(b);
+    model.params_mut().zero_grads(b);
     model.backward(b, &inputs, &losses.d_logits);
     let v = losses.read(b, &targets);
     let mut outs = vec![vec![v.loss, v.mle, v.smile], b.to_vec(model.logits())];
-    outs.extend(model.params.grads.iter().map(|g| b.to_vec(g)));
+    outs.extend(model.params().grads.iter().map(|g| b.to_vec(g)));
     (outs[0].clone(), outs[1..].to_vec())
 }
 
@@ -452,7 +456,7 @@ fn captioner_gradients_match_finite_differences() {
     let config = tiny_config(small_vocab().len());
     let mut model = Captioner::new(&b, config, 5).unwrap();
     // Larger weights than the initialisation, so every path matters.
-    for (i, value) in model.params.values.iter_mut().enumerate() {
+    for (i, value) in model.params_mut().values.iter_mut().enumerate() {
         let scaled: Vec<f32> = random(value.len(), 100 + i as u64)
             .iter()
             .map(|x| 0.5 * x)
@@ -468,7 +472,7 @@ fn captioner_gradients_match_finite_differences() {
     let grads = &outs[1..];
     common::check_parameter_gradients(
         &mut model,
-        |m| &mut m.params,
+        |m| m.params_mut(),
         grads,
         1e-2,
         |m| {
@@ -512,7 +516,7 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
                 let name = if i == 0 {
                     "logits".to_string()
                 } else {
-                    on_cpu.params.specs[i - 1].name.clone()
+                    on_cpu.params().specs[i - 1].name.clone()
                 };
                 assert_close(&format!("{what}: {name}"), got, want, 1e-3, 1e-5);
             }
@@ -659,8 +663,13 @@ fn a_transformer_mapper_comes_from_the_run_config() {
     );
     let b = CpuBackend::new();
     let model = Captioner::new(&b, config, 0).unwrap();
-    assert_eq!(config.parameter_count(), model.params.count() as u128);
-    let names: Vec<&str> = model.params.specs.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(config.parameter_count(), model.params().count() as u128);
+    let names: Vec<&str> = model
+        .params()
+        .specs
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect();
     for name in [
         "mapper.linear.weight",
         "mapper.constants",
@@ -672,7 +681,14 @@ fn a_transformer_mapper_comes_from_the_run_config() {
     assert!(!names.iter().any(|n| n.starts_with("mapper.fc")
         || *n == "mapper.transformer.blocks.0.attn.qkv.bias"
         || n.starts_with("mapper.transformer.ln_f")));
-    let spec = |name: &str| model.params.specs.iter().find(|s| s.name == name).unwrap();
+    let spec = |name: &str| {
+        model
+            .params()
+            .specs
+            .iter()
+            .find(|s| s.name == name)
+            .unwrap()
+    };
     assert_eq!(spec("mapper.linear.weight").shape, [8, 3 * 32]);
     assert_eq!(spec("mapper.constants").shape, [2, 32]);
     assert_eq!(
@@ -684,18 +700,23 @@ fn a_transformer_mapper_comes_from_the_run_config() {
     // decay would pull towards 0): one AdamW step with every gradient 0
     // scales exactly those by 1 - lr x decay and leaves the rest.
     let mut decayed = model;
-    let before: Vec<Vec<f32>> = decayed.params.values.iter().map(|v| b.to_vec(v)).collect();
+    let before: Vec<Vec<f32>> = decayed
+        .params()
+        .values
+        .iter()
+        .map(|v| b.to_vec(v))
+        .collect();
     let adamw = AdamWConfig {
         lr: 0.1,
         weight_decay: 0.5,
         ..AdamWConfig::default()
     };
-    let mut opt = AdamW::new(&b, adamw, &decayed.params.optimizer_layout());
+    let mut opt = AdamW::new(&b, adamw, &decayed.params().optimizer_layout());
     let zeros: Vec<_> = before.iter().map(|v| b.zeros(v.len())).collect();
     let grads: Vec<_> = zeros.iter().collect();
-    let mut values: Vec<_> = decayed.params.values.iter_mut().collect();
+    let mut values: Vec<_> = decayed.params_mut().values.iter_mut().collect();
     opt.step(&b, &mut values, &grads);
-    for (p, spec) in decayed.params.specs.iter().enumerate() {
+    for (p, spec) in decayed.params().specs.iter().enumerate() {
         let dense_weight = spec.name.ends_with(".weight")
             && spec.shape.len() == 2
             && !spec.name.contains("ln")
@@ -705,7 +726,7 @@ fn a_transformer_mapper_comes_from_the_run_config() {
         let want: Vec<f32> = before[p].iter().map(|x| x * factor).collect();
         common::assert_close(
             &spec.name,
-            &b.to_vec(&decayed.params.values[p]),
+            &b.to_vec(&decayed.params().values[p]),
             &want,
             1e-6,
             0.0,

@@ -36,7 +36,7 @@ impl<B: Backend> Objective<B> for Flipped<B> {
 
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> anyhow::Result<()> {
         self.0.step(cx)?;
-        for g in cx.model.params.grads.iter_mut() {
+        for g in cx.model.params_mut().grads.iter_mut() {
             cx.b.scale(g, -1.0);
         }
         Ok(())

@@ -71,7 +71,7 @@ fn a_gpt2_folder_starts_a_run_with_its_tokenizer_and_network() {
 
 /// The decoder's final layer norm's scale: a tensor every objective trains.
 fn ln_f(b: &CpuBackend, ck: &Checkpoint<CpuBackend>) -> Vec<f32> {
-    let p = &ck.model.params;
+    let p = &ck.model.params();
     let at = p
         .specs
         .iter()

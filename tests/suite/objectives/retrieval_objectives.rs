@@ -99,12 +99,12 @@ fn train_steps<B: Backend>(
             lr,
             ..AdamWConfig::default()
         },
-        &ck.model.params.optimizer_layout(),
+        &ck.model.params().optimizer_layout(),
     );
     let mut report = Vec::new();
     for step in 0..steps {
         let mut rng = ChaCha8Rng::seed_from_u64(step as u64);
-        ck.model.params.zero_grads(b);
+        ck.model.params_mut().zero_grads(b);
         let mut cx = StepContext {
             b,
             model: &mut ck.model,
@@ -121,7 +121,7 @@ fn train_steps<B: Backend>(
             let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
             report = objective.report(&read);
         }
-        let params = &mut ck.model.params;
+        let params = ck.model.params_mut();
         let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = params.grads.iter().collect();
         opt.step(b, &mut values, &grads);
@@ -379,10 +379,10 @@ fn one_discritune_step_agrees_gpu_vs_cpu() {
     }
     for (i, (x, y)) in on_cpu
         .model
-        .params
+        .params()
         .grads
         .iter()
-        .zip(&on_gpu.model.params.grads)
+        .zip(&on_gpu.model.params().grads)
         .enumerate()
     {
         assert_close(
@@ -651,7 +651,7 @@ fn a_clip_relevance_step_scores_its_own_captions() {
         .collect();
     // The captions the step will draw: its generator's first number seeds them.
     let seed: u64 = rand::Rng::random(&mut ChaCha8Rng::seed_from_u64(0));
-    let (_, features) = batch.distinct_images(TINY_DIM);
+    let (_, features) = batch.distinct_images();
     let decoding = Decoding::Gumbel { n: 1, seed };
     let captions = generate(
         &b,
@@ -696,7 +696,7 @@ fn a_clip_relevance_step_scores_its_own_captions() {
     );
     let moved = ck
         .model
-        .params
+        .params()
         .grads
         .iter()
         .any(|g| b.to_vec(g).iter().any(|&x| x != 0.0));
@@ -762,10 +762,10 @@ fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
         }
         for (i, (x, y)) in on_cpu
             .model
-            .params
+            .params()
             .grads
             .iter()
-            .zip(&on_gpu.model.params.grads)
+            .zip(&on_gpu.model.params().grads)
             .enumerate()
         {
             assert_close(
@@ -795,7 +795,7 @@ fn clip_relevance_steps_of_one_shape_create_no_buffer() {
         objectives::build::<GpuBackend>("clip-relevance", &soft, ck.vocab.len()).unwrap();
     let mut step = |rng_seed: u64| {
         let mut rng = ChaCha8Rng::seed_from_u64(rng_seed);
-        ck.model.params.zero_grads(&g);
+        ck.model.params_mut().zero_grads(&g);
         let mut cx = StepContext {
             b: &g,
             model: &mut ck.model,
@@ -905,7 +905,7 @@ fn every_mle_mix_is_the_weighted_sum_of_its_parts() {
             1e-3,
             1,
         );
-        let grads = &stepped.model.params.grads;
+        let grads = &stepped.model.params().grads;
         grads.iter().flat_map(|g| b.to_vec(g)).collect()
     };
     let mle = gradients("mle", None);

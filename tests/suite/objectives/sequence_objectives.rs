@@ -388,12 +388,12 @@ fn train_steps<B: Backend>(
             lr,
             ..AdamWConfig::default()
         },
-        &ck.model.params.optimizer_layout(),
+        &ck.model.params().optimizer_layout(),
     );
     let mut report = Vec::new();
     for step in 0..steps {
         let mut rng = ChaCha8Rng::seed_from_u64(step as u64);
-        ck.model.params.zero_grads(b);
+        ck.model.params_mut().zero_grads(b);
         let mut cx = StepContext {
             b,
             model: &mut ck.model,
@@ -410,7 +410,7 @@ fn train_steps<B: Backend>(
             let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
             report = objective.report(&read);
         }
-        let params = &mut ck.model.params;
+        let params = ck.model.params_mut();
         let mut values: Vec<&mut B::Tensor> = params.values.iter_mut().collect();
         let grads: Vec<&B::Tensor> = params.grads.iter().collect();
         opt.step(b, &mut values, &grads);
@@ -530,10 +530,10 @@ fn one_step_of_each_objective_agrees_gpu_vs_cpu() {
         }
         for (i, (x, y)) in on_cpu
             .model
-            .params
+            .params()
             .grads
             .iter()
-            .zip(&on_gpu.model.params.grads)
+            .zip(&on_gpu.model.params().grads)
             .enumerate()
         {
             assert_close(
@@ -748,7 +748,7 @@ fn step_gradients(
     train_steps(&b, &mut stepped, corpus, batch, name, settings, 1e-3, 1);
     stepped
         .model
-        .params
+        .params()
         .grads
         .iter()
         .flat_map(|g| b.to_vec(g))

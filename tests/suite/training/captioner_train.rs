@@ -165,7 +165,13 @@ fn frozen_decoder_run<B: Backend>(b: &B, mapper: Option<MapperTransformer>, what
         run.model.mapper_activation = Activation::Relu;
     }
     let mut ck = new_checkpoint(b, &data, &run);
-    let before: Vec<Vec<f32>> = ck.model.params.values.iter().map(|v| b.to_vec(v)).collect();
+    let before: Vec<Vec<f32>> = ck
+        .model
+        .params()
+        .values
+        .iter()
+        .map(|v| b.to_vec(v))
+        .collect();
     let kind = if mapper.is_some() {
         "transformer"
     } else {
@@ -175,20 +181,20 @@ fn frozen_decoder_run<B: Backend>(b: &B, mapper: Option<MapperTransformer>, what
     train_to_end(b, &mut ck, &data, &run, &folder, Begin::New);
     for (i, (spec, value)) in ck
         .model
-        .params
+        .params()
         .specs
         .iter()
-        .zip(&ck.model.params.values)
+        .zip(&ck.model.params().values)
         .enumerate()
     {
         let after = b.to_vec(value);
-        if ck.model.is_mapper(i) {
+        if ck.model.is_adapter(i) {
             assert_ne!(after, before[i], "{what}: {} did not train", spec.name);
         } else {
             assert_eq!(after, before[i], "{what}: {} moved", spec.name);
         }
     }
-    assert!((0..ck.model.params.specs.len()).any(|i| ck.model.is_mapper(i)));
+    assert!((0..ck.model.params().specs.len()).any(|i| ck.model.is_adapter(i)));
     let log = log_lines(&folder.dir);
     let mle = |l: &serde_json::Value| l["mle"].as_f64().unwrap();
     let first: f64 = log[..3].iter().map(mle).sum::<f64>() / 3.0;
@@ -222,13 +228,13 @@ fn frozen_decoder_run<B: Backend>(b: &B, mapper: Option<MapperTransformer>, what
     assert_eq!(reloaded.model.mapper_transformer, mapper);
     let saved = Checkpoint::load(b, &folder.checkpoint()).unwrap();
     assert_eq!(saved.model.config, ck.model.config);
-    for (spec, (a, z)) in saved.model.params.specs.iter().zip(
+    for (spec, (a, z)) in saved.model.params().specs.iter().zip(
         saved
             .model
-            .params
+            .params()
             .values
             .iter()
-            .zip(&ck.model.params.values),
+            .zip(&ck.model.params().values),
     ) {
         assert_eq!(b.to_vec(a), b.to_vec(z), "{what}: {} reloaded", spec.name);
     }
@@ -278,7 +284,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
     assert_eq!(a, b_lines, "the same log, line for line");
     let mut x = tensorfile::read(&whole.checkpoint()).unwrap();
     let mut y = tensorfile::read(&parts.checkpoint()).unwrap();
-    for spec in &ck.model.params.specs {
+    for spec in &ck.model.params().specs {
         let (p, q) = (
             x.take(&spec.name, &whole.checkpoint()).unwrap(),
             y.take(&spec.name, &parts.checkpoint()).unwrap(),
@@ -506,19 +512,19 @@ fn suppressed_unk_is_never_emitted() {
     .unwrap();
     let tokens = ck
         .model
-        .params
+        .params()
         .specs
         .iter()
         .position(|s| s.name == "decoder.tokens")
         .unwrap();
-    let width = ck.model.params.specs[tokens].shape[1];
-    let mut table = c.to_vec(&ck.model.params.values[tokens]);
+    let width = ck.model.params().specs[tokens].shape[1];
+    let mut table = c.to_vec(&ck.model.params().values[tokens]);
     let first = plain[0].ids[0] as usize;
     let unk = captune::data::vocab::UNK as usize;
     for k in 0..width {
         table[unk * width + k] = 3.0 * table[first * width + k];
     }
-    c.write(&mut ck.model.params.values[tokens], &table);
+    c.write(&mut ck.model.params_mut().values[tokens], &table);
     let greedy = generate(
         &c,
         &ck.model,

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Makes tests/data/blip-tiny: a tiny random BlipForConditionalGeneration as
+transformers saves it (config.json, model.safetensors), and
+blip_tiny_expected.safetensors, what transformers computes with it in
+float64 (stored as float32, ids too) for tests/suite/models/blip.rs to
+compare captune with on both backends, so that CI needs no torch:
+
+- `pixel_values` [2, 3, 32, 32] (random, in the normalised range) and
+  `image_tokens` [2, 17, 12]: the vision tower's last hidden states (after
+  its post_layernorm), what the text decoder cross-attends to;
+- `input_ids` [2, 6]: two captions fed as BLIP's decoder reads them, its
+  start id (`bos_token_id`, BLIP's [DEC]) then pieces, padded with 0 after
+  their end (`lengths` says how many ids are fed; a caption's last id is
+  the end id, [SEP], not fed);
+- `logits` [2, 6, vocab]: the text decoder's logits;
+- `loss`: the mean over the captions' real targets of -log softmax at the
+  target of the logits under captune's policy (-inf at the padding and
+  start ids), and `grad.NAME`: its gradient with respect to every text
+  decoder tensor, under transformers' names.
+
+The model has BLIP's architecture at small widths: a ViT with a class
+token and post_layernorm, a BERT text decoder (post-LN, an embedding
+layer norm, cross-attention to the image tokens in every layer, the exact
+GELU, layer-norm epsilon 1e-12) whose prediction head's decoder is tied
+to the word embeddings. The text hidden size differs from the vision
+width, the MLP widths are not multiples of the widths, and the start id
+is not 0, 1 or 2, so a loader that confused any of them would fail.
+"""
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+from transformers import BlipConfig, BlipForConditionalGeneration
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
+FOLDER = os.path.join(ROOT, "blip-tiny")
+VOCAB, BOS, SEP, PAD = 50, 47, 2, 0
+
+
+def main():
+    torch.manual_seed(0)
+    config = BlipConfig(
+        text_config=dict(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            encoder_hidden_size=12,
+            intermediate_size=40,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            bos_token_id=BOS,
+            eos_token_id=SEP,
+            sep_token_id=SEP,
+            pad_token_id=PAD,
+        ),
+        vision_config=dict(
+            hidden_size=12,
+            intermediate_size=28,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            projection_dim=12,
+        ),
+        projection_dim=12,
+    )
+    model = BlipForConditionalGeneration(config).eval()
+    # Larger weights than the initialisation, so that every path shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("LayerNorm.weight") or "layer_norm" in name and name.endswith("weight"):
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p))
+    os.makedirs(FOLDER, exist_ok=True)
+    model.save_pretrained(FOLDER, safe_serialization=True)
+
+    model = model.double()
+    pixels = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        image_tokens = model.vision_model(pixel_values=pixels).last_hidden_state
+    captions = [[BOS, 5, 17, 33, 8, 21, SEP], [BOS, 9, 40, SEP]]
+    positions = 6
+    input_ids = torch.full((2, positions), PAD, dtype=torch.long)
+    targets = torch.full((2, positions), -1, dtype=torch.long)
+    lengths = []
+    for i, c in enumerate(captions):
+        fed = c[:-1]
+        input_ids[i, : len(fed)] = torch.tensor(fed)
+        targets[i, : len(fed)] = torch.tensor(c[1:])
+        lengths.append(len(fed))
+    decoder = model.text_decoder
+    decoder.zero_grad()
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        encoder_hidden_states=image_tokens,
+        return_dict=True,
+    )
+    policy = out.logits.clone()
+    policy[:, :, PAD] = float("-inf")
+    policy[:, :, BOS] = float("-inf")
+    log_p = torch.log_softmax(policy, dim=-1)
+    real = targets >= 0
+    picked = log_p.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    loss = -torch.where(real, picked, 0.0).sum() / real.sum()
+    loss.backward()
+
+    expected = {
+        "pixel_values": pixels,
+        "image_tokens": image_tokens,
+        "input_ids": input_ids.to(torch.int64),
+        "lengths": torch.tensor(lengths, dtype=torch.int64),
+        "logits": out.logits.detach(),
+        "loss": loss.detach().reshape(1),
+    }
+    for name, p in decoder.named_parameters():
+        if p.grad is not None:
+            expected[f"grad.text_decoder.{name}"] = p.grad.detach().clone()
+    # Computed in float64, stored as float32 (ids too), as captune reads them.
+    save_file(
+        {k: v.float().contiguous() for k, v in expected.items()},
+        os.path.join(ROOT, "blip_tiny_expected.safetensors"),
+    )
+    with open(os.path.join(FOLDER, "config.json")) as f:
+        saved = json.load(f)
+    print("text_config keys:", sorted(saved["text_config"].keys()))
+    print("loss", loss.item(), "tensors", len(expected))
+
+
+if __name__ == "__main__":
+    main()

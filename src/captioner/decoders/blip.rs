@@ -1,0 +1,376 @@
+//! BLIP's text decoder (Li et al., 2022) as a decoder family: BERT's
+//! embeddings (word and learned positions, then a layer norm), causal
+//! post-LN blocks that each cross-attend to the image's tokens, and BERT's
+//! prediction head: logits = LN(GELU(h W + b)) E^T + bias + m, with E the
+//! word embedding (tied) and m the policy mask
+//! ([`crate::captioner::model::policy_mask`]).
+//!
+//! The image input of a row is its `[image_tokens, embed_dim]` tokens (a
+//! vision tower's last hidden states). They are the blocks' memory: in
+//! teacher forcing every block projects them to keys and values; in
+//! decoding the stepper projects them once per batch.
+//!
+//! The cross-attention layers are the adapter between the image and the
+//! language model: what `--freeze-decoder` trains.
+
+use crate::backend::{Backend, Matmul, TokenIndex};
+use crate::captioner::decoder::{Decoder, Stepper};
+use crate::captioner::model::{Captioner, TokenInputs, Workspaces, policy_mask};
+use crate::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
+use crate::model::blip::{Blip, BlipConfig, text_decoder_tensors};
+use crate::model::kv_cache::KvCache;
+use crate::model::layers::{Activation, Dense, Norm, NormStats};
+use crate::model::params::{Init, ParamId, Params};
+use crate::model::transformer::{Activations, Transformer};
+use crate::tensorfile::Tensor;
+use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
+
+pub struct BlipDecoder<B: Backend> {
+    config: CaptionerConfig,
+    params: Params<B>,
+    /// `[vocab, width]`: the word embedding, also the output layer.
+    tokens: ParamId,
+    /// `[token positions, width]`.
+    positions: ParamId,
+    /// The embeddings' layer norm (`ln_pre`) and the blocks.
+    decoder: Transformer,
+    head: Head,
+    /// `[vocab]`: the policy mask.
+    policy_mask: B::Tensor,
+    workspaces: Workspaces<Workspace<B>>,
+}
+
+/// BERT's prediction head before the tied output layer.
+struct Head {
+    dense: Dense,
+    norm: Norm,
+    /// `[vocab]`: the output layer's bias.
+    bias: ParamId,
+}
+
+/// The head's activations for `rows` positions.
+struct HeadActivations<B: Backend> {
+    pre: B::Tensor,
+    act: B::Tensor,
+    stats: NormStats<B>,
+    normed: B::Tensor,
+    /// `[vocab]`: the output bias plus the policy mask.
+    output_bias: B::Tensor,
+    d_normed: B::Tensor,
+    d_act: B::Tensor,
+    d_pre: B::Tensor,
+}
+
+impl<B: Backend> HeadActivations<B> {
+    fn new(b: &B, c: &CaptionerConfig, rows: usize, backward: bool) -> Self {
+        let w = c.decoder.width;
+        let grad = |len: usize| b.zeros(if backward { len } else { 0 });
+        HeadActivations {
+            pre: b.zeros(rows * w),
+            act: b.zeros(rows * w),
+            stats: NormStats::new(b, rows),
+            normed: b.zeros(rows * w),
+            output_bias: b.zeros(c.vocab_size),
+            d_normed: grad(rows * w),
+            d_act: grad(rows * w),
+            d_pre: grad(rows * w),
+        }
+    }
+}
+
+/// The activations of one batch shape.
+struct Workspace<B: Backend> {
+    position_ids: TokenIndex<B>,
+    decoder: Activations<B>,
+    hidden: B::Tensor,
+    head: HeadActivations<B>,
+    /// [batch * positions, vocab]: row b * positions + t predicts token t + 1.
+    logits: B::Tensor,
+    d_hidden: B::Tensor,
+}
+
+impl<B: Backend> BlipDecoder<B> {
+    /// A decoder with fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        let c = &config;
+        let (w, v) = (c.decoder.width, c.vocab_size);
+        let mut p = Params::new(seed);
+        let tokens = p.add("decoder.tokens".into(), &[v, w], Init::Normal(0.02), false);
+        let positions = p.add(
+            "decoder.positions".into(),
+            &[c.seq_len(), w],
+            Init::Normal(0.02),
+            false,
+        );
+        let decoder = Transformer::new(&mut p, "decoder", c.decoder);
+        let head = Head {
+            dense: Dense::new(&mut p, "head.dense", w, w, 0.02),
+            norm: Norm::with_eps(&mut p, "head.ln", w, c.decoder.norm_eps),
+            bias: p.add("head.bias".into(), &[v], Init::Const(0.0), false),
+        };
+        p.finish(b);
+        BlipDecoder {
+            policy_mask: b.tensor(&policy_mask(c)),
+            config,
+            params: p,
+            tokens,
+            positions,
+            decoder,
+            head,
+            workspaces: Workspaces::default(),
+        }
+    }
+
+    /// The activations of `inputs`' shape.
+    fn workspace(&self, b: &B, inputs: &TokenInputs<B>) -> Result<Workspace<B>> {
+        let c = &self.config;
+        let (batch, t, w) = (inputs.batch, inputs.positions, c.decoder.width);
+        let ids: Vec<u32> = (0..batch).flat_map(|_| 0..t as u32).collect();
+        let rows = batch * t;
+        Ok(Workspace {
+            position_ids: TokenIndex::new(b, &ids, c.seq_len())?,
+            decoder: self.decoder.cross_activations(b, batch, t, c.image_tokens),
+            hidden: b.zeros(rows * w),
+            head: HeadActivations::new(b, c, rows, true),
+            logits: b.zeros(rows * c.vocab_size),
+            d_hidden: b.zeros(rows * w),
+        })
+    }
+
+    /// The word and position embeddings of `ids` (at positions
+    /// `position_ids`) into `input`.
+    fn embed(&self, b: &B, ids: &B::Ids, position_ids: &B::Ids, input: &mut B::Tensor) {
+        let (p, w) = (&self.params, self.config.decoder.width);
+        b.embedding(p.value(self.tokens), ids, input, w, false);
+        b.embedding(p.value(self.positions), position_ids, input, w, true);
+    }
+
+    /// logits `[rows, vocab]` from the blocks' output `hidden`.
+    fn head_forward(
+        &self,
+        b: &B,
+        a: &mut HeadActivations<B>,
+        hidden: &B::Tensor,
+        logits: &mut B::Tensor,
+        rows: usize,
+    ) {
+        let (p, c, h) = (&self.params, &self.config, &self.head);
+        h.dense.forward(b, p, hidden, &mut a.pre);
+        b.gelu_erf(&a.pre, &mut a.act);
+        h.norm.forward(b, p, &a.act, &mut a.normed, &mut a.stats);
+        b.add(
+            1.0,
+            p.value(h.bias),
+            1.0,
+            &self.policy_mask,
+            &mut a.output_bias,
+        );
+        b.matmul_bias(
+            &a.normed,
+            p.value(self.tokens),
+            &a.output_bias,
+            logits,
+            &Matmul::new(rows, c.vocab_size, c.decoder.width).trans_b(),
+        );
+    }
+}
+
+impl<B: Backend> Decoder<B> for BlipDecoder<B> {
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+
+    /// The blocks' cross-attention layers are the adapter.
+    fn is_adapter(&self, i: usize) -> bool {
+        self.params.specs[i].name.contains(".cross.")
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.workspaces.current().logits
+    }
+
+    fn stepper(&self, b: &B, rows: usize, steps: usize) -> Box<dyn Stepper<B> + '_> {
+        Box::new(BlipStepper::new(b, self, rows, steps))
+    }
+
+    /// The images are `[batch, image_tokens, embed_dim]` tokens.
+    fn forward(&mut self, b: &B, images: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
+        let want = inputs.batch * self.config.image_input_len();
+        if images.len() != want {
+            bail!(
+                "{} image values for {} captions; a BLIP decoder reads {} tokens of {} per image",
+                images.len(),
+                inputs.batch,
+                self.config.image_tokens,
+                self.config.embed_dim
+            );
+        }
+        if !self.workspaces.select(inputs) {
+            let ws = self.workspace(b, inputs)?;
+            self.workspaces.add(inputs, ws);
+        }
+        // The workspaces step aside while the weights' methods run.
+        let mut workspaces = std::mem::take(&mut self.workspaces);
+        let ws = workspaces.current_for(inputs);
+        b.write(ws.decoder.memory(), images);
+        self.embed(b, &inputs.ids.ids, &ws.position_ids.ids, ws.decoder.input());
+        // Padding only follows a caption's real tokens, so the causal mask
+        // already keeps it out of every real position's attention.
+        self.decoder
+            .forward(b, &self.params, &mut ws.decoder, None, &mut ws.hidden);
+        self.head_forward(b, &mut ws.head, &ws.hidden, &mut ws.logits, inputs.rows());
+        self.workspaces = workspaces;
+        Ok(())
+    }
+
+    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
+        let c = self.config;
+        let ws = self.workspaces.current_for(inputs);
+        let (w, v, rows) = (c.decoder.width, c.vocab_size, inputs.rows());
+        let (p, h, a) = (&mut self.params, &self.head, &mut ws.head);
+        b.matmul(
+            d_logits,
+            p.value(self.tokens),
+            &mut a.d_normed,
+            &Matmul::new(rows, w, v),
+        );
+        b.matmul(
+            d_logits,
+            &a.normed,
+            p.grad(self.tokens),
+            &Matmul::new(v, w, rows).trans_a().accumulate(),
+        );
+        b.column_sum(d_logits, rows, v, p.grad(h.bias), true);
+        h.norm
+            .backward(b, p, &a.d_normed, &a.act, &a.stats, &mut a.d_act, false);
+        b.gelu_erf_backward(&a.pre, &a.d_act, &mut a.d_pre);
+        h.dense
+            .backward(b, p, &a.d_pre, &ws.hidden, Some((&mut ws.d_hidden, false)));
+        let d_input = self
+            .decoder
+            .backward(b, p, &mut ws.decoder, None, &ws.d_hidden);
+        b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
+        b.embedding_backward(d_input, &inputs.ids, p.grad(self.tokens), w);
+    }
+}
+
+/// The BLIP decoder run one position at a time: the image tokens' keys
+/// and values once per batch, then self-attention over a KV cache.
+struct BlipStepper<'m, B: Backend> {
+    model: &'m BlipDecoder<B>,
+    rows: usize,
+    cache: KvCache<B>,
+    memory: B::Tensor,
+    /// positions[p] = [p; rows]: the position ids of token position p.
+    positions: Vec<B::Ids>,
+    hidden: B::Tensor,
+    head: HeadActivations<B>,
+    logits: B::Tensor,
+}
+
+impl<'m, B: Backend> BlipStepper<'m, B> {
+    fn new(b: &B, model: &'m BlipDecoder<B>, rows: usize, steps: usize) -> Self {
+        let c = &model.config;
+        BlipStepper {
+            model,
+            rows,
+            cache: model
+                .decoder
+                .memory_kv_cache(b, rows, steps, c.image_tokens),
+            memory: b.zeros(rows * c.image_input_len()),
+            positions: (0..steps).map(|p| b.ids(&vec![p as u32; rows])).collect(),
+            hidden: b.zeros(rows * c.decoder.width),
+            head: HeadActivations::new(b, c, rows, false),
+            logits: b.zeros(rows * c.vocab_size),
+        }
+    }
+}
+
+impl<B: Backend> Stepper<B> for BlipStepper<'_, B> {
+    /// `images` are `[rows, image_tokens, embed_dim]`.
+    fn start(&mut self, b: &B, images: &[f32]) {
+        let m = self.model;
+        b.write(&mut self.memory, images);
+        self.cache.clear();
+        m.decoder
+            .remember(b, &m.params, &mut self.cache, &self.memory);
+    }
+
+    fn advance(&mut self, b: &B, ids: &B::Ids) {
+        let m = self.model;
+        let position = &self.positions[self.cache.len()];
+        m.embed(b, ids, position, self.cache.input());
+        m.decoder
+            .forward_cached(b, &m.params, &mut self.cache, &mut self.hidden);
+        m.head_forward(b, &mut self.head, &self.hidden, &mut self.logits, self.rows);
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    fn reorder(&mut self, b: &B, parents: &B::Ids) {
+        self.cache.reorder(b, parents);
+    }
+}
+
+/// The captioner config of a BLIP folder's text decoder, for captions of
+/// `max_len` ids (the start and the end included): BLIP's network and
+/// vocabulary, its start id ([DEC]) as the start, [SEP] as the end,
+/// [PAD] as the padding, and the vision tower's tokens as the image input.
+pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
+    let (t, v) = (&blip.text_config, &blip.vision_config);
+    CaptionerConfig {
+        family: DecoderFamily::Blip,
+        embed_dim: v.hidden_size,
+        image_tokens: v.tokens(),
+        prefix_len: 0,
+        mapper_hidden: 0,
+        mapper_activation: Activation::default(),
+        mapper_transformer: None,
+        decoder: blip.text_transformer(),
+        max_len,
+        vocab_size: t.vocab_size,
+        specials: SpecialIds {
+            start: t.bos_token_id,
+            end: t.sep_token_id,
+            pad: t.pad_token_id,
+        },
+    }
+}
+
+/// A captioner with a BLIP folder's text decoder, for captions of
+/// `max_len` ids.
+pub fn from_blip<B: Backend>(b: &B, blip: Blip, max_len: usize) -> Result<Captioner<B>> {
+    let config = blip_config(&blip.config, max_len);
+    let path = &blip.weights_path;
+    let mut model = Captioner::new(b, config, 0)
+        .with_context(|| format!("{}: not a BLIP decoder captune computes", path.display()))?;
+    let mut weights = blip.weights.tensors;
+    let tensors = text_decoder_tensors(&blip.config.text_config, config.seq_len(), |name| {
+        weights
+            .remove(name)
+            .with_context(|| format!("{}: no tensor {name:?}", path.display()))
+    })
+    .with_context(|| format!("{}", path.display()))?;
+    let mut by_name: HashMap<String, Tensor> = tensors.into_iter().collect();
+    let params = model.params_mut();
+    for (spec, value) in params.specs.iter().zip(&mut params.values) {
+        let tensor = by_name
+            .remove(&spec.name)
+            .with_context(|| format!("the captioner's {:?} has no BLIP tensor", spec.name))?;
+        assert_eq!(
+            tensor.data.len(),
+            spec.len(),
+            "{}: shapes checked",
+            spec.name
+        );
+        b.write(value, &tensor.data);
+    }
+    Ok(model)
+}

@@ -1,0 +1,40 @@
+//! The decoder families ([`super::decoder::Decoder`]), one module each.
+
+pub mod blip;
+pub mod prefix;
+
+use super::decoder::Decoder;
+use super::{CaptionerConfig, DecoderFamily};
+use crate::backend::Backend;
+
+/// A decoder of any family. An enum, not a boxed trait object, so that a
+/// captioner is `Send` exactly where its backend's tensors are (the
+/// desktop app hands CPU models between threads).
+pub(super) enum Family<B: Backend> {
+    Prefix(prefix::PrefixDecoder<B>),
+    Blip(blip::BlipDecoder<B>),
+}
+
+impl<B: Backend> Family<B> {
+    /// The family `config` names, with fresh weights from `seed`.
+    pub(super) fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        match config.family {
+            DecoderFamily::Prefix => Family::Prefix(prefix::PrefixDecoder::new(b, config, seed)),
+            DecoderFamily::Blip => Family::Blip(blip::BlipDecoder::new(b, config, seed)),
+        }
+    }
+
+    pub(super) fn get(&self) -> &dyn Decoder<B> {
+        match self {
+            Family::Prefix(d) => d,
+            Family::Blip(d) => d,
+        }
+    }
+
+    pub(super) fn get_mut(&mut self) -> &mut dyn Decoder<B> {
+        match self {
+            Family::Prefix(d) => d,
+            Family::Blip(d) => d,
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! Hugging Face BLIP (`BlipForConditionalGeneration`; Li et al., 2022):
+//! its config, and the map from its text decoder's tensors to captune's
+//! BLIP decoder ([`crate::captioner::decoders::blip`]). The decoder is
+//! BERT with cross-attention, so the map is renaming plus two layout
+//! changes: PyTorch's `nn.Linear` weights (`[out, in]`) are transposed to
+//! captune's input-major dense layers, and the separate query, key and
+//! value projections are fused (self-attention's into `attn.qkv`,
+//! cross-attention's key and value into `cross.kv`). [`TEXT_LAYER_NAMES`]
+//! and [`text_decoder_tensors`] are the whole map.
+
+use super::hf::HfFolder;
+use super::layers::{Activation, NormEpsilon};
+use super::transformer::TransformerConfig;
+use crate::tensorfile::{Tensor, TensorFile};
+use anyhow::{Result, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+
+/// captune's name within decoder block i, and BLIP's within
+/// `text_decoder.bert.encoder.layer.{i}`, for the layers that map one to
+/// one (the fused projections are [`text_decoder_tensors`]' own).
+pub const TEXT_LAYER_NAMES: [(&str, &str); 8] = [
+    ("attn.proj", "attention.output.dense"),
+    ("ln1", "attention.output.LayerNorm"),
+    ("cross.q", "crossattention.self.query"),
+    ("cross.proj", "crossattention.output.dense"),
+    ("cross.ln", "crossattention.output.LayerNorm"),
+    ("mlp.fc1", "intermediate.dense"),
+    ("mlp.fc2", "output.dense"),
+    ("ln2", "output.LayerNorm"),
+];
+
+/// The fields of a BLIP `config.json` that decide the network.
+#[derive(Clone, Debug, Deserialize)]
+pub struct BlipConfig {
+    pub model_type: String,
+    pub text_config: BlipTextConfig,
+    pub vision_config: BlipVisionConfig,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct BlipTextConfig {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub encoder_hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub max_position_embeddings: usize,
+    #[serde(default = "gelu")]
+    pub hidden_act: String,
+    #[serde(default = "bert_epsilon")]
+    pub layer_norm_eps: f64,
+    pub bos_token_id: u32,
+    pub sep_token_id: u32,
+    pub pad_token_id: u32,
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct BlipVisionConfig {
+    pub hidden_size: usize,
+    pub image_size: usize,
+    pub patch_size: usize,
+}
+
+fn gelu() -> String {
+    "gelu".into()
+}
+
+fn bert_epsilon() -> f64 {
+    1e-12
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl BlipVisionConfig {
+    /// Tokens per image: the class token and the patches.
+    pub fn tokens(&self) -> usize {
+        let side = self.image_size / self.patch_size;
+        side * side + 1
+    }
+}
+
+impl BlipConfig {
+    /// Refuses what captune's BLIP decoder cannot compute, naming the field.
+    pub fn check(&self, path: &Path) -> Result<()> {
+        if self.model_type != "blip" {
+            bail!(
+                "{}: model_type {:?} is not BLIP's captioner; captune reads model_type \"blip\" \
+                 (BlipForConditionalGeneration)",
+                path.display(),
+                self.model_type
+            );
+        }
+        let t = &self.text_config;
+        if t.hidden_act != "gelu" {
+            bail!(
+                "{}: text_config.hidden_act is {:?}; captune computes BLIP's text decoder with \
+                 the exact GELU (\"gelu\") only",
+                path.display(),
+                t.hidden_act
+            );
+        }
+        if !t.tie_word_embeddings {
+            bail!(
+                "{}: text_config.tie_word_embeddings is false; captune's BLIP decoder ties its \
+                 prediction head's decoder to the word embeddings",
+                path.display()
+            );
+        }
+        if t.num_attention_heads == 0 || !t.hidden_size.is_multiple_of(t.num_attention_heads) {
+            bail!(
+                "{}: text_config.hidden_size {} is not a multiple of num_attention_heads {}",
+                path.display(),
+                t.hidden_size,
+                t.num_attention_heads
+            );
+        }
+        if t.encoder_hidden_size != self.vision_config.hidden_size {
+            bail!(
+                "{}: text_config.encoder_hidden_size {} is not vision_config.hidden_size {}: \
+                 the text decoder must read the vision tower's tokens",
+                path.display(),
+                t.encoder_hidden_size,
+                self.vision_config.hidden_size
+            );
+        }
+        let v = &self.vision_config;
+        if v.patch_size == 0 || !v.image_size.is_multiple_of(v.patch_size) {
+            bail!(
+                "{}: vision_config.image_size {} is not a multiple of patch_size {}",
+                path.display(),
+                v.image_size,
+                v.patch_size
+            );
+        }
+        Ok(())
+    }
+
+    /// The text decoder's blocks: BERT's, post-LN with an embedding layer
+    /// norm and no final one, cross-attending to the vision tower's tokens.
+    pub fn text_transformer(&self) -> TransformerConfig {
+        let t = &self.text_config;
+        TransformerConfig {
+            mlp_width: Some(t.intermediate_size),
+            activation: Activation::GeluErf,
+            final_norm: false,
+            pre_norm: true,
+            post_norm: true,
+            cross_width: Some(t.encoder_hidden_size),
+            norm_eps: NormEpsilon(t.layer_norm_eps as f32),
+            ..TransformerConfig::new(
+                t.hidden_size,
+                t.num_hidden_layers,
+                t.num_attention_heads,
+                true,
+            )
+        }
+    }
+}
+
+/// A BLIP folder: its config and every tensor, by BLIP's names.
+pub struct Blip {
+    pub config: BlipConfig,
+    pub weights: TensorFile,
+    /// Where the weights came from, for errors.
+    pub weights_path: PathBuf,
+}
+
+/// Reads a BLIP folder's config (checked) and weights.
+pub fn read(dir: &Path) -> Result<Blip> {
+    let folder = HfFolder::open(dir)?;
+    let config: BlipConfig = folder.config()?;
+    config.check(&folder.config_path())?;
+    let (weights, weights_path) = folder.weights()?;
+    Ok(Blip {
+        config,
+        weights,
+        weights_path,
+    })
+}
+
+/// The text decoder's tensors under captune's names (`decoder.tokens`,
+/// `decoder.positions` (the first `positions` rows), `decoder.ln_pre.*`,
+/// `decoder.blocks.{i}.*`, `head.*`), each taken by `take(BLIP's name)`
+/// and converted. `take` serves a model's weights and a file of their
+/// gradients alike.
+pub fn text_decoder_tensors(
+    t: &BlipTextConfig,
+    positions: usize,
+    take: impl FnMut(&str) -> Result<Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    if positions > t.max_position_embeddings {
+        bail!(
+            "the captioner feeds {positions} positions, but text_config.max_position_embeddings \
+             is {}",
+            t.max_position_embeddings
+        );
+    }
+    let (w, m, h) = (t.hidden_size, t.encoder_hidden_size, t.intermediate_size);
+    let mut src = Source { take };
+    let mut out = vec![(
+        "decoder.tokens".to_string(),
+        src.get("bert.embeddings.word_embeddings.weight", &[t.vocab_size, w])?,
+    )];
+    let table = src.get(
+        "bert.embeddings.position_embeddings.weight",
+        &[t.max_position_embeddings, w],
+    )?;
+    out.push((
+        "decoder.positions".into(),
+        Tensor {
+            shape: vec![positions, w],
+            data: table.data[..positions * w].to_vec(),
+        },
+    ));
+    out.extend(src.pair("decoder.ln_pre", "bert.embeddings.LayerNorm", None, w)?);
+    for i in 0..t.num_hidden_layers {
+        let layer = format!("bert.encoder.layer.{i}");
+        let ours = |name: &str| format!("decoder.blocks.{i}.{name}");
+        let (qkv_w, qkv_b) = src.fused(&layer, &["query", "key", "value"], "attention", w, w)?;
+        let (kv_w, kv_b) = src.fused(&layer, &["key", "value"], "crossattention", m, w)?;
+        out.extend([
+            (ours("attn.qkv.weight"), qkv_w),
+            (ours("attn.qkv.bias"), qkv_b),
+            (ours("cross.kv.weight"), kv_w),
+            (ours("cross.kv.bias"), kv_b),
+        ]);
+        for (captune, blip) in TEXT_LAYER_NAMES {
+            let input = match captune {
+                "ln1" | "cross.ln" | "ln2" => None,
+                "mlp.fc1" => Some((w, h)),
+                "mlp.fc2" => Some((h, w)),
+                _ => Some((w, w)),
+            };
+            let theirs = format!("{layer}.{blip}");
+            out.extend(src.pair(&ours(captune), &theirs, input, w)?);
+        }
+    }
+    let dense = Some((w, w));
+    out.extend(src.pair("head.dense", "cls.predictions.transform.dense", dense, w)?);
+    out.extend(src.pair("head.ln", "cls.predictions.transform.LayerNorm", None, w)?);
+    out.push((
+        "head.bias".into(),
+        src.get("cls.predictions.bias", &[t.vocab_size])?,
+    ));
+    Ok(out)
+}
+
+/// Where the text decoder's tensors come from, by BLIP's names after
+/// `text_decoder.`, checked against the shapes the config makes.
+struct Source<F> {
+    take: F,
+}
+
+impl<F: FnMut(&str) -> Result<Tensor>> Source<F> {
+    fn get(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let tensor = (self.take)(&format!("text_decoder.{name}"))?;
+        if tensor.shape != shape {
+            bail!(
+                "tensor \"text_decoder.{name}\" has shape {:?}; the config makes it {shape:?}",
+                tensor.shape
+            );
+        }
+        Ok(tensor)
+    }
+
+    /// `ours.weight` and `ours.bias` from `theirs.*`: a dense layer of
+    /// `(inputs, outputs)`, transposed from `nn.Linear`'s `[out, in]`,
+    /// or (None) a layer norm of `w`.
+    fn pair(
+        &mut self,
+        ours: &str,
+        theirs: &str,
+        dense: Option<(usize, usize)>,
+        w: usize,
+    ) -> Result<[(String, Tensor); 2]> {
+        let (weight, outputs) = match dense {
+            Some((inputs, outputs)) => {
+                let weight = self.get(&format!("{theirs}.weight"), &[outputs, inputs])?;
+                (transposed(&weight), outputs)
+            }
+            None => (self.get(&format!("{theirs}.weight"), &[w])?, w),
+        };
+        let bias = self.get(&format!("{theirs}.bias"), &[outputs])?;
+        Ok([
+            (format!("{ours}.weight"), weight),
+            (format!("{ours}.bias"), bias),
+        ])
+    }
+
+    /// `{layer}.{attention}.self.{part}` for each part, `[w, inputs]`
+    /// each, fused input-major: weight `[inputs, parts * w]` and bias.
+    fn fused(
+        &mut self,
+        layer: &str,
+        parts: &[&str],
+        attention: &str,
+        inputs: usize,
+        w: usize,
+    ) -> Result<(Tensor, Tensor)> {
+        let (mut weights, mut biases) = (Vec::new(), Vec::new());
+        for part in parts {
+            let [(_, weight), (_, bias)] = self.pair(
+                "",
+                &format!("{layer}.{attention}.self.{part}"),
+                Some((inputs, w)),
+                w,
+            )?;
+            weights.push(weight);
+            biases.push(bias);
+        }
+        Ok((side_by_side(&weights), concatenated(&biases)))
+    }
+}
+
+/// `[rows, cols]` to `[cols, rows]`.
+fn transposed(t: &Tensor) -> Tensor {
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let mut data = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            data[c * rows + r] = t.data[r * cols + c];
+        }
+    }
+    Tensor {
+        shape: vec![cols, rows],
+        data,
+    }
+}
+
+/// Matrices of equal rows placed side by side: `[rows, sum of cols]`.
+fn side_by_side(parts: &[Tensor]) -> Tensor {
+    let rows = parts[0].shape[0];
+    let cols: usize = parts.iter().map(|p| p.shape[1]).sum();
+    let mut data = Vec::with_capacity(rows * cols);
+    for r in 0..rows {
+        for p in parts {
+            let c = p.shape[1];
+            data.extend_from_slice(&p.data[r * c..(r + 1) * c]);
+        }
+    }
+    Tensor {
+        shape: vec![rows, cols],
+        data,
+    }
+}
+
+fn concatenated(parts: &[Tensor]) -> Tensor {
+    let data: Vec<f32> = parts.iter().flat_map(|p| p.data.iter().copied()).collect();
+    Tensor {
+        shape: vec![data.len()],
+        data,
+    }
+}

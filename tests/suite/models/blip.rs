@@ -1,0 +1,216 @@
+//! BLIP's text decoder read from a Hugging Face folder (a tiny random
+//! `BlipForConditionalGeneration`, scripts/blip_fixtures.py) against what
+//! transformers computes with it in float64: logits, the MLE loss and the
+//! gradient of every decoder tensor, on both backends; and its decoding
+//! over the KV cache against the full forward.
+
+use crate::common;
+
+use captune::backend::Backend;
+use captune::captioner::decode::{DecodeOptions, Decoding, generate};
+use captune::captioner::decoders::blip::from_blip;
+use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs};
+use captune::cpu::CpuBackend;
+use captune::model::blip::{self, text_decoder_tensors};
+use captune::tensorfile::{self, TensorFile};
+use common::{gpu, relative_difference};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Caption ids the decoder is made for: the start, up to five pieces, the
+/// end; six positions fed.
+const MAX_LEN: usize = 7;
+
+fn folder() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/blip-tiny")
+}
+
+fn expected() -> TensorFile {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/blip_tiny_expected.safetensors");
+    tensorfile::read(&path).unwrap()
+}
+
+fn model<B: Backend>(b: &B) -> Captioner<B> {
+    from_blip(b, blip::read(&folder()).unwrap(), MAX_LEN).unwrap()
+}
+
+/// The fixture's fed ids, each row up to its length.
+fn fed(want: &TensorFile) -> Vec<Vec<u32>> {
+    let ids = &want.tensors["input_ids"];
+    let width = ids.shape[1];
+    let lengths = &want.tensors["lengths"].data;
+    ids.data
+        .chunks(width)
+        .zip(lengths)
+        .map(|(row, &n)| row[..n as usize].iter().map(|&v| v as u32).collect())
+        .collect()
+}
+
+/// Logits, loss and every parameter's gradient (by captune's names) of
+/// one MLE step on the fixture's captions, whose targets are the fed ids
+/// shifted by one and then the end id.
+fn mle_step<B: Backend>(b: &B) -> (Vec<f32>, f64, HashMap<String, Vec<f32>>) {
+    let want = expected();
+    let mut m = model(b);
+    let (c, images) = (m.config, &want.tensors["image_tokens"].data);
+    let sequences = fed(&want);
+    let inputs = TokenInputs::new(b, &c, &sequences).unwrap();
+    m.forward(b, images, &inputs).unwrap();
+    let logits = b.to_vec(m.logits());
+    // d loss / d logits = (softmax - one-hot) / real targets.
+    let (t, v) = (inputs.positions, c.vocab_size);
+    let real: usize = sequences.iter().map(Vec::len).sum();
+    let mut d_logits = vec![0.0f32; logits.len()];
+    let mut loss = 0.0f64;
+    for (i, s) in sequences.iter().enumerate() {
+        for p in 0..s.len() {
+            let target = s.get(p + 1).copied().unwrap_or(c.specials.end) as usize;
+            let row = &logits[(i * t + p) * v..(i * t + p + 1) * v];
+            let max = row.iter().fold(f32::MIN, |a, &x| a.max(x)) as f64;
+            let total: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+            loss -= (row[target] as f64 - max - total.ln()) / real as f64;
+            for (j, d) in d_logits[(i * t + p) * v..(i * t + p + 1) * v]
+                .iter_mut()
+                .enumerate()
+            {
+                let prob = (row[j] as f64 - max).exp() / total;
+                *d = ((prob - f64::from(u8::from(j == target))) / real as f64) as f32;
+            }
+        }
+    }
+    m.params_mut().zero_grads(b);
+    m.backward(b, &inputs, &b.tensor(&d_logits));
+    let params = m.params();
+    let grads = params
+        .specs
+        .iter()
+        .zip(&params.grads)
+        .map(|(s, g)| (s.name.clone(), b.to_vec(g)))
+        .collect();
+    (logits, loss, grads)
+}
+
+fn matches_transformers<B: Backend>(b: &B, what: &str) {
+    let want = expected();
+    let (logits, loss, grads) = mle_step(b);
+    // The fed positions' logits: transformers' outside the policy mask.
+    let specials = model(b).config.specials;
+    let expected_logits = &want.tensors["logits"];
+    let (t, v) = (expected_logits.shape[1], expected_logits.shape[2]);
+    let (mut got, mut wanted) = (Vec::new(), Vec::new());
+    for (i, s) in fed(&want).iter().enumerate() {
+        for p in 0..s.len() {
+            for j in 0..v {
+                let at = (i * t + p) * v + j;
+                if specials.is_masked(j as u32) {
+                    assert_eq!(
+                        logits[at], MASKED_LOGIT,
+                        "{what}: id {j} is outside the policy"
+                    );
+                } else {
+                    got.push(logits[at]);
+                    wanted.push(expected_logits.data[at]);
+                }
+            }
+        }
+    }
+    let d = relative_difference(&got, &wanted);
+    assert!(d < 1e-5, "{what}: logits differ by {d} of their largest");
+    let want_loss = want.tensors["loss"].data[0] as f64;
+    assert!(
+        (loss - want_loss).abs() < 1e-5 * want_loss,
+        "{what}: loss {loss}, transformers {want_loss}"
+    );
+    let config = blip::read(&folder()).unwrap().config;
+    let mut fixture = want.tensors;
+    let expected_grads = text_decoder_tensors(&config.text_config, MAX_LEN - 1, |name| {
+        Ok(fixture.remove(&format!("grad.{name}")).unwrap())
+    })
+    .unwrap();
+    assert_eq!(
+        expected_grads.len(),
+        grads.len(),
+        "{what}: every tensor has a gradient"
+    );
+    for (name, tensor) in expected_grads {
+        let d = relative_difference(&grads[&name], &tensor.data);
+        assert!(
+            d < 1e-4,
+            "{what}: the gradient of {name} differs by {d} of its largest"
+        );
+    }
+}
+
+#[test]
+fn the_blip_decoder_matches_transformers_on_the_cpu() {
+    matches_transformers(&CpuBackend::new(), "CPU");
+}
+
+#[test]
+fn the_blip_decoder_matches_transformers_on_the_gpu() {
+    let Some(g) = gpu() else { return };
+    matches_transformers(&g, "GPU");
+}
+
+/// Greedy and beam captions over the KV cache, each checked against the
+/// full forward on the caption: at every position the chosen id is the
+/// best (greedy) and the log-probabilities sum to the caption's.
+fn decoding_equals_the_full_forward<B: Backend>(b: &B, what: &str) {
+    let want = expected();
+    let images = &want.tensors["image_tokens"].data;
+    let mut m = model(b);
+    let c = m.config;
+    for decoding in [
+        Decoding::Greedy,
+        Decoding::Beam {
+            width: 3,
+            n_best: 1,
+        },
+    ] {
+        let captions = generate(b, &m, images, &decoding, &DecodeOptions::default()).unwrap();
+        assert_eq!(captions.len(), 2, "{what}: a caption per image");
+        for g in &captions {
+            let image = &images[g.image * c.image_input_len()..][..c.image_input_len()];
+            let fed: Vec<u32> = std::iter::once(c.specials.start)
+                .chain(g.ids[..g.ids.len().min(MAX_LEN - 2)].iter().copied())
+                .collect();
+            let inputs = TokenInputs::new(b, &c, &[fed]).unwrap();
+            m.forward(b, image, &inputs).unwrap();
+            let logits = b.to_vec(m.logits());
+            let v = c.vocab_size;
+            let mut total = 0.0f64;
+            for (p, &id) in g.ids.iter().enumerate() {
+                let row = &logits[p * v..(p + 1) * v];
+                let max = row.iter().fold(f32::MIN, |a, &x| a.max(x));
+                let lse = max as f64
+                    + row
+                        .iter()
+                        .map(|&x| ((x - max) as f64).exp())
+                        .sum::<f64>()
+                        .ln();
+                total += row[id as usize] as f64 - lse;
+                if decoding == Decoding::Greedy {
+                    assert_eq!(
+                        row[id as usize], max,
+                        "{what}: greedy id {p} of {:?} is not the best",
+                        g.ids
+                    );
+                }
+            }
+            assert!(
+                (total - g.logprob as f64).abs() < 1e-4 * total.abs().max(1.0),
+                "{what} {decoding:?}: log-probability {} over the cache, {total} in full",
+                g.logprob
+            );
+        }
+    }
+}
+
+#[test]
+fn blip_decoding_over_the_cache_equals_the_full_forward() {
+    decoding_equals_the_full_forward(&CpuBackend::new(), "CPU");
+    if let Some(g) = gpu() {
+        decoding_equals_the_full_forward(&g, "GPU");
+    }
+}
