@@ -166,6 +166,15 @@ pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>> {
 }
 
 impl TensorFile {
+    /// Tensors by name, without metadata: a model's weights converted
+    /// from another format's.
+    pub fn new(tensors: impl IntoIterator<Item = (String, Tensor)>) -> Self {
+        TensorFile {
+            tensors: tensors.into_iter().collect(),
+            metadata: HashMap::new(),
+        }
+    }
+
     pub fn take(&mut self, name: &str, path: &Path) -> Result<Tensor> {
         self.tensors
             .remove(name)

@@ -6,7 +6,7 @@
 //! nearest, which moves the crop by a pixel for some sizes), bytes
 //! rescaled to [0, 1] and normalised per channel with the folder's mean
 //! and std. The
-//! `[3, crop, crop]` result is what `model::clip::patches_of_pixels` cuts
+//! `[3, crop, crop]` result is what `model::vision::patches_of_pixels` cuts
 //! into the retriever's patches.
 //!
 //! The resize is Pillow's bicubic resampling as it documents and computes

@@ -1,16 +1,22 @@
 //! Hugging Face BLIP (`BlipForConditionalGeneration`; Li et al., 2022):
-//! its config, and the map from its text decoder's tensors to captune's
-//! BLIP decoder ([`crate::captioner::decoders::blip`]). The decoder is
-//! BERT with cross-attention, so the map is renaming plus two layout
-//! changes: PyTorch's `nn.Linear` weights (`[out, in]`) are transposed to
-//! captune's input-major dense layers, and the separate query, key and
-//! value projections are fused (self-attention's into `attn.qkv`,
-//! cross-attention's key and value into `cross.kv`). [`TEXT_LAYER_NAMES`]
-//! and [`text_decoder_tensors`] are the whole map.
+//! its config, its vision tower (a ViT on the shared [`VisionTower`]),
+//! and the map from its text decoder's tensors to captune's BLIP decoder
+//! ([`crate::captioner::decoders::blip`]). The decoder is
+//! BERT with cross-attention and the vision tower a ViT, so the maps are
+//! renaming plus layout changes: PyTorch's `nn.Linear` weights (`[out,
+//! in]`) are transposed to captune's input-major dense layers, the patch
+//! convolution becomes rows in captune's patch order, and the text
+//! decoder's separate query, key and value projections are fused
+//! (self-attention's into `attn.qkv`, cross-attention's key and value
+//! into `cross.kv`). [`VISION_LAYER_NAMES`], [`vision_tensors`],
+//! [`TEXT_LAYER_NAMES`] and [`text_decoder_tensors`] are the whole map.
 
 use super::hf::HfFolder;
 use super::layers::{Activation, NormEpsilon};
+use super::params::Params;
 use super::transformer::TransformerConfig;
+use super::vision::{VisionConfig, VisionTower, VisionWork, patch_rows};
+use crate::backend::Backend;
 use crate::tensorfile::{Tensor, TensorFile};
 use anyhow::{Result, bail};
 use serde::Deserialize;
@@ -61,8 +67,15 @@ pub struct BlipTextConfig {
 #[derive(Clone, Debug, Deserialize)]
 pub struct BlipVisionConfig {
     pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
     pub image_size: usize,
     pub patch_size: usize,
+    #[serde(default = "gelu")]
+    pub hidden_act: String,
+    #[serde(default = "vit_epsilon")]
+    pub layer_norm_eps: f64,
 }
 
 fn gelu() -> String {
@@ -71,6 +84,10 @@ fn gelu() -> String {
 
 fn bert_epsilon() -> f64 {
     1e-12
+}
+
+fn vit_epsilon() -> f64 {
+    1e-5
 }
 
 fn yes() -> bool {
@@ -82,6 +99,30 @@ impl BlipVisionConfig {
     pub fn tokens(&self) -> usize {
         let side = self.image_size / self.patch_size;
         side * side + 1
+    }
+
+    /// The ViT: a biased patch embedding, a class token, pre-LN blocks
+    /// with the exact GELU, and `post_layernorm` on every token as the
+    /// final norm.
+    pub fn vision(&self) -> VisionConfig {
+        let side = self.image_size / self.patch_size;
+        VisionConfig {
+            patches: side * side,
+            patch_dim: 3 * self.patch_size * self.patch_size,
+            class: true,
+            patch_bias: true,
+            transformer: TransformerConfig {
+                mlp_width: Some(self.intermediate_size),
+                activation: Activation::GeluErf,
+                norm_eps: NormEpsilon(self.layer_norm_eps as f32),
+                ..TransformerConfig::new(
+                    self.hidden_size,
+                    self.num_hidden_layers,
+                    self.num_attention_heads,
+                    false,
+                )
+            },
+        }
     }
 }
 
@@ -130,6 +171,22 @@ impl BlipConfig {
             );
         }
         let v = &self.vision_config;
+        if v.hidden_act != "gelu" {
+            bail!(
+                "{}: vision_config.hidden_act is {:?}; captune computes BLIP's vision tower with \
+                 the exact GELU (\"gelu\") only",
+                path.display(),
+                v.hidden_act
+            );
+        }
+        if v.num_attention_heads == 0 || !v.hidden_size.is_multiple_of(v.num_attention_heads) {
+            bail!(
+                "{}: vision_config.hidden_size {} is not a multiple of num_attention_heads {}",
+                path.display(),
+                v.hidden_size,
+                v.num_attention_heads
+            );
+        }
         if v.patch_size == 0 || !v.image_size.is_multiple_of(v.patch_size) {
             bail!(
                 "{}: vision_config.image_size {} is not a multiple of patch_size {}",
@@ -315,6 +372,159 @@ impl<F: FnMut(&str) -> Result<Tensor>> Source<F> {
             biases.push(bias);
         }
         Ok((side_by_side(&weights), concatenated(&biases)))
+    }
+}
+
+/// captune's name within vision block i, and BLIP's within
+/// `vision_model.encoder.layers.{i}`.
+pub const VISION_LAYER_NAMES: [(&str, &str); 6] = [
+    ("attn.qkv", "self_attn.qkv"),
+    ("attn.proj", "self_attn.projection"),
+    ("ln1", "layer_norm1"),
+    ("mlp.fc1", "mlp.fc1"),
+    ("mlp.fc2", "mlp.fc2"),
+    ("ln2", "layer_norm2"),
+];
+
+/// The vision tower's tensors under captune's names (`vision.patch_embed`,
+/// `vision.class`, `vision.positions`, `vision.blocks.{i}.*`,
+/// `vision.ln_f`, which is BLIP's `post_layernorm`), taken from `weights`
+/// (`path` names them in errors).
+pub fn vision_tensors(
+    v: &BlipVisionConfig,
+    weights: &mut TensorFile,
+    path: &Path,
+) -> Result<Vec<(String, Tensor)>> {
+    let (w, p, h) = (v.hidden_size, v.patch_size, v.intermediate_size);
+    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
+        let name = format!("vision_model.{name}");
+        let Some(tensor) = weights.tensors.remove(&name) else {
+            bail!("{}: no tensor {name:?}", path.display());
+        };
+        if tensor.shape != shape {
+            bail!(
+                "{}: tensor {name:?} has shape {:?}; the config makes it {shape:?}",
+                path.display(),
+                tensor.shape
+            );
+        }
+        Ok(tensor)
+    };
+    let tokens = v.tokens();
+    let conv = take("embeddings.patch_embedding.weight", &[w, 3, p, p])?;
+    let class = take("embeddings.class_embedding", &[1, 1, w])?;
+    let positions = take("embeddings.position_embedding", &[1, tokens, w])?;
+    let mut out = vec![
+        (
+            "vision.patch_embed.weight".to_string(),
+            Tensor {
+                shape: vec![3 * p * p, w],
+                data: patch_rows(&conv.data, w, p),
+            },
+        ),
+        (
+            "vision.patch_embed.bias".into(),
+            take("embeddings.patch_embedding.bias", &[w])?,
+        ),
+        (
+            "vision.class".into(),
+            Tensor {
+                shape: vec![1, w],
+                data: class.data,
+            },
+        ),
+        (
+            "vision.positions".into(),
+            Tensor {
+                shape: vec![tokens, w],
+                data: positions.data,
+            },
+        ),
+    ];
+    for i in 0..v.num_hidden_layers {
+        for (ours, theirs) in VISION_LAYER_NAMES {
+            let theirs = format!("encoder.layers.{i}.{theirs}");
+            let ours = format!("vision.blocks.{i}.{ours}");
+            let dense = match ours.rsplit('.').next() {
+                Some("qkv") => Some((w, 3 * w)),
+                Some("fc1") => Some((w, h)),
+                Some("fc2") => Some((h, w)),
+                Some("proj") => Some((w, w)),
+                _ => None,
+            };
+            let (weight, outputs) = match dense {
+                Some((inputs, outputs)) => {
+                    let weight = take(&format!("{theirs}.weight"), &[outputs, inputs])?;
+                    (transposed(&weight), outputs)
+                }
+                None => (take(&format!("{theirs}.weight"), &[w])?, w),
+            };
+            out.push((format!("{ours}.weight"), weight));
+            out.push((
+                format!("{ours}.bias"),
+                take(&format!("{theirs}.bias"), &[outputs])?,
+            ));
+        }
+    }
+    for part in ["weight", "bias"] {
+        out.push((
+            format!("vision.ln_f.{part}"),
+            take(&format!("post_layernorm.{part}"), &[w])?,
+        ));
+    }
+    Ok(out)
+}
+
+/// BLIP's vision tower with a folder's weights, frozen: image tokens for
+/// the text decoder to cross-attend to.
+pub struct BlipVision<B: Backend> {
+    pub tower: VisionTower,
+    params: Params<B>,
+    works: Vec<VisionWork<B>>,
+}
+
+impl<B: Backend> BlipVision<B> {
+    /// The tower of `blip`, its tensors taken out of `blip.weights`.
+    pub fn new(b: &B, blip: &mut Blip) -> Result<Self> {
+        let v = &blip.config.vision_config;
+        let mut params = Params::for_loading();
+        let tower = VisionTower::new(&mut params, "vision", v.vision());
+        params.finish_frozen(b);
+        let path = blip.weights_path.clone();
+        let tensors = vision_tensors(v, &mut blip.weights, &path)?;
+        params.load(b, &path, &mut TensorFile::new(tensors))?;
+        Ok(BlipVision {
+            tower,
+            params,
+            works: Vec::new(),
+        })
+    }
+
+    /// The image tokens `[images, tokens, width]` of `patches` (`[images,
+    /// patches, patch_dim]`, as [`super::vision::patches_of_pixels`] cuts
+    /// BLIP's processed pixels).
+    pub fn image_tokens(&mut self, b: &B, patches: &[f32]) -> Result<Vec<f32>> {
+        let c = &self.tower.config;
+        let per_image = c.patches * c.patch_dim;
+        if patches.is_empty() || !patches.len().is_multiple_of(per_image) {
+            bail!(
+                "{} patch values are not whole images of {} patches of {}",
+                patches.len(),
+                c.patches,
+                c.patch_dim
+            );
+        }
+        let batch = patches.len() / per_image;
+        let at = match self.works.iter().position(|w| w.batch == batch) {
+            Some(at) => at,
+            None => {
+                self.works.push(self.tower.work(b, batch, false)?);
+                self.works.len() - 1
+            }
+        };
+        let work = &mut self.works[at];
+        self.tower.forward(b, &self.params, work, patches);
+        Ok(b.to_vec(&work.hidden))
     }
 }
 

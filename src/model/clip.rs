@@ -16,6 +16,7 @@
 use super::hf::HfFolder;
 use super::layers::Activation;
 use super::transformer::TransformerConfig;
+use super::vision::{patch_rows, patches_of_pixels};
 use crate::backend::Backend;
 use crate::data::clip_image::ClipImageProcessor;
 use crate::retriever::model::Retriever;
@@ -235,10 +236,7 @@ pub fn read(dir: &Path) -> Result<Clip> {
         }
         Ok(tensor)
     };
-    let mut weights = TensorFile {
-        tensors: Default::default(),
-        metadata: Default::default(),
-    };
+    let mut weights = TensorFile::new([]);
     let mut put = |name: String, shape: Vec<usize>, data: Vec<f32>| {
         weights.tensors.insert(name, Tensor { shape, data });
     };
@@ -380,24 +378,6 @@ fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
-/// The patch convolution `[width, 3, p, p]` as the patch embedding's
-/// `[p * p * 3, width]`, rows in captune's patch order: row, column,
-/// channel.
-fn patch_rows(conv: &[f32], width: usize, p: usize) -> Vec<f32> {
-    let mut out = vec![0.0; conv.len()];
-    for o in 0..width {
-        for c in 0..3 {
-            for y in 0..p {
-                for x in 0..p {
-                    let row = (y * p + x) * 3 + c;
-                    out[row * width + o] = conv[((o * 3 + c) * p + y) * p + x];
-                }
-            }
-        }
-    }
-    out
-}
-
 impl Clip {
     /// The retriever with this CLIP's weights, frozen (captune never
     /// trains a CLIP), for batches of `batch`.
@@ -423,28 +403,6 @@ impl Clip {
         );
         Ok(model)
     }
-}
-
-/// Images as CLIP's processor gives them (`pixel_values`, `[images, 3,
-/// size, size]`, channel-major) as the retriever's patches (`[images,
-/// patches, patch * patch * 3]`, each patch's rows, columns and channels
-/// in that order, as the patch embedding's rows are).
-pub fn patches_of_pixels(pixels: &[f32], size: usize, patch: usize) -> Vec<f32> {
-    let plane = size * size;
-    let side = size / patch;
-    let mut out = Vec::with_capacity(pixels.len());
-    for image in pixels.chunks(3 * plane) {
-        for py in 0..side {
-            for px in 0..side {
-                for y in py * patch..(py + 1) * patch {
-                    for x in px * patch..(px + 1) * patch {
-                        out.extend((0..3).map(|c| image[c * plane + y * size + x]));
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 /// What [`embed_files`] gives: the unit-norm embeddings `[kept, embed_dim]`

@@ -183,10 +183,7 @@ pub fn read(dir: &Path, prefix: &str) -> Result<Gpt2> {
         }
         Ok(tensor)
     };
-    let mut weights = TensorFile {
-        tensors: Default::default(),
-        metadata: Default::default(),
-    };
+    let mut weights = TensorFile::new([]);
     let mut put = |name: String, tensor: Tensor| {
         weights.tensors.insert(format!("{prefix}.{name}"), tensor);
     };

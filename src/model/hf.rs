@@ -64,10 +64,7 @@ impl HfFolder {
         let mut shards: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
         shards.sort_unstable();
         shards.dedup();
-        let mut all = TensorFile {
-            tensors: Default::default(),
-            metadata: Default::default(),
-        };
+        let mut all = TensorFile::new([]);
         for shard in shards {
             let file = tensorfile::read(&self.dir.join(shard))?;
             all.tensors.extend(file.tensors);

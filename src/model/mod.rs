@@ -10,3 +10,4 @@ pub mod kv_cache;
 pub mod layers;
 pub mod params;
 pub mod transformer;
+pub mod vision;

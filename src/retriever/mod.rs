@@ -14,6 +14,7 @@ use crate::data::vocab::Vocab;
 use crate::model::checkpoint;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
+use crate::model::vision::VisionConfig;
 use crate::tensorfile::TensorFile;
 use anyhow::{Result, bail};
 use model::Retriever;
@@ -102,6 +103,17 @@ impl RetrieverConfig {
     }
 
     /// Floats per patch: RGB values of a patch x patch square.
+    /// The image tower's ViT.
+    pub fn vision(&self) -> VisionConfig {
+        VisionConfig {
+            patches: self.patches_per_image(),
+            patch_dim: self.patch_dim(),
+            class: self.image_pool == ImagePool::Class,
+            patch_bias: self.biases,
+            transformer: self.image,
+        }
+    }
+
     pub fn patch_dim(&self) -> usize {
         (3 * self.patch * self.patch) as usize
     }

@@ -11,6 +11,7 @@ use crate::data::vocab::PAD;
 use crate::model::layers::Dense;
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
+use crate::model::vision::{VisionTower, VisionWork};
 use crate::ops::contrastive::Contrastive;
 use anyhow::Result;
 
@@ -19,13 +20,10 @@ pub const MAX_LOG_SCALE: f32 = 4.605_17;
 /// ln(1 / 0.07), CLIP's initial temperature.
 pub const INIT_LOG_SCALE: f32 = 2.659_26;
 
-/// The image tower's weights.
+/// The image tower's weights: the ViT, then the projection of its pooled
+/// output.
 struct ImageTower {
-    patch_embed: Dense,
-    /// `[1, width]`: CLIP's class vector, with class pooling.
-    class: Option<ParamId>,
-    positions: ParamId,
-    transformer: Transformer,
+    vision: VisionTower,
     proj: Dense,
 }
 
@@ -39,30 +37,14 @@ struct TextTower {
 
 /// The image tower's activations for batches of `batch` images.
 struct ImageWork<B: Backend> {
-    batch: usize,
-    position_ids: TokenIndex<B>,
-    activations: Activations<B>,
-    patches: B::Tensor,
-    class: Option<ClassWork<B>>,
-    hidden: B::Tensor,
+    vision: VisionWork<B>,
+    /// `[batch, width]`: the class vector's output (CLIP's pooling) or the
+    /// mean of the patches'.
     pooled: B::Tensor,
     d_pooled: B::Tensor,
     d_hidden: B::Tensor,
     embeddings: B::Tensor,
     d_embeddings: B::Tensor,
-}
-
-/// Class pooling's buffers: the tower's input is `[batch, 1 + patches,
-/// width]`, each image's class vector first.
-struct ClassWork<B: Backend> {
-    /// `[batch]` zeros: the class vector for each image.
-    ids: TokenIndex<B>,
-    rows: B::Tensor,
-    patch_rows: B::Tensor,
-    class_layout: HeadLayout,
-    patch_layout: HeadLayout,
-    d_rows: B::Tensor,
-    d_patch_rows: B::Tensor,
 }
 
 /// The text tower's activations for batches of `batch` captions.
@@ -84,6 +66,19 @@ fn repeated_positions<B: Backend>(b: &B, batch: usize, n: usize) -> Result<Token
     Ok(TokenIndex::new(b, &ids, n)?)
 }
 
+/// Each image's class-vector row inside the tower's `[batch, tokens,
+/// width]` output, as one "head" per image.
+fn class_rows(c: &RetrieverConfig, batch: usize) -> HeadLayout {
+    HeadLayout {
+        batch,
+        seq: 1,
+        heads: 1,
+        head_dim: c.image.width,
+        row_stride: c.image_positions() * c.image.width,
+        col_offset: 0,
+    }
+}
+
 impl<B: Backend> ImageWork<B> {
     /// Buffers for batches of `batch` images; without `backward` (a frozen
     /// retriever's) no gradient buffers.
@@ -94,42 +89,11 @@ impl<B: Backend> ImageWork<B> {
         batch: usize,
         backward: bool,
     ) -> Result<Self> {
-        let (patches, iw, d) = (c.patches_per_image(), c.image.width, c.embed_dim);
-        let positions = c.image_positions();
-        let rows = batch * positions;
+        let (iw, d) = (c.image.width, c.embed_dim);
+        let rows = batch * c.image_positions();
         let grad = |len: usize| b.zeros(if backward { len } else { 0 });
-        let class = match c.image_pool {
-            ImagePool::Mean => None,
-            ImagePool::Class => {
-                let one_run_per_image = |head_dim, col_offset| HeadLayout {
-                    batch,
-                    seq: 1,
-                    heads: 1,
-                    head_dim,
-                    row_stride: positions * iw,
-                    col_offset,
-                };
-                Some(ClassWork {
-                    ids: TokenIndex::new(b, &vec![0; batch], 1)?,
-                    rows: b.zeros(batch * iw),
-                    patch_rows: b.zeros(batch * patches * iw),
-                    class_layout: one_run_per_image(iw, 0),
-                    patch_layout: one_run_per_image(patches * iw, iw),
-                    d_rows: grad(batch * iw),
-                    d_patch_rows: grad(batch * patches * iw),
-                })
-            }
-        };
         Ok(ImageWork {
-            batch,
-            position_ids: repeated_positions(b, batch, positions)?,
-            activations: match backward {
-                true => tower.transformer.activations(b, batch, positions),
-                false => tower.transformer.forward_activations(b, batch, positions),
-            },
-            patches: b.zeros(batch * patches * c.patch_dim()),
-            class,
-            hidden: b.zeros(rows * iw),
+            vision: tower.vision.work(b, batch, backward)?,
             pooled: b.zeros(batch * iw),
             d_pooled: grad(batch * iw),
             d_hidden: grad(rows * iw),
@@ -244,16 +208,7 @@ impl<B: Backend> Retriever<B> {
             }
         };
         let image = ImageTower {
-            patch_embed: dense(&mut p, "image.patch_embed", c.patch_dim(), iw, 0.02),
-            class: (c.image_pool == ImagePool::Class)
-                .then(|| p.add("image.class".into(), &[1, iw], Init::Normal(0.02), false)),
-            positions: p.add(
-                "image.positions".into(),
-                &[c.image_positions(), iw],
-                Init::Normal(0.02),
-                false,
-            ),
-            transformer: Transformer::new(&mut p, "image", c.image),
+            vision: VisionTower::new(&mut p, "image", c.vision()),
             proj: dense(&mut p, "image.proj", iw, d, (iw as f32).powf(-0.5)),
         };
         let text = TextTower {
@@ -327,7 +282,7 @@ impl<B: Backend> Retriever<B> {
     pub fn encode_images(&mut self, b: &B, patches: &[f32]) -> Result<()> {
         let c = &self.config;
         let batch = patches.len() / (c.patches_per_image() * c.patch_dim());
-        let at = match self.image_work.iter().position(|w| w.batch == batch) {
+        let at = match self.image_work.iter().position(|w| w.vision.batch == batch) {
             Some(at) => at,
             None => {
                 let backward = !self.params.is_frozen();
@@ -338,24 +293,15 @@ impl<B: Backend> Retriever<B> {
         };
         self.image_current = at;
         let (t, w, p) = (&self.image, &mut self.image_work[at], &self.params);
-        b.write(&mut w.patches, patches);
+        t.vision.forward(b, p, &mut w.vision, patches);
         let iw = c.image.width;
-        let input = w.activations.input();
-        match (&mut w.class, t.class) {
-            (Some(cw), Some(class)) => {
-                t.patch_embed.forward(b, p, &w.patches, &mut cw.patch_rows);
-                b.embedding(p.value(class), &cw.ids.ids, &mut cw.rows, iw, false);
-                b.heads_to_tokens(&cw.rows, input, &cw.class_layout, false);
-                b.heads_to_tokens(&cw.patch_rows, input, &cw.patch_layout, false);
+        match c.image_pool {
+            ImagePool::Class => {
+                b.tokens_to_heads(&w.vision.hidden, &mut w.pooled, &class_rows(c, batch))
             }
-            _ => t.patch_embed.forward(b, p, &w.patches, input),
-        }
-        b.embedding(p.value(t.positions), &w.position_ids.ids, input, iw, true);
-        t.transformer
-            .forward(b, p, &mut w.activations, None, &mut w.hidden);
-        match &w.class {
-            Some(cw) => b.tokens_to_heads(&w.hidden, &mut w.pooled, &cw.class_layout),
-            None => b.mean_pool(&w.hidden, &mut w.pooled, c.patches_per_image(), iw),
+            ImagePool::Mean => {
+                b.mean_pool(&w.vision.hidden, &mut w.pooled, c.patches_per_image(), iw)
+            }
         }
         t.proj.forward(b, p, &w.pooled, &mut w.embeddings);
         Ok(())
@@ -461,32 +407,25 @@ impl<B: Backend> Retriever<B> {
             &w.pooled,
             Some((&mut w.d_pooled, false)),
         );
-        match &w.class {
+        let c = &self.config;
+        match c.image_pool {
             // The outputs at the patches are pooled by no one: their rows
             // of d_hidden stay zero from its making.
-            Some(cw) => b.heads_to_tokens(&w.d_pooled, &mut w.d_hidden, &cw.class_layout, false),
-            None => b.mean_pool_backward(
+            ImagePool::Class => b.heads_to_tokens(
                 &w.d_pooled,
                 &mut w.d_hidden,
-                self.config.patches_per_image(),
+                &class_rows(c, w.vision.batch),
+                false,
+            ),
+            ImagePool::Mean => b.mean_pool_backward(
+                &w.d_pooled,
+                &mut w.d_hidden,
+                c.patches_per_image(),
                 iw,
                 false,
             ),
         }
-        let d_input = t
-            .transformer
-            .backward(b, p, &mut w.activations, None, &w.d_hidden);
-        b.embedding_backward(d_input, &w.position_ids, p.grad(t.positions), iw);
-        match (&mut w.class, t.class) {
-            (Some(cw), Some(class)) => {
-                b.tokens_to_heads(d_input, &mut cw.d_rows, &cw.class_layout);
-                b.embedding_backward(&cw.d_rows, &cw.ids, p.grad(class), iw);
-                b.tokens_to_heads(d_input, &mut cw.d_patch_rows, &cw.patch_layout);
-                t.patch_embed
-                    .backward(b, p, &cw.d_patch_rows, &w.patches, None);
-            }
-            _ => t.patch_embed.backward(b, p, d_input, &w.patches, None),
-        }
+        t.vision.backward(b, p, &mut w.vision, &w.d_hidden);
     }
 
     fn backward_text(&mut self, b: &B, texts: &TextBatch<B>) {

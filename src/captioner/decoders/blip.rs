@@ -22,9 +22,8 @@ use crate::model::kv_cache::KvCache;
 use crate::model::layers::{Activation, Dense, Norm, NormStats};
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
-use crate::tensorfile::Tensor;
+use crate::tensorfile::TensorFile;
 use anyhow::{Context, Result, bail};
-use std::collections::HashMap;
 
 pub struct BlipDecoder<B: Backend> {
     config: CaptionerConfig,
@@ -358,19 +357,8 @@ pub fn from_blip<B: Backend>(b: &B, blip: Blip, max_len: usize) -> Result<Captio
             .with_context(|| format!("{}: no tensor {name:?}", path.display()))
     })
     .with_context(|| format!("{}", path.display()))?;
-    let mut by_name: HashMap<String, Tensor> = tensors.into_iter().collect();
-    let params = model.params_mut();
-    for (spec, value) in params.specs.iter().zip(&mut params.values) {
-        let tensor = by_name
-            .remove(&spec.name)
-            .with_context(|| format!("the captioner's {:?} has no BLIP tensor", spec.name))?;
-        assert_eq!(
-            tensor.data.len(),
-            spec.len(),
-            "{}: shapes checked",
-            spec.name
-        );
-        b.write(value, &tensor.data);
-    }
+    model
+        .params_mut()
+        .load(b, path, &mut TensorFile::new(tensors))?;
     Ok(model)
 }

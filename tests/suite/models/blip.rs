@@ -1,8 +1,9 @@
-//! BLIP's text decoder read from a Hugging Face folder (a tiny random
+//! BLIP read from a Hugging Face folder (a tiny random
 //! `BlipForConditionalGeneration`, scripts/blip_fixtures.py) against what
-//! transformers computes with it in float64: logits, the MLE loss and the
-//! gradient of every decoder tensor, on both backends; and its decoding
-//! over the KV cache against the full forward.
+//! transformers computes with it in float64: the vision tower's image
+//! tokens, and the text decoder's logits, MLE loss and the gradient of
+//! every decoder tensor, on both backends; and the decoder's decoding over
+//! the KV cache against its full forward.
 
 use crate::common;
 
@@ -11,7 +12,8 @@ use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::decoders::blip::from_blip;
 use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs};
 use captune::cpu::CpuBackend;
-use captune::model::blip::{self, text_decoder_tensors};
+use captune::model::blip::{self, BlipVision, text_decoder_tensors};
+use captune::model::vision::patches_of_pixels;
 use captune::tensorfile::{self, TensorFile};
 use common::{gpu, relative_difference};
 use std::collections::HashMap;
@@ -151,6 +153,32 @@ fn the_blip_decoder_matches_transformers_on_the_cpu() {
 fn the_blip_decoder_matches_transformers_on_the_gpu() {
     let Some(g) = gpu() else { return };
     matches_transformers(&g, "GPU");
+}
+
+fn image_tokens_match<B: Backend>(b: &B, what: &str) {
+    let want = expected();
+    let mut folder = blip::read(&folder()).unwrap();
+    let v = folder.config.vision_config.clone();
+    let mut vision = BlipVision::new(b, &mut folder).unwrap();
+    let patches = patches_of_pixels(
+        &want.tensors["pixel_values"].data,
+        v.image_size,
+        v.patch_size,
+    );
+    let tokens = vision.image_tokens(b, &patches).unwrap();
+    let d = relative_difference(&tokens, &want.tensors["image_tokens"].data);
+    assert!(
+        d < 1e-5,
+        "{what}: image tokens differ by {d} of their largest"
+    );
+}
+
+#[test]
+fn the_blip_vision_tower_matches_transformers() {
+    image_tokens_match(&CpuBackend::new(), "CPU");
+    if let Some(g) = gpu() {
+        image_tokens_match(&g, "GPU");
+    }
 }
 
 /// Greedy and beam captions over the KV cache, each checked against the

@@ -20,7 +20,7 @@ use captune::cpu::CpuBackend;
 use captune::data::clip_image::ClipImageProcessor;
 use captune::data::clip_text::ClipTokenizer;
 use captune::data::vocab::EOS;
-use captune::model::clip;
+use captune::model::{clip, vision};
 use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
 use captune::retriever::model::TextBatch;
 use captune::tensorfile;
@@ -51,7 +51,7 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
     let config = clip.retriever;
     let mut model = clip.into_retriever(b, 3).unwrap();
     let size = config.image_size as usize;
-    let patches = clip::patches_of_pixels(
+    let patches = vision::patches_of_pixels(
         &want.tensors["pixel_values"].data,
         size,
         config.patch as usize,
@@ -174,7 +174,7 @@ fn preprocessing_gives_the_image_processor_s_pixels() {
         .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
     // One byte is 1 / 255 / std, about 0.015 here: 1e-5 means the same bytes.
     assert!(worst < 1e-5, "pixels differ by {worst}");
-    let patches = clip::patches_of_pixels(&pixels, 32, 8);
+    let patches = vision::patches_of_pixels(&pixels, 32, 8);
     let check = |got: Vec<f32>, what: &str| {
         let d = common::relative_difference(&got, &want.tensors["processed_embeds"].data);
         assert!(
