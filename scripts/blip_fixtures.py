@@ -13,6 +13,14 @@ compare captune with on both backends, so that CI needs no torch:
   their end (`lengths` says how many ids are fed; a caption's last id is
   the end id, [SEP], not fed);
 - `logits` [2, 6, vocab]: the text decoder's logits;
+- `processed_pixels` [2, 3, 32, 32]: what BlipImageProcessor (its PIL
+  backend) makes of tests/data/clip-images/{wide,tall}.png with the
+  folder's preprocessor_config.json (both sides resized to 32, bicubic,
+  no crop; CLIP's mean and std), and `processed_tokens`, their image
+  tokens. Made with Pillow 12 (`pip install "pillow<13"`): Pillow 13 runs
+  the vertical pass first for some shapes (the tall picture's among
+  them), which moves some bytes by one, and captune computes Pillow 12's
+  order, the horizontal pass first;
 - `loss`: the mean over the captions' real targets of -log softmax at the
   target of the logits under captune's policy (-inf at the padding and
   start ids), and `grad.NAME`: its gradient with respect to every text
@@ -30,9 +38,12 @@ is not 0, 1 or 2, so a loader that confused any of them would fail.
 import json
 import os
 
+import numpy as np
 import torch
+from PIL import Image
 from safetensors.torch import save_file
 from transformers import BlipConfig, BlipForConditionalGeneration
+from transformers.models.blip.image_processing_pil_blip import BlipImageProcessorPil
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
 FOLDER = os.path.join(ROOT, "blip-tiny")
@@ -76,11 +87,17 @@ def main():
                 p.copy_(0.3 * torch.randn_like(p))
     os.makedirs(FOLDER, exist_ok=True)
     model.save_pretrained(FOLDER, safe_serialization=True)
+    processor = BlipImageProcessorPil(size={"height": 32, "width": 32})
+    processor.save_pretrained(FOLDER)
 
     model = model.double()
     pixels = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         image_tokens = model.vision_model(pixel_values=pixels).last_hidden_state
+    images = [Image.open(os.path.join(ROOT, "clip-images", n)).convert("RGB") for n in ("wide.png", "tall.png")]
+    processed = torch.from_numpy(np.array(processor(images)["pixel_values"])).double()
+    with torch.no_grad():
+        processed_tokens = model.vision_model(pixel_values=processed).last_hidden_state
     captions = [[BOS, 5, 17, 33, 8, 21, SEP], [BOS, 9, 40, SEP]]
     positions = 6
     input_ids = torch.full((2, positions), PAD, dtype=torch.long)
@@ -111,6 +128,8 @@ def main():
     expected = {
         "pixel_values": pixels,
         "image_tokens": image_tokens,
+        "processed_pixels": processed,
+        "processed_tokens": processed_tokens,
         "input_ids": input_ids.to(torch.int64),
         "lengths": torch.tensor(lengths, dtype=torch.int64),
         "logits": out.logits.detach(),

@@ -576,7 +576,7 @@ fn hugging_face_clip_folders() {
                 let clip = captune::model::clip::read(&dir)?;
                 let max_len = clip.retriever.max_len;
                 clip.into_retriever(&b, 2)?;
-                captune::data::clip_image::ClipImageProcessor::load(&dir)?;
+                captune::data::image_processor::ImageProcessor::load(&dir)?;
                 captune::data::clip_text::ClipTokenizer::load(&dir, max_len).map(|_| ())
             },
         );

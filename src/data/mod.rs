@@ -8,10 +8,10 @@
 //! the rest still loads.
 
 pub mod bpe;
-pub mod clip_image;
 pub mod clip_text;
 pub mod coco;
 pub mod features;
+pub mod image_processor;
 pub mod images;
 pub mod karpathy;
 pub mod tokenize;

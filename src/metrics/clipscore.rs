@@ -7,7 +7,7 @@
 //! cos(caption, reference), 0). A corpus' figure is the mean over its
 //! images. Embeddings here are unit-norm, so a cosine is a dot product.
 //! Images are preprocessed as transformers' CLIP image processor does
-//! (`data::clip_image`), whose crop can sit a pixel from that of the
+//! (`data::image_processor`), whose crop can sit a pixel from that of the
 //! authors' code (OpenAI's transform) for some image sizes.
 
 /// The weight w.

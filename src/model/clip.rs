@@ -18,7 +18,7 @@ use super::layers::Activation;
 use super::transformer::TransformerConfig;
 use super::vision::{patch_rows, patches_of_pixels};
 use crate::backend::Backend;
-use crate::data::clip_image::ClipImageProcessor;
+use crate::data::image_processor::ImageProcessor;
 use crate::retriever::model::Retriever;
 use crate::retriever::{ImagePool, RetrieverConfig};
 use crate::tensorfile::{Tensor, TensorFile};
@@ -420,17 +420,17 @@ pub struct Embedded {
 pub fn embed_files<B: Backend>(
     b: &B,
     model: &mut Retriever<B>,
-    processor: &ClipImageProcessor,
+    processor: &ImageProcessor,
     paths: &[&Path],
     progress: &indicatif::ProgressBar,
 ) -> Result<Embedded> {
     use rayon::prelude::*;
-    let (size, patch) = (processor.crop as usize, model.config.patch as usize);
-    if processor.crop != model.config.image_size {
+    let (size, patch) = (processor.side() as usize, model.config.patch as usize);
+    if processor.side() != model.config.image_size {
         bail!(
-            "the image processor crops {} pixels but the image tower reads {}: \
+            "the image processor makes {} pixels a side but the image tower reads {}: \
              preprocessor_config.json and config.json are of different models",
-            processor.crop,
+            processor.side(),
             model.config.image_size
         );
     }

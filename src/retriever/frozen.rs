@@ -10,8 +10,8 @@ use super::Checkpoint;
 use super::eval::{embed_ids, embed_images};
 use super::model::Retriever;
 use crate::backend::Backend;
-use crate::data::clip_image::ClipImageProcessor;
 use crate::data::clip_text::ClipTokenizer;
+use crate::data::image_processor::ImageProcessor;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, images};
 use crate::model::clip;
@@ -163,7 +163,7 @@ enum ImageReader {
     /// captune's: resized to the tower's side, scaled as `patchify` does.
     Patches,
     /// CLIP's image processor (resize, centre crop, normalise).
-    Clip(ClipImageProcessor),
+    Clip(ImageProcessor),
 }
 
 /// A retriever loaded to be used frozen, with its caption and image readers.
@@ -211,7 +211,7 @@ impl<B: Backend> FrozenRetriever<B> {
     pub fn clip(b: &B, dir: &Path, batch: usize) -> Result<Self> {
         let clip = clip::read(dir)?;
         let tokenizer = ClipTokenizer::load(dir, clip.retriever.max_len)?;
-        let processor = ClipImageProcessor::load(dir)?;
+        let processor = ImageProcessor::load(dir)?;
         Ok(FrozenRetriever {
             model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
             captions: CaptionReader::Clip(Box::new(tokenizer)),
@@ -254,7 +254,10 @@ impl<B: Backend> FrozenRetriever<B> {
             ImageReader::Patches => self.model.config.image_size.to_string(),
             ImageReader::Clip(p) => format!(
                 "clip shortest {} crop {} mean {:?} std {:?}",
-                p.size, p.crop, p.mean, p.std
+                p.size,
+                p.side(),
+                p.mean,
+                p.std
             ),
         }
     }

@@ -12,6 +12,7 @@ use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::decoders::blip::from_blip;
 use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs};
 use captune::cpu::CpuBackend;
+use captune::data::image_processor::ImageProcessor;
 use captune::model::blip::{self, BlipVision, text_decoder_tensors};
 use captune::model::vision::patches_of_pixels;
 use captune::tensorfile::{self, TensorFile};
@@ -171,6 +172,32 @@ fn image_tokens_match<B: Backend>(b: &B, what: &str) {
         d < 1e-5,
         "{what}: image tokens differ by {d} of their largest"
     );
+}
+
+/// Two pictures (one wide, one tall) through the folder's
+/// preprocessor_config.json: the pixels BlipImageProcessor's PIL backend
+/// makes (both sides resized to 32 by Pillow's bicubic, no crop), and
+/// their image tokens.
+#[test]
+fn preprocessing_and_the_vision_tower_give_transformers_image_tokens() {
+    let want = expected();
+    let processor = ImageProcessor::load(&folder()).unwrap();
+    assert_eq!((processor.size, processor.crop), (32, None));
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let pixels: Vec<f32> = ["wide.png", "tall.png"]
+        .iter()
+        .flat_map(|name| processor.pixels(&image::open(images.join(name)).unwrap().to_rgb8()))
+        .collect();
+    let d = relative_difference(&pixels, &want.tensors["processed_pixels"].data);
+    assert!(d < 1e-6, "pixels differ by {d} of their largest");
+    let b = CpuBackend::new();
+    let mut folder = blip::read(&folder()).unwrap();
+    let mut vision = BlipVision::new(&b, &mut folder).unwrap();
+    let tokens = vision
+        .image_tokens(&b, &patches_of_pixels(&pixels, 32, 8))
+        .unwrap();
+    let d = relative_difference(&tokens, &want.tensors["processed_tokens"].data);
+    assert!(d < 1e-5, "image tokens differ by {d} of their largest");
 }
 
 #[test]

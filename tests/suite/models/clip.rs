@@ -17,8 +17,8 @@ use captune::captioner::listener::{
     Relaxation, RelaxedListener, VocabMap, negative_cosine, read_caption,
 };
 use captune::cpu::CpuBackend;
-use captune::data::clip_image::ClipImageProcessor;
 use captune::data::clip_text::ClipTokenizer;
+use captune::data::image_processor::ImageProcessor;
 use captune::data::vocab::EOS;
 use captune::model::{clip, vision};
 use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
@@ -159,8 +159,8 @@ fn clip_equals_transformers_on_both_backends() {
 #[test]
 fn preprocessing_gives_the_image_processor_s_pixels() {
     let want = expected();
-    let processor = ClipImageProcessor::load(&folder()).unwrap();
-    assert_eq!((processor.size, processor.crop), (40, 32));
+    let processor = ImageProcessor::load(&folder()).unwrap();
+    assert_eq!((processor.size, processor.crop), (40, Some(32)));
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
     let pixels: Vec<f32> = ["wide.png", "tall.png"]
         .iter()

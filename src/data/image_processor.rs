@@ -1,20 +1,26 @@
-//! An image as transformers' CLIP image processor makes it
-//! (`CLIPImageProcessor` with its PIL backend): the shortest side resized
-//! to `size` (bicubic, the other side in proportion, rounded down), the
-//! centre `crop` x `crop` cut out (its offset rounded down, as
-//! transformers does; OpenAI's own torchvision transform rounds it to the
-//! nearest, which moves the crop by a pixel for some sizes), bytes
-//! rescaled to [0, 1] and normalised per channel with the folder's mean
-//! and std. The
-//! `[3, crop, crop]` result is what `model::vision::patches_of_pixels` cuts
-//! into the retriever's patches.
+//! An image as transformers' image processors make it with their PIL
+//! backend:
+//! - CLIP's (`CLIPImageProcessor`): the shortest side resized to `size`
+//!   (bicubic, the other side in proportion, rounded down), the centre
+//!   `crop` x `crop` cut out (its offset rounded down, as transformers
+//!   does; OpenAI's own torchvision transform rounds it to the nearest,
+//!   which moves the crop by a pixel for some sizes);
+//! - BLIP's (`BlipImageProcessorPil`): both sides resized to `size`
+//!   (bicubic), no crop;
+//!
+//! then bytes rescaled to [0, 1] and normalised per channel with the
+//! folder's mean and std. The `[3, side, side]` result is what
+//! `model::vision::patches_of_pixels` cuts into a tower's patches.
 //!
 //! The resize is Pillow's bicubic resampling as it documents and computes
 //! it, so that the bytes are the same: a separable filter (the cubic with
 //! a = -0.5, its support widened by the scale when shrinking), weights
 //! normalised and held in fixed point with 22 fractional bits, the
 //! horizontal pass first and its result rounded to bytes, then the
-//! vertical pass. A side that keeps its length is not filtered.
+//! vertical pass. A side that keeps its length is not filtered. That is
+//! Pillow's order up to version 12; Pillow 13 runs the vertical pass first
+//! for some shapes (a tall image shrunk more in height than in width, for
+//! one), which moves some bytes by one.
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -23,13 +29,14 @@ use std::path::Path;
 /// Fractional bits of Pillow's fixed-point filter weights (8-bit images).
 const PRECISION_BITS: u32 = 32 - 8 - 2;
 
-/// The preprocessing of a CLIP folder's `preprocessor_config.json`.
+/// The preprocessing of a CLIP or BLIP folder's `preprocessor_config.json`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ClipImageProcessor {
-    /// The shortest side after resizing.
+pub struct ImageProcessor {
+    /// The shortest side after resizing, or (no crop) both sides.
     pub size: u32,
-    /// The side of the centre crop.
-    pub crop: u32,
+    /// The side of the centre crop; None: the image is resized to a
+    /// `size` square instead.
+    pub crop: Option<u32>,
     pub mean: [f32; 3],
     pub std: [f32; 3],
 }
@@ -38,15 +45,17 @@ pub struct ClipImageProcessor {
 #[derive(Deserialize)]
 struct Config {
     size: Side,
-    crop_size: Side,
     image_mean: [f32; 3],
     image_std: [f32; 3],
     #[serde(default = "bicubic")]
     resample: u32,
     #[serde(default = "yes")]
     do_resize: bool,
-    #[serde(default = "yes")]
-    do_center_crop: bool,
+    /// Absent in BLIP's, which never crops.
+    #[serde(default)]
+    crop_size: Option<Side>,
+    #[serde(default)]
+    do_center_crop: Option<bool>,
     #[serde(default = "yes")]
     do_rescale: bool,
     #[serde(default = "yes")]
@@ -74,15 +83,15 @@ fn byte_scale() -> f64 {
     1.0 / 255.0
 }
 
-impl ClipImageProcessor {
+impl ImageProcessor {
     /// Reads `preprocessor_config.json` in `dir`; an error names the file
     /// and the field.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("preprocessor_config.json");
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
-                "cannot read {}: a CLIP folder needs its image processor's config \
-                 (save it with CLIPImageProcessor.save_pretrained)",
+                "cannot read {}: the folder needs its image processor's config \
+                 (save it with the processor's save_pretrained)",
                 path.display()
             )
         })?;
@@ -94,11 +103,11 @@ impl ClipImageProcessor {
         })?;
         let refuse = |what: &str| {
             bail!(
-                "{}: {what}; captune computes CLIP's preprocessing only",
+                "{}: {what}; captune computes CLIP's and BLIP's preprocessing only",
                 path.display()
             )
         };
-        if !(c.do_resize && c.do_center_crop && c.do_rescale && c.do_normalize) {
+        if !(c.do_resize && c.do_rescale && c.do_normalize) {
             return refuse("a do_* step is turned off");
         }
         if c.resample != 3 {
@@ -110,19 +119,32 @@ impl ClipImageProcessor {
                 c.rescale_factor
             ));
         }
-        let size = match c.size {
-            Side::Shortest { shortest_edge } | Side::Plain(shortest_edge) => shortest_edge,
-            Side::Square { .. } => return refuse("size is a height and width (not shortest_edge)"),
+        // CLIP's: the shortest side, then a square crop; BLIP's: a square.
+        let (size, crop) = match (c.size, c.crop_size, c.do_center_crop) {
+            (
+                Side::Shortest { shortest_edge: n } | Side::Plain(n),
+                Some(crop),
+                Some(true) | None,
+            ) => match crop {
+                Side::Square { height, width } if height == width => (n, Some(height)),
+                Side::Plain(side) => (n, Some(side)),
+                _ => return refuse("crop_size is not a square"),
+            },
+            (Side::Square { height, width }, None, Some(false) | None) if height == width => {
+                (height, None)
+            }
+            (Side::Square { .. }, None, _) => return refuse("size is not a square"),
+            _ => {
+                return refuse(
+                    "size and the crop are neither CLIP's (shortest_edge, then a centre crop) \
+                     nor BLIP's (a square size, no crop)",
+                );
+            }
         };
-        let crop = match c.crop_size {
-            Side::Square { height, width } if height == width => height,
-            Side::Plain(n) => n,
-            _ => return refuse("crop_size is not a square"),
-        };
-        if size == 0 || crop == 0 || crop > size || c.image_std.contains(&0.0) {
+        if size == 0 || crop.is_some_and(|c| c == 0 || c > size) || c.image_std.contains(&0.0) {
             return refuse("size, crop_size or image_std is zero, or the crop is larger than size");
         }
-        Ok(ClipImageProcessor {
+        Ok(ImageProcessor {
             size,
             crop,
             mean: c.image_mean,
@@ -130,19 +152,29 @@ impl ClipImageProcessor {
         })
     }
 
-    /// `[3, crop, crop]` floats, channel-major, of an RGB image.
+    /// The side of the square the pixels are: the crop's, or the size.
+    pub fn side(&self) -> u32 {
+        self.crop.unwrap_or(self.size)
+    }
+
+    /// `[3, side, side]` floats, channel-major, of an RGB image.
     pub fn pixels(&self, image: &image::RgbImage) -> Vec<f32> {
         let (w, h) = (image.width() as usize, image.height() as usize);
-        let (short, long) = if w <= h { (w, h) } else { (h, w) };
         let size = self.size as usize;
-        let new_long = (size as f64 * long as f64 / short as f64) as usize;
-        let (new_w, new_h) = if w <= h {
-            (size, new_long)
-        } else {
-            (new_long, size)
+        let (new_w, new_h) = match self.crop {
+            None => (size, size),
+            Some(_) => {
+                let (short, long) = if w <= h { (w, h) } else { (h, w) };
+                let new_long = (size as f64 * long as f64 / short as f64) as usize;
+                if w <= h {
+                    (size, new_long)
+                } else {
+                    (new_long, size)
+                }
+            }
         };
         let resized = resize_bicubic(image.as_raw(), w, h, new_w, new_h);
-        let crop = self.crop as usize;
+        let crop = self.side() as usize;
         let (top, left) = ((new_h - crop) / 2, (new_w - crop) / 2);
         let mut out = vec![0.0; 3 * crop * crop];
         for c in 0..3 {
@@ -254,7 +286,7 @@ fn resize_bicubic(rgb: &[u8], w: usize, h: usize, new_w: usize, new_h: usize) ->
 
 #[cfg(test)]
 mod tests {
-    use super::ClipImageProcessor;
+    use super::ImageProcessor;
 
     /// An image whose every byte says where it is: (x, y, x + y) mod 256.
     fn positions(w: u32, h: u32) -> image::RgbImage {
@@ -264,9 +296,9 @@ mod tests {
     #[test]
     fn the_crop_is_centred_with_its_offset_rounded_down_on_either_orientation() {
         // Mean 0 and std 1/255 give the bytes back.
-        let p = ClipImageProcessor {
+        let p = ImageProcessor {
             size: 40,
-            crop: 32,
+            crop: Some(32),
             mean: [0.0; 3],
             std: [1.0 / 255.0; 3],
         };
@@ -288,12 +320,45 @@ mod tests {
     }
 
     #[test]
+    fn without_a_crop_both_sides_are_resized_to_the_square() {
+        let p = ImageProcessor {
+            size: 24,
+            crop: None,
+            mean: [0.0; 3],
+            std: [1.0 / 255.0; 3],
+        };
+        assert_eq!(p.side(), 24);
+        // A 24 x 24 image is the square already: its bytes come back.
+        let out = p.pixels(&positions(24, 24));
+        for (y, x) in [(0, 0), (5, 23), (23, 7)] {
+            let at = |c: usize| out[(c * 24 + y) * 24 + x].round() as u32;
+            assert_eq!(
+                [at(0), at(1), at(2)],
+                [x as u32, y as u32, (x + y) as u32 % 256]
+            );
+        }
+        // A wide image is squeezed, not cropped: its left and right
+        // columns both reach the square's edges.
+        let wide = image::RgbImage::from_fn(60, 24, |x, _| match x {
+            0..2 => image::Rgb([255, 0, 0]),
+            58.. => image::Rgb([0, 0, 255]),
+            _ => image::Rgb([0, 0, 0]),
+        });
+        let out = p.pixels(&wide);
+        assert!(out[12 * 24] > 50.0, "the left edge's red is kept");
+        assert!(
+            out[(2 * 24 + 12) * 24 + 23] > 50.0,
+            "the right edge's blue is kept"
+        );
+    }
+
+    #[test]
     fn the_shortest_side_is_resized_and_the_other_rounded_down() {
         // The shortest side to 40 and the other in proportion, rounded
         // down; the 40-wide crop then keeps the whole width.
-        let p = ClipImageProcessor {
+        let p = ImageProcessor {
             size: 40,
-            crop: 40,
+            crop: Some(40),
             mean: [0.0; 3],
             std: [1.0 / 255.0; 3],
         };
