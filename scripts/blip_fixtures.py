@@ -21,10 +21,19 @@ compare captune with on both backends, so that CI needs no torch:
   the vertical pass first for some shapes (the tall picture's among
   them), which moves some bytes by one, and captune computes Pillow 12's
   order, the horizontal pass first;
+- `greedy_ids` and `beam_ids` [2, 10]: the pieces `generate` gives for
+  the two pictures (after the start id; rows padded with -1), greedy and
+  with 3 beams (length_penalty 0, early_stopping "never"), at most 10 new
+  pieces, with the padding and start ids suppressed as captune's policy
+  masks them;
 - `loss`: the mean over the captions' real targets of -log softmax at the
   target of the logits under captune's policy (-inf at the padding and
   start ids), and `grad.NAME`: its gradient with respect to every text
   decoder tensor, under transformers' names.
+
+The folder's tokenizer.json is a BERT WordPiece tokenizer (lower case,
+BERT's pre-tokenizer, `##` continuations, [CLS] .. [SEP] around a text)
+over WORDS, with BLIP's [DEC] at the start id.
 
 The model has BLIP's architecture at small widths: a ViT with a class
 token and post_layernorm, a BERT text decoder (post-LN, an embedding
@@ -48,6 +57,36 @@ from transformers.models.blip.image_processing_pil_blip import BlipImageProcesso
 ROOT = os.path.join(os.path.dirname(__file__), "..", "tests", "data")
 FOLDER = os.path.join(ROOT, "blip-tiny")
 VOCAB, BOS, SEP, PAD = 50, 47, 2, 0
+WORDS = [
+    "[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]", "a", "an", "the", "picture", "of",
+    "dog", "cat", "man", "woman", "red", "blue", "green", "ball", "on", "in",
+    "with", "grass", "runs", "sits", "is", "and", "small", "large", "black", "white",
+    "two", "three", "##s", "##ing", "##ed", "play", "walk", "water", "street", "car",
+    "bike", "tree", "holding", "near", "jump", "park", "boy", "[DEC]", "girl", ".",
+]
+
+
+def save_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    assert len(WORDS) == VOCAB and WORDS.index("[DEC]") == BOS
+    vocab = {w: i for i, w in enumerate(WORDS)}
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 3), ("[SEP]", SEP)]
+    )
+    tok.add_special_tokens(["[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]", "[DEC]"])
+    tok.save(os.path.join(FOLDER, "tokenizer.json"))
+
+
+def id_rows(sequences, width):
+    rows = torch.full((len(sequences), width), -1.0)
+    for i, s in enumerate(sequences):
+        rows[i, : len(s)] = torch.tensor(s, dtype=torch.float32)
+    return rows
 
 
 def main():
@@ -85,10 +124,13 @@ def main():
                 p.copy_(1.0 + 0.2 * torch.randn_like(p))
             else:
                 p.copy_(0.3 * torch.randn_like(p))
+        # The end a little less likely, so that captions have some length.
+        model.text_decoder.cls.predictions.bias[SEP] -= 2.0
     os.makedirs(FOLDER, exist_ok=True)
     model.save_pretrained(FOLDER, safe_serialization=True)
     processor = BlipImageProcessorPil(size={"height": 32, "width": 32})
     processor.save_pretrained(FOLDER)
+    save_tokenizer()
 
     model = model.double()
     pixels = torch.randn(2, 3, 32, 32, dtype=torch.float64)
@@ -98,6 +140,27 @@ def main():
     processed = torch.from_numpy(np.array(processor(images)["pixel_values"])).double()
     with torch.no_grad():
         processed_tokens = model.vision_model(pixel_values=processed).last_hidden_state
+    generated = {}
+    for name, beams in (("greedy_ids", 1), ("beam_ids", 3)):
+        with torch.no_grad():
+            out = model.generate(
+                pixel_values=processed,
+                max_new_tokens=10,
+                num_beams=beams,
+                do_sample=False,
+                length_penalty=0.0,
+                early_stopping="never" if beams > 1 else False,
+                suppress_tokens=[PAD, BOS],
+            )
+        rows = []
+        for row in out.tolist():
+            assert row[0] == BOS
+            pieces = row[1:]
+            if SEP in pieces:
+                pieces = pieces[: pieces.index(SEP) + 1]
+            rows.append(pieces)
+        generated[name] = id_rows(rows, 10)
+        print(name, rows)
     captions = [[BOS, 5, 17, 33, 8, 21, SEP], [BOS, 9, 40, SEP]]
     positions = 6
     input_ids = torch.full((2, positions), PAD, dtype=torch.long)
@@ -130,6 +193,7 @@ def main():
         "image_tokens": image_tokens,
         "processed_pixels": processed,
         "processed_tokens": processed_tokens,
+        **generated,
         "input_ids": input_ids.to(torch.int64),
         "lengths": torch.tensor(lengths, dtype=torch.int64),
         "logits": out.logits.detach(),

@@ -16,6 +16,7 @@ pub mod images;
 pub mod karpathy;
 pub mod tokenize;
 pub mod vocab;
+pub mod wordpiece;
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

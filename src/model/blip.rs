@@ -220,6 +220,12 @@ impl BlipConfig {
     }
 }
 
+#[derive(Deserialize)]
+struct ModelType {
+    #[serde(default)]
+    model_type: String,
+}
+
 /// A BLIP folder: its config and every tensor, by BLIP's names.
 pub struct Blip {
     pub config: BlipConfig,
@@ -231,6 +237,17 @@ pub struct Blip {
 /// Reads a BLIP folder's config (checked) and weights.
 pub fn read(dir: &Path) -> Result<Blip> {
     let folder = HfFolder::open(dir)?;
+    // The model type first: another model's config lacks BLIP's fields,
+    // and its type says more than the first field it lacks.
+    let kind: ModelType = folder.config()?;
+    if kind.model_type != "blip" {
+        bail!(
+            "{}: model_type {:?} is not BLIP's captioner; captune reads model_type \"blip\" \
+             (BlipForConditionalGeneration)",
+            folder.config_path().display(),
+            kind.model_type
+        );
+    }
     let config: BlipConfig = folder.config()?;
     config.check(&folder.config_path())?;
     let (weights, weights_path) = folder.weights()?;

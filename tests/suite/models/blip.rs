@@ -269,3 +269,70 @@ fn blip_decoding_over_the_cache_equals_the_full_forward() {
         decoding_equals_the_full_forward(&g, "GPU");
     }
 }
+
+/// `captune caption --checkpoint hf:FOLDER --json` on the two pictures,
+/// greedy and with 3 beams: the pieces `generate` gives with the folder
+/// (at most 10 new pieces), and their text as its tokenizer decodes it.
+#[test]
+fn caption_gives_generate_s_captions_for_a_blip_folder() {
+    let want = expected();
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let hf = format!("hf:{}", folder().display());
+    for (decode, name) in [("greedy", "greedy_ids"), ("beam:3", "beam_ids")] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+            .args(["--device", "cpu", "caption", "--checkpoint", &hf, "--json"])
+            .args(["--max-words", "9", "--decode", decode])
+            .arg(images.join("wide.png"))
+            .arg(images.join("tall.png"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{decode}: {stderr}");
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let expected_ids = common::padded_ids(&want.tensors[name].data, 10);
+        assert_eq!(lines.len(), 2, "{decode}: a line per picture");
+        for (line, (file, ids)) in lines
+            .iter()
+            .zip(["wide.png", "tall.png"].iter().zip(&expected_ids))
+        {
+            assert!(
+                line["file"].as_str().unwrap().ends_with(file),
+                "{decode}: {line}"
+            );
+            let got: Vec<u32> = serde_json::from_value(line["ids"].clone()).unwrap();
+            assert_eq!(&got, ids, "{decode}: {file}'s pieces");
+            let words: Vec<&str> = ids.iter().map(|&id| WORDS[id as usize]).collect();
+            assert_eq!(
+                line["caption"],
+                words.join(" ").replace(" ##", ""),
+                "{decode}: {file}"
+            );
+        }
+    }
+}
+
+/// The tiny folder's vocabulary (scripts/blip_fixtures.py's WORDS).
+const WORDS: [&str; 50] = [
+    "[PAD]", "[UNK]", "[SEP]", "[CLS]", "[MASK]", "a", "an", "the", "picture", "of", "dog", "cat",
+    "man", "woman", "red", "blue", "green", "ball", "on", "in", "with", "grass", "runs", "sits",
+    "is", "and", "small", "large", "black", "white", "two", "three", "##s", "##ing", "##ed",
+    "play", "walk", "water", "street", "car", "bike", "tree", "holding", "near", "jump", "park",
+    "boy", "[DEC]", "girl", ".",
+];
+
+/// Another model's folder is refused by its type, naming the file.
+#[test]
+fn a_folder_of_another_model_is_refused_by_its_type() {
+    let gpt2 = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let Err(e) = blip::read(&gpt2) else {
+        panic!("a GPT-2 folder read as BLIP")
+    };
+    let message = format!("{e:#}");
+    assert!(
+        message.contains("gpt2-tiny/config.json") && message.contains("model_type \"gpt2\""),
+        "{message}"
+    );
+}
