@@ -25,7 +25,10 @@ compare captune with on both backends, so that CI needs no torch:
   the two pictures (after the start id; rows padded with -1), greedy and
   with 3 beams (length_penalty 0, early_stopping "never"), at most 10 new
   pieces, with the padding and start ids suppressed as captune's policy
-  masks them;
+  masks them; and `prompt_greedy_ids`, greedy after the prompt "a
+  picture of" (fed as BLIP's processor gives it, [CLS] a picture of
+  [SEP], which generate turns into [DEC] a picture of), the pieces after
+  the prompt;
 - `loss`: the mean over the captions' real targets of -log softmax at the
   target of the logits under captune's policy (-inf at the padding and
   start ids), and `grad.NAME`: its gradient with respect to every text
@@ -141,10 +144,18 @@ def main():
     with torch.no_grad():
         processed_tokens = model.vision_model(pixel_values=processed).last_hidden_state
     generated = {}
-    for name, beams in (("greedy_ids", 1), ("beam_ids", 3)):
+    prompt = [5, 8, 9]  # a picture of
+    prompted = torch.tensor([[3, *prompt, SEP]] * 2)
+    for name, beams, text in (
+        ("greedy_ids", 1, None),
+        ("beam_ids", 3, None),
+        ("prompt_greedy_ids", 1, prompted),
+    ):
+        fed = [BOS] + (prompt if text is not None else [])
         with torch.no_grad():
             out = model.generate(
                 pixel_values=processed,
+                input_ids=text,
                 max_new_tokens=10,
                 num_beams=beams,
                 do_sample=False,
@@ -154,8 +165,8 @@ def main():
             )
         rows = []
         for row in out.tolist():
-            assert row[0] == BOS
-            pieces = row[1:]
+            assert row[: len(fed)] == fed, row
+            pieces = row[len(fed) :]
             if SEP in pieces:
                 pieces = pieces[: pieces.index(SEP) + 1]
             rows.append(pieces)

@@ -3,7 +3,7 @@
 use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
-use captune::captioner::decode::generate;
+use captune::captioner::decode::{DecodeOptions, generate};
 use captune::captioner::decoders::blip::from_blip;
 use captune::data::image_processor::ImageProcessor;
 use captune::data::wordpiece::WordPieceVocab;
@@ -31,6 +31,11 @@ pub struct CaptionArgs {
     pub retriever: Option<PathBuf>,
     #[command(flatten)]
     pub decoding: DecodeArgs,
+    /// With a BLIP folder: text fed after the start before the caption
+    /// ("a picture of", as BLIP's captioning checkpoints were trained);
+    /// the caption printed is what follows it.
+    #[arg(long)]
+    pub prompt: Option<String>,
     /// One JSON object per caption (file, caption, ids: the decoder's ids
     /// after the start) instead of a tab-separated line.
     #[arg(long)]
@@ -85,6 +90,9 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let spec = args.checkpoint.to_string_lossy();
     if let Some(dir) = spec.strip_prefix("hf:") {
         return caption_with_blip(b, Path::new(dir), &files, args);
+    }
+    if args.prompt.is_some() {
+        bail!("--prompt is for a BLIP folder (--checkpoint hf:FOLDER)");
     }
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
@@ -233,8 +241,16 @@ fn caption_with_blip<B: Backend>(
     let max_len = t.max_position_embeddings.min(BLIP_CAPTION_IDS) + 1;
     let mut vision = BlipVision::new(b, &mut folder)?;
     let model = from_blip(b, folder, max_len)?;
+    let prompt = match &args.prompt {
+        Some(text) => vocab.encode(text)?,
+        None => Vec::new(),
+    };
     let progress = Progress::terminal();
     let bar = progress.start("captioning", files.len() as u64);
+    let options = DecodeOptions {
+        prompt,
+        ..args.decoding.options(&bar)
+    };
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
         let mut pixels = Vec::new();
         for file in chunk {
@@ -244,13 +260,7 @@ fn caption_with_blip<B: Backend>(
         }
         let patches = patches_of_pixels(&pixels, v.image_size, v.patch_size);
         let tokens = vision.image_tokens(b, &patches)?;
-        let generated = generate(
-            b,
-            &model,
-            &tokens,
-            &args.decoding.decode,
-            &args.decoding.options(&bar),
-        )?;
+        let generated = generate(b, &model, &tokens, &args.decoding.decode, &options)?;
         for g in generated {
             let caption = vocab.decode(&g.ids)?;
             let file = chunk[g.image].display().to_string();

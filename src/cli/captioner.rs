@@ -29,6 +29,7 @@ impl DecodeArgs {
         DecodeOptions {
             max_words: self.max_words,
             suppress_unk: self.suppress_unk,
+            prompt: Vec::new(),
             progress: Some(progress.clone()),
         }
     }

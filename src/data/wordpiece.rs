@@ -55,6 +55,16 @@ impl WordPieceVocab {
         self.len() == 0
     }
 
+    /// The pieces of `text`, without the tokenizer's own special tokens
+    /// ([CLS], [SEP]).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| anyhow!("{}: cannot tokenise {text:?}: {e}", self.origin))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// The text of pieces (special tokens left out, continuations joined
     /// to their words), as the tokenizer decodes them.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

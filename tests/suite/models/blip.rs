@@ -271,16 +271,26 @@ fn blip_decoding_over_the_cache_equals_the_full_forward() {
 }
 
 /// `captune caption --checkpoint hf:FOLDER --json` on the two pictures,
-/// greedy and with 3 beams: the pieces `generate` gives with the folder
-/// (at most 10 new pieces), and their text as its tokenizer decodes it.
+/// greedy, with 3 beams, and greedy after the prompt "a picture of": the
+/// pieces `generate` gives with the folder (at most 10 new pieces), and
+/// their text as its tokenizer decodes it.
 #[test]
 fn caption_gives_generate_s_captions_for_a_blip_folder() {
     let want = expected();
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
     let hf = format!("hf:{}", folder().display());
-    for (decode, name) in [("greedy", "greedy_ids"), ("beam:3", "beam_ids")] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
-            .args(["--device", "cpu", "caption", "--checkpoint", &hf, "--json"])
+    let cases = [
+        ("greedy", "greedy_ids", None),
+        ("beam:3", "beam_ids", None),
+        ("greedy", "prompt_greedy_ids", Some("A picture of")),
+    ];
+    for (decode, name, prompt) in cases {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_captune"));
+        cmd.args(["--device", "cpu", "caption", "--checkpoint", &hf, "--json"]);
+        if let Some(text) = prompt {
+            cmd.args(["--prompt", text]);
+        }
+        let out = cmd
             .args(["--max-words", "9", "--decode", decode])
             .arg(images.join("wide.png"))
             .arg(images.join("tall.png"))
@@ -334,5 +344,26 @@ fn a_folder_of_another_model_is_refused_by_its_type() {
     assert!(
         message.contains("gpt2-tiny/config.json") && message.contains("model_type \"gpt2\""),
         "{message}"
+    );
+}
+
+/// A prompt that fills the decoder's positions leaves no caption: an
+/// error, not a panic.
+#[test]
+fn a_prompt_longer_than_the_positions_is_refused() {
+    let b = CpuBackend::new();
+    let want = expected();
+    let m = model(&b);
+    let options = DecodeOptions {
+        prompt: vec![5; MAX_LEN - 2],
+        ..DecodeOptions::default()
+    };
+    let images = &want.tensors["image_tokens"].data;
+    let Err(e) = generate(&b, &m, images, &Decoding::Greedy, &options) else {
+        panic!("a prompt filling every position decoded")
+    };
+    assert!(
+        e.to_string().contains("leaves no room for a caption"),
+        "{e}"
     );
 }
