@@ -18,7 +18,7 @@ use super::transformer::TransformerConfig;
 use super::vision::{VisionConfig, VisionTower, VisionWork, patch_rows};
 use crate::backend::Backend;
 use crate::tensorfile::{Tensor, TensorFile};
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -276,7 +276,10 @@ pub fn text_decoder_tensors(
         );
     }
     let (w, m, h) = (t.hidden_size, t.encoder_hidden_size, t.intermediate_size);
-    let mut src = Source { take };
+    let mut src = Source {
+        module: "text_decoder",
+        take,
+    };
     let mut out = vec![(
         "decoder.tokens".to_string(),
         src.get("bert.embeddings.word_embeddings.weight", &[t.vocab_size, w])?,
@@ -325,18 +328,21 @@ pub fn text_decoder_tensors(
     Ok(out)
 }
 
-/// Where the text decoder's tensors come from, by BLIP's names after
-/// `text_decoder.`, checked against the shapes the config makes.
+/// Where one module's tensors come from (`text_decoder` or
+/// `vision_model`), by BLIP's names after the module's, checked against
+/// the shapes the config makes.
 struct Source<F> {
+    module: &'static str,
     take: F,
 }
 
 impl<F: FnMut(&str) -> Result<Tensor>> Source<F> {
     fn get(&mut self, name: &str, shape: &[usize]) -> Result<Tensor> {
-        let tensor = (self.take)(&format!("text_decoder.{name}"))?;
+        let name = format!("{}.{name}", self.module);
+        let tensor = (self.take)(&name)?;
         if tensor.shape != shape {
             bail!(
-                "tensor \"text_decoder.{name}\" has shape {:?}; the config makes it {shape:?}",
+                "tensor {name:?} has shape {:?}; the config makes it {shape:?}",
                 tensor.shape
             );
         }
@@ -412,25 +418,25 @@ pub fn vision_tensors(
     weights: &mut TensorFile,
     path: &Path,
 ) -> Result<Vec<(String, Tensor)>> {
-    let (w, p, h) = (v.hidden_size, v.patch_size, v.intermediate_size);
-    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
-        let name = format!("vision_model.{name}");
-        let Some(tensor) = weights.tensors.remove(&name) else {
-            bail!("{}: no tensor {name:?}", path.display());
-        };
-        if tensor.shape != shape {
-            bail!(
-                "{}: tensor {name:?} has shape {:?}; the config makes it {shape:?}",
-                path.display(),
-                tensor.shape
-            );
-        }
-        Ok(tensor)
+    let src = Source {
+        module: "vision_model",
+        take: |name: &str| {
+            let tensor = weights.tensors.remove(name);
+            tensor.with_context(|| format!("no tensor {name:?}"))
+        },
     };
+    vision_from(v, src).with_context(|| path.display().to_string())
+}
+
+fn vision_from<F: FnMut(&str) -> Result<Tensor>>(
+    v: &BlipVisionConfig,
+    mut src: Source<F>,
+) -> Result<Vec<(String, Tensor)>> {
+    let (w, p, h) = (v.hidden_size, v.patch_size, v.intermediate_size);
     let tokens = v.tokens();
-    let conv = take("embeddings.patch_embedding.weight", &[w, 3, p, p])?;
-    let class = take("embeddings.class_embedding", &[1, 1, w])?;
-    let positions = take("embeddings.position_embedding", &[1, tokens, w])?;
+    let conv = src.get("embeddings.patch_embedding.weight", &[w, 3, p, p])?;
+    let class = src.get("embeddings.class_embedding", &[1, 1, w])?;
+    let positions = src.get("embeddings.position_embedding", &[1, tokens, w])?;
     let mut out = vec![
         (
             "vision.patch_embed.weight".to_string(),
@@ -441,7 +447,7 @@ pub fn vision_tensors(
         ),
         (
             "vision.patch_embed.bias".into(),
-            take("embeddings.patch_embedding.bias", &[w])?,
+            src.get("embeddings.patch_embedding.bias", &[w])?,
         ),
         (
             "vision.class".into(),
@@ -460,35 +466,19 @@ pub fn vision_tensors(
     ];
     for i in 0..v.num_hidden_layers {
         for (ours, theirs) in VISION_LAYER_NAMES {
-            let theirs = format!("encoder.layers.{i}.{theirs}");
-            let ours = format!("vision.blocks.{i}.{ours}");
-            let dense = match ours.rsplit('.').next() {
-                Some("qkv") => Some((w, 3 * w)),
-                Some("fc1") => Some((w, h)),
-                Some("fc2") => Some((h, w)),
-                Some("proj") => Some((w, w)),
+            let dense = match ours {
+                "attn.qkv" => Some((w, 3 * w)),
+                "mlp.fc1" => Some((w, h)),
+                "mlp.fc2" => Some((h, w)),
+                "attn.proj" => Some((w, w)),
                 _ => None,
             };
-            let (weight, outputs) = match dense {
-                Some((inputs, outputs)) => {
-                    let weight = take(&format!("{theirs}.weight"), &[outputs, inputs])?;
-                    (transposed(&weight), outputs)
-                }
-                None => (take(&format!("{theirs}.weight"), &[w])?, w),
-            };
-            out.push((format!("{ours}.weight"), weight));
-            out.push((
-                format!("{ours}.bias"),
-                take(&format!("{theirs}.bias"), &[outputs])?,
-            ));
+            let ours = format!("vision.blocks.{i}.{ours}");
+            let theirs = format!("encoder.layers.{i}.{theirs}");
+            out.extend(src.pair(&ours, &theirs, dense, w)?);
         }
     }
-    for part in ["weight", "bias"] {
-        out.push((
-            format!("vision.ln_f.{part}"),
-            take(&format!("post_layernorm.{part}"), &[w])?,
-        ));
-    }
+    out.extend(src.pair("vision.ln_f", "post_layernorm", None, w)?);
     Ok(out)
 }
 
