@@ -145,7 +145,15 @@ impl<B: Backend> BlipDecoder<B> {
         b.embedding(p.value(self.positions), position_ids, input, w, true);
     }
 
-    /// logits `[rows, vocab]` from the blocks' output `hidden`.
+    /// `a.output_bias` = the output layer's bias plus the policy mask, for
+    /// the head's forwards until the weights change.
+    fn output_bias(&self, b: &B, a: &mut HeadActivations<B>) {
+        let bias = self.params.value(self.head.bias);
+        b.add(1.0, bias, 1.0, &self.policy_mask, &mut a.output_bias);
+    }
+
+    /// logits `[rows, vocab]` from the blocks' output `hidden`, with the
+    /// output bias `a` holds ([`BlipDecoder::output_bias`]).
     fn head_forward(
         &self,
         b: &B,
@@ -158,13 +166,6 @@ impl<B: Backend> BlipDecoder<B> {
         h.dense.forward(b, p, hidden, &mut a.pre);
         b.gelu_erf(&a.pre, &mut a.act);
         h.norm.forward(b, p, &a.act, &mut a.normed, &mut a.stats);
-        b.add(
-            1.0,
-            p.value(h.bias),
-            1.0,
-            &self.policy_mask,
-            &mut a.output_bias,
-        );
         b.matmul_bias(
             &a.normed,
             p.value(self.tokens),
@@ -222,6 +223,7 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         // already keeps it out of every real position's attention.
         self.decoder
             .forward(b, &self.params, &mut ws.decoder, None, &mut ws.hidden);
+        self.output_bias(b, &mut ws.head);
         self.head_forward(b, &mut ws.head, &ws.hidden, &mut ws.logits, inputs.rows());
         self.workspaces = workspaces;
         Ok(())
@@ -298,6 +300,8 @@ impl<B: Backend> Stepper<B> for BlipStepper<'_, B> {
         self.cache.clear();
         m.decoder
             .remember(b, &m.params, &mut self.cache, &self.memory);
+        // The weights hold still while a batch is decoded.
+        m.output_bias(b, &mut self.head);
     }
 
     fn advance(&mut self, b: &B, ids: &B::Ids) {
