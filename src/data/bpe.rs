@@ -52,20 +52,29 @@ pub fn parse_tokenizer(json: &str, origin: &str) -> Result<Tokenizer> {
         .map_err(|e| not_read(e.to_string()))
 }
 
+/// The text of `dir/tokenizer.json` and the file's name for messages;
+/// a missing file is an error that says to save it with `saver`
+/// (`tokenizer`, `processor`: what the folder's owner calls
+/// `save_pretrained` on).
+pub fn read_tokenizer_file(dir: &Path, saver: &str) -> Result<(String, String)> {
+    let path = dir.join("tokenizer.json");
+    if !path.is_file() {
+        bail!(
+            "{}: no tokenizer.json; save the tokenizer beside the model \
+             ({saver}.save_pretrained) so that captune tokenises as it does",
+            dir.display()
+        );
+    }
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    Ok((text, path.display().to_string()))
+}
+
 impl BpeVocab {
     /// Reads `dir/tokenizer.json`, which must know [`END`].
     pub fn load(dir: &Path) -> Result<BpeVocab> {
-        let path = dir.join("tokenizer.json");
-        if !path.is_file() {
-            bail!(
-                "{}: no tokenizer.json; save the tokenizer beside the model \
-                 (tokenizer.save_pretrained) so that captune tokenises as it does",
-                dir.display()
-            );
-        }
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        BpeVocab::from_json(text, &path.display().to_string())
+        let (text, origin) = read_tokenizer_file(dir, "tokenizer")?;
+        BpeVocab::from_json(text, &origin)
     }
 
     /// A tokenizer from its JSON (`origin` names where it came from in

@@ -4,7 +4,7 @@
 //! truncation to the text tower's positions (the pieces shortened, the two
 //! specials kept). The text tower reads its state at the end token.
 
-use super::bpe::parse_tokenizer;
+use super::bpe::{parse_tokenizer, read_tokenizer_file};
 use anyhow::{Context, Result, anyhow, bail};
 use std::path::Path;
 use tokenizers::Tokenizer;
@@ -25,15 +25,7 @@ impl ClipTokenizer {
     /// Reads `dir/tokenizer.json`, which must know both specials, for a
     /// text tower of `max_len` positions.
     pub fn load(dir: &Path, max_len: usize) -> Result<ClipTokenizer> {
-        let path = dir.join("tokenizer.json");
-        let text = std::fs::read_to_string(&path).with_context(|| {
-            format!(
-                "cannot read {}: save CLIP's tokenizer beside the model \
-                 (tokenizer.save_pretrained) so that captune tokenises as it does",
-                path.display()
-            )
-        })?;
-        let origin = path.display().to_string();
+        let (text, origin) = read_tokenizer_file(dir, "tokenizer")?;
         let mut tokenizer = parse_tokenizer(&text, &origin)?;
         // Pieces are read word by word: a padding or truncation the file
         // sets would pad or cut every word (captune cuts captions itself).

@@ -4,8 +4,8 @@
 //! its pieces, then its end id ([SEP]); the ids come from the model's
 //! config, the tokenizer only spells them.
 
-use super::bpe::parse_tokenizer;
-use anyhow::{Context, Result, anyhow, bail};
+use super::bpe::{parse_tokenizer, read_tokenizer_file};
+use anyhow::{Result, anyhow, bail};
 use std::path::Path;
 use tokenizers::Tokenizer;
 
@@ -25,17 +25,7 @@ impl std::fmt::Debug for WordPieceVocab {
 impl WordPieceVocab {
     /// Reads `dir/tokenizer.json`, which must be a WordPiece model.
     pub fn load(dir: &Path) -> Result<Self> {
-        let path = dir.join("tokenizer.json");
-        if !path.is_file() {
-            bail!(
-                "{}: no tokenizer.json; save the processor's tokenizer beside the model \
-                 (processor.save_pretrained) so that captune spells captions as it does",
-                dir.display()
-            );
-        }
-        let json = std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let origin = path.display().to_string();
+        let (json, origin) = read_tokenizer_file(dir, "processor")?;
         let tokenizer = parse_tokenizer(&json, &origin)?;
         if !matches!(
             tokenizer.get_model(),
