@@ -14,6 +14,8 @@
 #                                       # the Vulkan loader into .gpu/, then the call
 #     scripts/gpu_bench.sh              # there: every figure, into $OUT
 #     scripts/gpu_bench.sh --rehearse [--quick]   # here, on lavapipe, small shapes
+#     scripts/gpu_bench.sh --tiles      # there: the large-tile kernel families
+#                                       # compared, kernel by kernel and end to end
 #
 # On the GPU machine it unpacks the carried Vulkan loader where none is
 # installed, stops within seconds if captune finds no hardware GPU, gives
@@ -34,19 +36,21 @@ cd "$(dirname "$0")/.."
 
 mode=device
 quick=0
+tiles=0
 for arg in "$@"; do
     case $arg in
         --pack) mode=pack ;;
         --rehearse) mode=rehearse ;;
         --quick) quick=1 ;;
-        *) echo "gpu_bench.sh: unknown argument $arg (--pack, --rehearse, --quick)" >&2; exit 2 ;;
+        --tiles) tiles=1 ;;
+        *) echo "gpu_bench.sh: unknown argument $arg (--pack, --rehearse, --quick, --tiles)" >&2; exit 2 ;;
     esac
 done
 
 if [ "$mode" = pack ]; then
     # Carried to the device machine: a stripped release binary and the
-    # Vulkan loader as Debian packages (the image has NVIDIA's driver but
-    # may lack libvulkan1). .gpu/ is ignored by git through .git/info/exclude.
+    # Vulkan loader and libglvnd as Debian packages (the image has NVIDIA's
+    # driver but may lack them). .gpu/ is ignored by git through .git/info/exclude.
     set -e
     grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
     mkdir -p .gpu/debs /tmp/captune-amd64/partial
@@ -54,7 +58,8 @@ if [ "$mode" = pack ]; then
     strip -o .gpu/captune target/release/captune
     o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/captune-amd64'
     # shellcheck disable=SC2086
-    apt-get $o update -qq && (cd .gpu/debs && apt-get $o download -qq libvulkan1)
+    apt-get $o update -qq &&
+        (cd .gpu/debs && apt-get $o download -qq libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
     du -sh .gpu
     cat <<'EOF'
 Then, through the device tool, one call (limit 480 s):
@@ -80,14 +85,21 @@ fi
 start=$(date +%s)
 budget=${CAPTUNE_BENCH_BUDGET:-420}
 
-# The Vulkan loader where the machine has none (the device image may not).
-if [ "$mode" = device ] && ! ldconfig -p | grep -q libvulkan.so.1; then
-    for f in .gpu/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
-    ldconfig
-fi
-if [ "$mode" = device ] && [ -z "${VK_DRIVER_FILES:-}" ]; then
-    icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-    [ -e "$icd" ] && export VK_DRIVER_FILES=$icd
+# The Vulkan loader and GL vendor-neutral dispatch (NVIDIA's Vulkan driver
+# lives in libGLX_nvidia, which needs libglvnd) where the machine lacks them.
+if [ "$mode" = device ]; then
+    if ! ldconfig -p | grep -q libvulkan.so.1 || ! ldconfig -p | grep -q libGLdispatch.so.0; then
+        for f in .gpu/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+        ldconfig
+    fi
+    for lib in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+        [ -d $lib ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    done
+    nvidia=/usr/local/nvidia/share
+    [ -z "${VK_DRIVER_FILES:-}" ] && [ -e $nvidia/vulkan/icd.d/nvidia_icd.json ] &&
+        export VK_DRIVER_FILES=$nvidia/vulkan/icd.d/nvidia_icd.json
+    [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -e $nvidia/glvnd/egl_vendor.d/10_nvidia.json ] &&
+        export __EGL_VENDOR_LIBRARY_FILENAMES=$nvidia/glvnd/egl_vendor.d/10_nvidia.json
 fi
 
 # step NAME LIMIT COMMAND...: runs COMMAND with a time limit inside the
@@ -118,6 +130,9 @@ adapter="$out/adapter.txt"
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1
     timeout 60 "$captune" --device gpu info 2>&1
+    echo "VK_DRIVER_FILES=${VK_DRIVER_FILES:-}"
+    ldconfig -p | grep -E 'libvulkan|libGLdispatch|libGLX_nvidia|libnvidia-glcore' 2>&1
+    ls /usr/local/nvidia/share/vulkan/icd.d /etc/vulkan/icd.d /usr/share/vulkan/icd.d 2>&1
 } > "$adapter"
 want='device type: +(DiscreteGpu|IntegratedGpu)'
 [ "$mode" = rehearse ] && want='device type: +'
@@ -159,31 +174,68 @@ if ! python3 -c 'import torch' 2>/dev/null; then
     echo "python3 cannot import torch: the PyTorch steps fail and their pairs show as failed" | tee -a "$log"
 fi
 
+variant_sizes=gpt2-small
+[ "$mode" = rehearse ] && variant_sizes=tiny
+
+if (( tiles )); then
+    # Every matmul kernel on a GPT-2-small step's products, then GPT-2
+    # training and SCST steps with each large-tile family
+    # (CAPTUNE_MATMUL_TILES) beside PyTorch, alternately.
+    step matmuls-captune 150 "$captune" --device gpu bench matmuls --sizes "$variant_sizes" --json
+    for run in 1 2; do
+        for family in shared registers; do
+            step "train-gpt2@$family-captune-$run" 90 env CAPTUNE_MATMUL_TILES=$family "$captune" \
+                --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
+        done
+        step "train-gpt2-torch-$run" 90 python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device "$torch_device" --json
+        for family in shared registers; do
+            step "scst-gpt2@$family-captune-$run" 90 env CAPTUNE_MATMUL_TILES=$family "$captune" \
+                --device gpu bench scst "${gpt2[@]}" --steps 3 --warmup 1 --json
+        done
+        step "scst-gpt2-torch-$run" 90 python3 scripts/bench_torch_scst.py "${gpt2[@]}" --device "$torch_device" --json
+    done
+    python3 scripts/gpu_bench_summary.py "$steps" "$out"
+    echo "$(( $(date +%s) - start )) s in all; results in $out/" | tee -a "$log"
+    rm -rf "$steps"
+    exit 0
+fi
+
 step kernels-captune 90 "$captune" --device gpu bench kernels --sizes "$sizes" \
     --elementwise-len "$elementwise" --json
 step kernels-torch 90 python3 scripts/bench_torch_matmul.py --device "$torch_device" \
     --sizes "$sizes" --compare "$steps/kernels-captune.out"
+
+if (( quick )); then
+    step matmuls-captune 60 "$captune" --device gpu bench matmuls --sizes tiny --json
+fi
 
 runs=2
 steps_args=()
 # --quick: one alternation, a few steps on a small batch.
 (( quick )) && runs=1 && steps_args=(--steps 3 --warmup 1 --batch 8)
 for run in $(seq "$runs"); do
+    # The first alternation also profiles one more step kernel by kernel.
+    profile=()
+    (( run == 1 )) && profile=(--profile)
     step "train-shapes-captune-$run" 60 "$captune" --device gpu bench train "${shapes[@]}" \
-        "${steps_args[@]}" --objectives mle --json
+        "${steps_args[@]}" --objectives mle "${profile[@]}" --json
     step "train-shapes-torch-$run" 60 python3 scripts/bench_torch_captioner.py "${shapes[@]}" \
         "${steps_args[@]}" --device "$torch_device" --json
-    step "decode-shapes-captune-$run" 45 "$captune" --device gpu bench decode "${shapes[@]}" --images "$images" --json
+    step "decode-shapes-captune-$run" 45 "$captune" --device gpu bench decode "${shapes[@]}" --images "$images" "${profile[@]}" --json
     step "decode-shapes-torch-$run" 45 python3 scripts/bench_torch_decode.py "${shapes[@]}" --images "$images" --device "$torch_device" --json
     (( quick )) && break
-    step "train-gpt2-captune-$run" 90 "$captune" --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
+    step "train-gpt2-captune-$run" 90 "$captune" --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle "${profile[@]}" --json
     step "train-gpt2-torch-$run" 90 python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device "$torch_device" --json
-    step "decode-gpt2-captune-$run" 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" --json
+    step "decode-gpt2-captune-$run" 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" "${profile[@]}" --json
     step "decode-gpt2-torch-$run" 60 python3 scripts/bench_torch_decode.py "${gpt2[@]}" --images "$images" --device "$torch_device" --json
-    step "scst-shapes-captune-$run" 60 "$captune" --device gpu bench scst "${shapes[@]}" "${scst[@]}" --json
+    step "scst-shapes-captune-$run" 60 "$captune" --device gpu bench scst "${shapes[@]}" "${scst[@]}" "${profile[@]}" --json
     step "scst-shapes-torch-$run" 60 python3 scripts/bench_torch_scst.py "${shapes[@]}" --device "$torch_device" --json
-    step "scst-gpt2-captune-$run" 90 "$captune" --device gpu bench scst "${gpt2[@]}" "${scst[@]}" --json
+    step "scst-gpt2-captune-$run" 90 "$captune" --device gpu bench scst "${gpt2[@]}" "${scst[@]}" "${profile[@]}" --json
     step "scst-gpt2-torch-$run" 90 python3 scripts/bench_torch_scst.py "${gpt2[@]}" --device "$torch_device" --json
+    if (( run == 1 )); then
+        # Every matmul kernel on a GPT-2-small step's products (tiny ones here).
+        step matmuls-captune 150 "$captune" --device gpu bench matmuls --sizes "$variant_sizes" --json
+    fi
 done
 
 if (( ! quick )); then

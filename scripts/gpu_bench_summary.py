@@ -39,6 +39,42 @@ def throughput(output):
     return None, None
 
 
+def kernel_profiles(records):
+    """Each profiled step's costliest kernels, as shares of its kernel time."""
+    lines = []
+    for name, r in records.items():
+        output = r["output"] if isinstance(r["output"], list) else []
+        for record in output:
+            profile = record.get("kernels") if isinstance(record, dict) else None
+            if not profile:
+                continue
+            total = profile["seconds"]
+            top = ", ".join(f"{k['kernel'].split('/')[-1]} {100 * k['seconds'] / total:.0f}%"
+                            for k in profile["kernels"][:6])
+            lines.append(f"profile {name}: {1e3 * total:.2f} ms of kernels: {top}")
+    return lines
+
+
+def matmul_variants(output):
+    """Per product: the planned kernel's GFLOP/s, the fastest kernel's, and
+    any kernel whose product disagrees with the CPU's."""
+    if not isinstance(output, list):
+        return []
+    lines = [f"{'product':<14} {'m x n x k':>18} {'planned':>24} {'fastest':>24}"]
+    products = {}
+    for r in output:
+        products.setdefault((r["product"], r["m"], r["n"], r["k"]), []).append(r)
+    for (product, m, n, k), variants in products.items():
+        planned = next((v for v in variants if v["planned"]), None)
+        fastest = max(variants, key=lambda v: v["gflops"])
+        show = lambda v: f"{v['kernel'].removeprefix('matmul_')} {v['gflops']:.0f}" if v else "-"
+        lines.append(f"{product:<14} {f'{m}x{n}x{k}':>18} {show(planned):>24} {show(fastest):>24}")
+        for v in variants:
+            if not v["relative_error"] < 1e-4:
+                lines.append(f"  WRONG: {v['kernel']} on {product}: relative error {v['relative_error']}")
+    return lines
+
+
 def main():
     steps_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     records = {}
@@ -56,7 +92,9 @@ def main():
         if "-captune-" not in name:
             continue
         workload, run = name.rsplit("-captune-", 1)
-        torch = records.get(f"{workload}-torch-{run}")
+        # WORKLOAD@VARIANT: captune with one of its settings, against the
+        # same PyTorch run.
+        torch = records.get(f"{workload.split('@')[0]}-torch-{run}")
         if torch is None:
             continue
         ours, key = throughput(r["output"]) if r["exit"] == 0 else (None, None)
@@ -72,6 +110,8 @@ def main():
             if "ratio" in k:
                 lines.append(f"{'matmul ' + str(k['m']) + '^3':<28} {'1':>3} {k['captune_gflops']:12.1f} "
                              f"{k['gflops']:12.1f} {k['ratio']:7.3f}  gflops")
+    lines += kernel_profiles(records)
+    lines += matmul_variants(records.get("matmuls-captune", {}).get("output"))
     failed = [n for n, r in records.items() if r["exit"] != 0]
     lines.append(f"{len(records)} steps, {len(failed)} failed or skipped" +
                  (f": {', '.join(failed)}" if failed else ""))

@@ -175,6 +175,26 @@ fn store_sum(z: u32, col: u32, value: f32) {
 
 // ---- register-tiled variant: workgroup 16x16 threads, 64x64 tile of C ----
 
+// Every loop over a thread's results is written out, with the results in
+// named vec4s: an array indexed in a loop can be left in local memory by a
+// driver that does not unroll the loop, and naga gives no unroll hints.
+
+// C's four columns from `col` of one row, as `store_c` stores each.
+fn store4(base: u32, z: u32, row: u32, col: u32, v: vec4<f32>) {
+    store_c(base, z, row, col, v.x);
+    store_c(base, z, row, col + 1u, v.y);
+    store_c(base, z, row, col + 2u, v.z);
+    store_c(base, z, row, col + 3u, v.w);
+}
+
+// Four column sums from `col`, as `store_sum` stores each.
+fn store_sum4(z: u32, col: u32, v: vec4<f32>) {
+    store_sum(z, col, v.x);
+    store_sum(z, col + 1u, v.y);
+    store_sum(z, col + 2u, v.z);
+    store_sum(z, col + 3u, v.w);
+}
+
 @compute @workgroup_size(16, 16, 1)
 fn matmul_registers(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -185,38 +205,36 @@ fn matmul_registers(
     let base_b = start(p.b, batch);
     let row0 = wid.y * 64u + lid.y * 4u;
     let col0 = wid.x * 64u + lid.x * 4u;
-    var acc: array<array<f32, 4>, 4>;
+    // Row i of the thread's 4 x 4 block of C.
+    var c0 = vec4<f32>(0.0);
+    var c1 = vec4<f32>(0.0);
+    var c2 = vec4<f32>(0.0);
+    var c3 = vec4<f32>(0.0);
     // The threads of C's first rows also sum B's columns.
     let sum_b = (p.flags & COLUMN_SUMS) != 0u && row0 == 0u;
-    var b_sum: array<f32, 4>;
+    var b_sum = vec4<f32>(0.0);
     for (var kk = k_begin(wid.z); kk < k_end(wid.z); kk += 1u) {
-        var av: array<f32, 4>;
-        var bv: array<f32, 4>;
-        for (var i = 0u; i < 4u; i += 1u) {
-            av[i] = load_a(base_a, row0 + i, kk);
-            bv[i] = load_b(base_b, kk, col0 + i);
-        }
+        let bv = vec4<f32>(
+            load_b(base_b, kk, col0),
+            load_b(base_b, kk, col0 + 1u),
+            load_b(base_b, kk, col0 + 2u),
+            load_b(base_b, kk, col0 + 3u),
+        );
+        c0 = fma(vec4<f32>(load_a(base_a, row0, kk)), bv, c0);
+        c1 = fma(vec4<f32>(load_a(base_a, row0 + 1u, kk)), bv, c1);
+        c2 = fma(vec4<f32>(load_a(base_a, row0 + 2u, kk)), bv, c2);
+        c3 = fma(vec4<f32>(load_a(base_a, row0 + 3u, kk)), bv, c3);
         if (sum_b) {
-            for (var j = 0u; j < 4u; j += 1u) {
-                b_sum[j] += bv[j];
-            }
-        }
-        for (var i = 0u; i < 4u; i += 1u) {
-            for (var j = 0u; j < 4u; j += 1u) {
-                acc[i][j] = fma(av[i], bv[j], acc[i][j]);
-            }
+            b_sum += bv;
         }
     }
     let base_c = start(p.c, batch);
-    for (var i = 0u; i < 4u; i += 1u) {
-        for (var j = 0u; j < 4u; j += 1u) {
-            store_c(base_c, wid.z, row0 + i, col0 + j, acc[i][j]);
-        }
-    }
+    store4(base_c, wid.z, row0, col0, c0);
+    store4(base_c, wid.z, row0 + 1u, col0, c1);
+    store4(base_c, wid.z, row0 + 2u, col0, c2);
+    store4(base_c, wid.z, row0 + 3u, col0, c3);
     if (sum_b) {
-        for (var j = 0u; j < 4u; j += 1u) {
-            store_sum(wid.z, col0 + j, b_sum[j]);
-        }
+        store_sum4(wid.z, col0, b_sum);
     }
 }
 
@@ -302,8 +320,8 @@ var<workgroup> tile_b: array<vec4<f32>, 264>; // [SLICE][PADDED]
 // A thread's share of one slice: 4 elements of A's and 4 of B's, element e
 // at (row or column of the tile, k within the slice) = `staged(li, e, ..)`.
 struct Slice {
-    a: array<f32, 4>,
-    b: array<f32, 4>,
+    a: vec4<f32>,
+    b: vec4<f32>,
 }
 
 // Where element e of thread li's share sits: neighbouring threads take
@@ -318,22 +336,44 @@ fn staged(li: u32, e: u32, k_fast: bool) -> vec2<u32> {
     return vec2<u32>(idx % TILE, idx / TILE);
 }
 
+fn fetch_a(base_a: u32, tile_row: u32, k0: u32, li: u32, e: u32) -> f32 {
+    let at = staged(li, e, (p.flags & TRANS_A) == 0u);
+    return load_a(base_a, tile_row + at.x, k0 + at.y);
+}
+
+fn fetch_b(base_b: u32, tile_col: u32, k0: u32, li: u32, e: u32) -> f32 {
+    let at = staged(li, e, (p.flags & TRANS_B) != 0u);
+    return load_b(base_b, k0 + at.y, tile_col + at.x);
+}
+
 fn fetch(base_a: u32, base_b: u32, tile_row: u32, tile_col: u32, k0: u32, li: u32) -> Slice {
-    var s: Slice;
-    for (var e = 0u; e < 4u; e += 1u) {
-        let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
-        s.a[e] = load_a(base_a, tile_row + at_a.x, k0 + at_a.y);
-        let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
-        s.b[e] = load_b(base_b, k0 + at_b.y, tile_col + at_b.x);
-    }
-    return s;
+    return Slice(
+        vec4<f32>(
+            fetch_a(base_a, tile_row, k0, li, 0u),
+            fetch_a(base_a, tile_row, k0, li, 1u),
+            fetch_a(base_a, tile_row, k0, li, 2u),
+            fetch_a(base_a, tile_row, k0, li, 3u),
+        ),
+        vec4<f32>(
+            fetch_b(base_b, tile_col, k0, li, 0u),
+            fetch_b(base_b, tile_col, k0, li, 1u),
+            fetch_b(base_b, tile_col, k0, li, 2u),
+            fetch_b(base_b, tile_col, k0, li, 3u),
+        ),
+    );
 }
 
-// Row or column i (0..8) of a thread's 8 inside the tile, for t = tx or ty.
-fn owned(t: u32, i: u32) -> u32 {
-    return (i / 4u) * 64u + t * 4u + i % 4u;
+// Stages element e of a thread's share in workgroup memory.
+fn stage(li: u32, e: u32, a_value: f32, b_value: f32) {
+    let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
+    tile_a[at_a.y * PADDED + at_a.x / 4u][at_a.x % 4u] = a_value;
+    let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
+    tile_b[at_b.y * PADDED + at_b.x / 4u][at_b.x % 4u] = b_value;
 }
 
+// Thread (tx, ty) owns rows ty*4.. and 64 + ty*4.. of the tile, and columns
+// tx*4.. and 64 + tx*4..: row i's results are c{i}_lo (the first four
+// columns) and c{i}_hi (the other four).
 @compute @workgroup_size(256, 1, 1)
 fn matmul_shared(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -346,22 +386,36 @@ fn matmul_shared(
     let tile_col = wid.x * TILE;
     let tx = li % 16u;
     let ty = li / 16u;
-    var acc: array<array<f32, 8>, 8>;
+    var c0_lo = vec4<f32>(0.0);
+    var c0_hi = vec4<f32>(0.0);
+    var c1_lo = vec4<f32>(0.0);
+    var c1_hi = vec4<f32>(0.0);
+    var c2_lo = vec4<f32>(0.0);
+    var c2_hi = vec4<f32>(0.0);
+    var c3_lo = vec4<f32>(0.0);
+    var c3_hi = vec4<f32>(0.0);
+    var c4_lo = vec4<f32>(0.0);
+    var c4_hi = vec4<f32>(0.0);
+    var c5_lo = vec4<f32>(0.0);
+    var c5_hi = vec4<f32>(0.0);
+    var c6_lo = vec4<f32>(0.0);
+    var c6_hi = vec4<f32>(0.0);
+    var c7_lo = vec4<f32>(0.0);
+    var c7_hi = vec4<f32>(0.0);
     // The threads of C's first rows also sum B's columns.
     let sum_b = (p.flags & COLUMN_SUMS) != 0u && tile_row == 0u && ty == 0u;
-    var b_sum: array<f32, 8>;
+    var b_sum_lo = vec4<f32>(0.0);
+    var b_sum_hi = vec4<f32>(0.0);
     // A split's range is a whole number of slices: only the last one of
     // k can run past it, and the loads read zeros there.
     let first = k_begin(wid.z);
     let last = k_end(wid.z);
     var next = fetch(base_a, base_b, tile_row, tile_col, first, li);
     for (var k0 = first; k0 < last; k0 += SLICE) {
-        for (var e = 0u; e < 4u; e += 1u) {
-            let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
-            tile_a[at_a.y * PADDED + at_a.x / 4u][at_a.x % 4u] = next.a[e];
-            let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
-            tile_b[at_b.y * PADDED + at_b.x / 4u][at_b.x % 4u] = next.b[e];
-        }
+        stage(li, 0u, next.a.x, next.b.x);
+        stage(li, 1u, next.a.y, next.b.y);
+        stage(li, 2u, next.a.z, next.b.z);
+        stage(li, 3u, next.a.w, next.b.w);
         workgroupBarrier();
         if (k0 + SLICE < last) {
             next = fetch(base_a, base_b, tile_row, tile_col, k0 + SLICE, li);
@@ -371,30 +425,52 @@ fn matmul_shared(
             let a_hi = tile_a[kk * PADDED + 16u + ty];
             let b_lo = tile_b[kk * PADDED + tx];
             let b_hi = tile_b[kk * PADDED + 16u + tx];
-            let av = array<f32, 8>(a_lo.x, a_lo.y, a_lo.z, a_lo.w, a_hi.x, a_hi.y, a_hi.z, a_hi.w);
-            let bv = array<f32, 8>(b_lo.x, b_lo.y, b_lo.z, b_lo.w, b_hi.x, b_hi.y, b_hi.z, b_hi.w);
             if (sum_b) {
-                for (var j = 0u; j < 8u; j += 1u) {
-                    b_sum[j] += bv[j];
-                }
+                b_sum_lo += b_lo;
+                b_sum_hi += b_hi;
             }
-            for (var i = 0u; i < 8u; i += 1u) {
-                for (var j = 0u; j < 8u; j += 1u) {
-                    acc[i][j] = fma(av[i], bv[j], acc[i][j]);
-                }
-            }
+            c0_lo = fma(vec4<f32>(a_lo.x), b_lo, c0_lo);
+            c0_hi = fma(vec4<f32>(a_lo.x), b_hi, c0_hi);
+            c1_lo = fma(vec4<f32>(a_lo.y), b_lo, c1_lo);
+            c1_hi = fma(vec4<f32>(a_lo.y), b_hi, c1_hi);
+            c2_lo = fma(vec4<f32>(a_lo.z), b_lo, c2_lo);
+            c2_hi = fma(vec4<f32>(a_lo.z), b_hi, c2_hi);
+            c3_lo = fma(vec4<f32>(a_lo.w), b_lo, c3_lo);
+            c3_hi = fma(vec4<f32>(a_lo.w), b_hi, c3_hi);
+            c4_lo = fma(vec4<f32>(a_hi.x), b_lo, c4_lo);
+            c4_hi = fma(vec4<f32>(a_hi.x), b_hi, c4_hi);
+            c5_lo = fma(vec4<f32>(a_hi.y), b_lo, c5_lo);
+            c5_hi = fma(vec4<f32>(a_hi.y), b_hi, c5_hi);
+            c6_lo = fma(vec4<f32>(a_hi.z), b_lo, c6_lo);
+            c6_hi = fma(vec4<f32>(a_hi.z), b_hi, c6_hi);
+            c7_lo = fma(vec4<f32>(a_hi.w), b_lo, c7_lo);
+            c7_hi = fma(vec4<f32>(a_hi.w), b_hi, c7_hi);
         }
         workgroupBarrier();
     }
     let base_c = start(p.c, batch);
-    for (var i = 0u; i < 8u; i += 1u) {
-        for (var j = 0u; j < 8u; j += 1u) {
-            store_c(base_c, wid.z, tile_row + owned(ty, i), tile_col + owned(tx, j), acc[i][j]);
-        }
-    }
+    let col_lo = tile_col + tx * 4u;
+    let col_hi = tile_col + 64u + tx * 4u;
+    let row_lo = tile_row + ty * 4u;
+    let row_hi = tile_row + 64u + ty * 4u;
+    store4(base_c, wid.z, row_lo, col_lo, c0_lo);
+    store4(base_c, wid.z, row_lo, col_hi, c0_hi);
+    store4(base_c, wid.z, row_lo + 1u, col_lo, c1_lo);
+    store4(base_c, wid.z, row_lo + 1u, col_hi, c1_hi);
+    store4(base_c, wid.z, row_lo + 2u, col_lo, c2_lo);
+    store4(base_c, wid.z, row_lo + 2u, col_hi, c2_hi);
+    store4(base_c, wid.z, row_lo + 3u, col_lo, c3_lo);
+    store4(base_c, wid.z, row_lo + 3u, col_hi, c3_hi);
+    store4(base_c, wid.z, row_hi, col_lo, c4_lo);
+    store4(base_c, wid.z, row_hi, col_hi, c4_hi);
+    store4(base_c, wid.z, row_hi + 1u, col_lo, c5_lo);
+    store4(base_c, wid.z, row_hi + 1u, col_hi, c5_hi);
+    store4(base_c, wid.z, row_hi + 2u, col_lo, c6_lo);
+    store4(base_c, wid.z, row_hi + 2u, col_hi, c6_hi);
+    store4(base_c, wid.z, row_hi + 3u, col_lo, c7_lo);
+    store4(base_c, wid.z, row_hi + 3u, col_hi, c7_hi);
     if (sum_b) {
-        for (var j = 0u; j < 8u; j += 1u) {
-            store_sum(wid.z, tile_col + owned(tx, j), b_sum[j]);
-        }
+        store_sum4(wid.z, col_lo, b_sum_lo);
+        store_sum4(wid.z, col_hi, b_sum_hi);
     }
 }

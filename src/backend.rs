@@ -988,6 +988,16 @@ pub trait Backend: 'static {
     fn matmul_workgroups(&self) -> Option<WorkgroupCounts> {
         None
     }
+    /// Starts timing each kernel's dispatches (on a GPU with timestamp
+    /// queries); false, and nothing started, elsewhere.
+    fn start_kernel_profile(&self) -> bool {
+        false
+    }
+    /// Runs what is recorded and returns each kernel's device time since
+    /// `start_kernel_profile`; `None` where no profile is on.
+    fn finish_kernel_profile(&self) -> Option<crate::kernel_profile::KernelProfile> {
+        None
+    }
     /// Device memory held so far (GPU buffers; none of them is released
     /// while the backend lives); `None` on the CPU, whose tensors are in
     /// the process's resident memory.

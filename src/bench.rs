@@ -146,3 +146,159 @@ pub fn peak_memory_mib() -> Option<f64> {
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }
+
+/// The sizes of the products `matmul_variants` times: rows of a training
+/// step (captions x positions), the width, the MLP's width, the
+/// vocabulary and the rows of a decoding step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ProductSizes {
+    /// A GPT-2-small ClipCap's: 16 captions of 41 positions, width 768,
+    /// MLP 3072, 50257 ids; decoding 64 images at once.
+    Gpt2Small,
+    /// The same products at a size a software adapter runs in seconds.
+    Tiny,
+}
+
+/// One product of a training or decoding step.
+pub struct NamedProduct {
+    pub name: &'static str,
+    pub shape: Matmul,
+}
+
+impl ProductSizes {
+    /// Each matmul a step runs, once (forward, input and weight gradients
+    /// of the linear layers and the head, and decoding's products).
+    pub fn products(self) -> Vec<NamedProduct> {
+        let (rows, width, hidden, vocab, decoding) = match self {
+            ProductSizes::Gpt2Small => (16 * 41, 768, 3072, 50257, 64),
+            ProductSizes::Tiny => (48, 64, 256, 400, 8),
+        };
+        let product = |name, shape| NamedProduct { name, shape };
+        vec![
+            product("qkv", Matmul::new(rows, 3 * width, width)),
+            product("proj", Matmul::new(rows, width, width)),
+            product("fc1", Matmul::new(rows, hidden, width)),
+            product("fc2", Matmul::new(rows, width, hidden)),
+            product("head", Matmul::new(rows, vocab, width).trans_b()),
+            product("d_hidden", Matmul::new(rows, width, vocab)),
+            product("d_fc2_input", Matmul::new(rows, hidden, width).trans_b()),
+            product(
+                "d_qkv_weight",
+                Matmul::new(width, 3 * width, rows).trans_a(),
+            ),
+            product("d_fc1_weight", Matmul::new(width, hidden, rows).trans_a()),
+            product("d_head_weight", Matmul::new(vocab, width, rows).trans_a()),
+            product("decode_qkv", Matmul::new(decoding, 3 * width, width)),
+            product("decode_head", Matmul::new(decoding, vocab, width).trans_b()),
+        ]
+    }
+}
+
+/// One matmul kernel on one product: its speed, its plan, and its error
+/// against the CPU backend's product.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct VariantRecord {
+    pub op: &'static str,
+    pub product: &'static str,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    /// The kernel's entry point in shaders/matmul.wgsl.
+    pub kernel: &'static str,
+    /// k per split where the product runs split-K.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub k_split: Option<usize>,
+    pub workgroups: usize,
+    /// Whether the adapter's own plan takes this kernel for this product.
+    pub planned: bool,
+    pub gflops: f64,
+    pub seconds: f64,
+    /// ||gpu - cpu|| / ||cpu||.
+    pub relative_error: f64,
+}
+
+impl std::fmt::Display for VariantRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:<14} {:>5}x{:<5}x{:>5} {:<17} {:>6} wg{:<12} {:8.1} GFLOP/s  ({:.3} ms, error {:.1e}){}",
+            self.product,
+            self.m,
+            self.n,
+            self.k,
+            self.kernel,
+            self.workgroups,
+            self.k_split
+                .map_or(String::new(), |s| format!(", split {s}")),
+            self.gflops,
+            self.seconds * 1e3,
+            self.relative_error,
+            if self.planned { "  <- planned" } else { "" }
+        )
+    }
+}
+
+/// Every matmul kernel on every product of `sizes`, each checked against
+/// the CPU backend and timed, so that one run compares them all. The
+/// adapter's own choice of kernels is restored afterwards.
+pub fn matmul_variants(
+    gpu: &GpuBackend,
+    sizes: ProductSizes,
+    mut report: impl FnMut(&VariantRecord),
+) {
+    use crate::gpu::{MatmulKernel, MatmulTile, matmul_plan};
+    let cpu = crate::cpu::CpuBackend::new();
+    let own = gpu.matmul_kernel();
+    for (i, NamedProduct { name, shape }) in sizes.products().into_iter().enumerate() {
+        let (a, b) = (
+            random(shape.m * shape.k, 2 * i as u64),
+            random(shape.k * shape.n, 2 * i as u64 + 1),
+        );
+        let mut expected = cpu.zeros(shape.m * shape.n);
+        cpu.matmul(&cpu.tensor(&a), &cpu.tensor(&b), &mut expected, &shape);
+        let expected = cpu.to_vec(&expected);
+        let (ga, gb) = (gpu.tensor(&a), gpu.tensor(&b));
+        let planned = matmul_plan(own, shape.m, shape.n, shape.k, 1, true).tile;
+        for tile in MatmulTile::ALL {
+            gpu.set_matmul_kernel(MatmulKernel::Only(tile));
+            let plan = matmul_plan(gpu.matmul_kernel(), shape.m, shape.n, shape.k, 1, true);
+            // Poisoned, so that an element no workgroup writes shows.
+            let mut c = gpu.tensor(&vec![f32::NAN; shape.m * shape.n]);
+            gpu.matmul(&ga, &gb, &mut c, &shape);
+            let got = gpu.to_vec(&c);
+            let seconds = seconds_per_op(gpu, &mut || gpu.matmul(&ga, &gb, &mut c, &shape));
+            report(&VariantRecord {
+                op: "matmul_variant",
+                product: name,
+                m: shape.m,
+                n: shape.n,
+                k: shape.k,
+                trans_a: shape.trans_a,
+                trans_b: shape.trans_b,
+                kernel: tile.entry(),
+                k_split: plan.k_split,
+                workgroups: plan.workgroups(shape.m, shape.n, shape.k, 1),
+                planned: tile == planned,
+                gflops: shape.flops() / seconds / 1e9,
+                seconds,
+                relative_error: relative_error(&got, &expected),
+            });
+        }
+    }
+    gpu.set_matmul_kernel(own);
+}
+
+/// ||got - expected|| / ||expected||; infinite where `got` holds a NaN.
+fn relative_error(got: &[f32], expected: &[f32]) -> f64 {
+    let (mut diff, mut norm) = (0.0f64, 0.0f64);
+    for (&g, &e) in got.iter().zip(expected) {
+        diff += (g as f64 - e as f64).powi(2);
+        norm += (e as f64).powi(2);
+    }
+    if diff.is_nan() {
+        return f64::INFINITY;
+    }
+    (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}

@@ -11,6 +11,7 @@ pub mod data;
 pub mod device;
 pub mod gpu;
 pub mod index;
+pub mod kernel_profile;
 pub mod killpoint;
 pub mod metrics;
 pub mod model;

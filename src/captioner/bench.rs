@@ -14,7 +14,7 @@
 
 use super::CaptionVocab;
 use super::model::Captioner;
-use super::objective::{StepContext, TrainingBatch, TrainingCorpus};
+use super::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::objectives::{self, settings::Settings};
 use super::run::RunConfig;
 use super::train::optimise;
@@ -22,6 +22,7 @@ use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupCounts, Work
 use crate::data::Split;
 use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS};
+use crate::kernel_profile::KernelProfile;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::shapes;
 use crate::source::embeddings::CaptionData;
@@ -45,6 +46,9 @@ pub struct BenchModel {
     pub run: RunConfig,
     /// Ids of the synthetic vocabulary (GPT-2 has 50257).
     pub synthetic_vocab: usize,
+    /// Whether to profile one more step (or decoded batch) kernel by
+    /// kernel, where the backend can.
+    pub profile: bool,
 }
 
 impl BenchModel {
@@ -73,6 +77,7 @@ impl BenchModel {
             name,
             run,
             synthetic_vocab: vocab,
+            profile: false,
         })
     }
 
@@ -148,6 +153,9 @@ pub struct TrainBench {
     /// Its matmul dispatches per step and their workgroups, on the GPU.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub matmuls: Option<WorkgroupSummary>,
+    /// One more step's device time by kernel (`--profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelProfile>,
 }
 
 impl std::fmt::Display for TrainBench {
@@ -172,6 +180,9 @@ impl std::fmt::Display for TrainBench {
         }
         if let Some(m) = &self.matmuls {
             write!(f, "; {m}")?;
+        }
+        if let Some(k) = &self.kernels {
+            write!(f, "; {k}")?;
         }
         Ok(())
     }
@@ -316,6 +327,7 @@ pub fn train_throughput<B: Backend>(
     let seconds = start.elapsed().as_secs_f64() / steps as f64;
     let per_step = per(b.counters(), before, steps);
     let matmuls = matmul_summary(b, matmuls_before, steps);
+    let kernels = kernel_profile(b, bench.profile, || step(&batches[warmup]).map(drop))?;
     let parameters = model.params().count();
     Ok(TrainBench {
         op: "train".into(),
@@ -333,6 +345,7 @@ pub fn train_throughput<B: Backend>(
         memory: MemoryUse::now(b),
         per_step,
         matmuls,
+        kernels,
     })
 }
 
@@ -353,6 +366,21 @@ pub fn matmul_summary<B: Backend>(
             .collect(),
         ..summary
     })
+}
+
+/// `work` run once more under a kernel profile, where `wanted` and the
+/// backend can profile: its device time by kernel.
+fn kernel_profile<B: Backend>(
+    b: &B,
+    wanted: bool,
+    work: impl FnOnce() -> Result<()>,
+) -> Result<Option<KernelProfile>> {
+    if !wanted || !b.start_kernel_profile() {
+        return Ok(None);
+    }
+    let done = work();
+    let profile = b.finish_kernel_profile();
+    done.map(|()| profile)
 }
 
 /// The counters from `before` to `after`, per one of `n` (rounded up).
@@ -388,6 +416,9 @@ pub struct DecodeBench {
     /// Its matmul dispatches per decoded batch and their workgroups.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub matmuls: Option<WorkgroupSummary>,
+    /// One more decoded batch's device time by kernel (`--profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelProfile>,
 }
 
 impl std::fmt::Display for DecodeBench {
@@ -408,6 +439,9 @@ impl std::fmt::Display for DecodeBench {
         }
         if let Some(m) = &self.matmuls {
             write!(f, "; {m}")?;
+        }
+        if let Some(k) = &self.kernels {
+            write!(f, "; {k}")?;
         }
         Ok(())
     }
@@ -477,6 +511,11 @@ pub fn decode_throughput<B: Backend>(
     b.flush();
     let seconds = start.elapsed().as_secs_f64();
     let batches = images.div_ceil(batch);
+    let counters = b.counters();
+    let matmuls = matmul_summary(b, matmuls_before, batches);
+    let kernels = kernel_profile(b, bench.profile, || {
+        super::decode::generate(b, &ck.model, first, decoding, &Default::default()).map(drop)
+    })?;
     let tokens: usize = generated.iter().map(|g| g.ids.len()).sum();
     Ok(DecodeBench {
         op: "decode".into(),
@@ -495,8 +534,9 @@ pub fn decode_throughput<B: Backend>(
         captions_per_s: generated.len() as f64 / seconds,
         tokens_per_s: tokens as f64 / seconds,
         memory: MemoryUse::now(b),
-        per_batch: per(b.counters(), before, batches),
-        matmuls: matmul_summary(b, matmuls_before, batches),
+        per_batch: per(counters, before, batches),
+        matmuls,
+        kernels,
     })
 }
 
@@ -530,6 +570,9 @@ pub struct ScstBench {
     /// Its matmul dispatches per step and their workgroups, on the GPU.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub matmuls: Option<WorkgroupSummary>,
+    /// One more step's device time by kernel (`--profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernels: Option<KernelProfile>,
 }
 
 impl std::fmt::Display for ScstBench {
@@ -554,6 +597,9 @@ impl std::fmt::Display for ScstBench {
         }
         if let Some(m) = &self.matmuls {
             write!(f, "; {m}")?;
+        }
+        if let Some(k) = &self.kernels {
+            write!(f, "; {k}")?;
         }
         Ok(())
     }
@@ -653,12 +699,8 @@ pub fn scst_throughput<B: Backend>(
     let mut scst = objectives::build::<B>("scst", &Settings::new(), vocab.len())?;
     let (mut sampling, mut rewards, mut total) = (0.0, 0.0, 0.0);
     let (mut before, mut matmuls_before) = (None, None);
-    for step in 0..warmup + steps {
-        if step == warmup {
-            b.flush();
-            before = b.counters();
-            matmuls_before = b.matmul_workgroups();
-        }
+    // One step on the batch of images from `step * batch` on.
+    let mut take_step = |step: usize, scst: &mut dyn Objective<B>| -> Result<()> {
         let first = step * batch % images;
         let chosen: Vec<usize> = (0..batch).map(|i| (first + i) % images).collect();
         let batch_of = TrainingBatch {
@@ -670,7 +712,6 @@ pub fn scst_throughput<B: Backend>(
             images: chosen,
             labelled: None,
         };
-        let start = Instant::now();
         let mut cx = StepContext {
             b,
             model: &mut model,
@@ -682,7 +723,16 @@ pub fn scst_throughput<B: Backend>(
             rng: &mut rng,
             monitor: false,
         };
-        optimise(&mut opt, scst.as_mut(), &mut cx)?;
+        optimise(&mut opt, scst, &mut cx)
+    };
+    for step in 0..warmup + steps {
+        if step == warmup {
+            b.flush();
+            before = b.counters();
+            matmuls_before = b.matmul_workgroups();
+        }
+        let start = Instant::now();
+        take_step(step, scst.as_mut())?;
         b.flush();
         if step >= warmup {
             total += start.elapsed().as_secs_f64();
@@ -699,6 +749,9 @@ pub fn scst_throughput<B: Backend>(
     }
     let per_step = per(b.counters(), before, steps);
     let matmuls = matmul_summary(b, matmuls_before, steps);
+    let kernels = kernel_profile(b, bench.profile, || {
+        take_step(warmup + steps, scst.as_mut())
+    })?;
     let seconds = total / steps as f64;
     Ok(ScstBench {
         op: "scst".into(),
@@ -717,5 +770,6 @@ pub fn scst_throughput<B: Backend>(
         memory: MemoryUse::now(b),
         per_step,
         matmuls,
+        kernels,
     })
 }

@@ -7,7 +7,7 @@ use captune::bench;
 use captune::captioner::bench::{
     BenchModel, ScstWorkload, VOCAB, Workload, decode_throughput, scst_throughput, train_throughput,
 };
-use captune::device::{self, DeviceChoice};
+use captune::device::{self, AnyBackend, DeviceChoice};
 use captune::retriever::bench::embed_throughput;
 use captune::source::DataArgs;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
@@ -31,11 +31,19 @@ pub struct ModelArgs {
     /// batch (`decode` takes 64 images at once, as `eval` does).
     #[arg(long)]
     batch: Option<usize>,
+    /// Also profile one more step (or decoded batch) kernel by kernel, on
+    /// a GPU with timestamp queries: each kernel's device time and
+    /// dispatches, and the costliest kernel-and-grid groups.
+    #[arg(long)]
+    profile: bool,
 }
 
 impl ModelArgs {
     fn bench_model(&self) -> Result<BenchModel> {
-        BenchModel::new(&self.preset, self.config.as_deref(), self.vocab, self.batch)
+        let mut bench =
+            BenchModel::new(&self.preset, self.config.as_deref(), self.vocab, self.batch)?;
+        bench.profile = self.profile;
+        Ok(bench)
     }
 }
 
@@ -52,6 +60,16 @@ pub enum BenchCommand {
         /// Elements of the elementwise benchmark (0 skips it).
         #[arg(long, default_value_t = 1 << 24)]
         elementwise_len: usize,
+    },
+    /// Every matmul kernel on every product of a training and a decoding
+    /// step, each checked against the CPU backend and timed (GPU only).
+    Matmuls {
+        /// Print a JSON array of records instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Whose products: a GPT-2-small ClipCap's, or tiny ones.
+        #[arg(long, value_enum, default_value = "gpt2-small")]
+        sizes: bench::ProductSizes,
     },
     /// Captioner training throughput (tokens/s) and peak memory of a
     /// network on each backend asked for.
@@ -160,6 +178,16 @@ pub fn run(devices: &[DeviceChoice], what: BenchCommand) -> Result<()> {
             captune::with_backend!(&selection.backend, b => {
                 bench::kernels(b, &sizes, elementwise_len, |r| emit(r.clone()))
             });
+            Ok(())
+        }),
+        BenchCommand::Matmuls { json, sizes } => bench_each(devices, json, |selection, emit| {
+            match &selection.backend {
+                AnyBackend::Gpu(gpu) => bench::matmul_variants(gpu, sizes, |r| emit(r.clone())),
+                AnyBackend::Cpu(_) => anyhow::bail!(
+                    "bench matmuls compares the GPU's matmul kernels; {}. Use --device gpu",
+                    selection.reason
+                ),
+            }
             Ok(())
         }),
         BenchCommand::Decode {

@@ -1,5 +1,6 @@
 //! Finding wgpu adapters and describing them.
 
+use super::MatmulKernel;
 use anyhow::{Result, bail};
 
 /// Environment variable that narrows the wgpu backends tried.
@@ -39,6 +40,21 @@ pub fn parse_backends(value: &str) -> Result<wgpu::Backends> {
         );
     }
     Ok(backends)
+}
+
+/// Environment variable that chooses the large products' matmul tiles.
+pub const MATMUL_TILES_ENV: &str = "CAPTUNE_MATMUL_TILES";
+
+/// The large products' kernel family named by `CAPTUNE_MATMUL_TILES`
+/// (`shared`: 128 x 128 tiles through workgroup memory; `registers`: 64 x
+/// 64 tiles in registers), else `default`: for comparing them end to end.
+pub fn matmul_tiles_from_env(default: MatmulKernel) -> Result<MatmulKernel> {
+    match std::env::var(MATMUL_TILES_ENV).as_deref() {
+        Err(_) => Ok(default),
+        Ok("shared") => Ok(MatmulKernel::Shared),
+        Ok("registers") => Ok(MatmulKernel::Registers),
+        Ok(other) => bail!("{MATMUL_TILES_ENV}={other}: use shared or registers, or unset it"),
+    }
 }
 
 /// Every adapter wgpu finds on the given backends, best first: discrete,
@@ -94,6 +110,9 @@ pub struct AdapterReport {
     pub shader_f16: bool,
     pub timestamp_query: bool,
     pub timestamp_query_inside_passes: bool,
+    /// The cooperative-matrix (tensor-core) shapes the adapter offers, as
+    /// `MxNxK A,B->C` (empty without wgpu's experimental feature).
+    pub cooperative_matrices: Vec<String>,
 }
 
 impl AdapterReport {
@@ -121,6 +140,20 @@ impl AdapterReport {
             timestamp_query: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamp_query_inside_passes: features
                 .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            cooperative_matrices: if features
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            {
+                (adapter.cooperative_matrix_properties().iter())
+                    .map(|p| {
+                        format!(
+                            "{}x{}x{} {:?}->{:?}",
+                            p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type
+                        )
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
@@ -172,12 +205,16 @@ impl std::fmt::Display for AdapterReport {
             "  shader f16:                  {}",
             yes_no(self.shader_f16)
         )?;
-        write!(
+        writeln!(
             f,
             "  timestamp queries:           {} (inside passes: {})",
             yes_no(self.timestamp_query),
             yes_no(self.timestamp_query_inside_passes)
-        )
+        )?;
+        match self.cooperative_matrices.as_slice() {
+            [] => write!(f, "  cooperative matrices:        no"),
+            shapes => write!(f, "  cooperative matrices:        {}", shapes.join(", ")),
+        }
     }
 }
 

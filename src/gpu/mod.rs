@@ -14,8 +14,10 @@ pub mod adapter;
 mod matmul_plan;
 mod memory;
 mod ops;
+mod profile_queries;
 
 use crate::backend::{DeviceCounters, WorkgroupCounts};
+use crate::kernel_profile::{self as profile, KernelProfile};
 use anyhow::{Context, Result};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -27,6 +29,7 @@ pub use matmul_plan::{
 };
 use memory::BufferPool;
 pub use memory::GpuBuffer;
+use profile_queries::Profiler;
 
 /// f32 storage on the GPU.
 pub struct GpuTensor(GpuBuffer);
@@ -173,6 +176,8 @@ pub struct GpuBackend {
     spare: GpuTensor,
     counters: Cell<DeviceCounters>,
     matmul_workgroups: RefCell<WorkgroupCounts>,
+    /// Per-kernel timestamps while a kernel profile is on.
+    profiler: RefCell<Option<Profiler>>,
 }
 
 impl GpuBackend {
@@ -195,11 +200,11 @@ impl GpuBackend {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let matmul_kernel = if adapter::is_hardware(&info) {
+        let matmul_kernel = adapter::matmul_tiles_from_env(if adapter::is_hardware(&info) {
             MatmulKernel::Shared
         } else {
             MatmulKernel::Registers
-        };
+        })?;
         let upload_buffer = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("uploads"),
             size: UPLOAD_ARENA_BYTES,
@@ -238,6 +243,7 @@ impl GpuBackend {
             spare,
             counters: Cell::default(),
             matmul_workgroups: RefCell::default(),
+            profiler: RefCell::default(),
         })
     }
 
@@ -651,13 +657,28 @@ impl GpuBackend {
                 group
             }
         };
-        if rec.pass.is_none() {
+        let mut profiler = self.profiler.borrow_mut();
+        let profiled = profiler.is_some();
+        if rec.pass.is_none() || profiled {
             self.count(|c| c.passes += 1);
         }
-        let pass = Self::open_pass(&self.device, &mut rec, None);
+        let timestamps = profiler.as_mut().map(|p| {
+            rec.pass = None;
+            let encoder = rec.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor::default())
+            });
+            let workgroups = groups.iter().map(|&g| g as u64).product();
+            p.next(&self.device, encoder, (shader, entry, workgroups))
+        });
+        let pass = Self::open_pass(&self.device, &mut rec, timestamps);
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset as u32]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if profiled {
+            // The pass's end timestamp follows this dispatch alone.
+            rec.pass = None;
+        }
     }
 
     /// A 2-D grid of `workgroups` workgroups; kernels flatten it back.
@@ -724,6 +745,38 @@ impl GpuBackend {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .expect("GPU device lost");
+    }
+
+    /// Starts timing every dispatch on its own (`finish_kernel_profile`
+    /// sums them); false, and nothing started, where the adapter has no
+    /// timestamp queries.
+    pub fn start_kernel_profile(&self) -> bool {
+        if !self.has_timestamps() {
+            return false;
+        }
+        self.submit();
+        *self.profiler.borrow_mut() = Some(Profiler::new(&self.device));
+        true
+    }
+
+    /// Runs what is recorded and returns each kernel's GPU time since
+    /// `start_kernel_profile`; `None` where no profile is on.
+    pub fn finish_kernel_profile(&self) -> Option<KernelProfile> {
+        let mut profiler = self.profiler.borrow_mut().take()?;
+        self.with_encoder(|encoder| profiler.resolve(&self.device, encoder));
+        self.submit();
+        let mut dispatches = Vec::new();
+        for (readback, keys) in profiler.into_resolved() {
+            let ticks: Vec<u64> =
+                bytemuck::pod_collect_to_vec(&self.map_read(&readback, readback.size()));
+            for (key, pair) in keys.into_iter().zip(ticks.chunks_exact(2)) {
+                dispatches.push((key, pair[1].saturating_sub(pair[0])));
+            }
+        }
+        Some(profile::summarise(
+            &dispatches,
+            self.queue.get_timestamp_period() as f64,
+        ))
     }
 
     /// Runs `f` (which records ops) and returns the GPU time it took:

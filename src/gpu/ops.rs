@@ -497,6 +497,12 @@ impl Backend for GpuBackend {
         Some(GpuBackend::matmul_workgroups(self))
     }
 
+    fn start_kernel_profile(&self) -> bool {
+        GpuBackend::start_kernel_profile(self)
+    }
+    fn finish_kernel_profile(&self) -> Option<crate::kernel_profile::KernelProfile> {
+        GpuBackend::finish_kernel_profile(self)
+    }
     fn device_memory_bytes(&self) -> Option<u64> {
         Some(GpuBackend::device_memory_bytes(self))
     }

@@ -162,6 +162,22 @@ fn bench_kernels_json_has_the_documented_records() {
     }
 }
 
+/// `bench matmuls` compares the GPU's kernels; asked of the CPU it says so.
+#[test]
+fn bench_matmuls_needs_a_gpu() {
+    let out = captune(
+        &["--device", "cpu", "bench", "matmuls", "--sizes", "tiny"],
+        &[],
+    );
+    assert!(!out.status.success());
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("bench matmuls compares the GPU's matmul kernels")
+            && said.contains("--device gpu"),
+        "{said}"
+    );
+}
+
 /// `bench decode` and `bench train` report their speed, and on the GPU
 /// what a real GPU pays for (dispatches, submissions, readbacks, buffer
 /// and bind-group creations) per decoded batch and per training step.
@@ -206,7 +222,7 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
     ] {
         let mut full = vec!["--device", devices, "bench"];
         full.extend(&args);
-        full.push("--json");
+        full.extend(["--profile", "--json"]);
         let out = captune(&full, &[]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         let records: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
@@ -233,6 +249,25 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                 let c = &r[counters];
                 let count = |key: &str| c[key].as_u64().unwrap();
                 assert!(count("dispatches") > 0, "{r}");
+                // `--profile`: one more step or batch, timed dispatch by
+                // dispatch: the same dispatches as a timed one (an SCST
+                // step's samples may end elsewhere), and a time for each.
+                let profiled = &r["kernels"]["kernels"].as_array().unwrap();
+                let dispatches: u64 = profiled
+                    .iter()
+                    .map(|k| k["dispatches"].as_u64().unwrap())
+                    .sum();
+                if what == "scst" {
+                    assert!(dispatches > 0, "{r}");
+                } else {
+                    assert_eq!(dispatches, count("dispatches"), "{r}");
+                }
+                assert!(
+                    profiled
+                        .iter()
+                        .all(|k| k["seconds"].as_f64().unwrap() > 0.0),
+                    "{r}"
+                );
                 // Every matmul dispatch counted, with its workgroups.
                 let min = r["matmul_workgroups_min"].as_u64().unwrap_or(0);
                 let median = r["matmul_workgroups_median"].as_u64().unwrap_or(0);
@@ -274,6 +309,7 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                 }
             } else {
                 assert!(r[counters].is_null(), "the CPU counts nothing: {r}");
+                assert!(r["kernels"].is_null(), "nor profiles: {r}");
             }
         }
     }

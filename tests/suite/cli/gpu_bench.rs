@@ -71,6 +71,7 @@ fn the_rehearsal_records_every_step_and_sums_up_each_pair() {
             "decode-shapes-torch-1",
             "kernels-captune",
             "kernels-torch",
+            "matmuls-captune",
             "train-shapes-captune-1",
             "train-shapes-torch-1"
         ],
@@ -88,6 +89,42 @@ fn the_rehearsal_records_every_step_and_sums_up_each_pair() {
         let first = &r["output"][0];
         assert_eq!(first["backend"], "gpu", "{name}: {r}");
         assert!(first[key].as_f64().unwrap() > 0.0, "{name}: {r}");
+    }
+    // The first alternation profiles one more step kernel by kernel: one
+    // time per dispatch, so the profile's dispatches are the step's.
+    let synthetic = &records["train-shapes-captune-1"]["output"][0];
+    assert_eq!(synthetic["workload"], "synthetic");
+    let profile = &synthetic["kernels"];
+    let kernels = profile["kernels"].as_array().unwrap();
+    let dispatches: u64 = kernels
+        .iter()
+        .map(|k| k["dispatches"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        dispatches,
+        synthetic["per_step"]["dispatches"].as_u64().unwrap(),
+        "{profile}"
+    );
+    let seconds: f64 = kernels.iter().map(|k| k["seconds"].as_f64().unwrap()).sum();
+    assert!(
+        seconds > 0.0 && (seconds - profile["seconds"].as_f64().unwrap()).abs() < 1e-9,
+        "{profile}"
+    );
+    assert!(
+        kernels
+            .iter()
+            .any(|k| k["kernel"].as_str().unwrap().starts_with("matmul/")),
+        "{profile}"
+    );
+    // Every matmul kernel on every product, each right, one of them the plan's.
+    let variants = records["matmuls-captune"]["output"].as_array().unwrap();
+    assert_eq!(variants.len(), 12 * 4, "12 products, 4 kernels");
+    for v in variants {
+        assert!(v["relative_error"].as_f64().unwrap() < 1e-5, "{v}");
+    }
+    for product in variants.chunks(4) {
+        let planned = product.iter().filter(|v| v["planned"] == true).count();
+        assert_eq!(planned, 1, "{product:?}");
     }
     let summary = std::fs::read_to_string(out.join("summary.txt")).unwrap();
     assert!(
@@ -112,7 +149,7 @@ fn the_rehearsal_records_every_step_and_sums_up_each_pair() {
         }
         assert!(summary.contains("matmul 256^3"), "{summary}");
         assert!(
-            summary.ends_with("6 steps, 0 failed or skipped\n"),
+            summary.ends_with("7 steps, 0 failed or skipped\n"),
             "{summary}"
         );
     } else {
