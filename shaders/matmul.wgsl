@@ -19,13 +19,16 @@
 // reads heads side by side in token-major rows, so attention needs no
 // layout copies.
 //
-// Split-K (k_split > 0, one product, no epilogue but COLUMN_SUMS): workgroup
-// z takes the k-range [z * k_split, (z + 1) * k_split) and writes its raw
-// partial product to epilogue_out at [z, m, n] (its column sums of op(B)
-// after all the products, at [splits, m, n] + [z, n]); the reduce family's
+// Split-K (k_split > 0, one product into a packed C): workgroup z takes the
+// k-range [z * k_split, (z + 1) * k_split) and writes its raw partial
+// product to epilogue_out at [z, m, n] (its column sums of op(B) after all
+// the products, at [splits, m, n] + [z, n]); the reduce family's
 // `split_sum` then adds the splits in order, scales by alpha and
-// accumulates: the same bits on every run, with many more workgroups for a
-// product of few output tiles and a long k (a weight gradient).
+// accumulates, or, for a product with an epilogue other than COLUMN_SUMS,
+// `split_epilogue` adds them in order and applies the epilogue as an
+// unsplit product would: the same bits on every run, with many more
+// workgroups for a product of few output tiles and a long k (a weight
+// gradient, or decoding's few rows).
 //
 // Four variants compute the same thing, by the tile of C a workgroup takes
 // (src/gpu/matmul_plan.rs chooses per product):
@@ -54,7 +57,7 @@ struct Params {
     alpha: f32,
     heads: u32,
     k_split: u32,   // 0: the whole k; else each split's k (a multiple of 8)
-    _pad: u32,
+    splits: u32,    // split_epilogue: the splits whose partials it sums
     a: Operand,
     b: Operand,
     c: Operand,
@@ -473,4 +476,28 @@ fn matmul_shared(
         store_sum4(wid.z, col_lo, b_sum_lo);
         store_sum4(wid.z, col_hi, b_sum_hi);
     }
+}
+
+// ---- the second pass of a split-K product with an epilogue ----
+
+// One thread per element of C: the sum of the splits' partials (bound as
+// A, [splits, m, n] as the first pass wrote them), in split order, stored
+// through `store_c`'s epilogue (BIAS, RESIDUAL, GELU, GELU_GRAD, alpha and
+// ACCUMULATE). Dispatched with k_split 0 and `splits` set.
+@compute @workgroup_size(256)
+fn split_epilogue(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let i = flat_index(wid, nwg, lid);
+    let len = p.m * p.n;
+    if (i >= len) {
+        return;
+    }
+    var total = 0.0;
+    for (var s = 0u; s < p.splits; s += 1u) {
+        total += a[s * len + i];
+    }
+    store_c(start(p.c, 0u), 0u, i / p.n, i % p.n, total);
 }

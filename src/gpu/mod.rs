@@ -67,6 +67,8 @@ fn shader_runtime_checks() -> wgpu::ShaderRuntimeChecks {
 struct Pipeline {
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// The storage buffers' binding numbers the entry point uses, in order.
+    storage_bindings: Vec<u32>,
 }
 
 /// Bytes of dispatch parameters one submission may hold.
@@ -545,16 +547,20 @@ impl GpuBackend {
                     .create_shader_module_trusted(desc, shader_runtime_checks())
             }
         });
+        let mut layouts = self.layouts.borrow_mut();
+        let entries = &layouts
+            .entry(shader)
+            .or_insert_with(|| layout_entries(crate::shaders::source(shader)))[entry];
         let layout = self
             .device
             .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
                 label: Some(entry),
-                entries: &self
-                    .layouts
-                    .borrow_mut()
-                    .entry(shader)
-                    .or_insert_with(|| layout_entries(crate::shaders::source(shader)))[entry],
+                entries,
             });
+        let mut storage_bindings: Vec<u32> = (entries.iter().map(|e| e.binding))
+            .filter(|&b| b != 0)
+            .collect();
+        storage_bindings.sort_unstable();
         let pipeline_layout = self
             .device
             .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
@@ -572,7 +578,11 @@ impl GpuBackend {
                 compilation_options: Default::default(),
                 cache: None,
             });
-        let p = Rc::new(Pipeline { pipeline, layout });
+        let p = Rc::new(Pipeline {
+            pipeline,
+            layout,
+            storage_bindings,
+        });
         self.pipelines
             .borrow_mut()
             .insert((shader, entry), p.clone());
@@ -580,7 +590,8 @@ impl GpuBackend {
     }
 
     /// Records one dispatch of `shader`'s `entry`: binding 0 is `params`,
-    /// bindings 1.. are `buffers` in order.
+    /// and `buffers` are the storage bindings the entry point uses, in the
+    /// order of their numbers (1.., less any it leaves unused).
     fn dispatch<P: bytemuck::Pod>(
         &self,
         shader: &'static str,
@@ -617,8 +628,13 @@ impl GpuBackend {
                 size: wgpu::BufferSize::new(bytes.len() as u64),
             }),
         }];
+        assert_eq!(
+            buffers.len(),
+            pipeline.storage_bindings.len(),
+            "{shader}/{entry}: one buffer per storage binding it uses"
+        );
         let limit = self.limits.max_storage_buffer_binding_size;
-        for (i, b) in buffers.iter().enumerate() {
+        for (b, &binding) in buffers.iter().zip(&pipeline.storage_bindings) {
             // Checked here to say what is too large: wgpu would only say
             // that the bind group is invalid.
             assert!(
@@ -630,7 +646,7 @@ impl GpuBackend {
                 limit >> 20
             );
             entries.push(wgpu::BindGroupEntry {
-                binding: i as u32 + 1,
+                binding,
                 resource: b.binding(),
             });
         }

@@ -30,7 +30,8 @@ struct MatmulParams {
     alpha: f32,
     heads: u32,
     k_split: u32,
-    _pad: u32,
+    /// `split_epilogue`: the splits whose partials it sums.
+    splits: u32,
     a: OperandParams,
     b: OperandParams,
     c: OperandParams,
@@ -328,15 +329,13 @@ impl GpuBackend {
             alpha: s.alpha,
             heads: u(s.heads),
             k_split: 0,
-            _pad: 0,
+            splits: 0,
             a: OperandParams::new(&s.a, lda),
             b: OperandParams::new(&s.b, ldb),
             c: OperandParams::new(&s.c, ldc),
         };
-        let splittable = s.batch == 1
-            && matches!(epilogue, Epilogue::None | Epilogue::ColumnSums(_))
-            && s.c.offset == 0
-            && ldc == s.n;
+        // An epilogue is for one product, so `batch == 1` with one.
+        let splittable = s.batch == 1 && s.c.offset == 0 && ldc == s.n;
         let plan = matmul_plan::plan(self.matmul_kernel(), s.m, s.n, s.k, s.batch, splittable);
         if let Some(per) = plan.k_split {
             return self.split_matmul(a, b, epilogue, c, s, params, plan, per);
@@ -374,7 +373,7 @@ impl GpuBackend {
         };
         let product = s.m * s.n;
         let partials = self.scratch(splits * (product + sum_cols));
-        let params = MatmulParams {
+        let split_params = MatmulParams {
             k_split: u(per),
             ..params
         };
@@ -384,24 +383,45 @@ impl GpuBackend {
         self.dispatch(
             "matmul",
             entry,
-            &params,
+            &split_params,
             &[&a.0, &b.0, &c.0, &a.0, &partials.0, &a.0],
             plan.grid(s.m, s.n, s.k, s.batch).map(u),
         );
-        let sum = ReduceParams {
-            len: u(product),
-            cols: u(sum_cols),
-            chunk: u(splits),
-            accumulate: s.accumulate as u32,
-            scale: s.alpha,
-            ..Default::default()
+        let (input, output, residual) = match epilogue {
+            Epilogue::None | Epilogue::ColumnSums(_) => {
+                let sum = ReduceParams {
+                    len: u(product),
+                    cols: u(sum_cols),
+                    chunk: u(splits),
+                    accumulate: s.accumulate as u32,
+                    scale: s.alpha,
+                    ..Default::default()
+                };
+                self.dispatch(
+                    "reduce",
+                    "split_sum",
+                    &sum,
+                    &[&partials.0, &c.0, &sums.0],
+                    self.grid_for(product + sum_cols),
+                );
+                return;
+            }
+            Epilogue::Bias(bias) => (bias, &self.spare, a),
+            Epilogue::BiasGelu { bias, act } => (bias, act, a),
+            Epilogue::GeluGrad { pre } => (pre, &self.spare, a),
+            Epilogue::BiasResidual { bias, residual } => (bias, &self.spare, residual),
+        };
+        // The partials are bound as A; B is unused.
+        let epilogue_params = MatmulParams {
+            splits: u(splits),
+            ..params
         };
         self.dispatch(
-            "reduce",
-            "split_sum",
-            &sum,
-            &[&partials.0, &c.0, &sums.0],
-            self.grid_for(product + sum_cols),
+            "matmul",
+            "split_epilogue",
+            &epilogue_params,
+            &[&partials.0, &c.0, &input.0, &output.0, &residual.0],
+            self.grid_for(product),
         );
     }
 

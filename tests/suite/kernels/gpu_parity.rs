@@ -224,13 +224,26 @@ fn split_k_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
             b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s);
             b.matmul_column_sums(&a, &w, &mut c, &mut sums, &s.accumulate());
             outs.extend([b.to_vec(&c), b.to_vec(&sums)]);
+            // Each epilogue after the splits' sum (a second pass).
+            let bias = b.tensor(&random(n, 6));
+            let other = b.tensor(&random(m * n, 7));
+            b.matmul_bias(&a, &w, &bias, &mut c, &s.accumulate());
+            outs.push(b.to_vec(&c));
+            b.matmul_bias_residual(&a, &w, &bias, &other, &mut c, &s);
+            outs.push(b.to_vec(&c));
+            let mut act = b.tensor(&random(m * n, 8));
+            b.matmul_bias_gelu(&a, &w, &bias, &mut c, &mut act, &s);
+            outs.extend([b.to_vec(&c), b.to_vec(&act)]);
+            b.matmul_gelu_backward(&a, &w, &other, &mut c, &s);
+            outs.push(b.to_vec(&c));
         }
     }
     outs
 }
 
-/// Split-K on every matmul kernel: the CPU's numbers, the same bits on a
-/// second run, and dispatches of `splits` times the output tiles.
+/// Split-K on every matmul kernel, with and without an epilogue: the
+/// CPU's numbers, the same bits on a second run, and dispatches of
+/// `splits` times the output tiles.
 #[test]
 fn split_k_products_match_cpu_and_repeat_exactly() {
     let Some(g) = gpu() else { return };
