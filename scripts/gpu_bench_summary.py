@@ -49,6 +49,9 @@ def kernel_profiles(records):
             if not profile:
                 continue
             total = profile["seconds"]
+            if not total:
+                lines.append(f"profile {name}: no kernel time (timestamps all zero?)")
+                continue
             top = ", ".join(f"{k['kernel'].split('/')[-1]} {100 * k['seconds'] / total:.0f}%"
                             for k in profile["kernels"][:6])
             lines.append(f"profile {name}: {1e3 * total:.2f} ms of kernels: {top}")
@@ -65,12 +68,17 @@ def matmul_variants(output):
     for r in output:
         products.setdefault((r["product"], r["m"], r["n"], r["k"]), []).append(r)
     for (product, m, n, k), variants in products.items():
+        # serde_json writes an infinite value (a NaN left in the output, a
+        # time of zero) as null.
+        for v in variants:
+            v["gflops"] = v["gflops"] if isinstance(v["gflops"], (int, float)) else float("nan")
         planned = next((v for v in variants if v["planned"]), None)
-        fastest = max(variants, key=lambda v: v["gflops"])
+        fastest = max(variants, key=lambda v: v["gflops"] if v["gflops"] == v["gflops"] else -1)
         show = lambda v: f"{v['kernel'].removeprefix('matmul_')} {v['gflops']:.0f}" if v else "-"
         lines.append(f"{product:<14} {f'{m}x{n}x{k}':>18} {show(planned):>24} {show(fastest):>24}")
         for v in variants:
-            if not v["relative_error"] < 1e-4:
+            error = v["relative_error"]
+            if not (isinstance(error, (int, float)) and error < 1e-4):
                 lines.append(f"  WRONG: {v['kernel']} on {product}: relative error {v['relative_error']}")
     return lines
 

@@ -35,19 +35,6 @@ pub struct KernelProfile {
 /// Kernel-and-grid groups a profile keeps.
 const TOP_GROUPS: usize = 20;
 
-impl KernelProfile {
-    /// One `n`-th of every time and count (counts rounded up): per step.
-    pub fn per(mut self, n: usize) -> KernelProfile {
-        let n = n.max(1);
-        self.seconds /= n as f64;
-        for t in self.kernels.iter_mut().chain(self.groups.iter_mut()) {
-            t.seconds /= n as f64;
-            t.dispatches = t.dispatches.div_ceil(n as u64);
-        }
-        self
-    }
-}
-
 impl std::fmt::Display for KernelProfile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "kernel time {:.3} ms:", self.seconds * 1e3)?;
@@ -141,9 +128,5 @@ mod tests {
             .map(|t| (t.workgroups.unwrap(), t.dispatches, ns(t.seconds)))
             .collect();
         assert_eq!(groups, [(128, 1, 60), (64, 2, 40), (64, 1, 10)]);
-        let per = profile.per(2);
-        assert_eq!(ns(per.seconds), 55);
-        assert_eq!(per.kernels[0].dispatches, 2);
-        assert_eq!(ns(per.kernels[1].seconds), 5);
     }
 }

@@ -178,8 +178,11 @@ pub fn plan(
 mod tests {
     use super::*;
 
-    /// A product's plan and its workgroups, over what its kernel needs.
-    fn workgroups(kernel: MatmulKernel, (m, n, k, batch): (usize, usize, usize, usize)) -> f64 {
+    /// A product's plan's workgroups over the workgroups its kernel needs.
+    fn share_of_enough(
+        kernel: MatmulKernel,
+        (m, n, k, batch): (usize, usize, usize, usize),
+    ) -> f64 {
         let p = plan(kernel, m, n, k, batch, batch == 1);
         let enough = match p.tile {
             MatmulTile::Shared128 => SHARED_MIN_WORKGROUPS,
@@ -208,7 +211,7 @@ mod tests {
         ];
         for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
             for shape in shapes {
-                let got = workgroups(kernel, shape);
+                let got = share_of_enough(kernel, shape);
                 assert!(got >= 1.0, "{kernel:?} {shape:?}: {got}");
             }
         }

@@ -352,8 +352,9 @@ impl GpuBackend {
     }
 
     /// `matmul_with` by split-K (see matmul.wgsl): each split's partial
-    /// product over `per` of k, then `split_sum` adds them in order (and
-    /// their column sums), scales and accumulates.
+    /// product over `per` of k, then a second pass adds them in order:
+    /// `split_sum` (with their column sums), which scales and accumulates,
+    /// or, for another epilogue, `split_epilogue`, which applies it.
     #[allow(clippy::too_many_arguments)]
     fn split_matmul(
         &self,
