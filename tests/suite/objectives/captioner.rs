@@ -155,6 +155,45 @@ fn an_unlogged_step_has_the_gradient_of_a_logged_one() {
     }
 }
 
+/// REINFORCE's surrogate trains the same with its figures unlogged: with
+/// an entropy weight (SLL-ME), an unlogged step's gradient is a logged
+/// one's, and differs from the gradient without the entropy term.
+#[test]
+fn an_unlogged_reinforce_step_keeps_its_entropy_term() {
+    use captune::captioner::objectives::reinforce::Surrogate;
+    let b = CpuBackend::new();
+    let (sequences, positions, vocab) = (3, 4, 7);
+    let logits = b.tensor(&random(sequences * positions * vocab, 11));
+    // Each sequence's sampled ids, padded after its end.
+    let host_targets: Vec<u32> = [[4, 5, 2, PAD], [6, 2, PAD, PAD], [3, 4, 5, 2]]
+        .into_iter()
+        .flatten()
+        .collect();
+    let targets = b.ids(&host_targets);
+    let advantages = [0.5, -1.0, 0.25];
+    let d_logits = |entropy_weight: f32, monitor: bool| {
+        let mut s = Surrogate::new(&b, sequences, positions, vocab, PAD);
+        s.forward_backward(
+            &b,
+            &logits,
+            &targets,
+            &host_targets,
+            &advantages,
+            entropy_weight,
+            monitor,
+        );
+        b.to_vec(&s.d_logits)
+    };
+    let logged = d_logits(0.3, true);
+    assert_eq!(d_logits(0.3, false), logged);
+    assert_ne!(
+        d_logits(0.0, false),
+        logged,
+        "the entropy term has a gradient"
+    );
+    assert_eq!(d_logits(0.0, false), d_logits(0.0, true));
+}
+
 #[test]
 fn smile_matches_algorithm_1_computed_by_hand() {
     let b = CpuBackend::new();
@@ -308,6 +347,24 @@ fn a_token_objective_describes_itself_by_its_settings() {
     let built = captune::captioner::objectives::build::<CpuBackend>("smile-reverse", &settings, 10)
         .unwrap();
     assert_eq!(built.describe(), o.describe());
+}
+
+/// Every objective the registry builds describes itself by its name and
+/// its settings' values, as the run's log and the app show it.
+#[test]
+fn every_objective_describes_itself_by_its_settings() {
+    use captune::captioner::objectives::{self, OBJECTIVES, settings::Settings};
+    for info in OBJECTIVES {
+        let settings = Settings::new();
+        let built = objectives::build::<CpuBackend>(info.name, &settings, 10).unwrap();
+        let described = built.describe();
+        assert_eq!(described, objectives::describe(info.name, &settings));
+        assert!(described.starts_with(info.name), "{described}");
+        for setting in info.settings {
+            let key = setting.key.replace('_', " ");
+            assert!(described.contains(&format!("{key}: ")), "{described}");
+        }
+    }
 }
 
 #[test]

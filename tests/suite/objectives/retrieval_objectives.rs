@@ -694,6 +694,17 @@ fn a_clip_relevance_step_scores_its_own_captions() {
         (value(&report, "loss") as f64 + by_hand).abs() < 1e-4,
         "{report:?}"
     );
+    // Its captions' mean length and repetition, as the log shows them.
+    let words: Vec<Vec<String>> = captions.iter().map(|g| g.words(&ck.vocab)).collect();
+    let mean_length = words.iter().map(Vec::len).sum::<usize>() as f64 / words.len() as f64;
+    assert!(
+        (value(&report, "sample_length") as f64 - mean_length).abs() < 1e-5,
+        "{report:?}: {words:?}"
+    );
+    assert_eq!(
+        value(&report, "repetition"),
+        captune::captioner::collapse::repetition(&words) as f32
+    );
     let moved = ck
         .model
         .params()
