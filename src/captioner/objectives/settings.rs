@@ -102,3 +102,70 @@ impl Setting {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RATE: Setting = Setting {
+        key: "mle_weight",
+        label: "MLE weight",
+        help: "",
+        kind: SettingKind::Number {
+            min: 0.0,
+            max: 1.0,
+            default: 0.25,
+        },
+    };
+    const SIDE: Setting = Setting {
+        key: "first_token",
+        label: "first token",
+        help: "",
+        kind: SettingKind::Choice {
+            choices: &["mle", "none"],
+            default: "mle",
+        },
+    };
+
+    #[test]
+    fn values_are_parsed_checked_and_read_back_with_their_defaults() {
+        assert_eq!(RATE.flag(), "mle-weight");
+        assert_eq!(RATE.parse("0.5"), Ok(SettingValue::Number(0.5)));
+        // The bounds are inside the range.
+        assert_eq!(RATE.parse("1"), Ok(SettingValue::Number(1.0)));
+        assert_eq!(
+            RATE.parse("1.5"),
+            Err("--mle-weight: 1.5 is outside [0, 1]".to_string())
+        );
+        assert_eq!(
+            RATE.parse("lots"),
+            Err("--mle-weight: \"lots\" is not a number".to_string())
+        );
+        assert_eq!(SIDE.parse("none"), Ok(SettingValue::Choice("none".into())));
+        assert_eq!(
+            SIDE.parse("last"),
+            Err("--first-token: \"last\" is not one of mle, none".to_string())
+        );
+        assert_eq!(
+            RATE.refuse(&SettingValue::Choice("mle".into())),
+            Some("Choice(\"mle\") is not a number".to_string())
+        );
+        assert_eq!(
+            SIDE.refuse(&SettingValue::Number(1.0)),
+            Some("Number(1.0) is not one of mle, none".to_string())
+        );
+
+        let mut settings = Settings::new();
+        assert_eq!(RATE.number(&settings), 0.25);
+        assert_eq!(SIDE.choice(&settings), "mle");
+        assert_eq!(RATE.default_value(), SettingValue::Number(0.25));
+        assert_eq!(SIDE.default_value(), SettingValue::Choice("mle".into()));
+        settings.insert("mle_weight".into(), SettingValue::Number(0.75));
+        settings.insert("first_token".into(), SettingValue::Choice("none".into()));
+        assert_eq!(RATE.number(&settings), 0.75);
+        assert_eq!(SIDE.choice(&settings), "none");
+        // Asked as the other kind: no value.
+        assert!(SIDE.number(&settings).is_nan());
+        assert_eq!(RATE.choice(&settings), "");
+    }
+}
