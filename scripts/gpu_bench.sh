@@ -124,6 +124,13 @@ step() {
     echo "   exit $rc" | tee -a "$log"
 }
 
+# Sums the steps up into $out and prints the summary.
+finish() {
+    python3 scripts/gpu_bench_summary.py "$steps" "$out"
+    echo "$(( $(date +%s) - start )) s in all; results in $out/" | tee -a "$log"
+    rm -rf "$steps"
+}
+
 # The adapter, and a preflight that stops in seconds without a GPU.
 adapter="$out/adapter.txt"
 {
@@ -194,9 +201,7 @@ if (( tiles )); then
         done
         step "scst-gpt2-torch-$run" 90 python3 scripts/bench_torch_scst.py "${gpt2[@]}" --device "$torch_device" --json
     done
-    python3 scripts/gpu_bench_summary.py "$steps" "$out"
-    echo "$(( $(date +%s) - start )) s in all; results in $out/" | tee -a "$log"
-    rm -rf "$steps"
+    finish
     exit 0
 fi
 
@@ -258,6 +263,4 @@ if (( ! quick )); then
         --checkpoint "$steps/shapes-run/checkpoint.safetensors" --json
 fi
 
-python3 scripts/gpu_bench_summary.py "$steps" "$out"
-echo "$(( $(date +%s) - start )) s in all; results in $out/" | tee -a "$log"
-rm -rf "$steps"
+finish

@@ -52,6 +52,15 @@ pub fn parse_tokenizer(json: &str, origin: &str) -> Result<Tokenizer> {
         .map_err(|e| not_read(e.to_string()))
 }
 
+/// The ids of `text` without the tokenizer's own special tokens; an error
+/// names `origin`.
+pub fn pieces_of(tokenizer: &Tokenizer, text: &str, origin: &str) -> Result<Vec<u32>> {
+    let encoding = tokenizer
+        .encode(text, false)
+        .map_err(|e| anyhow!("{origin}: cannot tokenise {text:?}: {e}"))?;
+    Ok(encoding.get_ids().to_vec())
+}
+
 /// The text of `dir/tokenizer.json` and the file's name for messages;
 /// a missing file is an error that says to save it with `saver`
 /// (`tokenizer`, `processor`: what the folder's owner calls
@@ -117,11 +126,7 @@ impl BpeVocab {
         if max_len < 3 {
             bail!("max_len {max_len} leaves no room for the start, a piece and the end");
         }
-        let encoding = self
-            .tokenizer
-            .encode(caption, false)
-            .map_err(|e| anyhow!("{}: cannot tokenise {caption:?}: {e}", self.origin))?;
-        let pieces = encoding.get_ids();
+        let pieces = pieces_of(&self.tokenizer, caption, &self.origin)?;
         let keep = pieces.len().min(max_len - 2);
         Ok(std::iter::once(self.end)
             .chain(pieces[..keep].iter().copied())

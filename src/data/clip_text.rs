@@ -68,11 +68,7 @@ impl ClipTokenizer {
     /// pieces, so a caption's pieces are its words' pieces one after
     /// another.
     pub fn pieces(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow!("{}: cannot encode {text:?}: {e}", self.origin))?;
-        Ok(encoding.get_ids().to_vec())
+        super::bpe::pieces_of(&self.tokenizer, text, &self.origin)
     }
 
     /// `<|startoftext|>`'s id.

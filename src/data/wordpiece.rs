@@ -48,11 +48,7 @@ impl WordPieceVocab {
     /// The pieces of `text`, without the tokenizer's own special tokens
     /// ([CLS], [SEP]).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let encoding = self
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow!("{}: cannot tokenise {text:?}: {e}", self.origin))?;
-        Ok(encoding.get_ids().to_vec())
+        super::bpe::pieces_of(&self.tokenizer, text, &self.origin)
     }
 
     /// The text of pieces (special tokens left out, continuations joined
