@@ -1,7 +1,7 @@
 //! The on-disk cache (`$CAPTUNE_CACHE`, else `$XDG_CACHE_HOME/captune`,
 //! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
 //! the binary carries, image embeddings, CIDEr-D statistics of
-//! training references and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
+//! training references, image tokens and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
 //! when needed.
 
 use crate::tensorfile;
@@ -46,6 +46,14 @@ pub fn shapes_retriever() -> Result<PathBuf> {
 pub fn features(data_name: &str, key: &str) -> PathBuf {
     root()
         .join("features")
+        .join(format!("{}-{key}.safetensors", file_name(data_name)))
+}
+
+/// Where the image tokens of a data set by a vision tower are kept;
+/// `key` is the fingerprint of both.
+pub fn image_tokens(data_name: &str, key: &str) -> PathBuf {
+    root()
+        .join("image-tokens")
         .join(format!("{}-{key}.safetensors", file_name(data_name)))
 }
 

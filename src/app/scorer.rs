@@ -330,22 +330,15 @@ fn score(
     data: &CaptionData,
     request: &Request,
 ) -> Result<Vec<TokenScore>, String> {
-    if ck.model.config.embed_dim != data.dim {
-        return Err(format!(
-            "the captioner reads {}-dimensional image embeddings but the data's features have {}",
-            ck.model.config.embed_dim, data.dim
-        ));
-    }
+    (ck.model.config)
+        .check_inputs(data, "the captioner")
+        .map_err(|e| format!("{e:#}"))?;
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len)
         .map_err(|e| format!("{e:#}"))?;
-    score_caption(
-        cpu,
-        &mut ck.model,
-        &ck.vocab,
-        &data.features_of(&[request.item]),
-        &ids,
-    )
-    .map_err(|e| format!("{e:#}"))
+    let inputs = data
+        .inputs_of(&[request.item])
+        .map_err(|e| format!("{e:#}"))?;
+    score_caption(cpu, &mut ck.model, &ck.vocab, &inputs, &ids).map_err(|e| format!("{e:#}"))
 }

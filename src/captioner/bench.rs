@@ -292,7 +292,8 @@ pub fn train_throughput<B: Backend>(
     let mut first_image = 0;
     let mut step = |sequences: &[Vec<u32>]| -> Result<usize> {
         let batch = TrainingBatch {
-            features: features.clone(),
+            inputs: features.clone(),
+            embeddings: None,
             sequences: sequences.to_vec(),
             images: (first_image..first_image + sequences.len()).collect(),
             labelled: None,
@@ -704,10 +705,11 @@ pub fn scst_throughput<B: Backend>(
         let first = step * batch % images;
         let chosen: Vec<usize> = (0..batch).map(|i| (first + i) % images).collect();
         let batch_of = TrainingBatch {
-            features: chosen
+            inputs: chosen
                 .iter()
                 .flat_map(|&i| features[i * dim..(i + 1) * dim].iter().copied())
                 .collect(),
+            embeddings: None,
             sequences: Vec::new(),
             images: chosen,
             labelled: None,

@@ -11,6 +11,7 @@ use crate::backend::Backend;
 use crate::retriever::frozen::FrozenRetriever;
 use crate::retriever::neighbours::nearest;
 use crate::source::embeddings::CaptionData;
+use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde::Serialize;
@@ -37,10 +38,12 @@ pub struct ExplainContext<'a, B: Backend> {
     pub seed: u64,
 }
 
-/// Images by embedding (`[n, dim]`) and data-set id, in order.
+/// Images by decoder input, embedding (`[n, dim]`) and data-set id, in
+/// order.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Images {
-    pub features: Vec<f32>,
+    pub inputs: Vec<f32>,
+    pub embeddings: Vec<f32>,
     pub ids: Vec<String>,
 }
 
@@ -48,6 +51,11 @@ impl<B: Backend> ExplainContext<'_, B> {
     /// The image's embedding, `[dim]`.
     pub fn features(&self) -> Vec<f32> {
         self.data.features_of(&[self.item])
+    }
+
+    /// The image as the decoder reads it.
+    pub fn inputs(&self) -> Result<Vec<f32>> {
+        self.data.inputs_of(&[self.item])
     }
 
     /// The image's reference captions as PTB tokens.
@@ -64,7 +72,7 @@ impl<B: Backend> ExplainContext<'_, B> {
     /// A training batch's images: the caption's own first, then
     /// `batch_images - 1` others of its split drawn with `seed`; then
     /// the `nearest` images of its split nearest its own not drawn already.
-    pub fn batch(&self, nearest_too: usize) -> Images {
+    pub fn batch(&self, nearest_too: usize) -> Result<Images> {
         let data = self.data;
         let split = data.items(data.data.items[self.item].split);
         let mut others: Vec<usize> = split.iter().copied().filter(|&j| j != self.item).collect();
@@ -83,13 +91,14 @@ impl<B: Backend> ExplainContext<'_, B> {
                 .collect();
             chosen.extend(new);
         }
-        Images {
-            features: data.features_of(&chosen),
+        Ok(Images {
+            inputs: data.inputs_of(&chosen)?,
+            embeddings: data.features_of(&chosen),
             ids: chosen
                 .iter()
                 .map(|&j| data.data.items[j].id.clone())
                 .collect(),
-        }
+        })
     }
 }
 

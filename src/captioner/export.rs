@@ -47,6 +47,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
     let (exported_ids, pad) = match &ck.vocab {
         CaptionVocab::Words(_) => (c.vocab_size, Some(c.specials.pad)),
         CaptionVocab::Pieces(_) => (c.vocab_size - 1, None),
+        CaptionVocab::WordPieces(_) => bail!(NO_BLIP_EXPORT),
     };
     let base = match base {
         Some(dir) => Some(Base::read(dir, &c, exported_ids)?),
@@ -142,8 +143,13 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
             });
             write_json(out, "tokenizer_config.json", &config)
         }
+        CaptionVocab::WordPieces(_) => bail!(NO_BLIP_EXPORT),
     }
 }
+
+/// Why a BLIP captioner is not exported.
+const NO_BLIP_EXPORT: &str = "exporting a BLIP captioner is not supported yet; its checkpoint \
+    holds the trained text decoder under captune's names (docs/checkpoints.md)";
 
 /// What an export keeps of the GPT-2 folder a decoder came from.
 struct Base {

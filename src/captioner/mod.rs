@@ -38,7 +38,7 @@ use crate::model::checkpoint;
 use crate::model::layers::Activation;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
-use crate::source::embeddings::FeatureSource;
+use crate::source::embeddings::{CaptionData, FeatureSource};
 use anyhow::{Result, bail};
 use model::Captioner;
 use serde::{Deserialize, Serialize};
@@ -219,6 +219,46 @@ impl CaptionerConfig {
         };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
         adapter + embeddings + self.decoder.parameter_count()
+    }
+
+    /// Refuses data whose image inputs are not what this captioner reads
+    /// (`what` names it): embeddings of another size, or no image tokens
+    /// of its vision tower's shape.
+    pub fn check_inputs(&self, data: &CaptionData, what: &str) -> Result<()> {
+        let origin = || {
+            data.source
+                .as_ref()
+                .map_or("the features".into(), |s| s.origin())
+        };
+        if self.image_tokens == 0 {
+            if self.embed_dim != data.dim {
+                bail!(
+                    "{what} reads {}-dimensional image embeddings, but {} gives {}; use the \
+                     features or retriever it was trained with",
+                    self.embed_dim,
+                    origin(),
+                    data.dim
+                );
+            }
+            return Ok(());
+        }
+        match data.image_tokens.as_ref().map(|t| t.shape()) {
+            Some(s) if s.tokens == self.image_tokens && s.dim == self.embed_dim => Ok(()),
+            Some(s) => bail!(
+                "{what} reads {} image tokens of {} per image, but the data's image tokens are \
+                 {} of {}: they come from another vision tower",
+                self.image_tokens,
+                self.embed_dim,
+                s.tokens,
+                s.dim
+            ),
+            None => bail!(
+                "{what} reads {} image tokens of {} per image (a BLIP vision tower's), but the \
+                 data has no image tokens; give the run the BLIP folder it was trained from",
+                self.image_tokens,
+                self.embed_dim
+            ),
+        }
     }
 
     pub fn validate(&self) -> Result<()> {

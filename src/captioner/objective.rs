@@ -133,8 +133,13 @@ pub struct SeriesGroup {
 
 /// One training step's batch as the host holds it.
 pub struct TrainingBatch {
-    /// `[batch, width]` image inputs (embeddings), one row per caption.
-    pub features: Vec<f32>,
+    /// The decoder's image inputs, one row per caption: `[batch, dim]`
+    /// embeddings for a prefix decoder, `[batch, tokens, dim]` tokens for
+    /// a cross-attending one.
+    pub inputs: Vec<f32>,
+    /// `[batch, dim]` unit embeddings in the retriever's space, where they
+    /// are not the inputs (None: the inputs are the embeddings).
+    pub embeddings: Option<Vec<f32>>,
     /// Each row's reference caption, encoded `<bos> .. <eos>` within the
     /// model's `max_len`.
     pub sequences: Vec<Vec<u32>>,
@@ -201,25 +206,32 @@ impl TrainingBatch {
         self.labelled.as_deref().unwrap_or(self)
     }
 
-    /// Values of one row's image input: what objectives slice
-    /// `features` by.
-    pub fn image_width(&self) -> usize {
-        self.features.len() / self.images.len().max(1)
+    /// `[batch, dim]`: each row's image embedding in the retriever's space.
+    pub fn embeddings(&self) -> &[f32] {
+        self.embeddings.as_deref().unwrap_or(&self.inputs)
     }
 
-    /// The batch's distinct images in order of first appearance, as
-    /// indices into the corpus, and their inputs `[images, width]`.
-    pub fn distinct_images(&self) -> (Vec<usize>, Vec<f32>) {
-        let dim = self.image_width();
-        let mut images: Vec<usize> = Vec::new();
-        let mut features: Vec<f32> = Vec::new();
+    /// The size of an image embedding: what [`TrainingBatch::embeddings`]
+    /// and [`DistinctImages::embeddings`] are sliced by.
+    pub fn embedding_dim(&self) -> usize {
+        self.embeddings().len() / self.images.len().max(1)
+    }
+
+    /// The batch's distinct images in order of first appearance.
+    pub fn distinct_images(&self) -> DistinctImages {
+        let rows = self.images.len().max(1);
+        let (input, dim) = (self.inputs.len() / rows, self.embedding_dim());
+        let mut out = DistinctImages::default();
         for (row, &image) in self.images.iter().enumerate() {
-            if !images.contains(&image) {
-                images.push(image);
-                features.extend_from_slice(&self.features[row * dim..(row + 1) * dim]);
+            if !out.images.contains(&image) {
+                out.images.push(image);
+                out.inputs
+                    .extend_from_slice(&self.inputs[row * input..(row + 1) * input]);
+                out.embeddings
+                    .extend_from_slice(&self.embeddings()[row * dim..(row + 1) * dim]);
             }
         }
-        (images, features)
+        out
     }
 
     /// Real target tokens (each caption's ids after `<bos>`): what the
@@ -230,6 +242,17 @@ impl TrainingBatch {
             .map(|s| s.len().saturating_sub(1))
             .sum()
     }
+}
+
+/// A batch's distinct images ([`TrainingBatch::distinct_images`]).
+#[derive(Debug, Default)]
+pub struct DistinctImages {
+    /// Indices into the corpus.
+    pub images: Vec<usize>,
+    /// Their decoder inputs.
+    pub inputs: Vec<f32>,
+    /// Their embeddings, `[images, dim]`.
+    pub embeddings: Vec<f32>,
 }
 
 /// What an objective sees at one training step.

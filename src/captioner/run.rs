@@ -8,6 +8,7 @@ use super::objectives;
 use super::objectives::settings::Settings;
 use super::{CaptionerConfig, DecoderFamily, MapperTransformer};
 use crate::backend::Backend;
+use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
 use crate::source::embeddings::FeatureSource;
@@ -34,9 +35,9 @@ pub struct ModelSection {
     pub heads: usize,
     /// Caption positions, <bos> and <eos> included.
     pub max_len: usize,
-    /// A pretrained decoder, `hf:FOLDER` (a Hugging Face GPT-2 folder):
-    /// it replaces width, layers and heads, and its tokenizer the word
-    /// vocabulary.
+    /// A pretrained decoder, `hf:FOLDER` (a Hugging Face GPT-2 or BLIP
+    /// folder): it replaces width, layers and heads, and its tokenizer the
+    /// word vocabulary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder: Option<String>,
 }
@@ -50,9 +51,17 @@ impl ModelSection {
         match spec.strip_prefix("hf:") {
             Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
             _ => bail!(
-                "decoder {spec:?}: name a Hugging Face GPT-2 folder as hf:PATH (config.json, \
-                 model.safetensors and tokenizer.json in it)"
+                "decoder {spec:?}: name a Hugging Face GPT-2 or BLIP folder as hf:PATH \
+                 (config.json, model.safetensors and tokenizer.json in it)"
             ),
+        }
+    }
+
+    /// The folder of a pretrained decoder that is BLIP's, when it is one.
+    pub fn blip_folder(&self) -> Result<Option<PathBuf>> {
+        match self.decoder_folder()? {
+            Some(dir) if HfFolder::open(&dir)?.model_type()? == "blip" => Ok(Some(dir)),
+            _ => Ok(None),
         }
     }
 

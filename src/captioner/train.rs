@@ -5,6 +5,7 @@
 
 use super::collapse::CollapseGuard;
 use super::decode::{DecodeOptions, Decoding, generate};
+use super::decoders::blip::blip_checkpoint;
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
@@ -127,6 +128,10 @@ pub fn fresh_checkpoint<B: Backend>(
     data: &CaptionData,
     config: &RunConfig,
 ) -> Result<Checkpoint<B>> {
+    if let Some(dir) = config.model.blip_folder()? {
+        let blip = crate::model::blip::read(&dir)?;
+        return blip_checkpoint(b, &dir, blip, config.model.max_len);
+    }
     if let Some(dir) = config.model.decoder_folder()? {
         let m = &config.model;
         let shape = PrefixShape {
@@ -225,8 +230,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let split = LabelledSplit::new(&data.data, &all_train, t.labelled);
         let info = objectives::find(&t.objective)?;
         let trains_on = info.trains_on;
-        let dim = ck.model.config.embed_dim;
-        let needs = needs_met(info, &t.settings, retriever.as_deref_mut(), dim)?;
+        let needs = needs_met(info, &t.settings, retriever.as_deref_mut(), data.dim)?;
         let train_items = split.images_for(trains_on).to_vec();
         if train_items.len() < t.batch {
             let which = if split.is_full() {
@@ -404,7 +408,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 self.split.fraction
             );
         }
-        let dim = self.ck.model.config.embed_dim;
+        let dim = self.data.dim;
         let needs = needs_met(info, settings, self.retriever.as_deref_mut(), dim)?;
         let t = &mut self.config.train;
         (t.objective, t.settings, t.lr) = (name.to_string(), settings.clone(), lr);
@@ -435,7 +439,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
         let t = self.config.train.clone();
-        let batch = self.next_batch();
+        let batch = self.next_batch()?;
         let tokens = batch.references().tokens();
         self.tokens += tokens;
         // Steps that log read every loss; the others compute only the objective's.
@@ -485,7 +489,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// The next batch of (image, reference) pairs; at an epoch's start,
     /// draws the epoch's order (seeded by the epoch, so a resumed run
     /// draws the same).
-    fn next_batch(&mut self) -> TrainingBatch {
+    fn next_batch(&mut self) -> Result<TrainingBatch> {
         let (batch, seed) = (self.config.train.batch, self.config.train.seed);
         let items = &self.data.data.items;
         if self.batches_done == 0 {
@@ -519,12 +523,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             .filter_map(|&(i, r)| r.map(|r| (i, r)))
             .collect();
         let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
-        let mut assembled = self.batch_of(&images, &pairs);
+        let mut assembled = self.batch_of(&images, &pairs)?;
         if !self.reads_references() {
-            let labelled = self.labelled_batch();
+            let labelled = self.labelled_batch()?;
             assembled.labelled = Some(Box::new(labelled));
         }
-        assembled
+        Ok(assembled)
     }
 
     /// Whether this run's batches carry references: not when the
@@ -535,16 +539,21 @@ impl<'d, B: Backend> Trainer<'d, B> {
 
     /// The batch of `images`, with the references of `pairs` (image,
     /// reference index): all of them or none.
-    fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> TrainingBatch {
-        TrainingBatch {
-            features: self.data.features_of(images),
+    fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> Result<TrainingBatch> {
+        let data = self.data;
+        Ok(TrainingBatch {
+            inputs: data.inputs_of(images)?,
+            embeddings: data
+                .image_tokens
+                .is_some()
+                .then(|| data.features_of(images)),
             sequences: pairs
                 .iter()
                 .map(|&(i, r)| self.encoded[self.corpus_index[&i]][r].clone())
                 .collect(),
             images: images.iter().map(|i| self.corpus_index[i]).collect(),
             labelled: None,
-        }
+        })
     }
 
     /// The step's batch of labelled images (with one reference each) for
@@ -552,7 +561,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// of an endless sequence of passes over the labelled images, each
     /// pass in its own order, seeded by the run's seed and the pass, so
     /// a resumed run draws the same.
-    fn labelled_batch(&mut self) -> TrainingBatch {
+    fn labelled_batch(&mut self) -> Result<TrainingBatch> {
         let (batch, seed) = (self.config.train.batch, self.config.train.seed);
         let n = self.split.labelled.len();
         let mut pairs = Vec::with_capacity(batch);
@@ -834,8 +843,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
             &options,
         )?;
         for (&i, samples) in self.sample_items.iter().zip(sampled) {
-            let features = self.data.features_of(&[i]);
-            let generated = generate(b, &self.ck.model, &features, &Decoding::Greedy, &options)?;
+            let inputs = self.data.inputs_of(&[i])?;
+            let generated = generate(b, &self.ck.model, &inputs, &Decoding::Greedy, &options)?;
             let ids: Vec<u32> = std::iter::once(self.ck.model.config.specials.start)
                 .chain(generated[0].ids.iter().copied())
                 .collect();
@@ -844,7 +853,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 step: self.step,
                 image_id: self.data.data.items[i].id.clone(),
                 caption: generated[0].text(&self.ck.vocab),
-                tokens: score_caption(b, &mut self.ck.model, &self.ck.vocab, &features, &ids)?,
+                tokens: score_caption(b, &mut self.ck.model, &self.ck.vocab, &inputs, &ids)?,
                 samples,
             };
             self.run.append(run_folder::SAMPLES, &sample)?;
@@ -1020,7 +1029,7 @@ pub fn caption_items<B: Backend>(
     decoding: &Decoding,
     options: &DecodeOptions,
 ) -> Result<Vec<Vec<String>>> {
-    let generated = generate(b, &ck.model, &data.features_of(items), decoding, options)?;
+    let generated = generate(b, &ck.model, &data.inputs_of(items)?, decoding, options)?;
     let mut out = vec![Vec::new(); items.len()];
     for g in generated {
         out[g.image].push(g.text(&ck.vocab));

@@ -1,5 +1,6 @@
 //! The captioner's vocabulary: a data set's words for a decoder trained
-//! from scratch, or a pretrained GPT-2's BPE pieces. Everything else
+//! from scratch, a pretrained GPT-2's BPE pieces, or BLIP's WordPiece
+//! pieces. Everything else
 //! reads captions through [`CaptionVocab`]: metrics and rewards see the
 //! words a caption's ids decode to, never the ids.
 
@@ -7,6 +8,7 @@ use super::SpecialIds;
 use crate::data::bpe::BpeVocab;
 use crate::data::tokenize::ptb_tokenize;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
+use crate::data::wordpiece::{WordPieceVocab, is_wordpiece};
 use crate::data::{Dataset, Split};
 use crate::model::checkpoint::{self, StoredVocab};
 use crate::tensorfile::TensorFile;
@@ -14,7 +16,7 @@ use anyhow::{Result, bail};
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
-/// Metadata key of a BPE vocabulary's tokenizer (its `tokenizer.json`).
+/// Metadata key of a pretrained vocabulary's tokenizer (its `tokenizer.json`).
 pub const TOKENIZER_KEY: &str = "tokenizer";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,6 +24,7 @@ pub enum CaptionVocab {
     Words(WordVocab),
     /// Boxed: a tokenizer is far larger than a word list's handle.
     Pieces(Box<PieceVocab>),
+    WordPieces(Box<WordPieces>),
 }
 
 /// The data set's words, then one reserved alternative id (`##word`) for
@@ -46,6 +49,19 @@ pub struct PieceVocab {
     /// The model's ids: GPT-2's and the padding (the last).
     ids: usize,
 }
+
+/// BLIP's WordPiece pieces: a caption is `[DEC] pieces [SEP]`, and
+/// `[PAD]` pads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WordPieces {
+    pub pieces: WordPieceVocab,
+    /// The model's ids (its config's vocab_size: the tokenizer's or more).
+    ids: usize,
+    specials: SpecialIds,
+}
+
+/// The tokens of BLIP's tokenizer that start, end and pad a caption.
+const WORDPIECE_SPECIALS: [&str; 3] = ["[DEC]", "[SEP]", "[PAD]"];
 
 const ALTERNATIVE_MARK: &str = "##";
 
@@ -109,11 +125,41 @@ impl CaptionVocab {
         Ok(CaptionVocab::Pieces(Box::new(PieceVocab { bpe, ids })))
     }
 
+    /// A BLIP tokenizer's pieces for a model of `ids` ids: its `[DEC]`
+    /// starts a caption, `[SEP]` ends it and `[PAD]` pads.
+    pub fn from_wordpiece(
+        pieces: WordPieceVocab,
+        ids: usize,
+        origin: &str,
+    ) -> Result<CaptionVocab> {
+        if pieces.len() > ids {
+            bail!(
+                "{origin}: the tokenizer has {} ids but the model {ids}: the tokenizer is not \
+                 this model's",
+                pieces.len()
+            );
+        }
+        let [start, end, pad] = WORDPIECE_SPECIALS.map(|token| pieces.id(token));
+        let (Some(start), Some(end), Some(pad)) = (start, end, pad) else {
+            bail!(
+                "{origin}: the tokenizer lacks one of {WORDPIECE_SPECIALS:?}, which start, end \
+                 and pad BLIP's captions"
+            );
+        };
+        let specials = SpecialIds { start, end, pad };
+        Ok(CaptionVocab::WordPieces(Box::new(WordPieces {
+            pieces,
+            ids,
+            specials,
+        })))
+    }
+
     /// The model's ids.
     pub fn len(&self) -> usize {
         match self {
             CaptionVocab::Words(v) => v.words.len(),
             CaptionVocab::Pieces(v) => v.ids,
+            CaptionVocab::WordPieces(v) => v.ids,
         }
     }
 
@@ -130,6 +176,7 @@ impl CaptionVocab {
                 end: v.bpe.end(),
                 pad: (v.ids - 1) as u32,
             },
+            CaptionVocab::WordPieces(v) => v.specials,
         }
     }
 
@@ -143,16 +190,40 @@ impl CaptionVocab {
     pub fn alternative(&self, id: u32) -> Option<u32> {
         match self {
             CaptionVocab::Words(v) => v.word_alternative.get(&id).copied(),
-            CaptionVocab::Pieces(_) => None,
+            CaptionVocab::Pieces(_) | CaptionVocab::WordPieces(_) => None,
         }
     }
 
     /// A caption's ids, `start tokens end`, at most `max_len` of them, from
-    /// its PTB tokens (BPE pieces encode the tokens joined by spaces).
+    /// its PTB tokens (pieces encode the tokens joined by spaces).
     pub fn encode(&self, tokens: &[String], max_len: usize) -> Result<Vec<u32>> {
         match self {
             CaptionVocab::Words(v) => Ok(v.words.encode(tokens, max_len)),
             CaptionVocab::Pieces(v) => v.bpe.encode(&tokens.join(" "), max_len),
+            CaptionVocab::WordPieces(v) => {
+                if max_len < 3 {
+                    bail!("max_len {max_len} leaves no room for the start, a piece and the end");
+                }
+                let pieces = v.pieces.encode(&tokens.join(" "))?;
+                let keep = pieces.len().min(max_len - 2);
+                let s = v.specials;
+                Ok(std::iter::once(s.start)
+                    .chain(pieces[..keep].iter().copied())
+                    .chain(std::iter::once(s.end))
+                    .collect())
+            }
+        }
+    }
+
+    /// The ids of `text` without a start or an end: what a prompt feeds
+    /// after the start.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            CaptionVocab::Words(v) => {
+                Ok(ptb_tokenize(text).iter().map(|w| v.words.id(w)).collect())
+            }
+            CaptionVocab::Pieces(v) => v.bpe.pieces_of(text),
+            CaptionVocab::WordPieces(v) => v.pieces.encode(text),
         }
     }
 
@@ -171,6 +242,12 @@ impl CaptionVocab {
             // The tokenizer drops ids it lacks (the padding) and decodes
             // bytes lossily: its decoder has no error left to report.
             CaptionVocab::Pieces(v) => v.bpe.decode(ids).unwrap_or_default(),
+            // Special tokens (the start, the padding) decode to nothing.
+            CaptionVocab::WordPieces(v) => {
+                let end = ids.iter().position(|&id| id == v.specials.end);
+                let ids = &ids[..end.unwrap_or(ids.len())];
+                v.pieces.decode(ids).unwrap_or_default()
+            }
         }
     }
 
@@ -182,7 +259,9 @@ impl CaptionVocab {
                 .split_whitespace()
                 .map(str::to_string)
                 .collect(),
-            CaptionVocab::Pieces(_) => ptb_tokenize(&self.decode(ids)),
+            CaptionVocab::Pieces(_) | CaptionVocab::WordPieces(_) => {
+                ptb_tokenize(&self.decode(ids))
+            }
         }
     }
 
@@ -194,6 +273,7 @@ impl CaptionVocab {
             CaptionVocab::Words(v) => v.words.word(id).to_string(),
             CaptionVocab::Pieces(v) if id as usize == v.ids - 1 => "<pad>".into(),
             CaptionVocab::Pieces(v) => v.bpe.pieces(&[id]).remove(0),
+            CaptionVocab::WordPieces(v) => v.pieces.piece(id),
         }
     }
 
@@ -207,6 +287,10 @@ impl CaptionVocab {
             CaptionVocab::Pieces(_) if id == specials.pad => "<pad>".into(),
             CaptionVocab::Pieces(_) if id == specials.end => "<eos>".into(),
             CaptionVocab::Pieces(v) => v.bpe.pieces(&[id]).remove(0).trim_start().to_string(),
+            CaptionVocab::WordPieces(_) if id == specials.pad => "<pad>".into(),
+            CaptionVocab::WordPieces(_) if id == specials.end => "<eos>".into(),
+            CaptionVocab::WordPieces(_) if id == specials.start => "<bos>".into(),
+            CaptionVocab::WordPieces(v) => v.pieces.spelled(id),
         }
     }
 
@@ -214,7 +298,7 @@ impl CaptionVocab {
     pub fn word_list(&self) -> Option<&Vocab> {
         match self {
             CaptionVocab::Words(v) => Some(&v.words),
-            CaptionVocab::Pieces(_) => None,
+            CaptionVocab::Pieces(_) | CaptionVocab::WordPieces(_) => None,
         }
     }
 }
@@ -230,14 +314,18 @@ impl WordVocab {
     }
 }
 
-/// A word vocabulary keeps its word list (`vocab`); a BPE one its
-/// tokenizer's JSON (`tokenizer`).
+/// A word vocabulary keeps its word list (`vocab`); a pretrained one its
+/// tokenizer's JSON (`tokenizer`), whose model says which it is.
 impl StoredVocab for CaptionVocab {
     fn store(&self, metadata: &mut HashMap<String, String>) -> Result<()> {
         match self {
             CaptionVocab::Words(v) => checkpoint::store_words(v.words.words(), metadata),
             CaptionVocab::Pieces(v) => {
                 metadata.insert(TOKENIZER_KEY.into(), v.bpe.json().to_string());
+                Ok(())
+            }
+            CaptionVocab::WordPieces(v) => {
+                metadata.insert(TOKENIZER_KEY.into(), v.pieces.json().to_string());
                 Ok(())
             }
         }
@@ -248,6 +336,11 @@ impl StoredVocab for CaptionVocab {
             None => checkpoint::read_words(file, path, ids).map(CaptionVocab::from_words),
             Some(json) => {
                 let origin = format!("{}: metadata {TOKENIZER_KEY:?}", path.display());
+                let tokenizer = crate::data::bpe::parse_tokenizer(json, &origin)?;
+                if is_wordpiece(&tokenizer) {
+                    let pieces = WordPieceVocab::from_json(json.clone(), &origin)?;
+                    return CaptionVocab::from_wordpiece(pieces, ids, &origin);
+                }
                 let bpe = BpeVocab::from_json(json.clone(), &origin)?;
                 CaptionVocab::from_tokenizer(bpe, ids)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))

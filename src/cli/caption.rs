@@ -4,9 +4,8 @@ use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, generate};
-use captune::captioner::decoders::blip::from_blip;
+use captune::captioner::decoders::blip::blip_checkpoint;
 use captune::data::image_processor::ImageProcessor;
-use captune::data::wordpiece::WordPieceVocab;
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
 use captune::model::vision::patches_of_pixels;
@@ -134,6 +133,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
                 features: None,
                 retriever: None,
                 encoder: None,
+                image_tokens: None,
                 shapes: None,
             })
     };
@@ -217,7 +217,6 @@ fn caption_with_blip<B: Backend>(
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
     let processor = ImageProcessor::load(dir)?;
-    let vocab = WordPieceVocab::load(dir)?;
     let v = folder.config.vision_config.clone();
     if processor.side() as usize != v.image_size {
         bail!(
@@ -228,21 +227,10 @@ fn caption_with_blip<B: Backend>(
             v.image_size
         );
     }
-    let t = &folder.config.text_config;
-    if vocab.len() > t.vocab_size {
-        bail!(
-            "{}: tokenizer.json has {} ids but config.json's text decoder {}: the tokenizer \
-             and the model are of different folders",
-            dir.display(),
-            vocab.len(),
-            t.vocab_size
-        );
-    }
-    let max_len = t.max_position_embeddings.min(BLIP_CAPTION_IDS) + 1;
     let mut vision = BlipVision::new(b, &mut folder)?;
-    let model = from_blip(b, folder, max_len)?;
+    let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1)?;
     let prompt = match &args.prompt {
-        Some(text) => vocab.encode(text)?,
+        Some(text) => ck.vocab.encode_text(text)?,
         None => Vec::new(),
     };
     let progress = Progress::terminal();
@@ -260,9 +248,9 @@ fn caption_with_blip<B: Backend>(
         }
         let patches = patches_of_pixels(&pixels, v.image_size, v.patch_size);
         let tokens = vision.image_tokens(b, &patches)?;
-        let generated = generate(b, &model, &tokens, &args.decoding.decode, &options)?;
+        let generated = generate(b, &ck.model, &tokens, &args.decoding.decode, &options)?;
         for g in generated {
-            let caption = vocab.decode(&g.ids)?;
+            let caption = ck.vocab.decode(&g.ids);
             let file = chunk[g.image].display().to_string();
             print_caption(&file, &caption, &g.ids, args.json);
         }

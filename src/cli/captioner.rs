@@ -2,7 +2,7 @@
 //! (`captune::source`): decoding options, loading a checkpoint with its
 //! record, printing metrics.
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding};
@@ -55,19 +55,8 @@ impl<B: Backend> Captioner<B> {
 
     /// Refuses embeddings of another size than the model reads.
     pub fn check_dim(&self, path: &Path, data: &CaptionData) -> Result<()> {
-        let want = self.ck.model.config.embed_dim;
-        if want != data.dim {
-            bail!(
-                "{} reads {want}-dimensional image embeddings, but {} gives {}; \
-                 use the features or retriever it was trained with",
-                path.display(),
-                data.source
-                    .as_ref()
-                    .map_or("the features".into(), |s| s.origin()),
-                data.dim
-            );
-        }
-        Ok(())
+        let what = path.display().to_string();
+        self.ck.model.config.check_inputs(data, &what)
     }
 }
 

@@ -67,8 +67,8 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;
-    let features = data.features_of(&[i]);
-    let scores = score_caption(b, &mut ck.model, &ck.vocab, &features, &ids)?;
+    let inputs = data.inputs_of(&[i])?;
+    let scores = score_caption(b, &mut ck.model, &ck.vocab, &inputs, &ids)?;
     let explained = match &args.objective.objective {
         None => None,
         Some(name) => {

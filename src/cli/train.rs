@@ -19,6 +19,7 @@ use captune::retriever::frozen::FrozenRetriever;
 use captune::source::DataArgs;
 use captune::source::embeddings::CaptionData;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn, check_same_encoder};
+use captune::source::image_tokens;
 use std::path::PathBuf;
 
 /// `--objective NAME` and a flag for each objective setting, made from
@@ -353,7 +354,14 @@ pub fn train<B: Backend>(
                 }),
                 None => None,
             };
-            let (d, r) = embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
+            let (mut d, r) =
+                embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
+            // A new run of a BLIP decoder reads its vision tower's tokens.
+            if let Some(dir) = config.model.blip_folder()?
+                && d.image_tokens.is_none()
+            {
+                image_tokens::attach(b, &mut d, &dir, &progress)?;
+            }
             let o = owned.insert((d, r));
             (&o.0, o.1.as_mut())
         }
@@ -368,16 +376,7 @@ pub fn train<B: Backend>(
     } else {
         train::fresh_checkpoint(b, data, &config)?
     };
-    if ck.model.config.embed_dim != data.dim {
-        bail!(
-            "the captioner reads {}-dimensional image embeddings but {} gives {}",
-            ck.model.config.embed_dim,
-            data.source
-                .as_ref()
-                .map_or("the features".into(), |s| s.origin()),
-            data.dim
-        );
-    }
+    ck.model.config.check_inputs(data, "the captioner")?;
     eprintln!(
         "{}: {} train images; captioner {} parameters, vocabulary {} ids; objective {}",
         data.data.name,

@@ -126,12 +126,17 @@ impl BpeVocab {
         if max_len < 3 {
             bail!("max_len {max_len} leaves no room for the start, a piece and the end");
         }
-        let pieces = pieces_of(&self.tokenizer, caption, &self.origin)?;
+        let pieces = self.pieces_of(caption)?;
         let keep = pieces.len().min(max_len - 2);
         Ok(std::iter::once(self.end)
             .chain(pieces[..keep].iter().copied())
             .chain(std::iter::once(self.end))
             .collect())
+    }
+
+    /// The pieces of `text`, without start or end.
+    pub fn pieces_of(&self, text: &str) -> Result<Vec<u32>> {
+        pieces_of(&self.tokenizer, text, &self.origin)
     }
 
     /// The text of a caption's ids after its start, up to the end. (The

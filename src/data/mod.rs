@@ -12,6 +12,7 @@ pub mod clip_text;
 pub mod coco;
 pub mod features;
 pub mod image_processor;
+pub mod image_tokens;
 pub mod images;
 pub mod karpathy;
 pub mod tokenize;

@@ -220,12 +220,6 @@ impl BlipConfig {
     }
 }
 
-#[derive(Deserialize)]
-struct ModelType {
-    #[serde(default)]
-    model_type: String,
-}
-
 /// A BLIP folder: its config and every tensor, by BLIP's names.
 pub struct Blip {
     pub config: BlipConfig,
@@ -239,13 +233,13 @@ pub fn read(dir: &Path) -> Result<Blip> {
     let folder = HfFolder::open(dir)?;
     // The model type first: another model's config lacks BLIP's fields,
     // and its type says more than the first field it lacks.
-    let kind: ModelType = folder.config()?;
-    if kind.model_type != "blip" {
+    let kind = folder.model_type()?;
+    if kind != "blip" {
         bail!(
             "{}: model_type {:?} is not BLIP's captioner; captune reads model_type \"blip\" \
              (BlipForConditionalGeneration)",
             folder.config_path().display(),
-            kind.model_type
+            kind
         );
     }
     let config: BlipConfig = folder.config()?;

@@ -39,6 +39,29 @@ impl HfFolder {
             .with_context(|| format!("{}: not a config this model reads", path.display()))
     }
 
+    /// `config.json`'s `model_type` ("gpt2", "blip", ...; empty when it
+    /// has none): read first, since another model's config lacks the
+    /// fields an architecture reads and its type says more than they do.
+    pub fn model_type(&self) -> Result<String> {
+        #[derive(serde::Deserialize)]
+        struct ModelType {
+            #[serde(default)]
+            model_type: String,
+        }
+        Ok(self.config::<ModelType>()?.model_type)
+    }
+
+    /// The file that lists the weights: `model.safetensors`, or the index
+    /// of its shards.
+    pub fn weights_file(&self) -> PathBuf {
+        let single = self.dir.join("model.safetensors");
+        if single.is_file() {
+            single
+        } else {
+            self.dir.join("model.safetensors.index.json")
+        }
+    }
+
     /// Every weight tensor, by the checkpoint's names, and the file (or
     /// index) they came from.
     pub fn weights(&self) -> Result<(TensorFile, PathBuf)> {

@@ -4,6 +4,7 @@
 //! that later commands default to the same data and refuse embeddings of
 //! another encoder.
 
+use super::image_tokens::TokenRows;
 use super::{DataArgs, DataSource, absolute};
 use crate::backend::Backend;
 use crate::cache;
@@ -18,12 +19,16 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-/// A data set with one image embedding per item.
+/// A data set with one image embedding per item, and the image tokens a
+/// cross-attending decoder reads when it has them.
 pub struct CaptionData {
     pub data: Dataset,
-    /// `[items, dim]`, L2-normalised.
+    /// `[items, dim]`, L2-normalised: what retrieval compares captions
+    /// with, and a prefix decoder's image input.
     pub features: Vec<f32>,
     pub dim: usize,
+    /// A vision tower's tokens of every item ([`super::image_tokens`]).
+    pub image_tokens: Option<TokenRows>,
     /// Where the features came from; recorded in the checkpoints trained on them.
     pub source: Option<FeatureSource>,
 }
@@ -35,6 +40,16 @@ impl CaptionData {
             .collect()
     }
 
+    /// The decoder's image inputs of `items`: their tokens when the data
+    /// has them, else their embeddings.
+    pub fn inputs_of(&self, items: &[usize]) -> Result<Vec<f32>> {
+        match &self.image_tokens {
+            Some(tokens) => tokens.of(items),
+            None => Ok(self.features_of(items)),
+        }
+    }
+
+    /// The embeddings of `items`, `[items.len(), dim]`.
     pub fn features_of(&self, items: &[usize]) -> Vec<f32> {
         items
             .iter()
@@ -72,6 +87,10 @@ pub struct FeatureSource {
     /// features file's `encoder` metadata); unknown for plain `.npy` files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoder: Option<String>,
+    /// The BLIP folder whose vision tower made the image tokens the
+    /// captioner reads, when it reads tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_tokens: Option<PathBuf>,
     /// The shapes world's settings, for `shapes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<ShapesConfig>,
@@ -270,15 +289,18 @@ pub fn load<B: Backend>(
     if !dataset.report.is_clean() {
         eprintln!("{}", dataset.report);
     }
-    Ok((
-        CaptionData {
-            data: dataset,
-            features: embeddings,
-            dim,
-            source: Some(source),
-        },
-        retriever,
-    ))
+    let mut data = CaptionData {
+        data: dataset,
+        features: embeddings,
+        dim,
+        image_tokens: None,
+        source: Some(source),
+    };
+    // A captioner that reads image tokens reads those of its vision tower.
+    if let Some(folder) = recorded.and_then(|r| r.image_tokens.as_ref()) {
+        super::image_tokens::attach(b, &mut data, folder, progress)?;
+    }
+    Ok((data, retriever))
 }
 
 /// A record of `data` with embeddings of `dim`; the caller adds their origin.
@@ -290,6 +312,7 @@ fn source_of(data: &DataArgs, dim: usize) -> FeatureSource {
         features: None,
         retriever: None,
         encoder: None,
+        image_tokens: None,
         shapes: data.is_shapes().then_some(data.shapes),
     }
 }

@@ -2,10 +2,12 @@
 //! set (`--data`: the shapes world, a Karpathy split file or a COCO
 //! captions file) and, in [`embeddings`], the embeddings of its images (a
 //! features file, or a retriever with an on-disk cache), recorded with
-//! every captioner trained on them. This sits above both the caption
+//! every captioner trained on them; in [`image_tokens`], the tokens of a
+//! vision tower that a cross-attending decoder reads. This sits above both the caption
 //! data formats (`data`) and the shapes world (`shapes`).
 
 pub mod embeddings;
+pub mod image_tokens;
 
 use crate::data::{Dataset, coco, karpathy};
 use crate::shapes::{self, ShapesConfig};

@@ -16,7 +16,8 @@
 use crate::backend::{Backend, Matmul, TokenIndex};
 use crate::captioner::decoder::{Decoder, Stepper};
 use crate::captioner::model::{Captioner, TokenInputs, Workspaces, policy_mask};
-use crate::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
+use crate::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, SpecialIds};
+use crate::data::wordpiece::WordPieceVocab;
 use crate::model::blip::{Blip, BlipConfig, text_decoder_tensors};
 use crate::model::kv_cache::KvCache;
 use crate::model::layers::{Activation, Dense, Norm, NormStats};
@@ -24,6 +25,7 @@ use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
 use crate::tensorfile::TensorFile;
 use anyhow::{Context, Result, bail};
+use std::path::Path;
 
 pub struct BlipDecoder<B: Backend> {
     config: CaptionerConfig,
@@ -345,6 +347,33 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
             pad: t.pad_token_id,
         },
     }
+}
+
+/// The BLIP folder `dir`'s text decoder (from `blip`, read from it) and
+/// its tokenizer, for captions of at most `max_len` ids (fewer where the
+/// decoder has fewer positions).
+pub fn blip_checkpoint<B: Backend>(
+    b: &B,
+    dir: &Path,
+    blip: Blip,
+    max_len: usize,
+) -> Result<Checkpoint<B>> {
+    let t = &blip.config.text_config;
+    let tokenizer = dir.join("tokenizer.json").display().to_string();
+    let vocab = CaptionVocab::from_wordpiece(WordPieceVocab::load(dir)?, t.vocab_size, &tokenizer)?;
+    let config = blip_config(&blip.config, max_len);
+    if vocab.specials() != config.specials {
+        bail!(
+            "{tokenizer}: [DEC], [SEP] and [PAD] are ids {:?}, but config.json's text_config \
+             says bos_token_id, sep_token_id and pad_token_id {:?}: the tokenizer and the model \
+             are of different folders",
+            vocab.specials(),
+            config.specials
+        );
+    }
+    let max_len = max_len.min(t.max_position_embeddings + 1);
+    let model = from_blip(b, blip, max_len)?;
+    Ok(Checkpoint { model, vocab })
 }
 
 /// A captioner with a BLIP folder's text decoder, for captions of

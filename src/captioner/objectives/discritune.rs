@@ -247,7 +247,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
         let c = self.config;
-        let dim = cx.batch.image_width();
+        let dim = cx.batch.embedding_dim();
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         if self.listener.is_none() {
             let neighbours = if c.hard_negatives > 0 {
@@ -272,7 +272,8 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         }
         let listener = self.listener.as_ref().expect("made above");
         // One caption per image: rows of the same image are one candidate.
-        let (images, features) = cx.batch.distinct_images();
+        let distinct = cx.batch.distinct_images();
+        let (images, embeddings) = (&distinct.images, &distinct.embeddings);
         let decoding = if c.sample {
             Decoding::Sample {
                 n: 1,
@@ -284,7 +285,13 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
         } else {
             Decoding::Greedy
         };
-        let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;
+        let captions = generate(
+            b,
+            cx.model,
+            &distinct.inputs,
+            &decoding,
+            &DecodeOptions::default(),
+        )?;
         let ids: Vec<&[u32]> = captions.iter().map(|g| g.ids.as_slice()).collect();
         let text = embed_generated(b, &mut retriever.model, &retriever.captions, cx.vocab, &ids)?;
         let row = |e: &[f32], i: usize| -> Vec<f32> { e[i * dim..(i + 1) * dim].to_vec() };
@@ -293,10 +300,10 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             .enumerate()
             .map(|(j, g)| {
                 let t = &text[j * dim..(j + 1) * dim];
-                let own = cosine(t, &row(&features, g.image));
+                let own = cosine(t, &row(embeddings, g.image));
                 let mut others: Vec<f64> = (0..images.len())
                     .filter(|&k| k != g.image)
-                    .map(|k| cosine(t, &row(&features, k)))
+                    .map(|k| cosine(t, &row(embeddings, k)))
                     .collect();
                 if let Some(n) = &listener.neighbours {
                     // One already in the batch is a candidate once.
@@ -317,8 +324,13 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             .zip(&rewards)
             .map(|(g, r)| ((r - baseline) / g.ids.len().max(1) as f64) as f32)
             .collect();
-        self.surrogates
-            .train(cx, &features, &captions, &advantages, c.entropy_weight)?;
+        self.surrogates.train(
+            cx,
+            &distinct.inputs,
+            &captions,
+            &advantages,
+            c.entropy_weight,
+        )?;
         if cx.monitor {
             let n = rewards.len().max(1) as f64;
             let mean_reward = rewards.iter().sum::<f64>() / n;
@@ -349,16 +361,16 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
     fn explain(&mut self, cx: &mut ExplainContext<'_, B>) -> Result<Option<Explanation>> {
         let (b, c, vocab) = (cx.b, self.config, cx.vocab);
         let dim = cx.data.dim;
-        let candidates = cx.batch(c.hard_negatives);
+        let candidates = cx.batch(c.hard_negatives)?;
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, DISCRITUNE.name)?;
         let n = candidates.ids.len();
         let m = &retriever.model;
         let scale = (b.to_vec(m.params.value(m.log_scale))[0] as f64).exp();
-        let features = &candidates.features;
+        let features = &candidates.embeddings;
         let greedy = generate(
             b,
             cx.model,
-            features,
+            &candidates.inputs,
             &Decoding::Greedy,
             &DecodeOptions::default(),
         )?;
@@ -414,7 +426,7 @@ impl<B: Backend> Objective<B> for DiscriTune<B> {
             b,
             cx.model,
             vocab,
-            &features[..dim],
+            &candidates.inputs[..cx.model.config.image_input_len()],
             cx.ids,
             rest * advantage / steps,
             rest * c.entropy_weight as f64 / steps,

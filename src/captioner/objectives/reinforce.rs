@@ -163,7 +163,7 @@ impl<B: Backend> Surrogates<B> {
                     .collect()
             })
             .collect();
-        let dim = cx.batch.image_width();
+        let dim = cx.model.config.image_input_len();
         let repeated: Vec<f32> = generated
             .iter()
             .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())

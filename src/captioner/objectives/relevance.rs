@@ -113,10 +113,10 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
 
     fn step(&mut self, cx: &mut StepContext<'_, B>) -> Result<()> {
         let b = cx.b;
-        let dim = cx.batch.image_width();
+        let dim = cx.batch.embedding_dim();
         let name = CLIP_RELEVANCE.name;
         let retriever = frozen_retriever(cx.retriever.as_deref_mut(), dim, name)?;
-        let (_, features) = cx.batch.distinct_images();
+        let distinct = cx.batch.distinct_images();
         if self.listener.is_none() {
             let map = VocabMap::new(cx.vocab, &retriever.captions)?;
             self.listener = Some(RelaxedListener::new(b, &retriever.model, map));
@@ -124,7 +124,13 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
         let listener = self.listener.as_mut().expect("made above");
         let seed: u64 = cx.rng.random();
         let decoding = Decoding::Gumbel { n: 1, seed };
-        let captions = generate(b, cx.model, &features, &decoding, &DecodeOptions::default())?;
+        let captions = generate(
+            b,
+            cx.model,
+            &distinct.inputs,
+            &decoding,
+            &DecodeOptions::default(),
+        )?;
         let ids: Vec<Vec<u32>> = captions.iter().map(|g| g.ids.clone()).collect();
         let sequences: Vec<Vec<u32>> = ids
             .iter()
@@ -135,7 +141,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             })
             .collect();
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
-        cx.model.forward(b, &features, &inputs)?;
+        cx.model.forward(b, &distinct.inputs, &inputs)?;
         let texts = listener.forward(
             b,
             &mut retriever.model,
@@ -146,7 +152,7 @@ impl<B: Backend> Objective<B> for ClipRelevance<B> {
             self.tau,
             self.relaxation,
         )?;
-        let (loss, cosines, d_texts) = negative_cosine(&features, &texts, dim);
+        let (loss, cosines, d_texts) = negative_cosine(&distinct.embeddings, &texts, dim);
         let d_logits = listener.backward(b, &mut retriever.model, &d_texts);
         cx.model.backward(b, &inputs, d_logits);
         if cx.monitor {

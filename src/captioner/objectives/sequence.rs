@@ -437,7 +437,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         if self.reward.is_none() {
             self.reward = Some(CiderReward::for_training(cx.corpus, cx.vocab));
         }
-        let features = &cx.batch.features;
+        let features = &cx.batch.inputs;
         let start = Instant::now();
         let sampling = Decoding::Sample {
             n,
@@ -515,7 +515,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         }
         let reward = self.reward.as_ref().expect("made above");
         let (b, c, vocab) = (cx.b, self.config, cx.vocab);
-        let (features, references) = (cx.features(), cx.references());
+        let (inputs, references) = (cx.inputs()?, cx.references());
         let words = |ids: &[u32]| vocab.decode_words(ids);
         let score = |ids: &[u32]| {
             let bleu = if c.bleu4_weight > 0.0 {
@@ -529,7 +529,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         let own = score(caption);
         let options = DecodeOptions::default();
         let greedy = if c.needs_greedy() {
-            let g = generate(b, cx.model, &features, &Decoding::Greedy, &options)?;
+            let g = generate(b, cx.model, &inputs, &Decoding::Greedy, &options)?;
             Some((g[0].ids.clone(), score(&g[0].ids)))
         } else {
             None
@@ -546,7 +546,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
                 top_p: 1.0,
                 seed: cx.seed,
             };
-            generate(b, cx.model, &features, &sampling, &options)?
+            generate(b, cx.model, &inputs, &sampling, &options)?
                 .into_iter()
                 .map(|g| {
                     let r = score(&g.ids);
@@ -579,7 +579,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             b,
             cx.model,
             vocab,
-            &features,
+            &inputs,
             cx.ids,
             rest * advantage,
             rest * c.entropy_weight as f64 / steps,

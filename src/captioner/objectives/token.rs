@@ -311,7 +311,7 @@ impl<B: Backend> BatchTargets<B> {
         if shifts && !vocab.has_alternatives() {
             bail!(
                 "first_token = shift trains step 0 towards a word's reserved alternative id, and \
-                 this vocabulary has none (a pretrained decoder's BPE pieces have none): use \
+                 this vocabulary has none (a pretrained decoder's pieces have none): use \
                  --first-token mle or none"
             );
         }
@@ -586,7 +586,7 @@ impl<B: Backend> Objective<B> for TokenLevel<B> {
             cx.rng,
         )?;
         targets.gradient_weight = cx.gradient_weight;
-        cx.model.forward(b, &batch.features, &inputs)?;
+        cx.model.forward(b, &batch.inputs, &inputs)?;
         let losses = self.losses.of(b, &inputs);
         losses.forward_backward(b, cx.model.logits(), &targets, cx.monitor);
         cx.model.backward(b, &inputs, &losses.d_logits);

@@ -255,6 +255,7 @@ pub fn tiny_data() -> CaptionData {
         data,
         features,
         dim: TINY_DIM,
+        image_tokens: None,
         source: None,
     }
 }

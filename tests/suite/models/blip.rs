@@ -367,3 +367,87 @@ fn a_prompt_longer_than_the_positions_is_refused() {
         "{e}"
     );
 }
+
+/// As a user meets it: `captune train --decoder hf:BLIP` on the tiny
+/// world computes the images' tokens once with the folder's vision tower
+/// and fine-tunes the text decoder; the run records where its tokens come
+/// from, so that `eval`, `inspect` and `--resume` read the same tokens
+/// without being told; export says it does not write BLIP yet.
+#[test]
+fn a_blip_run_trains_evaluates_inspects_and_resumes() {
+    let dir = std::env::temp_dir().join(format!(
+        "captune-blip-run-{}",
+        tensorfile::temporary_suffix()
+    ));
+    let (run, cache) = (dir.join("run"), dir.join("cache"));
+    let captune = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+            .arg("--device")
+            .arg("cpu")
+            .args(args)
+            .env("CAPTUNE_CACHE", &cache)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let run_arg = run.display().to_string();
+    let hf = format!("hf:{}", folder().display());
+    let mut train = vec![
+        "train",
+        "--preset",
+        "tiny",
+        "--epochs",
+        "1",
+        "--decoder",
+        &hf,
+    ];
+    train.extend(["--out", &run_arg]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let recorded = format!("image_tokens = {:?}", folder().display().to_string());
+    assert!(config.contains(&recorded), "{config}");
+    let cached = std::fs::read_dir(cache.join("image-tokens"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 1, "the tokens are computed once, into the cache");
+
+    let results = dir.join("results.json");
+    let checkpoint = run.join("checkpoint.safetensors").display().to_string();
+    let results_arg = results.display().to_string();
+    let eval = ["eval", "--checkpoint", &checkpoint, "--split", "val"];
+    let (ok, _, err) = captune(&[&eval[..], &["--results", &results_arg]].concat());
+    assert!(ok, "{err}");
+    assert!(err.contains("image tokens from the cache"), "{err}");
+    let captions: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(captions.len(), 16, "a caption per validation image");
+    let image = captions[0]["image_id"].to_string().replace('"', "");
+
+    let inspect = ["inspect", "--checkpoint", &checkpoint, "--image", &image];
+    let (ok, out, err) = captune(&[&inspect[..], &["--caption", "two red balls"]].concat());
+    assert!(ok, "{err}");
+    // A row per piece, "balls" as a piece and its continuation, then the end.
+    let first: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(first, ["two", "red", "ball", "##s", "[SEP]"], "{out}");
+
+    let resume = ["train", "--resume", "--epochs", "1", "--out", &run_arg];
+    let (ok, _, err) = captune(&resume);
+    assert!(ok, "{err}");
+    let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 2, "an epoch more: {log}");
+
+    let hf_out = dir.join("hf").display().to_string();
+    let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf_out]);
+    assert!(
+        !ok && err.contains("BLIP") && err.contains("not supported"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -258,7 +258,8 @@ fn smile_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
         })
         .collect();
     let batch = TrainingBatch {
-        features: expected.tensors["features"].data.clone(),
+        inputs: expected.tensors["features"].data.clone(),
+        embeddings: None,
         sequences,
         images: vec![0, 1, 2],
         labelled: None,
@@ -397,7 +398,8 @@ fn write_sequence_inputs() {
 fn sequence_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let inputs = tensorfile::read(&data("golden_sequence_inputs.safetensors")).unwrap();
     let batch = TrainingBatch {
-        features: inputs.tensors["features"].data.clone(),
+        inputs: inputs.tensors["features"].data.clone(),
+        embeddings: None,
         sequences: Vec::new(),
         images: SEQUENCE_IMAGES.to_vec(),
         labelled: None,
@@ -426,7 +428,8 @@ fn the_pytorch_package_takes_captunes_scst_step() {
     let inputs = tensorfile::read(&data("golden_sequence_inputs.safetensors")).unwrap();
     let hyper = tensorfile::read(&data("golden_captioner_expected.safetensors")).unwrap();
     let batch = TrainingBatch {
-        features: inputs.tensors["features"].data.clone(),
+        inputs: inputs.tensors["features"].data.clone(),
+        embeddings: None,
         sequences: Vec::new(),
         images: SEQUENCE_IMAGES.to_vec(),
         labelled: None,
@@ -640,10 +643,11 @@ fn discritune_corpus(embeddings: &[f32]) -> TrainingCorpus {
 /// The batch of DiscriTune's golden rows, with their corpus embeddings.
 fn discritune_batch(corpus: &TrainingCorpus) -> TrainingBatch {
     TrainingBatch {
-        features: DISCRITUNE_ROWS
+        inputs: DISCRITUNE_ROWS
             .iter()
             .flat_map(|&i| corpus.image_embeddings[i * 8..(i + 1) * 8].to_vec())
             .collect(),
+        embeddings: None,
         sequences: Vec::new(),
         images: DISCRITUNE_ROWS.to_vec(),
         labelled: None,
@@ -663,7 +667,8 @@ fn write_discritune_inputs() {
         let norm = row.iter().map(|x| x * x).sum::<f32>().sqrt();
         row.iter_mut().for_each(|x| *x /= norm);
     }
-    let (distinct, features) = discritune_batch(&discritune_corpus(&corpus)).distinct_images();
+    let distinct = discritune_batch(&discritune_corpus(&corpus)).distinct_images();
+    let (distinct, features) = (distinct.images, distinct.inputs);
     let sampled = Decoding::Sample {
         n: 1,
         temperature: 1.0,
@@ -771,7 +776,8 @@ fn relevance_steps<B: Backend>(b: &B, expected: &TensorFile) -> Vec<Outcome> {
     let corpus = tensorfile::read(&data("golden_discritune_inputs.safetensors")).unwrap();
     let corpus = discritune_corpus(&corpus.tensors["corpus_embeddings"].data);
     let batch = TrainingBatch {
-        features: inputs.tensors["features"].data.clone(),
+        inputs: inputs.tensors["features"].data.clone(),
+        embeddings: None,
         sequences: Vec::new(),
         images: RELEVANCE_IMAGES.to_vec(),
         labelled: None,

@@ -635,7 +635,8 @@ fn a_log_line_reads_back_once() {
     };
     let mut trained = TokenLevel::new(objective, vocab.len());
     let batch = TrainingBatch {
-        features: random(2 * 6, 2),
+        inputs: random(2 * 6, 2),
+        embeddings: None,
         sequences: vec![vec![BOS, 4, 5, 6, EOS], vec![BOS, 7, 8, EOS]],
         images: Vec::new(),
         labelled: None,

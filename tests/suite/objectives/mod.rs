@@ -2,6 +2,7 @@
 //! finite differences, GPU against CPU, the direction each one moves a
 //! captioner, and an objective written outside the crate.
 
+mod blip_objectives;
 mod captioner;
 mod direction;
 mod gpt2_objectives;

@@ -53,7 +53,7 @@ impl<B: Backend> Objective<B> for FirstWord<B> {
         let mut ce = CrossEntropy::new(b, inputs.rows(), vocab);
         ce.set_weights(b, &weights, 1.0);
         let full = VocabSubsets::full(b, inputs.rows());
-        cx.model.forward(b, &cx.batch.features, &inputs)?;
+        cx.model.forward(b, &cx.batch.inputs, &inputs)?;
         ce.forward(b, cx.model.logits(), &targets, &full, cx.monitor);
         let mut d_logits = b.zeros(inputs.rows() * vocab);
         ce.backward(b, cx.model.logits(), &targets, &full, &mut d_logits, false);

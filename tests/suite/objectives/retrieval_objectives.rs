@@ -58,7 +58,8 @@ fn corpus_and_batch(
     corpus.image_embeddings = data.features_of(&items);
     let chosen: Vec<usize> = rows.iter().map(|&r| items[r]).collect();
     let batch = TrainingBatch {
-        features: data.features_of(&chosen),
+        inputs: data.features_of(&chosen),
+        embeddings: None,
         sequences: chosen
             .iter()
             .map(|&i| {
@@ -651,7 +652,7 @@ fn a_clip_relevance_step_scores_its_own_captions() {
         .collect();
     // The captions the step will draw: its generator's first number seeds them.
     let seed: u64 = rand::Rng::random(&mut ChaCha8Rng::seed_from_u64(0));
-    let (_, features) = batch.distinct_images();
+    let features = batch.distinct_images().inputs;
     let decoding = Decoding::Gumbel { n: 1, seed };
     let captions = generate(
         &b,

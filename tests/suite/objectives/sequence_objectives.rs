@@ -348,7 +348,8 @@ fn corpus_and_batch(
     let corpus = TrainingCorpus::new("tiny-world-test", references);
     let images: Vec<usize> = (0..n).collect();
     let batch = TrainingBatch {
-        features: data.features_of(&train[..n]),
+        inputs: data.features_of(&train[..n]),
+        embeddings: None,
         sequences: train[..n]
             .iter()
             .map(|&i| {
@@ -447,7 +448,7 @@ fn mean_sample_reward<B: Backend>(
     let samples = generate(
         b,
         model,
-        &batch.features,
+        &batch.inputs,
         &sampling,
         &DecodeOptions::default(),
     )
@@ -553,7 +554,8 @@ fn batch_of(data: &CaptionData, vocab: &CaptionVocab, images: &[usize]) -> Train
     let train = data.items(Split::Train);
     let items: Vec<usize> = images.iter().map(|&i| train[i]).collect();
     TrainingBatch {
-        features: data.features_of(&items),
+        inputs: data.features_of(&items),
+        embeddings: None,
         sequences: items
             .iter()
             .map(|&i| {
@@ -648,8 +650,8 @@ fn a_sequence_level_step_by_hand() {
             seed,
         };
         let options = DecodeOptions::default();
-        let samples = generate(&b, &ck.model, &batch.features, &sampling, &options).unwrap();
-        let greedy = generate(&b, &ck.model, &batch.features, &Decoding::Greedy, &options).unwrap();
+        let samples = generate(&b, &ck.model, &batch.inputs, &sampling, &options).unwrap();
+        let greedy = generate(&b, &ck.model, &batch.inputs, &Decoding::Greedy, &options).unwrap();
         let score = |g: &captune::captioner::decode::Generated| {
             let image = images[g.image];
             let refs = &corpus.references[image];
@@ -697,7 +699,7 @@ fn a_sequence_level_step_by_hand() {
         let mut entropy_sum = 0.0;
         let mut tokens = 0usize;
         for g in &samples {
-            let f = &batch.features[g.image * dim..(g.image + 1) * dim];
+            let f = &batch.inputs[g.image * dim..(g.image + 1) * dim];
             let (n, h) = nll_and_entropy(&b, &mut ck.model, f, &[g.ids.as_slice()]);
             nll.push(n[0]);
             entropy_sum += h * g.ids.len() as f64;

@@ -1,0 +1,165 @@
+//! The image tokens a cross-attending decoder reads (BLIP's): every image
+//! of a data set through a BLIP folder's frozen vision tower, once, into
+//! an image-tokens file in the on-disk cache, keyed by the folder's
+//! weights and the images; then read a batch's rows at a time.
+
+use super::embeddings::CaptionData;
+use crate::backend::Backend;
+use crate::cache;
+use crate::data::Dataset;
+use crate::data::image_processor::ImageProcessor;
+use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
+use crate::model::blip::{self, BlipVision};
+use crate::model::hf::HfFolder;
+use crate::model::vision::patches_of_pixels;
+use crate::progress::Progress;
+use crate::tensorfile::fingerprint;
+use anyhow::{Context, Result, bail};
+use rayon::prelude::*;
+use std::path::Path;
+
+/// Images through the vision tower at once.
+const IMAGES_PER_BATCH: usize = 16;
+
+/// The image tokens of a data set's items, by item.
+#[derive(Debug)]
+pub struct TokenRows {
+    file: ImageTokens,
+    /// Each item's row in `file`.
+    rows: Vec<usize>,
+}
+
+impl TokenRows {
+    pub fn shape(&self) -> TokenShape {
+        self.file.shape
+    }
+
+    /// The tokens of `items`, `[items.len(), tokens, dim]`.
+    pub fn of(&self, items: &[usize]) -> Result<Vec<f32>> {
+        let rows: Vec<usize> = items.iter().map(|&i| self.rows[i]).collect();
+        self.file.rows(&rows)
+    }
+}
+
+/// Gives `data` the image tokens of the BLIP folder `folder`'s vision
+/// tower: from the cache, else computed (with a progress bar) and cached.
+pub fn attach<B: Backend>(
+    b: &B,
+    data: &mut CaptionData,
+    folder: &Path,
+    progress: &Progress,
+) -> Result<()> {
+    let weights = blip_weights(folder)?;
+    let mut listing = format!("blip-vision\n{}\n", identity(&weights));
+    for item in &data.data.items {
+        listing.push_str(&format!("{}\t{}\n", item.id, identity(&item.image)));
+    }
+    let key = fingerprint(listing.as_bytes());
+    let path = cache::image_tokens(&data.data.name, &key);
+    let encoder = format!("blip-vision:{}", fingerprint(identity(&weights).as_bytes()));
+    if !path.is_file() {
+        compute(b, &data.data, folder, &path, &encoder, progress)?;
+    } else {
+        eprintln!("image tokens from the cache: {}", path.display());
+    }
+    let file = ImageTokens::open(&path)?;
+    let index = file.index();
+    let rows = data
+        .data
+        .items
+        .iter()
+        .map(|item| {
+            index.get(item.id.as_str()).copied().with_context(|| {
+                format!(
+                    "{}: no tokens of image {}; delete the file to compute them again",
+                    path.display(),
+                    item.id
+                )
+            })
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    data.image_tokens = Some(TokenRows { file, rows });
+    if let Some(source) = &mut data.source {
+        source.image_tokens = Some(super::absolute(folder));
+    }
+    Ok(())
+}
+
+/// The BLIP folder's weights file (or index), which must be there.
+fn blip_weights(folder: &Path) -> Result<std::path::PathBuf> {
+    let weights = HfFolder::open(folder)?.weights_file();
+    if !weights.is_file() {
+        bail!(
+            "{}: no model.safetensors; the image tokens come from a BLIP folder saved with \
+             save_pretrained",
+            folder.display()
+        );
+    }
+    Ok(weights)
+}
+
+/// A file's path, size and modification time: what says it changed.
+fn identity(path: &Path) -> String {
+    let meta = std::fs::metadata(path).ok();
+    let modified = meta
+        .as_ref()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let len = meta.map_or(0, |m| m.len());
+    format!("{}\t{len}\t{modified}", super::absolute(path).display())
+}
+
+/// Every item's tokens into the file `path`, in item order.
+fn compute<B: Backend>(
+    b: &B,
+    data: &Dataset,
+    folder: &Path,
+    path: &Path,
+    encoder: &str,
+    progress: &Progress,
+) -> Result<()> {
+    let mut blip = blip::read(folder)?;
+    let processor = ImageProcessor::load(folder)?;
+    let v = blip.config.vision_config.clone();
+    if processor.side() as usize != v.image_size {
+        bail!(
+            "{}: preprocessor_config.json makes {} pixels a side, but config.json's vision tower \
+             reads {}: the processor and the model are of different folders",
+            folder.display(),
+            processor.side(),
+            v.image_size
+        );
+    }
+    let mut vision = BlipVision::new(b, &mut blip)?;
+    let shape = TokenShape {
+        tokens: v.tokens(),
+        dim: v.hidden_size,
+    };
+    let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
+    let mut out = TokensWriter::create(path, &ids, shape, encoder)?;
+    let n = data.items.len() as u64;
+    let bar = progress.start(&format!("image tokens of {n} images with BLIP"), n);
+    for chunk in data.items.chunks(IMAGES_PER_BATCH) {
+        let pixels: Vec<Vec<f32>> = chunk
+            .par_iter()
+            .map(|item| {
+                let image = image::open(&item.image).with_context(|| {
+                    format!(
+                        "{}: cannot read the image of {} ({}); fix it or leave the item out of \
+                         the data set",
+                        item.image.display(),
+                        item.id,
+                        data.name
+                    )
+                })?;
+                Ok(processor.pixels(&image.to_rgb8()))
+            })
+            .collect::<Result<_>>()?;
+        let patches = patches_of_pixels(&pixels.concat(), v.image_size, v.patch_size);
+        out.push(&vision.image_tokens(b, &patches)?)?;
+        bar.inc(chunk.len() as u64);
+    }
+    bar.finish_and_clear();
+    out.finish()
+}

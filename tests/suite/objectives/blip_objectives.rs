@@ -1,0 +1,213 @@
+//! Every objective of the registry trains a BLIP captioner (the tiny
+//! random `BlipForConditionalGeneration` in tests/data/blip-tiny, with its
+//! WordPiece tokenizer), started as `captune train --decoder hf:DIR`
+//! starts it: the data's images go through the folder's vision tower once
+//! into cached image tokens, the text decoder cross-attends to them, its
+//! loss stays finite and it learns, and the run's checkpoint carries the
+//! tokenizer back.
+
+use crate::common;
+
+use captune::backend::Backend;
+use captune::captioner::objectives;
+use captune::captioner::objectives::settings::{SettingValue, Settings};
+use captune::captioner::records::{Event, Flow};
+use captune::captioner::run::RunConfig;
+use captune::captioner::train::fresh_checkpoint;
+use captune::captioner::{CaptionVocab, Checkpoint, DecoderFamily};
+use captune::cpu::CpuBackend;
+use captune::data::image_processor::ImageProcessor;
+use captune::model::blip::{self, BlipVision};
+use captune::model::vision::patches_of_pixels;
+use captune::progress::Progress;
+use captune::source::embeddings::CaptionData;
+use captune::source::image_tokens;
+use common::{new_run, tiny_data, tiny_retriever};
+use std::path::PathBuf;
+
+fn blip_folder() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/blip-tiny")
+}
+
+fn blip_run(objective: &str) -> RunConfig {
+    let mut config = RunConfig::preset("tiny").unwrap();
+    config.model.decoder = Some(format!("hf:{}", blip_folder().display()));
+    config.train.objective = objective.to_string();
+    config.train.settings = Settings::new();
+    config.train.batch = 8;
+    config.train.log_every = 1;
+    config
+}
+
+/// The tiny world with the BLIP folder's image tokens.
+fn blip_data(b: &CpuBackend) -> CaptionData {
+    let mut data = tiny_data();
+    image_tokens::attach(b, &mut data, &blip_folder(), &Progress::hidden()).unwrap();
+    data
+}
+
+#[test]
+fn a_blip_folder_starts_a_run_with_its_wordpiece_tokenizer_and_network() {
+    let b = CpuBackend::new();
+    let ck = fresh_checkpoint(&b, &tiny_data(), &blip_run("mle")).unwrap();
+    let c = ck.model.config;
+    assert_eq!(c.family, DecoderFamily::Blip);
+    assert_eq!((c.decoder.width, c.decoder.layers), (16, 2));
+    // The vision tower's tokens: a class token and (32 / 8)^2 patches of 12.
+    assert_eq!((c.image_tokens, c.embed_dim), (17, 12));
+    assert!(matches!(ck.vocab, CaptionVocab::WordPieces(_)));
+    assert_eq!(ck.vocab.len(), 50);
+    // [DEC] starts, [SEP] ends, [PAD] pads: the folder's config's ids.
+    let s = ck.vocab.specials();
+    assert_eq!((s.start, s.end, s.pad), (47, 2, 0));
+    assert_eq!(s, c.specials);
+    // PTB words are encoded into pieces, a word the tokenizer splits into
+    // a piece and its continuation, and decoded back.
+    let words: Vec<String> = ["a", "dog", "runs", "in", "the", "park"]
+        .map(String::from)
+        .to_vec();
+    let ids = ck.vocab.encode(&words, 12).unwrap();
+    assert_eq!(ids.first(), Some(&47));
+    assert_eq!(ids.last(), Some(&2));
+    assert_eq!(ck.vocab.decode(&ids[1..]), "a dog runs in the park");
+    assert_eq!(ck.vocab.decode_words(&ids[1..]), words);
+    // Nothing after the end is part of the caption.
+    assert_eq!(ck.vocab.decode(&[ids[1], 2, ids[2]]), "a");
+    // The pieces show as the tokenizer lists them; the retriever reads
+    // each as the text it spells.
+    let dogs = ck.vocab.encode(&["dogs".to_string()], 12).unwrap();
+    let labels: Vec<String> = dogs.iter().map(|&id| ck.vocab.label(id)).collect();
+    assert_eq!(labels, ["[DEC]", "dog", "##s", "[SEP]"]);
+    assert_eq!(ck.vocab.spelled(dogs[2]), "s");
+    assert_eq!(ck.vocab.spelled(2), "<eos>");
+    assert_eq!(ck.vocab.decode(&dogs[1..]), "dogs");
+    // Truncated to the room a caption has, still ended.
+    let short = ck.vocab.encode(&words, 4).unwrap();
+    assert_eq!(short, [47, ids[1], ids[2], 2]);
+    assert!(!ck.vocab.has_alternatives());
+}
+
+/// The image tokens a run reads are the vision tower's, rounded to
+/// float16 (their storage), and the second time come from the cache.
+#[test]
+fn image_tokens_are_the_vision_tower_s_and_cached() {
+    let b = CpuBackend::new();
+    let data = blip_data(&b);
+    let mut folder = blip::read(&blip_folder()).unwrap();
+    let processor = ImageProcessor::load(&blip_folder()).unwrap();
+    let mut vision = BlipVision::new(&b, &mut folder).unwrap();
+    let items = [0, data.data.items.len() - 1];
+    let mut pixels = Vec::new();
+    for &i in &items {
+        let image = image::open(&data.data.items[i].image).unwrap();
+        pixels.extend(processor.pixels(&image.to_rgb8()));
+    }
+    let want = vision
+        .image_tokens(&b, &patches_of_pixels(&pixels, 32, 8))
+        .unwrap();
+    let got = data.inputs_of(&items).unwrap();
+    assert_eq!(got.len(), want.len());
+    for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+        // float16 keeps 11 significant bits.
+        assert!(
+            (g - w).abs() <= w.abs() / 2048.0 + 1e-7,
+            "value {k}: {g} stored for {w}"
+        );
+    }
+    assert_ne!(got[..want.len() / 2], got[want.len() / 2..]);
+    let again = blip_data(&b);
+    assert_eq!(again.inputs_of(&items).unwrap(), got);
+}
+
+/// A tensor of the text decoder that every objective trains.
+fn head_norm(b: &CpuBackend, ck: &Checkpoint<CpuBackend>) -> Vec<f32> {
+    let p = &ck.model.params();
+    let at = p
+        .specs
+        .iter()
+        .position(|s| s.name == "head.ln.weight")
+        .unwrap();
+    b.to_vec(&p.values[at])
+}
+
+/// Every objective trains a BLIP captioner for two tiny epochs (12
+/// steps): the loss stays finite and the decoder moves; an objective that
+/// rewards nothing lowers its loss from the first epoch to the second;
+/// the run's checkpoint brings the tokenizer back.
+#[test]
+fn every_objective_trains_a_blip_captioner() {
+    let b = CpuBackend::new();
+    let data = blip_data(&b);
+    for info in objectives::OBJECTIVES {
+        let mut config = blip_run(info.name);
+        config.train.lr = 3e-3;
+        // A random BLIP's rewards are noise, which the guard would call a
+        // collapse.
+        config.train.collapse_stop = false;
+        let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
+        let before = head_norm(&b, &ck);
+        let mut retriever = tiny_retriever(&b, &data, 8);
+        let name = format!("blip-objective-{}", info.name);
+        let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, &name, Some(&mut retriever));
+        let mut losses = Vec::new();
+        for _ in 0..12 {
+            trainer
+                .train_batch(&b, |e| {
+                    if let Event::Log(line) = e {
+                        losses.push(line.values["loss"]);
+                    }
+                    Flow::Continue
+                })
+                .unwrap();
+        }
+        trainer.save(&b, &dir.join("blip.safetensors")).unwrap();
+        drop(trainer);
+        assert_eq!(losses.len(), 12, "{}: a log line per step", info.name);
+        assert!(
+            losses.iter().all(|l| l.is_finite()),
+            "{}: losses {losses:?}",
+            info.name
+        );
+        assert_ne!(
+            before,
+            head_norm(&b, &ck),
+            "{}: the decoder learns",
+            info.name
+        );
+        if info.reward.is_none() {
+            let epoch = |e: &[f32]| e.iter().sum::<f32>() / 6.0;
+            let (first, second) = (epoch(&losses[..6]), epoch(&losses[6..]));
+            assert!(second < first, "{}: the loss falls: {losses:?}", info.name);
+        }
+        let loaded = Checkpoint::load(&b, &dir.join("blip.safetensors")).unwrap();
+        assert_eq!(
+            loaded.vocab, ck.vocab,
+            "{}: the tokenizer comes back",
+            info.name
+        );
+        assert_eq!(loaded.model.config, ck.model.config);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+/// SMILE's first-token shift needs reserved alternatives, which
+/// WordPiece pieces do not have: the run is refused, saying so.
+#[test]
+fn first_token_shift_is_refused_on_blip() {
+    let b = CpuBackend::new();
+    let data = blip_data(&b);
+    let mut config = blip_run("smile");
+    config
+        .train
+        .settings
+        .insert("first_token".into(), SettingValue::Choice("shift".into()));
+    let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
+    let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, "blip-shift", None);
+    let e = trainer
+        .train_batch(&b, |_| Flow::Continue)
+        .map(|_| ())
+        .unwrap_err();
+    drop(trainer);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(format!("{e:#}").contains("shift"), "{e:#}");
+}
