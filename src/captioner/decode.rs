@@ -159,9 +159,6 @@ pub struct DecodeOptions {
     pub max_words: Option<usize>,
     /// Never emit `<unk>`: decoding chooses among the other ids.
     pub suppress_unk: bool,
-    /// Ids fed after the start before any is chosen (BLIP's captioning
-    /// prompt, "a picture of"); they are not part of the captions.
-    pub prompt: Vec<u32>,
     /// Advanced by one for each image captioned.
     pub progress: Option<indicatif::ProgressBar>,
 }
@@ -210,41 +207,33 @@ struct Decoder<'m, B: Backend> {
     vocab: usize,
     specials: SpecialIds,
     bos: B::Ids,
-    /// The prompt's ids, each `[id; rows]`, fed after the start.
-    prompt: Vec<B::Ids>,
     next: B::Ids,
     history: B::Ids,
     logprobs: B::Tensor,
 }
 
 impl<'m, B: Backend> Decoder<'m, B> {
-    fn new(b: &B, model: &'m Captioner<B>, rows: usize, steps: usize, prompt: &[u32]) -> Self {
+    fn new(b: &B, model: &'m Captioner<B>, rows: usize, steps: usize) -> Self {
         let c = &model.config;
         Decoder {
-            stepper: model.stepper(b, rows, prompt.len() + steps),
+            stepper: model.stepper(b, rows, steps),
             rows,
             steps,
             vocab: c.vocab_size,
             specials: c.specials,
             bos: b.ids(&vec![c.specials.start; rows]),
-            prompt: prompt.iter().map(|&id| b.ids(&vec![id; rows])).collect(),
             next: b.ids(&vec![c.specials.pad; rows]),
             history: b.ids(&vec![c.specials.pad; rows * steps]),
             logprobs: b.zeros(rows * steps),
         }
     }
 
-    /// Runs token position `step`: the start and the prompt at 0, else
-    /// the tokens the device chose at the step before; the stepper's
-    /// logits become the next token's.
+    /// Runs token position `step`: the start at 0, else the tokens the
+    /// device chose at the step before; the stepper's logits become the
+    /// next token's.
     fn advance(&mut self, b: &B, step: usize) {
-        if step > 0 {
-            return self.stepper.advance(b, &self.next);
-        }
-        self.stepper.advance(b, &self.bos);
-        for ids in &self.prompt {
-            self.stepper.advance(b, ids);
-        }
+        let ids = if step > 0 { &self.next } else { &self.bos };
+        self.stepper.advance(b, ids);
     }
 }
 
@@ -267,29 +256,11 @@ pub fn generate<B: Backend>(
             c.specials
         );
     }
-    // Steps: the words, then <eos>, in the positions the prompt leaves.
+    // Steps: the words, then <eos>.
     let positions = c.token_positions();
-    let Some(left) = positions
-        .checked_sub(options.prompt.len())
-        .filter(|&n| n > 1)
-    else {
-        bail!(
-            "a prompt of {} ids leaves no room for a caption in the model's {positions} \
-             positions",
-            options.prompt.len()
-        );
-    };
-    if let Some(&id) = options
-        .prompt
-        .iter()
-        .find(|&&id| id as usize >= c.vocab_size)
-    {
-        bail!(
-            "prompt id {id} is not below the vocabulary's {}",
-            c.vocab_size
-        );
-    }
-    let steps = options.max_words.map_or(left, |w| (w + 1).min(left));
+    let steps = options
+        .max_words
+        .map_or(positions, |w| (w + 1).min(positions));
     let d = c.image_input_len();
     if !features.len().is_multiple_of(d) {
         bail!(
@@ -301,7 +272,7 @@ pub fn generate<B: Backend>(
     let per_row = decoding.rows_per_image();
     let images_per_batch = IMAGES_PER_BATCH.min(images.max(1));
     let rows = images_per_batch * per_row;
-    let mut decoder = Decoder::new(b, model, rows, steps, &options.prompt);
+    let mut decoder = Decoder::new(b, model, rows, steps);
     let banned = if options.suppress_unk { UNK } else { u32::MAX };
     let mut out = Vec::with_capacity(images * decoding.per_image());
     for first in (0..images).step_by(images_per_batch) {

@@ -21,6 +21,7 @@ pub mod model;
 pub mod objective;
 pub mod objectives;
 pub mod pretrained;
+pub mod prompt;
 pub mod records;
 pub mod reward;
 pub mod run;
@@ -29,6 +30,7 @@ pub mod train;
 pub mod vocab;
 pub mod word_marks;
 
+pub use prompt::Prompt;
 pub use vocab::CaptionVocab;
 
 use crate::backend::Backend;
@@ -179,6 +181,10 @@ pub struct CaptionerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapper_transformer: Option<MapperTransformer>,
     pub decoder: TransformerConfig,
+    /// Ids fed after the start and before every caption, never predicted
+    /// (a BLIP decoder's captioning prompt); none for a prefix decoder.
+    #[serde(default, skip_serializing_if = "Prompt::is_empty")]
+    pub prompt: Prompt,
     /// Caption positions, <bos> and <eos> included (as `Vocab::encode` counts).
     pub max_len: usize,
     pub vocab_size: usize,
@@ -193,14 +199,16 @@ impl CaptionerConfig {
         self.embed_dim * self.image_tokens.max(1)
     }
 
-    /// Decoder positions fed with tokens: <bos> and the words, not <eos>.
+    /// A caption's positions fed with tokens: <bos> and the words, not
+    /// <eos>.
     pub fn token_positions(&self) -> usize {
         self.max_len - 1
     }
 
-    /// Decoder sequence length: the prefix, then the token positions.
+    /// Decoder sequence length: the prefix, the start, the prompt, then
+    /// the caption's other token positions.
     pub fn seq_len(&self) -> usize {
-        self.prefix_len + self.token_positions()
+        self.prefix_len + self.prompt.len() + self.token_positions()
     }
 
     /// Parameters of a captioner of this shape (see `docs/checkpoints.md`).
@@ -294,6 +302,12 @@ impl CaptionerConfig {
                 crate::backend::CachedAttention::MAX_CAPACITY
             );
         }
+        if let Some(id) = (self.prompt.ids().iter()).find(|&&id| id as usize >= self.vocab_size) {
+            bail!(
+                "prompt id {id} must be below the vocabulary size {}",
+                self.vocab_size
+            );
+        }
         let s = self.specials;
         if [s.start, s.end, s.pad]
             .iter()
@@ -317,6 +331,9 @@ impl CaptionerConfig {
                 "a prefix decoder is GPT-2's blocks: no layer norm before the first block \
                  (pre_norm), no post_norm, no cross-attention (cross_width, image_tokens)"
             );
+        }
+        if !self.prompt.is_empty() {
+            bail!("a prefix decoder takes no prompt; its prefix comes from the image");
         }
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");

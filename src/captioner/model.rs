@@ -153,6 +153,8 @@ impl<B: Backend> Captioner<B> {
 /// `<bos> w1 .. wn` then padding.
 pub struct TokenInputs<B: Backend> {
     pub ids: TokenIndex<B>,
+    /// `ids` as the host holds them, `[batch, positions]`.
+    pub host_ids: Vec<u32>,
     pub batch: usize,
     /// Token positions per row: the model's maximum, or fewer when trimmed.
     pub positions: usize,
@@ -193,6 +195,7 @@ impl<B: Backend> TokenInputs<B> {
         }
         Ok(TokenInputs {
             ids: TokenIndex::new(b, &ids, config.vocab_size)?,
+            host_ids: ids,
             batch: sequences.len(),
             positions,
         })

@@ -40,6 +40,10 @@ pub struct ModelSection {
     /// word vocabulary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder: Option<String>,
+    /// Text a BLIP decoder is fed after the start of every caption, never
+    /// predicted (BLIP's captioning checkpoints: "a picture of").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
 }
 
 impl ModelSection {
@@ -248,6 +252,7 @@ impl RunConfig {
             mapper_activation: m.mapper_activation,
             mapper_transformer: m.mapper_transformer,
             decoder: TransformerConfig::new(m.width, m.layers, m.heads, true),
+            prompt: Default::default(),
             max_len: m.max_len,
             vocab_size,
             specials: super::SpecialIds::WORDS,

@@ -130,7 +130,11 @@ pub fn fresh_checkpoint<B: Backend>(
 ) -> Result<Checkpoint<B>> {
     if let Some(dir) = config.model.blip_folder()? {
         let blip = crate::model::blip::read(&dir)?;
-        return blip_checkpoint(b, &dir, blip, config.model.max_len);
+        let prompt = config.model.prompt.as_deref();
+        return blip_checkpoint(b, &dir, blip, config.model.max_len, prompt);
+    }
+    if config.model.prompt.is_some() {
+        bail!("[model] prompt: only a BLIP decoder (--decoder hf:FOLDER) is fed a prompt");
     }
     if let Some(dir) = config.model.decoder_folder()? {
         let m = &config.model;

@@ -3,7 +3,7 @@
 use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
-use captune::captioner::decode::{DecodeOptions, generate};
+use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::blip_checkpoint;
 use captune::data::image_processor::ImageProcessor;
 use captune::data::{Dataset, Item, Split};
@@ -228,17 +228,11 @@ fn caption_with_blip<B: Backend>(
         );
     }
     let mut vision = BlipVision::new(b, &mut folder)?;
-    let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1)?;
-    let prompt = match &args.prompt {
-        Some(text) => ck.vocab.encode_text(text)?,
-        None => Vec::new(),
-    };
+    let prompt = args.prompt.as_deref();
+    let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
     let progress = Progress::terminal();
     let bar = progress.start("captioning", files.len() as u64);
-    let options = DecodeOptions {
-        prompt,
-        ..args.decoding.options(&bar)
-    };
+    let options = args.decoding.options(&bar);
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
         let mut pixels = Vec::new();
         for file in chunk {

@@ -29,7 +29,6 @@ impl DecodeArgs {
         DecodeOptions {
             max_words: self.max_words,
             suppress_unk: self.suppress_unk,
-            prompt: Vec::new(),
             progress: Some(progress.clone()),
         }
     }

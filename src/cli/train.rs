@@ -143,6 +143,11 @@ pub struct TrainArgs {
     /// The run's checkpoints carry it from then on.
     #[arg(long, value_name = "hf:FOLDER", conflicts_with = "resume")]
     pub decoder: Option<String>,
+    /// With a BLIP decoder: text fed after the start of every caption and
+    /// never predicted, so no loss or reward reads it ([model] prompt;
+    /// BLIP's captioning checkpoints were trained after "a picture of").
+    #[arg(long, value_name = "TEXT", requires = "decoder")]
+    pub prompt: Option<String>,
     /// The mapper from image embeddings to the prefix: ClipCap's MLP, or
     /// its transformer mapper ([model.mapper_transformer]: the embedding
     /// as 10 vectors, 8 blocks of 8 heads, [model] mapper_hidden wide
@@ -209,6 +214,9 @@ impl TrainArgs {
         let before = c.train.clone();
         if let Some(decoder) = &self.decoder {
             c.model.decoder = Some(decoder.clone());
+        }
+        if let Some(prompt) = &self.prompt {
+            c.model.prompt = Some(prompt.clone());
         }
         if let Some(kind) = self.mapper {
             c.model.mapper_transformer = match kind {

@@ -10,13 +10,20 @@
 //! teacher forcing every block projects them to keys and values; in
 //! decoding the stepper projects them once per batch.
 //!
+//! A prompt (`CaptionerConfig::prompt`, BLIP's "a picture of") is fed
+//! after each caption's start: its positions run through the blocks, but
+//! only the caption's positions reach the prediction head, so no loss
+//! reads them, and the stepper feeds the prompt with the start.
+//!
 //! The cross-attention layers are the adapter between the image and the
 //! language model: what `--freeze-decoder` trains.
 
-use crate::backend::{Backend, Matmul, TokenIndex};
+use crate::backend::{Backend, Matmul, NO_ROW, TokenIndex};
 use crate::captioner::decoder::{Decoder, Stepper};
 use crate::captioner::model::{Captioner, TokenInputs, Workspaces, policy_mask};
-use crate::captioner::{CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, SpecialIds};
+use crate::captioner::{
+    CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, Prompt, SpecialIds,
+};
 use crate::data::wordpiece::WordPieceVocab;
 use crate::model::blip::{Blip, BlipConfig, text_decoder_tensors};
 use crate::model::kv_cache::KvCache;
@@ -80,15 +87,34 @@ impl<B: Backend> HeadActivations<B> {
     }
 }
 
-/// The activations of one batch shape.
+/// The activations of one batch shape. With a prompt, each row feeds
+/// the prompt's positions after its start: the blocks run over
+/// `positions + prompt` positions per row, the head over `positions`.
 struct Workspace<B: Backend> {
     position_ids: TokenIndex<B>,
     decoder: Activations<B>,
+    /// The blocks' output at every fed position.
     hidden: B::Tensor,
     head: HeadActivations<B>,
     /// [batch * positions, vocab]: row b * positions + t predicts token t + 1.
     logits: B::Tensor,
     d_hidden: B::Tensor,
+    prompted: Option<Prompted<B>>,
+}
+
+/// A workspace's rows when a prompt is fed.
+struct Prompted<B: Backend> {
+    /// Each caption position's row among the fed positions: the one
+    /// whose output predicts the caption's next piece.
+    caption_rows: B::Ids,
+    /// Each fed position's caption row, or `NO_ROW` where nothing is
+    /// predicted (the start and all but the prompt's last piece).
+    fed_rows: B::Ids,
+    /// The batch's ids with the prompt after each start (made per batch).
+    fed: Option<TokenIndex<B>>,
+    /// `hidden` at the caption positions: the head's input.
+    caption_hidden: B::Tensor,
+    d_caption_hidden: B::Tensor,
 }
 
 impl<B: Backend> BlipDecoder<B> {
@@ -127,16 +153,47 @@ impl<B: Backend> BlipDecoder<B> {
     fn workspace(&self, b: &B, inputs: &TokenInputs<B>) -> Result<Workspace<B>> {
         let c = &self.config;
         let (batch, t, w) = (inputs.batch, inputs.positions, c.decoder.width);
-        let ids: Vec<u32> = (0..batch).flat_map(|_| 0..t as u32).collect();
+        let p = c.prompt.len();
+        // Positions fed per row: the start, the prompt, the caption's others.
+        let fed = t + p;
+        let ids: Vec<u32> = (0..batch).flat_map(|_| 0..fed as u32).collect();
         let rows = batch * t;
+        let prompted = (p > 0).then(|| {
+            // Position j predicts the caption's piece j + 1 from fed
+            // position p + j: the prompt's last for the first piece.
+            let caption_rows: Vec<u32> = (0..batch)
+                .flat_map(|r| (0..t).map(move |j| (r * fed + p + j) as u32))
+                .collect();
+            let mut fed_rows = vec![NO_ROW; batch * fed];
+            for (k, &row) in caption_rows.iter().enumerate() {
+                fed_rows[row as usize] = k as u32;
+            }
+            Prompted {
+                caption_rows: b.ids(&caption_rows),
+                fed_rows: b.ids(&fed_rows),
+                fed: None,
+                caption_hidden: b.zeros(rows * w),
+                d_caption_hidden: b.zeros(rows * w),
+            }
+        });
         Ok(Workspace {
             position_ids: TokenIndex::new(b, &ids, c.seq_len())?,
-            decoder: self.decoder.cross_activations(b, batch, t, c.image_tokens),
-            hidden: b.zeros(rows * w),
+            decoder: (self.decoder).cross_activations(b, batch, fed, c.image_tokens),
+            hidden: b.zeros(batch * fed * w),
             head: HeadActivations::new(b, c, rows, true),
             logits: b.zeros(rows * c.vocab_size),
-            d_hidden: b.zeros(rows * w),
+            d_hidden: b.zeros(batch * fed * w),
+            prompted,
         })
+    }
+
+    /// `inputs`' ids with the prompt after each row's start.
+    fn with_prompt(&self, b: &B, inputs: &TokenInputs<B>) -> Result<TokenIndex<B>> {
+        let (t, prompt) = (inputs.positions, self.config.prompt.ids());
+        let fed: Vec<u32> = (inputs.host_ids.chunks(t))
+            .flat_map(|row| row[..1].iter().chain(prompt).chain(&row[1..]).copied())
+            .collect();
+        Ok(TokenIndex::new(b, &fed, self.config.vocab_size)?)
     }
 
     /// The word and position embeddings of `ids` (at positions
@@ -219,14 +276,33 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         // The workspaces step aside while the weights' methods run.
         let mut workspaces = std::mem::take(&mut self.workspaces);
         let ws = workspaces.current_for(inputs);
+        if let Some(p) = &mut ws.prompted {
+            p.fed = Some(self.with_prompt(b, inputs)?);
+        }
+        let fed =
+            (ws.prompted.as_ref()).map_or(&inputs.ids, |p| p.fed.as_ref().expect("set above"));
         b.write(ws.decoder.memory(), images);
-        self.embed(b, &inputs.ids.ids, &ws.position_ids.ids, ws.decoder.input());
+        self.embed(b, &fed.ids, &ws.position_ids.ids, ws.decoder.input());
         // Padding only follows a caption's real tokens, so the causal mask
         // already keeps it out of every real position's attention.
         self.decoder
             .forward(b, &self.params, &mut ws.decoder, None, &mut ws.hidden);
+        let w = self.config.decoder.width;
+        let caption_hidden = match &mut ws.prompted {
+            Some(p) => {
+                b.embedding(&ws.hidden, &p.caption_rows, &mut p.caption_hidden, w, false);
+                &p.caption_hidden
+            }
+            None => &ws.hidden,
+        };
         self.output_bias(b, &mut ws.head);
-        self.head_forward(b, &mut ws.head, &ws.hidden, &mut ws.logits, inputs.rows());
+        self.head_forward(
+            b,
+            &mut ws.head,
+            caption_hidden,
+            &mut ws.logits,
+            inputs.rows(),
+        );
         self.workspaces = workspaces;
         Ok(())
     }
@@ -252,25 +328,41 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         h.norm
             .backward(b, p, &a.d_normed, &a.act, &a.stats, &mut a.d_act, false);
         b.gelu_erf_backward(&a.pre, &a.d_act, &mut a.d_pre);
-        h.dense
-            .backward(b, p, &a.d_pre, &ws.hidden, Some((&mut ws.d_hidden, false)));
+        match &mut ws.prompted {
+            Some(prompted) => {
+                let d = Some((&mut prompted.d_caption_hidden, false));
+                h.dense
+                    .backward(b, p, &a.d_pre, &prompted.caption_hidden, d);
+                // The prompt's positions get no gradient from the head.
+                let (from, rows) = (&prompted.d_caption_hidden, &prompted.fed_rows);
+                b.embedding(from, rows, &mut ws.d_hidden, w, false);
+            }
+            None => {
+                let d = Some((&mut ws.d_hidden, false));
+                h.dense.backward(b, p, &a.d_pre, &ws.hidden, d);
+            }
+        }
         let d_input = self
             .decoder
             .backward(b, p, &mut ws.decoder, None, &ws.d_hidden);
         b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
-        b.embedding_backward(d_input, &inputs.ids, p.grad(self.tokens), w);
+        let fed = (ws.prompted.as_ref()).and_then(|p| p.fed.as_ref());
+        b.embedding_backward(d_input, fed.unwrap_or(&inputs.ids), p.grad(self.tokens), w);
     }
 }
 
 /// The BLIP decoder run one position at a time: the image tokens' keys
-/// and values once per batch, then self-attention over a KV cache.
+/// and values once per batch, then self-attention over a KV cache; the
+/// prompt is fed with the start.
 struct BlipStepper<'m, B: Backend> {
     model: &'m BlipDecoder<B>,
     rows: usize,
     cache: KvCache<B>,
     memory: B::Tensor,
-    /// positions[p] = [p; rows]: the position ids of token position p.
+    /// positions[p] = [p; rows]: the position ids of fed position p.
     positions: Vec<B::Ids>,
+    /// The prompt's ids, each `[id; rows]`.
+    prompt: Vec<B::Ids>,
     hidden: B::Tensor,
     head: HeadActivations<B>,
     logits: B::Tensor,
@@ -279,14 +371,16 @@ struct BlipStepper<'m, B: Backend> {
 impl<'m, B: Backend> BlipStepper<'m, B> {
     fn new(b: &B, model: &'m BlipDecoder<B>, rows: usize, steps: usize) -> Self {
         let c = &model.config;
+        let fed = steps + c.prompt.len();
         BlipStepper {
             model,
             rows,
-            cache: model
-                .decoder
-                .memory_kv_cache(b, rows, steps, c.image_tokens),
+            cache: model.decoder.memory_kv_cache(b, rows, fed, c.image_tokens),
             memory: b.zeros(rows * c.image_input_len()),
-            positions: (0..steps).map(|p| b.ids(&vec![p as u32; rows])).collect(),
+            positions: (0..fed).map(|p| b.ids(&vec![p as u32; rows])).collect(),
+            prompt: (c.prompt.ids().iter())
+                .map(|&id| b.ids(&vec![id; rows]))
+                .collect(),
             hidden: b.zeros(rows * c.decoder.width),
             head: HeadActivations::new(b, c, rows, false),
             logits: b.zeros(rows * c.vocab_size),
@@ -308,10 +402,17 @@ impl<B: Backend> Stepper<B> for BlipStepper<'_, B> {
 
     fn advance(&mut self, b: &B, ids: &B::Ids) {
         let m = self.model;
-        let position = &self.positions[self.cache.len()];
-        m.embed(b, ids, position, self.cache.input());
-        m.decoder
-            .forward_cached(b, &m.params, &mut self.cache, &mut self.hidden);
+        let starts = self.cache.is_empty();
+        let mut feed = |ids: &B::Ids| {
+            let position = &self.positions[self.cache.len()];
+            m.embed(b, ids, position, self.cache.input());
+            m.decoder
+                .forward_cached(b, &m.params, &mut self.cache, &mut self.hidden);
+        };
+        feed(ids);
+        if starts {
+            self.prompt.iter().for_each(&mut feed);
+        }
         m.head_forward(b, &mut self.head, &self.hidden, &mut self.logits, self.rows);
     }
 
@@ -339,6 +440,7 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
         mapper_activation: Activation::default(),
         mapper_transformer: None,
         decoder: blip.text_transformer(),
+        prompt: Default::default(),
         max_len,
         vocab_size: t.vocab_size,
         specials: SpecialIds {
@@ -351,12 +453,13 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
 
 /// The BLIP folder `dir`'s text decoder (from `blip`, read from it) and
 /// its tokenizer, for captions of at most `max_len` ids (fewer where the
-/// decoder has fewer positions).
+/// decoder has fewer positions), fed after `prompt` when there is one.
 pub fn blip_checkpoint<B: Backend>(
     b: &B,
     dir: &Path,
     blip: Blip,
     max_len: usize,
+    prompt: Option<&str>,
 ) -> Result<Checkpoint<B>> {
     let t = &blip.config.text_config;
     let tokenizer = dir.join("tokenizer.json").display().to_string();
@@ -371,15 +474,37 @@ pub fn blip_checkpoint<B: Backend>(
             config.specials
         );
     }
-    let max_len = max_len.min(t.max_position_embeddings + 1);
-    let model = from_blip(b, blip, max_len)?;
+    let pieces = match prompt {
+        Some(text) => vocab.encode_text(text)?,
+        None => Vec::new(),
+    };
+    // The start, the prompt and a caption's pieces share the positions.
+    let positions = t.max_position_embeddings;
+    if pieces.len() + 2 > positions {
+        bail!(
+            "a prompt of {} pieces leaves no room for a caption in the decoder's {positions} \
+             positions (text_config.max_position_embeddings)",
+            pieces.len()
+        );
+    }
+    let prompt = Prompt::new(&pieces).with_context(|| format!("prompt {prompt:?}"))?;
+    let max_len = max_len.min(positions + 1 - prompt.len());
+    let model = from_blip(b, blip, max_len, prompt)?;
     Ok(Checkpoint { model, vocab })
 }
 
 /// A captioner with a BLIP folder's text decoder, for captions of
-/// `max_len` ids.
-pub fn from_blip<B: Backend>(b: &B, blip: Blip, max_len: usize) -> Result<Captioner<B>> {
-    let config = blip_config(&blip.config, max_len);
+/// `max_len` ids after `prompt`.
+pub fn from_blip<B: Backend>(
+    b: &B,
+    blip: Blip,
+    max_len: usize,
+    prompt: Prompt,
+) -> Result<Captioner<B>> {
+    let config = CaptionerConfig {
+        prompt,
+        ..blip_config(&blip.config, max_len)
+    };
     let path = &blip.weights_path;
     let mut model = Captioner::new(b, config, 0)
         .with_context(|| format!("{}: not a BLIP decoder captune computes", path.display()))?;

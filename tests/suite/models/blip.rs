@@ -8,9 +8,10 @@
 use crate::common;
 
 use captune::backend::Backend;
+use captune::captioner::Prompt;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::decoders::blip::from_blip;
-use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs};
+use captune::captioner::decoders::blip::{blip_checkpoint, from_blip};
+use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_targets};
 use captune::cpu::CpuBackend;
 use captune::data::image_processor::ImageProcessor;
 use captune::model::blip::{self, BlipVision, text_decoder_tensors};
@@ -35,7 +36,13 @@ fn expected() -> TensorFile {
 }
 
 fn model<B: Backend>(b: &B) -> Captioner<B> {
-    from_blip(b, blip::read(&folder()).unwrap(), MAX_LEN).unwrap()
+    from_blip(
+        b,
+        blip::read(&folder()).unwrap(),
+        MAX_LEN,
+        Prompt::default(),
+    )
+    .unwrap()
 }
 
 /// The fixture's fed ids, each row up to its length.
@@ -347,32 +354,166 @@ fn a_folder_of_another_model_is_refused_by_its_type() {
     );
 }
 
-/// A prompt that fills the decoder's positions leaves no caption: an
-/// error, not a panic.
+/// A prompt that leaves a caption no position, or is longer than captune
+/// feeds, is refused by an error that says so, not a panic; one that
+/// fits takes its positions from the caption's.
 #[test]
 fn a_prompt_longer_than_the_positions_is_refused() {
     let b = CpuBackend::new();
+    let refused = |prompt: &str| {
+        let blip = blip::read(&folder()).unwrap();
+        match blip_checkpoint::<CpuBackend>(&b, &folder(), blip, 20, Some(prompt)) {
+            Ok(_) => panic!("{prompt:?} was taken"),
+            Err(e) => format!("{e:#}"),
+        }
+    };
+    // The tiny decoder has 32 positions: the start, 31 pieces, no caption.
+    let e = refused(&["a"; 31].join(" "));
+    assert!(e.contains("31 pieces leaves no room for a caption"), "{e}");
+    let e = refused(&["a"; 17].join(" "));
+    assert!(e.contains("17 ids is longer than the 16"), "{e}");
+    // Sixteen pieces leave a caption the other 16 positions.
+    let blip = blip::read(&folder()).unwrap();
+    let prompt = ["a"; 16].join(" ");
+    let ck = blip_checkpoint::<CpuBackend>(&b, &folder(), blip, 76, Some(&prompt)).unwrap();
+    assert_eq!(ck.model.config.prompt.ids(), [5; 16]);
+    assert_eq!(ck.model.config.max_len, 17);
+    assert_eq!(ck.model.config.seq_len(), 32);
+}
+
+/// The mean cross-entropy of `logits` (`[rows, v]`) at the rows whose
+/// target is not `pad`, and its gradient.
+fn cross_entropy(logits: &[f32], targets: &[u32], v: usize, pad: u32) -> (f64, Vec<f32>) {
+    let real = targets.iter().filter(|&&t| t != pad).count() as f64;
+    let mut d = vec![0.0f32; logits.len()];
+    let mut loss = 0.0;
+    for (r, &target) in targets.iter().enumerate().filter(|(_, t)| **t != pad) {
+        let row = &logits[r * v..(r + 1) * v];
+        let max = row.iter().fold(f32::MIN, |a, &x| a.max(x)) as f64;
+        let total: f64 = row.iter().map(|&x| (x as f64 - max).exp()).sum();
+        loss -= (row[target as usize] as f64 - max - total.ln()) / real;
+        for (j, dj) in d[r * v..(r + 1) * v].iter_mut().enumerate() {
+            let prob = (row[j] as f64 - max).exp() / total;
+            *dj = ((prob - f64::from(u8::from(j == target as usize))) / real) as f32;
+        }
+    }
+    (loss, d)
+}
+
+/// A prompt's positions are fed but never predicted: a decoder given the
+/// prompt "a picture of" computes, at its caption's positions, the logits
+/// the plain decoder computes when fed the start, the prompt and the
+/// caption; its loss is the plain decoder's with the prompt's targets
+/// left out, and so is every gradient; decoding after the prompt gives
+/// the captions the plain decoder decodes from the fed prompt.
+#[test]
+fn a_prompt_is_fed_but_never_predicted() {
+    let b = CpuBackend::new();
     let want = expected();
-    let m = model(&b);
-    let options = DecodeOptions {
-        prompt: vec![5; MAX_LEN - 2],
-        ..DecodeOptions::default()
-    };
     let images = &want.tensors["image_tokens"].data;
-    let Err(e) = generate(&b, &m, images, &Decoding::Greedy, &options) else {
-        panic!("a prompt filling every position decoded")
+    let prompt = [5u32, 8, 9];
+    let plain = |b: &CpuBackend| {
+        let blip = blip::read(&folder()).unwrap();
+        from_blip(b, blip, MAX_LEN + prompt.len(), Prompt::default()).unwrap()
     };
+    let mut prompted = {
+        let blip = blip::read(&folder()).unwrap();
+        from_blip(&b, blip, MAX_LEN, Prompt::new(&prompt).unwrap()).unwrap()
+    };
+    let mut plain = plain(&b);
+    let c = prompted.config;
+    let captions = fed(&want);
+    let with_prompt: Vec<Vec<u32>> = captions
+        .iter()
+        .map(|s| [&s[..1], &prompt[..], &s[1..]].concat())
+        .collect();
+    let targets = |sequences: &[Vec<u32>], steps: usize, from: usize| {
+        let mut t = teacher_targets(sequences, steps, c.specials.pad);
+        // The prompt's targets count for nothing in the plain decoder.
+        for row in t.chunks_mut(steps) {
+            row[..from].fill(c.specials.pad);
+        }
+        t
+    };
+    let step = |m: &mut Captioner<CpuBackend>, sequences: &[Vec<u32>], from: usize| {
+        let inputs = TokenInputs::new(&b, &m.config, sequences).unwrap();
+        m.forward(&b, images, &inputs).unwrap();
+        let rows = inputs.rows();
+        let logits = b.to_vec(m.logits());
+        let targets = targets(sequences, inputs.positions, from);
+        let (loss, d_logits) = cross_entropy(&logits, &targets, c.vocab_size, c.specials.pad);
+        m.params_mut().zero_grads(&b);
+        m.backward(&b, &inputs, &b.tensor(&d_logits));
+        let grads: Vec<Vec<f32>> = m.params().grads.iter().map(|g| b.to_vec(g)).collect();
+        (logits, rows, loss, grads)
+    };
+    let (logits, rows, loss, grads) = step(&mut prompted, &captions, 0);
+    let (plain_logits, _, plain_loss, plain_grads) = step(&mut plain, &with_prompt, prompt.len());
+    let (t, v) = (c.token_positions(), c.vocab_size);
+    let plain_t = t + prompt.len();
+    for r in 0..rows {
+        let (row, j) = (r / t, r % t);
+        // Caption position j's prediction comes from fed position j + prompt.
+        let at = row * plain_t + j + prompt.len();
+        let (got, want) = (
+            &logits[r * v..(r + 1) * v],
+            &plain_logits[at * v..(at + 1) * v],
+        );
+        // The policy's masked ids (-1e30 in both) would hide any difference.
+        let unmasked = |l: &[f32]| -> Vec<f32> {
+            (0..v)
+                .filter(|&k| want[k] > MASKED_LOGIT / 2.0)
+                .map(|k| l[k])
+                .collect()
+        };
+        let (got, want) = (unmasked(got), unmasked(want));
+        assert!(
+            relative_difference(&got, &want) < 1e-5,
+            "row {row}, position {j}"
+        );
+    }
     assert!(
-        e.to_string().contains("leaves no room for a caption"),
-        "{e}"
+        (loss - plain_loss).abs() < 1e-5 * plain_loss.abs(),
+        "{loss} vs {plain_loss}"
     );
+    let names = &prompted.params().specs;
+    for (k, (g, p)) in grads.iter().zip(&plain_grads).enumerate() {
+        // The plain decoder's position table has the prompt's rows too.
+        let p = &p[..g.len()];
+        assert!(relative_difference(g, p) < 1e-4, "{}", names[k].name);
+    }
+    let decoded = generate(
+        &b,
+        &prompted,
+        images,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(decoded.len(), 2);
+    for g in &decoded {
+        // The plain decoder fed the prompt chooses the same pieces.
+        let mut fed = [&[c.specials.start][..], &prompt[..]].concat();
+        for &id in &g.ids {
+            let inputs = TokenInputs::new(&b, &plain.config, &[fed.clone()]).unwrap();
+            let row = &images[g.image * c.image_input_len()..(g.image + 1) * c.image_input_len()];
+            plain.forward(&b, row, &inputs).unwrap();
+            let logits = b.to_vec(plain.logits());
+            let at = fed.len() - 1;
+            let next = &logits[at * v..(at + 1) * v];
+            let best = (0..v).max_by(|&a, &b| next[a].total_cmp(&next[b])).unwrap();
+            assert_eq!(best as u32, id);
+            fed.push(id);
+        }
+    }
 }
 
 /// As a user meets it: `captune train --decoder hf:BLIP` on the tiny
 /// world computes the images' tokens once with the folder's vision tower
 /// and fine-tunes the text decoder; the run records where its tokens come
-/// from, so that `eval`, `inspect` and `--resume` read the same tokens
-/// without being told; export says it does not write BLIP yet.
+/// from and its prompt, so that `eval`, `inspect` and `--resume` read the
+/// same tokens and feed the same prompt without being told; export says
+/// it does not write BLIP yet.
 #[test]
 fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let dir = std::env::temp_dir().join(format!(
@@ -402,13 +543,17 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
         "--decoder",
         &hf,
     ];
-    train.extend(["--out", &run_arg]);
+    train.extend(["--prompt", "a picture of", "--out", &run_arg]);
     train.extend(common::TINY_WORLD_ARGS);
     let (ok, _, err) = captune(&train);
     assert!(ok, "{err}");
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
     let recorded = format!("image_tokens = {:?}", folder().display().to_string());
     assert!(config.contains(&recorded), "{config}");
+    assert!(config.contains("prompt = \"a picture of\""), "{config}");
+    let checkpoint = tensorfile::read_metadata(&run.join("checkpoint.safetensors")).unwrap();
+    let model: serde_json::Value = serde_json::from_str(&checkpoint["captioner_config"]).unwrap();
+    assert_eq!(model["prompt"], serde_json::json!([5, 8, 9]));
     let cached = std::fs::read_dir(cache.join("image-tokens"))
         .unwrap()
         .count();

@@ -177,6 +177,7 @@ fn captioner_config() -> CaptionerConfig {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: transformer_config(),
+        prompt: Default::default(),
         max_len: 10,
         vocab_size: 23,
         specials: SpecialIds::WORDS,

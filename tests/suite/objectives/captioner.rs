@@ -457,6 +457,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: TransformerConfig::new(8, 2, 2, true),
+        prompt: Default::default(),
         max_len: STEPS + 1,
         vocab_size: vocab,
         specials: SpecialIds::WORDS,
