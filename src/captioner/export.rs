@@ -18,7 +18,10 @@
 //! A decoder that came from a GPT-2 folder, given that folder, is written
 //! as that GPT-2 with what training changed: its `config.json` as it was
 //! (every field kept), its generation config, and the position rows past
-//! the captioner's positions, which training never reads.
+//! the captioner's positions, which training never reads. A BLIP decoder
+//! is written as the BLIP folder it came from ([`blip`]).
+
+mod blip;
 
 use super::decoders::prefix::is_mapper_param;
 use super::{CaptionVocab, CaptionerConfig, Checkpoint};
@@ -38,8 +41,18 @@ use std::path::Path;
 pub const MAPPER_FILE: &str = "mapper.safetensors";
 
 /// Writes `ck` into the folder `out` (created; files in it are replaced);
-/// `base` is the GPT-2 folder its decoder came from, if any.
+/// `base` is the GPT-2 or BLIP folder its decoder came from, if any (a
+/// BLIP decoder's is needed: it holds the rest of the model).
 pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Path>) -> Result<()> {
+    if let CaptionVocab::WordPieces(_) = ck.vocab {
+        let Some(base) = base else {
+            bail!(
+                "a BLIP captioner is exported as the BLIP folder it came from, with its trained \
+                 text decoder: name that folder (--decoder hf:FOLDER)"
+            );
+        };
+        return blip::to_hf(b, ck, out, base);
+    }
     let model = &ck.model;
     let c = model.config;
     let d = c.decoder;
@@ -47,7 +60,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
     let (exported_ids, pad) = match &ck.vocab {
         CaptionVocab::Words(_) => (c.vocab_size, Some(c.specials.pad)),
         CaptionVocab::Pieces(_) => (c.vocab_size - 1, None),
-        CaptionVocab::WordPieces(_) => bail!(NO_BLIP_EXPORT),
+        CaptionVocab::WordPieces(_) => unreachable!("exported above"),
     };
     let base = match base {
         Some(dir) => Some(Base::read(dir, &c, exported_ids)?),
@@ -143,13 +156,9 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
             });
             write_json(out, "tokenizer_config.json", &config)
         }
-        CaptionVocab::WordPieces(_) => bail!(NO_BLIP_EXPORT),
+        CaptionVocab::WordPieces(_) => unreachable!("exported above"),
     }
 }
-
-/// Why a BLIP captioner is not exported.
-const NO_BLIP_EXPORT: &str = "exporting a BLIP captioner is not supported yet; its checkpoint \
-    holds the trained text decoder under captune's names (docs/checkpoints.md)";
 
 /// What an export keeps of the GPT-2 folder a decoder came from.
 struct Base {

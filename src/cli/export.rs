@@ -4,9 +4,9 @@ use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::RunFolder;
-use captune::captioner::{CaptionVocab, Checkpoint, export};
+use captune::captioner::{CaptionVocab, Checkpoint, export, trained_on};
 use captune::cpu::CpuBackend;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct ExportArgs {
@@ -15,12 +15,15 @@ pub struct ExportArgs {
     pub run: PathBuf,
     /// The folder to write: a GPT-2 that transformers'
     /// GPT2LMHeadModel.from_pretrained loads, its tokenizer, and the
-    /// mapper in mapper.safetensors.
+    /// mapper in mapper.safetensors; or, for a BLIP captioner, the BLIP
+    /// folder it came from with the trained text decoder.
     #[arg(long, value_name = "OUT")]
     pub hf: PathBuf,
-    /// The GPT-2 folder the captioner's decoder came from (default: the
-    /// run's own `decoder = "hf:FOLDER"`): the export keeps its config and
-    /// its positions past the captioner's.
+    /// The GPT-2 or BLIP folder the captioner's decoder came from
+    /// (default: the run's own `decoder = "hf:FOLDER"`, or a BLIP
+    /// checkpoint's record of its image tokens): the export keeps its
+    /// config and its positions past the captioner's (and BLIP's vision
+    /// tower and processor).
     #[arg(long, value_name = "hf:FOLDER")]
     pub decoder: Option<String>,
     /// Replace --hf if it exists.
@@ -37,7 +40,10 @@ pub fn run(args: &ExportArgs) -> Result<()> {
     };
     let b = CpuBackend::new();
     let ck = Checkpoint::load(&b, &path)?;
-    let base = base_folder(args, &ck)?;
+    let base = match ck.vocab {
+        CaptionVocab::WordPieces(_) => Some(blip_folder(args, &path)?),
+        _ => base_folder(args, &ck)?,
+    };
     export::to_hf(&b, &ck, &args.hf, base.as_deref())?;
     eprintln!(
         "exported {} to {} (docs/checkpoints.md, \"Export to transformers\")",
@@ -45,6 +51,24 @@ pub fn run(args: &ExportArgs) -> Result<()> {
         args.hf.display()
     );
     Ok(())
+}
+
+/// The BLIP folder a BLIP captioner came from: `--decoder`, else the
+/// checkpoint's record of the folder whose image tokens it read.
+fn blip_folder(args: &ExportArgs, checkpoint: &Path) -> Result<PathBuf> {
+    if let Some(spec) = &args.decoder {
+        let Some(dir) = spec.strip_prefix("hf:").filter(|d| !d.is_empty()) else {
+            bail!("--decoder {spec:?}: name the BLIP folder as hf:PATH");
+        };
+        return Ok(PathBuf::from(dir));
+    }
+    match trained_on(checkpoint)?.and_then(|s| s.image_tokens) {
+        Some(dir) => Ok(dir),
+        None => bail!(
+            "{}: no record of the BLIP folder its decoder came from; pass --decoder hf:FOLDER",
+            checkpoint.display()
+        ),
+    }
 }
 
 /// The GPT-2 folder a GPT-2 captioner's decoder came from: `--decoder`,

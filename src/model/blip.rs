@@ -9,7 +9,8 @@
 //! decoder's separate query, key and value projections are fused
 //! (self-attention's into `attn.qkv`, cross-attention's key and value
 //! into `cross.kv`). [`VISION_LAYER_NAMES`], [`vision_tensors`],
-//! [`TEXT_LAYER_NAMES`] and [`text_decoder_tensors`] are the whole map.
+//! [`TEXT_LAYER_NAMES`] and [`text_decoder_tensors`] are the whole map
+//! ([`blip_text_tensors`] its inverse, for export).
 
 use super::hf::HfFolder;
 use super::layers::{Activation, NormEpsilon};
@@ -320,6 +321,117 @@ pub fn text_decoder_tensors(
         src.get("cls.predictions.bias", &[t.vocab_size])?,
     ));
     Ok(out)
+}
+
+/// The inverse of [`text_decoder_tensors`]: the text decoder's tensors
+/// under BLIP's names from captune's (`ours(name)`), for a folder whose
+/// position table is `positions` (BLIP's whole table: the captioner's
+/// first rows replace its own, the rows past them are kept).
+pub fn blip_text_tensors(
+    t: &BlipTextConfig,
+    positions: &Tensor,
+    mut ours: impl FnMut(&str) -> Result<Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    let theirs = |name: &str| format!("text_decoder.{name}");
+    let mut out = vec![(
+        theirs("bert.embeddings.word_embeddings.weight"),
+        ours("decoder.tokens")?,
+    )];
+    let trained = ours("decoder.positions")?;
+    if trained.data.len() > positions.data.len() {
+        bail!(
+            "the captioner has {} positions, the folder's table {}",
+            trained.shape[0],
+            positions.shape[0]
+        );
+    }
+    let mut table = Tensor {
+        shape: positions.shape.clone(),
+        data: positions.data.clone(),
+    };
+    table.data[..trained.data.len()].copy_from_slice(&trained.data);
+    out.push((theirs("bert.embeddings.position_embeddings.weight"), table));
+    // A dense layer's or a layer norm's weight and bias.
+    type Ours<'a> = &'a mut dyn FnMut(&str) -> Result<Tensor>;
+    let pair = |ours: Ours<'_>, out: &mut Vec<_>, mine: &str, blip: &str, dense: bool| {
+        let weight = ours(&format!("{mine}.weight"))?;
+        let weight = if dense { transposed(&weight) } else { weight };
+        out.push((theirs(&format!("{blip}.weight")), weight));
+        out.push((
+            theirs(&format!("{blip}.bias")),
+            ours(&format!("{mine}.bias"))?,
+        ));
+        anyhow::Ok(())
+    };
+    pair(
+        &mut ours,
+        &mut out,
+        "decoder.ln_pre",
+        "bert.embeddings.LayerNorm",
+        false,
+    )?;
+    let w = t.hidden_size;
+    for i in 0..t.num_hidden_layers {
+        let layer = format!("bert.encoder.layer.{i}");
+        let mine = |name: &str| format!("decoder.blocks.{i}.{name}");
+        for (captune, blip) in TEXT_LAYER_NAMES {
+            let dense = !matches!(captune, "ln1" | "cross.ln" | "ln2");
+            pair(
+                &mut ours,
+                &mut out,
+                &mine(captune),
+                &format!("{layer}.{blip}"),
+                dense,
+            )?;
+        }
+        let fused = [
+            ("attn.qkv", "attention", &["query", "key", "value"][..]),
+            ("cross.kv", "crossattention", &["key", "value"][..]),
+        ];
+        for (captune, attention, parts) in fused {
+            let weight = ours(&mine(&format!("{captune}.weight")))?;
+            let bias = ours(&mine(&format!("{captune}.bias")))?;
+            for (k, part) in parts.iter().enumerate() {
+                let name = format!("{layer}.{attention}.self.{part}");
+                let columns = columns(&weight, k * w, w);
+                out.push((theirs(&format!("{name}.weight")), transposed(&columns)));
+                let bias = bias.data[k * w..(k + 1) * w].to_vec();
+                let bias = Tensor {
+                    shape: vec![w],
+                    data: bias,
+                };
+                out.push((theirs(&format!("{name}.bias")), bias));
+            }
+        }
+    }
+    pair(
+        &mut ours,
+        &mut out,
+        "head.dense",
+        "cls.predictions.transform.dense",
+        true,
+    )?;
+    pair(
+        &mut ours,
+        &mut out,
+        "head.ln",
+        "cls.predictions.transform.LayerNorm",
+        false,
+    )?;
+    out.push((theirs("cls.predictions.bias"), ours("head.bias")?));
+    Ok(out)
+}
+
+/// Columns `from..from + n` of a matrix.
+fn columns(t: &Tensor, from: usize, n: usize) -> Tensor {
+    let (rows, cols) = (t.shape[0], t.shape[1]);
+    let data = (0..rows)
+        .flat_map(|r| t.data[r * cols + from..r * cols + from + n].iter().copied())
+        .collect();
+    Tensor {
+        shape: vec![rows, n],
+        data,
+    }
 }
 
 /// Where one module's tensors come from (`text_decoder` or

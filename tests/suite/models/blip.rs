@@ -8,10 +8,10 @@
 use crate::common;
 
 use captune::backend::Backend;
-use captune::captioner::Prompt;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::decoders::blip::{blip_checkpoint, from_blip};
 use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::{Checkpoint, Prompt, export};
 use captune::cpu::CpuBackend;
 use captune::data::image_processor::ImageProcessor;
 use captune::model::blip::{self, BlipVision, text_decoder_tensors};
@@ -512,8 +512,10 @@ fn a_prompt_is_fed_but_never_predicted() {
 /// world computes the images' tokens once with the folder's vision tower
 /// and fine-tunes the text decoder; the run records where its tokens come
 /// from and its prompt, so that `eval`, `inspect` and `--resume` read the
-/// same tokens and feed the same prompt without being told; export says
-/// it does not write BLIP yet.
+/// same tokens and feed the same prompt without being told; `export`
+/// writes the BLIP folder with the trained decoder, which captune reads
+/// back bit for bit and whose `generate` in transformers (where it is
+/// installed) gives captune's captions.
 #[test]
 fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let dir = std::env::temp_dir().join(format!(
@@ -543,7 +545,14 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
         "--decoder",
         &hf,
     ];
-    train.extend(["--prompt", "a picture of", "--out", &run_arg]);
+    train.extend([
+        "--lr",
+        "1e-4",
+        "--prompt",
+        "a picture of",
+        "--out",
+        &run_arg,
+    ]);
     train.extend(common::TINY_WORLD_ARGS);
     let (ok, _, err) = captune(&train);
     assert!(ok, "{err}");
@@ -588,11 +597,98 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 2, "an epoch more: {log}");
 
-    let hf_out = dir.join("hf").display().to_string();
+    // The export is the BLIP folder with the trained text decoder: read
+    // back, its decoder is the checkpoint's, bit for bit.
+    let hf = dir.join("hf");
+    let hf_out = hf.display().to_string();
     let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf_out]);
-    assert!(
-        !ok && err.contains("BLIP") && err.contains("not supported"),
-        "{err}"
-    );
+    assert!(ok, "{err}");
+    let b = CpuBackend::new();
+    let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
+    let c = trained.model.config;
+    let exported = blip::read(&hf).unwrap();
+    let back = blip_checkpoint::<CpuBackend>(&b, &hf, exported, c.max_len, Some("a picture of"));
+    let back = back.unwrap();
+    assert_eq!(back.model.config, c);
+    let (theirs, ours) = (back.model.params(), trained.model.params());
+    for (k, spec) in ours.specs.iter().enumerate() {
+        let (got, want) = (b.to_vec(&theirs.values[k]), b.to_vec(&ours.values[k]));
+        assert!(got == want, "{} differs after export", spec.name);
+    }
+    assert_eq!(back.vocab, trained.vocab);
+    // transformers loads it, and its generate gives what captune gives.
+    if let Some(python) = common::python_with_transformers() {
+        let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+        let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
+        let hf_arg = format!("hf:{hf_out}");
+        let caption = [
+            "caption",
+            "--checkpoint",
+            &hf_arg,
+            "--json",
+            "--max-words",
+            "9",
+        ];
+        let prompt = ["--prompt", "a picture of"];
+        let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
+        let (ok, out, err) = captune(&[&caption[..], &prompt, &files].concat());
+        assert!(ok, "{err}");
+        let captions = dir.join("captions.jsonl");
+        std::fs::write(&captions, out).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_blip_export.py");
+        let check = std::process::Command::new(python)
+            .arg(&script)
+            .arg(&hf)
+            .arg("--captions")
+            .arg(&captions)
+            .args(["--max-words", "9", "--prompt", "a picture of"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&check.stdout);
+        let stderr = String::from_utf8_lossy(&check.stderr);
+        assert!(check.status.success(), "{said}{stderr}");
+        assert_eq!(said.matches("same ").count(), 2, "{said}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A BLIP decoder that training has not changed exports as the folder it
+/// came from, whole: every tensor bit for bit (the position rows past the
+/// captioner's and the vision tower included), its config and its
+/// processor's and tokenizer's files byte for byte. Without the folder,
+/// the export says which to name.
+#[test]
+fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
+    let b = CpuBackend::new();
+    let base = folder();
+    let ck =
+        blip_checkpoint::<CpuBackend>(&b, &base, blip::read(&base).unwrap(), 12, None).unwrap();
+    let out = std::env::temp_dir().join(format!(
+        "captune-blip-export-{}",
+        tensorfile::temporary_suffix()
+    ));
+    let e = export::to_hf(&b, &ck, &out, None).unwrap_err();
+    assert!(format!("{e:#}").contains("--decoder hf:FOLDER"), "{e:#}");
+    export::to_hf(&b, &ck, &out, Some(&base)).unwrap();
+    let (theirs, ours) = (
+        tensorfile::read(&base.join("model.safetensors")).unwrap(),
+        tensorfile::read(&out.join("model.safetensors")).unwrap(),
+    );
+    let mut names: Vec<&String> = theirs.tensors.keys().collect();
+    names.sort();
+    assert_eq!(names.len(), ours.tensors.len());
+    for name in names {
+        let (t, o) = (&theirs.tensors[name], &ours.tensors[name]);
+        assert_eq!(t.shape, o.shape, "{name}");
+        assert!(t.data == o.data, "{name} differs");
+    }
+    for file in ["config.json", "preprocessor_config.json", "tokenizer.json"] {
+        let read = |dir: &Path| std::fs::read(dir.join(file)).unwrap();
+        assert_eq!(read(&out), read(&base), "{file}");
+    }
+    // Another folder's decoder is refused, naming it.
+    let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
+    let e = export::to_hf(&b, &ck, &out, Some(&other)).unwrap_err();
+    assert!(format!("{e:#}").contains("gpt2-tiny"), "{e:#}");
+    std::fs::remove_dir_all(&out).unwrap();
 }
