@@ -21,7 +21,6 @@ use super::train::optimise;
 use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupCounts, WorkgroupSummary};
 use crate::data::Split;
 use crate::data::tokenize::ptb_tokenize;
-use crate::data::vocab::{BOS, EOS};
 use crate::kernel_profile::KernelProfile;
 use crate::optim::{AdamW, AdamWConfig};
 use crate::shapes;
@@ -85,6 +84,47 @@ impl BenchModel {
     fn vocab(&self) -> CaptionVocab {
         CaptionVocab::from_words((4..self.synthetic_vocab).map(|i| format!("w{i}")).collect())
     }
+
+    /// The config's pretrained BLIP decoder with its tokenizer, when it
+    /// names one (`decoder = "hf:FOLDER"`): the network and vocabulary
+    /// timed instead of a fresh one.
+    fn pretrained<B: Backend>(&self, b: &B) -> Result<Option<super::Checkpoint<B>>> {
+        let m = &self.run.model;
+        let Some(dir) = m.blip_folder()? else {
+            if m.decoder.is_some() {
+                bail!(
+                    "{}: the benchmarks time BLIP folders and fresh networks",
+                    self.name
+                );
+            }
+            return Ok(None);
+        };
+        let blip = crate::model::blip::read(&dir)?;
+        let ck =
+            super::decoders::blip::blip_checkpoint(b, &dir, blip, m.max_len, m.prompt.as_deref())?;
+        Ok(Some(ck))
+    }
+
+    /// The network timed, fresh (with `vocab`) or pretrained.
+    fn checkpoint<B: Backend>(
+        &self,
+        b: &B,
+        pretrained: Option<super::Checkpoint<B>>,
+        vocab: CaptionVocab,
+    ) -> Result<super::Checkpoint<B>> {
+        Ok(match pretrained {
+            Some(ck) => ck,
+            None => super::Checkpoint {
+                model: Captioner::new(b, self.run.captioner(EMBED_DIM, vocab.len()), 0)?,
+                vocab,
+            },
+        })
+    }
+}
+
+/// `n` values in [-0.1, 0.1): random image inputs.
+fn random_inputs(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-0.1..0.1)).collect()
 }
 
 /// What a benchmark's process held: its peak resident memory since
@@ -204,24 +244,36 @@ pub enum Workload {
 fn workload_batches(
     workload: Workload,
     bench: &BenchModel,
+    pretrained: Option<&super::Checkpoint<impl Backend>>,
     batches: usize,
     rng: &mut ChaCha8Rng,
-) -> (CaptionVocab, Vec<Vec<Vec<u32>>>) {
-    let (batch, max_len) = (bench.run.train.batch, bench.run.model.max_len);
+) -> Result<(CaptionVocab, Vec<Vec<Vec<u32>>>)> {
+    // A pretrained decoder may take fewer caption ids than the config.
+    let max_len = pretrained.map_or(bench.run.model.max_len, |ck| ck.model.config.max_len);
+    let pretrained = pretrained.map(|ck| &ck.vocab);
+    let batch = bench.run.train.batch;
     let t = max_len - 1;
-    match workload {
+    Ok(match workload {
         Workload::Synthetic => {
-            let ids = bench.synthetic_vocab as u32;
-            // <bos>, t - 1 random words, <eos>: t inputs and t targets per caption.
+            let vocab = pretrained.cloned().unwrap_or_else(|| bench.vocab());
+            let (s, ids) = (vocab.specials(), vocab.len() as u32);
+            let word = |rng: &mut ChaCha8Rng| loop {
+                let id = rng.random_range(4..ids);
+                if ![s.start, s.end, s.pad].contains(&id) {
+                    return id;
+                }
+            };
+            // The start, t - 1 random words, the end: t inputs and t
+            // targets per caption.
             let one: Vec<Vec<u32>> = (0..batch)
                 .map(|_| {
-                    std::iter::once(BOS)
-                        .chain((1..t).map(|_| rng.random_range(4..ids)))
-                        .chain(std::iter::once(EOS))
+                    std::iter::once(s.start)
+                        .chain((1..t).map(|_| word(rng)))
+                        .chain(std::iter::once(s.end))
                         .collect()
                 })
                 .collect();
-            (bench.vocab(), vec![one; batches])
+            (vocab, vec![one; batches])
         }
         Workload::Shapes => {
             let captions: Vec<Vec<String>> = (0..batch * batches)
@@ -231,21 +283,18 @@ fn workload_batches(
                     ptb_tokenize(&refs[rng.random_range(0..refs.len())].1)
                 })
                 .collect();
-            let words: BTreeSet<&String> = captions.iter().flatten().collect();
-            let vocab = CaptionVocab::from_words(words.into_iter().cloned().collect());
-            let encoded: Vec<Vec<u32>> = captions
-                .iter()
-                .map(|c| {
-                    vocab
-                        .encode(c, max_len)
-                        .expect("a word vocabulary encodes any words")
-                })
-                .collect();
+            let vocab = pretrained.cloned().unwrap_or_else(|| {
+                let words: BTreeSet<&String> = captions.iter().flatten().collect();
+                CaptionVocab::from_words(words.into_iter().cloned().collect())
+            });
+            let encoded: Vec<Vec<u32>> = (captions.iter())
+                .map(|c| vocab.encode(c, max_len))
+                .collect::<Result<_>>()?;
             // Batched by length, as training batches them.
             let ordered = super::train::batches_by_length(encoded, batch, Vec::len, rng);
             (vocab, ordered.chunks(batch).map(<[_]>::to_vec).collect())
         }
-    }
+    })
 }
 
 /// Times `steps` training steps of objective `name` (default settings)
@@ -270,18 +319,22 @@ pub fn train_throughput<B: Backend>(
     let run = &bench.run;
     let batch = run.train.batch;
     let mut rng = ChaCha8Rng::seed_from_u64(0);
-    let (vocab, batches) = workload_batches(workload, bench, warmup + steps, &mut rng);
-    let config = run.captioner(EMBED_DIM, vocab.len());
-    let mut model = Captioner::new(b, config, 0)?;
+    let pretrained = bench.pretrained(b)?;
+    let (vocab, batches) = workload_batches(
+        workload,
+        bench,
+        pretrained.as_ref(),
+        warmup + steps,
+        &mut rng,
+    )?;
+    let super::Checkpoint { mut model, vocab } = bench.checkpoint(b, pretrained, vocab)?;
     let mut opt = AdamW::new(
         b,
         AdamWConfig::default(),
         &model.params().optimizer_layout(),
     );
     let mut trained = objectives::build::<B>(name, &settings, vocab.len())?;
-    let features: Vec<f32> = (0..batch * EMBED_DIM)
-        .map(|_| rng.random_range(-0.1..0.1))
-        .collect();
+    let features = random_inputs(batch * model.config.image_input_len(), &mut rng);
     let references = batches
         .iter()
         .flatten()
@@ -466,15 +519,9 @@ pub fn decode_throughput<B: Backend>(
     MemoryUse::reset();
     let ck = match checkpoint {
         Some(path) => super::Checkpoint::load(b, path)?,
-        None => {
-            let vocab = bench.vocab();
-            super::Checkpoint {
-                model: Captioner::new(b, bench.run.captioner(EMBED_DIM, vocab.len()), 0)?,
-                vocab,
-            }
-        }
+        None => bench.checkpoint(b, bench.pretrained(b)?, bench.vocab())?,
     };
-    let dim = ck.model.config.embed_dim;
+    let dim = ck.model.config.image_input_len();
     let features = match features {
         Some(path) => {
             let mut file = crate::data::features::Features::load(path, None)?;
@@ -490,12 +537,7 @@ pub fn decode_throughput<B: Backend>(
             file.embeddings.truncate(rows * dim);
             file.embeddings
         }
-        None => {
-            let mut rng = ChaCha8Rng::seed_from_u64(1);
-            (0..images * dim)
-                .map(|_| rng.random_range(-0.1..0.1))
-                .collect()
-        }
+        None => random_inputs(images * dim, &mut ChaCha8Rng::seed_from_u64(1)),
     };
     let images = features.len() / dim;
     // As `eval` decodes: 64 images at once.
@@ -623,6 +665,13 @@ impl<B: Backend> ScstWorkload<B> {
     /// embeddings, against a corpus of [`SCST_CORPUS_IMAGES`] images with 5
     /// random references of 8 to 14 words over the synthetic vocabulary.
     pub fn synthetic(b: &B, bench: &BenchModel) -> Result<Self> {
+        if bench.run.model.decoder.is_some() {
+            bail!(
+                "{}: bench scst times a fresh network or a trained --checkpoint, not a \
+                 pretrained decoder",
+                bench.name
+            );
+        }
         let mut rng = ChaCha8Rng::seed_from_u64(0);
         let vocab = bench.vocab();
         let ids = bench.synthetic_vocab;

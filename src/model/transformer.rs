@@ -383,7 +383,7 @@ impl Block {
 
     /// Given the gradient w.r.t. the block's output in `d`, leaves there
     /// the gradient w.r.t. its input x (and the forward's key mask); the
-    /// memory's gradient is added to `d_memory`. The residual connections
+    /// memory's gradient is added to `d_memory` where one is asked for. The residual connections
     /// pass the gradient through unchanged, so each pre-LN branch's layer
     /// norm adds its share in place; a post-LN sublayer's norm writes the
     /// sum's gradient to a buffer, its branch adds to it, and it becomes
@@ -395,7 +395,7 @@ impl Block {
         p: &mut Params<B>,
         a: &mut BlockActivations<B>,
         (x, key_mask): (&B::Tensor, Option<&B::Ids>),
-        memory: Option<(&B::Tensor, &mut B::Tensor)>,
+        memory: Option<(&B::Tensor, Option<&mut B::Tensor>)>,
         d: &mut B::Tensor,
     ) {
         // MLP branch: d becomes the gradient w.r.t. the stream before it.
@@ -481,7 +481,8 @@ impl CrossLayer {
     }
 
     /// Given the gradient w.r.t. `c.out` in `d`, leaves there the
-    /// gradient w.r.t. the stream `x`, and adds the memory's to `d_memory`.
+    /// gradient w.r.t. the stream `x`, and adds the memory's to `d_memory`
+    /// when there is one (a frozen memory needs none).
     #[allow(clippy::too_many_arguments)]
     fn backward<B: Backend>(
         &self,
@@ -489,7 +490,7 @@ impl CrossLayer {
         p: &mut Params<B>,
         c: &mut CrossActivations<B>,
         (x, memory): (&B::Tensor, &B::Tensor),
-        d_memory: &mut B::Tensor,
+        d_memory: Option<&mut B::Tensor>,
         d: &mut B::Tensor,
         post_norm: bool,
     ) {
@@ -503,7 +504,7 @@ impl CrossLayer {
         c.attn
             .backward(b, (&c.q, &c.kv), &c.d_attended, &mut c.d_q, &mut c.d_kv);
         self.kv
-            .backward(b, p, &c.d_kv, memory, Some((d_memory, true)));
+            .backward(b, p, &c.d_kv, memory, d_memory.map(|d| (d, true)));
         if post_norm {
             self.q.backward(b, p, &c.d_q, x, Some((d, true)));
         } else {
@@ -541,9 +542,12 @@ pub struct Activations<B: Backend> {
     /// The gradient w.r.t. the input, through ln_pre (empty without it).
     d_input: B::Tensor,
     /// `[batch, memory_len, cross_width]`: what the blocks cross-attend
-    /// to (empty without cross-attention), and its gradient.
+    /// to (empty without cross-attention), and its gradient (empty where
+    /// none is computed).
     memory: B::Tensor,
     d_memory: B::Tensor,
+    /// Whether the backward computes `d_memory`.
+    memory_gradient: bool,
     /// `forward_activations`: one set of block buffers and a stream of
     /// two, taken in turn.
     forward_only: bool,
@@ -663,14 +667,22 @@ impl Transformer {
 
     /// The same for a transformer that cross-attends to a memory of
     /// `memory_len` tokens per item ([`Activations::memory`]).
+    /// `memory_gradient`: whether the backward computes the memory's
+    /// gradient ([`Activations::d_memory`]); a frozen memory (image tokens
+    /// from a frozen tower) needs none, and skipping it saves a product
+    /// as large as the keys' and values' per block.
     pub fn cross_activations<B: Backend>(
         &self,
         b: &B,
-        batch: usize,
-        seq: usize,
-        memory_len: usize,
+        (batch, seq, memory_len): (usize, usize, usize),
+        memory_gradient: bool,
     ) -> Activations<B> {
-        self.activations_for(b, (batch, seq, memory_len), true)
+        let mut a = self.activations_for(b, (batch, seq, memory_len), true);
+        if !memory_gradient {
+            a.d_memory = b.zeros(0);
+            a.memory_gradient = false;
+        }
+        a
     }
 
     /// Buffers for its forward only (a frozen tower that is only read): no
@@ -720,6 +732,7 @@ impl Transformer {
             d_input: grad(if self.config.pre_norm { rows * w } else { 0 }),
             memory: b.zeros(memory),
             d_memory: grad(memory),
+            memory_gradient: backward,
             forward_only: !backward,
         }
     }
@@ -764,11 +777,12 @@ impl Transformer {
             None => b.axpby(1.0, d_out, 0.0, d),
         }
         let cross = self.config.cross_width.is_some();
-        if cross {
+        let d_memory = cross && a.memory_gradient;
+        if d_memory {
             b.fill(&mut a.d_memory, 0.0);
         }
         for (i, (block, acts)) in self.blocks.iter().zip(&mut a.blocks).enumerate().rev() {
-            let memory = cross.then_some((&a.memory, &mut a.d_memory));
+            let memory = cross.then_some((&a.memory, d_memory.then_some(&mut a.d_memory)));
             block.backward(b, p, acts, (&a.stream[i], key_mask), memory, d);
         }
         match &self.ln_pre {

@@ -178,7 +178,8 @@ impl<B: Backend> BlipDecoder<B> {
         });
         Ok(Workspace {
             position_ids: TokenIndex::new(b, &ids, c.seq_len())?,
-            decoder: (self.decoder).cross_activations(b, batch, fed, c.image_tokens),
+            // The vision tower is frozen: its tokens need no gradient.
+            decoder: (self.decoder).cross_activations(b, (batch, fed, c.image_tokens), false),
             hidden: b.zeros(batch * fed * w),
             head: HeadActivations::new(b, c, rows, true),
             logits: b.zeros(rows * c.vocab_size),

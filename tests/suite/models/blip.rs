@@ -692,3 +692,40 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
     assert!(format!("{e:#}").contains("gpt2-tiny"), "{e:#}");
     std::fs::remove_dir_all(&out).unwrap();
 }
+
+/// `bench train` and `bench decode` time a BLIP folder named by a run
+/// config's `decoder`: its network (not a fresh prefix decoder) on
+/// captions in its own ids and image tokens of its tower's shape.
+#[test]
+fn the_benchmarks_time_a_blip_folder() {
+    use captune::captioner::bench::{BenchModel, Workload, decode_throughput, train_throughput};
+    let dir = std::env::temp_dir().join(format!(
+        "captune-blip-bench-{}",
+        tensorfile::temporary_suffix()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("blip.toml");
+    let mut run = captune::captioner::run::RunConfig::preset("tiny").unwrap();
+    run.model.decoder = Some(format!("hf:{}", folder().display()));
+    run.model.max_len = 9;
+    run.train.batch = 4;
+    std::fs::write(&config, run.to_toml()).unwrap();
+    let b = CpuBackend::new();
+    let bench = BenchModel::new("tiny", Some(&config), 79, None).unwrap();
+    for workload in [Workload::Synthetic, Workload::Shapes] {
+        let t = train_throughput(&b, &bench, "mle", workload, 1, 2).unwrap();
+        let timed = from_blip(&b, blip::read(&folder()).unwrap(), 9, Prompt::default()).unwrap();
+        assert_eq!(t.parameters, timed.params().count(), "the folder's network");
+        assert!(
+            t.tokens_per_s > 0.0 && t.tokens_per_step <= 4.0 * 8.0,
+            "{t:?}"
+        );
+        if workload == Workload::Synthetic {
+            assert_eq!(t.tokens_per_step, 4.0 * 8.0, "full-length captions");
+        }
+    }
+    let d = decode_throughput(&b, &bench, None, None, &Decoding::Greedy, 3).unwrap();
+    assert_eq!((d.images, d.captions), (3, 3));
+    assert!(d.tokens >= 3 && d.tokens <= 3 * 8, "{d:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

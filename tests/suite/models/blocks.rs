@@ -62,7 +62,7 @@ fn output<B: Backend>(
     memory: &[f32],
 ) -> Vec<f32> {
     let mut acts = match t.config.cross_width {
-        Some(_) => t.cross_activations(b, BATCH, SEQ, MEMORY_LEN),
+        Some(_) => t.cross_activations(b, (BATCH, SEQ, MEMORY_LEN), true),
         None => t.activations(b, BATCH, SEQ),
     };
     b.write(acts.input(), input);
@@ -283,7 +283,7 @@ fn gradients<B: Backend>(
 ) -> (Vec<f32>, Vec<f32>, Vec<Vec<f32>>) {
     let cross = t.config.cross_width.is_some();
     let mut acts = match cross {
-        true => t.cross_activations(b, BATCH, SEQ, MEMORY_LEN),
+        true => t.cross_activations(b, (BATCH, SEQ, MEMORY_LEN), true),
         false => t.activations(b, BATCH, SEQ),
     };
     b.write(acts.input(), input);
