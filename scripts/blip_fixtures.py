@@ -45,6 +45,9 @@ GELU, layer-norm epsilon 1e-12) whose prediction head's decoder is tied
 to the word embeddings. The text hidden size differs from the vision
 width, the MLP widths are not multiples of the widths, and the start id
 is not 0, 1 or 2, so a loader that confused any of them would fail.
+
+`blip_fixtures.py smile` adds blip_tiny_smile_expected.safetensors, one
+SMILE step on the folder as it is (see `smile`).
 """
 
 import json
@@ -224,5 +227,66 @@ def main():
     print("loss", loss.item(), "tensors", len(expected))
 
 
+def smile():
+    """`blip_fixtures.py smile`: blip_tiny_smile_expected.safetensors, one
+    step of SMILE's recipe mix (0.01 MLE + 0.99 SMILE, first token by MLE)
+    on the folder as it is, from the image tokens and captions the main
+    fixture stores (so that both sides start from the same float32
+    values): `loss` and `grad.NAME` for every text decoder tensor.
+
+    SMILE (Yue et al., 2023) as captune computes it: at each step a
+    softmax over the unique ids of the caption's targets (its pieces and
+    [SEP]) instead of the whole vocabulary, except step 0, whose softmax
+    is the whole policy's (padding and [DEC] at -inf); the mean over the
+    captions' real targets.
+    """
+    model = BlipForConditionalGeneration.from_pretrained(FOLDER).double().eval()
+    from safetensors.torch import load_file
+
+    stored = load_file(os.path.join(ROOT, "blip_tiny_expected.safetensors"))
+    image_tokens = stored["image_tokens"].double()
+    lengths = [int(n) for n in stored["lengths"]]
+    fed = stored["input_ids"].long()
+    targets = torch.full(fed.shape, -1, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        targets[i, : n - 1] = fed[i, 1:n]
+        targets[i, n - 1] = SEP
+    decoder = model.text_decoder
+    decoder.zero_grad()
+    logits = decoder(
+        input_ids=fed,
+        attention_mask=torch.ones_like(fed),
+        encoder_hidden_states=image_tokens,
+        return_dict=True,
+    ).logits
+    policy = logits.clone()
+    policy[:, :, [PAD, BOS]] = float("-inf")
+    real = targets >= 0
+
+    def mean_nll(allowed):
+        masked = policy.masked_fill(~allowed, float("-inf"))
+        picked = torch.log_softmax(masked, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        return -torch.where(real, picked, 0.0).sum() / real.sum()
+
+    allowed = torch.zeros(policy.shape, dtype=torch.bool)
+    for r in range(fed.shape[0]):
+        allowed[r, :, [int(t) for t in targets[r] if int(t) >= 0]] = True
+    allowed[:, 0, :] = True
+    everything = torch.ones(policy.shape, dtype=torch.bool)
+    loss = 0.01 * mean_nll(everything) + 0.99 * mean_nll(allowed)
+    loss.backward()
+    expected = {"loss": loss.detach().reshape(1)}
+    for name, p in decoder.named_parameters():
+        if p.grad is not None:
+            expected[f"grad.text_decoder.{name}"] = p.grad.detach().clone()
+    save_file(
+        {k: v.float().contiguous() for k, v in expected.items()},
+        os.path.join(ROOT, "blip_tiny_smile_expected.safetensors"),
+    )
+    print("smile loss", loss.item(), "tensors", len(expected))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    smile() if sys.argv[1:] == ["smile"] else main()

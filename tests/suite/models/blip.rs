@@ -132,8 +132,14 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
         (loss - want_loss).abs() < 1e-5 * want_loss,
         "{what}: loss {loss}, transformers {want_loss}"
     );
+    same_gradients(want, &grads, what);
+}
+
+/// Every gradient in `grads` (by captune's names) equals the fixture's
+/// `grad.NAME` (by transformers' names) within 1e-4 of its largest.
+fn same_gradients(fixture: TensorFile, grads: &HashMap<String, Vec<f32>>, what: &str) {
     let config = blip::read(&folder()).unwrap().config;
-    let mut fixture = want.tensors;
+    let mut fixture = fixture.tensors;
     let expected_grads = text_decoder_tensors(&config.text_config, MAX_LEN - 1, |name| {
         Ok(fixture.remove(&format!("grad.{name}")).unwrap())
     })
@@ -150,6 +156,85 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
             "{what}: the gradient of {name} differs by {d} of its largest"
         );
     }
+}
+
+/// One step of SMILE's recipe (0.01 MLE + 0.99 SMILE, the first token by
+/// MLE) through the objective registry on the BLIP decoder: its loss and
+/// every gradient equal what PyTorch computes in float64 on the same
+/// image tokens and captions (scripts/blip_fixtures.py smile).
+fn smile_matches_transformers<B: Backend>(b: &B, what: &str) {
+    use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
+    use captune::captioner::objectives::{self, settings::SettingValue};
+    use rand::SeedableRng;
+    let want = expected();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/blip_tiny_smile_expected.safetensors");
+    let smile = tensorfile::read(&path).unwrap();
+    let mut ck = blip_checkpoint(b, &folder(), blip::read(&folder()).unwrap(), MAX_LEN, None);
+    let ck = ck.as_mut().unwrap();
+    let end = ck.model.config.specials.end;
+    let sequences: Vec<Vec<u32>> = fed(&want)
+        .into_iter()
+        .map(|s| s.into_iter().chain([end]).collect())
+        .collect();
+    let settings = [
+        (
+            "first_token".to_string(),
+            SettingValue::Choice("mle".into()),
+        ),
+        ("mle_weight".to_string(), SettingValue::Number(0.01)),
+    ]
+    .into_iter()
+    .collect();
+    let mut objective = objectives::build::<B>("smile", &settings, ck.vocab.len()).unwrap();
+    let batch = TrainingBatch {
+        inputs: want.tensors["image_tokens"].data.clone(),
+        embeddings: None,
+        sequences,
+        images: vec![0, 1],
+        labelled: None,
+    };
+    let corpus = TrainingCorpus::new("blip-smile", vec![Vec::new(); 2]);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    ck.model.params_mut().zero_grads(b);
+    let mut cx = StepContext {
+        b,
+        model: &mut ck.model,
+        vocab: &ck.vocab,
+        batch: &batch,
+        corpus: &corpus,
+        gradient_weight: 1.0,
+        retriever: None,
+        rng: &mut rng,
+        monitor: true,
+    };
+    objective.step(&mut cx).unwrap();
+    let read: Vec<f32> = objective.logged().iter().map(|t| b.to_vec(t)[0]).collect();
+    let loss = objective.report(&read)[0];
+    assert_eq!(loss.0, "loss");
+    let want_loss = smile.tensors["loss"].data[0];
+    assert!(
+        (loss.1 - want_loss).abs() < 1e-5 * want_loss,
+        "{what}: loss {}, PyTorch {want_loss}",
+        loss.1
+    );
+    let params = ck.model.params();
+    let grads = (params.specs.iter())
+        .zip(&params.grads)
+        .map(|(s, g)| (s.name.clone(), b.to_vec(g)))
+        .collect();
+    same_gradients(smile, &grads, what);
+}
+
+#[test]
+fn a_smile_step_on_blip_matches_pytorch_on_the_cpu() {
+    smile_matches_transformers(&CpuBackend::new(), "CPU");
+}
+
+#[test]
+fn a_smile_step_on_blip_matches_pytorch_on_the_gpu() {
+    let Some(g) = gpu() else { return };
+    smile_matches_transformers(&g, "GPU");
 }
 
 #[test]
