@@ -11,6 +11,7 @@ use captune::device::{self, DeviceChoice};
 use captune::source::DataArgs;
 use captune::source::embeddings::FeatureSource;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
+use captune::source::image_tokens;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -101,29 +102,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         }
     }
     let trained_on = recorded(args)?;
-    let (data, features) = (args.data.clone(), args.features.clone());
-    // Embedding the images happens once, on the chosen device, while the
-    // window shows the progress; the data then lives on the host and is
-    // shared by the UI, trainer and scorer.
-    let load: window::Loader = Box::new(move |progress| {
-        let selection = device::select(device_choice)?;
-        eprintln!("{selection}");
-        let trained_on = trained_on.as_ref().map(|(record, source)| TrainedOn {
-            record: record.as_path(),
-            source,
-        });
-        let (data, judged) = captune::with_backend!(&selection.backend, b => {
-            embeddings::load(b, &data, &features, trained_on, progress).map(|(d, r)| (d, r.is_some()))
-        })?;
-        // The retriever caption_data kept as the judge of these embeddings
-        // (recorded in their source).
-        let retriever = data
-            .source
-            .as_ref()
-            .filter(|_| judged)
-            .and_then(|s| s.retriever.clone());
-        Ok(window::Loaded { data, retriever })
-    });
+    let mut blip = None;
     let source = if let Some(dir) = &args.follow {
         Source::Follow(dir.clone())
     } else if let Some(path) = &args.checkpoint {
@@ -133,6 +112,9 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             Some(path) => RunConfig::load(path)?,
             None => RunConfig::preset(&args.preset)?,
         };
+        if args.init.is_none() {
+            blip = config.model.blip_folder()?;
+        }
         let out = match &args.out {
             Some(out) => {
                 if RunFolder::new(out).holds_run() {
@@ -157,6 +139,36 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             autostart: args.start,
         }))
     };
+    let (data, features) = (args.data.clone(), args.features.clone());
+    // Embedding the images happens once, on the chosen device, while the
+    // window shows the progress; the data then lives on the host and is
+    // shared by the UI, trainer and scorer.
+    let load: window::Loader = Box::new(move |progress| {
+        let selection = device::select(device_choice)?;
+        eprintln!("{selection}");
+        let trained_on = trained_on.as_ref().map(|(record, source)| TrainedOn {
+            record: record.as_path(),
+            source,
+        });
+        let (data, judged) = captune::with_backend!(&selection.backend, b => {
+            let (mut data, retriever) = embeddings::load(b, &data, &features, trained_on, progress)?;
+            // A new run of a BLIP decoder reads its vision tower's tokens.
+            if let Some(dir) = &blip
+                && data.image_tokens.is_none()
+            {
+                image_tokens::attach(b, &mut data, dir, progress)?;
+            }
+            anyhow::Ok((data, retriever.is_some()))
+        })?;
+        // The retriever caption_data kept as the judge of these embeddings
+        // (recorded in their source).
+        let retriever = data
+            .source
+            .as_ref()
+            .filter(|_| judged)
+            .and_then(|s| s.retriever.clone());
+        Ok(window::Loaded { data, retriever })
+    });
     window::run(
         load,
         source,

@@ -342,6 +342,55 @@ fn a_live_gpt2_run_fills_every_panel() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// A live run of a BLIP captioner (the tiny random folder, its image
+/// tokens attached to the data as `app --config` attaches them): the loss
+/// curves fill, the samples are its decoded pieces, and the inspector
+/// scores a typed caption piece by piece, a word split into a piece and
+/// its continuation, up to [SEP].
+#[test]
+fn a_live_blip_run_fills_its_panels_and_the_inspector_scores_pieces() {
+    const EPOCHS: usize = 2;
+    let out = temp("live-blip");
+    let mut config = tiny_config();
+    config.train.epochs = EPOCHS;
+    let blip = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/blip-tiny");
+    config.model.decoder = Some(format!("hf:{}", blip.display()));
+    let mut data = tiny_data();
+    let b = CpuBackend::new();
+    let progress = captune::progress::Progress::hidden();
+    captune::source::image_tokens::attach(&b, &mut data, &blip, &progress).unwrap();
+    let mut h = harness_on(data, live_cpu_run(config, &out, true));
+    step_until(&mut h, "the end of the run", |a| {
+        a.live_status().is_some_and(|s| s.state == State::Finished)
+    });
+    step_until(&mut h, "the last records", |a| {
+        a.history.metrics.last().map(|m| m.epoch) == Some(EPOCHS)
+    });
+    assert!(h.query_all_by_label_contains(", MLE ").count() > 0);
+    let sample = h.state().history.samples.last().unwrap().clone();
+    let pieces: Vec<&str> = sample.tokens.iter().map(|t| t.token.as_str()).collect();
+    assert!(
+        pieces.iter().all(|p| !p.is_empty()),
+        "a sample's tokens are WordPiece pieces: {pieces:?}"
+    );
+    let scores = |a: &CaptuneApp| -> Option<Vec<String>> {
+        a.scored(captune::app::scorer::Asker::Inspector)
+            .map(|t| t.iter().map(|s| s.token.clone()).collect())
+    };
+    h.get_by_label("Inspector").click_accesskit();
+    h.run();
+    step_until(&mut h, "the reference's scores", |a| scores(a).is_some());
+    h.get_by_role(Role::TextInput).focus();
+    h.run();
+    h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
+    h.get_by_role(Role::TextInput).type_text("two red balls");
+    h.run();
+    step_until(&mut h, "the typed caption's pieces", |a| {
+        scores(a).is_some_and(|t| t == ["two", "red", "ball", "##s", "[SEP]"])
+    });
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 fn log_line(step: usize, objective: &str, mle: f64, smile: f64) -> String {
     format!(
         r#"{{"step":{step},"epoch":1,"objective":"{objective}","loss":{mle},"mle":{mle},"smile":{smile},"lr":0.001,"grad_norm":1.0,"tokens_per_s":1000.0}}"#
