@@ -5,7 +5,6 @@ use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::blip_checkpoint;
-use captune::data::image_processor::ImageProcessor;
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
 use captune::model::vision::patches_of_pixels;
@@ -216,17 +215,8 @@ fn caption_with_blip<B: Backend>(
     args: &CaptionArgs,
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
-    let processor = ImageProcessor::load(dir)?;
+    let processor = blip::processor(dir, &folder.config)?;
     let v = folder.config.vision_config.clone();
-    if processor.side() as usize != v.image_size {
-        bail!(
-            "{}: preprocessor_config.json makes {} pixels a side, but config.json's vision tower \
-             reads {}: the processor and the model are of different folders",
-            dir.display(),
-            processor.side(),
-            v.image_size
-        );
-    }
     let mut vision = BlipVision::new(b, &mut folder)?;
     let prompt = args.prompt.as_deref();
     let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;

@@ -18,6 +18,7 @@ use super::params::Params;
 use super::transformer::TransformerConfig;
 use super::vision::{VisionConfig, VisionTower, VisionWork, patch_rows};
 use crate::backend::Backend;
+use crate::data::image_processor::ImageProcessor;
 use crate::tensorfile::{Tensor, TensorFile};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -227,6 +228,22 @@ pub struct Blip {
     pub weights: TensorFile,
     /// Where the weights came from, for errors.
     pub weights_path: PathBuf,
+}
+
+/// The image processor of the BLIP folder `dir` (read as `config`),
+/// which must make the pixels its vision tower reads.
+pub fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
+    let processor = ImageProcessor::load(dir)?;
+    let side = config.vision_config.image_size;
+    if processor.side() as usize != side {
+        bail!(
+            "{}: preprocessor_config.json makes {} pixels a side, but config.json's vision tower \
+             reads {side}: the processor and the model are of different folders",
+            dir.display(),
+            processor.side()
+        );
+    }
+    Ok(processor)
 }
 
 /// Reads a BLIP folder's config (checked) and weights.

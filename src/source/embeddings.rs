@@ -5,7 +5,7 @@
 //! another encoder.
 
 use super::image_tokens::TokenRows;
-use super::{DataArgs, DataSource, absolute};
+use super::{DataArgs, DataSource, absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
 use crate::data::features::Features;
@@ -359,18 +359,7 @@ fn embed_cached<B: Backend>(
 ) -> Result<Vec<f32>> {
     let mut listing = format!("{encoder}\n{}\n", r.image_reading());
     for item in &data.items {
-        let meta = std::fs::metadata(&item.image).ok();
-        let modified = meta
-            .as_ref()
-            .and_then(|m| m.modified().ok())
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        let len = meta.map_or(0, |m| m.len());
-        listing.push_str(&format!(
-            "{}\t{}\t{len}\t{modified}\n",
-            item.id,
-            item.image.display()
-        ));
+        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
     }
     let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
     if cached.is_file() {

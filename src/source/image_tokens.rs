@@ -4,10 +4,10 @@
 //! weights and the images; then read a batch's rows at a time.
 
 use super::embeddings::CaptionData;
+use super::{absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
 use crate::data::Dataset;
-use crate::data::image_processor::ImageProcessor;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
 use crate::model::blip::{self, BlipVision};
 use crate::model::hf::HfFolder;
@@ -50,13 +50,14 @@ pub fn attach<B: Backend>(
     progress: &Progress,
 ) -> Result<()> {
     let weights = blip_weights(folder)?;
-    let mut listing = format!("blip-vision\n{}\n", identity(&weights));
+    let weights = file_identity(&absolute(&weights));
+    let mut listing = format!("blip-vision\n{weights}\n");
     for item in &data.data.items {
-        listing.push_str(&format!("{}\t{}\n", item.id, identity(&item.image)));
+        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
     }
     let key = fingerprint(listing.as_bytes());
     let path = cache::image_tokens(&data.data.name, &key);
-    let encoder = format!("blip-vision:{}", fingerprint(identity(&weights).as_bytes()));
+    let encoder = format!("blip-vision:{}", fingerprint(weights.as_bytes()));
     if !path.is_file() {
         compute(b, &data.data, folder, &path, &encoder, progress)?;
     } else {
@@ -80,7 +81,7 @@ pub fn attach<B: Backend>(
         .collect::<Result<Vec<usize>>>()?;
     data.image_tokens = Some(TokenRows { file, rows });
     if let Some(source) = &mut data.source {
-        source.image_tokens = Some(super::absolute(folder));
+        source.image_tokens = Some(absolute(folder));
     }
     Ok(())
 }
@@ -98,18 +99,6 @@ fn blip_weights(folder: &Path) -> Result<std::path::PathBuf> {
     Ok(weights)
 }
 
-/// A file's path, size and modification time: what says it changed.
-fn identity(path: &Path) -> String {
-    let meta = std::fs::metadata(path).ok();
-    let modified = meta
-        .as_ref()
-        .and_then(|m| m.modified().ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    let len = meta.map_or(0, |m| m.len());
-    format!("{}\t{len}\t{modified}", super::absolute(path).display())
-}
-
 /// Every item's tokens into the file `path`, in item order.
 fn compute<B: Backend>(
     b: &B,
@@ -120,17 +109,8 @@ fn compute<B: Backend>(
     progress: &Progress,
 ) -> Result<()> {
     let mut blip = blip::read(folder)?;
-    let processor = ImageProcessor::load(folder)?;
+    let processor = blip::processor(folder, &blip.config)?;
     let v = blip.config.vision_config.clone();
-    if processor.side() as usize != v.image_size {
-        bail!(
-            "{}: preprocessor_config.json makes {} pixels a side, but config.json's vision tower \
-             reads {}: the processor and the model are of different folders",
-            folder.display(),
-            processor.side(),
-            v.image_size
-        );
-    }
     let mut vision = BlipVision::new(b, &mut blip)?;
     let shape = TokenShape {
         tokens: v.tokens(),

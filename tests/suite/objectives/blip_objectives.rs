@@ -8,13 +8,11 @@
 
 use crate::common;
 
-use captune::backend::Backend;
-use captune::captioner::objectives;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
-use captune::captioner::records::{Event, Flow};
+use captune::captioner::records::Flow;
 use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;
-use captune::captioner::{CaptionVocab, Checkpoint, DecoderFamily};
+use captune::captioner::{CaptionVocab, DecoderFamily};
 use captune::cpu::CpuBackend;
 use captune::data::image_processor::ImageProcessor;
 use captune::model::blip::{self, BlipVision};
@@ -22,7 +20,7 @@ use captune::model::vision::patches_of_pixels;
 use captune::progress::Progress;
 use captune::source::embeddings::CaptionData;
 use captune::source::image_tokens;
-use common::{new_run, tiny_data, tiny_retriever};
+use common::{new_run, tiny_data};
 use std::path::PathBuf;
 
 fn blip_folder() -> PathBuf {
@@ -119,75 +117,14 @@ fn image_tokens_are_the_vision_tower_s_and_cached() {
     assert_eq!(again.inputs_of(&items).unwrap(), got);
 }
 
-/// A tensor of the text decoder that every objective trains.
-fn head_norm(b: &CpuBackend, ck: &Checkpoint<CpuBackend>) -> Vec<f32> {
-    let p = &ck.model.params();
-    let at = p
-        .specs
-        .iter()
-        .position(|s| s.name == "head.ln.weight")
-        .unwrap();
-    b.to_vec(&p.values[at])
-}
-
 /// Every objective trains a BLIP captioner for two tiny epochs (12
-/// steps): the loss stays finite and the decoder moves; an objective that
-/// rewards nothing lowers its loss from the first epoch to the second;
-/// the run's checkpoint brings the tokenizer back.
+/// steps) on the tiny world's image tokens; its prediction head's layer
+/// norm moves under each, and its checkpoint brings the WordPiece
+/// tokenizer back.
 #[test]
 fn every_objective_trains_a_blip_captioner() {
-    let b = CpuBackend::new();
-    let data = blip_data(&b);
-    for info in objectives::OBJECTIVES {
-        let mut config = blip_run(info.name);
-        config.train.lr = 3e-3;
-        // A random BLIP's rewards are noise, which the guard would call a
-        // collapse.
-        config.train.collapse_stop = false;
-        let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
-        let before = head_norm(&b, &ck);
-        let mut retriever = tiny_retriever(&b, &data, 8);
-        let name = format!("blip-objective-{}", info.name);
-        let (mut trainer, dir) = new_run(&b, &mut ck, &data, &config, &name, Some(&mut retriever));
-        let mut losses = Vec::new();
-        for _ in 0..12 {
-            trainer
-                .train_batch(&b, |e| {
-                    if let Event::Log(line) = e {
-                        losses.push(line.values["loss"]);
-                    }
-                    Flow::Continue
-                })
-                .unwrap();
-        }
-        trainer.save(&b, &dir.join("blip.safetensors")).unwrap();
-        drop(trainer);
-        assert_eq!(losses.len(), 12, "{}: a log line per step", info.name);
-        assert!(
-            losses.iter().all(|l| l.is_finite()),
-            "{}: losses {losses:?}",
-            info.name
-        );
-        assert_ne!(
-            before,
-            head_norm(&b, &ck),
-            "{}: the decoder learns",
-            info.name
-        );
-        if info.reward.is_none() {
-            let epoch = |e: &[f32]| e.iter().sum::<f32>() / 6.0;
-            let (first, second) = (epoch(&losses[..6]), epoch(&losses[6..]));
-            assert!(second < first, "{}: the loss falls: {losses:?}", info.name);
-        }
-        let loaded = Checkpoint::load(&b, &dir.join("blip.safetensors")).unwrap();
-        assert_eq!(
-            loaded.vocab, ck.vocab,
-            "{}: the tokenizer comes back",
-            info.name
-        );
-        assert_eq!(loaded.model.config, ck.model.config);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
+    let data = blip_data(&CpuBackend::new());
+    common::every_objective_trains(&data, blip_run, "head.ln.weight");
 }
 
 /// SMILE's first-token shift needs reserved alternatives, which
