@@ -79,6 +79,11 @@ class Inputs(unittest.TestCase):
             load_checkpoint(DATA / "golden_retriever.safetensors")
         with self.assertRaisesRegex(CheckpointError, "no such file"):
             load_checkpoint(self.path / "missing.safetensors")
+        blip = self.path / "blip.safetensors"
+        save_file({"head.bias": torch.zeros(3)}, str(blip), metadata={
+            "format": "captune captioner", "captioner_config": '{"family": "blip"}'})
+        with self.assertRaisesRegex(CheckpointError, "blip.safetensors: a blip captioner; .*captune train"):
+            load_checkpoint(blip)
         bad = self.path / "dataset.json"
         bad.write_text('{"images": [\n  {"split": "train",}\n]}')
         with self.assertRaisesRegex(DataError, r"dataset.json: malformed JSON at line 2 column"):
