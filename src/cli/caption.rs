@@ -4,10 +4,9 @@ use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
-use captune::captioner::decoders::blip::blip_checkpoint;
+use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
-use captune::model::vision::patches_of_pixels;
 use captune::progress::Progress;
 use captune::retriever::frozen::FrozenRetriever;
 use captune::source::embeddings::FeatureSource;
@@ -199,10 +198,6 @@ fn print_caption(file: &str, caption: &str, ids: &[u32], json: bool) {
     }
 }
 
-/// Longest caption a BLIP folder is asked for, in pieces with the end:
-/// SMILE's recipe decodes up to 75 (BLIP's own default is 20).
-const BLIP_CAPTION_IDS: usize = 75;
-
 /// Images captioned per vision-tower batch.
 const BLIP_IMAGES_PER_BATCH: usize = 16;
 
@@ -216,7 +211,6 @@ fn caption_with_blip<B: Backend>(
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
     let processor = blip::processor(dir, &folder.config)?;
-    let v = folder.config.vision_config.clone();
     let mut vision = BlipVision::new(b, &mut folder)?;
     let prompt = args.prompt.as_deref();
     let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
@@ -224,14 +218,8 @@ fn caption_with_blip<B: Backend>(
     let bar = progress.start("captioning", files.len() as u64);
     let options = args.decoding.options(&bar);
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
-        let mut pixels = Vec::new();
-        for file in chunk {
-            let image = image::open(file)
-                .with_context(|| format!("{}: cannot read the image", file.display()))?;
-            pixels.extend(processor.pixels(&image.to_rgb8()));
-        }
-        let patches = patches_of_pixels(&pixels, v.image_size, v.patch_size);
-        let tokens = vision.image_tokens(b, &patches)?;
+        let paths: Vec<&Path> = chunk.iter().map(PathBuf::as_path).collect();
+        let tokens = vision.tokens_of_files(b, &processor, &paths)?;
         let generated = generate(b, &ck.model, &tokens, &args.decoding.decode, &options)?;
         for g in generated {
             let caption = ck.vocab.decode(&g.ids);

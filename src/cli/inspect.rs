@@ -8,14 +8,16 @@ use super::captioner::Captioner;
 use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
+use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::explain::{ExplainContext, Explanation};
 use captune::captioner::inspect::{TokenScore, score_caption};
 use captune::captioner::objectives::{self, OBJECTIVES};
 use captune::data::tokenize::ptb_tokenize;
+use captune::model::blip::{self, BlipVision};
 use captune::progress::Progress;
 use captune::source::DataArgs;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct InspectArgs {
@@ -23,11 +25,17 @@ pub struct InspectArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub features: FeatureArgs,
+    /// A captioner checkpoint, or a Hugging Face BLIP folder as it is
+    /// (hf:FOLDER), which scores the caption of an image file.
     #[arg(long)]
     pub checkpoint: PathBuf,
-    /// The image id in the data set.
+    /// The image id in the data set; with hf:FOLDER, an image file.
     #[arg(long)]
     pub image: String,
+    /// With hf:FOLDER: text fed before the caption, never scored (BLIP's
+    /// "a picture of"), as `caption --prompt` feeds it.
+    #[arg(long, value_name = "TEXT")]
+    pub prompt: Option<String>,
     /// The caption to score (tokenised as the references are).
     #[arg(long)]
     pub caption: String,
@@ -50,6 +58,14 @@ pub struct InspectArgs {
 }
 
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
+    if let Some(dir) = args.checkpoint.to_str().and_then(|s| s.strip_prefix("hf:")) {
+        return inspect_blip(b, Path::new(dir), args);
+    }
+    if args.prompt.is_some() {
+        bail!(
+            "--prompt is for a BLIP folder (--checkpoint hf:FOLDER); a trained captioner feeds its own"
+        );
+    }
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
     let (data, mut retriever) = embeddings::load(
@@ -114,6 +130,34 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     print_scores(&scores);
     if let Some(e) = explained {
         print_explanation(&e);
+    }
+    Ok(())
+}
+
+/// Scores the caption of the image file `--image` under a Hugging Face
+/// BLIP folder as it is: its processor, vision tower, text decoder and
+/// tokenizer.
+fn inspect_blip<B: Backend>(b: &B, dir: &Path, args: &InspectArgs) -> Result<()> {
+    if let Some(name) = &args.objective.objective {
+        bail!(
+            "--objective {name} explains a trained captioner's caption among its data's images; \
+             for a BLIP folder as it is, inspect gives each piece's MLE and SMILE losses"
+        );
+    }
+    let mut folder = blip::read(dir)?;
+    let processor = blip::processor(dir, &folder.config)?;
+    let mut vision = BlipVision::new(b, &mut folder)?;
+    let prompt = args.prompt.as_deref();
+    let mut ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
+    let tokens = vision.tokens_of_files(b, &processor, &[Path::new(&args.image)])?;
+    let ids = ck
+        .vocab
+        .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;
+    let scores = score_caption(b, &mut ck.model, &ck.vocab, &tokens, &ids)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&scores)?);
+    } else {
+        print_scores(&scores);
     }
     Ok(())
 }

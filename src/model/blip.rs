@@ -611,6 +611,9 @@ pub struct BlipVision<B: Backend> {
     pub tower: VisionTower,
     params: Params<B>,
     works: Vec<VisionWork<B>>,
+    /// The pixels of an image's side, and of a patch's.
+    side: usize,
+    patch: usize,
 }
 
 impl<B: Backend> BlipVision<B> {
@@ -627,6 +630,8 @@ impl<B: Backend> BlipVision<B> {
             tower,
             params,
             works: Vec::new(),
+            side: v.image_size,
+            patch: v.patch_size,
         })
     }
 
@@ -655,6 +660,24 @@ impl<B: Backend> BlipVision<B> {
         let work = &mut self.works[at];
         self.tower.forward(b, &self.params, work, patches);
         Ok(b.to_vec(&work.hidden))
+    }
+
+    /// The image tokens `[files, tokens, width]` of image files, as the
+    /// folder's `processor` prepares them.
+    pub fn tokens_of_files(
+        &mut self,
+        b: &B,
+        processor: &ImageProcessor,
+        files: &[&Path],
+    ) -> Result<Vec<f32>> {
+        let mut pixels = Vec::new();
+        for file in files {
+            let image = image::open(file)
+                .with_context(|| format!("{}: cannot read the image", file.display()))?;
+            pixels.extend(processor.pixels(&image.to_rgb8()));
+        }
+        let patches = super::vision::patches_of_pixels(&pixels, self.side, self.patch);
+        self.image_tokens(b, &patches)
     }
 }
 

@@ -452,6 +452,11 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
     }
 }
 
+/// Longest caption a BLIP folder is asked for as it is (`caption`,
+/// `inspect`), in pieces with the end: SMILE's recipe decodes up to 75
+/// (BLIP's own default is 20).
+pub const BLIP_CAPTION_IDS: usize = 75;
+
 /// The BLIP folder `dir`'s text decoder (from `blip`, read from it) and
 /// its tokenizer, for captions of at most `max_len` ids (fewer where the
 /// decoder has fewer positions), fed after `prompt` when there is one.

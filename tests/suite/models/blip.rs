@@ -814,3 +814,66 @@ fn the_benchmarks_time_a_blip_folder() {
     assert!(d.tokens >= 3 && d.tokens <= 3 * 8, "{d:?}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `inspect --checkpoint hf:FOLDER --image FILE` scores a caption of an
+/// image file under the folder as it is: each piece's MLE loss is -log p
+/// of the piece under the decoder reading transformers' image tokens of
+/// that file (the fixture's `processed_tokens`), so the file's pixels,
+/// the tower and the scoring agree with transformers; after a prompt the
+/// prompt's pieces are fed, not scored; an objective is refused.
+#[test]
+fn inspect_scores_a_caption_of_an_image_file_under_a_blip_folder() {
+    let want = expected();
+    let hf = format!("hf:{}", folder().display());
+    let image = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images/wide.png");
+    let inspect = |extra: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+            .args(["--device", "cpu", "inspect", "--checkpoint", &hf, "--image"])
+            .arg(&image)
+            .args(["--json", "--caption"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        (out.status.success(), text, err)
+    };
+    let (ok, out, err) = inspect(&["a dog runs"]);
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let tokens: Vec<&str> = rows.iter().map(|r| r["token"].as_str().unwrap()).collect();
+    assert_eq!(tokens, ["a", "dog", "runs", "[SEP]"]);
+    // The same caption scored here on transformers' tokens of wide.png.
+    let b = CpuBackend::new();
+    let mut m = model(&b);
+    let c = m.config;
+    let per_image = c.image_input_len();
+    let tokens_of_wide = &want.tensors["processed_tokens"].data[..per_image];
+    let fed = vec![vec![c.specials.start, 5, 10, 22]];
+    let inputs = TokenInputs::new(&b, &c, &fed).unwrap();
+    m.forward(&b, tokens_of_wide, &inputs).unwrap();
+    let logits = b.to_vec(m.logits());
+    let v = c.vocab_size;
+    for (p, (row, target)) in rows.iter().zip([5u32, 10, 22, c.specials.end]).enumerate() {
+        let z = &logits[p * v..(p + 1) * v];
+        let max = z.iter().fold(f32::MIN, |a, &x| a.max(x)) as f64;
+        let lse = max + z.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+        let nll = lse - z[target as usize] as f64;
+        let got = row["mle_loss"].as_f64().unwrap();
+        assert!(
+            (got - nll).abs() < 1e-4 * nll.max(1.0),
+            "piece {p}: {got} vs {nll}"
+        );
+    }
+    let (ok, out, err) = inspect(&["dogs", "--prompt", "a picture of"]);
+    assert!(ok, "{err}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let tokens: Vec<&str> = rows.iter().map(|r| r["token"].as_str().unwrap()).collect();
+    assert_eq!(
+        tokens,
+        ["dog", "##s", "[SEP]"],
+        "the prompt is fed, not scored"
+    );
+    let (ok, _, err) = inspect(&["a dog", "--objective", "scst"]);
+    assert!(!ok && err.contains("--objective scst"), "{err}");
+}
