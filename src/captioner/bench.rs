@@ -524,6 +524,13 @@ pub fn decode_throughput<B: Backend>(
     let dim = ck.model.config.image_input_len();
     let features = match features {
         Some(path) => {
+            if ck.model.config.image_tokens > 0 {
+                anyhow::bail!(
+                    "--features {}: this captioner reads a vision tower's image tokens, not \
+                     embeddings from a features file; leave --features out",
+                    path.display()
+                );
+            }
             let mut file = crate::data::features::Features::load(path, None)?;
             if file.dim != dim {
                 anyhow::bail!(

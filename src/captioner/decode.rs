@@ -161,6 +161,10 @@ pub struct DecodeOptions {
     pub suppress_unk: bool,
     /// Advanced by one for each image captioned.
     pub progress: Option<indicatif::ProgressBar>,
+    /// The first image's index among all that a caller decodes in parts:
+    /// the rows' random draws go on where the parts before left off, so
+    /// the captions are those of one call.
+    pub first_image: usize,
 }
 
 /// One generated caption.
@@ -287,7 +291,7 @@ pub fn generate<B: Backend>(
         let generated = match *decoding {
             Decoding::Greedy => choose_on_device(b, &mut decoder, ChoiceRule::Greedy, 0, 0, banned),
             Decoding::Gumbel { seed, .. } => {
-                let first_row = (first * per_row) as u32;
+                let first_row = ((options.first_image + first) * per_row) as u32;
                 let rule = ChoiceRule::Gumbel;
                 choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
             }
@@ -303,7 +307,7 @@ pub fn generate<B: Backend>(
                     top_k: top_k.min(u32::MAX as usize) as u32,
                     top_p,
                 };
-                let first_row = (first * per_row) as u32;
+                let first_row = ((options.first_image + first) * per_row) as u32;
                 let rule = ChoiceRule::Sample(sampling);
                 choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
             }

@@ -262,7 +262,8 @@ impl CaptionerConfig {
             ),
             None => bail!(
                 "{what} reads {} image tokens of {} per image (a BLIP vision tower's), but the \
-                 data has no image tokens; give the run the BLIP folder it was trained from",
+                 data has none: they come from the BLIP folder its record names \
+                 (features.image_tokens), which this checkpoint or run lacks",
                 self.image_tokens,
                 self.embed_dim
             ),
@@ -295,9 +296,10 @@ impl CaptionerConfig {
         let positions = self.seq_len();
         if positions > crate::backend::CachedAttention::MAX_CAPACITY {
             bail!(
-                "prefix_len {} and max_len {} make {positions} decoder positions; decoding \
-                 caches at most {}",
+                "prefix_len {}, a prompt of {} and max_len {} make {positions} decoder \
+                 positions; decoding caches at most {}",
                 self.prefix_len,
+                self.prompt.len(),
                 self.max_len,
                 crate::backend::CachedAttention::MAX_CAPACITY
             );

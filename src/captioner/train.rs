@@ -1033,10 +1033,18 @@ pub fn caption_items<B: Backend>(
     decoding: &Decoding,
     options: &DecodeOptions,
 ) -> Result<Vec<Vec<String>>> {
-    let generated = generate(b, &ck.model, &data.inputs_of(items)?, decoding, options)?;
     let mut out = vec![Vec::new(); items.len()];
-    for g in generated {
-        out[g.image].push(g.text(&ck.vocab));
+    // A batch's inputs at a time: image tokens are too large for all at once.
+    let batch = super::decode::IMAGES_PER_BATCH;
+    for (first, chunk) in (0..items.len()).step_by(batch).zip(items.chunks(batch)) {
+        let options = DecodeOptions {
+            first_image: first,
+            ..options.clone()
+        };
+        let generated = generate(b, &ck.model, &data.inputs_of(chunk)?, decoding, &options)?;
+        for g in generated {
+            out[first + g.image].push(g.text(&ck.vocab));
+        }
     }
     Ok(out)
 }

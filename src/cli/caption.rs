@@ -3,8 +3,10 @@
 use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
+use captune::captioner::Checkpoint;
 use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
+use captune::data::image_processor::ImageProcessor;
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
 use captune::progress::Progress;
@@ -93,6 +95,20 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     }
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
+    if captioner.ck.model.config.image_tokens > 0 {
+        // A trained BLIP reads the tokens of the tower it was trained with.
+        let Some(dir) = (captioner.trained_on.as_ref()).and_then(|s| s.image_tokens.clone()) else {
+            bail!(
+                "{ck_path} reads a BLIP vision tower's image tokens but does not record its \
+                 folder; export it with `captune export --decoder hf:FOLDER` and caption with \
+                 the export (--checkpoint hf:OUT)"
+            );
+        };
+        let mut folder = blip::read(&dir)?;
+        let processor = blip::processor(&dir, &folder.config)?;
+        let vision = BlipVision::new(b, &mut folder)?;
+        return caption_files(b, (vision, &processor), &captioner.ck, &files, args);
+    }
     if captioner.trained_on.is_none() && args.retriever.is_none() {
         eprintln!(
             "warning: {ck_path} does not record its features (it predates the record); \
@@ -211,15 +227,27 @@ fn caption_with_blip<B: Backend>(
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
     let processor = blip::processor(dir, &folder.config)?;
-    let mut vision = BlipVision::new(b, &mut folder)?;
+    let vision = BlipVision::new(b, &mut folder)?;
     let prompt = args.prompt.as_deref();
     let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
+    caption_files(b, (vision, &processor), &ck, files, args)
+}
+
+/// Captions image files with a BLIP captioner and the vision tower (and
+/// its processor) whose tokens it reads.
+fn caption_files<B: Backend>(
+    b: &B,
+    (mut vision, processor): (BlipVision<B>, &ImageProcessor),
+    ck: &Checkpoint<B>,
+    files: &[PathBuf],
+    args: &CaptionArgs,
+) -> Result<()> {
     let progress = Progress::terminal();
     let bar = progress.start("captioning", files.len() as u64);
     let options = args.decoding.options(&bar);
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
         let paths: Vec<&Path> = chunk.iter().map(PathBuf::as_path).collect();
-        let tokens = vision.tokens_of_files(b, &processor, &paths)?;
+        let tokens = vision.tokens_of_files(b, processor, &paths)?;
         let generated = generate(b, &ck.model, &tokens, &args.decoding.decode, &options)?;
         for g in generated {
             let caption = ck.vocab.decode(&g.ids);

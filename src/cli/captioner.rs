@@ -30,6 +30,7 @@ impl DecodeArgs {
             max_words: self.max_words,
             suppress_unk: self.suppress_unk,
             progress: Some(progress.clone()),
+            first_image: 0,
         }
     }
 }

@@ -364,9 +364,12 @@ pub fn train<B: Backend>(
             };
             let (mut d, r) =
                 embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
-            // A new run of a BLIP decoder reads its vision tower's tokens.
-            if let Some(dir) = config.model.blip_folder()?
+            // A new run of a BLIP decoder reads its vision tower's tokens
+            // (a resumed or --init run reads those its record names).
+            let new = !args.resume && start.is_none();
+            if new
                 && d.image_tokens.is_none()
+                && let Some(dir) = config.model.blip_folder()?
             {
                 image_tokens::attach(b, &mut d, &dir, &progress)?;
             }

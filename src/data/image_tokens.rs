@@ -51,6 +51,7 @@ pub struct TokensWriter {
     shape: TokenShape,
     images: usize,
     written: usize,
+    finished: bool,
 }
 
 impl TokensWriter {
@@ -90,6 +91,7 @@ impl TokensWriter {
             shape,
             images: ids.len(),
             written: 0,
+            finished: false,
         })
     }
 
@@ -115,7 +117,8 @@ impl TokensWriter {
         Ok(())
     }
 
-    /// Completes the file once every image is in.
+    /// Completes the file once every image is in; a writer dropped before
+    /// removes its temporary file.
     pub fn finish(mut self) -> Result<()> {
         if self.written != self.images {
             bail!(
@@ -129,7 +132,18 @@ impl TokensWriter {
         self.out.get_ref().sync_all()?;
         std::fs::rename(&self.temporary, &self.path)
             .with_context(|| format!("cannot write {}", self.path.display()))?;
+        self.finished = true;
         Ok(())
+    }
+}
+
+impl Drop for TokensWriter {
+    /// An unfinished file (an image that failed, an interrupted run) is
+    /// no cache entry: its temporary file goes.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.temporary);
+        }
     }
 }
 
@@ -178,12 +192,21 @@ impl ImageTokens {
         };
         let offsets: [u64; 2] = serde_json::from_value(tensor["data_offsets"].clone())
             .map_err(|e| bad(format!("its data_offsets: {e}")))?;
-        let data_start = 8 + header_len + offsets[0];
-        let bytes = (images as u64) * (tokens as u64) * (dim as u64) * 2;
-        if offsets[1].checked_sub(offsets[0]) != Some(bytes) || data_start + bytes > size {
-            return Err(bad(format!(
+        let too_many = || {
+            bad(format!(
                 "{images} images of {tokens} x {dim} do not fit its {size} bytes"
-            )));
+            ))
+        };
+        let data_start = (8 + header_len)
+            .checked_add(offsets[0])
+            .ok_or_else(too_many)?;
+        let bytes = [images, tokens, dim, 2]
+            .iter()
+            .try_fold(1u64, |n, &k| n.checked_mul(k as u64))
+            .ok_or_else(too_many)?;
+        let end = data_start.checked_add(bytes).ok_or_else(too_many)?;
+        if offsets[1].checked_sub(offsets[0]) != Some(bytes) || end > size || tokens * dim == 0 {
+            return Err(too_many());
         }
         let metadata = &header["__metadata__"];
         let ids: Vec<String> = metadata[IMAGE_IDS]
@@ -285,6 +308,14 @@ mod tests {
         assert!(w.push(&[0.0; 3]).is_err());
         w.push(&[0.0; 4]).unwrap();
         w.finish().unwrap();
+        // A writer dropped unfinished leaves nothing behind.
+        let other = dir.join("u.safetensors");
+        let mut u =
+            TokensWriter::create(&other, &ids, TokenShape { tokens: 1, dim: 4 }, "e").unwrap();
+        u.push(&[0.0; 4]).unwrap();
+        drop(u);
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert_eq!(left.len(), 1, "only the finished file: {left:?}");
         let bytes = std::fs::read(&path).unwrap();
         std::fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
         let e = ImageTokens::open(&path).unwrap_err().to_string();

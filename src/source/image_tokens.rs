@@ -50,8 +50,15 @@ pub fn attach<B: Backend>(
     progress: &Progress,
 ) -> Result<()> {
     let weights = blip_weights(folder)?;
+    // The tower's weights, its config and its preprocessing make the tokens.
     let weights = file_identity(&absolute(&weights));
     let mut listing = format!("blip-vision\n{weights}\n");
+    for file in ["config.json", "preprocessor_config.json"] {
+        listing.push_str(&format!(
+            "{}\n",
+            file_identity(&absolute(&folder.join(file)))
+        ));
+    }
     for item in &data.data.items {
         listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
     }

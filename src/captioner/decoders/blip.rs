@@ -493,7 +493,8 @@ pub fn blip_checkpoint<B: Backend>(
             pieces.len()
         );
     }
-    let prompt = Prompt::new(&pieces).with_context(|| format!("prompt {prompt:?}"))?;
+    let text = prompt.unwrap_or_default();
+    let prompt = Prompt::new(&pieces).with_context(|| format!("prompt {text:?}"))?;
     let max_len = max_len.min(positions + 1 - prompt.len());
     let model = from_blip(b, blip, max_len, prompt)?;
     Ok(Checkpoint { model, vocab })

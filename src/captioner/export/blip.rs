@@ -16,8 +16,32 @@ use std::path::Path;
 
 const POSITIONS: &str = "text_decoder.bert.embeddings.position_embeddings.weight";
 
+/// The prediction head's decoder, tied to the word embedding and the
+/// output bias, which some files store as tensors of their own.
+const TIED: [(&str, &str); 2] = [
+    (
+        "text_decoder.cls.predictions.decoder.weight",
+        "text_decoder.bert.embeddings.word_embeddings.weight",
+    ),
+    (
+        "text_decoder.cls.predictions.decoder.bias",
+        "text_decoder.cls.predictions.bias",
+    ),
+];
+
+/// Weight files of other formats a Hugging Face folder may hold.
+const WEIGHT_FILES: [&str; 4] = [".bin", ".h5", ".msgpack", ".pth"];
+
 /// Writes `ck` into `out` as the BLIP folder `base` with its text decoder.
 pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> Result<()> {
+    if let (Ok(o), Ok(f)) = (out.canonicalize(), base.canonicalize())
+        && o == f
+    {
+        bail!(
+            "{}: the export would replace the BLIP folder it is made from; choose another --hf",
+            out.display()
+        );
+    }
     let folder = blip::read(base)?;
     let c = ck.model.config;
     let theirs = CaptionerConfig {
@@ -55,10 +79,29 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
     if let Some(name) = ours.keys().next() {
         bail!("the captioner's tensor {name:?} has no place in a BLIP folder");
     }
+    let mut replaced: Vec<String> = Vec::new();
     for (name, tensor) in trained {
         if weights.insert(name.clone(), tensor).is_none() {
             bail!("{}: no tensor {name:?} to replace", base.display());
         }
+        replaced.push(name);
+    }
+    // Files converted from PyTorch pickles may also store the head's tied
+    // decoder: it is the trained word embedding and output bias too.
+    for (tied, from) in TIED {
+        let value = weights.get(from).map(|t| t.data.clone());
+        if let (Some(t), Some(value)) = (weights.get_mut(tied), value) {
+            t.data = value;
+        }
+    }
+    if let Some(name) = weights.keys().find(|n| {
+        n.starts_with("text_decoder.") && !replaced.contains(n) && !TIED.iter().any(|(t, _)| t == n)
+    }) {
+        bail!(
+            "{}: tensor {name:?} is part of the text decoder but not of captune's map; the folder \
+             is not one captune exports",
+            base.display()
+        );
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     copy_files(base, out)?;
@@ -76,7 +119,8 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
 }
 
 /// Every file of the folder but its weights (config, generation config,
-/// processor, tokenizer) into `out`.
+/// processor, tokenizer) into `out`: weights in any format would be the
+/// untrained model beside the trained one.
 fn copy_files(base: &Path, out: &Path) -> Result<()> {
     let entries =
         std::fs::read_dir(base).with_context(|| format!("cannot read {}", base.display()))?;
@@ -86,7 +130,9 @@ fn copy_files(base: &Path, out: &Path) -> Result<()> {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        if !path.is_file() || name.starts_with("model") && name.contains(".safetensors") {
+        let weights = name.starts_with("model") && name.contains(".safetensors")
+            || WEIGHT_FILES.iter().any(|w| name.ends_with(w));
+        if !path.is_file() || weights {
             continue;
         }
         let bytes =

@@ -142,13 +142,13 @@ impl<B: Backend> Surrogates<B> {
     }
 
     /// Teacher-forces the model on its own `generated` captions (of the
-    /// images whose `features` they were generated from) and adds the
+    /// images whose decoder `inputs` they were generated from) and adds the
     /// gradient of -(1/N) sum_j advantages[j] sum_t log p(y_jt) minus
     /// `entropy_weight` times the mean entropy of the generated steps.
     pub fn train(
         &mut self,
         cx: &mut StepContext<'_, B>,
-        features: &[f32],
+        inputs: &[f32],
         generated: &[Generated],
         advantages: &[f32],
         entropy_weight: f32,
@@ -166,7 +166,7 @@ impl<B: Backend> Surrogates<B> {
         let dim = cx.model.config.image_input_len();
         let repeated: Vec<f32> = generated
             .iter()
-            .flat_map(|g| features[g.image * dim..(g.image + 1) * dim].iter().copied())
+            .flat_map(|g| inputs[g.image * dim..(g.image + 1) * dim].iter().copied())
             .collect();
         let inputs = TokenInputs::trimmed(b, &cx.model.config, &sequences)?;
         let host_targets = teacher_targets(&sequences, inputs.positions, specials.pad);
@@ -197,15 +197,15 @@ impl<B: Backend> Surrogates<B> {
     }
 }
 
-/// Each token of `ids` (`<bos> .. <eos>`) as a caption of the image with
-/// embedding `features` under the current weights: its log p and entropy,
+/// Each token of `ids` (`<bos> .. <eos>`) as a caption of the image whose
+/// decoder input is `image` under the current weights: its log p and entropy,
 /// and its terms of a REINFORCE loss, -`weight` * log p and
 /// -`entropy_weight` * entropy.
 pub fn token_terms<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
     vocab: &CaptionVocab,
-    features: &[f32],
+    image: &[f32],
     ids: &[u32],
     weight: f64,
     entropy_weight: f64,
@@ -220,7 +220,7 @@ pub fn token_terms<B: Backend>(
             inputs.positions
         );
     }
-    model.forward(b, features, &inputs)?;
+    model.forward(b, image, &inputs)?;
     let v = model.config.vocab_size;
     let logits = b.to_vec(model.logits());
     Ok(ids[1..]

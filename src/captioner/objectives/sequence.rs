@@ -437,7 +437,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
         if self.reward.is_none() {
             self.reward = Some(CiderReward::for_training(cx.corpus, cx.vocab));
         }
-        let features = &cx.batch.inputs;
+        let inputs = &cx.batch.inputs;
         let start = Instant::now();
         let sampling = Decoding::Sample {
             n,
@@ -447,15 +447,9 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             seed: cx.rng.random(),
         };
         let options = DecodeOptions::default();
-        let samples = generate(b, cx.model, features, &sampling, &options)?;
+        let samples = generate(b, cx.model, inputs, &sampling, &options)?;
         let greedy = if c.needs_greedy() {
-            Some(generate(
-                b,
-                cx.model,
-                features,
-                &Decoding::Greedy,
-                &options,
-            )?)
+            Some(generate(b, cx.model, inputs, &Decoding::Greedy, &options)?)
         } else {
             None
         };
@@ -478,7 +472,7 @@ impl<B: Backend> Objective<B> for SequenceLevel<B> {
             .flat_map(|a| a.advantages.iter().map(|&v| v as f32))
             .collect();
         self.surrogates
-            .train(cx, features, &samples, &advantages, c.entropy_weight)?;
+            .train(cx, inputs, &samples, &advantages, c.entropy_weight)?;
         if cx.monitor {
             let all = |f: fn(&Advantages) -> &Vec<f64>| scored.iter().flat_map(f).copied();
             let adv_mean = mean(all(|a| &a.advantages));

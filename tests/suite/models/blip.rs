@@ -701,23 +701,26 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
         assert!(got == want, "{} differs after export", spec.name);
     }
     assert_eq!(back.vocab, trained.vocab);
+    // The trained checkpoint captions image files through the tower it
+    // recorded, as its export does after the same prompt.
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
+    let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
+    let words = ["--json", "--max-words", "9"];
+    let from_run = ["caption", "--checkpoint", &checkpoint];
+    let (ok, run_captions, err) = captune(&[&from_run[..], &words, &files].concat());
+    assert!(ok, "{err}");
+    let hf_arg = format!("hf:{hf_out}");
+    let caption = ["caption", "--checkpoint", &hf_arg];
+    let prompt = ["--prompt", "a picture of"];
+    let (ok, out, err) = captune(&[&caption[..], &words, &prompt, &files].concat());
+    assert!(ok, "{err}");
+    assert_eq!(
+        run_captions, out,
+        "the run's checkpoint and its export caption alike"
+    );
     // transformers loads it, and its generate gives what captune gives.
     if let Some(python) = common::python_with_transformers() {
-        let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
-        let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
-        let hf_arg = format!("hf:{hf_out}");
-        let caption = [
-            "caption",
-            "--checkpoint",
-            &hf_arg,
-            "--json",
-            "--max-words",
-            "9",
-        ];
-        let prompt = ["--prompt", "a picture of"];
-        let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
-        let (ok, out, err) = captune(&[&caption[..], &prompt, &files].concat());
-        assert!(ok, "{err}");
         let captions = dir.join("captions.jsonl");
         std::fs::write(&captions, out).unwrap();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_blip_export.py");
@@ -775,7 +778,50 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
     let other = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/gpt2-tiny");
     let e = export::to_hf(&b, &ck, &out, Some(&other)).unwrap_err();
     assert!(format!("{e:#}").contains("gpt2-tiny"), "{e:#}");
-    std::fs::remove_dir_all(&out).unwrap();
+    // A folder that also stores the head's tied decoder gets the trained
+    // embedding there too; one with a text tensor outside the map, or the
+    // export written over its own folder, is refused.
+    let copy = out.with_extension("base");
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(&base).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    }
+    let write = |extra: &[(&str, Vec<usize>)]| {
+        let mut file = tensorfile::read(&base.join("model.safetensors")).unwrap();
+        for (name, shape) in extra {
+            let data = vec![0.5; shape.iter().product()];
+            file.tensors.insert(
+                name.to_string(),
+                tensorfile::Tensor {
+                    shape: shape.clone(),
+                    data,
+                },
+            );
+        }
+        let tensors: Vec<(&str, Vec<usize>, &[f32])> = (file.tensors.iter())
+            .map(|(n, t)| (n.as_str(), t.shape.clone(), t.data.as_slice()))
+            .collect();
+        tensorfile::write(&copy.join("model.safetensors"), &tensors, HashMap::new()).unwrap();
+    };
+    let tied = "text_decoder.cls.predictions.decoder.weight";
+    write(&[(tied, vec![50, 16])]);
+    let exported = out.with_extension("tied");
+    export::to_hf(&b, &ck, &exported, Some(&copy)).unwrap();
+    let file = tensorfile::read(&exported.join("model.safetensors")).unwrap();
+    let words = "text_decoder.bert.embeddings.word_embeddings.weight";
+    assert!(file.tensors[tied].data == file.tensors[words].data);
+    write(&[("text_decoder.bert.pooler.dense.weight", vec![16, 16])]);
+    let e = export::to_hf(&b, &ck, &exported, Some(&copy)).unwrap_err();
+    assert!(format!("{e:#}").contains("pooler.dense.weight"), "{e:#}");
+    let e = export::to_hf(&b, &ck, &copy, Some(&copy)).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("would replace the BLIP folder"),
+        "{e:#}"
+    );
+    for dir in [&out, &copy, &exported] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 /// `bench train` and `bench decode` time a BLIP folder named by a run

@@ -363,6 +363,45 @@ fn sampling_differs_by_seed_and_repeats_with_it() {
     assert_ne!(run("sample:4:seed=1"), run("sample:4:seed=2"));
 }
 
+/// Images decoded in parts, each part told where it starts
+/// (`DecodeOptions::first_image`), get the captions one call gives them:
+/// sampled and Gumbel draws go on across parts instead of repeating (with
+/// every part starting at 0, image 64 would repeat image 0's draws).
+#[test]
+fn decoding_in_parts_gives_the_captions_of_one_call() {
+    let c = CpuBackend::new();
+    let model = random_captioner(&c);
+    let images = 70;
+    let features = random(images * 6, 9);
+    for text in ["sample:2:seed=3", "greedy"] {
+        let d = Decoding::parse(text).unwrap();
+        let whole = generate(&c, &model, &features, &d, &DecodeOptions::default()).unwrap();
+        let mut parts = Vec::new();
+        for (first, last) in [(0, 64), (64, images)] {
+            let options = DecodeOptions {
+                first_image: first,
+                ..DecodeOptions::default()
+            };
+            let part = &features[first * 6..last * 6];
+            for mut g in generate(&c, &model, part, &d, &options).unwrap() {
+                g.image += first;
+                parts.push(g);
+            }
+        }
+        assert_eq!(whole, parts, "{text}");
+    }
+    let d = Decoding::parse("sample:1:seed=3").unwrap();
+    let ids = |first_image| {
+        let options = DecodeOptions {
+            first_image,
+            ..DecodeOptions::default()
+        };
+        let out = generate(&c, &model, &features[..6], &d, &options).unwrap();
+        out[0].ids.clone()
+    };
+    assert_ne!(ids(0), ids(64), "another image's draws");
+}
+
 /// The logits of one caption, decoded alone (a workspace of batch 1) and
 /// as the first of a batch of 3: before and after a weight update.
 fn logits_alone_and_in_a_batch<B: Backend>(b: &B) -> Vec<Vec<f32>> {
