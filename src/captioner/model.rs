@@ -13,7 +13,7 @@ use super::decoder::Stepper;
 use super::decoders::Family;
 use crate::backend::{Backend, TokenIndex};
 use crate::model::params::Params;
-use anyhow::Result;
+use anyhow::{Result, bail};
 
 /// Token positions of trimmed batches are rounded up to a multiple of
 /// this, so that a run keeps a few workspaces, not one per length: every
@@ -188,6 +188,14 @@ impl<B: Backend> TokenInputs<B> {
         positions: usize,
     ) -> Result<Self> {
         let t = positions;
+        // A sequence of t + 1 ids feeds t positions: its last id (a
+        // caption's end) is only a target. A longer one would lose ids.
+        if let Some(s) = sequences.iter().find(|s| s.len() > t + 1) {
+            bail!(
+                "a sequence of {} ids does not fit the {t} token positions fed (and its end)",
+                s.len()
+            );
+        }
         let mut ids = vec![config.specials.pad; sequences.len() * t];
         for (i, s) in sequences.iter().enumerate() {
             let n = s.len().min(t);

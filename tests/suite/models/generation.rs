@@ -363,6 +363,30 @@ fn sampling_differs_by_seed_and_repeats_with_it() {
     assert_ne!(run("sample:4:seed=1"), run("sample:4:seed=2"));
 }
 
+/// A sequence fits a batch's token positions when its ids after the last
+/// fed one are at most its end (a target only); a longer one is refused,
+/// not cut.
+#[test]
+fn a_sequence_longer_than_the_positions_is_refused() {
+    let c = CpuBackend::new();
+    let config = captioner_config();
+    let t = config.token_positions();
+    let fits: Vec<u32> = (0..t as u32 + 1).map(|i| 4 + i % 10).collect();
+    assert_eq!(
+        TokenInputs::new(&c, &config, &[fits.clone()])
+            .unwrap()
+            .positions,
+        t
+    );
+    let long = [fits, vec![5]].concat();
+    let e = TokenInputs::new(&c, &config, &[long]).err().unwrap();
+    assert!(
+        e.to_string()
+            .contains(&format!("{} ids does not fit the {t}", t + 2)),
+        "{e}"
+    );
+}
+
 /// Images decoded in parts, each part told where it starts
 /// (`DecodeOptions::first_image`), get the captions one call gives them:
 /// sampled and Gumbel draws go on across parts instead of repeating (with
