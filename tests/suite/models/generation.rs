@@ -373,7 +373,7 @@ fn a_sequence_longer_than_the_positions_is_refused() {
     let t = config.token_positions();
     let fits: Vec<u32> = (0..t as u32 + 1).map(|i| 4 + i % 10).collect();
     assert_eq!(
-        TokenInputs::new(&c, &config, &[fits.clone()])
+        TokenInputs::new(&c, &config, std::slice::from_ref(&fits))
             .unwrap()
             .positions,
         t
