@@ -6,7 +6,6 @@ use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
-use captune::data::image_processor::ImageProcessor;
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
 use captune::progress::Progress;
@@ -105,9 +104,8 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
             );
         };
         let mut folder = blip::read(&dir)?;
-        let processor = blip::processor(&dir, &folder.config)?;
-        let vision = BlipVision::new(b, &mut folder)?;
-        return caption_files(b, (vision, &processor), &captioner.ck, &files, args);
+        let vision = BlipVision::new(b, &dir, &mut folder)?;
+        return caption_files(b, vision, &captioner.ck, &files, args);
     }
     if captioner.trained_on.is_none() && args.retriever.is_none() {
         eprintln!(
@@ -226,18 +224,17 @@ fn caption_with_blip<B: Backend>(
     args: &CaptionArgs,
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
-    let processor = blip::processor(dir, &folder.config)?;
-    let vision = BlipVision::new(b, &mut folder)?;
+    let vision = BlipVision::new(b, dir, &mut folder)?;
     let prompt = args.prompt.as_deref();
     let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
-    caption_files(b, (vision, &processor), &ck, files, args)
+    caption_files(b, vision, &ck, files, args)
 }
 
-/// Captions image files with a BLIP captioner and the vision tower (and
-/// its processor) whose tokens it reads.
+/// Captions image files with a BLIP captioner and the vision tower whose
+/// tokens it reads.
 fn caption_files<B: Backend>(
     b: &B,
-    (mut vision, processor): (BlipVision<B>, &ImageProcessor),
+    mut vision: BlipVision<B>,
     ck: &Checkpoint<B>,
     files: &[PathBuf],
     args: &CaptionArgs,
@@ -247,7 +244,7 @@ fn caption_files<B: Backend>(
     let options = args.decoding.options(&bar);
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
         let paths: Vec<&Path> = chunk.iter().map(PathBuf::as_path).collect();
-        let tokens = vision.tokens_of_files(b, processor, &paths)?;
+        let tokens = vision.tokens_of_files(b, &paths)?;
         let generated = generate(b, &ck.model, &tokens, &args.decoding.decode, &options)?;
         for g in generated {
             let caption = ck.vocab.decode(&g.ids);

@@ -145,11 +145,10 @@ fn inspect_blip<B: Backend>(b: &B, dir: &Path, args: &InspectArgs) -> Result<()>
         );
     }
     let mut folder = blip::read(dir)?;
-    let processor = blip::processor(dir, &folder.config)?;
-    let mut vision = BlipVision::new(b, &mut folder)?;
+    let mut vision = BlipVision::new(b, dir, &mut folder)?;
     let prompt = args.prompt.as_deref();
     let mut ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
-    let tokens = vision.tokens_of_files(b, &processor, &[Path::new(&args.image)])?;
+    let tokens = vision.tokens_of_files(b, &[Path::new(&args.image)])?;
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;

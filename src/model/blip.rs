@@ -232,7 +232,7 @@ pub struct Blip {
 
 /// The image processor of the BLIP folder `dir` (read as `config`),
 /// which must make the pixels its vision tower reads.
-pub fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
+fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
     let processor = ImageProcessor::load(dir)?;
     let side = config.vision_config.image_size;
     if processor.side() as usize != side {
@@ -611,14 +611,18 @@ pub struct BlipVision<B: Backend> {
     pub tower: VisionTower,
     params: Params<B>,
     works: Vec<VisionWork<B>>,
+    /// The folder's preprocessing, which makes the pixels the tower reads.
+    pub processor: ImageProcessor,
     /// The pixels of an image's side, and of a patch's.
     side: usize,
     patch: usize,
 }
 
 impl<B: Backend> BlipVision<B> {
-    /// The tower of `blip`, its tensors taken out of `blip.weights`.
-    pub fn new(b: &B, blip: &mut Blip) -> Result<Self> {
+    /// The tower of `blip` (read from the folder `dir`, whose processor
+    /// it keeps), its tensors taken out of `blip.weights`.
+    pub fn new(b: &B, dir: &Path, blip: &mut Blip) -> Result<Self> {
+        let processor = processor(dir, &blip.config)?;
         let v = &blip.config.vision_config;
         let mut params = Params::for_loading();
         let tower = VisionTower::new(&mut params, "vision", v.vision());
@@ -630,6 +634,7 @@ impl<B: Backend> BlipVision<B> {
             tower,
             params,
             works: Vec::new(),
+            processor,
             side: v.image_size,
             patch: v.patch_size,
         })
@@ -663,18 +668,13 @@ impl<B: Backend> BlipVision<B> {
     }
 
     /// The image tokens `[files, tokens, width]` of image files, as the
-    /// folder's `processor` prepares them.
-    pub fn tokens_of_files(
-        &mut self,
-        b: &B,
-        processor: &ImageProcessor,
-        files: &[&Path],
-    ) -> Result<Vec<f32>> {
+    /// folder's processor prepares them.
+    pub fn tokens_of_files(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
         let mut pixels = Vec::new();
         for file in files {
             let image = image::open(file)
                 .with_context(|| format!("{}: cannot read the image", file.display()))?;
-            pixels.extend(processor.pixels(&image.to_rgb8()));
+            pixels.extend(self.processor.pixels(&image.to_rgb8()));
         }
         let patches = super::vision::patches_of_pixels(&pixels, self.side, self.patch);
         self.image_tokens(b, &patches)

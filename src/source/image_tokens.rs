@@ -116,9 +116,8 @@ fn compute<B: Backend>(
     progress: &Progress,
 ) -> Result<()> {
     let mut blip = blip::read(folder)?;
-    let processor = blip::processor(folder, &blip.config)?;
     let v = blip.config.vision_config.clone();
-    let mut vision = BlipVision::new(b, &mut blip)?;
+    let mut vision = BlipVision::new(b, folder, &mut blip)?;
     let shape = TokenShape {
         tokens: v.tokens(),
         dim: v.hidden_size,
@@ -140,7 +139,7 @@ fn compute<B: Backend>(
                         data.name
                     )
                 })?;
-                Ok(processor.pixels(&image.to_rgb8()))
+                Ok(vision.processor.pixels(&image.to_rgb8()))
             })
             .collect::<Result<_>>()?;
         let patches = patches_of_pixels(&pixels.concat(), v.image_size, v.patch_size);

@@ -250,9 +250,9 @@ fn the_blip_decoder_matches_transformers_on_the_gpu() {
 
 fn image_tokens_match<B: Backend>(b: &B, what: &str) {
     let want = expected();
-    let mut folder = blip::read(&folder()).unwrap();
-    let v = folder.config.vision_config.clone();
-    let mut vision = BlipVision::new(b, &mut folder).unwrap();
+    let mut blip = blip::read(&folder()).unwrap();
+    let v = blip.config.vision_config.clone();
+    let mut vision = BlipVision::new(b, &folder(), &mut blip).unwrap();
     let patches = patches_of_pixels(
         &want.tensors["pixel_values"].data,
         v.image_size,
@@ -283,8 +283,8 @@ fn preprocessing_and_the_vision_tower_give_transformers_image_tokens() {
     let d = relative_difference(&pixels, &want.tensors["processed_pixels"].data);
     assert!(d < 1e-6, "pixels differ by {d} of their largest");
     let b = CpuBackend::new();
-    let mut folder = blip::read(&folder()).unwrap();
-    let mut vision = BlipVision::new(&b, &mut folder).unwrap();
+    let mut blip = blip::read(&folder()).unwrap();
+    let mut vision = BlipVision::new(&b, &folder(), &mut blip).unwrap();
     let tokens = vision
         .image_tokens(&b, &patches_of_pixels(&pixels, 32, 8))
         .unwrap();

@@ -93,7 +93,7 @@ fn image_tokens_are_the_vision_tower_s_and_cached() {
     let data = blip_data(&b);
     let mut folder = blip::read(&blip_folder()).unwrap();
     let processor = ImageProcessor::load(&blip_folder()).unwrap();
-    let mut vision = BlipVision::new(&b, &mut folder).unwrap();
+    let mut vision = BlipVision::new(&b, &blip_folder(), &mut folder).unwrap();
     let items = [0, data.data.items.len() - 1];
     let mut pixels = Vec::new();
     for &i in &items {
