@@ -199,7 +199,7 @@ mod tests {
     /// file ends whole and no temporary file is left.
     #[test]
     fn writers_of_one_file_at_once_do_not_collide() {
-        let dir = std::env::temp_dir().join(format!("captune-atomic-race-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("captune-atomic-race-{}", temporary_suffix()));
         let path = dir.join("shared.bin");
         let bytes: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8).collect();
         std::thread::scope(|s| {

@@ -72,8 +72,10 @@ unsafe impl GlobalAlloc for Bounded {
 static ALLOCATOR: Bounded = Bounded;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("captune-fuzz-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = std::env::temp_dir().join(format!(
+        "captune-fuzz-{name}-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -87,7 +87,10 @@ mod tests {
 
     #[test]
     fn reads_only_complete_new_lines_and_restarts_after_truncation() {
-        let dir = std::env::temp_dir().join(format!("captune-follow-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "captune-follow-{}",
+            crate::tensorfile::temporary_suffix()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("log.jsonl");
         let line = |step: usize| {

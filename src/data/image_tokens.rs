@@ -268,7 +268,10 @@ mod tests {
     use super::*;
 
     fn scratch(name: &str) -> PathBuf {
-        std::env::temp_dir().join(format!("captune-tokens-{name}-{}", std::process::id()))
+        std::env::temp_dir().join(format!(
+            "captune-tokens-{name}-{}",
+            crate::tensorfile::temporary_suffix()
+        ))
     }
 
     #[test]

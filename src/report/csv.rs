@@ -80,7 +80,10 @@ mod tests {
             "metrics",
         )
         .unwrap();
-        let dir = std::env::temp_dir().join(format!("captune-csv-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!(
+            "captune-csv-{}",
+            crate::tensorfile::temporary_suffix()
+        ));
         write(&h, &dir).unwrap();
         let log = std::fs::read_to_string(dir.join("log.csv")).unwrap();
         assert_eq!(

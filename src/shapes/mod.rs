@@ -282,7 +282,10 @@ mod tests {
             test: 2,
             domain: Domain::Default,
         };
-        let root = std::env::temp_dir().join(format!("captune-shapes-race-{}", std::process::id()));
+        let root = std::env::temp_dir().join(format!(
+            "captune-shapes-race-{}",
+            crate::tensorfile::temporary_suffix()
+        ));
         let dir = root.join("world");
         std::thread::scope(|s| {
             let writers: Vec<_> = (0..4)

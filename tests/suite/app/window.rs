@@ -84,8 +84,7 @@ fn the_window_trains_and_its_screenshot_is_not_blank() {
     let Some(display) = virtual_display() else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("captune-window-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::common::fresh_temp("window");
     std::fs::create_dir_all(&dir).unwrap();
     let (shot, stats) = (dir.join("app.png"), dir.join("stats.json"));
     let run = Command::new(env!("CARGO_BIN_EXE_captune"))

@@ -352,7 +352,7 @@ fn bench_train_takes_the_registry_objectives_that_train_on_captions_alone() {
 /// PyTorch scripts build from the same file.
 #[test]
 fn bench_takes_a_config_file_a_vocabulary_size_and_a_batch() {
-    let dir = std::env::temp_dir().join(format!("captune-bench-config-{}", std::process::id()));
+    let dir = crate::common::fresh_temp("bench-config");
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("bench.toml");
     let tiny = std::fs::read_to_string("assets/presets/tiny.toml").unwrap();
@@ -434,7 +434,7 @@ fn bench_takes_a_config_file_a_vocabulary_size_and_a_batch() {
 /// `embed` on a tiny shapes world in a private cache.
 #[test]
 fn shapes_data_retriever_train_eval_and_embed_from_the_command_line() {
-    let dir = std::env::temp_dir().join(format!("captune-cli-{}", std::process::id()));
+    let dir = crate::common::fresh_temp("cli");
     let cache = dir.join("cache");
     let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
     let shapes: &[&str] = &common::TINY_WORLD_ARGS;
@@ -1519,7 +1519,7 @@ fn coco_tools_accept(
 /// captions, and the JSON file with every documented key.
 #[test]
 fn demo_prints_the_comparison_and_writes_its_json() {
-    let dir = std::env::temp_dir().join(format!("captune-demo-{}", std::process::id()));
+    let dir = crate::common::fresh_temp("demo");
     let cache = dir.join("cache");
     let env = [("CAPTUNE_CACHE", cache.to_str().unwrap())];
     let json = dir.join("demo.json");
@@ -1601,7 +1601,7 @@ fn objective_settings_are_flags_from_their_declarations() {
     ] {
         assert!(help.contains(flag), "{flag} missing from\n{help}");
     }
-    let dir = std::env::temp_dir().join(format!("captune-cli-settings-{}", std::process::id()));
+    let dir = crate::common::fresh_temp("cli-settings");
     let out_dir = dir.to_str().unwrap();
     let out = captune(
         &[

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("captune-gpu-bench-{}-{name}", std::process::id()))
+    crate::common::fresh_temp(&format!("gpu-bench-{name}"))
 }
 
 fn gpu_bench(out: &Path, args: &[&str]) -> std::process::Output {

@@ -68,8 +68,7 @@ fn the_packaged_crate_installs_and_runs_the_demo_from_an_empty_folder() {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| source.join("target"));
-    let scratch = std::env::temp_dir().join(format!("captune-package-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&scratch);
+    let scratch = crate::common::fresh_temp("package");
     std::fs::create_dir_all(&scratch).unwrap();
 
     // A working tree may hold uncommitted changes; the crate is made from

@@ -76,11 +76,7 @@ fn run_with(bin: &Path, args: &[&str]) -> (bool, String) {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-test-command-{name}-{}",
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::common::fresh_temp(&format!("test-command-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -229,6 +229,17 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], rtol: f32, atol: f32)
     }
 }
 
+/// A path in the temporary folder that no other test, process or earlier
+/// run uses: process ids repeat from one CI run to the next and across
+/// containers sharing the folder, and what a failed run left must never
+/// meet this one. `name` ends the path, so an extension stays one.
+pub fn fresh_temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "captune-{}-{name}",
+        captune::tensorfile::temporary_suffix()
+    ))
+}
+
 /// The embedding width of [`tiny_data`].
 pub const TINY_DIM: usize = 8;
 
@@ -237,7 +248,7 @@ pub const TINY_DIM: usize = 8;
 pub fn tiny_data() -> CaptionData {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     let dir = DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("captune-tiny-world-{}", std::process::id()));
+        let dir = fresh_temp("tiny-world");
         let config = ShapesConfig {
             seed: 9,
             image_size: 32,
@@ -270,13 +281,7 @@ pub fn new_run<'d, B: Backend>(
     name: &str,
     retriever: Option<&'d mut FrozenRetriever<B>>,
 ) -> (Trainer<'d, B>, PathBuf) {
-    // A folder of this call's own, so that no other run's files land in
-    // it while a test deletes it: process ids repeat across containers
-    // sharing the temporary folder.
-    let dir = std::env::temp_dir().join(format!(
-        "captune-{name}-{}",
-        captune::tensorfile::temporary_suffix()
-    ));
+    let dir = fresh_temp(name);
     let run = RunFolder::new(&dir);
     let trainer = Trainer::new(b, ck, data, config, run, Begin::New, retriever).unwrap();
     (trainer, dir)

@@ -8,7 +8,7 @@ use captune::data::{Split, coco, images, karpathy};
 use std::path::{Path, PathBuf};
 
 fn temp_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("captune-data-{}-{name}", std::process::id()));
+    let dir = crate::common::fresh_temp(&format!("data-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

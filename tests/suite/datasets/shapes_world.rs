@@ -140,7 +140,7 @@ fn same_seed_gives_identical_bytes_and_other_seeds_differ() {
         "another seed gives other scenes ({differing}/20 differ)"
     );
 
-    let tmp = std::env::temp_dir().join(format!("captune-shapes-{}", std::process::id()));
+    let tmp = crate::common::fresh_temp("shapes");
     let config = ShapesConfig {
         seed: 3,
         image_size: 32,

@@ -36,9 +36,10 @@ fn train(out: &Path, cache: &Path, extra: &[&str]) {
 fn a_report_of_two_runs_holds_their_curves_metrics_and_samples() {
     // Under the build's folder, not /tmp: a browser installed as a snap
     // sees its own /tmp.
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("captune-report-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!(
+        "captune-report-{}",
+        captune::tensorfile::temporary_suffix()
+    ));
     let cache = dir.join("cache");
     let (mle, smile) = (dir.join("runs/mle"), dir.join("runs/smile"));
     train(&mle, &cache, &["--epochs", "3"]);

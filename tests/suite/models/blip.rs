@@ -603,10 +603,7 @@ fn a_prompt_is_fed_but_never_predicted() {
 /// installed) gives captune's captions.
 #[test]
 fn a_blip_run_trains_evaluates_inspects_and_resumes() {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-blip-run-{}",
-        tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp("blip-run");
     let (run, cache) = (dir.join("run"), dir.join("cache"));
     let captune = |args: &[&str]| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
@@ -751,10 +748,7 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
     let base = folder();
     let ck =
         blip_checkpoint::<CpuBackend>(&b, &base, blip::read(&base).unwrap(), 12, None).unwrap();
-    let out = std::env::temp_dir().join(format!(
-        "captune-blip-export-{}",
-        tensorfile::temporary_suffix()
-    ));
+    let out = crate::common::fresh_temp("blip-export");
     let e = export::to_hf(&b, &ck, &out, None).unwrap_err();
     assert!(format!("{e:#}").contains("--decoder hf:FOLDER"), "{e:#}");
     export::to_hf(&b, &ck, &out, Some(&base)).unwrap();
@@ -830,10 +824,7 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
 #[test]
 fn the_benchmarks_time_a_blip_folder() {
     use captune::captioner::bench::{BenchModel, Workload, decode_throughput, train_throughput};
-    let dir = std::env::temp_dir().join(format!(
-        "captune-blip-bench-{}",
-        tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp("blip-bench");
     std::fs::create_dir_all(&dir).unwrap();
     let config = dir.join("blip.toml");
     let mut run = captune::captioner::run::RunConfig::preset("tiny").unwrap();

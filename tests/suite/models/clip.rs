@@ -198,10 +198,7 @@ fn embeddings<B: Backend>(b: &B, patches: &[f32]) -> Vec<f32> {
 /// A copy of the tiny CLIP's folder with its config.json edited by
 /// `edit`, or its weights without `drop`.
 fn altered(name: &str, edit: impl Fn(&mut serde_json::Value), drop: Option<&str>) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-clip-{name}-{}",
-        captune::tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp(&format!("clip-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     let text = std::fs::read_to_string(folder().join("config.json")).unwrap();
     let mut config: serde_json::Value = serde_json::from_str(&text).unwrap();
@@ -271,10 +268,7 @@ fn folders_captune_cannot_compute_are_refused_naming_what() {
 /// path said.
 #[test]
 fn embed_writes_a_features_file_from_clip() {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-clip-embed-{}",
-        captune::tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp("clip-embed");
     let images = dir.join("images");
     std::fs::create_dir_all(&images).unwrap();
     let pictures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
@@ -324,10 +318,7 @@ fn embed_writes_a_features_file_from_clip() {
 /// (the prompt, w = 2.5, the harmonic mean with the best reference).
 #[test]
 fn score_reports_clipscore_as_its_authors_define_it() {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-clip-score-{}",
-        captune::tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp("clip-score");
     let images = dir.join("images");
     std::fs::create_dir_all(&images).unwrap();
     let pictures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
@@ -560,10 +551,7 @@ fn succeeded(out: &std::process::Output) -> String {
 /// image file through CLIP's preprocessing.
 #[test]
 fn a_clip_serves_as_the_retriever_of_every_command() {
-    let dir = std::env::temp_dir().join(format!(
-        "captune-clip-commands-{}",
-        captune::tensorfile::temporary_suffix()
-    ));
+    let dir = crate::common::fresh_temp("clip-commands");
     let cache = dir.join("cache");
     let clip = format!("{CLIP_PREFIX}{}", folder().display());
     let world = common::TINY_WORLD_ARGS;

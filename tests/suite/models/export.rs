@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("captune-export-{}-{name}", std::process::id()))
+    crate::common::fresh_temp(&format!("export-{name}"))
 }
 
 /// A tiny captioner with ClipCap's tanh mapper and random weights, saved.

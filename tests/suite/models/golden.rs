@@ -438,7 +438,7 @@ fn the_pytorch_package_takes_captunes_scst_step() {
     for baseline in ["greedy", "mean"] {
         let out = std::env::temp_dir().join(format!(
             "captune-torch-scst-{baseline}-{}.safetensors",
-            std::process::id()
+            captune::tensorfile::temporary_suffix()
         ));
         let run = std::process::Command::new(python)
             .args(["-m", "tests.scst_step"])

@@ -114,8 +114,7 @@ fn edited(
     name: &str,
     edit: impl FnOnce(&mut serde_json::Value, &mut tensorfile::TensorFile),
 ) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("captune-gpt2-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let dir = crate::common::fresh_temp(&format!("gpt2-{name}"));
     std::fs::create_dir_all(&dir).unwrap();
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(fixture().join("config.json")).unwrap())
@@ -180,7 +179,7 @@ fn bad_folders_are_refused_naming_the_file_and_what_is_wrong() {
     let e = error(&relu);
     assert!(e.contains("activation_function"), "{e}");
 
-    let empty = std::env::temp_dir().join(format!("captune-gpt2-empty-{}", std::process::id()));
+    let empty = crate::common::fresh_temp("gpt2-empty");
     std::fs::create_dir_all(&empty).unwrap();
     let e = error(&empty);
     assert!(e.contains("no config.json"), "{e}");
@@ -245,7 +244,7 @@ fn pieces_join_into_words() {
 
 #[test]
 fn a_folder_without_a_tokenizer_is_refused_naming_the_file() {
-    let dir = std::env::temp_dir().join(format!("captune-bpe-none-{}", std::process::id()));
+    let dir = crate::common::fresh_temp("bpe-none");
     std::fs::create_dir_all(&dir).unwrap();
     let e = format!("{:#}", BpeVocab::load(&dir).err().unwrap());
     assert!(e.contains("no tokenizer.json"), "{e}");

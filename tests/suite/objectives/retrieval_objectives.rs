@@ -956,8 +956,7 @@ fn a_run_missing_what_its_objective_needs_is_refused_before_it_starts() {
         let mut config = tiny_run();
         config.train.objective = name.into();
         let mut ck = fresh_checkpoint(&b, &data, &config).unwrap();
-        let dir = std::env::temp_dir().join(format!("captune-needs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::common::fresh_temp(&format!("needs-{name}"));
         let run = RunFolder::new(&dir);
         let refused = Trainer::new(&b, &mut ck, &data, &config, run, Begin::New, None);
         let e = format!("{:#}", refused.err().expect("refused"));

@@ -26,7 +26,7 @@ use rand::SeedableRng;
 use std::path::PathBuf;
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("captune-captioner-{}-{name}", std::process::id()))
+    crate::common::fresh_temp(&format!("captioner-{name}"))
 }
 
 const DIM: usize = TINY_DIM;

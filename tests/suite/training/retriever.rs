@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("captune-retriever-{}-{name}", std::process::id()))
+    crate::common::fresh_temp(&format!("retriever-{name}"))
 }
 
 /// A 32-pixel shapes world: 64 train, 16 val, 16 test images (written once per test binary).

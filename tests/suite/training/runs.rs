@@ -18,8 +18,7 @@ struct Scratch {
 
 impl Scratch {
     fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("captune-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = crate::common::fresh_temp(name);
         std::fs::create_dir_all(&dir).unwrap();
         // The tiny preset, logging every step, for three epochs of three steps.
         let config = std::fs::read_to_string(
