@@ -930,6 +930,72 @@ impl BeamStep {
     }
 }
 
+/// One time step of an LSTM layer over `rows` sequences, PyTorch's gate
+/// order (input, forget, cell, output): the gates' pre-activations
+/// `[rows, 4 * hidden]` start at `gates_offset`, rows `gates_stride`
+/// apart; the cell and hidden states are read at `prev` and written at
+/// `next`, rows `state_stride` apart in their tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LstmStep {
+    pub rows: usize,
+    pub hidden: usize,
+    pub gates_offset: usize,
+    pub gates_stride: usize,
+    pub prev: usize,
+    pub next: usize,
+    pub state_stride: usize,
+}
+
+impl LstmStep {
+    /// Step `t` of `rows` sequences of `steps` positions, gates
+    /// `[rows, steps, 4 * hidden]` and states `[rows, steps + 1, hidden]`
+    /// whose slot 0 is the initial state: step t reads slot t and writes
+    /// slot t + 1.
+    pub fn of_sequence(rows: usize, hidden: usize, steps: usize, t: usize) -> Self {
+        LstmStep {
+            rows,
+            hidden,
+            gates_offset: t * 4 * hidden,
+            gates_stride: steps * 4 * hidden,
+            prev: t * hidden,
+            next: (t + 1) * hidden,
+            state_stride: (steps + 1) * hidden,
+        }
+    }
+
+    /// Elements the step reaches in the gates and in each state tensor.
+    pub fn required_lens(&self) -> (usize, usize) {
+        let last_row = self.rows.saturating_sub(1);
+        let gates = self.gates_offset + last_row * self.gates_stride + 4 * self.hidden;
+        let state = self.prev.max(self.next) + last_row * self.state_stride + self.hidden;
+        (gates, state)
+    }
+
+    /// Panics unless the gates and the states hold what the step reaches,
+    /// a state row holds both slots apart, and a gates row its four gates.
+    pub fn check(&self, gates: usize, states: &[usize]) {
+        let (need_gates, need_state) = self.required_lens();
+        let apart = self.prev.abs_diff(self.next) >= self.hidden;
+        assert!(
+            apart
+                && self.gates_stride >= 4 * self.hidden
+                && self.state_stride >= self.prev.max(self.next) + self.hidden
+                && gates >= need_gates
+                && states.iter().all(|&n| n >= need_state),
+            "lstm step: gates of {gates} and states of {states:?} elements for {self:?}"
+        );
+    }
+
+    /// `check` for the backward's tensors, and `d_cell` `[rows, hidden]`.
+    pub fn check_backward(&self, gates: usize, d_gates: usize, states: &[usize], d_cell: usize) {
+        self.check(gates.min(d_gates), states);
+        assert!(
+            d_cell >= self.rows * self.hidden,
+            "lstm step: d_cell of {d_cell} elements for {self:?}"
+        );
+    }
+}
+
 /// The ops. See the module documentation for conventions; each method's
 /// GPU kernel lives in `shaders/`, its CPU twin in `src/cpu/`.
 pub trait Backend: 'static {
@@ -1264,6 +1330,33 @@ pub trait Backend: 'static {
         group: usize,
         cols: usize,
         accumulate: bool,
+    );
+
+    // ---- recurrent cells ----
+    /// One LSTM step: the gates at `step` become their activations
+    /// (sigmoid, sigmoid, tanh, sigmoid), then c_next = f c_prev + i g and
+    /// h_next = o tanh(c_next).
+    fn lstm_cell(
+        &self,
+        gates: &mut Self::Tensor,
+        cells: &mut Self::Tensor,
+        hidden: &mut Self::Tensor,
+        step: &LstmStep,
+    );
+    /// The step's backward from the activations `lstm_cell` left: with
+    /// `d_hidden` at the step's `next` slot the whole gradient w.r.t.
+    /// h_next, and `d_cell` (`[rows, hidden]`) the gradient w.r.t. c_next
+    /// from the steps after it, writes the gradient w.r.t. the gates'
+    /// pre-activations into `d_gates` (the gates' layout) and replaces
+    /// `d_cell` with the gradient w.r.t. c_prev.
+    fn lstm_cell_backward(
+        &self,
+        gates: &Self::Tensor,
+        cells: &Self::Tensor,
+        d_hidden: &Self::Tensor,
+        d_cell: &mut Self::Tensor,
+        d_gates: &mut Self::Tensor,
+        step: &LstmStep,
     );
 
     // ---- softmax (with attention masks) ----

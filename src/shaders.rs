@@ -26,6 +26,7 @@ pub const SHADERS: &[(&str, &str)] = &[
     family!("heads"),
     family!("layernorm"),
     family!("logprob"),
+    family!("lstm"),
     family!("matmul"),
     family!("normalize"),
     family!("pool"),

@@ -330,6 +330,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: TransformerConfig::new(8, 1, 2, true),
+        lstm: None,
         prompt: Default::default(),
         max_len: 5,
         vocab_size: vocab.len(),

@@ -24,7 +24,7 @@
 mod blip;
 
 use super::decoders::prefix::is_mapper_param;
-use super::{CaptionVocab, CaptionerConfig, Checkpoint};
+use super::{CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily};
 use crate::backend::Backend;
 use crate::data::bpe::END;
 use crate::data::karpathy::read_json;
@@ -52,6 +52,12 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
             );
         };
         return blip::to_hf(b, ck, out, base);
+    }
+    if ck.model.config.family == DecoderFamily::Lstm {
+        bail!(
+            "an LSTM captioner has no Hugging Face form; its checkpoint's tensors carry \
+             PyTorch's names and layouts already (docs/lstm.md says how to load them)"
+        );
     }
     let model = &ck.model;
     let c = model.config;

@@ -142,6 +142,45 @@ pub enum DecoderFamily {
     /// every block cross-attends to image tokens, with BERT's prediction
     /// head.
     Blip,
+    /// A recurrent decoder ([`LstmConfig`]): the sequence-level
+    /// exploration paper's and self-critical training's LSTM captioners.
+    Lstm,
+}
+
+/// An LSTM decoder's model. Its hidden size (also the word embedding's
+/// width) is the config's `decoder.width`, its stacked layers
+/// `decoder.layers`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LstmConfig {
+    pub model: LstmModel,
+    /// How the projected image embedding enters the LSTM.
+    pub image_feed: ImageFeed,
+}
+
+/// The LSTM captioners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LstmModel {
+    /// Show and tell (Vinyals et al., 2015) as the sequence-level
+    /// exploration paper (Chen and Jin, 2020) and self-critical training's
+    /// FC model (Rennie et al., 2017) use it: a linear layer projects the
+    /// image embedding to the hidden size, then words through an LSTM
+    /// and an untied output layer.
+    Fc,
+}
+
+/// Where an LSTM's projected image embedding enters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ImageFeed {
+    /// As every layer's hidden state before the first word (the
+    /// sequence-level exploration paper's decoder).
+    #[default]
+    Hidden,
+    /// As the input of a step before the start token, from zero states
+    /// (self-critical training's FC model and show and tell).
+    Input,
 }
 
 impl DecoderFamily {
@@ -180,7 +219,12 @@ pub struct CaptionerConfig {
     /// ClipCap's transformer mapper; absent, the mapper is the MLP.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mapper_transformer: Option<MapperTransformer>,
+    /// The transformer families' blocks; an LSTM decoder's hidden size
+    /// (`width`) and layers.
     pub decoder: TransformerConfig,
+    /// An LSTM decoder's model; none for the transformer families.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lstm: Option<LstmConfig>,
     /// Ids fed after the start and before every caption, never predicted
     /// (a BLIP decoder's captioning prompt); none for a prefix decoder.
     #[serde(default, skip_serializing_if = "Prompt::is_empty")]
@@ -224,6 +268,12 @@ impl CaptionerConfig {
             // BERT's prediction head: a dense layer, a layer norm, the
             // output bias.
             (DecoderFamily::Blip, _) => d * d + d + 2 * d + self.vocab_size as u128,
+            // The image projection, the word embedding, each layer's two
+            // matrices and two biases, the output layer.
+            (DecoderFamily::Lstm, _) => {
+                let (l, v) = (self.decoder.layers as u128, self.vocab_size as u128);
+                return e * d + d + v * d + l * (8 * d * d + 8 * d) + v * d + v;
+            }
         };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
         adapter + embeddings + self.decoder.parameter_count()
@@ -291,6 +341,7 @@ impl CaptionerConfig {
         match self.family {
             DecoderFamily::Prefix => self.validate_prefix()?,
             DecoderFamily::Blip => self.validate_blip()?,
+            DecoderFamily::Lstm => self.validate_lstm()?,
         }
         // Decoding's KV cache holds the decoder's whole sequence.
         let positions = self.seq_len();
@@ -351,6 +402,25 @@ impl CaptionerConfig {
                     d.width
                 );
             }
+        }
+        Ok(())
+    }
+
+    fn validate_lstm(&self) -> Result<()> {
+        if self.lstm.is_none() || self.decoder.layers == 0 || self.embed_dim == 0 {
+            bail!(
+                "an LSTM decoder needs its model (lstm), a positive number of layers and an \
+                 image embedding (embed_dim)"
+            );
+        }
+        if self.image_tokens > 0 || self.prefix_len > 0 || self.mapper_hidden > 0 {
+            bail!(
+                "an LSTM decoder reads one image embedding through one linear layer: \
+                 image_tokens, prefix_len and mapper_hidden must be 0"
+            );
+        }
+        if !self.prompt.is_empty() {
+            bail!("an LSTM decoder takes no prompt");
         }
         Ok(())
     }

@@ -6,7 +6,7 @@
 use super::objective::Objective;
 use super::objectives;
 use super::objectives::settings::Settings;
-use super::{CaptionerConfig, DecoderFamily, MapperTransformer};
+use super::{CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, MapperTransformer};
 use crate::backend::Backend;
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
@@ -35,11 +35,16 @@ pub struct ModelSection {
     pub heads: usize,
     /// Caption positions, <bos> and <eos> included.
     pub max_len: usize,
-    /// A pretrained decoder, `hf:FOLDER` (a Hugging Face GPT-2 or BLIP
-    /// folder): it replaces width, layers and heads, and its tokenizer the
-    /// word vocabulary.
+    /// Another decoder than the prefix transformer: a pretrained one,
+    /// `hf:FOLDER` (a Hugging Face GPT-2 or BLIP folder), which replaces
+    /// width, layers and heads, and its tokenizer the word vocabulary; or
+    /// an LSTM, `lstm:fc`, `width` wide with `layers` layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder: Option<String>,
+    /// Where an LSTM decoder takes the image: "hidden" (its initial
+    /// hidden state, the default) or "input" (a step before the start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_feed: Option<ImageFeed>,
     /// Text a BLIP decoder is fed after the start of every caption, never
     /// predicted (BLIP's captioning checkpoints: "a picture of").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -52,13 +57,37 @@ impl ModelSection {
         let Some(spec) = &self.decoder else {
             return Ok(None);
         };
+        if self.lstm()?.is_some() {
+            return Ok(None);
+        }
         match spec.strip_prefix("hf:") {
             Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
             _ => bail!(
                 "decoder {spec:?}: name a Hugging Face GPT-2 or BLIP folder as hf:PATH \
-                 (config.json, model.safetensors and tokenizer.json in it)"
+                 (config.json, model.safetensors and tokenizer.json in it), or an LSTM as \
+                 lstm:fc"
             ),
         }
+    }
+
+    /// The LSTM decoder `decoder = "lstm:MODEL"` names, when it names one.
+    pub fn lstm(&self) -> Result<Option<LstmConfig>> {
+        let model = match self
+            .decoder
+            .as_deref()
+            .and_then(|d| d.strip_prefix("lstm:"))
+        {
+            Some("fc") => LstmModel::Fc,
+            Some(other) => bail!("decoder lstm:{other}: the LSTM models are lstm:fc"),
+            None if self.image_feed.is_some() => {
+                bail!("image_feed is an LSTM decoder's setting; this decoder is not one (lstm:fc)")
+            }
+            None => return Ok(None),
+        };
+        Ok(Some(LstmConfig {
+            model,
+            image_feed: self.image_feed.unwrap_or_default(),
+        }))
     }
 
     /// The folder of a pretrained decoder that is BLIP's, when it is one.
@@ -184,6 +213,7 @@ impl RunConfig {
         let t = &self.train;
         self.model
             .decoder_folder()
+            .and(self.model.lstm())
             .map_err(|e| anyhow::anyhow!("{origin}: [model] {e}"))?;
         if t.batch == 0 || t.epochs == 0 {
             bail!("{origin}: [train] batch and epochs must be positive");
@@ -241,17 +271,27 @@ impl RunConfig {
     }
 
     /// The network for image embeddings of `embed_dim` and `vocab_size` ids.
+    /// An LSTM decoder (checked by `parse`) has no mapper, and no heads.
     pub fn captioner(&self, embed_dim: usize, vocab_size: usize) -> CaptionerConfig {
         let m = &self.model;
+        let lstm = m.lstm().ok().flatten();
+        let (prefix_len, mapper_hidden, heads) = match lstm {
+            Some(_) => (0, 0, 1),
+            None => (m.prefix_len, m.mapper_hidden, m.heads),
+        };
         CaptionerConfig {
-            family: DecoderFamily::Prefix,
+            family: match lstm {
+                Some(_) => DecoderFamily::Lstm,
+                None => DecoderFamily::Prefix,
+            },
             image_tokens: 0,
             embed_dim,
-            prefix_len: m.prefix_len,
-            mapper_hidden: m.mapper_hidden,
+            prefix_len,
+            mapper_hidden,
             mapper_activation: m.mapper_activation,
-            mapper_transformer: m.mapper_transformer,
-            decoder: TransformerConfig::new(m.width, m.layers, m.heads, true),
+            mapper_transformer: m.mapper_transformer.filter(|_| lstm.is_none()),
+            decoder: TransformerConfig::new(m.width, m.layers, heads, true),
+            lstm,
             prompt: Default::default(),
             max_len: m.max_len,
             vocab_size,

@@ -126,6 +126,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             labelled: None,
             init,
             decoder: None,
+            image_feed: None,
             prompt: None,
             mapper: None,
             out: out.join(objective),

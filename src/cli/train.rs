@@ -12,7 +12,7 @@ use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
 use captune::captioner::run_folder::{Begin, RunFolder};
 use captune::captioner::train::{self};
-use captune::captioner::{Checkpoint, MapperTransformer};
+use captune::captioner::{Checkpoint, ImageFeed, MapperTransformer};
 use captune::data::Split;
 use captune::progress::Progress;
 use captune::retriever::frozen::FrozenRetriever;
@@ -136,13 +136,20 @@ pub struct TrainArgs {
     /// are the defaults.
     #[arg(long, conflicts_with = "decoder")]
     pub init: Option<PathBuf>,
-    /// A pretrained decoder, hf:FOLDER ([model] decoder): a Hugging Face
-    /// GPT-2 folder (config.json, model.safetensors, tokenizer.json). Its
-    /// network and tokenizer replace [model]'s width, layers and heads and
-    /// the word vocabulary; the mapper (ClipCap's: see --mapper) is new.
-    /// The run's checkpoints carry it from then on.
-    #[arg(long, value_name = "hf:FOLDER", conflicts_with = "resume")]
+    /// Another decoder ([model] decoder). A pretrained one, hf:FOLDER: a
+    /// Hugging Face GPT-2 or BLIP folder (config.json, model.safetensors,
+    /// tokenizer.json), whose network and tokenizer replace [model]'s
+    /// width, layers and heads and the word vocabulary (a GPT-2 gets a new
+    /// mapper: see --mapper). Or an LSTM captioner, lstm:fc, [model] width
+    /// wide with [model] layers layers. The run's checkpoints carry it
+    /// from then on.
+    #[arg(long, value_name = "hf:FOLDER|lstm:fc", conflicts_with = "resume")]
     pub decoder: Option<String>,
+    /// With an LSTM decoder: the projected image embedding is every
+    /// layer's initial hidden state (hidden, the default), or the input of
+    /// a step before the start token (input) ([model] image_feed).
+    #[arg(long, value_enum, requires = "decoder")]
+    pub image_feed: Option<ImageFeed>,
     /// With a BLIP decoder: text fed after the start of every caption and
     /// never predicted, so no loss or reward reads it ([model] prompt;
     /// BLIP's captioning checkpoints were trained after "a picture of").
@@ -214,6 +221,9 @@ impl TrainArgs {
         let before = c.train.clone();
         if let Some(decoder) = &self.decoder {
             c.model.decoder = Some(decoder.clone());
+        }
+        if let Some(feed) = self.image_feed {
+            c.model.image_feed = Some(feed);
         }
         if let Some(prompt) = &self.prompt {
             c.model.prompt = Some(prompt.clone());

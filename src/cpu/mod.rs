@@ -11,6 +11,7 @@ mod embedding;
 mod heads;
 mod layernorm;
 mod logprob;
+mod lstm;
 mod matmul;
 mod normalize;
 mod pool;
@@ -19,7 +20,7 @@ mod softmax;
 
 use crate::backend::{
     AdamWStep, AttentionShape, Backend, BackendKind, BeamStep, CachedAttention, Candidates,
-    HeadLayout, Matmul, Reduce, SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
+    HeadLayout, LstmStep, Matmul, Reduce, SoftmaxRows, TokenChoice, TokenIndex, VocabSubsets,
 };
 
 #[derive(Clone, Debug, Default)]
@@ -214,6 +215,28 @@ impl Backend for CpuBackend {
         accumulate: bool,
     ) {
         normalize::backward(y, norm, dy, dx, cols, accumulate);
+    }
+
+    fn lstm_cell(
+        &self,
+        gates: &mut Vec<f32>,
+        cells: &mut Vec<f32>,
+        hidden: &mut Vec<f32>,
+        step: &LstmStep,
+    ) {
+        lstm::cell(gates, cells, hidden, step);
+    }
+
+    fn lstm_cell_backward(
+        &self,
+        gates: &Vec<f32>,
+        cells: &Vec<f32>,
+        d_hidden: &Vec<f32>,
+        d_cell: &mut Vec<f32>,
+        d_gates: &mut Vec<f32>,
+        step: &LstmStep,
+    ) {
+        lstm::cell_backward(gates, cells, d_hidden, d_cell, d_gates, step);
     }
 
     fn mean_pool(&self, x: &Vec<f32>, y: &mut Vec<f32>, group: usize, cols: usize) {

@@ -6,8 +6,8 @@ use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
     AdamWStep, AttentionShape, Backend, BackendKind, BeamStep, CachedAttention, Candidates,
-    ChoiceRule, DeviceCounters, HeadLayout, Matmul, Reduce, SoftmaxRows, Storage, TokenChoice,
-    TokenIndex, VocabSubsets, WorkgroupCounts,
+    ChoiceRule, DeviceCounters, HeadLayout, LstmStep, Matmul, Reduce, SoftmaxRows, Storage,
+    TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -273,6 +273,34 @@ struct NormalizeParams {
     cols: u32,
     accumulate: u32,
     _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct LstmParams {
+    rows: u32,
+    hidden: u32,
+    gates_offset: u32,
+    gates_stride: u32,
+    prev: u32,
+    next: u32,
+    state_stride: u32,
+    _pad: u32,
+}
+
+impl LstmParams {
+    fn new(s: &LstmStep) -> Self {
+        LstmParams {
+            rows: u(s.rows),
+            hidden: u(s.hidden),
+            gates_offset: u(s.gates_offset),
+            gates_stride: u(s.gates_stride),
+            prev: u(s.prev),
+            next: u(s.next),
+            state_stride: u(s.state_stride),
+            _pad: 0,
+        }
+    }
 }
 
 #[repr(C)]
@@ -706,6 +734,41 @@ impl Backend for GpuBackend {
             &bufs,
             self.grid(rows),
         );
+    }
+
+    fn lstm_cell(
+        &self,
+        gates: &mut GpuTensor,
+        cells: &mut GpuTensor,
+        hidden: &mut GpuTensor,
+        step: &LstmStep,
+    ) {
+        step.check(gates.len(), &[cells.len(), hidden.len()]);
+        let grid = self.grid_for(step.rows * step.hidden);
+        let params = LstmParams::new(step);
+        let bufs = [&gates.0, &cells.0, &hidden.0];
+        self.dispatch("lstm", "lstm_cell", &params, &bufs, grid);
+    }
+
+    fn lstm_cell_backward(
+        &self,
+        gates: &GpuTensor,
+        cells: &GpuTensor,
+        d_hidden: &GpuTensor,
+        d_cell: &mut GpuTensor,
+        d_gates: &mut GpuTensor,
+        step: &LstmStep,
+    ) {
+        step.check_backward(
+            gates.len(),
+            d_gates.len(),
+            &[cells.len(), d_hidden.len()],
+            d_cell.len(),
+        );
+        let grid = self.grid_for(step.rows * step.hidden);
+        let params = LstmParams::new(step);
+        let bufs = [&gates.0, &cells.0, &d_hidden.0, &d_cell.0, &d_gates.0];
+        self.dispatch("lstm", "lstm_cell_backward", &params, &bufs, grid);
     }
 
     fn mean_pool(&self, x: &GpuTensor, y: &mut GpuTensor, group: usize, cols: usize) {

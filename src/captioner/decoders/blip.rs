@@ -441,6 +441,7 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
         mapper_activation: Activation::default(),
         mapper_transformer: None,
         decoder: blip.text_transformer(),
+        lstm: None,
         prompt: Default::default(),
         max_len,
         vocab_size: t.vocab_size,

@@ -1,6 +1,7 @@
 //! The decoder families ([`super::decoder::Decoder`]), one module each.
 
 pub mod blip;
+pub mod lstm;
 pub mod prefix;
 
 use super::decoder::Decoder;
@@ -13,6 +14,7 @@ use crate::backend::Backend;
 pub(super) enum Family<B: Backend> {
     Prefix(prefix::PrefixDecoder<B>),
     Blip(blip::BlipDecoder<B>),
+    Lstm(lstm::LstmDecoder<B>),
 }
 
 impl<B: Backend> Family<B> {
@@ -21,6 +23,7 @@ impl<B: Backend> Family<B> {
         match config.family {
             DecoderFamily::Prefix => Family::Prefix(prefix::PrefixDecoder::new(b, config, seed)),
             DecoderFamily::Blip => Family::Blip(blip::BlipDecoder::new(b, config, seed)),
+            DecoderFamily::Lstm => Family::Lstm(lstm::LstmDecoder::new(b, config, seed)),
         }
     }
 
@@ -28,6 +31,7 @@ impl<B: Backend> Family<B> {
         match self {
             Family::Prefix(d) => d,
             Family::Blip(d) => d,
+            Family::Lstm(d) => d,
         }
     }
 
@@ -35,6 +39,7 @@ impl<B: Backend> Family<B> {
         match self {
             Family::Prefix(d) => d,
             Family::Blip(d) => d,
+            Family::Lstm(d) => d,
         }
     }
 }

@@ -45,6 +45,7 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
     let folder = blip::read(base)?;
     let c = ck.model.config;
     let theirs = CaptionerConfig {
+        lstm: None,
         prompt: c.prompt,
         ..blip_config(&folder.config, c.max_len)
     };

@@ -11,7 +11,9 @@ use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, Token
 use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
-use captune::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
+use captune::captioner::{
+    CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, SpecialIds,
+};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::model::layers::Activation;
@@ -177,6 +179,7 @@ fn captioner_config() -> CaptionerConfig {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: transformer_config(),
+        lstm: None,
         prompt: Default::default(),
         max_len: 10,
         vocab_size: 23,
@@ -184,8 +187,36 @@ fn captioner_config() -> CaptionerConfig {
     }
 }
 
+/// Two stacked LSTM layers at the same sizes, fed the image `feed`'s way.
+fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
+    CaptionerConfig {
+        family: DecoderFamily::Lstm,
+        prefix_len: 0,
+        mapper_hidden: 0,
+        decoder: TransformerConfig::new(12, 2, 1, true),
+        lstm: Some(LstmConfig {
+            model: LstmModel::Fc,
+            image_feed: feed,
+        }),
+        ..captioner_config()
+    }
+}
+
+/// Every decoder family that runs incrementally its own way.
+fn every_family() -> [CaptionerConfig; 3] {
+    [
+        captioner_config(),
+        lstm_config(ImageFeed::Hidden),
+        lstm_config(ImageFeed::Input),
+    ]
+}
+
 fn random_captioner<B: Backend>(b: &B) -> Captioner<B> {
-    let mut model = Captioner::new(b, captioner_config(), 3).unwrap();
+    random_captioner_of(b, captioner_config())
+}
+
+fn random_captioner_of<B: Backend>(b: &B, config: CaptionerConfig) -> Captioner<B> {
+    let mut model = Captioner::new(b, config, 3).unwrap();
     randomise(b, model.params_mut(), 70);
     model
 }
@@ -287,8 +318,8 @@ fn decodings() -> Vec<(Decoding, bool)> {
 }
 
 /// Every decoding's captions from the cache and from recomputation.
-fn both_ways<B: Backend>(b: &B) -> Vec<(Vec<Generated>, Vec<Generated>)> {
-    let mut model = random_captioner(b);
+fn both_ways<B: Backend>(b: &B, config: CaptionerConfig) -> Vec<(Vec<Generated>, Vec<Generated>)> {
+    let mut model = random_captioner_of(b, config);
     let features = random(5 * 6, 8);
     decodings()
         .into_iter()
@@ -320,8 +351,14 @@ fn assert_same_captions(what: &str, got: &[Generated], want: &[Generated]) {
 
 #[test]
 fn cached_generation_equals_full_recomputation_on_both_backends() {
+    for config in every_family() {
+        incremental_generation_equals_recomputation(config);
+    }
+}
+
+fn incremental_generation_equals_recomputation(config: CaptionerConfig) {
     let c = CpuBackend::new();
-    let on_cpu = both_ways(&c);
+    let on_cpu = both_ways(&c, config);
     let mut lengths = std::collections::BTreeSet::new();
     for ((decoding, suppress), (cached, reference)) in decodings().iter().zip(&on_cpu) {
         assert_same_captions(&format!("cpu {decoding:?} {suppress}"), cached, reference);
@@ -335,7 +372,7 @@ fn cached_generation_equals_full_recomputation_on_both_backends() {
         "captions of several lengths: {lengths:?}"
     );
     let Some(g) = gpu() else { return };
-    let on_gpu = both_ways(&g);
+    let on_gpu = both_ways(&g, config);
     for ((decoding, _), ((gpu_cached, gpu_reference), (cpu_cached, _))) in
         decodings().iter().zip(on_gpu.iter().zip(&on_cpu))
     {
@@ -642,8 +679,11 @@ fn host_beam_search(
 
 /// Beam search over the KV cache, on the device, against the host's
 /// search fed by full recomputation of each row's whole history.
-fn beams_both_ways<B: Backend>(b: &B) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) {
-    let mut model = random_captioner(b);
+fn beams_both_ways<B: Backend>(
+    b: &B,
+    config: CaptionerConfig,
+) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) {
+    let mut model = random_captioner_of(b, config);
     let c = model.config;
     let (d, v, t) = (c.embed_dim, c.vocab_size, c.token_positions());
     let (images, width, n_best) = (4, 3, 2);
@@ -773,9 +813,16 @@ fn beam_search_over_the_cache_equals_recomputation() {
             assert!(pair[0].logprob >= pair[1].logprob, "{what}");
         }
     };
-    check("cpu", beams_both_ways(&CpuBackend::new()));
-    let Some(g) = gpu() else { return };
-    check("gpu", beams_both_ways(&g));
+    for config in every_family() {
+        let family = config.family;
+        check(
+            &format!("cpu {family:?}"),
+            beams_both_ways(&CpuBackend::new(), config),
+        );
+        if let Some(g) = gpu() {
+            check(&format!("gpu {family:?}"), beams_both_ways(&g, config));
+        }
+    }
 }
 
 /// Beam search's candidates are each row's best allowed tokens by

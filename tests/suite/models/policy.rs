@@ -42,6 +42,7 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: TransformerConfig::new(12, 2, 3, true),
+        lstm: None,
         prompt: Default::default(),
         max_len: 9,
         vocab_size: VOCAB,

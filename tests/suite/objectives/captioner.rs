@@ -14,10 +14,12 @@ use captune::captioner::objectives::token::{
 };
 use captune::captioner::records::read_log;
 use captune::captioner::{
-    CaptionVocab, CaptionerConfig, DecoderFamily, MapperTransformer, SpecialIds,
+    CaptionVocab, CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel,
+    MapperTransformer, SpecialIds,
 };
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD};
+use captune::gpu::GpuBackend;
 use captune::index::FULL_VOCAB;
 use captune::model::layers::Activation;
 use captune::model::transformer::TransformerConfig;
@@ -457,11 +459,36 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         mapper_activation: Activation::Gelu,
         mapper_transformer: None,
         decoder: TransformerConfig::new(8, 2, 2, true),
+        lstm: None,
         prompt: Default::default(),
         max_len: STEPS + 1,
         vocab_size: vocab,
         specials: SpecialIds::WORDS,
     }
+}
+
+/// Two stacked LSTM layers reading the image `feed`'s way.
+fn tiny_lstm_config(vocab: usize, feed: ImageFeed) -> CaptionerConfig {
+    CaptionerConfig {
+        family: DecoderFamily::Lstm,
+        prefix_len: 0,
+        mapper_hidden: 0,
+        decoder: TransformerConfig::new(7, 2, 1, true),
+        lstm: Some(LstmConfig {
+            model: LstmModel::Fc,
+            image_feed: feed,
+        }),
+        ..tiny_config(vocab)
+    }
+}
+
+/// The prefix transformer and the LSTM, fed the image either way.
+fn every_family(vocab: usize) -> [CaptionerConfig; 3] {
+    [
+        tiny_config(vocab),
+        tiny_lstm_config(vocab, ImageFeed::Hidden),
+        tiny_lstm_config(vocab, ImageFeed::Input),
+    ]
 }
 
 /// `<bos>` then the targets shifted right: the decoder's inputs.
@@ -510,8 +537,13 @@ fn step<B: Backend>(
 
 #[test]
 fn captioner_gradients_match_finite_differences() {
+    for config in every_family(small_vocab().len()) {
+        gradients_match_finite_differences(config);
+    }
+}
+
+fn gradients_match_finite_differences(config: CaptionerConfig) {
     let b = CpuBackend::new();
-    let config = tiny_config(small_vocab().len());
     let mut model = Captioner::new(&b, config, 5).unwrap();
     // Larger weights than the initialisation, so every path matters.
     for (i, value) in model.params_mut().values.iter_mut().enumerate() {
@@ -544,7 +576,12 @@ fn captioner_gradients_match_finite_differences() {
 fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
     let Some(g) = gpu() else { return };
     let c = CpuBackend::new();
-    let config = tiny_config(small_vocab().len());
+    for config in every_family(small_vocab().len()) {
+        every_objective_agrees(&c, &g, config);
+    }
+}
+
+fn every_objective_agrees(c: &CpuBackend, g: &GpuBackend, config: CaptionerConfig) {
     let features = random(2 * config.embed_dim, 4);
     for kind in [
         ObjectiveKind::Mle,
@@ -558,11 +595,11 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
                 first_token,
                 mle_weight: 0.25,
             };
-            let mut on_cpu = Captioner::new(&c, config, 8).unwrap();
-            let mut on_gpu = Captioner::new(&g, config, 8).unwrap();
-            let (want_losses, want) = step(&c, &mut on_cpu, objective, &features);
-            let (got_losses, got) = step(&g, &mut on_gpu, objective, &features);
-            let what = format!("{kind:?}, first token {first_token:?}");
+            let mut on_cpu = Captioner::new(c, config, 8).unwrap();
+            let mut on_gpu = Captioner::new(g, config, 8).unwrap();
+            let (want_losses, want) = step(c, &mut on_cpu, objective, &features);
+            let (got_losses, got) = step(g, &mut on_gpu, objective, &features);
+            let what = format!("{:?} {kind:?}, first token {first_token:?}", config.family);
             assert_close(
                 &format!("{what}: losses"),
                 &got_losses,

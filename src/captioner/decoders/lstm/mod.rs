@@ -1,0 +1,534 @@
+//! LSTM captioners as a decoder family. The FC model: a linear layer
+//! (`fc_embed`) projects the image embedding to the hidden size; that
+//! projection is every layer's hidden state before the first word (the
+//! sequence-level exploration paper, Chen and Jin, 2020) or the input of
+//! a step before the start token (self-critical training's FC model,
+//! Rennie et al., 2017); then the word embedding (`embed`), stacked LSTM
+//! layers (`core.lstm`, PyTorch's `nn.LSTM` parameters and gate order) and
+//! an untied output layer (`logit`) plus the policy mask. No dropout.
+//!
+//! Weights are stored as PyTorch stores them (`[outputs, inputs]`), so a
+//! PyTorch checkpoint's tensors carry over by name.
+//!
+//! A layer runs its input-to-gates product for all positions at once, then
+//! one position at a time: the hidden-to-gates product of the previous
+//! state added in place, and the cell kernel. States live in
+//! `[batch, steps + 1, hidden]` tensors whose slot 0 is the initial
+//! state, so step t reads slot t and writes slot t + 1; the rows a next
+//! layer or the output layer reads are copied out packed.
+
+mod stepper;
+
+use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
+use crate::captioner::decoder::{Decoder, Stepper};
+use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::captioner::{CaptionerConfig, ImageFeed};
+use crate::model::params::{Init, ParamId, Params};
+use anyhow::Result;
+use stepper::LstmStepper;
+
+pub struct LstmDecoder<B: Backend> {
+    net: Lstm<B>,
+    workspaces: Workspaces<Workspace<B>>,
+}
+
+/// The network: its shape and weights.
+struct Lstm<B: Backend> {
+    config: CaptionerConfig,
+    params: Params<B>,
+    /// `[hidden, embed_dim]` and `[hidden]`: the image projection.
+    fc_embed: (ParamId, ParamId),
+    /// `[vocab, hidden]`: the word embedding.
+    embed: ParamId,
+    layers: Vec<LayerParams>,
+    /// `[vocab, hidden]` and `[vocab]`: the output layer.
+    logit: (ParamId, ParamId),
+    /// `[vocab]`: the policy mask.
+    policy_mask: B::Tensor,
+}
+
+/// One layer's `nn.LSTM` parameters: `[4 hidden, inputs]`,
+/// `[4 hidden, hidden]` and two `[4 hidden]` biases, gates in the order
+/// input, forget, cell, output.
+struct LayerParams {
+    weight_ih: ParamId,
+    weight_hh: ParamId,
+    bias_ih: ParamId,
+    bias_hh: ParamId,
+}
+
+/// Where the sizes of a batch sit: `batch` sequences of `positions` token
+/// positions, run as `steps` LSTM steps (one more when the image is an
+/// input), `hidden` wide.
+#[derive(Clone, Copy)]
+struct Sizes {
+    batch: usize,
+    positions: usize,
+    steps: usize,
+    hidden: usize,
+    /// Steps before the first token: 1 when the image is fed as an input.
+    lead: usize,
+}
+
+impl Sizes {
+    fn new(c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
+        let lead = usize::from(c.lstm.map(|l| l.image_feed) == Some(ImageFeed::Input));
+        Sizes {
+            batch,
+            positions,
+            steps: positions + lead,
+            hidden: c.decoder.width,
+            lead,
+        }
+    }
+
+    /// `len` states from slot `first` of every sequence's
+    /// `[steps + 1, hidden]` states, as one packed "head" per sequence.
+    fn slots(&self, first: usize, len: usize) -> HeadLayout {
+        self.columns(
+            first * self.hidden,
+            len * self.hidden,
+            (self.steps + 1) * self.hidden,
+        )
+    }
+
+    /// `width` values from column `offset` of each sequence's row of
+    /// `row` values.
+    fn columns(&self, offset: usize, width: usize, row: usize) -> HeadLayout {
+        HeadLayout {
+            batch: self.batch,
+            seq: 1,
+            heads: 1,
+            head_dim: width,
+            row_stride: row,
+            col_offset: offset,
+        }
+    }
+
+    fn step(&self, t: usize) -> LstmStep {
+        LstmStep::of_sequence(self.batch, self.hidden, self.steps, t)
+    }
+
+    /// The product of step t's previous hidden states (`[batch, hidden]`,
+    /// strided) and a `[hidden, 4 hidden]` operand into step t's gates:
+    /// `Matmul::new(batch, 4 hidden, hidden)` with the operands placed.
+    fn recurrent(&self, t: usize) -> Matmul {
+        let h = self.hidden;
+        Matmul::new(self.batch, 4 * h, h)
+            .with_a(strided(t * h, (self.steps + 1) * h))
+            .with_c(strided(t * 4 * h, self.steps * 4 * h))
+    }
+
+    /// The gradient of step t's previous hidden states from its gates'.
+    fn recurrent_backward(&self, t: usize) -> Matmul {
+        let h = self.hidden;
+        Matmul::new(self.batch, h, 4 * h)
+            .with_a(strided(t * 4 * h, self.steps * 4 * h))
+            .with_c(strided(t * h, (self.steps + 1) * h))
+    }
+}
+
+/// One matrix whose rows are `row_stride` apart from `offset` on.
+fn strided(offset: usize, row_stride: usize) -> Operand {
+    Operand {
+        offset,
+        row_stride,
+        ..Operand::packed(0)
+    }
+}
+
+/// One layer's activations: the gates' activations `[batch, steps, 4
+/// hidden]`, the cell and hidden states `[batch, steps + 1, hidden]`.
+struct LayerActivations<B: Backend> {
+    gates: B::Tensor,
+    cells: B::Tensor,
+    states: B::Tensor,
+}
+
+/// The activations of one batch shape.
+struct Workspace<B: Backend> {
+    sizes: Sizes,
+    /// `[batch, embed_dim]` and `[batch, hidden]`: the image embeddings and
+    /// their projection.
+    features: B::Tensor,
+    image: B::Tensor,
+    /// `[batch, positions, hidden]`: the token embeddings.
+    tokens: B::Tensor,
+    /// Layer l's input `[batch, steps, hidden]`: the token embeddings
+    /// (after the image when it is an input), then each layer's outputs.
+    inputs: Vec<B::Tensor>,
+    layers: Vec<LayerActivations<B>>,
+    /// `[4 hidden]` per layer: its two biases summed.
+    gate_bias: Vec<B::Tensor>,
+    /// `[batch, positions, hidden]`: the top layer's outputs at the token
+    /// positions, the output layer's input.
+    top: B::Tensor,
+    /// `[vocab]`: the output bias plus the policy mask.
+    logit_bias: B::Tensor,
+    /// `[batch * positions, vocab]`.
+    logits: B::Tensor,
+    d_top: B::Tensor,
+    d_states: B::Tensor,
+    d_cell: B::Tensor,
+    d_gates: B::Tensor,
+    /// `[batch, steps, hidden]`: a layer's previous hidden states, packed
+    /// for its recurrent weight's gradient; then the gradient w.r.t. its
+    /// input.
+    previous: B::Tensor,
+    d_inputs: B::Tensor,
+    d_image: B::Tensor,
+    d_slot: B::Tensor,
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
+        let z = Sizes::new(c, batch, positions);
+        let (h, s) = (z.hidden, z.steps);
+        let layers = c.decoder.layers;
+        Workspace {
+            sizes: z,
+            features: b.zeros(batch * c.embed_dim),
+            image: b.zeros(batch * h),
+            tokens: b.zeros(batch * positions * h),
+            inputs: (0..layers).map(|_| b.zeros(batch * s * h)).collect(),
+            layers: (0..layers)
+                .map(|_| LayerActivations {
+                    gates: b.zeros(batch * s * 4 * h),
+                    cells: b.zeros(batch * (s + 1) * h),
+                    states: b.zeros(batch * (s + 1) * h),
+                })
+                .collect(),
+            gate_bias: (0..layers).map(|_| b.zeros(4 * h)).collect(),
+            top: b.zeros(batch * positions * h),
+            logit_bias: b.zeros(c.vocab_size),
+            logits: b.zeros(batch * positions * c.vocab_size),
+            d_top: b.zeros(batch * positions * h),
+            d_states: b.zeros(batch * (s + 1) * h),
+            d_cell: b.zeros(batch * h),
+            d_gates: b.zeros(batch * s * 4 * h),
+            previous: b.zeros(batch * s * h),
+            d_inputs: b.zeros(batch * s * h),
+            d_image: b.zeros(batch * h),
+            d_slot: b.zeros(batch * h),
+        }
+    }
+}
+
+impl<B: Backend> LstmDecoder<B> {
+    /// A decoder with fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        LstmDecoder {
+            net: Lstm::new(b, config, seed),
+            workspaces: Workspaces::default(),
+        }
+    }
+}
+
+impl<B: Backend> Lstm<B> {
+    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        let c = &config;
+        let (h, e, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
+        // PyTorch's LSTM and linear layers draw U(-1/sqrt(fan), 1/sqrt(fan)):
+        // this normal has that spread.
+        let spread = |fan: usize| Init::Normal(1.0 / (3.0 * fan as f32).sqrt());
+        let mut p = Params::new(seed);
+        let fc_embed = (
+            p.add("fc_embed.weight".into(), &[h, e], spread(e), true),
+            p.add("fc_embed.bias".into(), &[h], Init::Const(0.0), false),
+        );
+        let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
+        let layers = (0..c.decoder.layers)
+            .map(|l| {
+                let name = |what: &str| format!("core.lstm.{what}_l{l}");
+                LayerParams {
+                    weight_ih: p.add(name("weight_ih"), &[4 * h, h], spread(h), true),
+                    weight_hh: p.add(name("weight_hh"), &[4 * h, h], spread(h), true),
+                    bias_ih: p.add(name("bias_ih"), &[4 * h], Init::Const(0.0), false),
+                    bias_hh: p.add(name("bias_hh"), &[4 * h], Init::Const(0.0), false),
+                }
+            })
+            .collect();
+        let logit = (
+            p.add("logit.weight".into(), &[v, h], spread(h), true),
+            p.add("logit.bias".into(), &[v], Init::Const(0.0), false),
+        );
+        p.finish(b);
+        Lstm {
+            policy_mask: b.tensor(&policy_mask(c)),
+            config,
+            params: p,
+            fc_embed,
+            embed,
+            layers,
+            logit,
+        }
+    }
+
+    /// `[rows, hidden]` = the image projection of `features` (`[rows,
+    /// embed_dim]`).
+    fn project_image(&self, b: &B, features: &B::Tensor, image: &mut B::Tensor, rows: usize) {
+        let (c, p) = (&self.config, &self.params);
+        let shape = Matmul::new(rows, c.decoder.width, c.embed_dim).trans_b();
+        b.matmul_bias(
+            features,
+            p.value(self.fc_embed.0),
+            p.value(self.fc_embed.1),
+            image,
+            &shape,
+        );
+    }
+
+    /// `[vocab]`: the output bias plus the policy mask.
+    fn output_bias(&self, b: &B, out: &mut B::Tensor) {
+        b.add(
+            1.0,
+            self.params.value(self.logit.1),
+            1.0,
+            &self.policy_mask,
+            out,
+        );
+    }
+
+    /// Each layer's two biases summed, for its input-to-gates products.
+    fn gate_biases(&self, b: &B, out: &mut [B::Tensor]) {
+        let p = &self.params;
+        for (layer, bias) in self.layers.iter().zip(out) {
+            b.add(
+                1.0,
+                p.value(layer.bias_ih),
+                1.0,
+                p.value(layer.bias_hh),
+                bias,
+            );
+        }
+    }
+
+    /// The image is fed as a hidden state (not as an input).
+    fn image_is_state(&self) -> bool {
+        self.config.lstm.map(|l| l.image_feed) != Some(ImageFeed::Input)
+    }
+
+    fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
+        let (c, p, z) = (&self.config, &self.params, ws.sizes);
+        let (h, s) = (z.hidden, z.steps);
+        b.write(&mut ws.features, features);
+        self.project_image(b, &ws.features, &mut ws.image, z.batch);
+        b.embedding(
+            p.value(self.embed),
+            &inputs.ids.ids,
+            &mut ws.tokens,
+            h,
+            false,
+        );
+        if z.lead == 0 {
+            b.axpby(1.0, &ws.tokens, 0.0, &mut ws.inputs[0]);
+        } else {
+            let row = s * h;
+            b.heads_to_tokens(&ws.image, &mut ws.inputs[0], &z.columns(0, h, row), false);
+            let tokens = z.columns(h, z.positions * h, row);
+            b.heads_to_tokens(&ws.tokens, &mut ws.inputs[0], &tokens, false);
+        }
+        self.gate_biases(b, &mut ws.gate_bias);
+        let last = self.layers.len() - 1;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let (done, rest) = ws.inputs.split_at_mut(l + 1);
+            let a = &mut ws.layers[l];
+            b.matmul_bias(
+                &done[l],
+                p.value(layer.weight_ih),
+                &ws.gate_bias[l],
+                &mut a.gates,
+                &Matmul::new(z.batch * s, 4 * h, h).trans_b(),
+            );
+            // Slot 0: the image, or zero states (never written).
+            if self.image_is_state() {
+                b.heads_to_tokens(&ws.image, &mut a.states, &z.slots(0, 1), false);
+            }
+            for t in 0..s {
+                if t > 0 || self.image_is_state() {
+                    let recurrent = z.recurrent(t).trans_b().accumulate();
+                    b.matmul(
+                        &a.states,
+                        p.value(layer.weight_hh),
+                        &mut a.gates,
+                        &recurrent,
+                    );
+                }
+                b.lstm_cell(&mut a.gates, &mut a.cells, &mut a.states, &z.step(t));
+            }
+            if l < last {
+                b.tokens_to_heads(&a.states, &mut rest[0], &z.slots(1, s));
+            }
+        }
+        let top = &ws.layers[last].states;
+        b.tokens_to_heads(top, &mut ws.top, &z.slots(1 + z.lead, z.positions));
+        self.output_bias(b, &mut ws.logit_bias);
+        b.matmul_bias(
+            &ws.top,
+            p.value(self.logit.0),
+            &ws.logit_bias,
+            &mut ws.logits,
+            &Matmul::new(z.batch * z.positions, c.vocab_size, h).trans_b(),
+        );
+    }
+
+    fn backward(
+        &mut self,
+        b: &B,
+        inputs: &TokenInputs<B>,
+        d_logits: &B::Tensor,
+        ws: &mut Workspace<B>,
+    ) {
+        let z = ws.sizes;
+        let (h, s, v) = (z.hidden, z.steps, self.config.vocab_size);
+        let rows = z.batch * z.positions;
+        let image_is_state = self.image_is_state();
+        let p = &mut self.params;
+        // The output layer.
+        b.matmul(
+            d_logits,
+            p.value(self.logit.0),
+            &mut ws.d_top,
+            &Matmul::new(rows, h, v),
+        );
+        b.matmul(
+            d_logits,
+            &ws.top,
+            p.grad(self.logit.0),
+            &Matmul::new(v, h, rows).trans_a().accumulate(),
+        );
+        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        b.fill(&mut ws.d_image, 0.0);
+        let last = self.layers.len() - 1;
+        for (l, layer) in self.layers.iter().enumerate().rev() {
+            let a = &ws.layers[l];
+            // The gradient w.r.t. the layer's outputs: from the output
+            // layer at the token positions, or from the layer above.
+            b.fill(&mut ws.d_states, 0.0);
+            if l == last {
+                let tokens = z.slots(1 + z.lead, z.positions);
+                b.heads_to_tokens(&ws.d_top, &mut ws.d_states, &tokens, false);
+            } else {
+                b.heads_to_tokens(&ws.d_inputs, &mut ws.d_states, &z.slots(1, s), false);
+            }
+            b.fill(&mut ws.d_cell, 0.0);
+            for t in (0..s).rev() {
+                let step = z.step(t);
+                b.lstm_cell_backward(
+                    &a.gates,
+                    &a.cells,
+                    &ws.d_states,
+                    &mut ws.d_cell,
+                    &mut ws.d_gates,
+                    &step,
+                );
+                if t > 0 || image_is_state {
+                    let recurrent = z.recurrent_backward(t).accumulate();
+                    b.matmul(
+                        &ws.d_gates,
+                        p.value(layer.weight_hh),
+                        &mut ws.d_states,
+                        &recurrent,
+                    );
+                }
+            }
+            if image_is_state {
+                b.tokens_to_heads(&ws.d_states, &mut ws.d_slot, &z.slots(0, 1));
+                b.axpby(1.0, &ws.d_slot, 1.0, &mut ws.d_image);
+            }
+            let products = z.batch * s;
+            let weight_grad =
+                |inputs: usize| Matmul::new(4 * h, inputs, products).trans_a().accumulate();
+            b.tokens_to_heads(&a.states, &mut ws.previous, &z.slots(0, s));
+            b.matmul(
+                &ws.d_gates,
+                &ws.previous,
+                p.grad(layer.weight_hh),
+                &weight_grad(h),
+            );
+            b.matmul(
+                &ws.d_gates,
+                &ws.inputs[l],
+                p.grad(layer.weight_ih),
+                &weight_grad(h),
+            );
+            b.column_sum(&ws.d_gates, products, 4 * h, p.grad(layer.bias_ih), true);
+            b.column_sum(&ws.d_gates, products, 4 * h, p.grad(layer.bias_hh), true);
+            b.matmul(
+                &ws.d_gates,
+                p.value(layer.weight_ih),
+                &mut ws.d_inputs,
+                &Matmul::new(products, h, 4 * h),
+            );
+        }
+        // The first layer's input: the token embeddings, after the image
+        // when it is an input.
+        let d_tokens = if z.lead == 0 {
+            &ws.d_inputs
+        } else {
+            let row = s * h;
+            b.tokens_to_heads(&ws.d_inputs, &mut ws.d_slot, &z.columns(0, h, row));
+            b.axpby(1.0, &ws.d_slot, 1.0, &mut ws.d_image);
+            b.tokens_to_heads(
+                &ws.d_inputs,
+                &mut ws.d_top,
+                &z.columns(h, z.positions * h, row),
+            );
+            &ws.d_top
+        };
+        b.embedding_backward(d_tokens, &inputs.ids, p.grad(self.embed), h);
+        let c = &self.config;
+        b.matmul(
+            &ws.d_image,
+            &ws.features,
+            p.grad(self.fc_embed.0),
+            &Matmul::new(h, c.embed_dim, z.batch).trans_a().accumulate(),
+        );
+        b.column_sum(&ws.d_image, z.batch, h, p.grad(self.fc_embed.1), true);
+    }
+}
+
+impl<B: Backend> Decoder<B> for LstmDecoder<B> {
+    fn params(&self) -> &Params<B> {
+        &self.net.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.net.params
+    }
+
+    /// The image projection is the adapter.
+    fn is_adapter(&self, i: usize) -> bool {
+        self.net.params.specs[i].name.starts_with("fc_embed.")
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.workspaces.current().logits
+    }
+
+    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
+        Box::new(LstmStepper::new(b, &self.net, rows))
+    }
+
+    /// The images are `[batch, embed_dim]` embeddings.
+    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
+        let c = &self.net.config;
+        assert_eq!(
+            features.len(),
+            inputs.batch * c.embed_dim,
+            "one image embedding per sequence"
+        );
+        if !self.workspaces.select(inputs) {
+            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
+            self.workspaces.add(inputs, ws);
+        }
+        let ws = self.workspaces.current_for(inputs);
+        self.net.forward(b, features, inputs, ws);
+        Ok(())
+    }
+
+    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
+        let ws = self.workspaces.current_for(inputs);
+        self.net.backward(b, inputs, d_logits, ws);
+    }
+}
