@@ -312,7 +312,6 @@ pub fn every_objective_trains(
     };
     for info in objectives::OBJECTIVES {
         let mut config = config_of(info.name);
-        config.train.lr = 3e-3;
         config.train.collapse_stop = false;
         let mut ck = fresh_checkpoint(&b, data, &config).unwrap();
         let before = value(&ck);

@@ -6,6 +6,7 @@ mod blip_objectives;
 mod captioner;
 mod direction;
 mod gpt2_objectives;
+mod lstm_objectives;
 mod objective_toy;
 mod retrieval_objectives;
 mod sequence_objectives;
