@@ -3,7 +3,7 @@
 //! generation over the KV cache, the golden test against an
 //! independent PyTorch implementation, the policy every loss reads, and
 //! the pretrained families (GPT-2, ClipCap, CLIP) against transformers,
-//! with export.
+//! with export, and the LSTM captioner against PyTorch's `nn.LSTM`.
 
 mod blip;
 mod blocks;
@@ -13,4 +13,5 @@ mod export;
 mod generation;
 mod golden;
 mod gpt2;
+mod lstm;
 mod policy;

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""An independent LSTM captioner in PyTorch (float64), written from the
+papers and docs/lstm.md, no captune code, for tests/suite/models/lstm.rs.
+
+The FC model: a linear layer projects the image embedding to the hidden
+size; the projection is every layer's initial hidden state (the
+sequence-level exploration paper, Chen and Jin, 2020: "image_feed":
+"hidden") or the input of a step before the start token (self-critical
+training's FC model, Rennie et al., 2017: "input"); then nn.Embedding,
+nn.LSTM (two layers here) and an untied nn.Linear output layer, with
+<pad> and <bos> masked out of the policy.
+
+For each image feed it writes a captune checkpoint of random weights
+(tests/data/lstm_fc_FEED.safetensors) and, for one fixed batch, the MLE
+loss (the mean over real tokens of -log softmax), every parameter's
+gradient, and the greedy captions of the batch's images
+(tests/data/lstm_fc_FEED_expected.safetensors), float64 stored as float32.
+
+    pip install torch safetensors
+    python3 scripts/lstm_fixtures.py tests/data
+"""
+import json
+import sys
+
+import torch
+from safetensors.torch import save_file
+
+DT = torch.float64
+EMBED, HIDDEN, LAYERS, MAX_LEN = 6, 8, 2, 8
+WORDS = ["a", "red", "circle", "blue", "star", "and", "big", "small"]
+VOCAB = 4 + len(WORDS)  # <pad> <bos> <eos> <unk>, then the words
+PAD, BOS, EOS = 0, 1, 2
+T = MAX_LEN - 1  # token positions: <bos> and the words
+
+
+class Core(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(HIDDEN, HIDDEN, LAYERS, batch_first=True, dtype=DT)
+
+
+class FC(torch.nn.Module):
+    def __init__(self, feed):
+        super().__init__()
+        self.feed = feed
+        self.fc_embed = torch.nn.Linear(EMBED, HIDDEN, dtype=DT)
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN, dtype=DT)
+        self.core = Core()
+        self.logit = torch.nn.Linear(HIDDEN, VOCAB, dtype=DT)
+
+    def forward(self, features, inputs):
+        """Logits [batch, positions, vocab] of the token positions."""
+        image = self.fc_embed(features)
+        words = self.embed(inputs)
+        if self.feed == "hidden":
+            h0 = image.unsqueeze(0).expand(LAYERS, -1, -1).contiguous()
+            out, _ = self.core.lstm(words, (h0, torch.zeros_like(h0)))
+        else:
+            out, _ = self.core.lstm(torch.cat([image.unsqueeze(1), words], dim=1))
+            out = out[:, 1:]
+        logits = self.logit(out)
+        never = torch.zeros(VOCAB, dtype=torch.bool)
+        never[[PAD, BOS]] = True
+        return logits.masked_fill(never, float("-inf"))
+
+
+def greedy(model, features):
+    """Each image's caption: the most likely id (the lowest among ties)
+    after the captions so far, until <eos> or T ids."""
+    captions = []
+    for f in features:
+        ids = [BOS]
+        while len(ids) <= T:
+            logits = model(f.unsqueeze(0), torch.tensor([ids]))[0, -1]
+            ids.append(int(torch.argmax(logits)))
+            if ids[-1] == EOS:
+                break
+        captions.append(ids[1:])
+    return captions
+
+
+def fixture(out_dir, feed, seed, scale):
+    """Weights drawn from N(0, scale^2): a seed and scale whose greedy
+    captions differ from image to image, end at several lengths, and
+    include one that never ends."""
+    torch.manual_seed(seed)
+    model = FC(feed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * scale)
+    captions = [[BOS, 4, 5, 6, EOS], [BOS, 4, 7, 8, 9, 6, EOS], [BOS, 10, EOS]]
+    inputs = torch.full((3, T), PAD, dtype=torch.long)
+    targets = torch.full((3, T), PAD, dtype=torch.long)
+    for r, c in enumerate(captions):
+        inputs[r, :len(c) - 1] = torch.tensor(c[:-1])
+        targets[r, :len(c) - 1] = torch.tensor(c[1:])
+    features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
+    logp = torch.log_softmax(model(features, inputs), dim=-1)
+    real = targets != PAD
+    picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    loss = -picked.masked_fill(~real, 0.0).sum() / real.sum()
+    loss.backward()
+    f32 = lambda t: t.detach().to(torch.float32).contiguous()
+    params = dict(model.named_parameters())
+    config = {
+        "family": "lstm", "embed_dim": EMBED, "prefix_len": 0, "mapper_hidden": 0,
+        "decoder": {"width": HIDDEN, "layers": LAYERS, "heads": 1, "causal": True},
+        "lstm": {"model": "fc", "image_feed": feed},
+        "max_len": MAX_LEN, "vocab_size": VOCAB,
+    }
+    save_file(
+        {n: f32(p) for n, p in params.items()},
+        f"{out_dir}/lstm_fc_{feed}.safetensors",
+        metadata={"format": "captune captioner", "captioner_config": json.dumps(config),
+                  "vocab": json.dumps(WORDS)},
+    )
+    with torch.no_grad():
+        captions = greedy(model, features)
+    padded = [c + [-1] * (T - len(c)) for c in captions]
+    expected = {
+        "features": f32(features), "inputs": f32(inputs), "targets": f32(targets),
+        "loss": f32(loss.reshape(1)), "greedy": f32(torch.tensor(padded, dtype=DT)),
+    }
+    expected.update({f"grad.{n}": f32(p.grad) for n, p in params.items()})
+    save_file(expected, f"{out_dir}/lstm_fc_{feed}_expected.safetensors", metadata={
+        "made_by": "scripts/lstm_fixtures.py (PyTorch " + torch.__version__ + ", float64)"})
+    print(f"{feed}: loss {float(loss.detach()):.6f}, greedy {captions}")
+
+
+if __name__ == "__main__":
+    out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
+    fixture(out, "hidden", 2, 0.8)
+    fixture(out, "input", 26, 1.2)
