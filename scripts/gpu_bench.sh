@@ -5,6 +5,7 @@
 #   - matmul GFLOP/s against PyTorch's FP32 (TF32 off) at square sizes;
 #   - training steps (shapes preset; a GPT-2-small-sized ClipCap);
 #   - greedy decoding (both networks), and beam search (GPT-2-sized, captune only);
+#   - an LSTM captioner's training step and greedy decoding (SLE's decoder);
 #   - an SCST step (shapes preset; GPT-2-small-sized; a trained shapes captioner's);
 #   - CLIP ViT-B/32 image embedding (a random CLIP of that shape).
 # captune's records carry its dispatches, passes, readbacks and each
@@ -160,6 +161,9 @@ if [ "$mode" = rehearse ]; then
     scst=(--steps 2 --warmup 1)
     shapes=(--preset tiny)
     gpt2=(--preset tiny --vocab 400)
+    # SLE's LSTM at batch 4, two timed steps: seconds each on lavapipe.
+    lstm=(--config scripts/bench/lstm-sle.toml)
+    lstm_train=(--batch 4 --steps 2 --warmup 1)
     images=16
     clip=tests/data/clip-tiny
     clip_images=16
@@ -172,6 +176,8 @@ else
     scst=()
     shapes=(--preset shapes)
     gpt2=(--config scripts/bench/gpt2-small.toml --vocab 50257)
+    lstm=(--config scripts/bench/lstm-sle.toml)
+    lstm_train=()
     images=128
     clip=$steps/clip-b32
     clip_images=256
@@ -246,6 +252,16 @@ done
 if (( ! quick )); then
     # Beam search: captune only (one read of candidates per step).
     step decode-gpt2-beam-captune 60 "$captune" --device gpu bench decode "${gpt2[@]}" --images "$images" --decode beam:5 --json
+    # SLE's LSTM captioner: its time loop's dispatches per step.
+    for run in 1 2; do
+        step "train-lstm-captune-$run" 60 "$captune" --device gpu bench train "${lstm[@]}" "${lstm_train[@]}" \
+            --captions synthetic --objectives mle --json
+        step "train-lstm-torch-$run" 60 python3 scripts/bench_torch_lstm.py train "${lstm[@]}" "${lstm_train[@]}" \
+            --device "$torch_device" --json
+        step "decode-lstm-captune-$run" 45 "$captune" --device gpu bench decode "${lstm[@]}" --images "$images" --json
+        step "decode-lstm-torch-$run" 45 python3 scripts/bench_torch_lstm.py decode "${lstm[@]}" --images "$images" \
+            --device "$torch_device" --json
+    done
     if [ "$mode" = device ]; then
         step make-clip 60 python3 scripts/bench_torch_clip_embed.py --random-clip "$clip"
     fi

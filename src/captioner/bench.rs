@@ -91,9 +91,9 @@ impl BenchModel {
     fn pretrained<B: Backend>(&self, b: &B) -> Result<Option<super::Checkpoint<B>>> {
         let m = &self.run.model;
         let Some(dir) = m.blip_folder()? else {
-            if m.decoder.is_some() {
+            if m.decoder_folder()?.is_some() {
                 bail!(
-                    "{}: the benchmarks time BLIP folders and fresh networks",
+                    "{}: the benchmarks time BLIP folders and fresh networks (prefix or LSTM)",
                     self.name
                 );
             }
@@ -672,7 +672,7 @@ impl<B: Backend> ScstWorkload<B> {
     /// embeddings, against a corpus of [`SCST_CORPUS_IMAGES`] images with 5
     /// random references of 8 to 14 words over the synthetic vocabulary.
     pub fn synthetic(b: &B, bench: &BenchModel) -> Result<Self> {
-        if bench.run.model.decoder.is_some() {
+        if bench.run.model.decoder_folder()?.is_some() {
             bail!(
                 "{}: bench scst times a fresh network or a trained --checkpoint, not a \
                  pretrained decoder",

@@ -9,7 +9,7 @@ const GELU_S: f32 = 0.797_884_6; // sqrt(2 / pi)
 /// vectorises (glibc's expf is one call per element, and GELU dominated a
 /// CPU training step). Within a few ulp of exp for |x| < 87.
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+pub(super) fn exp(x: f32) -> f32 {
     // Adding 1.5 * 2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 87.0);
@@ -27,7 +27,7 @@ fn exp(x: f32) -> f32 {
 /// tanh from one `exp`: 1 - 2 / (e^{2u} + 1), exact at both tails, within
 /// 1e-7 of tanh near 0.
 #[inline(always)]
-fn tanh(u: f32) -> f32 {
+pub(super) fn tanh(u: f32) -> f32 {
     1.0 - 2.0 / (exp(2.0 * u) + 1.0)
 }
 

@@ -103,3 +103,83 @@ fn an_lstm_captioner_matches_pytorch() {
         }
     }
 }
+
+/// `train --decoder lstm:fc` from the command line, then what a user does
+/// with the run: evaluate it, inspect a caption, caption by beam search,
+/// resume it; export says there is no Hugging Face form.
+#[test]
+fn an_lstm_run_trains_evaluates_inspects_and_resumes() {
+    let dir = common::fresh_temp("lstm-run");
+    let (run, cache) = (dir.join("run"), dir.join("cache"));
+    let captune = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+            .args(["--device", "cpu"])
+            .args(args)
+            .env("CAPTUNE_CACHE", &cache)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let run_arg = run.display().to_string();
+    let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
+    train.extend([
+        "--decoder",
+        "lstm:fc",
+        "--image-feed",
+        "input",
+        "--out",
+        &run_arg,
+    ]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(
+        config.contains("decoder = \"lstm:fc\"") && config.contains("image_feed = \"input\""),
+        "{config}"
+    );
+    let checkpoint = run.join("checkpoint.safetensors").display().to_string();
+    let results = dir.join("results.json").display().to_string();
+    let eval = [
+        "eval",
+        "--checkpoint",
+        &checkpoint,
+        "--split",
+        "val",
+        "--results",
+        &results,
+    ];
+    let (ok, out, err) = captune(&eval);
+    assert!(ok, "{err}");
+    assert!(out.contains("CIDEr-D"), "{out}");
+    let captions: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    assert_eq!(captions.len(), 16, "a caption per validation image");
+    let image = captions[0]["image_id"].to_string().replace('"', "");
+
+    let inspect = ["inspect", "--checkpoint", &checkpoint, "--image", &image];
+    let (ok, out, err) = captune(&[&inspect[..], &["--caption", "a red circle"]].concat());
+    assert!(ok, "{err}");
+    let first: Vec<&str> = out
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap_or(""))
+        .collect();
+    assert_eq!(first, ["a", "red", "circle", "<eos>"], "{out}");
+
+    let (ok, out, err) = captune(&["eval", "--checkpoint", &checkpoint, "--decode", "beam:3"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("CIDEr-D"), "{out}");
+
+    let resume = ["train", "--resume", "--epochs", "1", "--out", &run_arg];
+    let (ok, _, err) = captune(&resume);
+    assert!(ok, "{err}");
+    let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    assert_eq!(log.lines().count(), 2, "an epoch more: {log}");
+
+    let hf = dir.join("hf").display().to_string();
+    let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf]);
+    assert!(!ok && err.contains("no Hugging Face form"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
