@@ -176,12 +176,20 @@ pub struct RunConfig {
     pub features: Option<FeatureSource>,
 }
 
-pub const PRESETS: [(&str, &str); 3] = [
+pub const PRESETS: [(&str, &str); 5] = [
     ("tiny", include_str!("../../assets/presets/tiny.toml")),
     ("shapes", include_str!("../../assets/presets/shapes.toml")),
     (
+        "shapes-lstm",
+        include_str!("../../assets/presets/shapes-lstm.toml"),
+    ),
+    (
         "flickr8k",
         include_str!("../../assets/presets/flickr8k.toml"),
+    ),
+    (
+        "flickr8k-lstm",
+        include_str!("../../assets/presets/flickr8k-lstm.toml"),
     ),
 ];
 

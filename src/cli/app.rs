@@ -26,7 +26,7 @@ pub struct AppArgs {
     /// Open a captioner checkpoint for inspection only.
     #[arg(long)]
     pub checkpoint: Option<PathBuf>,
-    /// Training in the app: the preset the knobs start from (tiny, shapes, flickr8k).
+    /// Training in the app: the preset the knobs start from (tiny, shapes, flickr8k, shapes-lstm, flickr8k-lstm).
     #[arg(long, default_value = "shapes", conflicts_with = "config")]
     pub preset: String,
     /// Training in the app: a run config (TOML) instead of a preset.

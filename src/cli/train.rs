@@ -108,7 +108,7 @@ pub struct TrainArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub features: FeatureArgs,
-    /// A preset: tiny, shapes or flickr8k.
+    /// A preset: tiny, shapes, flickr8k, or shapes-lstm and flickr8k-lstm (an LSTM decoder).
     #[arg(long, conflicts_with = "config")]
     pub preset: Option<String>,
     /// A run config (TOML, as assets/presets/*.toml).

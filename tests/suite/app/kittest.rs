@@ -391,6 +391,43 @@ fn a_live_blip_run_fills_its_panels_and_the_inspector_scores_pieces() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// A live run of an LSTM captioner (`decoder = "lstm:fc"`): the loss
+/// curves and samples fill, and the inspector scores a typed caption word
+/// by word, up to <eos>.
+#[test]
+fn a_live_lstm_run_fills_its_panels_and_the_inspector_scores_words() {
+    const EPOCHS: usize = 2;
+    let out = temp("live-lstm");
+    let mut config = tiny_config();
+    config.train.epochs = EPOCHS;
+    config.model.decoder = Some("lstm:fc".into());
+    let mut h = harness_on(tiny_data(), live_cpu_run(config, &out, true));
+    step_until(&mut h, "the end of the run", |a| {
+        a.live_status().is_some_and(|s| s.state == State::Finished)
+    });
+    step_until(&mut h, "the last records", |a| {
+        a.history.metrics.last().map(|m| m.epoch) == Some(EPOCHS)
+    });
+    assert!(h.query_all_by_label_contains(", MLE ").count() > 0);
+    assert!(!h.state().history.samples.is_empty(), "samples were logged");
+    let scores = |a: &CaptuneApp| -> Option<Vec<String>> {
+        a.scored(captune::app::scorer::Asker::Inspector)
+            .map(|t| t.iter().map(|s| s.token.clone()).collect())
+    };
+    h.get_by_label("Inspector").click_accesskit();
+    h.run();
+    step_until(&mut h, "the reference's scores", |a| scores(a).is_some());
+    h.get_by_role(Role::TextInput).focus();
+    h.run();
+    h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
+    h.get_by_role(Role::TextInput).type_text("a red circle");
+    h.run();
+    step_until(&mut h, "the typed caption's words", |a| {
+        scores(a).is_some_and(|t| t == ["a", "red", "circle", "<eos>"])
+    });
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 fn log_line(step: usize, objective: &str, mle: f64, smile: f64) -> String {
     format!(
         r#"{{"step":{step},"epoch":1,"objective":"{objective}","loss":{mle},"mle":{mle},"smile":{smile},"lr":0.001,"grad_norm":1.0,"tokens_per_s":1000.0}}"#
