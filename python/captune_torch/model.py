@@ -2,8 +2,10 @@
 mapper (ClipCap's MLP, or its transformer) turns an L2-normalised image
 embedding into k prefix vectors; a causal pre-LN transformer with learned
 positions runs over the prefix and `<bos> w1 .. wn`; the output layer is
-the token table, tied. Every tensor keeps its checkpoint name and layout
-(dense weights input-major: y = x W + b)."""
+the token table, tied. Or an LSTM captioner (`family` "lstm"): an image
+projection, a word table, stacked LSTM cells, an untied output layer.
+Every tensor keeps its checkpoint name and layout (the prefix decoder's
+dense weights input-major: y = x W + b; the LSTM's PyTorch's)."""
 
 import math
 
@@ -60,9 +62,22 @@ def mapper_transformer(config):
             "final_norm": False}
 
 
+def lstm_shapes(config):
+    """An LSTM captioner's tensors, PyTorch's names and layouts (`[outputs,
+    inputs]`), in the order captune creates them."""
+    e, h, v = config["embed_dim"], config["decoder"]["width"], config["vocab_size"]
+    out = [("fc_embed.weight", (h, e)), ("fc_embed.bias", (h,)), ("embed.weight", (v, h))]
+    for i in range(config["decoder"]["layers"]):
+        out += [(f"core.lstm.weight_ih_l{i}", (4 * h, h)), (f"core.lstm.weight_hh_l{i}", (4 * h, h)),
+                (f"core.lstm.bias_ih_l{i}", (4 * h,)), (f"core.lstm.bias_hh_l{i}", (4 * h,))]
+    return out + [("logit.weight", (v, h)), ("logit.bias", (v,))]
+
+
 def captioner_shapes(config):
     """Every tensor of a captioner, in the order captune creates them (the
     order of the optimizer file's moments)."""
+    if config.get("family") == "lstm":
+        return lstm_shapes(config)
     e, k, hidden = config["embed_dim"], config["prefix_len"], config["mapper_hidden"]
     d = config["decoder"]["width"]
     if config.get("mapper_transformer"):
@@ -80,8 +95,19 @@ def captioner_shapes(config):
 
 
 def decays(name, shape):
-    """Weight decay applies to dense layers' weight matrices only."""
-    return name.endswith(".weight") and len(shape) == 2
+    """Weight decay applies to dense layers' weight matrices only: an
+    LSTM's are also its cells' (`core.lstm.weight_*`), and its word table
+    (`embed.weight`) is not one."""
+    if name == "embed.weight":
+        return False
+    return name.startswith("core.lstm.weight_") or (name.endswith(".weight") and len(shape) == 2)
+
+
+def is_adapter(config, name):
+    """Whether tensor `name` is the adapter between the image and the
+    decoder (the mapper; an LSTM's image projection): what
+    `--freeze-decoder` trains."""
+    return name.startswith("fc_embed." if config.get("family") == "lstm" else "mapper.")
 
 
 class Captioner(nn.Module):
@@ -173,10 +199,45 @@ class Captioner(nn.Module):
         act = activation(c.get("mapper_activation", "gelu"))
         return self.dense(act(self.dense(x, "mapper.fc1")), "mapper.fc2").reshape(x.shape[0], k, d)
 
+    def lstm(self, features, inputs):
+        """An LSTM captioner's outputs [batch, positions, width] at the
+        token positions: PyTorch's LSTM cell (gates i, f, g, o), the image
+        projection as every layer's first hidden state or as the input
+        of a step before the start."""
+        c = self.config
+        layers = c["decoder"]["layers"]
+        image = self.dense_t(F.normalize(features, dim=-1), "fc_embed")
+        words = self.tensor("embed.weight")[inputs]
+        zero = torch.zeros_like(image)
+        as_input = c["lstm"]["image_feed"] == "input"
+        states = [(zero if as_input else image, zero) for _ in range(layers)]
+        steps = torch.cat([image[:, None], words], 1) if as_input else words
+        outputs = []
+        for t in range(steps.shape[1]):
+            x = steps[:, t]
+            for i in range(layers):
+                h, cell = states[i]
+                gates = (x @ self.tensor(f"core.lstm.weight_ih_l{i}").T + self.tensor(f"core.lstm.bias_ih_l{i}")
+                         + h @ self.tensor(f"core.lstm.weight_hh_l{i}").T + self.tensor(f"core.lstm.bias_hh_l{i}"))
+                g_in, g_forget, g_cell, g_out = gates.chunk(4, -1)
+                cell = torch.sigmoid(g_forget) * cell + torch.sigmoid(g_in) * torch.tanh(g_cell)
+                x = torch.sigmoid(g_out) * torch.tanh(cell)
+                states[i] = (x, cell)
+            outputs.append(x)
+        return torch.stack(outputs[1:] if as_input else outputs, 1)
+
+    def dense_t(self, x, name):
+        """A PyTorch-layout linear layer (`[outputs, inputs]`)."""
+        return x @ self.tensor(name + ".weight").T + self.tensor(name + ".bias")
+
     def forward(self, features, inputs):
         """Logits [batch, positions, vocab] of the token positions for
         inputs `<bos> w1 .. wn` (padded with the padding id), the masked
         ids at MASKED_LOGIT."""
+        if self.config.get("family") == "lstm":
+            logits = self.dense_t(self.lstm(features, inputs), "logit")
+            logits[..., self.masked] = MASKED_LOGIT
+            return logits
         k = self.config["prefix_len"]
         tokens = self.tensor("decoder.tokens")
         x = torch.cat([self.prefix(features), tokens[inputs]], 1)

@@ -33,7 +33,7 @@ from . import objectives
 from .checkpoint import CheckpointError, load_checkpoint
 from .config import ConfigError, check_train, read_config, write_config
 from .data import Corpus, DataError, Vocabulary, epoch_order, load_features, mixed_seed
-from .model import Captioner
+from .model import Captioner, is_adapter
 from .optim import adamw, clip, warmup_cosine
 from .run_folder import (CHECKPOINT, CONFIG, LOG, RunFolderError, append_record, drop_validation_at,
                          has_metrics_at, holds_a_run, load_optimizer, recover, save_state,
@@ -56,7 +56,7 @@ def arguments(argv=None):
     p.add_argument("--first-token", choices=["mle", "shift", "none"], help="SMILE's step 0")
     p.add_argument("--mle-weight", type=float, help="SMILE: the loss is L * MLE + (1 - L) * SMILE")
     p.add_argument("--freeze-decoder", action="store_true",
-                   help="train the mapper only ([train] freeze_decoder = true)")
+                   help="train the mapper (an LSTM's image projection) only ([train] freeze_decoder = true)")
     p.add_argument("--data", help="karpathy:PATH or coco:PATH (default: the run's)")
     p.add_argument("--images", help="the data set's image folder (default: the run's, or `images` beside it)")
     p.add_argument("--features", help="the image embeddings (default: the run's)")
@@ -297,7 +297,7 @@ def run(args, ranks):
         # update, no decay, no part in the norm) while the loss's gradient
         # still flows through it to the prefix.
         for name in model.names:
-            model.tensor(name).requires_grad_(name.startswith("mapper."))
+            model.tensor(name).requires_grad_(is_adapter(ck.config, name))
     opt = adamw(model, t["lr"], t["weight_decay"])
     if args.resume:
         load_optimizer(args.out, model, opt)
