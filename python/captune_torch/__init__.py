@@ -2,9 +2,8 @@
 
 It reads a captune captioner checkpoint (captune's own decoder, a GPT-2
 ClipCap or an LSTM captioner), trains it with the same model, losses and
-optimiser as
-captune, and writes captune's run-folder format, so `captune app
---follow`, `eval`, `inspect` and `train --resume` work on the result.
+optimiser as captune, and writes captune's run-folder format, so `captune
+app --follow`, `eval`, `inspect` and `train --resume` work on the result.
 """
 
 from .checkpoint import Checkpoint, load_checkpoint
