@@ -13,8 +13,9 @@ nn.LSTM (two layers here) and an untied nn.Linear output layer, with
 For each image feed it writes a captune checkpoint of random weights
 (tests/data/lstm_fc_FEED.safetensors) and, for one fixed batch, the MLE
 loss (the mean over real tokens of -log softmax), every parameter's
-gradient, and the greedy captions of the batch's images
-(tests/data/lstm_fc_FEED_expected.safetensors), float64 stored as float32.
+gradient, and the greedy captions and the two best of a beam search of
+width 3 of the batch's images (tests/data/lstm_fc_FEED_expected.safetensors),
+float64 stored as float32.
 
     pip install torch safetensors
     python3 scripts/lstm_fixtures.py tests/data
@@ -31,6 +32,7 @@ WORDS = ["a", "red", "circle", "blue", "star", "and", "big", "small"]
 VOCAB = 4 + len(WORDS)  # <pad> <bos> <eos> <unk>, then the words
 PAD, BOS, EOS = 0, 1, 2
 T = MAX_LEN - 1  # token positions: <bos> and the words
+BEAM_WIDTH, N_BEST = 3, 2
 
 
 class Core(torch.nn.Module):
@@ -79,6 +81,40 @@ def greedy(model, features):
     return captions
 
 
+def beam(model, features, width, n_best):
+    """Each image's n_best captions by beam search and their total
+    log-probabilities (docs/evaluation.md): the live beams' continuations
+    ranked, those among the best `width` that end (or reach T ids)
+    finish, the best `width` others go on, until the n_best-th finished
+    caption beats every live beam."""
+    out = []
+    for f in features:
+        live, finished = [([], 0.0)], []
+        for step in range(T):
+            if not live:
+                break
+            candidates = []
+            for k, (ids, score) in enumerate(live):
+                logits = model(f.unsqueeze(0), torch.tensor([[BOS] + ids]))[0, -1]
+                logp = torch.log_softmax(logits, dim=-1)
+                candidates += [(score + float(logp[j]), k, j) for j in range(VOCAB) if j not in (PAD, BOS)]
+            candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+            going = []
+            for rank, (score, k, j) in enumerate(candidates[:2 * width]):
+                ids = live[k][0] + [j]
+                if j == EOS or step == T - 1:
+                    if rank < width:
+                        finished.append((ids, score))
+                elif len(going) < width:
+                    going.append((ids, score))
+            finished = sorted(finished, key=lambda c: -c[1])[:width]
+            if len(finished) >= n_best and all(s <= finished[n_best - 1][1] for _, s in going):
+                going = []
+            live = going
+        out += finished[:n_best]
+    return out
+
+
 def fixture(out_dir, feed, seed, scale):
     """Weights drawn from N(0, scale^2): a seed and scale whose greedy
     captions differ from image to image, end at several lengths, and
@@ -116,15 +152,18 @@ def fixture(out_dir, feed, seed, scale):
     )
     with torch.no_grad():
         captions = greedy(model, features)
-    padded = [c + [-1] * (T - len(c)) for c in captions]
+        beams = beam(model, features, BEAM_WIDTH, N_BEST)
+    padded = lambda rows: f32(torch.tensor([c + [-1] * (T - len(c)) for c in rows], dtype=DT))
     expected = {
         "features": f32(features), "inputs": f32(inputs), "targets": f32(targets),
-        "loss": f32(loss.reshape(1)), "greedy": f32(torch.tensor(padded, dtype=DT)),
+        "loss": f32(loss.reshape(1)), "greedy": padded(captions),
+        "beam": padded([ids for ids, _ in beams]),
+        "beam_logp": f32(torch.tensor([score for _, score in beams], dtype=DT)),
     }
     expected.update({f"grad.{n}": f32(p.grad) for n, p in params.items()})
     save_file(expected, f"{out_dir}/lstm_fc_{feed}_expected.safetensors", metadata={
         "made_by": "scripts/lstm_fixtures.py (PyTorch " + torch.__version__ + ", float64)"})
-    print(f"{feed}: loss {float(loss.detach()):.6f}, greedy {captions}")
+    print(f"{feed}: loss {float(loss.detach()):.6f}, greedy {captions}, beam {beams}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 //! The LSTM captioner against an independent PyTorch implementation
 //! (scripts/lstm_fixtures.py: `nn.LSTM` in float64, written from the
 //! papers and docs/lstm.md), fed the image either way: one MLE step's
-//! loss and every parameter's gradient, and the greedy captions, on both
-//! backends.
+//! loss and every parameter's gradient, the greedy captions and the two
+//! best of a beam search, on both backends.
 
 use crate::common;
 
@@ -92,6 +92,32 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, feed: &str) {
         .collect();
     let got: Vec<Vec<u32>> = generated.into_iter().map(|g| g.ids).collect();
     assert_eq!(got, want, "{what}: greedy captions");
+
+    let beam = Decoding::Beam {
+        width: 3,
+        n_best: 2,
+    };
+    let generated = generate(b, &ck.model, features, &beam, &DecodeOptions::default()).unwrap();
+    let want_ids = expected.tensors["beam"].data.chunks(steps).map(|row| {
+        row.iter()
+            .take_while(|&&x| x >= 0.0)
+            .map(|&x| x as u32)
+            .collect::<Vec<_>>()
+    });
+    let want_logp = &expected.tensors["beam_logp"].data;
+    assert_eq!(
+        generated.len(),
+        want_logp.len(),
+        "{what}: two captions per image"
+    );
+    for ((g, ids), &logp) in generated.iter().zip(want_ids).zip(want_logp) {
+        assert_eq!(g.ids, ids, "{what}: beam captions");
+        assert!(
+            (g.logprob - logp).abs() <= 1e-5 * logp.abs(),
+            "{what}: beam log-probability {} against PyTorch's {logp}",
+            g.logprob
+        );
+    }
 }
 
 #[test]
