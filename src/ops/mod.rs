@@ -1,6 +1,7 @@
 //! Composite ops written once against [`Backend`](crate::backend::Backend):
 //! each is a readable sequence of kernel calls, forward then backward.
 
+pub mod additive_attention;
 pub mod attention;
 pub mod contrastive;
 pub mod cross_attention;

@@ -11,6 +11,7 @@ use captune::backend::{
 use captune::cpu::CpuBackend;
 use captune::gpu::{MatmulKernel, MatmulTile};
 use captune::index::FULL_VOCAB;
+use captune::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_attention::{CrossAttention, CrossAttentionShape};
@@ -872,6 +873,54 @@ fn lstm_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
 #[test]
 fn lstm_cell_matches_cpu() {
     parity!(lstm_cases, 1e-5, 1e-6);
+}
+
+fn additive_attention_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
+    let shape = AdditiveShape {
+        batch: 3,
+        tokens: 37,
+        width: 19,
+        values: 23,
+    };
+    let (n, a, v) = (shape.batch * shape.tokens, shape.width, shape.values);
+    let (keys, values, w) = (
+        b.tensor(&random(n * a, 1)),
+        b.tensor(&random(n * v, 2)),
+        b.tensor(&random(a, 3)),
+    );
+    let rows = Rows {
+        offset: 2,
+        stride: 40,
+    };
+    let query = b.tensor(&random(2 + 3 * 40, 4));
+    let mut op = AdditiveAttention::new(b, shape);
+    let mut context = b.zeros(2 + 3 * 40);
+    op.forward(
+        b,
+        (&keys, &values, &w),
+        (&query, rows),
+        (&mut context, rows),
+    );
+    let d_context = b.tensor(&random(2 + 3 * 40, 5));
+    let mut d_query = b.zeros(3 * a);
+    let (mut d_keys, mut d_values, mut d_w) = (b.zeros(n * a), b.zeros(n * v), b.zeros(a));
+    op.backward(
+        b,
+        (&keys, &values, &w),
+        (&query, rows),
+        (&d_context, rows),
+        &mut d_query,
+        (&mut d_keys, &mut d_values, &mut d_w),
+    );
+    [&context, &d_query, &d_keys, &d_values, &d_w]
+        .iter()
+        .map(|t| b.to_vec(t))
+        .collect()
+}
+
+#[test]
+fn additive_attention_matches_cpu() {
+    parity!(additive_attention_cases, 1e-4, 1e-6);
 }
 
 fn contrastive_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {

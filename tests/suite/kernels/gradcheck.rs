@@ -7,6 +7,7 @@ use crate::common;
 use captune::backend::{Backend, LstmStep, Matmul, SoftmaxRows, TokenIndex, VocabSubsets};
 use captune::cpu::CpuBackend;
 use captune::index::FULL_VOCAB;
+use captune::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 use captune::ops::attention::{Attention, AttentionKernel, AttentionShape};
 use captune::ops::contrastive::Contrastive;
 use captune::ops::cross_attention::{CrossAttention, CrossAttentionShape};
@@ -604,6 +605,77 @@ fn lstm_cell_backward_matches_finite_differences() {
         d_cells[at..at + hidden].copy_from_slice(&d_cell[r * hidden..][..hidden]);
     }
     check("lstm d_cell_prev", &cells, &d_cells, |c| loss(&gates, c));
+}
+
+/// Queries read from and contexts written to strided rows, as a decoder
+/// keeps them per position.
+#[test]
+fn additive_attention_backward_matches_finite_differences() {
+    let b = CpuBackend::new();
+    let shape = AdditiveShape {
+        batch: 2,
+        tokens: 5,
+        width: 4,
+        values: 3,
+    };
+    let (n, a, v) = (shape.batch * shape.tokens, shape.width, shape.values);
+    let (query_rows, context_rows) = (
+        Rows {
+            offset: 4,
+            stride: 9,
+        },
+        Rows {
+            offset: 1,
+            stride: 7,
+        },
+    );
+    let (keys, values, w) = (random(n * a, 1), random(n * v, 2), random(a, 3));
+    let query = random(4 + 2 * 9, 4);
+    let r = random(1 + 2 * 7, 5);
+    let loss = |keys: &[f32], values: &[f32], w: &[f32], query: &[f32]| {
+        let mut op = AdditiveAttention::new(&b, shape);
+        let mut context = vec![0.0; r.len()];
+        let weights = (&keys.to_vec(), &values.to_vec(), &w.to_vec());
+        op.forward(
+            &b,
+            weights,
+            (&query.to_vec(), query_rows),
+            (&mut context, context_rows),
+        );
+        dot(&context, &r)
+    };
+    let mut op = AdditiveAttention::new(&b, shape);
+    let (mut d_query, mut d_keys, mut d_values, mut d_w) = (
+        vec![0.0; 2 * a],
+        vec![0.0; n * a],
+        vec![0.0; n * v],
+        vec![0.0; a],
+    );
+    op.backward(
+        &b,
+        (&keys, &values, &w),
+        (&query, query_rows),
+        (&r, context_rows),
+        &mut d_query,
+        (&mut d_keys, &mut d_values, &mut d_w),
+    );
+    check("additive d_keys", &keys, &d_keys, |x| {
+        loss(x, &values, &w, &query)
+    });
+    check("additive d_values", &values, &d_values, |x| {
+        loss(&keys, x, &w, &query)
+    });
+    check("additive d_w", &w, &d_w, |x| {
+        loss(&keys, &values, x, &query)
+    });
+    let mut d_query_rows = vec![0.0; query.len()];
+    for row in 0..2 {
+        let at = query_rows.offset + row * query_rows.stride;
+        d_query_rows[at..at + a].copy_from_slice(&d_query[row * a..][..a]);
+    }
+    check("additive d_query", &query, &d_query_rows, |x| {
+        loss(&keys, &values, &w, x)
+    });
 }
 
 #[test]
