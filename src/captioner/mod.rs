@@ -154,7 +154,10 @@ pub enum DecoderFamily {
 #[serde(deny_unknown_fields)]
 pub struct LstmConfig {
     pub model: LstmModel,
-    /// How the projected image embedding enters the LSTM.
+    /// How the FC model's projected image embedding enters the LSTM (the
+    /// attention models start from zero states and read the image by
+    /// attending).
+    #[serde(default)]
     pub image_feed: ImageFeed,
 }
 
@@ -168,6 +171,18 @@ pub enum LstmModel {
     /// image embedding to the hidden size, then words through an LSTM
     /// and an untied output layer.
     Fc,
+    /// Top-down attention (Anderson et al., 2018): an attention LSTM
+    /// whose state queries additive attention over image tokens, and a
+    /// language LSTM that reads the attended context.
+    #[serde(rename = "updown")]
+    UpDown,
+}
+
+impl LstmModel {
+    /// Whether the model reads image tokens, not one embedding.
+    pub fn reads_tokens(&self) -> bool {
+        *self != LstmModel::Fc
+    }
 }
 
 /// Where an LSTM's projected image embedding enters.
@@ -272,7 +287,27 @@ impl CaptionerConfig {
             // matrices and two biases, the output layer.
             (DecoderFamily::Lstm, _) => {
                 let (l, v) = (self.decoder.layers as u128, self.vocab_size as u128);
-                return e * d + d + v * d + l * (8 * d * d + 8 * d) + v * d + v;
+                let output = v * d + v;
+                return match self.lstm.map(|l| l.model) {
+                    // The tokens' embedding and keys, the attention LSTM
+                    // ([h2; v̄; word] in), the query and scores, the
+                    // language LSTM ([v̂; h1] in).
+                    Some(LstmModel::UpDown) => {
+                        let cell = |inputs: u128| 4 * d * inputs + 4 * d * d + 8 * d;
+                        e * d
+                            + d
+                            + d * d
+                            + d
+                            + v * d
+                            + cell(3 * d)
+                            + d * d
+                            + d
+                            + d
+                            + cell(2 * d)
+                            + output
+                    }
+                    _ => e * d + d + v * d + l * (8 * d * d + 8 * d) + output,
+                };
             }
         };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
@@ -407,17 +442,33 @@ impl CaptionerConfig {
     }
 
     fn validate_lstm(&self) -> Result<()> {
-        if self.lstm.is_none() || self.decoder.layers == 0 || self.embed_dim == 0 {
+        let Some(lstm) = self.lstm else {
+            bail!("an LSTM decoder needs its model (lstm)");
+        };
+        if self.decoder.layers == 0 || self.embed_dim == 0 {
             bail!(
-                "an LSTM decoder needs its model (lstm), a positive number of layers and an \
-                 image embedding (embed_dim)"
+                "an LSTM decoder needs a positive number of layers and an image input (embed_dim)"
             );
         }
-        if self.image_tokens > 0 || self.prefix_len > 0 || self.mapper_hidden > 0 {
-            bail!(
-                "an LSTM decoder reads one image embedding through one linear layer: \
-                 image_tokens, prefix_len and mapper_hidden must be 0"
-            );
+        if self.prefix_len > 0 || self.mapper_hidden > 0 {
+            bail!("an LSTM decoder has no mapper: prefix_len and mapper_hidden must be 0");
+        }
+        match lstm.model {
+            LstmModel::Fc if self.image_tokens > 0 => {
+                bail!("the FC model reads one image embedding: image_tokens must be 0")
+            }
+            LstmModel::UpDown if self.image_tokens == 0 => {
+                bail!("the top-down model attends over image tokens: image_tokens must be positive")
+            }
+            LstmModel::UpDown
+                if self.decoder.layers != 1 || lstm.image_feed != ImageFeed::Hidden =>
+            {
+                bail!(
+                    "the top-down model is its two cells (layers = 1) and reads the image by \
+                     attending (no image_feed)"
+                )
+            }
+            _ => {}
         }
         if !self.prompt.is_empty() {
             bail!("an LSTM decoder takes no prompt");

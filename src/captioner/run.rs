@@ -45,6 +45,10 @@ pub struct ModelSection {
     /// hidden state, the default) or "input" (a step before the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_feed: Option<ImageFeed>,
+    /// The vision tower whose image tokens an attention LSTM reads,
+    /// `hf:BLIP_FOLDER`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_tokens: Option<String>,
     /// Text a BLIP decoder is fed after the start of every caption, never
     /// predicted (BLIP's captioning checkpoints: "a picture of").
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,16 +82,41 @@ impl ModelSection {
             .and_then(|d| d.strip_prefix("lstm:"))
         {
             Some("fc") => LstmModel::Fc,
-            Some(other) => bail!("decoder lstm:{other}: the LSTM models are lstm:fc"),
+            Some("updown") => LstmModel::UpDown,
+            Some(other) => {
+                bail!("decoder lstm:{other}: the LSTM models are lstm:fc and lstm:updown")
+            }
             None if self.image_feed.is_some() => {
                 bail!("image_feed is an LSTM decoder's setting; this decoder is not one (lstm:fc)")
             }
             None => return Ok(None),
         };
+        if model.reads_tokens() && self.image_feed.is_some() {
+            bail!("image_feed is the FC model's setting; lstm:updown reads the image by attending");
+        }
+        if model.reads_tokens() != self.image_tokens.is_some() {
+            bail!(
+                "image_tokens names the vision tower whose tokens an attention LSTM reads \
+                 (hf:BLIP_FOLDER): lstm:updown needs it, and only an attention LSTM takes it"
+            );
+        }
         Ok(Some(LstmConfig {
             model,
             image_feed: self.image_feed.unwrap_or_default(),
         }))
+    }
+
+    /// The BLIP folder whose vision tower gives the image tokens the
+    /// decoder reads, when it reads tokens: a BLIP decoder's own folder, or
+    /// an attention LSTM's `image_tokens`.
+    pub fn token_folder(&self) -> Result<Option<PathBuf>> {
+        if let Some(spec) = &self.image_tokens {
+            return match spec.strip_prefix("hf:") {
+                Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
+                _ => bail!("image_tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH"),
+            };
+        }
+        self.blip_folder()
     }
 
     /// The folder of a pretrained decoder that is BLIP's, when it is one.

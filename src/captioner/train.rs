@@ -154,7 +154,19 @@ pub fn fresh_checkpoint<B: Backend>(
     } else {
         CaptionVocab::build(&split.captioned(&data.data), config.train.min_count)?
     };
-    let model_config = config.captioner(data.dim, vocab.len());
+    let mut model_config = config.captioner(data.dim, vocab.len());
+    if model_config.lstm.is_some_and(|l| l.model.reads_tokens()) {
+        // An attention LSTM reads the data's image tokens.
+        let Some(tokens) = &data.image_tokens else {
+            bail!(
+                "an attention LSTM reads image tokens, and the data has none: name the BLIP \
+                 folder whose vision tower makes them ([model] image_tokens = \"hf:FOLDER\", \
+                 or --image-tokens)"
+            );
+        };
+        let shape = tokens.shape();
+        (model_config.image_tokens, model_config.embed_dim) = (shape.tokens, shape.dim);
+    }
     Ok(Checkpoint {
         model: Captioner::new(b, model_config, config.train.seed)?,
         vocab,

@@ -102,7 +102,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         }
     }
     let trained_on = recorded(args)?;
-    let mut blip = None;
+    let mut tokens_from = None;
     let source = if let Some(dir) = &args.follow {
         Source::Follow(dir.clone())
     } else if let Some(path) = &args.checkpoint {
@@ -113,7 +113,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             None => RunConfig::preset(&args.preset)?,
         };
         if args.init.is_none() {
-            blip = config.model.blip_folder()?;
+            tokens_from = config.model.token_folder()?;
         }
         let out = match &args.out {
             Some(out) => {
@@ -152,8 +152,9 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         });
         let (data, judged) = captune::with_backend!(&selection.backend, b => {
             let (mut data, retriever) = embeddings::load(b, &data, &features, trained_on, progress)?;
-            // A new run of a BLIP decoder reads its vision tower's tokens.
-            if let Some(dir) = &blip
+            // A new run of a decoder that reads image tokens (BLIP's, an
+            // attention LSTM) computes them with its vision tower.
+            if let Some(dir) = &tokens_from
                 && data.image_tokens.is_none()
             {
                 image_tokens::attach(b, &mut data, dir, progress)?;

@@ -127,6 +127,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             init,
             decoder: None,
             image_feed: None,
+            image_tokens: None,
             prompt: None,
             mapper: None,
             out: out.join(objective),

@@ -140,11 +140,17 @@ pub struct TrainArgs {
     /// Hugging Face GPT-2 or BLIP folder (config.json, model.safetensors,
     /// tokenizer.json), whose network and tokenizer replace [model]'s
     /// width, layers and heads and the word vocabulary (a GPT-2 gets a new
-    /// mapper: see --mapper). Or an LSTM captioner, lstm:fc, [model] width
-    /// wide with [model] layers layers. The run's checkpoints carry it
-    /// from then on.
-    #[arg(long, value_name = "hf:FOLDER|lstm:fc", conflicts_with = "resume")]
+    /// mapper: see --mapper). Or an LSTM captioner, [model] width wide:
+    /// lstm:fc ([model] layers layers) or lstm:updown (top-down attention
+    /// over image tokens: see --image-tokens). The run's checkpoints carry
+    /// it from then on.
+    #[arg(long, value_name = "hf:FOLDER|lstm:MODEL", conflicts_with = "resume")]
     pub decoder: Option<String>,
+    /// With an attention LSTM (lstm:updown): the BLIP folder, hf:FOLDER,
+    /// whose vision tower makes the image tokens it reads ([model]
+    /// image_tokens).
+    #[arg(long, value_name = "hf:FOLDER", requires = "decoder")]
+    pub image_tokens: Option<String>,
     /// With an LSTM decoder: the projected image embedding is every
     /// layer's initial hidden state (hidden, the default), or the input of
     /// a step before the start token (input) ([model] image_feed).
@@ -224,6 +230,9 @@ impl TrainArgs {
         }
         if let Some(feed) = self.image_feed {
             c.model.image_feed = Some(feed);
+        }
+        if let Some(tokens) = &self.image_tokens {
+            c.model.image_tokens = Some(tokens.clone());
         }
         if let Some(prompt) = &self.prompt {
             c.model.prompt = Some(prompt.clone());
@@ -374,12 +383,13 @@ pub fn train<B: Backend>(
             };
             let (mut d, r) =
                 embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
-            // A new run of a BLIP decoder reads its vision tower's tokens
-            // (a resumed or --init run reads those its record names).
+            // A new run of a decoder that reads image tokens (BLIP's, an
+            // attention LSTM) computes them with its vision tower (a
+            // resumed or --init run reads those its record names).
             let new = !args.resume && start.is_none();
             if new
                 && d.image_tokens.is_none()
-                && let Some(dir) = config.model.blip_folder()?
+                && let Some(dir) = config.model.token_folder()?
             {
                 image_tokens::attach(b, &mut d, &dir, &progress)?;
             }

@@ -5,7 +5,7 @@ pub mod lstm;
 pub mod prefix;
 
 use super::decoder::Decoder;
-use super::{CaptionerConfig, DecoderFamily};
+use super::{CaptionerConfig, DecoderFamily, LstmModel};
 use crate::backend::Backend;
 
 /// A decoder of any family. An enum, not a boxed trait object, so that a
@@ -15,6 +15,7 @@ pub(super) enum Family<B: Backend> {
     Prefix(prefix::PrefixDecoder<B>),
     Blip(blip::BlipDecoder<B>),
     Lstm(lstm::LstmDecoder<B>),
+    UpDown(lstm::updown::UpDownDecoder<B>),
 }
 
 impl<B: Backend> Family<B> {
@@ -23,7 +24,12 @@ impl<B: Backend> Family<B> {
         match config.family {
             DecoderFamily::Prefix => Family::Prefix(prefix::PrefixDecoder::new(b, config, seed)),
             DecoderFamily::Blip => Family::Blip(blip::BlipDecoder::new(b, config, seed)),
-            DecoderFamily::Lstm => Family::Lstm(lstm::LstmDecoder::new(b, config, seed)),
+            DecoderFamily::Lstm => match config.lstm.map(|l| l.model) {
+                Some(LstmModel::UpDown) => {
+                    Family::UpDown(lstm::updown::UpDownDecoder::new(b, config, seed))
+                }
+                _ => Family::Lstm(lstm::LstmDecoder::new(b, config, seed)),
+            },
         }
     }
 
@@ -32,6 +38,7 @@ impl<B: Backend> Family<B> {
             Family::Prefix(d) => d,
             Family::Blip(d) => d,
             Family::Lstm(d) => d,
+            Family::UpDown(d) => d,
         }
     }
 
@@ -40,6 +47,7 @@ impl<B: Backend> Family<B> {
             Family::Prefix(d) => d,
             Family::Blip(d) => d,
             Family::Lstm(d) => d,
+            Family::UpDown(d) => d,
         }
     }
 }

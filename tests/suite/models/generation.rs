@@ -203,11 +203,21 @@ fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
 }
 
 /// Every decoder family that runs incrementally its own way.
-fn every_family() -> [CaptionerConfig; 3] {
+fn every_family() -> [CaptionerConfig; 4] {
+    let updown = CaptionerConfig {
+        image_tokens: 4,
+        decoder: TransformerConfig::new(12, 1, 1, true),
+        lstm: Some(LstmConfig {
+            model: LstmModel::UpDown,
+            image_feed: ImageFeed::Hidden,
+        }),
+        ..lstm_config(ImageFeed::Hidden)
+    };
     [
         captioner_config(),
         lstm_config(ImageFeed::Hidden),
         lstm_config(ImageFeed::Input),
+        updown,
     ]
 }
 
@@ -232,7 +242,7 @@ fn recomputed<B: Backend>(
     banned: u32,
 ) -> Vec<Generated> {
     let c = model.config;
-    let (d, v, steps) = (c.embed_dim, c.vocab_size, c.token_positions());
+    let (d, v, steps) = (c.image_input_len(), c.vocab_size, c.token_positions());
     let per_image = decoding.rows_per_image();
     let rows = features.len() / d * per_image;
     let (rule, seed) = match *decoding {
@@ -320,7 +330,7 @@ fn decodings() -> Vec<(Decoding, bool)> {
 /// Every decoding's captions from the cache and from recomputation.
 fn both_ways<B: Backend>(b: &B, config: CaptionerConfig) -> Vec<(Vec<Generated>, Vec<Generated>)> {
     let mut model = random_captioner_of(b, config);
-    let features = random(5 * 6, 8);
+    let features = random(5 * config.image_input_len(), 8);
     decodings()
         .into_iter()
         .map(|(decoding, suppress_unk)| {
@@ -685,7 +695,7 @@ fn beams_both_ways<B: Backend>(
 ) -> (Vec<Generated>, Vec<(Vec<u32>, f32)>) {
     let mut model = random_captioner_of(b, config);
     let c = model.config;
-    let (d, v, t) = (c.embed_dim, c.vocab_size, c.token_positions());
+    let (d, v, t) = (c.image_input_len(), c.vocab_size, c.token_positions());
     let (images, width, n_best) = (4, 3, 2);
     let features = random(images * d, 8);
     let decoding = Decoding::Beam { width, n_best };

@@ -482,12 +482,28 @@ fn tiny_lstm_config(vocab: usize, feed: ImageFeed) -> CaptionerConfig {
     }
 }
 
-/// The prefix transformer and the LSTM, fed the image either way.
-fn every_family(vocab: usize) -> [CaptionerConfig; 3] {
+/// Top-down attention over 3 image tokens of 5.
+fn tiny_updown_config(vocab: usize) -> CaptionerConfig {
+    CaptionerConfig {
+        embed_dim: 5,
+        image_tokens: 3,
+        decoder: TransformerConfig::new(6, 1, 1, true),
+        lstm: Some(LstmConfig {
+            model: LstmModel::UpDown,
+            image_feed: ImageFeed::Hidden,
+        }),
+        ..tiny_lstm_config(vocab, ImageFeed::Hidden)
+    }
+}
+
+/// The prefix transformer, the LSTM fed the image either way, and top-down
+/// attention.
+fn every_family(vocab: usize) -> [CaptionerConfig; 4] {
     [
         tiny_config(vocab),
         tiny_lstm_config(vocab, ImageFeed::Hidden),
         tiny_lstm_config(vocab, ImageFeed::Input),
+        tiny_updown_config(vocab),
     ]
 }
 
@@ -553,7 +569,7 @@ fn gradients_match_finite_differences(config: CaptionerConfig) {
             .collect();
         b.write(value, &scaled);
     }
-    let features = random(2 * config.embed_dim, 9);
+    let features = random(2 * config.image_input_len(), 9);
     let objective = TokenObjective {
         mle_weight: 0.5,
         ..TokenObjective::smile()
@@ -582,7 +598,7 @@ fn one_step_of_every_objective_agrees_between_gpu_and_cpu() {
 }
 
 fn every_objective_agrees(c: &CpuBackend, g: &GpuBackend, config: CaptionerConfig) {
-    let features = random(2 * config.embed_dim, 4);
+    let features = random(2 * config.image_input_len(), 4);
     for kind in [
         ObjectiveKind::Mle,
         ObjectiveKind::Smile,

@@ -1,0 +1,923 @@
+//! Top-down attention (Anderson et al., 2018, "Bottom-Up and Top-Down
+//! Attention for Image Captioning and Visual Question Answering") over a
+//! vision tower's image tokens, named as self-critical training's
+//! implementation names its modules. The tokens are embedded, v_n =
+//! ReLU(`att_embed`(x_n)), and projected once into attention keys k_n =
+//! `ctx2att`(v_n); v̄ is their mean. Each position runs
+//!
+//! ```text
+//! h1 = att_lstm([h2_prev; v̄; embed(w)], h1_prev)
+//! a = softmax_n(alpha_net . tanh(k_n + h2att(h1))),  v̂ = sum_n a_n v_n
+//! h2 = lang_lstm([v̂; h1], h2_prev)
+//! logits = logit(h2)
+//! ```
+//!
+//! from zero states. Products with a column block of a weight (the three
+//! parts of the attention LSTM's input) read the block in place. The
+//! image side's gradients are summed over the positions, then taken back
+//! through the projections once.
+
+use super::{Sizes, strided};
+use crate::backend::{Backend, LstmStep, Matmul, Operand};
+use crate::captioner::CaptionerConfig;
+use crate::captioner::decoder::{Decoder, Stepper};
+use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::model::params::{Init, ParamId, Params};
+use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
+use anyhow::Result;
+
+pub struct UpDownDecoder<B: Backend> {
+    net: UpDown<B>,
+    workspaces: Workspaces<Workspace<B>>,
+}
+
+/// A linear layer's weight (`[outputs, inputs]`) and bias.
+type Linear = (ParamId, ParamId);
+
+/// `nn.LSTMCell`'s parameters.
+struct Cell {
+    weight_ih: ParamId,
+    weight_hh: ParamId,
+    bias_ih: ParamId,
+    bias_hh: ParamId,
+}
+
+struct UpDown<B: Backend> {
+    config: CaptionerConfig,
+    params: Params<B>,
+    att_embed: Linear,
+    ctx2att: Linear,
+    embed: ParamId,
+    /// Input `[h2_prev; v̄; word]`: `[4h, 3h]`.
+    att_lstm: Cell,
+    h2att: Linear,
+    /// `[1, h]`.
+    alpha_net: ParamId,
+    /// Input `[v̂; h1]`: `[4h, 2h]`.
+    lang_lstm: Cell,
+    logit: Linear,
+    policy_mask: B::Tensor,
+}
+
+/// Column block `part` (of `parts`, `h` wide) of a weight `[rows, parts h]`,
+/// as a product's operand.
+fn block(part: usize, parts: usize, h: usize) -> Operand {
+    strided(part * h, parts * h)
+}
+
+/// The image side of a batch: its tokens embedded, their keys and mean.
+struct Image<B: Backend> {
+    rows: usize,
+    /// `[rows, tokens, embed_dim]`.
+    features: B::Tensor,
+    /// `[rows, tokens, h]`: before and after the ReLU.
+    pre: B::Tensor,
+    values: B::Tensor,
+    keys: B::Tensor,
+    /// `[rows, h]`.
+    mean: B::Tensor,
+}
+
+impl<B: Backend> Image<B> {
+    fn new(b: &B, c: &CaptionerConfig, rows: usize) -> Self {
+        let (n, h) = (rows * c.image_tokens, c.decoder.width);
+        Image {
+            rows,
+            features: b.zeros(n * c.embed_dim),
+            pre: b.zeros(n * h),
+            values: b.zeros(n * h),
+            keys: b.zeros(n * h),
+            mean: b.zeros(rows * h),
+        }
+    }
+}
+
+struct Workspace<B: Backend> {
+    sizes: Sizes,
+    image: Image<B>,
+    attention: AdditiveAttention<B>,
+    /// `[positions]` ones: broadcasts a row over the positions, sums over them.
+    ones: B::Tensor,
+    tokens: B::Tensor,
+    gates1: B::Tensor,
+    cells1: B::Tensor,
+    states1: B::Tensor,
+    gates2: B::Tensor,
+    cells2: B::Tensor,
+    states2: B::Tensor,
+    /// `[batch, 4h]`: v̄'s part of the attention LSTM's gates.
+    mean_gates: B::Tensor,
+    bias1: B::Tensor,
+    bias2: B::Tensor,
+    /// `[batch, h]`: a position's query; in the backward, its gradient.
+    query: B::Tensor,
+    d_query: B::Tensor,
+    /// `[batch, positions, h]`: each position's context v̂.
+    contexts: B::Tensor,
+    d_context: B::Tensor,
+    top: B::Tensor,
+    logit_bias: B::Tensor,
+    logits: B::Tensor,
+    d_top: B::Tensor,
+    d_states1: B::Tensor,
+    d_states2: B::Tensor,
+    d_cell1: B::Tensor,
+    d_cell2: B::Tensor,
+    d_gates1: B::Tensor,
+    d_gates2: B::Tensor,
+    /// `[batch, positions, h]`: states copied out packed for the weights'
+    /// gradients; then the token embeddings' gradient.
+    packed: B::Tensor,
+    d_tokens: B::Tensor,
+    /// `[batch, 4h]`: the attention LSTM's gate gradients summed over the
+    /// positions.
+    d_mean_gates: B::Tensor,
+    d_mean: B::Tensor,
+    d_keys: B::Tensor,
+    d_values: B::Tensor,
+    d_pre: B::Tensor,
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
+        let z = Sizes {
+            batch,
+            positions,
+            steps: positions,
+            hidden: c.decoder.width,
+            lead: 0,
+        };
+        let (h, t, v) = (z.hidden, positions, c.vocab_size);
+        let n = batch * c.image_tokens;
+        Workspace {
+            sizes: z,
+            image: Image::new(b, c, batch),
+            attention: AdditiveAttention::new(b, attention_shape(c, batch)),
+            ones: b.tensor(&vec![1.0; t]),
+            tokens: b.zeros(batch * t * h),
+            gates1: b.zeros(batch * t * 4 * h),
+            cells1: b.zeros(batch * (t + 1) * h),
+            states1: b.zeros(batch * (t + 1) * h),
+            gates2: b.zeros(batch * t * 4 * h),
+            cells2: b.zeros(batch * (t + 1) * h),
+            states2: b.zeros(batch * (t + 1) * h),
+            mean_gates: b.zeros(batch * 4 * h),
+            bias1: b.zeros(4 * h),
+            bias2: b.zeros(4 * h),
+            query: b.zeros(batch * h),
+            d_query: b.zeros(batch * h),
+            contexts: b.zeros(batch * t * h),
+            d_context: b.zeros(batch * h),
+            top: b.zeros(batch * t * h),
+            logit_bias: b.zeros(v),
+            logits: b.zeros(batch * t * v),
+            d_top: b.zeros(batch * t * h),
+            d_states1: b.zeros(batch * (t + 1) * h),
+            d_states2: b.zeros(batch * (t + 1) * h),
+            d_cell1: b.zeros(batch * h),
+            d_cell2: b.zeros(batch * h),
+            d_gates1: b.zeros(batch * t * 4 * h),
+            d_gates2: b.zeros(batch * t * 4 * h),
+            packed: b.zeros(batch * t * h),
+            d_tokens: b.zeros(batch * t * h),
+            d_mean_gates: b.zeros(batch * 4 * h),
+            d_mean: b.zeros(batch * h),
+            d_keys: b.zeros(n * h),
+            d_values: b.zeros(n * h),
+            d_pre: b.zeros(n * h),
+        }
+    }
+}
+
+fn attention_shape(c: &CaptionerConfig, rows: usize) -> AdditiveShape {
+    AdditiveShape {
+        batch: rows,
+        tokens: c.image_tokens,
+        width: c.decoder.width,
+        values: c.decoder.width,
+    }
+}
+
+impl<B: Backend> UpDownDecoder<B> {
+    /// A decoder with fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        UpDownDecoder {
+            net: UpDown::new(b, config, seed),
+            workspaces: Workspaces::default(),
+        }
+    }
+}
+
+impl<B: Backend> UpDown<B> {
+    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        let c = &config;
+        let (h, d, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
+        // PyTorch's U(-1/sqrt(fan), 1/sqrt(fan)) spread, as a normal.
+        let spread = |fan: usize| Init::Normal(1.0 / (3.0 * fan as f32).sqrt());
+        let mut p = Params::new(seed);
+        let linear = |p: &mut Params<B>, name: &str, outputs: usize, inputs: usize| {
+            (
+                p.add(
+                    format!("{name}.weight"),
+                    &[outputs, inputs],
+                    spread(inputs),
+                    true,
+                ),
+                p.add(format!("{name}.bias"), &[outputs], Init::Const(0.0), false),
+            )
+        };
+        let att_embed = linear(&mut p, "att_embed", h, d);
+        let ctx2att = linear(&mut p, "ctx2att", h, h);
+        let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
+        let cell = |p: &mut Params<B>, name: &str, inputs: usize| Cell {
+            weight_ih: p.add(
+                format!("{name}.weight_ih"),
+                &[4 * h, inputs],
+                spread(h),
+                true,
+            ),
+            weight_hh: p.add(format!("{name}.weight_hh"), &[4 * h, h], spread(h), true),
+            bias_ih: p.add(format!("{name}.bias_ih"), &[4 * h], Init::Const(0.0), false),
+            bias_hh: p.add(format!("{name}.bias_hh"), &[4 * h], Init::Const(0.0), false),
+        };
+        let att_lstm = cell(&mut p, "core.att_lstm", 3 * h);
+        let h2att = linear(&mut p, "core.attention.h2att", h, h);
+        let alpha_net = p.add(
+            "core.attention.alpha_net.weight".into(),
+            &[1, h],
+            spread(h),
+            true,
+        );
+        let lang_lstm = cell(&mut p, "core.lang_lstm", 2 * h);
+        let logit = linear(&mut p, "logit", v, h);
+        p.finish(b);
+        UpDown {
+            policy_mask: b.tensor(&policy_mask(c)),
+            config,
+            params: p,
+            att_embed,
+            ctx2att,
+            embed,
+            att_lstm,
+            h2att,
+            alpha_net,
+            lang_lstm,
+            logit,
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        self.config.decoder.width
+    }
+
+    /// The image side from `features` (`[rows, tokens, embed_dim]`).
+    fn image(&self, b: &B, features: &[f32], image: &mut Image<B>) {
+        let (c, p, h) = (&self.config, &self.params, self.hidden());
+        let n = image.rows * c.image_tokens;
+        b.write(&mut image.features, features);
+        let (w, bias) = self.att_embed;
+        let embed = Matmul::new(n, h, c.embed_dim).trans_b();
+        b.matmul_bias(
+            &image.features,
+            p.value(w),
+            p.value(bias),
+            &mut image.pre,
+            &embed,
+        );
+        b.relu(&image.pre, &mut image.values);
+        let (w, bias) = self.ctx2att;
+        let keys = Matmul::new(n, h, h).trans_b();
+        b.matmul_bias(
+            &image.values,
+            p.value(w),
+            p.value(bias),
+            &mut image.keys,
+            &keys,
+        );
+        b.mean_pool(&image.values, &mut image.mean, c.image_tokens, h);
+    }
+
+    /// Both cells' biases summed.
+    fn cell_bias(&self, b: &B, cell: &Cell, out: &mut B::Tensor) {
+        let p = &self.params;
+        b.add(1.0, p.value(cell.bias_ih), 1.0, p.value(cell.bias_hh), out);
+    }
+
+    /// v̄'s part of the attention LSTM's gates, `[rows, 4h]`.
+    fn mean_gates(&self, b: &B, image: &Image<B>, out: &mut B::Tensor) {
+        let h = self.hidden();
+        let shape = Matmul::new(image.rows, 4 * h, h)
+            .trans_b()
+            .with_b(block(1, 3, h));
+        b.matmul(
+            &image.mean,
+            self.params.value(self.att_lstm.weight_ih),
+            out,
+            &shape,
+        );
+    }
+
+    /// `[rows, h]` queries of the hidden states `states` (rows at `rows`).
+    fn query(&self, b: &B, states: &B::Tensor, at: Operand, rows: usize, out: &mut B::Tensor) {
+        let (p, h) = (&self.params, self.hidden());
+        let (w, bias) = self.h2att;
+        let shape = Matmul::new(rows, h, h).trans_b().with_a(at);
+        b.matmul_bias(states, p.value(w), p.value(bias), out, &shape);
+    }
+
+    fn attention_weights<'a>(
+        &self,
+        image: &'a Image<B>,
+    ) -> (&'a B::Tensor, &'a B::Tensor, &B::Tensor) {
+        (
+            &image.keys,
+            &image.values,
+            self.params.value(self.alpha_net),
+        )
+    }
+
+    fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
+        let (c, p, z) = (&self.config, &self.params, ws.sizes);
+        let (h, t) = (z.hidden, z.positions);
+        let state_row = (t + 1) * h;
+        self.image(b, features, &mut ws.image);
+        b.embedding(
+            p.value(self.embed),
+            &inputs.ids.ids,
+            &mut ws.tokens,
+            h,
+            false,
+        );
+        self.cell_bias(b, &self.att_lstm, &mut ws.bias1);
+        self.cell_bias(b, &self.lang_lstm, &mut ws.bias2);
+        // The attention LSTM's word and v̄ parts, for every position at once.
+        let words = Matmul::new(z.batch * t, 4 * h, h)
+            .trans_b()
+            .with_b(block(2, 3, h));
+        b.matmul_bias(
+            &ws.tokens,
+            p.value(self.att_lstm.weight_ih),
+            &ws.bias1,
+            &mut ws.gates1,
+            &words,
+        );
+        self.mean_gates(b, &ws.image, &mut ws.mean_gates);
+        let over_positions = Matmul::batched(z.batch, t, 4 * h, 1)
+            .with_a(Operand::packed(0))
+            .accumulate();
+        b.matmul(&ws.ones, &ws.mean_gates, &mut ws.gates1, &over_positions);
+        // The language LSTM's bias at every position, the rest added per position.
+        let bias_rows = Matmul::batched(z.batch, t, 4 * h, 1)
+            .with_a(Operand::packed(0))
+            .shared_b();
+        b.matmul(&ws.ones, &ws.bias2, &mut ws.gates2, &bias_rows);
+        let (att, lang) = (&self.att_lstm, &self.lang_lstm);
+        for step in 0..t {
+            let s = z.step(step);
+            if step > 0 {
+                let from_lang = z
+                    .recurrent(step)
+                    .trans_b()
+                    .accumulate()
+                    .with_b(block(0, 3, h));
+                b.matmul(
+                    &ws.states2,
+                    p.value(att.weight_ih),
+                    &mut ws.gates1,
+                    &from_lang,
+                );
+                let recurrent = z.recurrent(step).trans_b().accumulate();
+                b.matmul(
+                    &ws.states1,
+                    p.value(att.weight_hh),
+                    &mut ws.gates1,
+                    &recurrent,
+                );
+            }
+            b.lstm_cell(&mut ws.gates1, &mut ws.cells1, &mut ws.states1, &s);
+            let h1 = strided((step + 1) * h, state_row);
+            self.query(b, &ws.states1, h1, z.batch, &mut ws.query);
+            let context_rows = Rows {
+                offset: step * h,
+                stride: t * h,
+            };
+            ws.attention.forward(
+                b,
+                self.attention_weights(&ws.image),
+                (&ws.query, Rows::packed(h)),
+                (&mut ws.contexts, context_rows),
+            );
+            let into_gates = z.recurrent(step).trans_b().accumulate();
+            let from_context = into_gates
+                .with_a(strided(step * h, t * h))
+                .with_b(block(0, 2, h));
+            b.matmul(
+                &ws.contexts,
+                p.value(lang.weight_ih),
+                &mut ws.gates2,
+                &from_context,
+            );
+            let from_h1 = into_gates.with_a(h1).with_b(block(1, 2, h));
+            b.matmul(
+                &ws.states1,
+                p.value(lang.weight_ih),
+                &mut ws.gates2,
+                &from_h1,
+            );
+            if step > 0 {
+                b.matmul(
+                    &ws.states2,
+                    p.value(lang.weight_hh),
+                    &mut ws.gates2,
+                    &into_gates,
+                );
+            }
+            b.lstm_cell(&mut ws.gates2, &mut ws.cells2, &mut ws.states2, &s);
+        }
+        b.tokens_to_heads(&ws.states2, &mut ws.top, &z.slots(1, t));
+        b.add(
+            1.0,
+            p.value(self.logit.1),
+            1.0,
+            &self.policy_mask,
+            &mut ws.logit_bias,
+        );
+        let shape = Matmul::new(z.batch * t, c.vocab_size, h).trans_b();
+        b.matmul_bias(
+            &ws.top,
+            p.value(self.logit.0),
+            &ws.logit_bias,
+            &mut ws.logits,
+            &shape,
+        );
+    }
+
+    fn backward(
+        &mut self,
+        b: &B,
+        inputs: &TokenInputs<B>,
+        d_logits: &B::Tensor,
+        ws: &mut Workspace<B>,
+    ) {
+        let z = ws.sizes;
+        let (h, t, v) = (z.hidden, z.positions, self.config.vocab_size);
+        let (d, tokens) = (self.config.embed_dim, self.config.image_tokens);
+        let (rows, n) = (z.batch * t, z.batch * tokens);
+        let state_row = (t + 1) * h;
+        // The output layer.
+        let p = &self.params;
+        b.matmul(
+            d_logits,
+            p.value(self.logit.0),
+            &mut ws.d_top,
+            &Matmul::new(rows, h, v),
+        );
+        let p = &mut self.params;
+        b.matmul(
+            d_logits,
+            &ws.top,
+            p.grad(self.logit.0),
+            &Matmul::new(v, h, rows).trans_a().accumulate(),
+        );
+        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        for x in [
+            &mut ws.d_states1,
+            &mut ws.d_states2,
+            &mut ws.d_cell1,
+            &mut ws.d_cell2,
+        ] {
+            b.fill(x, 0.0);
+        }
+        for x in [&mut ws.d_keys, &mut ws.d_values] {
+            b.fill(x, 0.0);
+        }
+        b.heads_to_tokens(&ws.d_top, &mut ws.d_states2, &z.slots(1, t), false);
+        let (att, lang) = (&self.att_lstm, &self.lang_lstm);
+        for step in (0..t).rev() {
+            let s = z.step(step);
+            let h1 = strided((step + 1) * h, state_row);
+            let gates_at = strided(step * 4 * h, t * 4 * h);
+            b.lstm_cell_backward(
+                &ws.gates2,
+                &ws.cells2,
+                &ws.d_states2,
+                &mut ws.d_cell2,
+                &mut ws.d_gates2,
+                &s,
+            );
+            let p = &self.params;
+            if step > 0 {
+                let recurrent = z.recurrent_backward(step).accumulate();
+                b.matmul(
+                    &ws.d_gates2,
+                    p.value(lang.weight_hh),
+                    &mut ws.d_states2,
+                    &recurrent,
+                );
+            }
+            // The language LSTM's input [v̂; h1].
+            let to_h1 = Matmul::new(z.batch, h, 4 * h)
+                .with_a(gates_at)
+                .with_b(block(1, 2, h))
+                .with_c(h1)
+                .accumulate();
+            b.matmul(
+                &ws.d_gates2,
+                p.value(lang.weight_ih),
+                &mut ws.d_states1,
+                &to_h1,
+            );
+            let to_context = Matmul::new(z.batch, h, 4 * h)
+                .with_a(gates_at)
+                .with_b(block(0, 2, h));
+            b.matmul(
+                &ws.d_gates2,
+                p.value(lang.weight_ih),
+                &mut ws.d_context,
+                &to_context,
+            );
+            // The attention, its query from h1.
+            self.query(b, &ws.states1, h1, z.batch, &mut ws.query);
+            let p = &mut self.params;
+            let (values, d_alpha) = p.for_backward_one(self.alpha_net);
+            ws.attention.backward(
+                b,
+                (&ws.image.keys, &ws.image.values, &values[self.alpha_net.0]),
+                (&ws.query, Rows::packed(h)),
+                (&ws.d_context, Rows::packed(h)),
+                &mut ws.d_query,
+                (&mut ws.d_keys, &mut ws.d_values, d_alpha),
+            );
+            let (w, bias) = self.h2att;
+            let to_h1 = Matmul::new(z.batch, h, h).with_c(h1).accumulate();
+            b.matmul(&ws.d_query, p.value(w), &mut ws.d_states1, &to_h1);
+            let d_weight = Matmul::new(h, h, z.batch).trans_a().with_b(h1).accumulate();
+            b.matmul(&ws.d_query, &ws.states1, p.grad(w), &d_weight);
+            b.column_sum(&ws.d_query, z.batch, h, p.grad(bias), true);
+            // The attention LSTM.
+            b.lstm_cell_backward(
+                &ws.gates1,
+                &ws.cells1,
+                &ws.d_states1,
+                &mut ws.d_cell1,
+                &mut ws.d_gates1,
+                &s,
+            );
+            if step > 0 {
+                let recurrent = z.recurrent_backward(step).accumulate();
+                b.matmul(
+                    &ws.d_gates1,
+                    p.value(att.weight_hh),
+                    &mut ws.d_states1,
+                    &recurrent,
+                );
+                let to_lang = recurrent.with_b(block(0, 3, h));
+                b.matmul(
+                    &ws.d_gates1,
+                    p.value(att.weight_ih),
+                    &mut ws.d_states2,
+                    &to_lang,
+                );
+            }
+        }
+        let p = &mut self.params;
+        // The cells' weights, from every position at once.
+        let weight_grad = |part: usize, parts: usize| {
+            Matmul::new(4 * h, h, rows)
+                .trans_a()
+                .accumulate()
+                .with_c(block(part, parts, h))
+        };
+        b.tokens_to_heads(&ws.states2, &mut ws.packed, &z.slots(0, t));
+        b.matmul(
+            &ws.d_gates2,
+            &ws.packed,
+            p.grad(lang.weight_hh),
+            &weight_grad(0, 1),
+        );
+        b.matmul(
+            &ws.d_gates1,
+            &ws.packed,
+            p.grad(att.weight_ih),
+            &weight_grad(0, 3),
+        );
+        b.tokens_to_heads(&ws.states1, &mut ws.packed, &z.slots(0, t));
+        b.matmul(
+            &ws.d_gates1,
+            &ws.packed,
+            p.grad(att.weight_hh),
+            &weight_grad(0, 1),
+        );
+        b.tokens_to_heads(&ws.states1, &mut ws.packed, &z.slots(1, t));
+        b.matmul(
+            &ws.d_gates2,
+            &ws.packed,
+            p.grad(lang.weight_ih),
+            &weight_grad(1, 2),
+        );
+        b.matmul(
+            &ws.d_gates2,
+            &ws.contexts,
+            p.grad(lang.weight_ih),
+            &weight_grad(0, 2),
+        );
+        b.matmul(
+            &ws.d_gates1,
+            &ws.tokens,
+            p.grad(att.weight_ih),
+            &weight_grad(2, 3),
+        );
+        for (gates, cell) in [(&ws.d_gates1, att), (&ws.d_gates2, lang)] {
+            b.column_sum(gates, rows, 4 * h, p.grad(cell.bias_ih), true);
+            b.column_sum(gates, rows, 4 * h, p.grad(cell.bias_hh), true);
+        }
+        let to_words = Matmul::new(rows, h, 4 * h).with_b(block(2, 3, h));
+        b.matmul(
+            &ws.d_gates1,
+            p.value(att.weight_ih),
+            &mut ws.d_tokens,
+            &to_words,
+        );
+        b.embedding_backward(&ws.d_tokens, &inputs.ids, p.grad(self.embed), h);
+        // v̄: its gates' gradient summed over the positions.
+        let over_positions = Matmul::batched(z.batch, 1, 4 * h, t).with_a(Operand::packed(0));
+        b.matmul(
+            &ws.ones,
+            &ws.d_gates1,
+            &mut ws.d_mean_gates,
+            &over_positions,
+        );
+        let mean_weight = Matmul::new(4 * h, h, z.batch)
+            .trans_a()
+            .accumulate()
+            .with_c(block(1, 3, h));
+        b.matmul(
+            &ws.d_mean_gates,
+            &ws.image.mean,
+            p.grad(att.weight_ih),
+            &mean_weight,
+        );
+        let to_mean = Matmul::new(z.batch, h, 4 * h).with_b(block(1, 3, h));
+        b.matmul(
+            &ws.d_mean_gates,
+            p.value(att.weight_ih),
+            &mut ws.d_mean,
+            &to_mean,
+        );
+        // The image side: v̄ is the values' mean, the keys their projection.
+        let image = &ws.image;
+        b.mean_pool_backward(&ws.d_mean, &mut ws.d_values, tokens, h, true);
+        let (w, bias) = self.ctx2att;
+        b.matmul(
+            &ws.d_keys,
+            &image.values,
+            p.grad(w),
+            &Matmul::new(h, h, n).trans_a().accumulate(),
+        );
+        b.column_sum(&ws.d_keys, n, h, p.grad(bias), true);
+        b.matmul(
+            &ws.d_keys,
+            p.value(w),
+            &mut ws.d_values,
+            &Matmul::new(n, h, h).accumulate(),
+        );
+        b.relu_backward(&image.pre, &ws.d_values, &mut ws.d_pre);
+        let (w, bias) = self.att_embed;
+        b.matmul(
+            &ws.d_pre,
+            &image.features,
+            p.grad(w),
+            &Matmul::new(h, d, n).trans_a().accumulate(),
+        );
+        b.column_sum(&ws.d_pre, n, h, p.grad(bias), true);
+    }
+}
+
+impl<B: Backend> Decoder<B> for UpDownDecoder<B> {
+    fn params(&self) -> &Params<B> {
+        &self.net.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.net.params
+    }
+
+    /// The image tokens' embedding and keys are the adapter.
+    fn is_adapter(&self, i: usize) -> bool {
+        let name = &self.net.params.specs[i].name;
+        name.starts_with("att_embed.") || name.starts_with("ctx2att.")
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.workspaces.current().logits
+    }
+
+    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
+        Box::new(UpDownStepper::new(b, &self.net, rows))
+    }
+
+    /// The images are `[batch, image_tokens, embed_dim]` tokens.
+    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
+        let c = &self.net.config;
+        assert_eq!(
+            features.len(),
+            inputs.batch * c.image_input_len(),
+            "one image's tokens per sequence"
+        );
+        if !self.workspaces.select(inputs) {
+            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
+            self.workspaces.add(inputs, ws);
+        }
+        let ws = self.workspaces.current_for(inputs);
+        self.net.forward(b, features, inputs, ws);
+        Ok(())
+    }
+
+    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
+        let ws = self.workspaces.current_for(inputs);
+        self.net.backward(b, inputs, d_logits, ws);
+    }
+}
+
+/// One position at a time: each cell's states in two slots per row, read
+/// from one and written to the other in turn.
+struct UpDownStepper<'m, B: Backend> {
+    net: &'m UpDown<B>,
+    rows: usize,
+    current: usize,
+    image: Image<B>,
+    attention: AdditiveAttention<B>,
+    /// `[rows, 4h]`: v̄'s part of the attention LSTM's gates, with its bias.
+    mean_gates: B::Tensor,
+    bias2: B::Tensor,
+    cells1: B::Tensor,
+    states1: B::Tensor,
+    cells2: B::Tensor,
+    states2: B::Tensor,
+    spare: B::Tensor,
+    word: B::Tensor,
+    gates: B::Tensor,
+    query: B::Tensor,
+    context: B::Tensor,
+    logit_bias: B::Tensor,
+    logits: B::Tensor,
+}
+
+impl<'m, B: Backend> UpDownStepper<'m, B> {
+    fn new(b: &B, net: &'m UpDown<B>, rows: usize) -> Self {
+        let c = &net.config;
+        let h = net.hidden();
+        let mut bias2 = b.zeros(4 * h);
+        net.cell_bias(b, &net.lang_lstm, &mut bias2);
+        let mut logit_bias = b.zeros(c.vocab_size);
+        b.add(
+            1.0,
+            net.params.value(net.logit.1),
+            1.0,
+            &net.policy_mask,
+            &mut logit_bias,
+        );
+        let state = || b.zeros(rows * 2 * h);
+        UpDownStepper {
+            net,
+            rows,
+            current: 0,
+            image: Image::new(b, c, rows),
+            attention: AdditiveAttention::new(b, attention_shape(c, rows)),
+            mean_gates: b.zeros(rows * 4 * h),
+            bias2,
+            cells1: state(),
+            states1: state(),
+            cells2: state(),
+            states2: state(),
+            spare: state(),
+            word: b.zeros(rows * h),
+            gates: b.zeros(rows * 4 * h),
+            query: b.zeros(rows * h),
+            context: b.zeros(rows * h),
+            logit_bias,
+            logits: b.zeros(rows * c.vocab_size),
+        }
+    }
+}
+
+impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
+    fn start(&mut self, b: &B, features: &[f32]) {
+        let net = self.net;
+        let h = net.hidden();
+        net.image(b, features, &mut self.image);
+        net.mean_gates(b, &self.image, &mut self.mean_gates);
+        let mut bias1 = b.zeros(4 * h);
+        net.cell_bias(b, &net.att_lstm, &mut bias1);
+        b.add_bias(&mut self.mean_gates, &bias1);
+        for x in [
+            &mut self.cells1,
+            &mut self.states1,
+            &mut self.cells2,
+            &mut self.states2,
+        ] {
+            b.fill(x, 0.0);
+        }
+        self.current = 0;
+    }
+
+    fn advance(&mut self, b: &B, ids: &B::Ids) {
+        let (net, rows) = (self.net, self.rows);
+        let (p, h) = (&net.params, net.hidden());
+        let (prev, next) = (self.current, 1 - self.current);
+        let (was, now) = (strided(prev * h, 2 * h), strided(next * h, 2 * h));
+        let step = LstmStep {
+            rows,
+            hidden: h,
+            gates_offset: 0,
+            gates_stride: 4 * h,
+            prev: prev * h,
+            next: next * h,
+            state_stride: 2 * h,
+        };
+        let gates = Matmul::new(rows, 4 * h, h).trans_b();
+        let (att, lang) = (&net.att_lstm, &net.lang_lstm);
+        b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
+        b.axpby(1.0, &self.mean_gates, 0.0, &mut self.gates);
+        let added = gates.accumulate();
+        b.matmul(
+            &self.word,
+            p.value(att.weight_ih),
+            &mut self.gates,
+            &added.with_b(block(2, 3, h)),
+        );
+        let from_lang = added.with_a(was).with_b(block(0, 3, h));
+        b.matmul(
+            &self.states2,
+            p.value(att.weight_ih),
+            &mut self.gates,
+            &from_lang,
+        );
+        b.matmul(
+            &self.states1,
+            p.value(att.weight_hh),
+            &mut self.gates,
+            &added.with_a(was),
+        );
+        b.lstm_cell(&mut self.gates, &mut self.cells1, &mut self.states1, &step);
+        net.query(b, &self.states1, now, rows, &mut self.query);
+        self.attention.forward(
+            b,
+            net.attention_weights(&self.image),
+            (&self.query, Rows::packed(h)),
+            (&mut self.context, Rows::packed(h)),
+        );
+        let from_context = gates.with_b(block(0, 2, h));
+        b.matmul_bias(
+            &self.context,
+            p.value(lang.weight_ih),
+            &self.bias2,
+            &mut self.gates,
+            &from_context,
+        );
+        let from_h1 = added.with_a(now).with_b(block(1, 2, h));
+        b.matmul(
+            &self.states1,
+            p.value(lang.weight_ih),
+            &mut self.gates,
+            &from_h1,
+        );
+        b.matmul(
+            &self.states2,
+            p.value(lang.weight_hh),
+            &mut self.gates,
+            &added.with_a(was),
+        );
+        b.lstm_cell(&mut self.gates, &mut self.cells2, &mut self.states2, &step);
+        self.current = next;
+        let shape = Matmul::new(rows, net.config.vocab_size, h)
+            .trans_b()
+            .with_a(now);
+        b.matmul_bias(
+            &self.states2,
+            p.value(net.logit.0),
+            &self.logit_bias,
+            &mut self.logits,
+            &shape,
+        );
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    /// Row r takes its parent's states; the image side is its image's,
+    /// which a beam's parent shares.
+    fn reorder(&mut self, b: &B, parents: &B::Ids) {
+        let per_row = 2 * self.net.hidden();
+        for state in [
+            &mut self.cells1,
+            &mut self.states1,
+            &mut self.cells2,
+            &mut self.states2,
+        ] {
+            b.embedding(state, parents, &mut self.spare, per_row, false);
+            std::mem::swap(state, &mut self.spare);
+        }
+    }
+}
