@@ -33,6 +33,7 @@ VOCAB = 4 + len(WORDS)  # <pad> <bos> <eos> <unk>, then the words
 PAD, BOS, EOS = 0, 1, 2
 T = MAX_LEN - 1  # token positions: <bos> and the words
 BEAM_WIDTH, N_BEST = 3, 2
+TOKENS, TOKEN_DIM = 4, 5  # the top-down model's image tokens
 
 
 class Core(torch.nn.Module):
@@ -61,6 +62,55 @@ class FC(torch.nn.Module):
             out, _ = self.core.lstm(torch.cat([image.unsqueeze(1), words], dim=1))
             out = out[:, 1:]
         logits = self.logit(out)
+        never = torch.zeros(VOCAB, dtype=torch.bool)
+        never[[PAD, BOS]] = True
+        return logits.masked_fill(never, float("-inf"))
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h2att = torch.nn.Linear(HIDDEN, HIDDEN, dtype=DT)
+        self.alpha_net = torch.nn.Linear(HIDDEN, 1, bias=False, dtype=DT)
+
+
+class UpDownCore(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.att_lstm = torch.nn.LSTMCell(3 * HIDDEN, HIDDEN, dtype=DT)
+        self.attention = Attention()
+        self.lang_lstm = torch.nn.LSTMCell(2 * HIDDEN, HIDDEN, dtype=DT)
+
+
+class UpDown(torch.nn.Module):
+    """Top-down attention (Anderson et al., 2018) over image tokens: the
+    tokens embedded (ReLU) and projected to keys once, their mean v̄; per
+    position the attention cell reads [h2; v̄; word], its state queries
+    additive attention, the language cell reads [context; h1]."""
+
+    def __init__(self):
+        super().__init__()
+        self.att_embed = torch.nn.Linear(TOKEN_DIM, HIDDEN, dtype=DT)
+        self.ctx2att = torch.nn.Linear(HIDDEN, HIDDEN, dtype=DT)
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN, dtype=DT)
+        self.core = UpDownCore()
+        self.logit = torch.nn.Linear(HIDDEN, VOCAB, dtype=DT)
+
+    def forward(self, tokens, inputs):
+        values = torch.relu(self.att_embed(tokens))
+        keys, mean = self.ctx2att(values), values.mean(1)
+        zero = torch.zeros(tokens.shape[0], HIDDEN, dtype=DT)
+        (h1, c1), (h2, c2) = (zero, zero), (zero, zero)
+        outputs = []
+        for t in range(inputs.shape[1]):
+            word = self.embed(inputs[:, t])
+            h1, c1 = self.core.att_lstm(torch.cat([h2, mean, word], -1), (h1, c1))
+            query = self.core.attention.h2att(h1)
+            scores = self.core.attention.alpha_net(torch.tanh(keys + query[:, None])).squeeze(-1)
+            context = (torch.softmax(scores, -1)[..., None] * values).sum(1)
+            h2, c2 = self.core.lang_lstm(torch.cat([context, h1], -1), (h2, c2))
+            outputs.append(h2)
+        logits = self.logit(torch.stack(outputs, 1))
         never = torch.zeros(VOCAB, dtype=torch.bool)
         never[[PAD, BOS]] = True
         return logits.masked_fill(never, float("-inf"))
@@ -115,12 +165,12 @@ def beam(model, features, width, n_best):
     return out
 
 
-def fixture(out_dir, feed, seed, scale):
-    """Weights drawn from N(0, scale^2): a seed and scale whose greedy
-    captions differ from image to image, end at several lengths, and
-    include one that never ends."""
+def fixture(out_dir, name, make, seed, scale):
+    """The model `make` gives, its weights drawn from N(0, scale^2): a seed
+    and scale whose greedy captions differ from image to image and end at
+    several lengths."""
     torch.manual_seed(seed)
-    model = FC(feed)
+    model = make()
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn_like(p) * scale)
@@ -130,7 +180,10 @@ def fixture(out_dir, feed, seed, scale):
     for r, c in enumerate(captions):
         inputs[r, :len(c) - 1] = torch.tensor(c[:-1])
         targets[r, :len(c) - 1] = torch.tensor(c[1:])
-    features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
+    if isinstance(model, UpDown):
+        features = torch.randn(3, TOKENS, TOKEN_DIM, dtype=DT)
+    else:
+        features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
     logp = torch.log_softmax(model(features, inputs), dim=-1)
     real = targets != PAD
     picked = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -141,12 +194,16 @@ def fixture(out_dir, feed, seed, scale):
     config = {
         "family": "lstm", "embed_dim": EMBED, "prefix_len": 0, "mapper_hidden": 0,
         "decoder": {"width": HIDDEN, "layers": LAYERS, "heads": 1, "causal": True},
-        "lstm": {"model": "fc", "image_feed": feed},
         "max_len": MAX_LEN, "vocab_size": VOCAB,
     }
+    if isinstance(model, UpDown):
+        config.update({"embed_dim": TOKEN_DIM, "image_tokens": TOKENS, "lstm": {"model": "updown"}})
+        config["decoder"]["layers"] = 1
+    else:
+        config["lstm"] = {"model": "fc", "image_feed": model.feed}
     save_file(
         {n: f32(p) for n, p in params.items()},
-        f"{out_dir}/lstm_fc_{feed}.safetensors",
+        f"{out_dir}/lstm_{name}.safetensors",
         metadata={"format": "captune captioner", "captioner_config": json.dumps(config),
                   "vocab": json.dumps(WORDS)},
     )
@@ -161,12 +218,13 @@ def fixture(out_dir, feed, seed, scale):
         "beam_logp": f32(torch.tensor([score for _, score in beams], dtype=DT)),
     }
     expected.update({f"grad.{n}": f32(p.grad) for n, p in params.items()})
-    save_file(expected, f"{out_dir}/lstm_fc_{feed}_expected.safetensors", metadata={
+    save_file(expected, f"{out_dir}/lstm_{name}_expected.safetensors", metadata={
         "made_by": "scripts/lstm_fixtures.py (PyTorch " + torch.__version__ + ", float64)"})
-    print(f"{feed}: loss {float(loss.detach()):.6f}, greedy {captions}, beam {beams}")
+    print(f"{name}: loss {float(loss.detach()):.6f}, greedy {captions}, beam {beams}")
 
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
-    fixture(out, "hidden", 2, 0.8)
-    fixture(out, "input", 26, 1.2)
+    fixture(out, "fc_hidden", lambda: FC("hidden"), 2, 0.8)
+    fixture(out, "fc_input", lambda: FC("input"), 26, 1.2)
+    fixture(out, "updown", UpDown, 12, 1.6)
