@@ -52,10 +52,12 @@ def load_checkpoint(path) -> Checkpoint:
     except (KeyError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: metadata field captioner_config is missing or not JSON ({e})")
     family = config.get("family", "prefix") if isinstance(config, dict) else "prefix"
+    if family == "lstm" and (config.get("lstm") or {}).get("model") != "fc":
+        family = f"lstm:{(config.get('lstm') or {}).get('model')}"
     if family not in ("prefix", "lstm"):
         raise CheckpointError(
             f"{path}: a {family} captioner; captune_torch trains the prefix decoder (captune's own, "
-            "or a GPT-2 as ClipCap) and the LSTM: train this one with `captune train`")
+            "or a GPT-2 as ClipCap) and the FC LSTM: train this one with `captune train`")
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise CheckpointError(f"{path}: tensor {name} holds NaN or an infinity")

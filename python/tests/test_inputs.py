@@ -84,6 +84,11 @@ class Inputs(unittest.TestCase):
             "format": "captune captioner", "captioner_config": '{"family": "blip"}'})
         with self.assertRaisesRegex(CheckpointError, "blip.safetensors: a blip captioner; .*captune train"):
             load_checkpoint(blip)
+        updown = self.path / "updown.safetensors"
+        save_file({"logit.bias": torch.zeros(3)}, str(updown), metadata={
+            "format": "captune captioner", "captioner_config": '{"family": "lstm", "lstm": {"model": "updown"}}'})
+        with self.assertRaisesRegex(CheckpointError, "updown.safetensors: a lstm:updown captioner; .*captune train"):
+            load_checkpoint(updown)
         bad = self.path / "dataset.json"
         bad.write_text('{"images": [\n  {"split": "train",}\n]}')
         with self.assertRaisesRegex(DataError, r"dataset.json: malformed JSON at line 2 column"):

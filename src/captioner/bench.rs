@@ -33,6 +33,9 @@ use std::collections::BTreeSet;
 use std::time::Instant;
 
 pub const EMBED_DIM: usize = 128;
+/// Image tokens per image of an attention LSTM's synthetic inputs: the 36
+/// regions of bottom-up features (Anderson et al., 2018).
+pub const BENCH_TOKENS: usize = 36;
 /// The synthetic vocabulary's ids unless told otherwise: the shapes
 /// world's size.
 pub const VOCAB: usize = 79;
@@ -115,10 +118,20 @@ impl BenchModel {
         Ok(match pretrained {
             Some(ck) => ck,
             None => super::Checkpoint {
-                model: Captioner::new(b, self.run.captioner(EMBED_DIM, vocab.len()), 0)?,
+                model: Captioner::new(b, self.fresh_network(vocab.len()), 0)?,
                 vocab,
             },
         })
+    }
+
+    /// The config's network on `EMBED_DIM`-wide image inputs: one
+    /// embedding, or for an attention LSTM [`BENCH_TOKENS`] tokens.
+    fn fresh_network(&self, vocab: usize) -> super::CaptionerConfig {
+        let mut c = self.run.captioner(EMBED_DIM, vocab);
+        if c.lstm.is_some_and(|l| l.model.reads_tokens()) {
+            c.image_tokens = BENCH_TOKENS;
+        }
+        c
     }
 }
 
@@ -700,7 +713,7 @@ impl<B: Backend> ScstWorkload<B> {
         Ok(ScstWorkload {
             name: bench.name.clone(),
             ck: super::Checkpoint {
-                model: Captioner::new(b, bench.run.captioner(EMBED_DIM, vocab.len()), 0)?,
+                model: Captioner::new(b, bench.fresh_network(vocab.len()), 0)?,
                 vocab,
             },
             corpus: TrainingCorpus::new("bench-scst-synthetic", references),

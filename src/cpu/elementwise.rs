@@ -105,19 +105,27 @@ pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
         });
 }
 
-/// y = tanh(x) (the ClipCap mapper's activation, on few elements: std's
-/// tanh, no vectorised twin).
+/// y = tanh(x) (ClipCap's mapper, additive attention's scores), with
+/// the vectorisable `tanh`: libm's took a third of a top-down LSTM's step.
 pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
-    y.par_iter_mut().zip(x).for_each(|(y, &v)| *y = v.tanh());
+    y.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK))
+        .for_each(|(y, x)| {
+            for (y, &v) in y.iter_mut().zip(x) {
+                *y = tanh(v);
+            }
+        });
 }
 
 /// dx = dy * (1 - tanh(x)^2).
 pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
-    dx.par_iter_mut()
-        .zip(x.par_iter().zip(dy))
-        .for_each(|(d, (&v, &g))| {
-            let t = v.tanh();
-            *d = g * (1.0 - t * t);
+    dx.par_chunks_mut(CHUNK)
+        .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
+        .for_each(|(d, (x, dy))| {
+            for ((d, &v), &g) in d.iter_mut().zip(x).zip(dy) {
+                let t = tanh(v);
+                *d = g * (1.0 - t * t);
+            }
         });
 }
 

@@ -212,3 +212,71 @@ fn an_lstm_run_trains_evaluates_inspects_and_resumes() {
     assert!(!ok && err.contains("no Hugging Face form"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `train --decoder lstm:updown --image-tokens hf:FOLDER`: the tokens are
+/// computed once into the cache, recorded with the run, and read again
+/// by `eval` and `inspect` without being named.
+#[test]
+fn a_top_down_run_reads_its_recorded_image_tokens() {
+    let dir = common::fresh_temp("updown-run");
+    let (run, cache) = (dir.join("run"), dir.join("cache"));
+    let captune = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+            .args(["--device", "cpu"])
+            .args(args)
+            .env("CAPTUNE_CACHE", &cache)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (out.status.success(), text(&out.stdout), text(&out.stderr))
+    };
+    let blip = format!("hf:{}", data("blip-tiny").display());
+    let run_arg = run.display().to_string();
+    let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
+    train.extend([
+        "--decoder",
+        "lstm:updown",
+        "--image-tokens",
+        &blip,
+        "--out",
+        &run_arg,
+    ]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("decoder = \"lstm:updown\""), "{config}");
+    let cached = std::fs::read_dir(cache.join("image-tokens"))
+        .unwrap()
+        .count();
+    assert_eq!(cached, 1, "the tokens are computed once, into the cache");
+
+    let checkpoint = run.join("checkpoint.safetensors").display().to_string();
+    let results = dir.join("results.json").display().to_string();
+    let eval = [
+        "eval",
+        "--checkpoint",
+        &checkpoint,
+        "--split",
+        "val",
+        "--results",
+        &results,
+    ];
+    let (ok, out, err) = captune(&eval);
+    assert!(ok, "{err}");
+    assert!(err.contains("image tokens from the cache"), "{err}");
+    assert!(out.contains("CIDEr-D"), "{out}");
+    let captions: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("results.json")).unwrap()).unwrap();
+    let image = captions[0]["image_id"].to_string().replace('"', "");
+    let inspect = ["inspect", "--checkpoint", &checkpoint, "--image", &image];
+    let (ok, out, err) = captune(&[&inspect[..], &["--caption", "a red circle"]].concat());
+    assert!(ok, "{err}");
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.trim_start().starts_with("a ")),
+        "{out}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,8 @@
 //! Every objective of the registry trains an LSTM captioner (`--decoder
-//! lstm:fc`), fed the image either way: its loss stays finite, its
-//! recurrent weights move, a caption-only objective's loss falls, and the
-//! checkpoint loads back with its config.
+//! lstm:fc`, fed the image either way, and `lstm:updown` over the tiny BLIP
+//! folder's image tokens): its loss stays finite, its recurrent weights
+//! move, a caption-only objective's loss falls, and the checkpoint loads
+//! back with its config.
 
 use crate::common;
 
@@ -10,7 +11,30 @@ use captune::captioner::run::RunConfig;
 use captune::captioner::train::fresh_checkpoint;
 use captune::captioner::{DecoderFamily, ImageFeed, LstmModel};
 use captune::cpu::CpuBackend;
+use captune::progress::Progress;
+use captune::source::embeddings::CaptionData;
+use captune::source::image_tokens;
 use common::tiny_data;
+use std::path::PathBuf;
+
+fn blip_folder() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/data/blip-tiny")
+}
+
+/// The tiny world with the tiny BLIP folder's image tokens.
+fn token_data(b: &CpuBackend) -> CaptionData {
+    let mut data = tiny_data();
+    image_tokens::attach(b, &mut data, &blip_folder(), &Progress::hidden()).unwrap();
+    data
+}
+
+fn updown_run(objective: &str) -> RunConfig {
+    let mut config = lstm_run(objective, ImageFeed::Hidden);
+    config.model.decoder = Some("lstm:updown".into());
+    config.model.image_feed = None;
+    config.model.image_tokens = Some(format!("hf:{}", blip_folder().display()));
+    config
+}
 
 fn lstm_run(objective: &str, feed: ImageFeed) -> RunConfig {
     let mut config = RunConfig::preset("tiny").unwrap();
@@ -68,6 +92,41 @@ fn a_run_config_names_an_lstm_of_its_width_and_layers() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("image_feed is an LSTM decoder's setting"), "{e}");
+}
+
+#[test]
+fn a_top_down_model_reads_the_tokens_of_the_vision_tower_it_names() {
+    let b = CpuBackend::new();
+    let ck = fresh_checkpoint(&b, &token_data(&b), &updown_run("mle")).unwrap();
+    let c = ck.model.config;
+    assert_eq!(c.lstm.unwrap().model, LstmModel::UpDown);
+    let shape = token_data(&b).image_tokens.unwrap().shape();
+    assert_eq!((c.image_tokens, c.embed_dim), (shape.tokens, shape.dim));
+    let count: usize = ck.model.params().specs.iter().map(|s| s.len()).sum();
+    assert_eq!(count as u128, c.parameter_count());
+    // Without the tokens, the run says where they come from.
+    let e = fresh_checkpoint(&b, &tiny_data(), &updown_run("mle"))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("--image-tokens"), "{e}");
+    let mut bad = updown_run("mle");
+    bad.model.image_tokens = None;
+    let e = RunConfig::parse(&bad.to_toml(), "my.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("my.toml") && e.contains("image_tokens"), "{e}");
+    bad.model.image_feed = Some(ImageFeed::Input);
+    let e = RunConfig::parse(&bad.to_toml(), "my.toml")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("FC model's setting"), "{e}");
+}
+
+#[test]
+fn every_objective_trains_a_top_down_captioner() {
+    let data = token_data(&CpuBackend::new());
+    common::every_objective_trains(&data, updown_run, "core.lang_lstm.weight_hh");
 }
 
 #[test]
