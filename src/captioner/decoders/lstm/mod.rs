@@ -18,6 +18,7 @@
 //! layer or the output layer reads are copied out packed.
 
 mod stepper;
+mod tokens;
 pub mod updown;
 
 use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};

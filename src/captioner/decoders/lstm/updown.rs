@@ -17,6 +17,7 @@
 //! image side's gradients are summed over the positions, then taken back
 //! through the projections once.
 
+use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
@@ -31,22 +32,10 @@ pub struct UpDownDecoder<B: Backend> {
     workspaces: Workspaces<Workspace<B>>,
 }
 
-/// A linear layer's weight (`[outputs, inputs]`) and bias.
-type Linear = (ParamId, ParamId);
-
-/// `nn.LSTMCell`'s parameters.
-struct Cell {
-    weight_ih: ParamId,
-    weight_hh: ParamId,
-    bias_ih: ParamId,
-    bias_hh: ParamId,
-}
-
 struct UpDown<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
-    att_embed: Linear,
-    ctx2att: Linear,
+    image_layers: TokenLayers,
     embed: ParamId,
     /// Input `[h2_prev; v̄; word]`: `[4h, 3h]`.
     att_lstm: Cell,
@@ -63,33 +52,6 @@ struct UpDown<B: Backend> {
 /// as a product's operand.
 fn block(part: usize, parts: usize, h: usize) -> Operand {
     strided(part * h, parts * h)
-}
-
-/// The image side of a batch: its tokens embedded, their keys and mean.
-struct Image<B: Backend> {
-    rows: usize,
-    /// `[rows, tokens, embed_dim]`.
-    features: B::Tensor,
-    /// `[rows, tokens, h]`: before and after the ReLU.
-    pre: B::Tensor,
-    values: B::Tensor,
-    keys: B::Tensor,
-    /// `[rows, h]`.
-    mean: B::Tensor,
-}
-
-impl<B: Backend> Image<B> {
-    fn new(b: &B, c: &CaptionerConfig, rows: usize) -> Self {
-        let (n, h) = (rows * c.image_tokens, c.decoder.width);
-        Image {
-            rows,
-            features: b.zeros(n * c.embed_dim),
-            pre: b.zeros(n * h),
-            values: b.zeros(n * h),
-            keys: b.zeros(n * h),
-            mean: b.zeros(rows * h),
-        }
-    }
 }
 
 struct Workspace<B: Backend> {
@@ -133,9 +95,7 @@ struct Workspace<B: Backend> {
     /// positions.
     d_mean_gates: B::Tensor,
     d_mean: B::Tensor,
-    d_keys: B::Tensor,
-    d_values: B::Tensor,
-    d_pre: B::Tensor,
+    image_grads: ImageGrads<B>,
 }
 
 impl<B: Backend> Workspace<B> {
@@ -148,7 +108,6 @@ impl<B: Backend> Workspace<B> {
             lead: 0,
         };
         let (h, t, v) = (z.hidden, positions, c.vocab_size);
-        let n = batch * c.image_tokens;
         Workspace {
             sizes: z,
             image: Image::new(b, c, batch),
@@ -182,9 +141,7 @@ impl<B: Backend> Workspace<B> {
             d_tokens: b.zeros(batch * t * h),
             d_mean_gates: b.zeros(batch * 4 * h),
             d_mean: b.zeros(batch * h),
-            d_keys: b.zeros(n * h),
-            d_values: b.zeros(n * h),
-            d_pre: b.zeros(n * h),
+            image_grads: ImageGrads::new(b, c, batch),
         }
     }
 }
@@ -211,36 +168,11 @@ impl<B: Backend> UpDownDecoder<B> {
 impl<B: Backend> UpDown<B> {
     fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
-        let (h, d, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
-        // PyTorch's U(-1/sqrt(fan), 1/sqrt(fan)) spread, as a normal.
-        let spread = |fan: usize| Init::Normal(1.0 / (3.0 * fan as f32).sqrt());
+        let (h, v) = (c.decoder.width, c.vocab_size);
         let mut p = Params::new(seed);
-        let linear = |p: &mut Params<B>, name: &str, outputs: usize, inputs: usize| {
-            (
-                p.add(
-                    format!("{name}.weight"),
-                    &[outputs, inputs],
-                    spread(inputs),
-                    true,
-                ),
-                p.add(format!("{name}.bias"), &[outputs], Init::Const(0.0), false),
-            )
-        };
-        let att_embed = linear(&mut p, "att_embed", h, d);
-        let ctx2att = linear(&mut p, "ctx2att", h, h);
+        let image_layers = TokenLayers::new(&mut p, c);
         let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
-        let cell = |p: &mut Params<B>, name: &str, inputs: usize| Cell {
-            weight_ih: p.add(
-                format!("{name}.weight_ih"),
-                &[4 * h, inputs],
-                spread(h),
-                true,
-            ),
-            weight_hh: p.add(format!("{name}.weight_hh"), &[4 * h, h], spread(h), true),
-            bias_ih: p.add(format!("{name}.bias_ih"), &[4 * h], Init::Const(0.0), false),
-            bias_hh: p.add(format!("{name}.bias_hh"), &[4 * h], Init::Const(0.0), false),
-        };
-        let att_lstm = cell(&mut p, "core.att_lstm", 3 * h);
+        let att_lstm = Cell::new(&mut p, "core.att_lstm", 3 * h, h);
         let h2att = linear(&mut p, "core.attention.h2att", h, h);
         let alpha_net = p.add(
             "core.attention.alpha_net.weight".into(),
@@ -248,15 +180,14 @@ impl<B: Backend> UpDown<B> {
             spread(h),
             true,
         );
-        let lang_lstm = cell(&mut p, "core.lang_lstm", 2 * h);
+        let lang_lstm = Cell::new(&mut p, "core.lang_lstm", 2 * h, h);
         let logit = linear(&mut p, "logit", v, h);
         p.finish(b);
         UpDown {
             policy_mask: b.tensor(&policy_mask(c)),
             config,
             params: p,
-            att_embed,
-            ctx2att,
+            image_layers,
             embed,
             att_lstm,
             h2att,
@@ -272,35 +203,7 @@ impl<B: Backend> UpDown<B> {
 
     /// The image side from `features` (`[rows, tokens, embed_dim]`).
     fn image(&self, b: &B, features: &[f32], image: &mut Image<B>) {
-        let (c, p, h) = (&self.config, &self.params, self.hidden());
-        let n = image.rows * c.image_tokens;
-        b.write(&mut image.features, features);
-        let (w, bias) = self.att_embed;
-        let embed = Matmul::new(n, h, c.embed_dim).trans_b();
-        b.matmul_bias(
-            &image.features,
-            p.value(w),
-            p.value(bias),
-            &mut image.pre,
-            &embed,
-        );
-        b.relu(&image.pre, &mut image.values);
-        let (w, bias) = self.ctx2att;
-        let keys = Matmul::new(n, h, h).trans_b();
-        b.matmul_bias(
-            &image.values,
-            p.value(w),
-            p.value(bias),
-            &mut image.keys,
-            &keys,
-        );
-        b.mean_pool(&image.values, &mut image.mean, c.image_tokens, h);
-    }
-
-    /// Both cells' biases summed.
-    fn cell_bias(&self, b: &B, cell: &Cell, out: &mut B::Tensor) {
-        let p = &self.params;
-        b.add(1.0, p.value(cell.bias_ih), 1.0, p.value(cell.bias_hh), out);
+        (self.image_layers).forward(b, &self.params, &self.config, features, image);
     }
 
     /// v̄'s part of the attention LSTM's gates, `[rows, 4h]`.
@@ -348,8 +251,8 @@ impl<B: Backend> UpDown<B> {
             h,
             false,
         );
-        self.cell_bias(b, &self.att_lstm, &mut ws.bias1);
-        self.cell_bias(b, &self.lang_lstm, &mut ws.bias2);
+        self.att_lstm.bias(b, p, &mut ws.bias1);
+        self.lang_lstm.bias(b, p, &mut ws.bias2);
         // The attention LSTM's word and v̄ parts, for every position at once.
         let words = Matmul::new(z.batch * t, 4 * h, h)
             .trans_b()
@@ -461,8 +364,7 @@ impl<B: Backend> UpDown<B> {
     ) {
         let z = ws.sizes;
         let (h, t, v) = (z.hidden, z.positions, self.config.vocab_size);
-        let (d, tokens) = (self.config.embed_dim, self.config.image_tokens);
-        let (rows, n) = (z.batch * t, z.batch * tokens);
+        let (tokens, rows) = (self.config.image_tokens, z.batch * t);
         let state_row = (t + 1) * h;
         // The output layer.
         let p = &self.params;
@@ -488,9 +390,7 @@ impl<B: Backend> UpDown<B> {
         ] {
             b.fill(x, 0.0);
         }
-        for x in [&mut ws.d_keys, &mut ws.d_values] {
-            b.fill(x, 0.0);
-        }
+        ws.image_grads.zero(b);
         b.heads_to_tokens(&ws.d_top, &mut ws.d_states2, &z.slots(1, t), false);
         let (att, lang) = (&self.att_lstm, &self.lang_lstm);
         for step in (0..t).rev() {
@@ -546,7 +446,11 @@ impl<B: Backend> UpDown<B> {
                 (&ws.query, Rows::packed(h)),
                 (&ws.d_context, Rows::packed(h)),
                 &mut ws.d_query,
-                (&mut ws.d_keys, &mut ws.d_values, d_alpha),
+                (
+                    &mut ws.image_grads.d_keys,
+                    &mut ws.image_grads.d_values,
+                    d_alpha,
+                ),
             );
             let (w, bias) = self.h2att;
             let to_h1 = Matmul::new(z.batch, h, h).with_c(h1).accumulate();
@@ -665,31 +569,8 @@ impl<B: Backend> UpDown<B> {
             &to_mean,
         );
         // The image side: v̄ is the values' mean, the keys their projection.
-        let image = &ws.image;
-        b.mean_pool_backward(&ws.d_mean, &mut ws.d_values, tokens, h, true);
-        let (w, bias) = self.ctx2att;
-        b.matmul(
-            &ws.d_keys,
-            &image.values,
-            p.grad(w),
-            &Matmul::new(h, h, n).trans_a().accumulate(),
-        );
-        b.column_sum(&ws.d_keys, n, h, p.grad(bias), true);
-        b.matmul(
-            &ws.d_keys,
-            p.value(w),
-            &mut ws.d_values,
-            &Matmul::new(n, h, h).accumulate(),
-        );
-        b.relu_backward(&image.pre, &ws.d_values, &mut ws.d_pre);
-        let (w, bias) = self.att_embed;
-        b.matmul(
-            &ws.d_pre,
-            &image.features,
-            p.grad(w),
-            &Matmul::new(h, d, n).trans_a().accumulate(),
-        );
-        b.column_sum(&ws.d_pre, n, h, p.grad(bias), true);
+        b.mean_pool_backward(&ws.d_mean, &mut ws.image_grads.d_values, tokens, h, true);
+        (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
     }
 }
 
@@ -705,7 +586,7 @@ impl<B: Backend> Decoder<B> for UpDownDecoder<B> {
     /// The image tokens' embedding and keys are the adapter.
     fn is_adapter(&self, i: usize) -> bool {
         let name = &self.net.params.specs[i].name;
-        name.starts_with("att_embed.") || name.starts_with("ctx2att.")
+        TokenLayers::is_adapter(name)
     }
 
     fn logits(&self) -> &B::Tensor {
@@ -768,7 +649,7 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
         let c = &net.config;
         let h = net.hidden();
         let mut bias2 = b.zeros(4 * h);
-        net.cell_bias(b, &net.lang_lstm, &mut bias2);
+        net.lang_lstm.bias(b, &net.params, &mut bias2);
         let mut logit_bias = b.zeros(c.vocab_size);
         b.add(
             1.0,
@@ -808,7 +689,7 @@ impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
         net.image(b, features, &mut self.image);
         net.mean_gates(b, &self.image, &mut self.mean_gates);
         let mut bias1 = b.zeros(4 * h);
-        net.cell_bias(b, &net.att_lstm, &mut bias1);
+        net.att_lstm.bias(b, &net.params, &mut bias1);
         b.add_bias(&mut self.mean_gates, &bias1);
         for x in [
             &mut self.cells1,
