@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""An independent LSTM captioner in PyTorch (float64), written from the
-papers and docs/lstm.md, no captune code, for tests/suite/models/lstm.rs.
+"""Independent LSTM captioners in PyTorch (float64), written from the
+papers and docs/lstm.md, no captune code, for tests/suite/models/lstm.rs:
+the FC model, top-down attention and Att2in.
 
 The FC model: a linear layer projects the image embedding to the hidden
 size; the projection is every layer's initial hidden state (the
@@ -116,6 +117,49 @@ class UpDown(torch.nn.Module):
         return logits.masked_fill(never, float("-inf"))
 
 
+class Att2inCore(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTMCell(HIDDEN, HIDDEN, dtype=DT)
+        self.a2c = torch.nn.Linear(HIDDEN, HIDDEN, dtype=DT)
+        self.attention = Attention()
+
+
+class Att2in(torch.nn.Module):
+    """Att2in (Rennie et al., 2017): the previous hidden state queries
+    additive attention over the embedded tokens, and the context enters
+    only the cell's input (the g gate) through a2c."""
+
+    def __init__(self):
+        super().__init__()
+        self.att_embed = torch.nn.Linear(TOKEN_DIM, HIDDEN, dtype=DT)
+        self.ctx2att = torch.nn.Linear(HIDDEN, HIDDEN, dtype=DT)
+        self.embed = torch.nn.Embedding(VOCAB, HIDDEN, dtype=DT)
+        self.core = Att2inCore()
+        self.logit = torch.nn.Linear(HIDDEN, VOCAB, dtype=DT)
+
+    def forward(self, tokens, inputs):
+        values = torch.relu(self.att_embed(tokens))
+        keys = self.ctx2att(values)
+        h = c = torch.zeros(tokens.shape[0], HIDDEN, dtype=DT)
+        cell, outputs = self.core.lstm, []
+        for t in range(inputs.shape[1]):
+            query = self.core.attention.h2att(h)
+            scores = self.core.attention.alpha_net(torch.tanh(keys + query[:, None])).squeeze(-1)
+            context = (torch.softmax(scores, -1)[..., None] * values).sum(1)
+            gates = (self.embed(inputs[:, t]) @ cell.weight_ih.T + cell.bias_ih
+                     + h @ cell.weight_hh.T + cell.bias_hh)
+            i, f, g, o = gates.chunk(4, -1)
+            g = g + self.core.a2c(context)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            outputs.append(h)
+        logits = self.logit(torch.stack(outputs, 1))
+        never = torch.zeros(VOCAB, dtype=torch.bool)
+        never[[PAD, BOS]] = True
+        return logits.masked_fill(never, float("-inf"))
+
+
 def greedy(model, features):
     """Each image's caption: the most likely id (the lowest among ties)
     after the captions so far, until <eos> or T ids."""
@@ -180,7 +224,7 @@ def fixture(out_dir, name, make, seed, scale):
     for r, c in enumerate(captions):
         inputs[r, :len(c) - 1] = torch.tensor(c[:-1])
         targets[r, :len(c) - 1] = torch.tensor(c[1:])
-    if isinstance(model, UpDown):
+    if isinstance(model, (UpDown, Att2in)):
         features = torch.randn(3, TOKENS, TOKEN_DIM, dtype=DT)
     else:
         features = torch.nn.functional.normalize(torch.randn(3, EMBED, dtype=DT), dim=-1)
@@ -196,8 +240,9 @@ def fixture(out_dir, name, make, seed, scale):
         "decoder": {"width": HIDDEN, "layers": LAYERS, "heads": 1, "causal": True},
         "max_len": MAX_LEN, "vocab_size": VOCAB,
     }
-    if isinstance(model, UpDown):
-        config.update({"embed_dim": TOKEN_DIM, "image_tokens": TOKENS, "lstm": {"model": "updown"}})
+    if isinstance(model, (UpDown, Att2in)):
+        kind = "updown" if isinstance(model, UpDown) else "att2in"
+        config.update({"embed_dim": TOKEN_DIM, "image_tokens": TOKENS, "lstm": {"model": kind}})
         config["decoder"]["layers"] = 1
     else:
         config["lstm"] = {"model": "fc", "image_feed": model.feed}
@@ -228,3 +273,4 @@ if __name__ == "__main__":
     fixture(out, "fc_hidden", lambda: FC("hidden"), 2, 0.8)
     fixture(out, "fc_input", lambda: FC("input"), 26, 1.2)
     fixture(out, "updown", UpDown, 12, 1.6)
+    fixture(out, "att2in", Att2in, 35, 1.2)

@@ -171,6 +171,10 @@ pub enum LstmModel {
     /// image embedding to the hidden size, then words through an LSTM
     /// and an untied output layer.
     Fc,
+    /// Att2in (Rennie et al., 2017): one LSTM whose previous state queries
+    /// additive attention over image tokens, the context entering only
+    /// the cell's input gate.
+    Att2in,
     /// Top-down attention (Anderson et al., 2018): an attention LSTM
     /// whose state queries additive attention over image tokens, and a
     /// language LSTM that reads the attended context.
@@ -292,6 +296,21 @@ impl CaptionerConfig {
                     // The tokens' embedding and keys, the attention LSTM
                     // ([h2; v̄; word] in), the query and scores, the
                     // language LSTM ([v̂; h1] in).
+                    // The tokens' embedding and keys, the word table,
+                    // the cell, the context into its g gate, the query
+                    // and scores.
+                    Some(LstmModel::Att2in) => {
+                        e * d
+                            + d
+                            + d * d
+                            + d
+                            + v * d
+                            + 8 * d * d
+                            + 8 * d
+                            + 2 * (d * d + d)
+                            + d
+                            + output
+                    }
                     Some(LstmModel::UpDown) => {
                         let cell = |inputs: u128| 4 * d * inputs + 4 * d * d + 8 * d;
                         e * d
@@ -457,14 +476,14 @@ impl CaptionerConfig {
             LstmModel::Fc if self.image_tokens > 0 => {
                 bail!("the FC model reads one image embedding: image_tokens must be 0")
             }
-            LstmModel::UpDown if self.image_tokens == 0 => {
-                bail!("the top-down model attends over image tokens: image_tokens must be positive")
+            LstmModel::Att2in | LstmModel::UpDown if self.image_tokens == 0 => {
+                bail!("an attention LSTM attends over image tokens: image_tokens must be positive")
             }
-            LstmModel::UpDown
+            LstmModel::Att2in | LstmModel::UpDown
                 if self.decoder.layers != 1 || lstm.image_feed != ImageFeed::Hidden =>
             {
                 bail!(
-                    "the top-down model is its two cells (layers = 1) and reads the image by \
+                    "an attention LSTM has its own cells (layers = 1) and reads the image by \
                      attending (no image_feed)"
                 )
             }

@@ -82,9 +82,12 @@ impl ModelSection {
             .and_then(|d| d.strip_prefix("lstm:"))
         {
             Some("fc") => LstmModel::Fc,
+            Some("att2in") => LstmModel::Att2in,
             Some("updown") => LstmModel::UpDown,
             Some(other) => {
-                bail!("decoder lstm:{other}: the LSTM models are lstm:fc and lstm:updown")
+                bail!(
+                    "decoder lstm:{other}: the LSTM models are lstm:fc, lstm:att2in and lstm:updown"
+                )
             }
             None if self.image_feed.is_some() => {
                 bail!("image_feed is an LSTM decoder's setting; this decoder is not one (lstm:fc)")
@@ -92,12 +95,14 @@ impl ModelSection {
             None => return Ok(None),
         };
         if model.reads_tokens() && self.image_feed.is_some() {
-            bail!("image_feed is the FC model's setting; lstm:updown reads the image by attending");
+            bail!(
+                "image_feed is the FC model's setting; an attention LSTM reads the image by attending"
+            );
         }
         if model.reads_tokens() != self.image_tokens.is_some() {
             bail!(
                 "image_tokens names the vision tower whose tokens an attention LSTM reads \
-                 (hf:BLIP_FOLDER): lstm:updown needs it, and only an attention LSTM takes it"
+                 (hf:BLIP_FOLDER): lstm:att2in and lstm:updown need it, and only they take it"
             );
         }
         Ok(Some(LstmConfig {

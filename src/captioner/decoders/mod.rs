@@ -16,6 +16,7 @@ pub(super) enum Family<B: Backend> {
     Blip(blip::BlipDecoder<B>),
     Lstm(lstm::LstmDecoder<B>),
     UpDown(lstm::updown::UpDownDecoder<B>),
+    Att2in(lstm::att2in::Att2inDecoder<B>),
 }
 
 impl<B: Backend> Family<B> {
@@ -28,6 +29,9 @@ impl<B: Backend> Family<B> {
                 Some(LstmModel::UpDown) => {
                     Family::UpDown(lstm::updown::UpDownDecoder::new(b, config, seed))
                 }
+                Some(LstmModel::Att2in) => {
+                    Family::Att2in(lstm::att2in::Att2inDecoder::new(b, config, seed))
+                }
                 _ => Family::Lstm(lstm::LstmDecoder::new(b, config, seed)),
             },
         }
@@ -39,6 +43,7 @@ impl<B: Backend> Family<B> {
             Family::Blip(d) => d,
             Family::Lstm(d) => d,
             Family::UpDown(d) => d,
+            Family::Att2in(d) => d,
         }
     }
 
@@ -48,6 +53,7 @@ impl<B: Backend> Family<B> {
             Family::Blip(d) => d,
             Family::Lstm(d) => d,
             Family::UpDown(d) => d,
+            Family::Att2in(d) => d,
         }
     }
 }

@@ -203,7 +203,7 @@ fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
 }
 
 /// Every decoder family that runs incrementally its own way.
-fn every_family() -> [CaptionerConfig; 4] {
+fn every_family() -> [CaptionerConfig; 5] {
     let updown = CaptionerConfig {
         image_tokens: 4,
         decoder: TransformerConfig::new(12, 1, 1, true),
@@ -213,11 +213,19 @@ fn every_family() -> [CaptionerConfig; 4] {
         }),
         ..lstm_config(ImageFeed::Hidden)
     };
+    let att2in = CaptionerConfig {
+        lstm: Some(LstmConfig {
+            model: LstmModel::Att2in,
+            image_feed: ImageFeed::Hidden,
+        }),
+        ..updown
+    };
     [
         captioner_config(),
         lstm_config(ImageFeed::Hidden),
         lstm_config(ImageFeed::Input),
         updown,
+        att2in,
     ]
 }
 

@@ -1,7 +1,7 @@
 //! The LSTM captioners against an independent PyTorch implementation
 //! (scripts/lstm_fixtures.py: `nn.LSTM` and `nn.LSTMCell` in float64,
 //! written from the papers and docs/lstm.md), the FC model fed the image
-//! either way and top-down attention over image tokens: one MLE step's
+//! either way, top-down attention and Att2in over image tokens: one MLE step's
 //! loss and every parameter's gradient, the greedy captions and the two
 //! best of a beam search, on both backends.
 
@@ -125,7 +125,7 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
 
 #[test]
 fn an_lstm_captioner_matches_pytorch() {
-    for model in ["fc_hidden", "fc_input", "updown"] {
+    for model in ["fc_hidden", "fc_input", "updown", "att2in"] {
         agrees_with_pytorch(&CpuBackend::new(), "cpu", model);
         if let Some(g) = common::gpu() {
             agrees_with_pytorch(&g, "gpu", model);

@@ -496,14 +496,23 @@ fn tiny_updown_config(vocab: usize) -> CaptionerConfig {
     }
 }
 
-/// The prefix transformer, the LSTM fed the image either way, and top-down
-/// attention.
-fn every_family(vocab: usize) -> [CaptionerConfig; 4] {
+/// The prefix transformer, the LSTM fed the image either way, and both
+/// attention LSTMs.
+fn every_family(vocab: usize) -> [CaptionerConfig; 5] {
+    let updown = tiny_updown_config(vocab);
+    let att2in = CaptionerConfig {
+        lstm: Some(LstmConfig {
+            model: LstmModel::Att2in,
+            image_feed: ImageFeed::Hidden,
+        }),
+        ..updown
+    };
     [
         tiny_config(vocab),
         tiny_lstm_config(vocab, ImageFeed::Hidden),
         tiny_lstm_config(vocab, ImageFeed::Input),
-        tiny_updown_config(vocab),
+        updown,
+        att2in,
     ]
 }
 

@@ -1,6 +1,6 @@
 //! Every objective of the registry trains an LSTM captioner (`--decoder
-//! lstm:fc`, fed the image either way, and `lstm:updown` over the tiny BLIP
-//! folder's image tokens): its loss stays finite, its recurrent weights
+//! lstm:fc`, fed the image either way, and `lstm:updown` and `lstm:att2in`
+//! over the tiny BLIP folder's image tokens): its loss stays finite, its recurrent weights
 //! move, a caption-only objective's loss falls, and the checkpoint loads
 //! back with its config.
 
@@ -127,6 +127,20 @@ fn a_top_down_model_reads_the_tokens_of_the_vision_tower_it_names() {
 fn every_objective_trains_a_top_down_captioner() {
     let data = token_data(&CpuBackend::new());
     common::every_objective_trains(&data, updown_run, "core.lang_lstm.weight_hh");
+}
+
+#[test]
+fn every_objective_trains_an_att2in_captioner() {
+    let data = token_data(&CpuBackend::new());
+    let att2in_run = |objective: &str| {
+        let mut config = updown_run(objective);
+        config.model.decoder = Some("lstm:att2in".into());
+        config
+    };
+    let ck = fresh_checkpoint(&CpuBackend::new(), &data, &att2in_run("mle")).unwrap();
+    let count: usize = ck.model.params().specs.iter().map(|s| s.len()).sum();
+    assert_eq!(count as u128, ck.model.config.parameter_count());
+    common::every_objective_trains(&data, att2in_run, "core.a2c.weight");
 }
 
 #[test]

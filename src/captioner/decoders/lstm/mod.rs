@@ -17,6 +17,7 @@
 //! state, so step t reads slot t and writes slot t + 1; the rows a next
 //! layer or the output layer reads are copied out packed.
 
+pub mod att2in;
 mod stepper;
 mod tokens;
 pub mod updown;

@@ -1,0 +1,592 @@
+//! Att2in (Rennie et al., 2017, "Self-critical Sequence Training for Image
+//! Captioning"): one LSTM whose previous hidden state queries additive
+//! attention over the image tokens, the attended context entering only
+//! the cell's input (the g gate):
+//!
+//! ```text
+//! a = softmax_n(alpha_net . tanh(k_n + h2att(h_prev))),  c = sum_n a_n v_n
+//! gates = lstm's own (word, h_prev) + [0; 0; a2c(c); 0]
+//! ```
+//!
+//! from zero states, the tokens embedded and keyed as the top-down model
+//! does ([`super::tokens`]). The context's product writes the g gate's
+//! columns of the gates in place.
+
+use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
+use super::{Sizes, strided};
+use crate::backend::{Backend, HeadLayout, LstmStep, Matmul};
+use crate::captioner::CaptionerConfig;
+use crate::captioner::decoder::{Decoder, Stepper};
+use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::model::params::{Init, ParamId, Params};
+use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
+use anyhow::Result;
+
+pub struct Att2inDecoder<B: Backend> {
+    net: Att2in<B>,
+    workspaces: Workspaces<Workspace<B>>,
+}
+
+struct Att2in<B: Backend> {
+    config: CaptionerConfig,
+    params: Params<B>,
+    image_layers: TokenLayers,
+    embed: ParamId,
+    lstm: Cell,
+    /// `[h, h]`: the context into the g gate.
+    a2c: Linear,
+    h2att: Linear,
+    /// `[1, h]`.
+    alpha_net: ParamId,
+    logit: Linear,
+    policy_mask: B::Tensor,
+}
+
+/// The g gate's columns `[2h, 3h)` of a `[4h]` row.
+fn g_gate(h: usize) -> HeadLayout {
+    HeadLayout {
+        batch: 1,
+        seq: 1,
+        heads: 1,
+        head_dim: h,
+        row_stride: 4 * h,
+        col_offset: 2 * h,
+    }
+}
+
+struct Workspace<B: Backend> {
+    sizes: Sizes,
+    image: Image<B>,
+    image_grads: ImageGrads<B>,
+    attention: AdditiveAttention<B>,
+    tokens: B::Tensor,
+    gates: B::Tensor,
+    cells: B::Tensor,
+    states: B::Tensor,
+    /// `[4h]`: the cell's biases and the context's in the g gate.
+    bias: B::Tensor,
+    query: B::Tensor,
+    d_query: B::Tensor,
+    /// `[batch, positions, h]`: each position's context.
+    contexts: B::Tensor,
+    d_context: B::Tensor,
+    top: B::Tensor,
+    logit_bias: B::Tensor,
+    logits: B::Tensor,
+    d_top: B::Tensor,
+    d_states: B::Tensor,
+    d_cell: B::Tensor,
+    d_gates: B::Tensor,
+    packed: B::Tensor,
+    d_tokens: B::Tensor,
+    /// `[4h]` and `[h]`: the gates' gradient summed over the rows, and its
+    /// g gate's part (the context bias's gradient).
+    gate_sums: B::Tensor,
+    g_sums: B::Tensor,
+}
+
+impl<B: Backend> Workspace<B> {
+    fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
+        let z = Sizes {
+            batch,
+            positions,
+            steps: positions,
+            hidden: c.decoder.width,
+            lead: 0,
+        };
+        let (h, t, v) = (z.hidden, positions, c.vocab_size);
+        let shape = AdditiveShape {
+            batch,
+            tokens: c.image_tokens,
+            width: h,
+            values: h,
+        };
+        Workspace {
+            sizes: z,
+            image: Image::new(b, c, batch),
+            image_grads: ImageGrads::new(b, c, batch),
+            attention: AdditiveAttention::new(b, shape),
+            tokens: b.zeros(batch * t * h),
+            gates: b.zeros(batch * t * 4 * h),
+            cells: b.zeros(batch * (t + 1) * h),
+            states: b.zeros(batch * (t + 1) * h),
+            bias: b.zeros(4 * h),
+            query: b.zeros(batch * h),
+            d_query: b.zeros(batch * h),
+            contexts: b.zeros(batch * t * h),
+            d_context: b.zeros(batch * h),
+            top: b.zeros(batch * t * h),
+            logit_bias: b.zeros(v),
+            logits: b.zeros(batch * t * v),
+            d_top: b.zeros(batch * t * h),
+            d_states: b.zeros(batch * (t + 1) * h),
+            d_cell: b.zeros(batch * h),
+            d_gates: b.zeros(batch * t * 4 * h),
+            packed: b.zeros(batch * t * h),
+            d_tokens: b.zeros(batch * t * h),
+            gate_sums: b.zeros(4 * h),
+            g_sums: b.zeros(h),
+        }
+    }
+}
+
+impl<B: Backend> Att2inDecoder<B> {
+    /// A decoder with fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        Att2inDecoder {
+            net: Att2in::new(b, config, seed),
+            workspaces: Workspaces::default(),
+        }
+    }
+}
+
+impl<B: Backend> Att2in<B> {
+    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+        let c = &config;
+        let (h, v) = (c.decoder.width, c.vocab_size);
+        let mut p = Params::new(seed);
+        let image_layers = TokenLayers::new(&mut p, c);
+        let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
+        let lstm = Cell::new(&mut p, "core.lstm", h, h);
+        let a2c = linear(&mut p, "core.a2c", h, h);
+        let h2att = linear(&mut p, "core.attention.h2att", h, h);
+        let alpha_net = p.add(
+            "core.attention.alpha_net.weight".into(),
+            &[1, h],
+            spread(h),
+            true,
+        );
+        let logit = linear(&mut p, "logit", v, h);
+        p.finish(b);
+        Att2in {
+            policy_mask: b.tensor(&policy_mask(c)),
+            config,
+            params: p,
+            image_layers,
+            embed,
+            lstm,
+            a2c,
+            h2att,
+            alpha_net,
+            logit,
+        }
+    }
+
+    fn hidden(&self) -> usize {
+        self.config.decoder.width
+    }
+
+    /// `[4h]`: the cell's two biases, and the context's in the g gate.
+    fn gate_bias(&self, b: &B, out: &mut B::Tensor) {
+        let p = &self.params;
+        self.lstm.bias(b, p, out);
+        b.heads_to_tokens(p.value(self.a2c.1), out, &g_gate(self.hidden()), true);
+    }
+
+    /// `[rows, h]` queries of the hidden states `states` (rows at `at`).
+    fn query(&self, b: &B, states: &B::Tensor, at: Rows, rows: usize, out: &mut B::Tensor) {
+        let (p, h) = (&self.params, self.hidden());
+        let (w, bias) = self.h2att;
+        let shape = Matmul::new(rows, h, h)
+            .trans_b()
+            .with_a(strided(at.offset, at.stride));
+        b.matmul_bias(states, p.value(w), p.value(bias), out, &shape);
+    }
+
+    /// The context rows `context` into the g gates of the gate rows `gates`.
+    fn context_into_gates(
+        &self,
+        b: &B,
+        context: (&B::Tensor, Rows),
+        gates: (&mut B::Tensor, Rows),
+        rows: usize,
+    ) {
+        let h = self.hidden();
+        let (at, into) = (context.1, gates.1);
+        let shape = Matmul::new(rows, h, h)
+            .trans_b()
+            .accumulate()
+            .with_a(strided(at.offset, at.stride))
+            .with_c(strided(into.offset + 2 * h, into.stride));
+        b.matmul(context.0, self.params.value(self.a2c.0), gates.0, &shape);
+    }
+
+    fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
+        let (c, p, z) = (&self.config, &self.params, ws.sizes);
+        let (h, t) = (z.hidden, z.positions);
+        (self.image_layers).forward(b, p, c, features, &mut ws.image);
+        b.embedding(
+            p.value(self.embed),
+            &inputs.ids.ids,
+            &mut ws.tokens,
+            h,
+            false,
+        );
+        self.gate_bias(b, &mut ws.bias);
+        let words = Matmul::new(z.batch * t, 4 * h, h).trans_b();
+        b.matmul_bias(
+            &ws.tokens,
+            p.value(self.lstm.weight_ih),
+            &ws.bias,
+            &mut ws.gates,
+            &words,
+        );
+        let weights = (&ws.image.keys, &ws.image.values, p.value(self.alpha_net));
+        for step in 0..t {
+            let previous = Rows {
+                offset: step * h,
+                stride: (t + 1) * h,
+            };
+            self.query(b, &ws.states, previous, z.batch, &mut ws.query);
+            let context = Rows {
+                offset: step * h,
+                stride: t * h,
+            };
+            let query = (&ws.query, Rows::packed(h));
+            ws.attention
+                .forward(b, weights, query, (&mut ws.contexts, context));
+            let gates_at = Rows {
+                offset: step * 4 * h,
+                stride: t * 4 * h,
+            };
+            self.context_into_gates(
+                b,
+                (&ws.contexts, context),
+                (&mut ws.gates, gates_at),
+                z.batch,
+            );
+            if step > 0 {
+                let recurrent = z.recurrent(step).trans_b().accumulate();
+                b.matmul(
+                    &ws.states,
+                    p.value(self.lstm.weight_hh),
+                    &mut ws.gates,
+                    &recurrent,
+                );
+            }
+            b.lstm_cell(&mut ws.gates, &mut ws.cells, &mut ws.states, &z.step(step));
+        }
+        b.tokens_to_heads(&ws.states, &mut ws.top, &z.slots(1, t));
+        b.add(
+            1.0,
+            p.value(self.logit.1),
+            1.0,
+            &self.policy_mask,
+            &mut ws.logit_bias,
+        );
+        let shape = Matmul::new(z.batch * t, c.vocab_size, h).trans_b();
+        b.matmul_bias(
+            &ws.top,
+            p.value(self.logit.0),
+            &ws.logit_bias,
+            &mut ws.logits,
+            &shape,
+        );
+    }
+
+    fn backward(
+        &mut self,
+        b: &B,
+        inputs: &TokenInputs<B>,
+        d_logits: &B::Tensor,
+        ws: &mut Workspace<B>,
+    ) {
+        let z = ws.sizes;
+        let (h, t, v) = (z.hidden, z.positions, self.config.vocab_size);
+        let rows = z.batch * t;
+        let p = &self.params;
+        b.matmul(
+            d_logits,
+            p.value(self.logit.0),
+            &mut ws.d_top,
+            &Matmul::new(rows, h, v),
+        );
+        let p = &mut self.params;
+        let d_output = Matmul::new(v, h, rows).trans_a().accumulate();
+        b.matmul(d_logits, &ws.top, p.grad(self.logit.0), &d_output);
+        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        b.fill(&mut ws.d_states, 0.0);
+        b.fill(&mut ws.d_cell, 0.0);
+        ws.image_grads.zero(b);
+        b.heads_to_tokens(&ws.d_top, &mut ws.d_states, &z.slots(1, t), false);
+        for step in (0..t).rev() {
+            b.lstm_cell_backward(
+                &ws.gates,
+                &ws.cells,
+                &ws.d_states,
+                &mut ws.d_cell,
+                &mut ws.d_gates,
+                &z.step(step),
+            );
+            let p = &self.params;
+            if step > 0 {
+                let recurrent = z.recurrent_backward(step).accumulate();
+                b.matmul(
+                    &ws.d_gates,
+                    p.value(self.lstm.weight_hh),
+                    &mut ws.d_states,
+                    &recurrent,
+                );
+            }
+            // The context's gradient from its g gate's.
+            let g_at = strided(step * 4 * h + 2 * h, t * 4 * h);
+            let to_context = Matmul::new(z.batch, h, h).with_a(g_at);
+            b.matmul(
+                &ws.d_gates,
+                p.value(self.a2c.0),
+                &mut ws.d_context,
+                &to_context,
+            );
+            let previous = Rows {
+                offset: step * h,
+                stride: (t + 1) * h,
+            };
+            self.query(b, &ws.states, previous, z.batch, &mut ws.query);
+            let p = &mut self.params;
+            let (values, d_alpha) = p.for_backward_one(self.alpha_net);
+            let grads = &mut ws.image_grads;
+            ws.attention.backward(
+                b,
+                (&ws.image.keys, &ws.image.values, &values[self.alpha_net.0]),
+                (&ws.query, Rows::packed(h)),
+                (&ws.d_context, Rows::packed(h)),
+                &mut ws.d_query,
+                (&mut grads.d_keys, &mut grads.d_values, d_alpha),
+            );
+            // The query came from the previous hidden state (slot `step`).
+            let h_prev = strided(step * h, (t + 1) * h);
+            let (w, bias) = self.h2att;
+            let to_state = Matmul::new(z.batch, h, h).with_c(h_prev).accumulate();
+            b.matmul(&ws.d_query, p.value(w), &mut ws.d_states, &to_state);
+            let d_weight = Matmul::new(h, h, z.batch)
+                .trans_a()
+                .with_b(h_prev)
+                .accumulate();
+            b.matmul(&ws.d_query, &ws.states, p.grad(w), &d_weight);
+            b.column_sum(&ws.d_query, z.batch, h, p.grad(bias), true);
+        }
+        let p = &mut self.params;
+        let cell = &self.lstm;
+        let weight_grad = Matmul::new(4 * h, h, rows).trans_a().accumulate();
+        b.tokens_to_heads(&ws.states, &mut ws.packed, &z.slots(0, t));
+        b.matmul(
+            &ws.d_gates,
+            &ws.packed,
+            p.grad(cell.weight_hh),
+            &weight_grad,
+        );
+        b.matmul(
+            &ws.d_gates,
+            &ws.tokens,
+            p.grad(cell.weight_ih),
+            &weight_grad,
+        );
+        b.column_sum(&ws.d_gates, rows, 4 * h, &mut ws.gate_sums, false);
+        b.axpby(1.0, &ws.gate_sums, 1.0, p.grad(cell.bias_ih));
+        b.axpby(1.0, &ws.gate_sums, 1.0, p.grad(cell.bias_hh));
+        // The context layer: its weight from the g gates' gradients, its
+        // bias their sum.
+        let (w, bias) = self.a2c;
+        let d_a2c = Matmul::new(h, h, rows)
+            .trans_a()
+            .accumulate()
+            .with_a(strided(2 * h, 4 * h));
+        b.matmul(&ws.d_gates, &ws.contexts, p.grad(w), &d_a2c);
+        b.tokens_to_heads(&ws.gate_sums, &mut ws.g_sums, &g_gate(h));
+        b.axpby(1.0, &ws.g_sums, 1.0, p.grad(bias));
+        let to_words = Matmul::new(rows, h, 4 * h);
+        b.matmul(
+            &ws.d_gates,
+            p.value(cell.weight_ih),
+            &mut ws.d_tokens,
+            &to_words,
+        );
+        b.embedding_backward(&ws.d_tokens, &inputs.ids, p.grad(self.embed), h);
+        (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
+    }
+}
+
+impl<B: Backend> Decoder<B> for Att2inDecoder<B> {
+    fn params(&self) -> &Params<B> {
+        &self.net.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.net.params
+    }
+
+    /// The image tokens' embedding and keys are the adapter.
+    fn is_adapter(&self, i: usize) -> bool {
+        TokenLayers::is_adapter(&self.net.params.specs[i].name)
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.workspaces.current().logits
+    }
+
+    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
+        Box::new(Att2inStepper::new(b, &self.net, rows))
+    }
+
+    /// The images are `[batch, image_tokens, embed_dim]` tokens.
+    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
+        let c = &self.net.config;
+        assert_eq!(
+            features.len(),
+            inputs.batch * c.image_input_len(),
+            "one image's tokens per sequence"
+        );
+        if !self.workspaces.select(inputs) {
+            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
+            self.workspaces.add(inputs, ws);
+        }
+        let ws = self.workspaces.current_for(inputs);
+        self.net.forward(b, features, inputs, ws);
+        Ok(())
+    }
+
+    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
+        let ws = self.workspaces.current_for(inputs);
+        self.net.backward(b, inputs, d_logits, ws);
+    }
+}
+
+/// One position at a time, the cell's states in two slots per row.
+struct Att2inStepper<'m, B: Backend> {
+    net: &'m Att2in<B>,
+    rows: usize,
+    current: usize,
+    image: Image<B>,
+    attention: AdditiveAttention<B>,
+    bias: B::Tensor,
+    cells: B::Tensor,
+    states: B::Tensor,
+    spare: B::Tensor,
+    word: B::Tensor,
+    gates: B::Tensor,
+    query: B::Tensor,
+    context: B::Tensor,
+    logit_bias: B::Tensor,
+    logits: B::Tensor,
+}
+
+impl<'m, B: Backend> Att2inStepper<'m, B> {
+    fn new(b: &B, net: &'m Att2in<B>, rows: usize) -> Self {
+        let c = &net.config;
+        let h = net.hidden();
+        let mut bias = b.zeros(4 * h);
+        net.gate_bias(b, &mut bias);
+        let mut logit_bias = b.zeros(c.vocab_size);
+        b.add(
+            1.0,
+            net.params.value(net.logit.1),
+            1.0,
+            &net.policy_mask,
+            &mut logit_bias,
+        );
+        let shape = AdditiveShape {
+            batch: rows,
+            tokens: c.image_tokens,
+            width: h,
+            values: h,
+        };
+        Att2inStepper {
+            net,
+            rows,
+            current: 0,
+            image: Image::new(b, c, rows),
+            attention: AdditiveAttention::new(b, shape),
+            bias,
+            cells: b.zeros(rows * 2 * h),
+            states: b.zeros(rows * 2 * h),
+            spare: b.zeros(rows * 2 * h),
+            word: b.zeros(rows * h),
+            gates: b.zeros(rows * 4 * h),
+            query: b.zeros(rows * h),
+            context: b.zeros(rows * h),
+            logit_bias,
+            logits: b.zeros(rows * c.vocab_size),
+        }
+    }
+}
+
+impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
+    fn start(&mut self, b: &B, features: &[f32]) {
+        let net = self.net;
+        (net.image_layers).forward(b, &net.params, &net.config, features, &mut self.image);
+        b.fill(&mut self.cells, 0.0);
+        b.fill(&mut self.states, 0.0);
+        self.current = 0;
+    }
+
+    fn advance(&mut self, b: &B, ids: &B::Ids) {
+        let (net, rows) = (self.net, self.rows);
+        let (p, h) = (&net.params, net.hidden());
+        let (prev, next) = (self.current, 1 - self.current);
+        let was = Rows {
+            offset: prev * h,
+            stride: 2 * h,
+        };
+        net.query(b, &self.states, was, rows, &mut self.query);
+        let weights = (&self.image.keys, &self.image.values, p.value(net.alpha_net));
+        let (query, context) = ((&self.query, Rows::packed(h)), Rows::packed(h));
+        self.attention
+            .forward(b, weights, query, (&mut self.context, context));
+        b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
+        let gates = Matmul::new(rows, 4 * h, h).trans_b();
+        b.matmul_bias(
+            &self.word,
+            p.value(net.lstm.weight_ih),
+            &self.bias,
+            &mut self.gates,
+            &gates,
+        );
+        net.context_into_gates(
+            b,
+            (&self.context, context),
+            (&mut self.gates, Rows::packed(4 * h)),
+            rows,
+        );
+        let recurrent = gates.accumulate().with_a(strided(was.offset, was.stride));
+        b.matmul(
+            &self.states,
+            p.value(net.lstm.weight_hh),
+            &mut self.gates,
+            &recurrent,
+        );
+        let step = LstmStep {
+            rows,
+            hidden: h,
+            gates_offset: 0,
+            gates_stride: 4 * h,
+            prev: prev * h,
+            next: next * h,
+            state_stride: 2 * h,
+        };
+        b.lstm_cell(&mut self.gates, &mut self.cells, &mut self.states, &step);
+        self.current = next;
+        let shape = Matmul::new(rows, net.config.vocab_size, h)
+            .trans_b()
+            .with_a(strided(next * h, 2 * h));
+        b.matmul_bias(
+            &self.states,
+            p.value(net.logit.0),
+            &self.logit_bias,
+            &mut self.logits,
+            &shape,
+        );
+    }
+
+    fn logits(&self) -> &B::Tensor {
+        &self.logits
+    }
+
+    /// Row r takes its parent's states; the image side is its image's.
+    fn reorder(&mut self, b: &B, parents: &B::Ids) {
+        let per_row = 2 * self.net.hidden();
+        for state in [&mut self.cells, &mut self.states] {
+            b.embedding(state, parents, &mut self.spare, per_row, false);
+            std::mem::swap(state, &mut self.spare);
+        }
+    }
+}
