@@ -141,12 +141,12 @@ pub struct TrainArgs {
     /// tokenizer.json), whose network and tokenizer replace [model]'s
     /// width, layers and heads and the word vocabulary (a GPT-2 gets a new
     /// mapper: see --mapper). Or an LSTM captioner, [model] width wide:
-    /// lstm:fc ([model] layers layers) or lstm:updown (top-down attention
-    /// over image tokens: see --image-tokens). The run's checkpoints carry
-    /// it from then on.
+    /// lstm:fc ([model] layers layers), or lstm:att2in or lstm:updown
+    /// (attention over image tokens: see --image-tokens). The run's
+    /// checkpoints carry it from then on.
     #[arg(long, value_name = "hf:FOLDER|lstm:MODEL", conflicts_with = "resume")]
     pub decoder: Option<String>,
-    /// With an attention LSTM (lstm:updown): the BLIP folder, hf:FOLDER,
+    /// With an attention LSTM (lstm:att2in, lstm:updown): the BLIP folder, hf:FOLDER,
     /// whose vision tower makes the image tokens it reads ([model]
     /// image_tokens).
     #[arg(long, value_name = "hf:FOLDER", requires = "decoder")]
