@@ -7,6 +7,7 @@ pub mod prefix;
 use super::decoder::Decoder;
 use super::{CaptionerConfig, DecoderFamily, LstmModel};
 use crate::backend::Backend;
+use lstm::network::Recurrent;
 
 /// A decoder of any family. An enum, not a boxed trait object, so that a
 /// captioner is `Send` exactly where its backend's tensors are (the
@@ -27,12 +28,12 @@ impl<B: Backend> Family<B> {
             DecoderFamily::Blip => Family::Blip(blip::BlipDecoder::new(b, config, seed)),
             DecoderFamily::Lstm => match config.lstm.map(|l| l.model) {
                 Some(LstmModel::UpDown) => {
-                    Family::UpDown(lstm::updown::UpDownDecoder::new(b, config, seed))
+                    Family::UpDown(Recurrent::new(lstm::updown::UpDown::new(b, config, seed)))
                 }
                 Some(LstmModel::Att2in) => {
-                    Family::Att2in(lstm::att2in::Att2inDecoder::new(b, config, seed))
+                    Family::Att2in(Recurrent::new(lstm::att2in::Att2in::new(b, config, seed)))
                 }
-                _ => Family::Lstm(lstm::LstmDecoder::new(b, config, seed)),
+                _ => Family::Lstm(Recurrent::new(lstm::Lstm::new(b, config, seed))),
             },
         }
     }

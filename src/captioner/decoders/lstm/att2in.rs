@@ -12,22 +12,19 @@
 //! does ([`super::tokens`]). The context's product writes the g gate's
 //! columns of the gates in place.
 
+use super::network::{Network, Recurrent};
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, HeadLayout, LstmStep, Matmul};
 use crate::captioner::CaptionerConfig;
-use crate::captioner::decoder::{Decoder, Stepper};
-use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::captioner::decoder::Stepper;
+use crate::captioner::model::{TokenInputs, policy_mask};
 use crate::model::params::{Init, ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
-use anyhow::Result;
 
-pub struct Att2inDecoder<B: Backend> {
-    net: Att2in<B>,
-    workspaces: Workspaces<Workspace<B>>,
-}
+pub type Att2inDecoder<B> = Recurrent<B, Att2in<B>>;
 
-struct Att2in<B: Backend> {
+pub struct Att2in<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
     image_layers: TokenLayers,
@@ -54,7 +51,7 @@ fn g_gate(h: usize) -> HeadLayout {
     }
 }
 
-struct Workspace<B: Backend> {
+pub struct Workspace<B: Backend> {
     sizes: Sizes,
     image: Image<B>,
     image_grads: ImageGrads<B>,
@@ -130,18 +127,9 @@ impl<B: Backend> Workspace<B> {
     }
 }
 
-impl<B: Backend> Att2inDecoder<B> {
-    /// A decoder with fresh weights from `seed`, for a validated `config`.
-    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
-        Att2inDecoder {
-            net: Att2in::new(b, config, seed),
-            workspaces: Workspaces::default(),
-        }
-    }
-}
-
 impl<B: Backend> Att2in<B> {
-    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+    /// Fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
         let (h, v) = (c.decoder.width, c.vocab_size);
         let mut p = Params::new(seed);
@@ -209,6 +197,31 @@ impl<B: Backend> Att2in<B> {
             .with_a(strided(at.offset, at.stride))
             .with_c(strided(into.offset + 2 * h, into.stride));
         b.matmul(context.0, self.params.value(self.a2c.0), gates.0, &shape);
+    }
+}
+
+impl<B: Backend> Network<B> for Att2in<B> {
+    type Workspace = Workspace<B>;
+
+    fn config(&self) -> &CaptionerConfig {
+        &self.config
+    }
+
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+
+    /// The image tokens' embedding and keys are the adapter.
+    fn is_adapter(&self, name: &str) -> bool {
+        TokenLayers::is_adapter(name)
+    }
+
+    fn workspace(&self, b: &B, batch: usize, positions: usize) -> Workspace<B> {
+        Workspace::new(b, &self.config, batch, positions)
     }
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
@@ -404,50 +417,13 @@ impl<B: Backend> Att2in<B> {
         b.embedding_backward(&ws.d_tokens, &inputs.ids, p.grad(self.embed), h);
         (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
     }
-}
 
-impl<B: Backend> Decoder<B> for Att2inDecoder<B> {
-    fn params(&self) -> &Params<B> {
-        &self.net.params
+    fn logits(ws: &Workspace<B>) -> &B::Tensor {
+        &ws.logits
     }
 
-    fn params_mut(&mut self) -> &mut Params<B> {
-        &mut self.net.params
-    }
-
-    /// The image tokens' embedding and keys are the adapter.
-    fn is_adapter(&self, i: usize) -> bool {
-        TokenLayers::is_adapter(&self.net.params.specs[i].name)
-    }
-
-    fn logits(&self) -> &B::Tensor {
-        &self.workspaces.current().logits
-    }
-
-    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
-        Box::new(Att2inStepper::new(b, &self.net, rows))
-    }
-
-    /// The images are `[batch, image_tokens, embed_dim]` tokens.
-    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
-        let c = &self.net.config;
-        assert_eq!(
-            features.len(),
-            inputs.batch * c.image_input_len(),
-            "one image's tokens per sequence"
-        );
-        if !self.workspaces.select(inputs) {
-            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
-            self.workspaces.add(inputs, ws);
-        }
-        let ws = self.workspaces.current_for(inputs);
-        self.net.forward(b, features, inputs, ws);
-        Ok(())
-    }
-
-    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
-        let ws = self.workspaces.current_for(inputs);
-        self.net.backward(b, inputs, d_logits, ws);
+    fn stepper<'m>(&'m self, b: &B, rows: usize) -> Box<dyn Stepper<B> + 'm> {
+        Box::new(Att2inStepper::new(b, self, rows))
     }
 }
 

@@ -18,25 +18,23 @@
 //! layer or the output layer reads are copied out packed.
 
 pub mod att2in;
+pub mod network;
 mod stepper;
 mod tokens;
 pub mod updown;
 
 use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
-use crate::captioner::decoder::{Decoder, Stepper};
-use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::captioner::decoder::Stepper;
+use crate::captioner::model::{TokenInputs, policy_mask};
 use crate::captioner::{CaptionerConfig, ImageFeed};
 use crate::model::params::{Init, ParamId, Params};
-use anyhow::Result;
+use network::{Network, Recurrent};
 use stepper::LstmStepper;
 
-pub struct LstmDecoder<B: Backend> {
-    net: Lstm<B>,
-    workspaces: Workspaces<Workspace<B>>,
-}
+pub type LstmDecoder<B> = Recurrent<B, Lstm<B>>;
 
 /// The network: its shape and weights.
-struct Lstm<B: Backend> {
+pub struct Lstm<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
     /// `[hidden, embed_dim]` and `[hidden]`: the image projection.
@@ -149,7 +147,7 @@ struct LayerActivations<B: Backend> {
 }
 
 /// The activations of one batch shape.
-struct Workspace<B: Backend> {
+pub struct Workspace<B: Backend> {
     sizes: Sizes,
     /// `[batch, embed_dim]` and `[batch, hidden]`: the image embeddings and
     /// their projection.
@@ -217,18 +215,9 @@ impl<B: Backend> Workspace<B> {
     }
 }
 
-impl<B: Backend> LstmDecoder<B> {
-    /// A decoder with fresh weights from `seed`, for a validated `config`.
-    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
-        LstmDecoder {
-            net: Lstm::new(b, config, seed),
-            workspaces: Workspaces::default(),
-        }
-    }
-}
-
 impl<B: Backend> Lstm<B> {
-    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+    /// Fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
         let (h, e, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
         // PyTorch's LSTM and linear layers draw U(-1/sqrt(fan), 1/sqrt(fan)):
@@ -309,6 +298,31 @@ impl<B: Backend> Lstm<B> {
     /// The image is fed as a hidden state (not as an input).
     fn image_is_state(&self) -> bool {
         self.config.lstm.map(|l| l.image_feed) != Some(ImageFeed::Input)
+    }
+}
+
+impl<B: Backend> Network<B> for Lstm<B> {
+    type Workspace = Workspace<B>;
+
+    fn config(&self) -> &CaptionerConfig {
+        &self.config
+    }
+
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+
+    /// The image projection is the adapter.
+    fn is_adapter(&self, name: &str) -> bool {
+        name.starts_with("fc_embed.")
+    }
+
+    fn workspace(&self, b: &B, batch: usize, positions: usize) -> Workspace<B> {
+        Workspace::new(b, &self.config, batch, positions)
     }
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
@@ -489,49 +503,12 @@ impl<B: Backend> Lstm<B> {
         );
         b.column_sum(&ws.d_image, z.batch, h, p.grad(self.fc_embed.1), true);
     }
-}
 
-impl<B: Backend> Decoder<B> for LstmDecoder<B> {
-    fn params(&self) -> &Params<B> {
-        &self.net.params
+    fn logits(ws: &Workspace<B>) -> &B::Tensor {
+        &ws.logits
     }
 
-    fn params_mut(&mut self) -> &mut Params<B> {
-        &mut self.net.params
-    }
-
-    /// The image projection is the adapter.
-    fn is_adapter(&self, i: usize) -> bool {
-        self.net.params.specs[i].name.starts_with("fc_embed.")
-    }
-
-    fn logits(&self) -> &B::Tensor {
-        &self.workspaces.current().logits
-    }
-
-    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
-        Box::new(LstmStepper::new(b, &self.net, rows))
-    }
-
-    /// The images are `[batch, embed_dim]` embeddings.
-    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
-        let c = &self.net.config;
-        assert_eq!(
-            features.len(),
-            inputs.batch * c.embed_dim,
-            "one image embedding per sequence"
-        );
-        if !self.workspaces.select(inputs) {
-            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
-            self.workspaces.add(inputs, ws);
-        }
-        let ws = self.workspaces.current_for(inputs);
-        self.net.forward(b, features, inputs, ws);
-        Ok(())
-    }
-
-    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
-        let ws = self.workspaces.current_for(inputs);
-        self.net.backward(b, inputs, d_logits, ws);
+    fn stepper<'m>(&'m self, b: &B, rows: usize) -> Box<dyn Stepper<B> + 'm> {
+        Box::new(LstmStepper::new(b, self, rows))
     }
 }

@@ -17,22 +17,19 @@
 //! image side's gradients are summed over the positions, then taken back
 //! through the projections once.
 
+use super::network::{Network, Recurrent};
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
-use crate::captioner::decoder::{Decoder, Stepper};
-use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::captioner::decoder::Stepper;
+use crate::captioner::model::{TokenInputs, policy_mask};
 use crate::model::params::{Init, ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
-use anyhow::Result;
 
-pub struct UpDownDecoder<B: Backend> {
-    net: UpDown<B>,
-    workspaces: Workspaces<Workspace<B>>,
-}
+pub type UpDownDecoder<B> = Recurrent<B, UpDown<B>>;
 
-struct UpDown<B: Backend> {
+pub struct UpDown<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
     image_layers: TokenLayers,
@@ -54,7 +51,7 @@ fn block(part: usize, parts: usize, h: usize) -> Operand {
     strided(part * h, parts * h)
 }
 
-struct Workspace<B: Backend> {
+pub struct Workspace<B: Backend> {
     sizes: Sizes,
     image: Image<B>,
     attention: AdditiveAttention<B>,
@@ -155,18 +152,9 @@ fn attention_shape(c: &CaptionerConfig, rows: usize) -> AdditiveShape {
     }
 }
 
-impl<B: Backend> UpDownDecoder<B> {
-    /// A decoder with fresh weights from `seed`, for a validated `config`.
-    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
-        UpDownDecoder {
-            net: UpDown::new(b, config, seed),
-            workspaces: Workspaces::default(),
-        }
-    }
-}
-
 impl<B: Backend> UpDown<B> {
-    fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
+    /// Fresh weights from `seed`, for a validated `config`.
+    pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
         let (h, v) = (c.decoder.width, c.vocab_size);
         let mut p = Params::new(seed);
@@ -237,6 +225,31 @@ impl<B: Backend> UpDown<B> {
             &image.values,
             self.params.value(self.alpha_net),
         )
+    }
+}
+
+impl<B: Backend> Network<B> for UpDown<B> {
+    type Workspace = Workspace<B>;
+
+    fn config(&self) -> &CaptionerConfig {
+        &self.config
+    }
+
+    fn params(&self) -> &Params<B> {
+        &self.params
+    }
+
+    fn params_mut(&mut self) -> &mut Params<B> {
+        &mut self.params
+    }
+
+    /// The image tokens' embedding and keys are the adapter.
+    fn is_adapter(&self, name: &str) -> bool {
+        TokenLayers::is_adapter(name)
+    }
+
+    fn workspace(&self, b: &B, batch: usize, positions: usize) -> Workspace<B> {
+        Workspace::new(b, &self.config, batch, positions)
     }
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
@@ -572,51 +585,13 @@ impl<B: Backend> UpDown<B> {
         b.mean_pool_backward(&ws.d_mean, &mut ws.image_grads.d_values, tokens, h, true);
         (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
     }
-}
 
-impl<B: Backend> Decoder<B> for UpDownDecoder<B> {
-    fn params(&self) -> &Params<B> {
-        &self.net.params
+    fn logits(ws: &Workspace<B>) -> &B::Tensor {
+        &ws.logits
     }
 
-    fn params_mut(&mut self) -> &mut Params<B> {
-        &mut self.net.params
-    }
-
-    /// The image tokens' embedding and keys are the adapter.
-    fn is_adapter(&self, i: usize) -> bool {
-        let name = &self.net.params.specs[i].name;
-        TokenLayers::is_adapter(name)
-    }
-
-    fn logits(&self) -> &B::Tensor {
-        &self.workspaces.current().logits
-    }
-
-    fn stepper(&self, b: &B, rows: usize, _steps: usize) -> Box<dyn Stepper<B> + '_> {
-        Box::new(UpDownStepper::new(b, &self.net, rows))
-    }
-
-    /// The images are `[batch, image_tokens, embed_dim]` tokens.
-    fn forward(&mut self, b: &B, features: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
-        let c = &self.net.config;
-        assert_eq!(
-            features.len(),
-            inputs.batch * c.image_input_len(),
-            "one image's tokens per sequence"
-        );
-        if !self.workspaces.select(inputs) {
-            let ws = Workspace::new(b, c, inputs.batch, inputs.positions);
-            self.workspaces.add(inputs, ws);
-        }
-        let ws = self.workspaces.current_for(inputs);
-        self.net.forward(b, features, inputs, ws);
-        Ok(())
-    }
-
-    fn backward(&mut self, b: &B, inputs: &TokenInputs<B>, d_logits: &B::Tensor) {
-        let ws = self.workspaces.current_for(inputs);
-        self.net.backward(b, inputs, d_logits, ws);
+    fn stepper<'m>(&'m self, b: &B, rows: usize) -> Box<dyn Stepper<B> + 'm> {
+        Box::new(UpDownStepper::new(b, self, rows))
     }
 }
 
