@@ -963,6 +963,21 @@ impl LstmStep {
         }
     }
 
+    /// A decoding step of `rows` sequences: gates `[rows, 4 * hidden]`,
+    /// states `[rows, 2, hidden]` read from slot `prev` (0 or 1) and
+    /// written to the other.
+    pub fn between_slots(rows: usize, hidden: usize, prev: usize) -> Self {
+        LstmStep {
+            rows,
+            hidden,
+            gates_offset: 0,
+            gates_stride: 4 * hidden,
+            prev: prev * hidden,
+            next: (1 - prev) * hidden,
+            state_stride: 2 * hidden,
+        }
+    }
+
     /// Elements the step reaches in the gates and in each state tensor.
     pub fn required_lens(&self) -> (usize, usize) {
         let last_row = self.rows.saturating_sub(1);

@@ -530,15 +530,7 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
             &mut self.gates,
             &recurrent,
         );
-        let step = LstmStep {
-            rows,
-            hidden: h,
-            gates_offset: 0,
-            gates_stride: 4 * h,
-            prev: prev * h,
-            next: next * h,
-            state_stride: 2 * h,
-        };
+        let step = LstmStep::between_slots(rows, h, prev);
         b.lstm_cell(&mut self.gates, &mut self.cells, &mut self.states, &step);
         self.current = next;
         let shape = Matmul::new(rows, net.config.vocab_size, h)

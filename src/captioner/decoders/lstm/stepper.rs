@@ -59,15 +59,7 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
     fn step(&mut self, b: &B) {
         let (h, rows, p) = (self.hidden(), self.rows, &self.net.params);
         let (prev, next) = (self.current, 1 - self.current);
-        let step = LstmStep {
-            rows,
-            hidden: h,
-            gates_offset: 0,
-            gates_stride: 4 * h,
-            prev: prev * h,
-            next: next * h,
-            state_stride: 2 * h,
-        };
+        let step = LstmStep::between_slots(rows, h, prev);
         for (l, layer) in self.net.layers.iter().enumerate() {
             // The layer's input: the step's, or the layer below's new states.
             let (below, this) = self.states.split_at_mut(l);

@@ -682,15 +682,7 @@ impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
         let (p, h) = (&net.params, net.hidden());
         let (prev, next) = (self.current, 1 - self.current);
         let (was, now) = (strided(prev * h, 2 * h), strided(next * h, 2 * h));
-        let step = LstmStep {
-            rows,
-            hidden: h,
-            gates_offset: 0,
-            gates_stride: 4 * h,
-            prev: prev * h,
-            next: next * h,
-            state_stride: 2 * h,
-        };
+        let step = LstmStep::between_slots(rows, h, prev);
         let gates = Matmul::new(rows, 4 * h, h).trans_b();
         let (att, lang) = (&net.att_lstm, &net.lang_lstm);
         b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
