@@ -71,7 +71,7 @@ fn tanh_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
                 @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
-        y[i] = tanh(x[i]);
+        y[i] = stable_tanh(x[i]);
     }
 }
 
@@ -139,7 +139,7 @@ fn tanh_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                  @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i < p.len) {
-        let t = tanh(x[i]);
+        let t = stable_tanh(x[i]);
         dx[i] = dy[i] * (1.0 - t * t);
     }
 }

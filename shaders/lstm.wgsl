@@ -41,7 +41,7 @@ fn lstm_cell(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let g = p.gates_offset + r * p.gates_stride + j;
     let i = sigmoid(gates[g]);
     let f = sigmoid(gates[g + h]);
-    let c_in = tanh(gates[g + 2u * h]);
+    let c_in = stable_tanh(gates[g + 2u * h]);
     let o = sigmoid(gates[g + 3u * h]);
     gates[g] = i;
     gates[g + h] = f;
@@ -50,7 +50,7 @@ fn lstm_cell(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let c = f * cells[p.prev + r * p.state_stride + j] + i * c_in;
     let next = p.next + r * p.state_stride + j;
     cells[next] = c;
-    hidden_states[next] = o * tanh(c);
+    hidden_states[next] = o * stable_tanh(c);
 }
 
 @group(0) @binding(1) var<storage, read> activations: array<f32>;
@@ -76,7 +76,7 @@ fn lstm_cell_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let c_in = activations[g + 2u * h];
     let o = activations[g + 3u * h];
     let next = p.next + r * p.state_stride + j;
-    let t = tanh(cell_states[next]);
+    let t = stable_tanh(cell_states[next]);
     let dh = d_hidden[next];
     let dc = d_cell[e] + dh * o * (1.0 - t * t);
     d_gates[g] = dc * c_in * i * (1.0 - i);

@@ -675,7 +675,7 @@ pub struct ScstWorkload<B: Backend> {
     pub name: String,
     pub ck: super::Checkpoint<B>,
     pub corpus: TrainingCorpus,
-    /// `[corpus images, embed_dim]`.
+    /// `[corpus images, image_input_len]`: embeddings, or tokens.
     pub features: Vec<f32>,
 }
 
@@ -707,13 +707,12 @@ impl<B: Backend> ScstWorkload<B> {
                     .collect()
             })
             .collect();
-        let features = (0..SCST_CORPUS_IMAGES * EMBED_DIM)
-            .map(|_| rng.random_range(-0.1..0.1))
-            .collect();
+        let network = bench.fresh_network(vocab.len());
+        let features = random_inputs(SCST_CORPUS_IMAGES * network.image_input_len(), &mut rng);
         Ok(ScstWorkload {
             name: bench.name.clone(),
             ck: super::Checkpoint {
-                model: Captioner::new(b, bench.fresh_network(vocab.len()), 0)?,
+                model: Captioner::new(b, network, 0)?,
                 vocab,
             },
             corpus: TrainingCorpus::new("bench-scst-synthetic", references),
@@ -735,7 +734,7 @@ impl<B: Backend> ScstWorkload<B> {
             name,
             ck,
             corpus,
-            features: data.features_of(&items),
+            features: data.inputs_of(&items)?,
         })
     }
 }
@@ -760,7 +759,7 @@ pub fn scst_throughput<B: Backend>(
     } = work;
     let super::Checkpoint { mut model, vocab } = ck;
     let images = corpus.references.len();
-    let dim = model.config.embed_dim;
+    let dim = model.config.image_input_len();
     let mut opt = AdamW::new(
         b,
         AdamWConfig::default(),

@@ -173,7 +173,7 @@ pub enum LstmModel {
     Fc,
     /// Att2in (Rennie et al., 2017): one LSTM whose previous state queries
     /// additive attention over image tokens, the context entering only
-    /// the cell's input gate.
+    /// the cell's input (the g gate).
     Att2in,
     /// Top-down attention (Anderson et al., 2018): an attention LSTM
     /// whose state queries additive attention over image tokens, and a
@@ -223,8 +223,9 @@ pub struct CaptionerConfig {
     /// Size of the image embedding the mapper reads, or of each image
     /// token a cross-attending decoder reads.
     pub embed_dim: usize,
-    /// Image tokens per image a cross-attending decoder reads (BLIP-base
-    /// at 384 pixels: 577); 0 for a prefix decoder.
+    /// Image tokens per image a decoder that reads tokens takes (BLIP's
+    /// and the attention LSTMs'; BLIP-base at 384 pixels: 577); 0 for one
+    /// that reads one embedding.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub image_tokens: usize,
     /// Number of prefix vectors k.
@@ -287,44 +288,23 @@ impl CaptionerConfig {
             // BERT's prediction head: a dense layer, a layer norm, the
             // output bias.
             (DecoderFamily::Blip, _) => d * d + d + 2 * d + self.vocab_size as u128,
-            // The image projection, the word embedding, each layer's two
-            // matrices and two biases, the output layer.
             (DecoderFamily::Lstm, _) => {
                 let (l, v) = (self.decoder.layers as u128, self.vocab_size as u128);
                 let output = v * d + v;
+                // Every attention model: the tokens' embedding and keys, the
+                // word table, the query and the scores.
+                let attention = e * d + d + d * d + d + v * d + d * d + d + d;
                 return match self.lstm.map(|l| l.model) {
-                    // The tokens' embedding and keys, the attention LSTM
-                    // ([h2; v̄; word] in), the query and scores, the
-                    // language LSTM ([v̂; h1] in).
-                    // The tokens' embedding and keys, the word table,
-                    // the cell, the context into its g gate, the query
-                    // and scores.
-                    Some(LstmModel::Att2in) => {
-                        e * d
-                            + d
-                            + d * d
-                            + d
-                            + v * d
-                            + 8 * d * d
-                            + 8 * d
-                            + 2 * (d * d + d)
-                            + d
-                            + output
-                    }
+                    // One cell, and the context into its g gate.
+                    Some(LstmModel::Att2in) => attention + 8 * d * d + 8 * d + d * d + d + output,
+                    // The attention cell ([h2; v̄; word] in) and the
+                    // language cell ([v̂; h1] in).
                     Some(LstmModel::UpDown) => {
                         let cell = |inputs: u128| 4 * d * inputs + 4 * d * d + 8 * d;
-                        e * d
-                            + d
-                            + d * d
-                            + d
-                            + v * d
-                            + cell(3 * d)
-                            + d * d
-                            + d
-                            + d
-                            + cell(2 * d)
-                            + output
+                        attention + cell(3 * d) + cell(2 * d) + output
                     }
+                    // The image projection, the word table, each layer's
+                    // two matrices and two biases, the output layer.
                     _ => e * d + d + v * d + l * (8 * d * d + 8 * d) + output,
                 };
             }
@@ -391,6 +371,9 @@ impl CaptionerConfig {
                 "max_len {} leaves no room for <bos>, a word and <eos>",
                 self.max_len
             );
+        }
+        if self.lstm.is_some() != (self.family == DecoderFamily::Lstm) {
+            bail!("lstm is an LSTM decoder's model: family \"lstm\" has one, and only it");
         }
         match self.family {
             DecoderFamily::Prefix => self.validate_prefix()?,
@@ -469,8 +452,11 @@ impl CaptionerConfig {
                 "an LSTM decoder needs a positive number of layers and an image input (embed_dim)"
             );
         }
-        if self.prefix_len > 0 || self.mapper_hidden > 0 {
-            bail!("an LSTM decoder has no mapper: prefix_len and mapper_hidden must be 0");
+        if self.prefix_len > 0 || self.mapper_hidden > 0 || self.mapper_transformer.is_some() {
+            bail!(
+                "an LSTM decoder has no mapper: prefix_len and mapper_hidden must be 0, and \
+                 there is no mapper_transformer"
+            );
         }
         match lstm.model {
             LstmModel::Fc if self.image_tokens > 0 => {

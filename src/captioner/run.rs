@@ -92,17 +92,29 @@ impl ModelSection {
             None if self.image_feed.is_some() => {
                 bail!("image_feed is an LSTM decoder's setting; this decoder is not one (lstm:fc)")
             }
+            None if self.image_tokens.is_some() => bail!(
+                "image_tokens names the vision tower whose tokens an attention LSTM reads \
+                 (lstm:att2in, lstm:updown); this decoder is not one"
+            ),
             None => return Ok(None),
         };
-        if model.reads_tokens() && self.image_feed.is_some() {
+        if model.reads_tokens() {
+            if self.image_feed.is_some() {
+                bail!(
+                    "image_feed is the FC model's setting; an attention LSTM reads the image by \
+                     attending"
+                );
+            }
+            if self.layers != 1 {
+                bail!(
+                    "an attention LSTM has its own cells: layers must be 1, not {}",
+                    self.layers
+                );
+            }
+        } else if self.image_tokens.is_some() {
             bail!(
-                "image_feed is the FC model's setting; an attention LSTM reads the image by attending"
-            );
-        }
-        if model.reads_tokens() != self.image_tokens.is_some() {
-            bail!(
-                "image_tokens names the vision tower whose tokens an attention LSTM reads \
-                 (hf:BLIP_FOLDER): lstm:att2in and lstm:updown need it, and only they take it"
+                "image_tokens names the vision tower whose tokens an attention LSTM reads; \
+                 lstm:fc reads one image embedding"
             );
         }
         Ok(Some(LstmConfig {

@@ -3,9 +3,9 @@
 use super::captioner::{Captioner, DecodeArgs};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
-use captune::captioner::Checkpoint;
 use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
+use captune::captioner::{Checkpoint, DecoderFamily};
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};
 use captune::progress::Progress;
@@ -95,8 +95,15 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
     if captioner.ck.model.config.image_tokens > 0 {
-        // A trained BLIP reads the tokens of the tower it was trained with.
+        // A trained BLIP or attention LSTM reads the tokens of the tower
+        // it was trained with.
         let Some(dir) = (captioner.trained_on.as_ref()).and_then(|s| s.image_tokens.clone()) else {
+            if captioner.ck.model.config.family == DecoderFamily::Lstm {
+                bail!(
+                    "{ck_path} reads a BLIP vision tower's image tokens but does not record its \
+                     folder (`captune train` records it in every checkpoint of a run)"
+                );
+            }
             bail!(
                 "{ck_path} reads a BLIP vision tower's image tokens but does not record its \
                  folder; export it with `captune export --decoder hf:FOLDER` and caption with \

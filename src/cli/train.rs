@@ -149,12 +149,12 @@ pub struct TrainArgs {
     /// With an attention LSTM (lstm:att2in, lstm:updown): the BLIP folder, hf:FOLDER,
     /// whose vision tower makes the image tokens it reads ([model]
     /// image_tokens).
-    #[arg(long, value_name = "hf:FOLDER", requires = "decoder")]
+    #[arg(long, value_name = "hf:FOLDER")]
     pub image_tokens: Option<String>,
     /// With an LSTM decoder: the projected image embedding is every
     /// layer's initial hidden state (hidden, the default), or the input of
     /// a step before the start token (input) ([model] image_feed).
-    #[arg(long, value_enum, requires = "decoder")]
+    #[arg(long, value_enum)]
     pub image_feed: Option<ImageFeed>,
     /// With a BLIP decoder: text fed after the start of every caption and
     /// never predicted, so no loss or reward reads it ([model] prompt;

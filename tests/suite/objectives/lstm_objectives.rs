@@ -110,17 +110,25 @@ fn a_top_down_model_reads_the_tokens_of_the_vision_tower_it_names() {
         .unwrap()
         .to_string();
     assert!(e.contains("--image-tokens"), "{e}");
-    let mut bad = updown_run("mle");
-    bad.model.image_tokens = None;
-    let e = RunConfig::parse(&bad.to_toml(), "my.toml")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("my.toml") && e.contains("image_tokens"), "{e}");
-    bad.model.image_feed = Some(ImageFeed::Input);
-    let e = RunConfig::parse(&bad.to_toml(), "my.toml")
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("FC model's setting"), "{e}");
+    let refused = |edit: &dyn Fn(&mut RunConfig)| {
+        let mut bad = updown_run("mle");
+        edit(&mut bad);
+        RunConfig::parse(&bad.to_toml(), "my.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let e = refused(&|c| c.model.image_feed = Some(ImageFeed::Input));
+    assert!(
+        e.contains("my.toml") && e.contains("FC model's setting"),
+        "{e}"
+    );
+    let e = refused(&|c| c.model.layers = 2);
+    assert!(e.contains("layers must be 1"), "{e}");
+    // A token source for a decoder that reads none is refused, not used.
+    let e = refused(&|c| c.model.decoder = None);
+    assert!(e.contains("this decoder is not one"), "{e}");
+    let e = refused(&|c| c.model.decoder = Some("lstm:fc".into()));
+    assert!(e.contains("lstm:fc reads one image embedding"), "{e}");
 }
 
 #[test]

@@ -30,6 +30,7 @@ use crate::captioner::{CaptionerConfig, ImageFeed};
 use crate::model::params::{Init, ParamId, Params};
 use network::{Network, Recurrent};
 use stepper::LstmStepper;
+use tokens::spread;
 
 pub type LstmDecoder<B> = Recurrent<B, Lstm<B>>;
 
@@ -168,14 +169,17 @@ pub struct Workspace<B: Backend> {
     logit_bias: B::Tensor,
     /// `[batch * positions, vocab]`.
     logits: B::Tensor,
+    /// `[batch, positions, hidden]`: the gradient w.r.t. the output
+    /// layer's input; then, with the image as an input, w.r.t. the token
+    /// embeddings.
     d_top: B::Tensor,
     d_states: B::Tensor,
     d_cell: B::Tensor,
     d_gates: B::Tensor,
     /// `[batch, steps, hidden]`: a layer's previous hidden states, packed
-    /// for its recurrent weight's gradient; then the gradient w.r.t. its
-    /// input.
+    /// for its recurrent weight's gradient.
     previous: B::Tensor,
+    /// `[batch, steps, hidden]`: the gradient w.r.t. a layer's input.
     d_inputs: B::Tensor,
     d_image: B::Tensor,
     d_slot: B::Tensor,
@@ -220,9 +224,6 @@ impl<B: Backend> Lstm<B> {
     pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
         let (h, e, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
-        // PyTorch's LSTM and linear layers draw U(-1/sqrt(fan), 1/sqrt(fan)):
-        // this normal has that spread.
-        let spread = |fan: usize| Init::Normal(1.0 / (3.0 * fan as f32).sqrt());
         let mut p = Params::new(seed);
         let fc_embed = (
             p.add("fc_embed.weight".into(), &[h, e], spread(e), true),

@@ -68,7 +68,7 @@ pub struct Workspace<B: Backend> {
     mean_gates: B::Tensor,
     bias1: B::Tensor,
     bias2: B::Tensor,
-    /// `[batch, h]`: a position's query; in the backward, its gradient.
+    /// `[batch, h]`: a position's query, and its gradient.
     query: B::Tensor,
     d_query: B::Tensor,
     /// `[batch, positions, h]`: each position's context v̂.
@@ -85,7 +85,7 @@ pub struct Workspace<B: Backend> {
     d_gates1: B::Tensor,
     d_gates2: B::Tensor,
     /// `[batch, positions, h]`: states copied out packed for the weights'
-    /// gradients; then the token embeddings' gradient.
+    /// gradients.
     packed: B::Tensor,
     d_tokens: B::Tensor,
     /// `[batch, 4h]`: the attention LSTM's gate gradients summed over the
