@@ -240,6 +240,19 @@ pub fn fresh_temp(name: &str) -> PathBuf {
     ))
 }
 
+/// The captune binary on the CPU with `cache` as its cache: whether it
+/// succeeded, its stdout and its stderr.
+pub fn captune_on_cpu(cache: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
+        .args(["--device", "cpu"])
+        .args(args)
+        .env("CAPTUNE_CACHE", cache)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.success(), text(&out.stdout), text(&out.stderr))
+}
+
 /// The embedding width of [`tiny_data`].
 pub const TINY_DIM: usize = 8;
 

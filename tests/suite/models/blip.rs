@@ -605,17 +605,7 @@ fn a_prompt_is_fed_but_never_predicted() {
 fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let dir = crate::common::fresh_temp("blip-run");
     let (run, cache) = (dir.join("run"), dir.join("cache"));
-    let captune = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
-            .arg("--device")
-            .arg("cpu")
-            .args(args)
-            .env("CAPTUNE_CACHE", &cache)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.success(), text(&out.stdout), text(&out.stderr))
-    };
+    let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
     let run_arg = run.display().to_string();
     let hf = format!("hf:{}", folder().display());
     let mut train = vec![

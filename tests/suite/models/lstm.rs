@@ -140,16 +140,7 @@ fn an_lstm_captioner_matches_pytorch() {
 fn an_lstm_run_trains_evaluates_inspects_and_resumes() {
     let dir = common::fresh_temp("lstm-run");
     let (run, cache) = (dir.join("run"), dir.join("cache"));
-    let captune = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
-            .args(["--device", "cpu"])
-            .args(args)
-            .env("CAPTUNE_CACHE", &cache)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.success(), text(&out.stdout), text(&out.stderr))
-    };
+    let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
     let run_arg = run.display().to_string();
     let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
     train.extend([
@@ -220,16 +211,7 @@ fn an_lstm_run_trains_evaluates_inspects_and_resumes() {
 fn a_top_down_run_reads_its_recorded_image_tokens() {
     let dir = common::fresh_temp("updown-run");
     let (run, cache) = (dir.join("run"), dir.join("cache"));
-    let captune = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_captune"))
-            .args(["--device", "cpu"])
-            .args(args)
-            .env("CAPTUNE_CACHE", &cache)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (out.status.success(), text(&out.stdout), text(&out.stderr))
-    };
+    let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
     let blip = format!("hf:{}", data("blip-tiny").display());
     let run_arg = run.display().to_string();
     let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
