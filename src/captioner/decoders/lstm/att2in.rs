@@ -13,12 +13,13 @@
 //! columns of the gates in place.
 
 use super::network::{Network, Recurrent};
+use super::output::Output;
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
-use crate::backend::{Backend, HeadLayout, LstmStep, Matmul};
+use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
-use crate::captioner::model::{TokenInputs, policy_mask};
+use crate::captioner::model::TokenInputs;
 use crate::model::params::{Init, ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 
@@ -35,8 +36,7 @@ pub struct Att2in<B: Backend> {
     h2att: Linear,
     /// `[1, h]`.
     alpha_net: ParamId,
-    logit: Linear,
-    policy_mask: B::Tensor,
+    output: Output<B>,
 }
 
 /// The g gate's columns `[2h, 3h)` of a `[4h]` row.
@@ -144,10 +144,9 @@ impl<B: Backend> Att2in<B> {
             spread(h),
             true,
         );
-        let logit = linear(&mut p, "logit", v, h);
+        let output = Output::new(b, &mut p, c);
         p.finish(b);
         Att2in {
-            policy_mask: b.tensor(&policy_mask(c)),
             config,
             params: p,
             image_layers,
@@ -156,7 +155,7 @@ impl<B: Backend> Att2in<B> {
             a2c,
             h2att,
             alpha_net,
-            logit,
+            output,
         }
     }
 
@@ -280,21 +279,9 @@ impl<B: Backend> Network<B> for Att2in<B> {
             b.lstm_cell(&mut ws.gates, &mut ws.cells, &mut ws.states, &z.step(step));
         }
         b.tokens_to_heads(&ws.states, &mut ws.top, &z.slots(1, t));
-        b.add(
-            1.0,
-            p.value(self.logit.1),
-            1.0,
-            &self.policy_mask,
-            &mut ws.logit_bias,
-        );
-        let shape = Matmul::new(z.batch * t, c.vocab_size, h).trans_b();
-        b.matmul_bias(
-            &ws.top,
-            p.value(self.logit.0),
-            &ws.logit_bias,
-            &mut ws.logits,
-            &shape,
-        );
+        self.output.bias(b, p, &mut ws.logit_bias);
+        let top = (&ws.top, Operand::packed(0));
+        (self.output).forward(b, p, top, &ws.logit_bias, &mut ws.logits, z.batch * t);
     }
 
     fn backward(
@@ -305,19 +292,10 @@ impl<B: Backend> Network<B> for Att2in<B> {
         ws: &mut Workspace<B>,
     ) {
         let z = ws.sizes;
-        let (h, t, v) = (z.hidden, z.positions, self.config.vocab_size);
+        let (h, t) = (z.hidden, z.positions);
         let rows = z.batch * t;
-        let p = &self.params;
-        b.matmul(
-            d_logits,
-            p.value(self.logit.0),
-            &mut ws.d_top,
-            &Matmul::new(rows, h, v),
-        );
         let p = &mut self.params;
-        let d_output = Matmul::new(v, h, rows).trans_a().accumulate();
-        b.matmul(d_logits, &ws.top, p.grad(self.logit.0), &d_output);
-        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        (self.output).backward(b, p, d_logits, &ws.top, &mut ws.d_top, rows);
         b.fill(&mut ws.d_states, 0.0);
         b.fill(&mut ws.d_cell, 0.0);
         ws.image_grads.zero(b);
@@ -453,13 +431,7 @@ impl<'m, B: Backend> Att2inStepper<'m, B> {
         let mut bias = b.zeros(4 * h);
         net.gate_bias(b, &mut bias);
         let mut logit_bias = b.zeros(c.vocab_size);
-        b.add(
-            1.0,
-            net.params.value(net.logit.1),
-            1.0,
-            &net.policy_mask,
-            &mut logit_bias,
-        );
+        net.output.bias(b, &net.params, &mut logit_bias);
         let shape = AdditiveShape {
             batch: rows,
             tokens: c.image_tokens,
@@ -533,15 +505,14 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
         let step = LstmStep::between_slots(rows, h, prev);
         b.lstm_cell(&mut self.gates, &mut self.cells, &mut self.states, &step);
         self.current = next;
-        let shape = Matmul::new(rows, net.config.vocab_size, h)
-            .trans_b()
-            .with_a(strided(next * h, 2 * h));
-        b.matmul_bias(
-            &self.states,
-            p.value(net.logit.0),
-            &self.logit_bias,
-            &mut self.logits,
-            &shape,
+        let (bias, logits) = (&self.logit_bias, &mut self.logits);
+        (net.output).forward(
+            b,
+            p,
+            (&self.states, strided(next * h, 2 * h)),
+            bias,
+            logits,
+            rows,
         );
     }
 

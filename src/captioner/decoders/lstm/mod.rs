@@ -19,16 +19,18 @@
 
 pub mod att2in;
 pub mod network;
+mod output;
 mod stepper;
 mod tokens;
 pub mod updown;
 
 use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::decoder::Stepper;
-use crate::captioner::model::{TokenInputs, policy_mask};
+use crate::captioner::model::TokenInputs;
 use crate::captioner::{CaptionerConfig, ImageFeed};
 use crate::model::params::{Init, ParamId, Params};
 use network::{Network, Recurrent};
+use output::Output;
 use stepper::LstmStepper;
 use tokens::spread;
 
@@ -43,10 +45,7 @@ pub struct Lstm<B: Backend> {
     /// `[vocab, hidden]`: the word embedding.
     embed: ParamId,
     layers: Vec<LayerParams>,
-    /// `[vocab, hidden]` and `[vocab]`: the output layer.
-    logit: (ParamId, ParamId),
-    /// `[vocab]`: the policy mask.
-    policy_mask: B::Tensor,
+    output: Output<B>,
 }
 
 /// One layer's `nn.LSTM` parameters: `[4 hidden, inputs]`,
@@ -241,19 +240,15 @@ impl<B: Backend> Lstm<B> {
                 }
             })
             .collect();
-        let logit = (
-            p.add("logit.weight".into(), &[v, h], spread(h), true),
-            p.add("logit.bias".into(), &[v], Init::Const(0.0), false),
-        );
+        let output = Output::new(b, &mut p, c);
         p.finish(b);
         Lstm {
-            policy_mask: b.tensor(&policy_mask(c)),
             config,
             params: p,
             fc_embed,
             embed,
             layers,
-            logit,
+            output,
         }
     }
 
@@ -268,17 +263,6 @@ impl<B: Backend> Lstm<B> {
             p.value(self.fc_embed.1),
             image,
             &shape,
-        );
-    }
-
-    /// `[vocab]`: the output bias plus the policy mask.
-    fn output_bias(&self, b: &B, out: &mut B::Tensor) {
-        b.add(
-            1.0,
-            self.params.value(self.logit.1),
-            1.0,
-            &self.policy_mask,
-            out,
         );
     }
 
@@ -327,7 +311,7 @@ impl<B: Backend> Network<B> for Lstm<B> {
     }
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
-        let (c, p, z) = (&self.config, &self.params, ws.sizes);
+        let (p, z) = (&self.params, ws.sizes);
         let (h, s) = (z.hidden, z.steps);
         b.write(&mut ws.features, features);
         self.project_image(b, &ws.features, &mut ws.image, z.batch);
@@ -380,14 +364,10 @@ impl<B: Backend> Network<B> for Lstm<B> {
         }
         let top = &ws.layers[last].states;
         b.tokens_to_heads(top, &mut ws.top, &z.slots(1 + z.lead, z.positions));
-        self.output_bias(b, &mut ws.logit_bias);
-        b.matmul_bias(
-            &ws.top,
-            p.value(self.logit.0),
-            &ws.logit_bias,
-            &mut ws.logits,
-            &Matmul::new(z.batch * z.positions, c.vocab_size, h).trans_b(),
-        );
+        self.output.bias(b, p, &mut ws.logit_bias);
+        let top = (&ws.top, Operand::packed(0));
+        let rows = z.batch * z.positions;
+        (self.output).forward(b, p, top, &ws.logit_bias, &mut ws.logits, rows);
     }
 
     fn backward(
@@ -398,24 +378,11 @@ impl<B: Backend> Network<B> for Lstm<B> {
         ws: &mut Workspace<B>,
     ) {
         let z = ws.sizes;
-        let (h, s, v) = (z.hidden, z.steps, self.config.vocab_size);
+        let (h, s) = (z.hidden, z.steps);
         let rows = z.batch * z.positions;
         let image_is_state = self.image_is_state();
         let p = &mut self.params;
-        // The output layer.
-        b.matmul(
-            d_logits,
-            p.value(self.logit.0),
-            &mut ws.d_top,
-            &Matmul::new(rows, h, v),
-        );
-        b.matmul(
-            d_logits,
-            &ws.top,
-            p.grad(self.logit.0),
-            &Matmul::new(v, h, rows).trans_a().accumulate(),
-        );
-        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        (self.output).backward(b, p, d_logits, &ws.top, &mut ws.d_top, rows);
         b.fill(&mut ws.d_image, 0.0);
         let last = self.layers.len() - 1;
         for (l, layer) in self.layers.iter().enumerate().rev() {

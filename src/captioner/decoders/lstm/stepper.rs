@@ -33,7 +33,7 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
         let mut gate_bias: Vec<_> = (0..layers).map(|_| b.zeros(4 * h)).collect();
         net.gate_biases(b, &mut gate_bias);
         let mut logit_bias = b.zeros(c.vocab_size);
-        net.output_bias(b, &mut logit_bias);
+        net.output.bias(b, &net.params, &mut logit_bias);
         LstmStepper {
             net,
             rows,
@@ -124,15 +124,9 @@ impl<B: Backend> Stepper<B> for LstmStepper<'_, B> {
         b.embedding(net.params.value(net.embed), ids, &mut self.input, h, false);
         self.step(b);
         let top = self.states.last().expect("an LSTM has a layer");
-        b.matmul_bias(
-            top,
-            net.params.value(net.logit.0),
-            &self.logit_bias,
-            &mut self.logits,
-            &Matmul::new(self.rows, net.config.vocab_size, h)
-                .trans_b()
-                .with_a(strided(self.current * h, 2 * h)),
-        );
+        let at = strided(self.current * h, 2 * h);
+        let (bias, logits) = (&self.logit_bias, &mut self.logits);
+        (net.output).forward(b, &net.params, (top, at), bias, logits, self.rows);
     }
 
     fn logits(&self) -> &B::Tensor {

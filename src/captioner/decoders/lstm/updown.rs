@@ -18,12 +18,13 @@
 //! through the projections once.
 
 use super::network::{Network, Recurrent};
+use super::output::Output;
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
-use crate::captioner::model::{TokenInputs, policy_mask};
+use crate::captioner::model::TokenInputs;
 use crate::model::params::{Init, ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 
@@ -41,8 +42,7 @@ pub struct UpDown<B: Backend> {
     alpha_net: ParamId,
     /// Input `[v̂; h1]`: `[4h, 2h]`.
     lang_lstm: Cell,
-    logit: Linear,
-    policy_mask: B::Tensor,
+    output: Output<B>,
 }
 
 /// Column block `part` (of `parts`, `h` wide) of a weight `[rows, parts h]`,
@@ -169,10 +169,9 @@ impl<B: Backend> UpDown<B> {
             true,
         );
         let lang_lstm = Cell::new(&mut p, "core.lang_lstm", 2 * h, h);
-        let logit = linear(&mut p, "logit", v, h);
+        let output = Output::new(b, &mut p, c);
         p.finish(b);
         UpDown {
-            policy_mask: b.tensor(&policy_mask(c)),
             config,
             params: p,
             image_layers,
@@ -181,7 +180,7 @@ impl<B: Backend> UpDown<B> {
             h2att,
             alpha_net,
             lang_lstm,
-            logit,
+            output,
         }
     }
 
@@ -253,7 +252,7 @@ impl<B: Backend> Network<B> for UpDown<B> {
     }
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
-        let (c, p, z) = (&self.config, &self.params, ws.sizes);
+        let (p, z) = (&self.params, ws.sizes);
         let (h, t) = (z.hidden, z.positions);
         let state_row = (t + 1) * h;
         self.image(b, features, &mut ws.image);
@@ -351,21 +350,9 @@ impl<B: Backend> Network<B> for UpDown<B> {
             b.lstm_cell(&mut ws.gates2, &mut ws.cells2, &mut ws.states2, &s);
         }
         b.tokens_to_heads(&ws.states2, &mut ws.top, &z.slots(1, t));
-        b.add(
-            1.0,
-            p.value(self.logit.1),
-            1.0,
-            &self.policy_mask,
-            &mut ws.logit_bias,
-        );
-        let shape = Matmul::new(z.batch * t, c.vocab_size, h).trans_b();
-        b.matmul_bias(
-            &ws.top,
-            p.value(self.logit.0),
-            &ws.logit_bias,
-            &mut ws.logits,
-            &shape,
-        );
+        self.output.bias(b, p, &mut ws.logit_bias);
+        let top = (&ws.top, Operand::packed(0));
+        (self.output).forward(b, p, top, &ws.logit_bias, &mut ws.logits, z.batch * t);
     }
 
     fn backward(
@@ -376,25 +363,12 @@ impl<B: Backend> Network<B> for UpDown<B> {
         ws: &mut Workspace<B>,
     ) {
         let z = ws.sizes;
-        let (h, t, v) = (z.hidden, z.positions, self.config.vocab_size);
+        let (h, t) = (z.hidden, z.positions);
         let (tokens, rows) = (self.config.image_tokens, z.batch * t);
         let state_row = (t + 1) * h;
         // The output layer.
-        let p = &self.params;
-        b.matmul(
-            d_logits,
-            p.value(self.logit.0),
-            &mut ws.d_top,
-            &Matmul::new(rows, h, v),
-        );
         let p = &mut self.params;
-        b.matmul(
-            d_logits,
-            &ws.top,
-            p.grad(self.logit.0),
-            &Matmul::new(v, h, rows).trans_a().accumulate(),
-        );
-        b.column_sum(d_logits, rows, v, p.grad(self.logit.1), true);
+        (self.output).backward(b, p, d_logits, &ws.top, &mut ws.d_top, rows);
         for x in [
             &mut ws.d_states1,
             &mut ws.d_states2,
@@ -626,13 +600,7 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
         let mut bias2 = b.zeros(4 * h);
         net.lang_lstm.bias(b, &net.params, &mut bias2);
         let mut logit_bias = b.zeros(c.vocab_size);
-        b.add(
-            1.0,
-            net.params.value(net.logit.1),
-            1.0,
-            &net.policy_mask,
-            &mut logit_bias,
-        );
+        net.output.bias(b, &net.params, &mut logit_bias);
         let state = || b.zeros(rows * 2 * h);
         UpDownStepper {
             net,
@@ -738,16 +706,8 @@ impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
         );
         b.lstm_cell(&mut self.gates, &mut self.cells2, &mut self.states2, &step);
         self.current = next;
-        let shape = Matmul::new(rows, net.config.vocab_size, h)
-            .trans_b()
-            .with_a(now);
-        b.matmul_bias(
-            &self.states2,
-            p.value(net.logit.0),
-            &self.logit_bias,
-            &mut self.logits,
-            &shape,
-        );
+        let (bias, logits) = (&self.logit_bias, &mut self.logits);
+        (net.output).forward(b, p, (&self.states2, now), bias, logits, rows);
     }
 
     fn logits(&self) -> &B::Tensor {
