@@ -84,13 +84,8 @@ pub struct Workspace<B: Backend> {
 
 impl<B: Backend> Workspace<B> {
     fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
-        let z = Sizes {
-            batch,
-            positions,
-            steps: positions,
-            hidden: c.decoder.width,
-            lead: 0,
-        };
+        // No step before the first token: the image is attended to.
+        let z = Sizes::new(c, batch, positions);
         let (h, t, v) = (z.hidden, positions, c.vocab_size);
         let shape = AdditiveShape {
             batch,

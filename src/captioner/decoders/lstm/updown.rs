@@ -97,13 +97,8 @@ pub struct Workspace<B: Backend> {
 
 impl<B: Backend> Workspace<B> {
     fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
-        let z = Sizes {
-            batch,
-            positions,
-            steps: positions,
-            hidden: c.decoder.width,
-            lead: 0,
-        };
+        // No step before the first token: the image is attended to.
+        let z = Sizes::new(c, batch, positions);
         let (h, t, v) = (z.hidden, positions, c.vocab_size);
         Workspace {
             sizes: z,
@@ -579,6 +574,8 @@ struct UpDownStepper<'m, B: Backend> {
     attention: AdditiveAttention<B>,
     /// `[rows, 4h]`: v̄'s part of the attention LSTM's gates, with its bias.
     mean_gates: B::Tensor,
+    /// `[4h]` each: the attention and language cells' summed biases.
+    bias1: B::Tensor,
     bias2: B::Tensor,
     cells1: B::Tensor,
     states1: B::Tensor,
@@ -597,7 +594,8 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
     fn new(b: &B, net: &'m UpDown<B>, rows: usize) -> Self {
         let c = &net.config;
         let h = net.hidden();
-        let mut bias2 = b.zeros(4 * h);
+        let (mut bias1, mut bias2) = (b.zeros(4 * h), b.zeros(4 * h));
+        net.att_lstm.bias(b, &net.params, &mut bias1);
         net.lang_lstm.bias(b, &net.params, &mut bias2);
         let mut logit_bias = b.zeros(c.vocab_size);
         net.output.bias(b, &net.params, &mut logit_bias);
@@ -609,6 +607,7 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
             image: Image::new(b, c, rows),
             attention: AdditiveAttention::new(b, attention_shape(c, rows)),
             mean_gates: b.zeros(rows * 4 * h),
+            bias1,
             bias2,
             cells1: state(),
             states1: state(),
@@ -628,12 +627,9 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
 impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
     fn start(&mut self, b: &B, features: &[f32]) {
         let net = self.net;
-        let h = net.hidden();
         net.image(b, features, &mut self.image);
         net.mean_gates(b, &self.image, &mut self.mean_gates);
-        let mut bias1 = b.zeros(4 * h);
-        net.att_lstm.bias(b, &net.params, &mut bias1);
-        b.add_bias(&mut self.mean_gates, &bias1);
+        b.add_bias(&mut self.mean_gates, &self.bias1);
         for x in [
             &mut self.cells1,
             &mut self.states1,
