@@ -373,22 +373,32 @@ fn a_live_blip_run_fills_its_panels_and_the_inspector_scores_pieces() {
         pieces.iter().all(|p| !p.is_empty()),
         "a sample's tokens are WordPiece pieces: {pieces:?}"
     );
+    inspector_scores_as(
+        &mut h,
+        "two red balls",
+        &["two", "red", "ball", "##s", "[SEP]"],
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
+/// Opens the inspector, waits for the reference's scores, types `caption`
+/// over it, and waits until the inspector scores it as `tokens`.
+fn inspector_scores_as(h: &mut Harness<'_, CaptuneApp>, caption: &str, tokens: &[&str]) {
     let scores = |a: &CaptuneApp| -> Option<Vec<String>> {
         a.scored(captune::app::scorer::Asker::Inspector)
             .map(|t| t.iter().map(|s| s.token.clone()).collect())
     };
     h.get_by_label("Inspector").click_accesskit();
     h.run();
-    step_until(&mut h, "the reference's scores", |a| scores(a).is_some());
+    step_until(h, "the reference's scores", |a| scores(a).is_some());
     h.get_by_role(Role::TextInput).focus();
     h.run();
     h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
-    h.get_by_role(Role::TextInput).type_text("two red balls");
+    h.get_by_role(Role::TextInput).type_text(caption);
     h.run();
-    step_until(&mut h, "the typed caption's pieces", |a| {
-        scores(a).is_some_and(|t| t == ["two", "red", "ball", "##s", "[SEP]"])
+    step_until(h, "the typed caption's tokens", |a| {
+        scores(a).is_some_and(|t| t == tokens)
     });
-    std::fs::remove_dir_all(&out).unwrap();
 }
 
 /// A live run of an LSTM captioner (`decoder = "lstm:fc"`): the loss
@@ -410,21 +420,7 @@ fn a_live_lstm_run_fills_its_panels_and_the_inspector_scores_words() {
     });
     assert!(h.query_all_by_label_contains(", MLE ").count() > 0);
     assert!(!h.state().history.samples.is_empty(), "samples were logged");
-    let scores = |a: &CaptuneApp| -> Option<Vec<String>> {
-        a.scored(captune::app::scorer::Asker::Inspector)
-            .map(|t| t.iter().map(|s| s.token.clone()).collect())
-    };
-    h.get_by_label("Inspector").click_accesskit();
-    h.run();
-    step_until(&mut h, "the reference's scores", |a| scores(a).is_some());
-    h.get_by_role(Role::TextInput).focus();
-    h.run();
-    h.key_combination_modifiers(egui::Modifiers::COMMAND, &[egui::Key::A]);
-    h.get_by_role(Role::TextInput).type_text("a red circle");
-    h.run();
-    step_until(&mut h, "the typed caption's words", |a| {
-        scores(a).is_some_and(|t| t == ["a", "red", "circle", "<eos>"])
-    });
+    inspector_scores_as(&mut h, "a red circle", &["a", "red", "circle", "<eos>"]);
     std::fs::remove_dir_all(&out).unwrap();
 }
 
