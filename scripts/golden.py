@@ -393,12 +393,13 @@ SEQUENCE_CASES = [  # (name, objective, settings)
 
 
 def words_of(ids):
-    """A generated caption's words: the ids up to <eos>, as words."""
+    """A generated caption's words: the ids up to <eos>, as words, <unk>
+    as itself."""
     out = []
     for i in ids:
         if i == EOS or i == PAD:
             break
-        out.append(WORDS[i - 4])
+        out.append("<unk>" if i == UNK else WORDS[i - 4])
     return " ".join(out)
 
 

@@ -18,10 +18,21 @@ gradient, and the greedy captions and the two best of a beam search of
 width 3 of the batch's images (tests/data/lstm_fc_FEED_expected.safetensors),
 float64 stored as float32.
 
-    pip install torch safetensors
+It also computes one SCST step (greedy baseline) of each model, for the
+samples and greedy captions captune drew at a run's first step
+(tests/data/lstm_MODEL_scst_inputs.safetensors, written by the ignored
+test `write_scst_inputs` in tests/suite/models/lstm.rs), with rewards by
+pycocoevalcap's CIDEr-D over the golden sequence corpus, as
+scripts/golden.py computes them: the loss and every parameter's gradient
+(tests/data/lstm_MODEL_scst_expected.safetensors).
+
+    pip install torch safetensors pycocoevalcap
+    python3 scripts/lstm_fixtures.py tests/data
+    cargo test --test suite lstm:: -- --ignored    # only if a fixture's weights or the sampler changed
     python3 scripts/lstm_fixtures.py tests/data
 """
 import json
+import os
 import sys
 
 import torch
@@ -268,9 +279,62 @@ def fixture(out_dir, name, make, seed, scale):
     print(f"{name}: loss {float(loss.detach()):.6f}, greedy {captions}, beam {beams}")
 
 
+def scst(out_dir, name, make):
+    """One SCST step with the greedy baseline on the checkpoint `fixture`
+    wrote: for sample k of row i, advantage r_ik - r_i(greedy); the loss
+    -sum(advantage * log p(sample)) / #samples."""
+    from safetensors.torch import load_file
+    from safetensors import safe_open
+    from golden import cider_d, teacher_forced, words_of
+    path = f"{out_dir}/lstm_{name}_scst_inputs.safetensors"
+    if not os.path.exists(path):
+        print(f"{name}: no SCST inputs yet (cargo test --test suite lstm:: -- --ignored)")
+        return
+    inputs = load_file(path)
+    with safe_open(path, "pt") as f:
+        meta = f.metadata()
+    references, images = json.loads(meta["references"]), json.loads(meta["images"])
+    model = make()
+    weights = load_file(f"{out_dir}/lstm_{name}.safetensors")
+    model.load_state_dict({n: t.to(DT) for n, t in weights.items()})
+    features = load_file(f"{out_dir}/lstm_{name}_expected.safetensors")["features"].to(DT)
+    samples = inputs["samples"].long().tolist()
+    greedy_text = [words_of(ids) for ids in inputs["greedy"].long().tolist()]
+    s = len(samples) // len(images)
+    sample_text = [words_of(ids) for ids in samples]
+    rewards = [[0.0] * s for _ in images]
+    for k in range(s):  # one scorer per round of samples, as captune scores them
+        cands = [sample_text[i * s + k] for i in range(len(images))]
+        for i, r in enumerate(cider_d(cands, images, references)):
+            rewards[i][k] = r
+    baseline = cider_d(greedy_text, images, references)
+    adv = torch.tensor([r - baseline[i] for i in range(len(images)) for r in rewards[i]], dtype=DT)
+    _, tf_inputs, tf_targets = teacher_forced(samples)
+    rows = torch.tensor([j // s for j in range(len(samples))])
+    logp = torch.log_softmax(model(features[rows], tf_inputs), dim=-1)
+    real = tf_targets != PAD
+    picked = logp.gather(-1, tf_targets.unsqueeze(-1)).squeeze(-1).masked_fill(~real, 0.0)
+    loss = -(adv * picked.sum(-1)).sum() / len(samples)
+    loss.backward()
+    f32 = lambda t: t.detach().to(torch.float32).contiguous()
+    expected = {"scst.loss": f32(loss.reshape(1))}
+    expected.update({f"scst.grad.{n}": f32(p.grad) for n, p in model.named_parameters()})
+    cases = [{"name": "scst", "objective": "scst", "settings": {"baseline": "greedy"}}]
+    save_file(expected, f"{out_dir}/lstm_{name}_scst_expected.safetensors", metadata={
+        "cases": json.dumps(cases),
+        "made_by": "scripts/lstm_fixtures.py (PyTorch " + torch.__version__ + ", float64)"})
+    print(f"{name} SCST: loss {float(loss.detach()):.6f}, rewards {rewards}, greedy {baseline}")
+
+
+MODELS = [  # (name, the model, the seed and scale of its weights)
+    ("fc_hidden", lambda: FC("hidden"), 2, 0.8),
+    ("fc_input", lambda: FC("input"), 26, 1.2),
+    ("updown", UpDown, 12, 1.6),
+    ("att2in", Att2in, 35, 1.2),
+]
+
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else "tests/data"
-    fixture(out, "fc_hidden", lambda: FC("hidden"), 2, 0.8)
-    fixture(out, "fc_input", lambda: FC("input"), 26, 1.2)
-    fixture(out, "updown", UpDown, 12, 1.6)
-    fixture(out, "att2in", Att2in, 35, 1.2)
+    for name, make, seed, scale in MODELS:
+        fixture(out, name, make, seed, scale)
+        scst(out, name, make)

@@ -27,7 +27,7 @@ use captune::tensorfile::{self, TensorFile};
 use rand::SeedableRng;
 use std::path::{Path, PathBuf};
 
-fn data(name: &str) -> PathBuf {
+pub(super) fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
         .join(name)
@@ -284,13 +284,17 @@ fn both_backends_reproduce_the_smile_family_independently() {
 
 /// The seed a run's first step (its generator seeded with 0) draws its
 /// captions with: what the golden inputs must be drawn with.
-fn first_step_seed() -> u64 {
+pub(super) fn first_step_seed() -> u64 {
     rand::Rng::random(&mut rand_chacha::ChaCha8Rng::seed_from_u64(0))
 }
 
 /// The captions `decoding` draws for `features` with `ck`, each padded
 /// with `<pad>` to the token positions, as the rows of an inputs file.
-fn drawn(ck: &Checkpoint<CpuBackend>, features: &[f32], decoding: &Decoding) -> Vec<f32> {
+pub(super) fn drawn(
+    ck: &Checkpoint<CpuBackend>,
+    features: &[f32],
+    decoding: &Decoding,
+) -> Vec<f32> {
     let t = ck.model.config.token_positions();
     let options = DecodeOptions::default();
     let generated = generate(&CpuBackend::new(), &ck.model, features, decoding, &options).unwrap();
@@ -304,9 +308,10 @@ fn drawn(ck: &Checkpoint<CpuBackend>, features: &[f32], decoding: &Decoding) -> 
         .collect()
 }
 
-/// Writes an inputs file of scripts/golden.py (tests/data), naming the
-/// test that made it beside `metadata`.
-fn write_inputs(
+/// Writes an inputs file of a fixture script (tests/data), naming the
+/// test that made it (`test`: its file in tests/suite/models and its
+/// name) beside `metadata`.
+pub(super) fn write_inputs(
     file: &str,
     tensors: &[(&str, Vec<usize>, &[f32])],
     test: &str,
@@ -316,18 +321,15 @@ fn write_inputs(
         .iter()
         .map(|(k, v)| (k.to_string(), v.clone()))
         .collect();
-    meta.insert(
-        "made_by".into(),
-        format!("tests/suite/models/golden.rs {test}"),
-    );
+    meta.insert("made_by".into(), format!("tests/suite/models/{test}"));
     tensorfile::write(&data(file), tensors, meta).unwrap();
 }
 
 /// The sequence-level golden batch: three rows showing training images 2,
 /// 0 and 3 (corpus indices, not positions) of a corpus of four, whose
 /// references use the golden captioner's words.
-const SEQUENCE_IMAGES: [usize; 3] = [2, 0, 3];
-const SEQUENCE_REFERENCES: [&[&str]; 4] = [
+pub(super) const SEQUENCE_IMAGES: [usize; 3] = [2, 0, 3];
+pub(super) const SEQUENCE_REFERENCES: [&[&str]; 4] = [
     &[
         "a red circle",
         "a big red circle",
@@ -338,9 +340,9 @@ const SEQUENCE_REFERENCES: [&[&str]; 4] = [
     &["a small red star", "a red star", "a star"],
 ];
 /// Samples per image.
-const SEQUENCE_SAMPLES: usize = 5;
+pub(super) const SEQUENCE_SAMPLES: usize = 5;
 
-fn sequence_corpus() -> TrainingCorpus {
+pub(super) fn sequence_corpus() -> TrainingCorpus {
     let references = SEQUENCE_REFERENCES
         .iter()
         .map(|refs| {
@@ -386,7 +388,7 @@ fn write_sequence_inputs() {
             ("samples", vec![3 * SEQUENCE_SAMPLES, t], &samples),
             ("greedy", vec![3, t], &greedy),
         ],
-        "write_sequence_inputs",
+        "golden.rs write_sequence_inputs",
         &metadata,
     );
 }
@@ -484,14 +486,14 @@ fn both_backends_reproduce_the_sequence_level_objectives_independently() {
 
 /// Where a golden objective step runs: the checkpoint (in tests/data), the
 /// batch and the training corpus.
-struct Golden<'a> {
-    checkpoint: &'a str,
-    batch: &'a TrainingBatch,
-    corpus: &'a TrainingCorpus,
+pub(super) struct Golden<'a> {
+    pub checkpoint: &'a str,
+    pub batch: &'a TrainingBatch,
+    pub corpus: &'a TrainingCorpus,
 }
 
 /// A case's step: its name, its logged values and every parameter's gradient.
-struct Outcome {
+pub(super) struct Outcome {
     case: String,
     values: Vec<(&'static str, f32)>,
     grads: Vec<Vec<f32>>,
@@ -500,7 +502,7 @@ struct Outcome {
 /// One step of each case of `expected` (its metadata's `cases`: a name,
 /// the objective and its settings) from the checkpoint, with the
 /// generator of a run's first step and, when given, the retriever.
-fn objective_steps<B: Backend>(
+pub(super) fn objective_steps<B: Backend>(
     b: &B,
     expected: &TensorFile,
     at: &Golden<'_>,
@@ -594,7 +596,7 @@ fn check_both(
 /// Each outcome's logged `keys` (`{case}.{key}`, 1e-5 relative) and every
 /// gradient (`{case}.grad.{name}`, 1e-4 relative) against `expected`, for
 /// the parameters of the checkpoint `file`; every case of it must be there.
-fn check_outcomes(
+pub(super) fn check_outcomes(
     backend: &str,
     got: Vec<Outcome>,
     expected: &TensorFile,
@@ -690,7 +692,7 @@ fn write_discritune_inputs() {
             ("greedy", vec![n, t], &greedy),
             ("sampled", vec![n, t], &sample),
         ],
-        "write_discritune_inputs",
+        "golden.rs write_discritune_inputs",
         &[],
     );
 }
@@ -761,7 +763,7 @@ fn write_relevance_inputs() {
             ("captions", vec![n, t], &captions),
             ("noise", vec![n, t, v], &noise),
         ],
-        "write_relevance_inputs",
+        "golden.rs write_relevance_inputs",
         &[],
     );
 }

@@ -3,26 +3,24 @@
 //! written from the papers and docs/lstm.md), the FC model fed the image
 //! either way, top-down attention and Att2in over image tokens: one MLE step's
 //! loss and every parameter's gradient, the greedy captions and the two
-//! best of a beam search, on both backends.
+//! best of a beam search, on both backends; and one SCST step of each
+//! model for the samples captune draws.
 
+use super::golden::{self, Golden, data};
 use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::model::TokenInputs;
+use captune::captioner::objective::TrainingBatch;
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::PAD;
 use captune::tensorfile::{self, TensorFile};
 use rand::SeedableRng;
-use std::path::PathBuf;
 
-fn data(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
-        .join(name)
-}
+const MODELS: [&str; 4] = ["fc_hidden", "fc_input", "updown", "att2in"];
 
 fn ids(file: &TensorFile, name: &str) -> Vec<u32> {
     file.tensors[name].data.iter().map(|&x| x as u32).collect()
@@ -83,16 +81,7 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
         &DecodeOptions::default(),
     )
     .unwrap();
-    let want: Vec<Vec<u32>> = expected.tensors["greedy"]
-        .data
-        .chunks(steps)
-        .map(|row| {
-            row.iter()
-                .take_while(|&&x| x >= 0.0)
-                .map(|&x| x as u32)
-                .collect()
-        })
-        .collect();
+    let want = common::padded_ids(&expected.tensors["greedy"].data, steps);
     let got: Vec<Vec<u32>> = generated.into_iter().map(|g| g.ids).collect();
     assert_eq!(got, want, "{what}: greedy captions");
 
@@ -101,12 +90,7 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
         n_best: 2,
     };
     let generated = generate(b, &ck.model, features, &beam, &DecodeOptions::default()).unwrap();
-    let want_ids = expected.tensors["beam"].data.chunks(steps).map(|row| {
-        row.iter()
-            .take_while(|&&x| x >= 0.0)
-            .map(|&x| x as u32)
-            .collect::<Vec<_>>()
-    });
+    let want_ids = common::padded_ids(&expected.tensors["beam"].data, steps);
     let want_logp = &expected.tensors["beam_logp"].data;
     assert_eq!(
         generated.len(),
@@ -125,10 +109,94 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
 
 #[test]
 fn an_lstm_captioner_matches_pytorch() {
-    for model in ["fc_hidden", "fc_input", "updown", "att2in"] {
+    for model in MODELS {
         agrees_with_pytorch(&CpuBackend::new(), "cpu", model);
         if let Some(g) = common::gpu() {
             agrees_with_pytorch(&g, "gpu", model);
+        }
+    }
+}
+
+/// The samples and greedy captions the first step of an SCST run draws
+/// with each LSTM fixture for its three images, for scripts/lstm_fixtures.py
+/// (`cargo test --test suite lstm:: -- --ignored`).
+#[test]
+#[ignore = "writes tests/data/lstm_*_scst_inputs.safetensors for scripts/lstm_fixtures.py"]
+fn write_scst_inputs() {
+    for model in MODELS {
+        let ck = Checkpoint::load(
+            &CpuBackend::new(),
+            &data(&format!("lstm_{model}.safetensors")),
+        )
+        .unwrap();
+        let expected =
+            tensorfile::read(&data(&format!("lstm_{model}_expected.safetensors"))).unwrap();
+        let features = &expected.tensors["features"].data;
+        let sampling = Decoding::Sample {
+            n: golden::SEQUENCE_SAMPLES,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: golden::first_step_seed(),
+        };
+        let t = ck.model.config.token_positions();
+        let samples = golden::drawn(&ck, features, &sampling);
+        let greedy = golden::drawn(&ck, features, &Decoding::Greedy);
+        let metadata = [
+            (
+                "references",
+                serde_json::to_string(&golden::SEQUENCE_REFERENCES).unwrap(),
+            ),
+            (
+                "images",
+                serde_json::to_string(&golden::SEQUENCE_IMAGES).unwrap(),
+            ),
+        ];
+        golden::write_inputs(
+            &format!("lstm_{model}_scst_inputs.safetensors"),
+            &[
+                ("samples", vec![3 * golden::SEQUENCE_SAMPLES, t], &samples),
+                ("greedy", vec![3, t], &greedy),
+            ],
+            "lstm.rs write_scst_inputs",
+            &metadata,
+        );
+    }
+}
+
+/// One SCST step (greedy baseline) of each LSTM model against PyTorch's
+/// (`lstm_*_scst_expected.safetensors`): for the samples captune draws at a
+/// run's first step, with rewards by pycocoevalcap's CIDEr-D over the
+/// golden sequence corpus, the loss and every parameter's gradient.
+#[test]
+fn an_lstm_scst_step_matches_pytorch() {
+    let corpus = golden::sequence_corpus();
+    for model in MODELS {
+        let file = format!("lstm_{model}.safetensors");
+        let features = tensorfile::read(&data(&format!("lstm_{model}_expected.safetensors")))
+            .unwrap()
+            .tensors["features"]
+            .data
+            .clone();
+        let expected =
+            tensorfile::read(&data(&format!("lstm_{model}_scst_expected.safetensors"))).unwrap();
+        let batch = TrainingBatch {
+            inputs: features,
+            embeddings: None,
+            sequences: Vec::new(),
+            images: golden::SEQUENCE_IMAGES.to_vec(),
+            labelled: None,
+        };
+        let at = Golden {
+            checkpoint: &file,
+            batch: &batch,
+            corpus: &corpus,
+        };
+        let cpu = golden::objective_steps(&CpuBackend::new(), &expected, &at, None);
+        golden::check_outcomes(&format!("CPU {model}"), cpu, &expected, &file, &["loss"]);
+        if let Some(g) = common::gpu() {
+            let gpu = golden::objective_steps(&g, &expected, &at, None);
+            golden::check_outcomes(&format!("GPU {model}"), gpu, &expected, &file, &["loss"]);
         }
     }
 }
