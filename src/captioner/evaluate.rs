@@ -41,6 +41,12 @@ pub struct CaptionMetrics {
     pub clip_s: Option<f64>,
     #[serde(rename = "RefCLIP-S", skip_serializing_if = "Option::is_none")]
     pub ref_clip_s: Option<f64>,
+    /// Given a GPT-2 (`--fluency`): the captions' perplexity under it, the
+    /// mean over captions and the corpus's ([`crate::metrics::fluency`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub corpus_perplexity: Option<f64>,
     pub fact_precision: Option<f64>,
     pub fact_recall: Option<f64>,
     /// Shapes world: the objects a caption names, on average (its breadth).

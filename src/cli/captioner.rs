@@ -1,12 +1,14 @@
 //! What the captioner's commands share besides their data
 //! (`captune::source`): decoding options, loading a checkpoint with its
-//! record, printing metrics.
+//! record, the fluency metric, printing metrics.
 
 use anyhow::{Context, Result};
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding};
 use captune::data::Split;
+use captune::metrics::fluency::Perplexity;
+use captune::model::gpt2_lm::Gpt2Lm;
 use captune::source::embeddings::{CaptionData, FeatureSource};
 use std::path::Path;
 
@@ -22,6 +24,34 @@ pub struct DecodeArgs {
     /// Never emit <unk>: the decoder chooses among the other words.
     #[arg(long)]
     pub suppress_unk: bool,
+}
+
+/// `--fluency hf:FOLDER`, for `eval` and `score`.
+#[derive(clap::Args)]
+pub struct FluencyArgs {
+    /// A Hugging Face GPT-2 folder (config.json, model.safetensors,
+    /// tokenizer.json): also report the captions' perplexity under it, the
+    /// fluency of Yue et al. (2023).
+    #[arg(long, value_name = "hf:FOLDER")]
+    pub fluency: Option<String>,
+}
+
+impl FluencyArgs {
+    /// The perplexity of every caption under the GPT-2, if one is named.
+    pub fn perplexity<B: Backend>(&self, b: &B, captions: &[String]) -> Result<Option<Perplexity>> {
+        let Some(spec) = &self.fluency else {
+            return Ok(None);
+        };
+        // As --decoder names a folder; a plain path is taken too.
+        let dir = Path::new(spec.strip_prefix("hf:").unwrap_or(spec));
+        let lm = Gpt2Lm::load(b, dir).with_context(|| format!("--fluency {spec}"))?;
+        eprintln!(
+            "scoring {} captions' fluency under the GPT-2 in {}",
+            captions.len(),
+            dir.display()
+        );
+        lm.perplexity(b, captions)
+    }
 }
 
 impl DecodeArgs {

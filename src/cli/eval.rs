@@ -1,7 +1,7 @@
 //! `captune eval`: caption a split and compute every metric; writes
 //! COCO-format results.
 
-use super::captioner::{Captioner, DecodeArgs, parse_split, print_metrics, result_id};
+use super::captioner::{Captioner, DecodeArgs, FluencyArgs, parse_split, print_metrics, result_id};
 use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
@@ -24,6 +24,8 @@ pub struct EvalArgs {
     pub split: Split,
     #[command(flatten)]
     pub decoding: DecodeArgs,
+    #[command(flatten)]
+    pub fluency: FluencyArgs,
     /// Where to write the COCO-format results (default: beside the checkpoint).
     #[arg(long)]
     pub results: Option<PathBuf>,
@@ -78,7 +80,11 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         })
         .collect();
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
-    let metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
+    let mut metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
+    let every: Vec<String> = captions.iter().flatten().cloned().collect();
+    if let Some(ppl) = args.fluency.perplexity(b, &every)? {
+        (metrics.perplexity, metrics.corpus_perplexity) = (Some(ppl.mean), Some(ppl.corpus));
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&metrics)?);
     } else {

@@ -1,7 +1,7 @@
 //! `captune score`: any COCO-format results file against a split's
 //! references.
 
-use super::captioner::{parse_split, print_metrics};
+use super::captioner::{FluencyArgs, parse_split, print_metrics};
 use anyhow::{Context, Result, bail};
 use captune::cpu::CpuBackend;
 use captune::data::tokenize::ptb_tokenize;
@@ -31,6 +31,8 @@ pub struct ScoreArgs {
     /// images (on the CPU).
     #[arg(long, value_name = "FOLDER")]
     pub clip: Option<PathBuf>,
+    #[command(flatten)]
+    pub fluency: FluencyArgs,
 }
 
 /// What `score` reports: the reference-based scores of each image's first
@@ -51,6 +53,10 @@ struct Scores {
     clip_s: Option<f64>,
     #[serde(rename = "RefCLIP-S", skip_serializing_if = "Option::is_none")]
     ref_clip_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    perplexity: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    corpus_perplexity: Option<f64>,
 }
 
 /// Scores a results file against the split's references, exactly as
@@ -69,8 +75,10 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
     // Each image's captions, images in their first appearance's order.
     let mut order: Vec<&Item> = Vec::new();
     let mut captions: HashMap<String, Vec<Vec<String>>> = HashMap::new();
-    // Each image's first caption as written, for CLIP.
+    // Each image's first caption as written, for CLIP; every caption as
+    // written, for the fluency.
     let mut raw_firsts: HashMap<String, String> = HashMap::new();
+    let mut raw_all: Vec<String> = Vec::new();
     for (k, r) in results.iter().enumerate() {
         let id = match &r["image_id"] {
             serde_json::Value::String(s) => s.clone(),
@@ -90,6 +98,7 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         raw_firsts
             .entry(id.clone())
             .or_insert_with(|| caption.to_string());
+        raw_all.push(caption.to_string());
         let list = captions.entry(id).or_default();
         if list.is_empty() {
             order.push(item);
@@ -124,6 +133,7 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         }
         None => None,
     };
+    let ppl = args.fluency.perplexity(&CpuBackend::new(), &raw_all)?;
     let scores = Scores {
         images: sets.len(),
         captions_per_image: per_image,
@@ -133,6 +143,8 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         mbleu4: d.as_ref().map(|d| d.mbleu4),
         clip_s: clip.map(|c| c.clip_s),
         ref_clip_s: clip.map(|c| c.ref_clip_s),
+        perplexity: ppl.map(|p| p.mean),
+        corpus_perplexity: ppl.map(|p| p.corpus),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&scores)?);

@@ -6,6 +6,7 @@ pub mod bleu;
 pub mod cider;
 pub mod clipscore;
 pub mod diversity;
+pub mod fluency;
 mod ngrams;
 pub mod rouge;
 

@@ -5,6 +5,7 @@ pub mod blip;
 pub mod checkpoint;
 pub mod clip;
 pub mod gpt2;
+pub mod gpt2_lm;
 pub mod hf;
 pub mod kv_cache;
 pub mod layers;

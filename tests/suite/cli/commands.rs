@@ -651,6 +651,12 @@ fn captioner_commands(
     assert_eq!(record[0]["preset"], ck.to_str().unwrap(), "{record}");
     assert_eq!(record[0]["batch"], 8, "{record}");
     assert!(record[0]["steps_per_s"].as_f64().unwrap() > 0.0, "{record}");
+    let gpt2 = format!(
+        "hf:{}",
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/data/gpt2-tiny")
+            .display()
+    );
     let results = dir.join("results.json");
     let mut args = vec![
         "--device",
@@ -664,6 +670,8 @@ fn captioner_commands(
         "test",
         "--results",
         results.to_str().unwrap(),
+        "--fluency",
+        &gpt2,
         "--json",
     ];
     args.extend(shapes);
@@ -746,12 +754,21 @@ fn captioner_commands(
             "test",
             "--results",
             results.to_str().unwrap(),
+            "--fluency",
+            &gpt2,
             "--json",
         ],
         env,
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let scores: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // The GPT-2 reads the same captions in both: eval's, and score's of
+    // eval's results file.
+    for key in ["perplexity", "corpus_perplexity"] {
+        let e = metrics[key].as_f64().unwrap_or(0.0);
+        assert!(e > 1.0, "eval's {key} is {e}: {metrics}");
+        assert_eq!(scores[key].as_f64(), Some(e), "score's {key}: {scores}");
+    }
     for key in ["BLEU-1", "BLEU-2", "BLEU-3", "BLEU-4", "CIDEr-D", "ROUGE-L"] {
         let (s, e) = (
             scores[key].as_f64().unwrap(),
@@ -774,6 +791,23 @@ fn captioner_commands(
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("no-such-image"),
+        "{}",
+        text(&out.stderr)
+    );
+    // So is a --fluency folder that holds no GPT-2.
+    let nowhere = dir.join("no-gpt2");
+    let nowhere = format!("hf:{}", nowhere.display());
+    let args = [
+        "score",
+        "--data",
+        &data,
+        "--results",
+        results.to_str().unwrap(),
+    ];
+    let out = captune(&[&args[..], &["--fluency", &nowhere]].concat(), env);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--fluency") && text(&out.stderr).contains("no-gpt2"),
         "{}",
         text(&out.stderr)
     );
