@@ -24,3 +24,4 @@ pub mod shaders;
 pub mod shapes;
 pub mod source;
 pub mod tensorfile;
+pub mod torch_checkpoint;

@@ -619,3 +619,21 @@ fn hugging_face_gpt2_folders() {
         assert!(refused > 0, "{file}: {loaded} loaded, {refused} refused");
     }
 }
+
+/// PyTorch checkpoints: the zip archive, its pickle and the tensors'
+/// views, from the fixtures PyTorch saved (a state dict of every dtype
+/// and view, and one nested in a training checkpoint).
+#[test]
+fn pytorch_checkpoints() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/torch");
+    let seeds: Vec<Vec<u8>> = ["state_dict.pt", "nested.pt"]
+        .iter()
+        .map(|f| std::fs::read(fixtures.join(f)).unwrap())
+        .collect();
+    let dir = scratch("torch");
+    let target = dir.join("fuzz-input-checkpoint.pt");
+    let (_, loaded, refused) = fuzz("pytorch checkpoint", &seeds, &target, |p| {
+        captune::torch_checkpoint::read_state_dict(p, None).map(|_| ())
+    });
+    assert!(loaded > 0 && refused > 0, "{loaded} loaded, {refused} refused");
+}

@@ -15,3 +15,4 @@ mod golden;
 mod gpt2;
 mod lstm;
 mod policy;
+mod torch_checkpoint;
