@@ -229,8 +229,8 @@ impl Machine<'_> {
 
     /// The memo keeps a copy: a dict or list filled after it was memoised
     /// reads back as it was then. Python shares the one object, but what
-    /// torch.save writes refers back only to storages, tensors and
-    /// globals, which do not change.
+    /// torch.save writes refers back only to strings, storages, tensors
+    /// and globals, which do not change.
     fn memo_put(&mut self, key: u32) -> Result<()> {
         let v = self.top()?.clone();
         self.memo.insert(key, v);
