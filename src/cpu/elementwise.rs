@@ -74,6 +74,16 @@ mod avx2 {
         super::quick_gelu_backward_run(x, dy, dx)
     }
 
+    #[target_feature(enable = "avx2")]
+    pub(super) fn tanh_run(x: &[f32], y: &mut [f32]) {
+        super::tanh_run(x, y)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) fn tanh_backward_run(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        super::tanh_backward_run(x, dy, dx)
+    }
+
     pub(super) fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
     }
@@ -111,9 +121,12 @@ pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| {
-            for (y, &v) in y.iter_mut().zip(x) {
-                *y = tanh(v);
+            #[cfg(target_arch = "x86_64")]
+            if avx2::available() {
+                // SAFETY: the CPU has AVX2, checked just above.
+                return unsafe { avx2::tanh_run(x, y) };
             }
+            tanh_run(x, y)
         });
 }
 
@@ -121,12 +134,29 @@ pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
 pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(d, (x, dy))| {
-            for ((d, &v), &g) in d.iter_mut().zip(x).zip(dy) {
-                let t = tanh(v);
-                *d = g * (1.0 - t * t);
+        .for_each(|(dx, (x, dy))| {
+            #[cfg(target_arch = "x86_64")]
+            if avx2::available() {
+                // SAFETY: the CPU has AVX2, checked just above.
+                return unsafe { avx2::tanh_backward_run(x, dy, dx) };
             }
+            tanh_backward_run(x, dy, dx)
         });
+}
+
+#[inline(always)]
+fn tanh_run(x: &[f32], y: &mut [f32]) {
+    for (y, &v) in y.iter_mut().zip(x) {
+        *y = tanh(v);
+    }
+}
+
+#[inline(always)]
+fn tanh_backward_run(x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for ((d, &v), &g) in dx.iter_mut().zip(x).zip(dy) {
+        let t = tanh(v);
+        *d = g * (1.0 - t * t);
+    }
 }
 
 #[inline(always)]
