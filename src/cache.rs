@@ -1,7 +1,8 @@
 //! The on-disk cache (`$CAPTUNE_CACHE`, else `$XDG_CACHE_HOME/captune`,
 //! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
-//! the binary carries, image embeddings, CIDEr-D statistics of
-//! training references, image tokens and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
+//! the binary carries, image embeddings, retrievers' embeddings of
+//! reference captions, CIDEr-D statistics of training references, image
+//! tokens and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
 //! when needed.
 
 use crate::tensorfile;
@@ -63,6 +64,14 @@ pub fn cider_statistics(data_name: &str, key: &str) -> PathBuf {
     root()
         .join("cider")
         .join(format!("{}-{key}.json", file_name(data_name)))
+}
+
+/// Where a retriever's embeddings of a data set's reference captions are
+/// kept; `key` is the fingerprint of both.
+pub fn text_embeddings(data_name: &str, key: &str) -> PathBuf {
+    root()
+        .join("text-embeddings")
+        .join(format!("{}-{key}.safetensors", file_name(data_name)))
 }
 
 /// Where each image's nearest neighbours by embedding cosine are kept;

@@ -635,5 +635,8 @@ fn pytorch_checkpoints() {
     let (_, loaded, refused) = fuzz("pytorch checkpoint", &seeds, &target, |p| {
         captune::torch_checkpoint::read_state_dict(p, None).map(|_| ())
     });
-    assert!(loaded > 0 && refused > 0, "{loaded} loaded, {refused} refused");
+    assert!(
+        loaded > 0 && refused > 0,
+        "{loaded} loaded, {refused} refused"
+    );
 }

@@ -60,6 +60,8 @@ pub struct CaptionMetrics {
 pub struct Judge<'r, B: Backend> {
     pub retriever: &'r mut FrozenRetriever<B>,
     pub image_embeddings: &'r [f32],
+    /// The data set's name, under which the references' embeddings are cached.
+    pub data_name: &'r str,
 }
 
 /// `generated[i]` are item i's captions (tokens); the first is the one
@@ -128,7 +130,7 @@ fn relevance<B: Backend>(
     let references: Vec<Vec<String>> = (items.iter())
         .flat_map(|i| i.captions.iter().map(|c| c.tokens.clone()))
         .collect();
-    let reference_text = ck.embed_captions(b, &references)?;
+    let reference_text = ck.embed_reference_captions(b, judge.data_name, &references)?;
     let counts: Vec<usize> = items.iter().map(|i| i.captions.len()).collect();
     let r = retrieval_scores(
         judge.image_embeddings,
@@ -152,7 +154,7 @@ fn relevance<B: Backend>(
         let scores = corpus_scores(
             judge.image_embeddings,
             &ck.embed_texts(b, &candidates)?,
-            &ck.embed_texts(b, &references)?,
+            &ck.embed_reference_texts(b, judge.data_name, &references)?,
             &counts,
             ck.model.config.embed_dim,
         );

@@ -1028,6 +1028,7 @@ pub fn score_captions<B: Backend>(
     let judge = retriever.map(|r| Judge {
         retriever: r,
         image_embeddings: &image_embeddings,
+        data_name: &data.data.name,
     });
     evaluate(b, &chosen, &tokens, judge)
 }

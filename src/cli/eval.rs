@@ -11,6 +11,7 @@ use captune::progress::Progress;
 use captune::source::DataArgs;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
@@ -34,6 +35,9 @@ pub struct EvalArgs {
     pub overwrite: bool,
     #[arg(long)]
     pub json: bool,
+    /// Also print where the time went: loading, decoding, scoring.
+    #[arg(long)]
+    pub timings: bool,
 }
 
 pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
@@ -42,12 +46,15 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
             .with_file_name(format!("results-{}.json", args.split.name()))
     });
     check_new_output(&path, args.overwrite, "--results")?;
+    let mut timings = Timings::default();
     let captioner = Captioner::load(b, &args.checkpoint)?;
+    timings.lap("loading the checkpoint");
     let progress = Progress::terminal();
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
     let (data, mut retriever) =
         embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
     captioner.check_dim(&args.checkpoint, &data)?;
+    timings.lap("loading the data, features and retriever");
     let items = data.items(args.split);
     if items.is_empty() {
         bail!(
@@ -70,6 +77,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         &options,
     )?;
     bar.finish_and_clear();
+    timings.lap("decoding");
     let results: Vec<serde_json::Value> = items
         .iter()
         .zip(&captions)
@@ -80,10 +88,13 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         })
         .collect();
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
+    timings.lap("writing the results");
     let mut metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
+    timings.lap("scoring");
     let every: Vec<String> = captions.iter().flatten().cloned().collect();
     if let Some(ppl) = args.fluency.perplexity(b, &every)? {
         (metrics.perplexity, metrics.corpus_perplexity) = (Some(ppl.mean), Some(ppl.corpus));
+        timings.lap("fluency");
     }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&metrics)?);
@@ -91,5 +102,41 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         print_metrics(&metrics)?;
         eprintln!("results: {}", path.display());
     }
+    if args.timings {
+        timings.print();
+    }
     Ok(())
+}
+
+/// The time of each of eval's phases, in order.
+struct Timings {
+    last: Instant,
+    phases: Vec<(&'static str, Duration)>,
+}
+
+impl Default for Timings {
+    fn default() -> Self {
+        Timings {
+            last: Instant::now(),
+            phases: Vec::new(),
+        }
+    }
+}
+
+impl Timings {
+    /// Ends the phase `name` now.
+    fn lap(&mut self, name: &'static str) {
+        let now = Instant::now();
+        self.phases.push((name, now - self.last));
+        self.last = now;
+    }
+
+    fn print(&self) {
+        let total: Duration = self.phases.iter().map(|(_, d)| *d).sum();
+        eprintln!("timings:");
+        for (name, d) in &self.phases {
+            eprintln!("{:>9.2} s  {name}", d.as_secs_f64());
+        }
+        eprintln!("{:>9.2} s  in all", total.as_secs_f64());
+    }
 }

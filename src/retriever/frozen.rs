@@ -16,7 +16,9 @@ use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, images};
 use crate::model::clip;
 use crate::progress::Progress;
+use crate::{cache, tensorfile};
 use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// What names a CLIP folder where a retriever checkpoint is asked for.
@@ -171,6 +173,12 @@ pub struct FrozenRetriever<B: Backend> {
     pub model: Retriever<B>,
     pub captions: CaptionReader,
     images: ImageReader,
+    /// Its file's or folder's identity ([`encoder_id`]), when it was
+    /// loaded from one: what keys its cached reference embeddings.
+    identity: Option<String>,
+    /// The reference embeddings this process has computed, by key, for
+    /// the validations of a run.
+    references: HashMap<String, Vec<f32>>,
 }
 
 /// The largest batch of a frozen CLIP: its towers are large.
@@ -189,6 +197,8 @@ impl<B: Backend> FrozenRetriever<B> {
             model: ck.model,
             captions: CaptionReader::Words(ck.vocab),
             images: ImageReader::Patches,
+            identity: None,
+            references: HashMap::new(),
         }
     }
 }
@@ -198,12 +208,14 @@ impl<B: Backend> FrozenRetriever<B> {
     /// `clip:FOLDER`, embedding `batch` images or captions at a time (a
     /// CLIP at most 32).
     pub fn load(b: &B, path: &Path, batch: usize) -> Result<Self> {
-        match clip_folder(path) {
-            Some(dir) => Self::clip(b, dir, batch),
-            None => Ok(Self::words(Checkpoint::load_with(b, path, |c| {
+        let mut r = match clip_folder(path) {
+            Some(dir) => Self::clip(b, dir, batch)?,
+            None => Self::words(Checkpoint::load_with(b, path, |c| {
                 Retriever::frozen(b, c, batch)
-            })?)),
-        }
+            })?),
+        };
+        r.identity = Some(encoder_id(path)?);
+        Ok(r)
     }
 
     /// The Hugging Face CLIP folder `dir`, embedding `batch` (at most 32)
@@ -216,6 +228,8 @@ impl<B: Backend> FrozenRetriever<B> {
             model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
             captions: CaptionReader::Clip(Box::new(tokenizer)),
             images: ImageReader::Clip(processor),
+            identity: Some(clip::encoder_id(dir)?),
+            references: HashMap::new(),
         })
     }
 
@@ -245,6 +259,84 @@ impl<B: Backend> FrozenRetriever<B> {
             .map(|text| tokenizer.encode(text))
             .collect::<Result<_>>()?;
         embed_ids(b, &mut self.model, &ids)
+    }
+
+    /// [`Self::embed_captions`] of a data set's reference captions, which
+    /// every evaluation of it embeds again: from this process's earlier
+    /// evaluations, else from the cache (keyed by the retriever's identity
+    /// and the captions), else computed and cached.
+    pub fn embed_reference_captions(
+        &mut self,
+        b: &B,
+        data_name: &str,
+        captions: &[Vec<String>],
+    ) -> Result<Vec<f32>> {
+        let lines: Vec<String> = captions.iter().map(|c| c.join(" ")).collect();
+        self.cached_references(data_name, "captions", &lines, |r| {
+            r.embed_captions(b, captions)
+        })
+    }
+
+    /// [`Self::embed_texts`] of a data set's reference texts (CLIPScore's
+    /// prompted references), cached as [`Self::embed_reference_captions`].
+    pub fn embed_reference_texts(
+        &mut self,
+        b: &B,
+        data_name: &str,
+        texts: &[String],
+    ) -> Result<Vec<f32>> {
+        self.cached_references(data_name, "texts", texts, |r| r.embed_texts(b, texts))
+    }
+
+    fn cached_references(
+        &mut self,
+        data_name: &str,
+        kind: &str,
+        lines: &[String],
+        compute: impl FnOnce(&mut Self) -> Result<Vec<f32>>,
+    ) -> Result<Vec<f32>> {
+        let identity = self.identity.as_deref().unwrap_or("in memory");
+        let listing = format!("{identity}\n{kind}\n{}", lines.join("\n"));
+        let key = tensorfile::fingerprint(listing.as_bytes());
+        if let Some(e) = self.references.get(&key) {
+            return Ok(e.clone());
+        }
+        let shape = [lines.len(), self.model.config.embed_dim];
+        // A retriever only in memory has no identity to key a file with.
+        let path = self
+            .identity
+            .is_some()
+            .then(|| cache::text_embeddings(data_name, &key));
+        let cached = path.as_ref().and_then(|p| {
+            let mut file = tensorfile::read(p).ok()?;
+            let t = file.tensors.remove("embeddings")?;
+            (t.shape == shape).then_some(t.data)
+        });
+        let embeddings = match cached {
+            Some(e) => {
+                if let Some(p) = &path {
+                    eprintln!("reference embeddings from the cache: {}", p.display());
+                }
+                e
+            }
+            None => {
+                let e = compute(self)?;
+                if let Some(p) = &path {
+                    let tensors = [("embeddings", shape.to_vec(), e.as_slice())];
+                    let meta = HashMap::from([("dataset".to_string(), data_name.to_string())]);
+                    if let Err(err) = tensorfile::write(p, &tensors, meta) {
+                        eprintln!(
+                            "warning: cannot cache the reference embeddings at {} ({err:#}); \
+                             they are computed again next time",
+                            p.display()
+                        );
+                    }
+                }
+                e
+            }
+        };
+        self.references.insert(key, embeddings.clone());
+        Ok(embeddings)
     }
 
     /// What the image embeddings depend on besides the weights: the

@@ -706,6 +706,45 @@ fn captioner_commands(
         share("self_retrieval_r1") <= share("self_retrieval_r5"),
         "{metrics}"
     );
+    // Again: the retriever's embeddings of the references come from the
+    // cache, the metrics are the same, and --timings says where time went.
+    let again = dir.join("again.json");
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "eval",
+        "--checkpoint",
+        ck.to_str().unwrap(),
+        "--retriever",
+        r,
+        "--split",
+        "test",
+        "--results",
+        again.to_str().unwrap(),
+        "--json",
+        "--timings",
+    ];
+    args.extend(shapes);
+    let out = captune(&args, env);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("reference embeddings from the cache"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("timings:") && stderr.contains("s  decoding"),
+        "{stderr}"
+    );
+    let repeated: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for key in [
+        "self_retrieval_r1",
+        "p1_among_100",
+        "clipscore",
+        "refcompare",
+    ] {
+        assert_eq!(repeated[key], metrics[key], "{key}");
+    }
     let written: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
     assert_eq!(written.len(), 16);
