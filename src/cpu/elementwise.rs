@@ -51,6 +51,19 @@ fn gelu_backward_run(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
     }
 }
 
+/// Calls the loop `$run`'s AVX2 build where the CPU has AVX2, else the
+/// loop as compiled for the baseline.
+macro_rules! with_avx2 {
+    ($run:ident($($arg:expr),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        if avx2::available() {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { avx2::$run($($arg),*) };
+        }
+        $run($($arg),*)
+    }};
+}
+
 /// The same loops compiled for AVX2 (8 lanes), chosen at run time.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
@@ -93,12 +106,7 @@ pub fn gelu(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::gelu_run(x, y) };
-            }
-            gelu_run(x, y)
+            with_avx2!(gelu_run(x, y))
         });
 }
 
@@ -106,12 +114,7 @@ pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
         .for_each(|(dx, (x, dy))| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::gelu_backward_run(x, dy, dx, accumulate) };
-            }
-            gelu_backward_run(x, dy, dx, accumulate)
+            with_avx2!(gelu_backward_run(x, dy, dx, accumulate))
         });
 }
 
@@ -121,12 +124,7 @@ pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::tanh_run(x, y) };
-            }
-            tanh_run(x, y)
+            with_avx2!(tanh_run(x, y))
         });
 }
 
@@ -135,12 +133,7 @@ pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
         .for_each(|(dx, (x, dy))| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::tanh_backward_run(x, dy, dx) };
-            }
-            tanh_backward_run(x, dy, dx)
+            with_avx2!(tanh_backward_run(x, dy, dx))
         });
 }
 
@@ -179,12 +172,7 @@ pub fn quick_gelu_forward(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
         .for_each(|(y, x)| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::quick_gelu_run(x, y) };
-            }
-            quick_gelu_run(x, y)
+            with_avx2!(quick_gelu_run(x, y))
         });
 }
 
@@ -193,12 +181,7 @@ pub fn quick_gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
         .for_each(|(dx, (x, dy))| {
-            #[cfg(target_arch = "x86_64")]
-            if avx2::available() {
-                // SAFETY: the CPU has AVX2, checked just above.
-                return unsafe { avx2::quick_gelu_backward_run(x, dy, dx) };
-            }
-            quick_gelu_backward_run(x, dy, dx)
+            with_avx2!(quick_gelu_backward_run(x, dy, dx))
         });
 }
 

@@ -657,25 +657,17 @@ fn captioner_commands(
             .join("tests/data/gpt2-tiny")
             .display()
     );
+    // eval of the test split with the retriever into `results`, with `extra`.
+    let eval = |results: &std::path::Path, extra: &[&str]| {
+        let mut args = vec!["--device", "cpu", "eval", "--checkpoint"];
+        args.extend([ck.to_str().unwrap(), "--retriever", r, "--split", "test"]);
+        args.extend(["--results", results.to_str().unwrap(), "--json"]);
+        args.extend(extra);
+        args.extend(shapes);
+        captune(&args, env)
+    };
     let results = dir.join("results.json");
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "eval",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--retriever",
-        r,
-        "--split",
-        "test",
-        "--results",
-        results.to_str().unwrap(),
-        "--fluency",
-        &gpt2,
-        "--json",
-    ];
-    args.extend(shapes);
-    let out = captune(&args, env);
+    let out = eval(&results, &["--fluency", &gpt2]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let metrics: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for key in [
@@ -708,24 +700,7 @@ fn captioner_commands(
     );
     // Again: the retriever's embeddings of the references come from the
     // cache, the metrics are the same, and --timings says where time went.
-    let again = dir.join("again.json");
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "eval",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--retriever",
-        r,
-        "--split",
-        "test",
-        "--results",
-        again.to_str().unwrap(),
-        "--json",
-        "--timings",
-    ];
-    args.extend(shapes);
-    let out = captune(&args, env);
+    let out = eval(&dir.join("again.json"), &["--timings"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stderr = text(&out.stderr);
     assert!(
@@ -754,23 +729,7 @@ fn captioner_commands(
 
     // Five samples per image: the diversity metrics appear.
     let sample_results = dir.join("samples.json");
-    let mut args = vec![
-        "--device",
-        "cpu",
-        "eval",
-        "--checkpoint",
-        ck.to_str().unwrap(),
-        "--split",
-        "test",
-        "--decode",
-        "sample:5:t=1.2,seed=3",
-        "--results",
-        sample_results.to_str().unwrap(),
-        "--json",
-    ];
-    args.extend(shapes);
-    args.extend(["--retriever", r]);
-    let out = captune(&args, env);
+    let out = eval(&sample_results, &["--decode", "sample:5:t=1.2,seed=3"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let sampled: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     for key in ["div1", "div2", "mbleu4"] {
