@@ -79,12 +79,13 @@ pub fn evaluate<B: Backend>(
         .map(|i| i.captions.iter().map(|c| c.tokens.clone()).collect())
         .collect();
     let all: Vec<Vec<String>> = generated.iter().flatten().cloned().collect();
+    let words = vocabulary_usage(&all);
     let mut m = CaptionMetrics {
         images: items.len(),
         coco: Some(coco_scores(&firsts, &references)),
         mean_length: mean_length(&all),
-        lexical_diversity: vocabulary_usage(&all),
-        vocabulary_usage: vocabulary_usage(&all),
+        lexical_diversity: words,
+        vocabulary_usage: words,
         ..Default::default()
     };
     if generated.iter().all(|g| g.len() >= 2) {
