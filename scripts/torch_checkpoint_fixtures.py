@@ -14,13 +14,22 @@ torch. Writes to tests/data/torch/:
   nested_expected.safetensors holds its tensors;
 - module.pt: a whole nn.Linear (torch.save(model)), which must be refused;
 - malicious.pt: a pickle that would call os.system, which must be refused
-  without running it.
+  without running it;
+- legacy.pt: the same state dict in the format of PyTorch before 1.6,
+  refused with that said;
+- one_matrix.pt ({"w": a 4 x 6 matrix}) and two edits of its pickle that
+  torch.save cannot make: lying_storage.pt, whose storage claims 99
+  elements where its entry holds 24, and past_storage.pt, whose view
+  starts one element in and so reaches one past the storage's end;
+- big_int.pt: an int64 tensor holding 2^24 + 1, which float32 cannot hold
+  exactly (state_dict.pt holds +-2^24, which it can).
 
     pip install torch safetensors
     python3 scripts/torch_checkpoint_fixtures.py
 """
 import collections
 import os
+import zipfile
 from pathlib import Path
 
 import torch
@@ -32,6 +41,19 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "torch"
 class Malicious:
     def __reduce__(self):
         return (os.system, ("echo this checkpoint ran code",))
+
+
+def edit(source, target, old, new):
+    """A copy of the checkpoint `source` whose pickle has `old` (found
+    once) replaced by `new`, stored as torch.save stores its entries."""
+    with zipfile.ZipFile(source) as z:
+        entries = [(i.filename, z.read(i.filename)) for i in z.infolist()]
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as z:
+        for name, data in entries:
+            if name.endswith("/data.pkl"):
+                assert data.count(old) == 1, (name, old)
+                data = data.replace(old, new)
+            z.writestr(name, data)
 
 
 def main():
@@ -50,6 +72,7 @@ def main():
     state["position_ids"] = torch.arange(12).view(1, 12)
     state["param"] = torch.nn.Parameter(torch.randn(3))
     state["double"] = torch.randn(2, 2, dtype=torch.float64)
+    state["exact_ints"] = torch.tensor([2**24, -2**24, 7])
     torch.save(state, OUT / "state_dict.pt")
     expected = {n: t.detach().to(torch.float32).clone().contiguous() for n, t in state.items()}
     save_file(expected, OUT / "state_dict_expected.safetensors",
@@ -63,6 +86,13 @@ def main():
     save_file({n: t.contiguous() for n, t in nested.items()}, OUT / "nested_expected.safetensors")
     torch.save(torch.nn.Linear(2, 2), OUT / "module.pt")
     torch.save({"model": Malicious()}, OUT / "malicious.pt")
+    torch.save(state, OUT / "legacy.pt", _use_new_zipfile_serialization=False)
+    torch.save({"w": torch.arange(24.0).view(4, 6)}, OUT / "one_matrix.pt")
+    # The storage's element count (BININT1 24 after its location 'cpu'),
+    # and the view's offset (BININT1 0 after the persistent id).
+    edit(OUT / "one_matrix.pt", OUT / "lying_storage.pt", b"cpuq\x06K\x18", b"cpuq\x06K\x63")
+    edit(OUT / "one_matrix.pt", OUT / "past_storage.pt", b"QK\x00K\x04K\x06\x86", b"QK\x01K\x04K\x06\x86")
+    torch.save({"ids": torch.tensor([2**24 + 1])}, OUT / "big_int.pt")
     for f in sorted(OUT.iterdir()):
         print(f"{f.name}: {f.stat().st_size} bytes")
 

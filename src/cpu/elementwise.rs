@@ -105,17 +105,13 @@ mod avx2 {
 pub fn gelu(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| {
-            with_avx2!(gelu_run(x, y))
-        });
+        .for_each(|(y, x)| with_avx2!(gelu_run(x, y)));
 }
 
 pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, dy))| {
-            with_avx2!(gelu_backward_run(x, dy, dx, accumulate))
-        });
+        .for_each(|(dx, (x, dy))| with_avx2!(gelu_backward_run(x, dy, dx, accumulate)));
 }
 
 /// y = tanh(x) (ClipCap's mapper, additive attention's scores), with
@@ -123,18 +119,14 @@ pub fn gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32], accumulate: bool) {
 pub fn tanh_forward(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| {
-            with_avx2!(tanh_run(x, y))
-        });
+        .for_each(|(y, x)| with_avx2!(tanh_run(x, y)));
 }
 
 /// dx = dy * (1 - tanh(x)^2).
 pub fn tanh_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, dy))| {
-            with_avx2!(tanh_backward_run(x, dy, dx))
-        });
+        .for_each(|(dx, (x, dy))| with_avx2!(tanh_backward_run(x, dy, dx)));
 }
 
 #[inline(always)]
@@ -171,18 +163,14 @@ fn quick_gelu_backward_run(x: &[f32], dy: &[f32], dx: &mut [f32]) {
 pub fn quick_gelu_forward(x: &[f32], y: &mut [f32]) {
     y.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK))
-        .for_each(|(y, x)| {
-            with_avx2!(quick_gelu_run(x, y))
-        });
+        .for_each(|(y, x)| with_avx2!(quick_gelu_run(x, y)));
 }
 
 /// dx = dy * (s + 1.702 x s (1 - s)), s = sigmoid(1.702 x).
 pub fn quick_gelu_backward(x: &[f32], dy: &[f32], dx: &mut [f32]) {
     dx.par_chunks_mut(CHUNK)
         .zip(x.par_chunks(CHUNK).zip(dy.par_chunks(CHUNK)))
-        .for_each(|(dx, (x, dy))| {
-            with_avx2!(quick_gelu_backward_run(x, dy, dx))
-        });
+        .for_each(|(dx, (x, dy))| with_avx2!(quick_gelu_backward_run(x, dy, dx)));
 }
 
 /// Phi(x), the standard normal CDF, as 0.5 erfc(-x / sqrt 2) with erfc

@@ -89,6 +89,31 @@ fn checkpoints_that_need_code_are_refused_by_name() {
     }
 }
 
+/// What a file claims is checked before it is believed: a storage's
+/// element count against its entry, a view's reach against its storage,
+/// an integer against what float32 holds exactly; and the format of
+/// PyTorch before 1.6 is named.
+#[test]
+fn claims_a_file_cannot_back_are_refused_with_the_reason() {
+    let w = &read_state_dict(&data("one_matrix.pt"), None)
+        .unwrap()
+        .tensors["w"];
+    assert_eq!(w.shape, [4, 6]);
+    assert_eq!(w.data, (0..24).map(|i| i as f32).collect::<Vec<_>>());
+    for (file, reason) in [
+        ("lying_storage.pt", "claims 99 elements, but"),
+        ("past_storage.pt", "reaches past its storage of 24"),
+        ("big_int.pt", "integer 16777217 has no exact float32"),
+        ("legacy.pt", "saved by PyTorch before 1.6"),
+    ] {
+        let message = refusal(&data(file), None);
+        assert!(
+            message.contains(file) && message.contains(reason),
+            "{message}"
+        );
+    }
+}
+
 #[test]
 fn a_truncated_checkpoint_is_an_error_naming_it() {
     let dir = crate::common::fresh_temp("torch-truncated");
@@ -98,7 +123,18 @@ fn a_truncated_checkpoint_is_an_error_naming_it() {
         let path = dir.join("cut.pt");
         std::fs::write(&path, &bytes[..keep]).unwrap();
         let message = refusal(&path, None);
-        assert!(message.contains("cut.pt"), "{keep} bytes: {message}");
+        assert!(
+            message.contains("cut.pt") && !message.contains("before 1.6"),
+            "{keep} bytes: {message}"
+        );
     }
+    // A plain pickle (`pickle.dump` of a dict) is neither format.
+    let path = dir.join("plain.pkl");
+    std::fs::write(&path, b"\x80\x02}q\x00.").unwrap();
+    let message = refusal(&path, None);
+    assert!(
+        message.contains("plain.pkl: not a zip archive") && !message.contains("before 1.6"),
+        "{message}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
