@@ -445,7 +445,10 @@ fn a_sequence_longer_than_the_positions_is_refused() {
 /// Images decoded in parts, each part told where it starts
 /// (`DecodeOptions::first_image`), get the captions one call gives them:
 /// sampled and Gumbel draws go on across parts instead of repeating (with
-/// every part starting at 0, image 64 would repeat image 0's draws).
+/// every part starting at 0, image 64 would repeat image 0's draws). The
+/// log-probabilities agree to rounding only: the CPU's matrix products
+/// block their rows by the batch's size, and at this model's small shapes
+/// a row's sums round differently in a batch of 70 and one of 6.
 #[test]
 fn decoding_in_parts_gives_the_captions_of_one_call() {
     let c = CpuBackend::new();
@@ -467,7 +470,21 @@ fn decoding_in_parts_gives_the_captions_of_one_call() {
                 parts.push(g);
             }
         }
-        assert_eq!(whole, parts, "{text}");
+        let key = |g: &[captune::captioner::decode::Generated]| {
+            g.iter()
+                .map(|g| (g.image, g.ids.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(key(&whole), key(&parts), "{text}");
+        for (w, p) in whole.iter().zip(&parts) {
+            assert!(
+                (w.logprob - p.logprob).abs() <= 1e-5 * w.logprob.abs().max(1.0),
+                "{text}: image {} log-probability {} in one call, {} in parts",
+                w.image,
+                w.logprob,
+                p.logprob
+            );
+        }
     }
     let d = Decoding::parse("sample:1:seed=3").unwrap();
     let ids = |first_image| {
