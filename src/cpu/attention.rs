@@ -11,6 +11,7 @@
 //! order (scores, their maximum, the sum of their exponentials as the
 //! kernel's workgroup adds them, then the values weighted in key order).
 
+use super::elementwise::exp;
 use super::matmul::matmul;
 use super::softmax::masked_max_and_sum;
 use crate::backend::{AttentionShape, CachedAttention};
@@ -58,7 +59,7 @@ impl<'a> Item<'a> {
             };
             for (j, x) in row.iter_mut().enumerate() {
                 *x = if self.visible(q, j) {
-                    (*x - lse).exp()
+                    exp(*x - lse)
                 } else {
                     0.0
                 };
@@ -157,7 +158,7 @@ pub fn attend_cached(
                     })
                     .collect();
                 let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let weights: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let weights: Vec<f32> = scores.iter().map(|&s| exp(s - max)).collect();
                 let total = workgroup_sum(&weights);
                 for (i, o) in out[h * d..][..d].iter_mut().enumerate() {
                     let sum = weights
