@@ -173,8 +173,13 @@ pub struct FrozenRetriever<B: Backend> {
     pub model: Retriever<B>,
     pub captions: CaptionReader,
     images: ImageReader,
-    /// Its file's or folder's identity ([`encoder_id`]), when it was
-    /// loaded from one: what keys its cached reference embeddings.
+    /// What it was loaded from (a checkpoint, or `clip:FOLDER`), if
+    /// anything: its identity ([`encoder_id`]) keys its cached reference
+    /// embeddings.
+    source: Option<PathBuf>,
+    /// That identity, once known: given by a caller that has it, or read
+    /// from `source` when a reference cache first needs it (for a CLIP it
+    /// fingerprints every weight, which no other use of a retriever needs).
     identity: Option<String>,
     /// The reference embeddings this process has computed, by key, for
     /// the validations of a run.
@@ -197,6 +202,7 @@ impl<B: Backend> FrozenRetriever<B> {
             model: ck.model,
             captions: CaptionReader::Words(ck.vocab),
             images: ImageReader::Patches,
+            source: None,
             identity: None,
             references: HashMap::new(),
         }
@@ -214,8 +220,15 @@ impl<B: Backend> FrozenRetriever<B> {
                 Retriever::frozen(b, c, batch)
             })?),
         };
-        r.identity = Some(encoder_id(path)?);
+        r.source = Some(path.to_path_buf());
         Ok(r)
+    }
+
+    /// The same retriever, its identity ([`encoder_id`]) given by a caller
+    /// that has already read it.
+    pub fn known_as(mut self, identity: String) -> Self {
+        self.identity = Some(identity);
+        self
     }
 
     /// The Hugging Face CLIP folder `dir`, embedding `batch` (at most 32)
@@ -228,7 +241,8 @@ impl<B: Backend> FrozenRetriever<B> {
             model: clip.into_retriever(b, batch.min(CLIP_BATCH))?,
             captions: CaptionReader::Clip(Box::new(tokenizer)),
             images: ImageReader::Clip(processor),
-            identity: Some(clip::encoder_id(dir)?),
+            source: Some(PathBuf::from(format!("{CLIP_PREFIX}{}", dir.display()))),
+            identity: None,
             references: HashMap::new(),
         })
     }
@@ -295,6 +309,11 @@ impl<B: Backend> FrozenRetriever<B> {
         lines: &[String],
         compute: impl FnOnce(&mut Self) -> Result<Vec<f32>>,
     ) -> Result<Vec<f32>> {
+        if self.identity.is_none()
+            && let Some(source) = &self.source
+        {
+            self.identity = Some(encoder_id(source)?);
+        }
         let identity = self.identity.as_deref().unwrap_or("in memory");
         let listing = format!("{identity}\n{kind}\n{}", lines.join("\n"));
         let key = tensorfile::fingerprint(listing.as_bytes());

@@ -234,7 +234,7 @@ pub fn load<B: Backend>(
             .filter(|_| features.retriever.is_none())
     });
     let mut retriever = match &retriever_file {
-        Some(r) => Some(FrozenRetriever::load(b, &r.path, 128)?),
+        Some(r) => Some(FrozenRetriever::load(b, &r.path, 128)?.known_as(r.encoder.clone())),
         None => None,
     };
     let (embeddings, dim, mut source) = match (&features_file, retriever.as_mut()) {
