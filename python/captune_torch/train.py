@@ -108,22 +108,25 @@ class Distributed:
             raise RunFolderError(value) if self.lead else Stopped()
         return value
 
-    def barrier(self):
-        if self.world > 1:
+    def leave(self, code):
+        """Ends this process with `code`. Among several processes, a
+        finished run leaves the group together with the others (gloo
+        aborts a process that tears its group down while another still
+        talks), and every process ends without the interpreter's teardown:
+        gloo's threads can outlive it and abort the process ("terminate
+        called without an active exception") after its work is saved."""
+        if self.world == 1:
+            sys.exit(code)
+        if code == 0:
             dist.barrier()
-
-    def close(self):
-        if self.world > 1:
             dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class Stopped(Exception):
     """Process 0 failed and says why; the others stop quietly."""
-
-
-def fail(message):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def main(argv=None):
@@ -133,14 +136,11 @@ def main(argv=None):
         run(args, ranks)
     except ERRORS as e:
         if ranks.lead:
-            fail(str(e))
-        sys.exit(2)
+            print(f"error: {e}", file=sys.stderr)
+        ranks.leave(2)
     except Stopped:
-        sys.exit(2)
-    # Every process done: they leave the group together (gloo aborts a
-    # process that tears its group down while another still talks).
-    ranks.barrier()
-    ranks.close()
+        ranks.leave(2)
+    ranks.leave(0)
 
 
 def starting_point(args):
