@@ -25,3 +25,4 @@ pub mod shapes;
 pub mod source;
 pub mod tensorfile;
 pub mod torch_checkpoint;
+pub mod zip;

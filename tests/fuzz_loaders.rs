@@ -640,3 +640,35 @@ fn pytorch_checkpoints() {
         "{loaded} loaded, {refused} refused"
     );
 }
+
+/// METEOR's data (tests/data/meteor/tiny, made up in METEOR's layout): the
+/// jar's deflated resources, then the gzipped paraphrase table, each
+/// damaged in a copy of the folder while the other stays whole, read and
+/// used to score a caption.
+#[test]
+fn meteor_data() {
+    use captune::metrics::meteor::{Meteor, MeteorData};
+    let tiny = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/meteor/tiny");
+    let score = |dir: &Path| {
+        let mut meteor = Meteor::load(&MeteorData::at(dir)?)?;
+        let candidates = ["a big dog rides on the grass".to_string()];
+        let references = [vec!["a large hound is riding on the lawn".to_string()]];
+        meteor.score(&candidates, &references).map(|_| ())
+    };
+    for file in ["meteor-1.5.jar", "data/paraphrase-en.gz"] {
+        let dir = scratch(&format!("meteor-{}", file.replace('/', "-")));
+        std::fs::create_dir_all(dir.join("data")).unwrap();
+        for f in ["meteor-1.5.jar", "data/paraphrase-en.gz"] {
+            std::fs::copy(tiny.join(f), dir.join(f)).unwrap();
+        }
+        let seeds = [std::fs::read(tiny.join(file)).unwrap()];
+        let (_, loaded, refused) =
+            fuzz(&format!("METEOR's {file}"), &seeds, &dir.join(file), |_| {
+                score(&dir)
+            });
+        assert!(
+            loaded > 0 && refused > 0,
+            "{file}: {loaded} loaded, {refused} refused"
+        );
+    }
+}

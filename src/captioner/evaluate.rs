@@ -47,6 +47,9 @@ pub struct CaptionMetrics {
     pub perplexity: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub corpus_perplexity: Option<f64>,
+    /// METEOR 1.5, where its data is found ([`crate::metrics::meteor`]).
+    #[serde(rename = "METEOR", skip_serializing_if = "Option::is_none")]
+    pub meteor: Option<f64>,
     pub fact_precision: Option<f64>,
     pub fact_recall: Option<f64>,
     /// Shapes world: the objects a caption names, on average (its breadth).

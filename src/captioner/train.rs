@@ -24,6 +24,7 @@ use super::{CaptionVocab, Checkpoint};
 use crate::backend::Backend;
 use crate::data::Split;
 use crate::metrics::diversity::diversity;
+use crate::metrics::meteor::Meteor;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::progress::Progress;
 use crate::retriever::frozen::FrozenRetriever;
@@ -226,6 +227,8 @@ pub struct Trainer<'d, B: Backend> {
     guard: CollapseGuard,
     /// The step of the state in the run folder (what a resume starts from).
     saved_step: usize,
+    /// Scores validation's captions by METEOR too, when set.
+    meteor: Option<Meteor>,
 }
 
 impl<'d, B: Backend> Trainer<'d, B> {
@@ -385,12 +388,18 @@ impl<'d, B: Backend> Trainer<'d, B> {
             progress: Progress::hidden(),
             guard,
             saved_step: step,
+            meteor: None,
         })
     }
 
     /// Shows validation's progress through `progress`.
     pub fn show_progress(&mut self, progress: Progress) {
         self.progress = progress;
+    }
+
+    /// Adds METEOR to validation's metrics.
+    pub fn score_meteor(&mut self, meteor: Meteor) {
+        self.meteor = Some(meteor);
     }
 
     pub fn step(&self) -> usize {
@@ -813,6 +822,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             &self.eval_items,
             &captions,
             self.retriever.as_deref_mut(),
+            self.meteor.as_mut(),
         )?;
         let diverse = &self.eval_items[..self.eval_items.len().min(DIVERSITY_IMAGES)];
         let bar = self.progress.start(
@@ -921,6 +931,7 @@ fn sampling(step: usize) -> Decoding {
 /// starts a run in the folder or continues the one there. The retriever, when given, adds its metrics
 /// to the per-epoch validation. With `validate_start` (a new run from a
 /// checkpoint), the starting weights are validated first, as epoch 0.
+/// METEOR, when given, scores validation's captions too.
 #[allow(clippy::too_many_arguments)]
 pub fn train<B: Backend>(
     b: &B,
@@ -931,11 +942,15 @@ pub fn train<B: Backend>(
     begin: Begin,
     validate_start: bool,
     retriever: Option<&mut FrozenRetriever<B>>,
+    meteor: Option<Meteor>,
     progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), begin, retriever)?;
     trainer.show_progress(progress.clone());
+    if let Some(meteor) = meteor {
+        trainer.score_meteor(meteor);
+    }
     if validate_start
         && trainer.step() == 0
         && trainer.validate_now(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop
@@ -984,11 +999,15 @@ pub fn validate_saved<B: Backend>(
     config: &RunConfig,
     run: &RunFolder,
     retriever: Option<&mut FrozenRetriever<B>>,
+    meteor: Option<Meteor>,
     progress: &Progress,
     mut on_event: impl FnMut(Event<'_>) -> Flow,
 ) -> Result<()> {
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), Begin::Resume, retriever)?;
     trainer.show_progress(progress.clone());
+    if let Some(meteor) = meteor {
+        trainer.score_meteor(meteor);
+    }
     if trainer.write_samples(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop {
         return Ok(());
     }
@@ -1007,17 +1026,18 @@ pub fn evaluate_items<B: Backend>(
     retriever: Option<&mut FrozenRetriever<B>>,
 ) -> Result<CaptionMetrics> {
     let generated = caption_items(b, ck, data, items, decoding, &DecodeOptions::default())?;
-    score_captions(b, data, items, &generated, retriever)
+    score_captions(b, data, items, &generated, retriever, None)
 }
 
 /// Every metric of `captions[k]` (the captions of item `items[k]`), with
-/// the retriever's when one is given.
+/// the retriever's and METEOR when they are given.
 pub fn score_captions<B: Backend>(
     b: &B,
     data: &CaptionData,
     items: &[usize],
     captions: &[Vec<String>],
     retriever: Option<&mut FrozenRetriever<B>>,
+    meteor: Option<&mut Meteor>,
 ) -> Result<CaptionMetrics> {
     let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
     let tokens: Vec<Vec<Vec<String>>> = captions
@@ -1030,7 +1050,15 @@ pub fn score_captions<B: Backend>(
         image_embeddings: &image_embeddings,
         data_name: &data.data.name,
     });
-    evaluate(b, &chosen, &tokens, judge)
+    let mut metrics = evaluate(b, &chosen, &tokens, judge)?;
+    if let Some(meteor) = meteor {
+        let firsts: Vec<&[String]> = tokens.iter().map(|g| g[0].as_slice()).collect();
+        let references: Vec<Vec<&[String]>> = (chosen.iter())
+            .map(|i| i.captions.iter().map(|c| c.tokens.as_slice()).collect())
+            .collect();
+        metrics.meteor = Some(meteor.score_tokens(&firsts, &references)?.corpus);
+    }
+    Ok(metrics)
 }
 
 fn words(caption: &str) -> Vec<String> {

@@ -1,6 +1,6 @@
 //! What the captioner's commands share besides their data
 //! (`captune::source`): decoding options, loading a checkpoint with its
-//! record, the fluency metric, printing metrics.
+//! record, the fluency metric, METEOR's data, printing metrics.
 
 use anyhow::{Context, Result};
 use captune::backend::Backend;
@@ -8,6 +8,7 @@ use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding};
 use captune::data::Split;
 use captune::metrics::fluency::Perplexity;
+use captune::metrics::meteor::{HOW_TO_GET, Meteor, MeteorData};
 use captune::model::gpt2_lm::Gpt2Lm;
 use captune::source::embeddings::{CaptionData, FeatureSource};
 use std::path::Path;
@@ -51,6 +52,43 @@ impl FluencyArgs {
             dir.display()
         );
         lm.perplexity(b, captions)
+    }
+}
+
+/// What `--meteor` takes to leave METEOR out.
+const OFF: &str = "none";
+
+/// `--meteor DIR`, for `eval`, `score` and `train`.
+#[derive(clap::Args)]
+pub struct MeteorArgs {
+    /// METEOR 1.5's data: a folder with meteor-1.5.jar and
+    /// data/paraphrase-en.gz (pycocoevalcap's `meteor` folder is one, and
+    /// is found by itself when pycocoevalcap is installed); `none` leaves
+    /// METEOR out. No Java is needed.
+    #[arg(long, env = "CAPTUNE_METEOR", value_name = "DIR")]
+    pub meteor: Option<String>,
+}
+
+impl MeteorArgs {
+    pub fn off() -> MeteorArgs {
+        MeteorArgs {
+            meteor: Some(OFF.to_string()),
+        }
+    }
+
+    /// The METEOR scorer, or None (saying why) where its data is not
+    /// found or METEOR is turned off.
+    pub fn scorer(&self) -> Result<Option<Meteor>> {
+        if self.meteor.as_deref() == Some(OFF) {
+            return Ok(None);
+        }
+        let Some(data) = MeteorData::locate(self.meteor.as_deref().map(Path::new))? else {
+            eprintln!("note: no METEOR: its data was not found; to have it, {HOW_TO_GET}");
+            return Ok(None);
+        };
+        Meteor::load(&data)
+            .with_context(|| format!("METEOR's data in {}", data.dir.display()))
+            .map(Some)
     }
 }
 

@@ -3,6 +3,7 @@
 //! train the captioner with MLE, continue with SMILE, and compare the two
 //! on the test images.
 
+use super::captioner::MeteorArgs;
 use super::check_new_output;
 use super::train::{self, ObjectiveArgs, TrainArgs};
 use anyhow::Result;
@@ -136,6 +137,9 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             overwrite: args.overwrite,
             no_collapse_stop: false,
             freeze_decoder: false,
+            // The demo's table has no METEOR; its validations skip reading
+            // the paraphrase table.
+            meteor: MeteorArgs::off(),
         }
     };
     eprintln!("[3/5] training the captioner with MLE");

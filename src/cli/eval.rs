@@ -1,7 +1,9 @@
 //! `captune eval`: caption a split and compute every metric; writes
 //! COCO-format results.
 
-use super::captioner::{Captioner, DecodeArgs, FluencyArgs, parse_split, print_metrics, result_id};
+use super::captioner::{
+    Captioner, DecodeArgs, FluencyArgs, MeteorArgs, parse_split, print_metrics, result_id,
+};
 use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
@@ -27,6 +29,8 @@ pub struct EvalArgs {
     pub decoding: DecodeArgs,
     #[command(flatten)]
     pub fluency: FluencyArgs,
+    #[command(flatten)]
+    pub meteor: MeteorArgs,
     /// Where to write the COCO-format results (default: beside the checkpoint).
     #[arg(long)]
     pub results: Option<PathBuf>,
@@ -89,7 +93,16 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         .collect();
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
     timings.lap("writing the results");
-    let mut metrics = train::score_captions(b, &data, &items, &captions, retriever.as_mut())?;
+    let mut meteor = args.meteor.scorer()?;
+    timings.lap("loading METEOR's data");
+    let mut metrics = train::score_captions(
+        b,
+        &data,
+        &items,
+        &captions,
+        retriever.as_mut(),
+        meteor.as_mut(),
+    )?;
     timings.lap("scoring");
     let every: Vec<String> = captions.iter().flatten().cloned().collect();
     if let Some(ppl) = args.fluency.perplexity(b, &every)? {

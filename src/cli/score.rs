@@ -1,7 +1,7 @@
 //! `captune score`: any COCO-format results file against a split's
 //! references.
 
-use super::captioner::{FluencyArgs, parse_split, print_metrics};
+use super::captioner::{FluencyArgs, MeteorArgs, parse_split, print_metrics};
 use anyhow::{Context, Result, bail};
 use captune::cpu::CpuBackend;
 use captune::data::tokenize::ptb_tokenize;
@@ -33,6 +33,8 @@ pub struct ScoreArgs {
     pub clip: Option<PathBuf>,
     #[command(flatten)]
     pub fluency: FluencyArgs,
+    #[command(flatten)]
+    pub meteor: MeteorArgs,
 }
 
 /// What `score` reports: the reference-based scores of each image's first
@@ -43,6 +45,8 @@ struct Scores {
     captions_per_image: usize,
     #[serde(flatten)]
     coco: captune::metrics::CocoScores,
+    #[serde(rename = "METEOR", skip_serializing_if = "Option::is_none")]
+    meteor: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     div1: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -60,7 +64,8 @@ struct Scores {
 }
 
 /// Scores a results file against the split's references, exactly as
-/// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L). Only the
+/// pycocoevalcap does (its tokenizer, BLEU, CIDEr-D, ROUGE-L, and METEOR
+/// where its data is found). Only the
 /// references are read, and with a CLIP the images too. Several captions of one image
 /// (`eval --decode sample:5`) are accepted as eval scores them: the first
 /// for the reference-based scores, all for Div-1, Div-2 and mBLEU-4.
@@ -133,11 +138,16 @@ pub fn score(args: &ScoreArgs) -> Result<()> {
         }
         None => None,
     };
+    let meteor = match args.meteor.scorer()? {
+        Some(mut m) => Some(m.score_tokens(&firsts, &references)?.corpus),
+        None => None,
+    };
     let ppl = args.fluency.perplexity(&CpuBackend::new(), &raw_all)?;
     let scores = Scores {
         images: sets.len(),
         captions_per_image: per_image,
         coco: coco_scores(&firsts, &references),
+        meteor,
         div1: d.as_ref().map(|d| d.div1),
         div2: d.as_ref().map(|d| d.div2),
         mbleu4: d.as_ref().map(|d| d.mbleu4),

@@ -1,7 +1,7 @@
 //! `captune train`: a captioner trained into a run folder, with the
 //! objective and its settings from the command line.
 
-use super::captioner::Captioner;
+use super::captioner::{Captioner, MeteorArgs};
 use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::objectives::{
@@ -194,6 +194,9 @@ pub struct TrainArgs {
     /// decoder's language stays and the mapper learns new image features.
     #[arg(long)]
     pub freeze_decoder: bool,
+    /// METEOR at validation (when its data is found).
+    #[command(flatten)]
+    pub meteor: MeteorArgs,
 }
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -429,8 +432,11 @@ pub fn train<B: Backend>(
         }
         Flow::Continue
     };
+    let meteor = args.meteor.scorer()?;
     if args.validate_only {
-        train::validate_saved(b, &mut ck, data, &config, &run, retriever, &progress, show)?;
+        train::validate_saved(
+            b, &mut ck, data, &config, &run, retriever, meteor, &progress, show,
+        )?;
     } else {
         eprintln!("{lr_reason}");
         let validate_start = args.init.is_some() && !args.resume;
@@ -443,6 +449,7 @@ pub fn train<B: Backend>(
             begin,
             validate_start,
             retriever,
+            meteor,
             &progress,
             show,
         )?;

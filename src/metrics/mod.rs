@@ -7,6 +7,7 @@ pub mod cider;
 pub mod clipscore;
 pub mod diversity;
 pub mod fluency;
+pub mod meteor;
 mod ngrams;
 pub mod rouge;
 

@@ -16,13 +16,12 @@
 //! subset a state dict needs is small enough to keep here, and to fuzz.
 
 pub mod pickle;
-mod zip;
 
 use crate::tensorfile::{Tensor, TensorFile};
+use crate::zip::Archive;
 use anyhow::{Context, Result, bail};
 use pickle::{DType, TensorRef, Value};
 use std::path::Path;
-use zip::Archive;
 
 /// Where a checkpoint's state dict may sit when it is not the whole
 /// file, in the order they are tried: `{"model": ...}` (BLIP's and

@@ -7,7 +7,7 @@ use egui_plot::{Line, Plot, Points};
 
 /// Titles of the metrics the per-epoch validation records, in the order
 /// they are shown; a metric not listed comes after them under its key.
-const TITLES: [(&str, &str); 23] = [
+const TITLES: [(&str, &str); 24] = [
     ("mean_length", "mean length"),
     ("div1", "Div-1"),
     ("div2", "Div-2"),
@@ -27,6 +27,7 @@ const TITLES: [(&str, &str); 23] = [
     ("BLEU-3", "BLEU-3"),
     ("BLEU-4", "BLEU-4"),
     ("ROUGE-L", "ROUGE-L"),
+    ("METEOR", "METEOR"),
     ("fact_precision", "fact precision"),
     ("fact_recall", "fact recall"),
     ("objects_named", "objects named"),

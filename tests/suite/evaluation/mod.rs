@@ -2,5 +2,6 @@
 //! the HTML report.
 
 mod fluency;
+mod meteor;
 mod metrics;
 mod report;

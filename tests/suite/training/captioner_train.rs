@@ -68,6 +68,7 @@ fn train_to_end<B: Backend>(
         begin,
         false,
         None,
+        None,
         &hidden,
         |_| Flow::Continue,
     )
@@ -264,6 +265,7 @@ fn a_resumed_run_gives_the_numbers_of_an_uninterrupted_one() {
         &parts,
         Begin::New,
         false,
+        None,
         None,
         &Progress::hidden(),
         |e| match e {

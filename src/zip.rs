@@ -1,11 +1,13 @@
-//! The zip archive `torch.save` writes (since PyTorch 1.6): entries
-//! stored uncompressed, found through the central directory, with the
-//! zip64 records that files over 4 GiB need. Only what reading such an
-//! archive takes: no compression, no encryption, no multi-disk archives.
-//! Every offset and size a file claims is checked against the file's
-//! length before anything is read or allocated.
+//! Zip archives, read through their central directory, with the zip64
+//! records that files over 4 GiB need: PyTorch's checkpoints (entries
+//! stored, read in ranges) and Java archives (entries deflated, read
+//! whole). No encryption, no multi-disk archives. Every offset and size a
+//! file claims is checked against the file's length before anything is
+//! read or allocated, and an entry inflates to no more than its declared
+//! size.
 
 use anyhow::{Context, Result, bail};
+use flate2::read::DeflateDecoder;
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -17,6 +19,8 @@ const ZIP64_END_OF_DIRECTORY: u32 = 0x0606_4b50;
 const DIRECTORY_ENTRY: u32 = 0x0201_4b50;
 const LOCAL_HEADER: u32 = 0x0403_4b50;
 const ZIP64_EXTRA: u16 = 0x0001;
+const STORED: u16 = 0;
+const DEFLATED: u16 = 8;
 /// The end record's fixed part, and the most its comment adds.
 const END_LEN: usize = 22;
 const MAX_COMMENT: usize = 0xffff;
@@ -26,7 +30,10 @@ const MAX_COMMENT: usize = 0xffff;
 struct Entry {
     /// The offset of the entry's local header.
     header: u64,
+    /// The bytes it holds, and how they are stored.
     size: u64,
+    method: u16,
+    compressed: u64,
 }
 
 pub struct Archive {
@@ -154,16 +161,17 @@ impl Archive {
         let name = String::from_utf8_lossy(name).into_owned();
         let extra = f.take(extra_len.into()).ok_or_else(bad)?;
         f.take(comment_len.into()).ok_or_else(bad)?;
-        if method != 0 {
+        if method != STORED && method != DEFLATED {
             bail!(
-                "{}: entry {name:?} is compressed (method {method}); torch.save stores its \
-                 entries uncompressed, so this is not a file it wrote",
+                "{}: entry {name:?} is compressed by method {method}; only stored and deflated \
+                 entries are read",
                 self.path.display()
             );
         }
         // The zip64 extra field holds, in this order, the sizes and offset
         // whose 32-bit fields are all ones.
         let (mut size, mut header) = (u64::from(size), u64::from(header));
+        let mut compressed = u64::from(compressed);
         let mut extras = Fields::new(extra);
         while let (Some(id), Some(len)) = (extras.u16(), extras.u16()) {
             let mut field = Fields::new(extras.take(len.into()).ok_or_else(bad)?);
@@ -174,13 +182,25 @@ impl Archive {
                 size = field.u64().ok_or_else(bad)?;
             }
             if compressed == 0xffff_ffff {
-                field.u64().ok_or_else(bad)?;
+                compressed = field.u64().ok_or_else(bad)?;
             }
             if header == 0xffff_ffff {
                 header = field.u64().ok_or_else(bad)?;
             }
         }
-        Ok((name, Entry { header, size }))
+        let stored = if method == STORED { size } else { compressed };
+        if stored > self.len {
+            return Err(bad());
+        }
+        Ok((
+            name,
+            Entry {
+                header,
+                size,
+                method,
+                compressed: stored,
+            },
+        ))
     }
 
     /// The names of the entries.
@@ -193,12 +213,31 @@ impl Archive {
         self.entries.get(name).map(|e| e.size)
     }
 
-    /// `len` bytes of entry `name` from `offset` into it.
+    fn entry(&self, name: &str) -> Result<Entry> {
+        match self.entries.get(name) {
+            Some(&entry) => Ok(entry),
+            None => bail!("{}: no entry {name:?}", self.path.display()),
+        }
+    }
+
+    /// `len` bytes of the stored entry `name` from `offset` into it.
     pub fn read(&mut self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let Some(&entry) = self.entries.get(name) else {
-            bail!("{}: no entry {name:?}", self.path.display());
-        };
-        if offset.checked_add(len).is_none_or(|end| end > entry.size) {
+        let entry = self.entry(name)?;
+        if entry.method != STORED {
+            bail!(
+                "{}: entry {name:?} is compressed, so it cannot be read in parts; a checkpoint \
+                 stores its tensors uncompressed, so this is not a file torch.save wrote",
+                self.path.display()
+            );
+        }
+        self.read_stored(name, entry, offset, len)
+    }
+
+    fn read_stored(&mut self, name: &str, entry: Entry, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > entry.compressed)
+        {
             bail!(
                 "{}: bytes {offset}..{} of entry {name:?} asked for, but it holds {}",
                 self.path.display(),
@@ -218,10 +257,22 @@ impl Archive {
         self.read_at(start + offset, len)
     }
 
-    /// The whole of entry `name`.
+    /// The whole of entry `name`, inflated if it is deflated.
     pub fn read_all(&mut self, name: &str) -> Result<Vec<u8>> {
-        let size = self.size(name).unwrap_or(0);
-        self.read(name, 0, size)
+        let entry = self.entry(name)?;
+        let raw = self.read_stored(name, entry, 0, entry.compressed)?;
+        if entry.method == STORED {
+            return Ok(raw);
+        }
+        let mut out = Vec::new();
+        DeflateDecoder::new(raw.as_slice())
+            .take(entry.size + 1)
+            .read_to_end(&mut out)
+            .map_err(|e| corrupt(&self.path, &format!("deflated data of {name:?} ({e})")))?;
+        if out.len() as u64 != entry.size {
+            return Err(corrupt(&self.path, &format!("size of {name:?}")));
+        }
+        Ok(out)
     }
 
     /// `len` bytes from `offset` of the file, which must hold them.
