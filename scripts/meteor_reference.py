@@ -101,7 +101,8 @@ HAND_WRITTEN = [
     ("a a a a a a a a", ["a dog and a cat and a bird and a fish"]),
     ("the dogs were running and jumped happily",
      ["a dog runs and jumps happy", "dogs run , jump , and are happy"]),
-    ("liquid", ["costarring"]),
+    # Different words with one Java hash: the jar counts them as the same.
+    ("a wejdaffb on the grass", ["a dwhuazjz on the grass"]),
     ("a child in a red shirt climbs ||| a wall", ["a kid climbing a rock wall"]),
     ("a man in a blue shirt and a woman in a red dress walk down a street past a man in a "
      "red shirt and a woman in a blue dress near a shop with a red sign and a blue door",

@@ -30,10 +30,12 @@ const MAX_COMMENT: usize = 0xffff;
 struct Entry {
     /// The offset of the entry's local header.
     header: u64,
-    /// The bytes it holds, and how they are stored.
+    /// The bytes it holds.
     size: u64,
+    /// Stored or deflated.
     method: u16,
-    compressed: u64,
+    /// The bytes it takes in the file: `size`, or its deflated length.
+    stored_len: u64,
 }
 
 pub struct Archive {
@@ -198,7 +200,7 @@ impl Archive {
                 header,
                 size,
                 method,
-                compressed: stored,
+                stored_len: stored,
             },
         ))
     }
@@ -236,7 +238,7 @@ impl Archive {
     fn read_stored(&mut self, name: &str, entry: Entry, offset: u64, len: u64) -> Result<Vec<u8>> {
         if offset
             .checked_add(len)
-            .is_none_or(|end| end > entry.compressed)
+            .is_none_or(|end| end > entry.stored_len)
         {
             bail!(
                 "{}: bytes {offset}..{} of entry {name:?} asked for, but it holds {}",
@@ -260,13 +262,13 @@ impl Archive {
     /// The whole of entry `name`, inflated if it is deflated.
     pub fn read_all(&mut self, name: &str) -> Result<Vec<u8>> {
         let entry = self.entry(name)?;
-        let raw = self.read_stored(name, entry, 0, entry.compressed)?;
+        let raw = self.read_stored(name, entry, 0, entry.stored_len)?;
         if entry.method == STORED {
             return Ok(raw);
         }
         let mut out = Vec::new();
         DeflateDecoder::new(raw.as_slice())
-            .take(entry.size + 1)
+            .take(entry.size.saturating_add(1))
             .read_to_end(&mut out)
             .map_err(|e| corrupt(&self.path, &format!("deflated data of {name:?} ({e})")))?;
         if out.len() as u64 != entry.size {

@@ -397,9 +397,16 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.progress = progress;
     }
 
-    /// Adds METEOR to validation's metrics.
-    pub fn score_meteor(&mut self, meteor: Meteor) {
+    /// Adds METEOR to validation's metrics, reading its paraphrase table
+    /// now for the validation references' words.
+    pub fn score_meteor(&mut self, mut meteor: Meteor) -> Result<()> {
+        let items = &self.data.data.items;
+        let references: Vec<String> = (self.eval_items.iter())
+            .flat_map(|&i| items[i].captions.iter().map(|c| c.tokens.join(" ")))
+            .collect();
+        meteor.expect(references.iter().map(String::as_str))?;
         self.meteor = Some(meteor);
+        Ok(())
     }
 
     pub fn step(&self) -> usize {
@@ -949,7 +956,7 @@ pub fn train<B: Backend>(
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), begin, retriever)?;
     trainer.show_progress(progress.clone());
     if let Some(meteor) = meteor {
-        trainer.score_meteor(meteor);
+        trainer.score_meteor(meteor)?;
     }
     if validate_start
         && trainer.step() == 0
@@ -1006,7 +1013,7 @@ pub fn validate_saved<B: Backend>(
     let mut trainer = Trainer::new(b, ck, data, config, run.clone(), Begin::Resume, retriever)?;
     trainer.show_progress(progress.clone());
     if let Some(meteor) = meteor {
-        trainer.score_meteor(meteor);
+        trainer.score_meteor(meteor)?;
     }
     if trainer.write_samples(b, |e| progress.suspend(|| on_event(e)))? == Flow::Stop {
         return Ok(());

@@ -76,19 +76,30 @@ impl MeteorArgs {
         }
     }
 
-    /// The METEOR scorer, or None (saying why) where its data is not
-    /// found or METEOR is turned off.
+    /// The METEOR scorer, or None where METEOR is turned off or, not
+    /// asked for by a folder, its data is not found (a note says how to
+    /// get it). A folder given without the data is an error.
     pub fn scorer(&self) -> Result<Option<Meteor>> {
-        if self.meteor.as_deref() == Some(OFF) {
-            return Ok(None);
-        }
-        let Some(data) = MeteorData::locate(self.meteor.as_deref().map(Path::new))? else {
-            eprintln!("note: no METEOR: its data was not found; to have it, {HOW_TO_GET}");
-            return Ok(None);
+        let data = match self.meteor.as_deref() {
+            Some(OFF) => return Ok(None),
+            Some(dir) => MeteorData::at(Path::new(dir))
+                .context("--meteor (or CAPTUNE_METEOR) names no METEOR data")?,
+            None => match MeteorData::installed() {
+                Ok(Some(data)) => data,
+                found => {
+                    let why = match found {
+                        Err(e) => format!("{e:#}"),
+                        _ => "its data was not found".to_string(),
+                    };
+                    eprintln!(
+                        "note: no METEOR: {why}; to have it, {HOW_TO_GET} (--meteor none \
+                         leaves this note out)"
+                    );
+                    return Ok(None);
+                }
+            },
         };
-        Meteor::load(&data)
-            .with_context(|| format!("METEOR's data in {}", data.dir.display()))
-            .map(Some)
+        Meteor::load(&data).map(Some)
     }
 }
 

@@ -59,6 +59,9 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
     captioner.check_dim(&args.checkpoint, &data)?;
     timings.lap("loading the data, features and retriever");
+    // Before the captions, so that a --meteor without the data fails at once.
+    let mut meteor = args.meteor.scorer()?;
+    timings.lap("loading METEOR's resources");
     let items = data.items(args.split);
     if items.is_empty() {
         bail!(
@@ -93,8 +96,6 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         .collect();
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
     timings.lap("writing the results");
-    let mut meteor = args.meteor.scorer()?;
-    timings.lap("loading METEOR's data");
     let mut metrics = train::score_captions(
         b,
         &data,

@@ -13,6 +13,7 @@
 //!   the path it branched from, not to the branch;
 //! - ties keep their order (Java's sort is stable, and so is Rust's).
 
+use super::java;
 use super::paraphrase::Paraphrases;
 use super::stats::{MODULES, Stats};
 use super::stem::stem;
@@ -35,7 +36,7 @@ pub struct Word {
     key: i32,
     stem: i32,
     /// Its synsets and its base form's, sorted.
-    synsets: Vec<u32>,
+    synsets: Vec<i32>,
     /// Its id in the paraphrase table.
     paraphrase_id: i64,
     function: bool,
@@ -48,11 +49,11 @@ impl Word {
         synonyms: &Synonyms,
         paraphrases: &Paraphrases,
     ) -> Word {
-        let mut synsets: Vec<u32> = synonyms.sets_of(word).into_iter().collect();
+        let mut synsets: Vec<i32> = synonyms.sets_of(word).into_iter().collect();
         synsets.sort_unstable();
         Word {
-            key: java_hash(word),
-            stem: java_hash(&stem(word)),
+            key: java::hash(word),
+            stem: java::hash(&stem(word)),
             synsets,
             paraphrase_id: paraphrases.id_of(word),
             function: function_words.contains(&word.to_lowercase()),
@@ -74,20 +75,6 @@ impl Word {
         }
         false
     }
-}
-
-/// Java's `String.hashCode`: 31-based over UTF-16 code units, wrapping.
-pub(super) fn java_hash(word: &str) -> i32 {
-    word.encode_utf16()
-        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)))
-}
-
-/// Java's `StringTokenizer` with its default delimiters: only these five
-/// characters separate words.
-pub(super) fn words(line: &str) -> Vec<&str> {
-    line.split([' ', '\t', '\n', '\r', '\u{c}'])
-        .filter(|w| !w.is_empty())
-        .collect()
 }
 
 /// A match of `len` reference words at `start` with `test_len` hypothesis

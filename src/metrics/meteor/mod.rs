@@ -10,15 +10,17 @@
 //! a METEOR 1.5 distribution unpacks.
 
 mod align;
-pub mod normalize;
+mod java;
+mod normalize;
 mod paraphrase;
 mod stats;
-pub mod stem;
+mod stem;
 mod synonyms;
 
 use crate::zip::Archive;
-use align::{Word, words};
+use align::Word;
 use anyhow::{Context, Result, bail};
+use java::words;
 use normalize::Normalizer;
 use paraphrase::Paraphrases;
 use rayon::prelude::*;
@@ -46,8 +48,8 @@ impl MeteorData {
         for file in [JAR, PARAPHRASE_TABLE] {
             if !dir.join(file).is_file() {
                 bail!(
-                    "--meteor {}: no {file} there; give a METEOR 1.5 folder (pycocoevalcap's \
-                     `meteor` folder is one)",
+                    "{}: no {file} there, so no METEOR data; give a METEOR 1.5 folder \
+                     (pycocoevalcap's `meteor` folder is one)",
                     dir.display()
                 );
             }
@@ -57,30 +59,26 @@ impl MeteorData {
         })
     }
 
-    /// pycocoevalcap's copy, where `python3` on the PATH can import it.
-    pub fn installed() -> Option<MeteorData> {
-        let out = std::process::Command::new("python3")
+    /// pycocoevalcap's copy, where `python3` on the PATH can import it:
+    /// None where it cannot, an error where its `meteor` folder lacks the
+    /// data.
+    pub fn installed() -> Result<Option<MeteorData>> {
+        let found = std::process::Command::new("python3")
             .args([
                 "-c",
                 "import importlib.util as u; s = u.find_spec('pycocoevalcap'); \
                  print(list(s.submodule_search_locations)[0] if s else '')",
             ])
             .stderr(std::process::Stdio::null())
-            .output()
-            .ok()?;
-        let package = String::from_utf8(out.stdout).ok()?;
-        let package = package.trim();
-        (!package.is_empty())
-            .then(|| MeteorData::at(&Path::new(package).join("meteor")).ok())
-            .flatten()
-    }
-
-    /// The data at `dir` if given (an error if it is not there), else
-    /// pycocoevalcap's if it is installed.
-    pub fn locate(dir: Option<&Path>) -> Result<Option<MeteorData>> {
-        match dir {
-            Some(dir) => MeteorData::at(dir).map(Some),
-            None => Ok(MeteorData::installed()),
+            .output();
+        let package = found.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+        match package {
+            Ok(package) if !package.is_empty() => {
+                MeteorData::at(&Path::new(&package).join("meteor"))
+                    .map(Some)
+                    .context("pycocoevalcap is installed without METEOR's data: install it again")
+            }
+            _ => Ok(None),
         }
     }
 }
@@ -95,17 +93,17 @@ pub struct MeteorScores {
 /// The hypothesis and references of one segment as the jar receives them
 /// from pycocoevalcap: "|||" taken out of the hypothesis, all joined by
 /// "|||" and split again (so a reference holding "|||" is two), each
-/// trimmed as Java trims.
+/// trimmed as Java trims. The line always has its three parts: the
+/// command, the references and the hypothesis after its space.
 fn segment_lines(candidate: &str, references: &[String]) -> (String, Vec<String>) {
     let hypothesis = candidate.replace("|||", "").replace("  ", " ");
     let line = format!("SCORE ||| {} ||| {hypothesis}", references.join(" ||| "));
-    let mut parts: Vec<&str> = line.split("|||").collect();
-    while parts.last().is_some_and(|p| p.is_empty()) {
-        parts.pop();
-    }
-    let java_trim = |s: &str| s.trim_matches(|c| c <= ' ').to_string();
-    let test = parts.pop().map(java_trim).unwrap_or_default();
-    (test, parts[1..].iter().map(|p| java_trim(p)).collect())
+    let parts: Vec<&str> = line.split("|||").map(java::trim).collect();
+    let (test, references) = parts[1..].split_last().expect("the line has its parts");
+    (
+        test.to_string(),
+        references.iter().map(|r| r.to_string()).collect(),
+    )
 }
 
 /// A METEOR scorer: the jar's resources, read once, and the paraphrase
@@ -149,6 +147,35 @@ impl Meteor {
             paraphrases: Paraphrases::default(),
             vocabulary: HashSet::new(),
         })
+    }
+
+    /// Reads the paraphrase table now for the words of `texts` (each
+    /// normalised as a caption is), so that scoring captions made of them
+    /// reads it no more: a training run gives its validation references
+    /// before its first epoch, and learns of a damaged table then.
+    pub fn expect<'t>(&mut self, texts: impl IntoIterator<Item = &'t str>) -> Result<()> {
+        let normalised: Vec<String> = texts
+            .into_iter()
+            .map(|t| self.normalizer.normalize(t))
+            .collect();
+        self.read_paraphrases_for(normalised.iter().flat_map(|t| words(t)))
+    }
+
+    /// Holds the paraphrase table's records for `words` too: where some
+    /// are new, the table is read again for every word seen so far.
+    fn read_paraphrases_for<'w>(&mut self, words: impl IntoIterator<Item = &'w str>) -> Result<()> {
+        let new: HashSet<&str> = words
+            .into_iter()
+            .filter(|w| !self.vocabulary.contains(*w))
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        let mut vocabulary: HashSet<&str> = self.vocabulary.iter().map(String::as_str).collect();
+        vocabulary.extend(&new);
+        self.paraphrases = Paraphrases::read(&self.data.dir.join(PARAPHRASE_TABLE), &vocabulary)?;
+        self.vocabulary.extend(new.into_iter().map(str::to_string));
+        Ok(())
     }
 
     /// METEOR of tokenised captions: each candidate's words joined by
@@ -197,13 +224,7 @@ impl Meteor {
                 .flat_map(|(test, refs)| std::iter::once(test).chain(refs))
         };
         let corpus_words: HashSet<&str> = lines().flat_map(|line| words(line)).collect();
-        if corpus_words.iter().any(|w| !self.vocabulary.contains(*w)) {
-            self.vocabulary
-                .extend(corpus_words.iter().map(|w| w.to_string()));
-            let vocabulary: HashSet<&str> = self.vocabulary.iter().map(String::as_str).collect();
-            self.paraphrases =
-                Paraphrases::read(&self.data.dir.join(PARAPHRASE_TABLE), &vocabulary)?;
-        }
+        self.read_paraphrases_for(corpus_words.iter().copied())?;
         // What each module knows of a word, once per distinct word.
         let known: HashMap<&str, Word> = corpus_words
             .into_par_iter()

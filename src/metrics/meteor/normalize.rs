@@ -21,6 +21,8 @@ use std::sync::LazyLock;
 
 use regex::Regex;
 
+use super::java;
+
 /// The characters METEOR's patterns count as letters: ASCII, Latin-1 and
 /// Latin Extended-A letters (without `×` and `÷`), Cyrillic with its
 /// supplement and Extended-B, and the phonetic extensions. Greek, CJK,
@@ -30,9 +32,6 @@ const LETTERS: &str = "A-Za-z\u{C0}-\u{D6}\u{D8}-\u{F6}\u{F8}-\u{17E}\u{400}-\u{
 
 /// Java's `\s` (without the UNICODE_CHARACTER_CLASS flag).
 const JAVA_SPACE: &str = r" \t\n\x0B\x0C\r";
-
-/// The separators of Java's `StringTokenizer` by default.
-const TOKEN_SEPARATORS: [char; 5] = [' ', '\t', '\n', '\r', '\x0C'];
 
 /// What the last stage turns into single spaces (tabs and the other ASCII
 /// separators are gone by then: the word pass rejoins words with spaces).
@@ -139,7 +138,7 @@ impl Normalizer {
     pub fn new(nonbreaking_prefixes: &str) -> Normalizer {
         let mut prefixes = HashMap::new();
         for line in nonbreaking_prefixes.split(['\n', '\r']) {
-            let mut words = line.split(TOKEN_SEPARATORS).filter(|w| !w.is_empty());
+            let mut words = line.split(java::DELIMITERS).filter(|w| !w.is_empty());
             let Some(prefix) = words.next() else { continue };
             if prefix.starts_with('#') {
                 continue;
@@ -173,15 +172,14 @@ impl Normalizer {
         }
         let text = text.replace(DOT_RUN, ".");
         let text = patterns.wide_space.replace_all(&text, " ");
-        // Java's `String.trim` drops every character up to U+0020.
-        text.trim_matches(|c: char| c <= ' ').to_lowercase()
+        java::trim(&text).to_lowercase()
     }
 
     /// The word pass: a final dot stays on its word for abbreviations and
     /// is split off as ` .` otherwise. Words are rejoined with spaces.
     fn split_final_dots(&self, patterns: &Patterns, text: &str) -> String {
         let words: Vec<&str> = text
-            .split(TOKEN_SEPARATORS)
+            .split(java::DELIMITERS)
             .filter(|w| !w.is_empty())
             .collect();
         let mut out = String::with_capacity(text.len() + 8);

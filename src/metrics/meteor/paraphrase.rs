@@ -7,6 +7,7 @@
 //! a corpus's vocabulary touches a few thousand. The kept records keep
 //! their order, which decides ties in the aligner's search.
 
+use super::java;
 use anyhow::{Context, Result, bail};
 use flate2::read::MultiGzDecoder;
 use std::collections::{HashMap, HashSet};
@@ -27,11 +28,22 @@ struct Node {
     paraphrases: Vec<usize>,
 }
 
-#[derive(Default)]
 pub struct Paraphrases {
     ids: HashMap<String, i64>,
+    /// The trie, its root first.
     nodes: Vec<Node>,
     paraphrases: Vec<Vec<i64>>,
+}
+
+/// No records yet.
+impl Default for Paraphrases {
+    fn default() -> Self {
+        Paraphrases {
+            ids: HashMap::new(),
+            nodes: vec![Node::default()],
+            paraphrases: Vec::new(),
+        }
+    }
 }
 
 /// FNV-1a. Looking up the table's words is most of reading it once it is
@@ -56,13 +68,11 @@ impl Hasher for Fnv {
     }
 }
 
-/// Java's `StringTokenizer` delimiters.
-fn is_delimiter(b: &u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | 0x0c)
-}
-
+/// A line's words as `StringTokenizer` splits it (its delimiters are
+/// ASCII, so bytes do).
 fn tokens(line: &[u8]) -> impl Iterator<Item = &[u8]> {
-    line.split(is_delimiter).filter(|t| !t.is_empty())
+    line.split(|b| java::DELIMITERS.contains(&char::from(*b)))
+        .filter(|t| !t.is_empty())
 }
 
 /// The table's lines, one at a time, keeping the records worth keeping.
@@ -85,8 +95,12 @@ impl Records<'_> {
         match self.lines % 3 {
             1 => self.phrase = self.known(line).then(|| line.to_vec()),
             2 => {
+                // A blank phrase could only make matches of no words (the
+                // jar's aligner never finishes on one).
                 if let Some(phrase) = self.phrase.take()
                     && self.known(line)
+                    && tokens(&phrase).next().is_some()
+                    && tokens(line).next().is_some()
                 {
                     self.table.add(&phrase, line);
                 }
@@ -100,6 +114,8 @@ impl Records<'_> {
 impl Paraphrases {
     /// The records of the table at `path` (gzip) whose words are all in
     /// `vocabulary`. One thread inflates while this one reads the lines.
+    /// Lines end at `\n` only (Java's reader also ends them at a lone
+    /// `\r`, which METEOR's table does not hold).
     pub fn read(path: &Path, vocabulary: &HashSet<&str>) -> Result<Paraphrases> {
         let shown = path.display();
         let file = std::fs::File::open(path)
@@ -108,10 +124,7 @@ impl Paraphrases {
             known: vocabulary.iter().map(|w| w.as_bytes()).collect(),
             lines: 0,
             phrase: None,
-            table: Paraphrases {
-                nodes: vec![Node::default()],
-                ..Paraphrases::default()
-            },
+            table: Paraphrases::default(),
         };
         let (sender, blocks) = sync_channel::<std::io::Result<Vec<u8>>>(4);
         std::thread::scope(|scope| {

@@ -1,9 +1,10 @@
 //! The Snowball English ("Porter2") stemmer that METEOR 1.5's `stem` module
 //! uses (<https://snowballstem.org/algorithms/english/stemmer.html>), in the
 //! 2015 version that `meteor-1.5.jar` carries. The tests check it against
-//! the jar's stems of every Flickr8k caption token, a hand-written list
-//! and random combinations of suffixes (`tests/data/meteor/stems.tsv`, from
-//! `scripts/meteor_stem_fixture.py`).
+//! the jar's stems of a hand-written list that touches every rule and of
+//! random combinations of suffixes (`tests/data/meteor/stems.tsv`, from
+//! `scripts/meteor_stem_fixture.py`); real captions' words are stemmed in
+//! the METEOR tests on Flickr8k.
 //!
 //! Like the jar it works on UTF-16 code units: the length limits count
 //! units, so a character beyond the BMP (an emoji) counts as two. Every edit

@@ -34,15 +34,18 @@ const RULES: [(&str, &str); 20] = [
 pub struct Synonyms {
     /// Irregular forms' base forms ("geese" -> "goose").
     bases: HashMap<String, Vec<String>>,
-    synsets: HashMap<String, Vec<u32>>,
+    synsets: HashMap<String, Vec<i32>>,
 }
 
-/// The lines of a file of two-line records, in pairs.
+/// The lines of a file of two-line records, in pairs. (Lines end at
+/// `\n`: Java's reader also ends them at a lone `\r`, which the jar's
+/// files do not hold.)
 fn records<'a>(text: &'a str, name: &str) -> Result<Vec<(&'a str, &'a str)>> {
     let lines: Vec<&str> = text.lines().collect();
     if !lines.len().is_multiple_of(2) {
         bail!(
-            "{name}: {} lines, but its records are pairs of lines; the file is cut short",
+            "{name}: {} lines, but its records are pairs of lines: the file is cut short; \
+             install METEOR's data (pycocoevalcap) again",
             lines.len()
         );
     }
@@ -75,7 +78,7 @@ impl Synonyms {
                         )
                     })
                 })
-                .collect::<Result<Vec<u32>>>()?;
+                .collect::<Result<Vec<i32>>>()?;
             sets.insert(word.to_string(), ids);
         }
         Ok(Synonyms {
@@ -84,7 +87,7 @@ impl Synonyms {
         })
     }
 
-    fn add_sets(&self, word: &str, out: &mut HashSet<u32>) {
+    fn add_sets(&self, word: &str, out: &mut HashSet<i32>) {
         if let Some(ids) = self.synsets.get(word) {
             out.extend(ids);
         }
@@ -93,7 +96,7 @@ impl Synonyms {
     /// The synsets of `word` and of its base form: its listed irregular
     /// bases if it has any, else the first base WordNet's rules give that
     /// has synsets.
-    pub fn sets_of(&self, word: &str) -> HashSet<u32> {
+    pub fn sets_of(&self, word: &str) -> HashSet<i32> {
         let mut out = HashSet::new();
         self.add_sets(word, &mut out);
         if let Some(bases) = self.bases.get(word) {

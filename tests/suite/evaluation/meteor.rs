@@ -22,13 +22,16 @@ use std::collections::HashMap;
 
 /// pycocoevalcap's METEOR data, or a skip.
 fn meteor_data() -> Option<MeteorData> {
-    let found = MeteorData::installed();
-    if found.is_none() {
-        common::skip(
-            "pycocoevalcap is not installed: METEOR's data (its jar and paraphrase table) is not there",
-        );
-    }
-    found
+    let why = match MeteorData::installed() {
+        Ok(Some(data)) => return Some(data),
+        Ok(None) => {
+            "pycocoevalcap is not installed: METEOR's data (its jar and paraphrase table) is not there"
+                .to_string()
+        }
+        Err(e) => format!("{e:#}"),
+    };
+    common::skip(&why);
+    None
 }
 
 fn reference() -> Value {
@@ -223,7 +226,9 @@ fn validation_scores_its_greedy_captions_by_meteor() {
     };
     let (mut trainer, dir) =
         common::new_run(&b, &mut ck, &data, &config, "meteor-validation", None);
-    trainer.score_meteor(Meteor::load(&meteor_data).unwrap());
+    trainer
+        .score_meteor(Meteor::load(&meteor_data).unwrap())
+        .unwrap();
     let mut reported = None;
     trainer
         .validate_now(&b, |e| {
