@@ -6,7 +6,9 @@
 
 use super::{Dataset, Extensions, Item, LoadReport, Split, caption};
 use anyhow::{Context, Result, bail};
+use rayon::prelude::*;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::path::{Path, PathBuf};
 
 #[derive(Deserialize)]
@@ -34,14 +36,16 @@ struct Sentence {
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: malformed JSON at line {} column {}: {e}; fix or re-download the file",
-            path.display(),
-            e.line(),
-            e.column()
-        )
-    })
+    serde_json::from_str(&text).map_err(|e| malformed(path, &e))
+}
+
+fn malformed(path: &Path, e: &serde_json::Error) -> anyhow::Error {
+    anyhow::anyhow!(
+        "{}: malformed JSON at line {} column {}: {e}; fix or re-download the file",
+        path.display(),
+        e.line(),
+        e.column()
+    )
 }
 
 fn id_text(v: &serde_json::Value) -> String {
@@ -63,9 +67,22 @@ pub fn load_references(path: &Path) -> Result<Dataset> {
     read(path, None, false)
 }
 
+/// A split file's top level, each entry left unparsed until it is read
+/// (the entries are read in parallel; the shapes world's file is 30 MB).
+#[derive(Deserialize)]
+struct SplitFile<'a> {
+    #[serde(default)]
+    dataset: Option<serde_json::Value>,
+    #[serde(borrow, default)]
+    images: Option<&'a RawValue>,
+}
+
 fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Dataset> {
-    let json = read_json(path)?;
-    let Some(entries) = json.get("images").and_then(|v| v.as_array()) else {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let file: SplitFile = serde_json::from_str(&text).map_err(|e| malformed(path, &e))?;
+    let entries: Option<Vec<&RawValue>> = file.images.and_then(|v| serde_json::from_str(v.get()).ok());
+    let Some(entries) = entries else {
         bail!(
             "{}: no \"images\" array: this is not a Karpathy split file (for COCO annotation files use coco:PATH)",
             path.display()
@@ -75,64 +92,24 @@ fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Data
         Some(dir) => dir.to_path_buf(),
         None => path.parent().unwrap_or(Path::new(".")).join("images"),
     };
-    let name = json
-        .get("dataset")
+    let name = (file.dataset.as_ref())
         .and_then(|v| v.as_str())
         .unwrap_or("karpathy")
         .to_string();
+    let read: Vec<(Option<Item>, LoadReport)> = entries
+        .par_iter()
+        .enumerate()
+        .map(|(k, raw)| {
+            let mut report = LoadReport::default();
+            let item = entry(path, &image_dir, require_images, k, raw, &mut report);
+            (item, report)
+        })
+        .collect();
     let mut report = LoadReport::default();
-    let mut items = Vec::with_capacity(entries.len());
-    for (k, value) in entries.iter().enumerate() {
-        let entry: Entry = match Entry::deserialize(value) {
-            Ok(e) => e,
-            Err(e) => {
-                report.skip_item(format!("{}: images[{k}]: {e}; skipped", path.display()));
-                continue;
-            }
-        };
-        let id = entry
-            .cocoid
-            .as_ref()
-            .or(entry.imgid.as_ref())
-            .map(id_text)
-            .unwrap_or_else(|| entry.filename.clone());
-        let label = format!("images[{k}] (id {id}, {})", entry.filename);
-        let Some(split) = Split::parse(&entry.split) else {
-            report.skip_item(format!(
-                "{}: {label}: unknown split {:?} (expected train, restval, val or test); skipped",
-                path.display(),
-                entry.split
-            ));
-            continue;
-        };
-        let image = resolve(&image_dir, entry.filepath.as_deref(), &entry.filename);
-        if require_images && !image.is_file() {
-            report.skip_item(format!(
-                "{}: {label}: image {} not found (pass the image folder with --images); skipped",
-                path.display(),
-                image.display()
-            ));
-            continue;
-        }
-        let captions: Vec<_> = entry
-            .sentences
-            .iter()
-            .filter_map(|s| caption(&s.raw, path, &label, &mut report))
-            .collect();
-        if captions.is_empty() {
-            report.skip_item(format!(
-                "{}: {label}: no caption with a token; skipped",
-                path.display()
-            ));
-            continue;
-        }
-        items.push(Item {
-            id,
-            split,
-            image,
-            captions,
-            extensions: entry.extensions,
-        });
+    let mut items = Vec::with_capacity(read.len());
+    for (item, r) in read {
+        report.merge(r);
+        items.extend(item);
     }
     if items.is_empty() {
         bail!("{}: no usable image ({})", path.display(), report);
@@ -141,6 +118,73 @@ fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Data
         name,
         items,
         report,
+    })
+}
+
+/// Entry `k` of the file at `path` as an item, or None with the reason in
+/// `report`.
+fn entry(
+    path: &Path,
+    image_dir: &Path,
+    require_images: bool,
+    k: usize,
+    raw: &RawValue,
+    report: &mut LoadReport,
+) -> Option<Item> {
+    let entry: Entry = match serde_json::from_str(raw.get()) {
+        Ok(e) => e,
+        Err(_) => {
+            // Said as a field's error, without a position inside the entry.
+            let why = serde_json::from_str::<serde_json::Value>(raw.get())
+                .and_then(|v| Entry::deserialize(&v).map(|_| ()))
+                .err()
+                .map_or_else(|| "unreadable".to_string(), |e| e.to_string());
+            report.skip_item(format!("{}: images[{k}]: {why}; skipped", path.display()));
+            return None;
+        }
+    };
+    let id = entry
+        .cocoid
+        .as_ref()
+        .or(entry.imgid.as_ref())
+        .map(id_text)
+        .unwrap_or_else(|| entry.filename.clone());
+    let label = format!("images[{k}] (id {id}, {})", entry.filename);
+    let Some(split) = Split::parse(&entry.split) else {
+        report.skip_item(format!(
+            "{}: {label}: unknown split {:?} (expected train, restval, val or test); skipped",
+            path.display(),
+            entry.split
+        ));
+        return None;
+    };
+    let image = resolve(image_dir, entry.filepath.as_deref(), &entry.filename);
+    if require_images && !image.is_file() {
+        report.skip_item(format!(
+            "{}: {label}: image {} not found (pass the image folder with --images); skipped",
+            path.display(),
+            image.display()
+        ));
+        return None;
+    }
+    let captions: Vec<_> = entry
+        .sentences
+        .iter()
+        .filter_map(|s| caption(&s.raw, path, &label, report))
+        .collect();
+    if captions.is_empty() {
+        report.skip_item(format!(
+            "{}: {label}: no caption with a token; skipped",
+            path.display()
+        ));
+        return None;
+    }
+    Some(Item {
+        id,
+        split,
+        image,
+        captions,
+        extensions: entry.extensions,
     })
 }
 

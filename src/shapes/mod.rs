@@ -237,7 +237,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
     let mut data = crate::data::karpathy::load(&file, None)?;
     data.name = config.domain.data_name().into();
     // Every image carries its scene: the facts metrics read them.
-    for item in &data.items {
+    data.items.par_iter().try_for_each(|item| {
         let Some(value) = item.extensions.get(SCENE_KEY) else {
             bail!(
                 "{}: image {} has no scene; delete {} to generate the world again",
@@ -246,7 +246,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
                 dir.display()
             );
         };
-        serde_json::from_value::<Scene>(value.clone()).with_context(|| {
+        Scene::deserialize(value).with_context(|| {
             format!(
                 "{}: image {}: the scene does not parse; delete {} to generate the world again",
                 file.display(),
@@ -254,7 +254,8 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
                 dir.display()
             )
         })?;
-    }
+        Ok(())
+    })?;
     Ok(data)
 }
 
@@ -263,7 +264,7 @@ const SCENE_KEY: &str = "scene";
 
 /// The scene of a shapes-world item (`None` for any other data set's).
 pub fn scene(item: &crate::data::Item) -> Option<Scene> {
-    serde_json::from_value(item.extensions.get(SCENE_KEY)?.clone()).ok()
+    Scene::deserialize(item.extensions.get(SCENE_KEY)?).ok()
 }
 
 #[cfg(test)]
