@@ -3,7 +3,8 @@
 //! cases, Flickr8k's test split with leave-one-out human captions, and
 //! captions captune generated for it; then METEOR in `score` and in
 //! validation. METEOR's data comes from pycocoevalcap where it is
-//! installed; the tests skip without it.
+//! installed, and those tests skip without it; one runs everywhere, on
+//! made-up data scored by the jar.
 
 use crate::common;
 
@@ -83,6 +84,27 @@ fn meteor_equals_the_jar_on_written_cases() {
         .score(&candidates, &references)
         .unwrap();
     assert_jar_scores("written cases", &got, cases);
+}
+
+/// Runs everywhere: a made-up data folder in METEOR's layout
+/// (`scripts/meteor_tiny_data.py`), scored by the real jar with the same
+/// function words, synonyms and paraphrases: stems, irregular and regular
+/// base forms, synonyms, paraphrases both ways, repeated and crossing
+/// words for the search, an identical pair and an empty caption.
+#[test]
+fn meteor_equals_the_jar_on_made_up_data() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/meteor/tiny");
+    let expected: Value =
+        serde_json::from_str(include_str!("../../data/meteor/tiny_expected.json")).unwrap();
+    let pairs = expected["pairs"].as_array().unwrap();
+    let candidates: Vec<String> = pairs
+        .iter()
+        .map(|p| p["candidate"].as_str().unwrap().to_string())
+        .collect();
+    let references: Vec<Vec<String>> = pairs.iter().map(|p| strings(&p["references"])).collect();
+    let data = MeteorData::at(&dir).unwrap();
+    let got = Meteor::load(&data).unwrap().score(&candidates, &references).unwrap();
+    assert_jar_scores("made-up data", &got, &expected);
 }
 
 /// Flickr8k's test images: their id and their captions, PTB-tokenised as
