@@ -135,40 +135,88 @@ pub fn attend_cached(
     out: &mut [f32],
     l: &CachedAttention,
 ) {
-    let (w, d, pos) = (l.width(), l.head_dim, l.position);
-    let per_head = l.capacity * d;
-    let per_row = l.heads * per_head;
+    let w = l.width();
+    let per_row = l.heads * l.capacity * l.head_dim;
     keys.par_chunks_mut(per_row)
         .zip(values.par_chunks_mut(per_row))
         .zip(out.par_chunks_mut(w))
         .enumerate()
         .for_each(|(row, ((keys, values), out))| {
             let qkv = &qkv[row * 3 * w..][..3 * w];
-            for h in 0..l.heads {
-                let part = |k: usize| &qkv[k * w + h * d..][..d];
-                let keys = &mut keys[h * per_head..][..per_head];
-                let values = &mut values[h * per_head..][..per_head];
-                keys[pos * d..][..d].copy_from_slice(part(1));
-                values[pos * d..][..d].copy_from_slice(part(2));
-                let q = part(0);
-                let scores: Vec<f32> = (0..=pos)
-                    .map(|j| {
-                        let k = &keys[j * d..][..d];
-                        l.scale * q.iter().zip(k).fold(0.0, |s, (a, b)| a.mul_add(*b, s))
-                    })
-                    .collect();
-                let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-                let weights: Vec<f32> = scores.iter().map(|&s| exp(s - max)).collect();
-                let total = workgroup_sum(&weights);
-                for (i, o) in out[h * d..][..d].iter_mut().enumerate() {
-                    let sum = weights
-                        .iter()
-                        .enumerate()
-                        .fold(0.0, |s, (j, e)| e.mul_add(values[j * d + i], s));
-                    *o = sum / total;
-                }
+            #[cfg(target_arch = "x86_64")]
+            if fma::available() {
+                // SAFETY: the CPU has FMA, checked just above.
+                return unsafe { fma::attend_row(qkv, keys, values, out, l) };
             }
+            attend_row(qkv, keys, values, out, l)
         });
+}
+
+/// One row's step of cached attention, every head: its key and value
+/// appended to the cache, then its query against all the row's keys.
+#[inline(always)]
+fn attend_row(
+    qkv: &[f32],
+    keys: &mut [f32],
+    values: &mut [f32],
+    out: &mut [f32],
+    l: &CachedAttention,
+) {
+    let (w, d, pos) = (l.width(), l.head_dim, l.position);
+    let per_head = l.capacity * d;
+    for h in 0..l.heads {
+        let part = |k: usize| &qkv[k * w + h * d..][..d];
+        let keys = &mut keys[h * per_head..][..per_head];
+        let values = &mut values[h * per_head..][..per_head];
+        keys[pos * d..][..d].copy_from_slice(part(1));
+        values[pos * d..][..d].copy_from_slice(part(2));
+        let q = part(0);
+        // Plain loops: an iterator's fold would be a function of its own,
+        // compiled without FMA, calling the software `fmaf` per term.
+        let mut scores = Vec::with_capacity(pos + 1);
+        for j in 0..=pos {
+            let k = &keys[j * d..][..d];
+            let mut dot = 0.0f32;
+            for i in 0..d {
+                dot = q[i].mul_add(k[i], dot);
+            }
+            scores.push(l.scale * dot);
+        }
+        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        let weights: Vec<f32> = scores.iter().map(|&s| exp(s - max)).collect();
+        let total = workgroup_sum(&weights);
+        let out = &mut out[h * d..][..d];
+        for i in 0..d {
+            let mut sum = 0.0f32;
+            for j in 0..weights.len() {
+                sum = weights[j].mul_add(values[j * d + i], sum);
+            }
+            out[i] = sum / total;
+        }
+    }
+}
+
+/// `attend_row` compiled for CPUs with FMA, chosen at run time: its fused
+/// multiply-adds (the GPU kernel's, so that both pick the same words) are
+/// then one instruction each instead of a call to a software `fmaf`.
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use super::CachedAttention;
+
+    #[target_feature(enable = "fma")]
+    pub(super) fn attend_row(
+        qkv: &[f32],
+        keys: &mut [f32],
+        values: &mut [f32],
+        out: &mut [f32],
+        l: &CachedAttention,
+    ) {
+        super::attend_row(qkv, keys, values, out, l)
+    }
+
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("fma")
+    }
 }
 
 /// Threads of the kernel's workgroup.

@@ -81,7 +81,8 @@ fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Data
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let file: SplitFile = serde_json::from_str(&text).map_err(|e| malformed(path, &e))?;
-    let entries: Option<Vec<&RawValue>> = file.images.and_then(|v| serde_json::from_str(v.get()).ok());
+    let entries: Option<Vec<&RawValue>> =
+        file.images.and_then(|v| serde_json::from_str(v.get()).ok());
     let Some(entries) = entries else {
         bail!(
             "{}: no \"images\" array: this is not a Karpathy split file (for COCO annotation files use coco:PATH)",

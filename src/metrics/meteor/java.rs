@@ -33,7 +33,10 @@ mod tests {
         assert_eq!(hash("wejdaffb"), hash("dwhuazjz"));
         assert_ne!(hash("dog"), hash("dogs"));
         // A vertical tab and a no-break space are no delimiters.
-        assert_eq!(words(" a\tb\u{b}c\u{a0}d\r\ne "), ["a", "b\u{b}c\u{a0}d", "e"]);
+        assert_eq!(
+            words(" a\tb\u{b}c\u{a0}d\r\ne "),
+            ["a", "b\u{b}c\u{a0}d", "e"]
+        );
         assert_eq!(trim("\u{1}\t x \u{a0}\n"), "x \u{a0}");
     }
 }

@@ -103,7 +103,10 @@ fn meteor_equals_the_jar_on_made_up_data() {
         .collect();
     let references: Vec<Vec<String>> = pairs.iter().map(|p| strings(&p["references"])).collect();
     let data = MeteorData::at(&dir).unwrap();
-    let got = Meteor::load(&data).unwrap().score(&candidates, &references).unwrap();
+    let got = Meteor::load(&data)
+        .unwrap()
+        .score(&candidates, &references)
+        .unwrap();
     assert_jar_scores("made-up data", &got, &expected);
 }
 
