@@ -222,22 +222,70 @@ mod fma {
 /// Threads of the kernel's workgroup.
 const WG: usize = 256;
 
-/// The sum of `x` as `workgroup_reduce` in `shaders/prelude.wgsl` takes it:
-/// thread t adds the elements t, t + 256, ... in order, then each of the
-/// first `stride` threads adds thread t + stride's sum, for strides 128
-/// down to 1.
+/// The sum of `x` (attention weights: never negative) as
+/// `workgroup_reduce` in `shaders/prelude.wgsl` takes it: thread t adds the
+/// elements t, t + 256, ... in order, then each of the first `stride`
+/// threads adds thread t + stride's sum, for strides 128 down to 1.
+/// Threads past the elements hold +0, which changes no sum of non-negative
+/// numbers, so they and the additions of them are left out: a short row
+/// (a caption's few positions) costs its length, not the workgroup's.
 fn workgroup_sum(x: &[f32]) -> f32 {
     let mut partial = [0.0f32; WG];
-    for (t, p) in partial.iter_mut().enumerate() {
-        *p = x.iter().skip(t).step_by(WG).fold(0.0, |s, v| s + v);
+    let mut holding = x.len().min(WG);
+    for (t, p) in partial[..holding].iter_mut().enumerate() {
+        *p = x[t..].iter().step_by(WG).fold(0.0, |s, v| s + v);
     }
     let mut stride = WG / 2;
     while stride > 0 {
-        let (low, high) = partial.split_at_mut(stride);
-        for (a, b) in low.iter_mut().zip(&high[..stride]) {
-            *a += b;
+        if stride < holding {
+            let (low, high) = partial.split_at_mut(stride);
+            for (a, b) in low.iter_mut().zip(&high[..holding - stride]) {
+                *a += b;
+            }
+            holding = stride;
         }
         stride /= 2;
     }
     partial[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{WG, workgroup_sum};
+    use rand::{Rng, SeedableRng};
+
+    /// The workgroup's reduction with every thread and stride taken.
+    fn every_thread(x: &[f32]) -> f32 {
+        let mut partial = [0.0f32; WG];
+        for (t, p) in partial.iter_mut().enumerate() {
+            *p = x.iter().skip(t).step_by(WG).fold(0.0, |s, v| s + v);
+        }
+        let mut stride = WG / 2;
+        while stride > 0 {
+            for t in 0..stride {
+                partial[t] += partial[t + stride];
+            }
+            stride /= 2;
+        }
+        partial[0]
+    }
+
+    #[test]
+    fn a_short_row_sums_to_the_same_bits_as_the_whole_workgroup() {
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+        for len in (0..300).chain([511, 512, 513, 1000]) {
+            let x: Vec<f32> = (0..len)
+                .map(|_| match rng.random_range(0..4) {
+                    0 => 0.0,
+                    1 => rng.random::<f32>() * 1e-30,
+                    _ => rng.random::<f32>() * 10.0,
+                })
+                .collect();
+            assert_eq!(
+                workgroup_sum(&x).to_bits(),
+                every_thread(&x).to_bits(),
+                "{len} weights"
+            );
+        }
+    }
 }
