@@ -7,6 +7,7 @@ use crate::backend::Backend;
 use crate::data::Item;
 use crate::metrics::clipscore::{PROMPT, corpus_scores};
 use crate::metrics::diversity::{diversity, mean_length, vocabulary_usage};
+use crate::metrics::meteor::Meteor;
 use crate::metrics::{CocoScores, coco_scores};
 use crate::retriever::eval::recall;
 use crate::retriever::frozen::FrozenRetriever;
@@ -68,12 +69,13 @@ pub struct Judge<'r, B: Backend> {
 }
 
 /// `generated[i]` are item i's captions (tokens); the first is the one
-/// scored against references and retrieved.
+/// scored against references (by METEOR too, when given) and retrieved.
 pub fn evaluate<B: Backend>(
     b: &B,
     items: &[&Item],
     generated: &[Vec<Vec<String>>],
     judge: Option<Judge<'_, B>>,
+    meteor: Option<&mut Meteor>,
 ) -> Result<CaptionMetrics> {
     assert_eq!(items.len(), generated.len(), "captions for every item");
     let firsts: Vec<Vec<String>> = generated.iter().map(|g| g[0].clone()).collect();
@@ -86,6 +88,10 @@ pub fn evaluate<B: Backend>(
     let mut m = CaptionMetrics {
         images: items.len(),
         coco: Some(coco_scores(&firsts, &references)),
+        meteor: match meteor {
+            Some(meteor) => Some(meteor.score_tokens(&firsts, &references)?.corpus),
+            None => None,
+        },
         mean_length: mean_length(&all),
         lexical_diversity: words,
         vocabulary_usage: words,

@@ -1057,15 +1057,7 @@ pub fn score_captions<B: Backend>(
         image_embeddings: &image_embeddings,
         data_name: &data.data.name,
     });
-    let mut metrics = evaluate(b, &chosen, &tokens, judge)?;
-    if let Some(meteor) = meteor {
-        let firsts: Vec<&[String]> = tokens.iter().map(|g| g[0].as_slice()).collect();
-        let references: Vec<Vec<&[String]>> = (chosen.iter())
-            .map(|i| i.captions.iter().map(|c| c.tokens.as_slice()).collect())
-            .collect();
-        metrics.meteor = Some(meteor.score_tokens(&firsts, &references)?.corpus);
-    }
-    Ok(metrics)
+    evaluate(b, &chosen, &tokens, judge, meteor)
 }
 
 fn words(caption: &str) -> Vec<String> {

@@ -34,18 +34,24 @@ struct Sentence {
 
 /// Reads a JSON file, naming the file and the line and column of a syntax error.
 pub fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    serde_json::from_str(&text).map_err(|e| malformed(path, &e))
+    parse(path, &read_text(path)?)
 }
 
-fn malformed(path: &Path, e: &serde_json::Error) -> anyhow::Error {
-    anyhow::anyhow!(
-        "{}: malformed JSON at line {} column {}: {e}; fix or re-download the file",
-        path.display(),
-        e.line(),
-        e.column()
-    )
+fn read_text(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The text of the JSON file at `path` as a `T`, naming the file and the
+/// line and column of a syntax error.
+fn parse<'a, T: Deserialize<'a>>(path: &Path, text: &'a str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: malformed JSON at line {} column {}: {e}; fix or re-download the file",
+            path.display(),
+            e.line(),
+            e.column()
+        )
+    })
 }
 
 fn id_text(v: &serde_json::Value) -> String {
@@ -78,9 +84,8 @@ struct SplitFile<'a> {
 }
 
 fn read(path: &Path, images: Option<&Path>, require_images: bool) -> Result<Dataset> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let file: SplitFile = serde_json::from_str(&text).map_err(|e| malformed(path, &e))?;
+    let text = read_text(path)?;
+    let file: SplitFile = parse(path, &text)?;
     let entries: Option<Vec<&RawValue>> =
         file.images.and_then(|v| serde_json::from_str(v.get()).ok());
     let Some(entries) = entries else {

@@ -337,35 +337,44 @@ fn search(candidates: &Candidates, tests: usize, refs: usize) -> Path {
     next_paths.swap_remove(0)
 }
 
+/// Counts `words`, matched by `module`, as content or function words.
+fn tally(
+    words: &[&Word],
+    module: usize,
+    content: &mut [f64; MODULES],
+    function: &mut [f64; MODULES],
+) {
+    for w in words {
+        let side = if w.function {
+            &mut *function
+        } else {
+            &mut *content
+        };
+        side[module] += 1.0;
+    }
+}
+
 /// METEOR's statistics of the chosen matches: matched words by module,
 /// content or function word, and the chunks they form.
 fn counts(chosen: &[Option<Match>], test: &[&Word], reference: &[&Word]) -> Stats {
-    let test_function: Vec<bool> = test.iter().map(|w| w.function).collect();
-    let reference_function: Vec<bool> = reference.iter().map(|w| w.function).collect();
+    let function_words = |words: &[&Word]| words.iter().filter(|w| w.function).count() as f64;
     let mut s = Stats {
         test_len: test.len() as f64,
         reference_len: reference.len() as f64,
-        test_function_words: test_function.iter().filter(|&&f| f).count() as f64,
-        reference_function_words: reference_function.iter().filter(|&&f| f).count() as f64,
+        test_function_words: function_words(test),
+        reference_function_words: function_words(reference),
         ..Stats::default()
     };
     for m in chosen.iter().flatten() {
-        for &f in &test_function[m.test_start..m.test_start + m.test_len] {
-            let side = if f {
-                &mut s.test_function
-            } else {
-                &mut s.test_content
-            };
-            side[m.module] += 1.0;
-        }
-        for &f in &reference_function[m.start..m.start + m.len] {
-            let side = if f {
-                &mut s.reference_function
-            } else {
-                &mut s.reference_content
-            };
-            side[m.module] += 1.0;
-        }
+        let matched = &test[m.test_start..m.test_start + m.test_len];
+        tally(matched, m.module, &mut s.test_content, &mut s.test_function);
+        let matched = &reference[m.start..m.start + m.len];
+        tally(
+            matched,
+            m.module,
+            &mut s.reference_content,
+            &mut s.reference_function,
+        );
     }
     // Chunks: runs of matches contiguous in both sentences, walking the
     // reference.

@@ -67,22 +67,28 @@ fn strings(v: &Value) -> Vec<String> {
         .collect()
 }
 
+/// Written segments' METEOR with `data`, the segments as the fixture
+/// holds them: `[{"candidate", "references"}]`.
+fn score_pairs(data: &MeteorData, pairs: &Value) -> MeteorScores {
+    let pairs = pairs.as_array().unwrap();
+    let candidates: Vec<String> = pairs
+        .iter()
+        .map(|p| p["candidate"].as_str().unwrap().to_string())
+        .collect();
+    let references: Vec<Vec<String>> = pairs.iter().map(|p| strings(&p["references"])).collect();
+    Meteor::load(data)
+        .unwrap()
+        .score(&candidates, &references)
+        .unwrap()
+}
+
 #[test]
 fn meteor_equals_the_jar_on_written_cases() {
     let Some(data) = meteor_data() else {
         return;
     };
     let cases = &reference()["cases"];
-    let pairs = cases["pairs"].as_array().unwrap();
-    let candidates: Vec<String> = pairs
-        .iter()
-        .map(|p| p["candidate"].as_str().unwrap().to_string())
-        .collect();
-    let references: Vec<Vec<String>> = pairs.iter().map(|p| strings(&p["references"])).collect();
-    let got = Meteor::load(&data)
-        .unwrap()
-        .score(&candidates, &references)
-        .unwrap();
+    let got = score_pairs(&data, &cases["pairs"]);
     assert_jar_scores("written cases", &got, cases);
 }
 
@@ -96,17 +102,7 @@ fn meteor_equals_the_jar_on_made_up_data() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/meteor/tiny");
     let expected: Value =
         serde_json::from_str(include_str!("../../data/meteor/tiny_expected.json")).unwrap();
-    let pairs = expected["pairs"].as_array().unwrap();
-    let candidates: Vec<String> = pairs
-        .iter()
-        .map(|p| p["candidate"].as_str().unwrap().to_string())
-        .collect();
-    let references: Vec<Vec<String>> = pairs.iter().map(|p| strings(&p["references"])).collect();
-    let data = MeteorData::at(&dir).unwrap();
-    let got = Meteor::load(&data)
-        .unwrap()
-        .score(&candidates, &references)
-        .unwrap();
+    let got = score_pairs(&MeteorData::at(&dir).unwrap(), &expected["pairs"]);
     assert_jar_scores("made-up data", &got, &expected);
 }
 
