@@ -21,7 +21,7 @@
 mod mapper;
 mod stepper;
 
-use crate::backend::{Backend, HeadLayout, Matmul, Operand, TokenIndex};
+use crate::backend::{Backend, HeadLayout, Matmul, TokenIndex};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::{Decoder, Stepper};
 use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
@@ -57,6 +57,8 @@ struct Workspace<B: Backend> {
     /// [batch * positions, vocab]: row b * positions + t predicts token t + 1.
     logits: B::Tensor,
     d_hidden: B::Tensor,
+    /// `token_hidden`'s gradient, packed like it.
+    d_token_hidden: B::Tensor,
     d_token_embed: B::Tensor,
     d_prefix: B::Tensor,
 }
@@ -120,6 +122,7 @@ impl<B: Backend> Workspace<B> {
             token_hidden: b.zeros(batch * t * w),
             logits: b.zeros(batch * t * c.vocab_size),
             d_hidden: b.zeros(batch * s * w),
+            d_token_hidden: b.zeros(batch * t * w),
             d_token_embed: b.zeros(batch * t * w),
             d_prefix: b.zeros(batch * k * w),
         })
@@ -232,21 +235,18 @@ impl<B: Backend> Decoder<B> for PrefixDecoder<B> {
         let ws = self.workspaces.current_for(inputs);
         let (w, rows) = (c.decoder.width, inputs.rows());
         let p = &mut self.params;
-        // Each sequence's token rows of d_hidden, written in place; its
-        // prefix rows stay zero from the workspace's making (no loss
-        // reads the prefix's outputs).
-        let token_rows = Operand {
-            offset: c.prefix_len * w,
-            ..Operand::packed((c.prefix_len + inputs.positions) * w)
-        };
+        // One product over every token row, then each sequence's rows put
+        // in place: a batch of per-sequence products of some 30 rows each
+        // would be too short for the large tiles and could not split k.
+        // The prefix rows of d_hidden stay zero from the workspace's
+        // making (no loss reads the prefix's outputs).
         b.matmul(
             d_logits,
             p.value(self.tokens),
-            &mut ws.d_hidden,
-            &Matmul::batched(inputs.batch, inputs.positions, w, c.vocab_size)
-                .shared_b()
-                .with_c(token_rows),
+            &mut ws.d_token_hidden,
+            &Matmul::new(rows, w, c.vocab_size),
         );
+        b.heads_to_tokens(&ws.d_token_hidden, &mut ws.d_hidden, &ws.token_layout, false);
         b.matmul(
             d_logits,
             &ws.token_hidden,
