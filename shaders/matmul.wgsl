@@ -258,19 +258,26 @@ fn matmul_skinny(
     let base_b = start(p.b, batch);
     let row0 = wid.y * 16u + lid.y * 4u;
     let col = wid.x * 8u + lid.x;
-    var acc: array<f32, 4>;
+    // Rows row0.. as one vec4, not an array indexed by a loop counter,
+    // which a driver may keep in local memory.
+    var acc = vec4<f32>(0.0);
     var b_sum = 0.0;
     for (var kk = k_begin(wid.z); kk < k_end(wid.z); kk += 1u) {
         let bv = load_b(base_b, kk, col);
         b_sum += bv;
-        for (var i = 0u; i < 4u; i += 1u) {
-            acc[i] = fma(load_a(base_a, row0 + i, kk), bv, acc[i]);
-        }
+        let av = vec4<f32>(
+            load_a(base_a, row0, kk),
+            load_a(base_a, row0 + 1u, kk),
+            load_a(base_a, row0 + 2u, kk),
+            load_a(base_a, row0 + 3u, kk),
+        );
+        acc = fma(av, vec4<f32>(bv), acc);
     }
     let base_c = start(p.c, batch);
-    for (var i = 0u; i < 4u; i += 1u) {
-        store_c(base_c, wid.z, row0 + i, col, acc[i]);
-    }
+    store_c(base_c, wid.z, row0, col, acc.x);
+    store_c(base_c, wid.z, row0 + 1u, col, acc.y);
+    store_c(base_c, wid.z, row0 + 2u, col, acc.z);
+    store_c(base_c, wid.z, row0 + 3u, col, acc.w);
     if ((p.flags & COLUMN_SUMS) != 0u && row0 == 0u) {
         store_sum(wid.z, col, b_sum);
     }

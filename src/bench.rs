@@ -153,7 +153,8 @@ pub fn peak_memory_mib() -> Option<f64> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ProductSizes {
     /// A GPT-2-small ClipCap's: 16 captions of 41 positions, width 768,
-    /// MLP 3072, 50257 ids; decoding 64 images at once.
+    /// MLP 3072, 50257 ids; decoding 64 images at once, and 16 (an SCST
+    /// step's greedy baseline).
     Gpt2Small,
     /// The same products at a size a software adapter runs in seconds.
     Tiny,
@@ -167,11 +168,12 @@ pub struct NamedProduct {
 
 impl ProductSizes {
     /// Each matmul a step runs, once (forward, input and weight gradients
-    /// of the linear layers and the head, and decoding's products).
+    /// of the linear layers and the head, and decoding's products at two
+    /// batch sizes).
     pub fn products(self) -> Vec<NamedProduct> {
-        let (rows, width, hidden, vocab, decoding) = match self {
-            ProductSizes::Gpt2Small => (16 * 41, 768, 3072, 50257, 64),
-            ProductSizes::Tiny => (48, 64, 256, 400, 8),
+        let (rows, width, hidden, vocab, decoding, baseline) = match self {
+            ProductSizes::Gpt2Small => (16 * 41, 768, 3072, 50257, 64, 16),
+            ProductSizes::Tiny => (48, 64, 256, 400, 8, 6),
         };
         let product = |name, shape| NamedProduct { name, shape };
         vec![
@@ -189,7 +191,13 @@ impl ProductSizes {
             product("d_fc1_weight", Matmul::new(width, hidden, rows).trans_a()),
             product("d_head_weight", Matmul::new(vocab, width, rows).trans_a()),
             product("decode_qkv", Matmul::new(decoding, 3 * width, width)),
+            product("decode_proj", Matmul::new(decoding, width, width)),
+            product("decode_fc2", Matmul::new(decoding, width, hidden)),
             product("decode_head", Matmul::new(decoding, vocab, width).trans_b()),
+            product("baseline_qkv", Matmul::new(baseline, 3 * width, width)),
+            product("baseline_proj", Matmul::new(baseline, width, width)),
+            product("baseline_fc1", Matmul::new(baseline, hidden, width)),
+            product("baseline_fc2", Matmul::new(baseline, width, hidden)),
         ]
     }
 }

@@ -8,15 +8,18 @@
 //! shape and the adapter's kernel family alone, so a product's bits do not
 //! depend on scheduling.
 
-/// Workgroups a matmul dispatch should have at least.
-pub const MATMUL_MIN_WORKGROUPS: usize = 64;
+/// Threads a matmul dispatch should have at least: 64 workgroups of
+/// 256. On an NVIDIA H200, 96 workgroups of the 32-thread kernel left
+/// decoding's 16-row products latency-bound (a 16 x 768 x 3072 product
+/// took 1.2 ms); the kernels of fewer threads need more workgroups.
+const MIN_THREADS: usize = 64 * 256;
 /// Workgroups enough for the 128 x 128 kernel: on an NVIDIA H200 (the one
 /// real GPU measured kernel by kernel) it ran a 64-row product split into
 /// 54 workgroups 3.7 times as fast as the 64 x 64 kernel in 72, and every
 /// larger product of a GPT-2-small step 2.5 to 7 times as fast.
 const SHARED_MIN_WORKGROUPS: usize = 32;
 /// The shortest k a split takes.
-const SPLIT_MIN_K: usize = 256;
+const SPLIT_MIN_K: usize = 128;
 const MAX_SPLITS: usize = 16;
 /// Rows up to which a product takes the one-row kernel.
 const ROW_KERNEL_MAX_M: usize = 4;
@@ -70,6 +73,21 @@ impl MatmulTile {
         let (rows, cols) = self.size();
         m.div_ceil(rows) * n.div_ceil(cols)
     }
+
+    /// Threads per workgroup.
+    pub fn threads(self) -> usize {
+        match self {
+            MatmulTile::Shared128 | MatmulTile::Registers64 => 256,
+            MatmulTile::Skinny16x8 => 32,
+            MatmulTile::Row1x64 => 64,
+        }
+    }
+
+    /// The workgroups a dispatch of this kernel should have: split-K
+    /// aims at them.
+    pub fn wanted_workgroups(self) -> usize {
+        MIN_THREADS / self.threads()
+    }
 }
 
 /// Which kernels a backend chooses among.
@@ -107,14 +125,15 @@ impl MatmulPlan {
     }
 }
 
-/// The k of each split when a product of `tiles` output tiles and depth
-/// `k` runs split-K, or `None` when it runs whole: it has the workgroups
-/// already, or too short a k to share.
-pub fn k_split(tiles: usize, k: usize) -> Option<usize> {
-    if tiles >= MATMUL_MIN_WORKGROUPS {
+/// The k of each split when an m x n product of depth `k` runs split-K
+/// on `tile`, or `None` when it runs whole: it has the workgroups already,
+/// or too short a k to share.
+pub fn k_split(tile: MatmulTile, m: usize, n: usize, k: usize) -> Option<usize> {
+    let (tiles, wanted) = (tile.tiles(m, n), tile.wanted_workgroups());
+    if tiles >= wanted {
         return None;
     }
-    let splits = MATMUL_MIN_WORKGROUPS
+    let splits = wanted
         .div_ceil(tiles.max(1))
         .min(k / SPLIT_MIN_K)
         .min(MAX_SPLITS);
@@ -136,7 +155,7 @@ pub fn plan(
 ) -> MatmulPlan {
     let planned = |tile: MatmulTile| MatmulPlan {
         tile,
-        k_split: splittable.then(|| k_split(tile.tiles(m, n), k)).flatten(),
+        k_split: splittable.then(|| k_split(tile, m, n, k)).flatten(),
     };
     let family: &[MatmulTile] = match kernel {
         MatmulKernel::Only(tile) => return planned(tile),
@@ -163,7 +182,7 @@ pub fn plan(
     };
     let enough = |tile: MatmulTile| match tile {
         MatmulTile::Shared128 => SHARED_MIN_WORKGROUPS,
-        _ => MATMUL_MIN_WORKGROUPS,
+        _ => tile.wanted_workgroups(),
     };
     family
         .iter()
@@ -186,14 +205,15 @@ mod tests {
         let p = plan(kernel, m, n, k, batch, batch == 1);
         let enough = match p.tile {
             MatmulTile::Shared128 => SHARED_MIN_WORKGROUPS,
-            _ => MATMUL_MIN_WORKGROUPS,
+            _ => p.tile.wanted_workgroups(),
         };
         p.workgroups(m, n, k, batch) as f64 / enough as f64
     }
 
     /// The products of a GPT-2-small ClipCap step (batch 16, 41 positions,
     /// width 768, 12 heads, mapper 512 -> 768 -> 7680) each get the
-    /// workgroups their kernel needs on either kernel family.
+    /// workgroups their kernel needs on either kernel family, or as many
+    /// splits as their k allows.
     #[test]
     fn gpt2_small_products_fill_a_gpu() {
         let rows = 16 * 41;
@@ -212,7 +232,15 @@ mod tests {
         for kernel in [MatmulKernel::Registers, MatmulKernel::Shared] {
             for shape in shapes {
                 let got = share_of_enough(kernel, shape);
-                assert!(got >= 1.0, "{kernel:?} {shape:?}: {got}");
+                let (m, n, k, batch) = shape;
+                let splits = plan(kernel, m, n, k, batch, batch == 1)
+                    .k_split
+                    .map(|per| k.div_ceil(per));
+                let most = (k / SPLIT_MIN_K).min(MAX_SPLITS);
+                assert!(
+                    got >= 1.0 || splits == Some(most),
+                    "{kernel:?} {shape:?}: {got} of the workgroups wanted, {splits:?} splits"
+                );
             }
         }
     }
@@ -254,12 +282,12 @@ mod tests {
     #[test]
     fn decoding_products_take_the_large_tiles_with_half_their_rows_padding() {
         let shared = |m, n, k| plan(MatmulKernel::Shared, m, n, k, 1, true);
-        // qkv: 18 tiles, split three ways.
+        // qkv: 18 tiles, split four ways.
         assert_eq!(
             shared(64, 2304, 768),
             MatmulPlan {
                 tile: MatmulTile::Shared128,
-                k_split: Some(256)
+                k_split: Some(192)
             }
         );
         // The output layer: 393 tiles.
@@ -270,9 +298,14 @@ mod tests {
                 k_split: None
             }
         );
-        // The projection: 6 tiles, 18 workgroups split; too few for
-        // either large kernel.
-        assert_eq!(shared(64, 768, 768).tile, MatmulTile::Skinny16x8);
+        // The projection: 6 tiles, split six ways (k / 128).
+        assert_eq!(
+            shared(64, 768, 768),
+            MatmulPlan {
+                tile: MatmulTile::Shared128,
+                k_split: Some(128)
+            }
+        );
         // Fewer rows than half the tile: never the 128 x 128 kernel.
         assert_eq!(shared(63, 50257, 768).tile, MatmulTile::Skinny16x8);
     }
@@ -288,15 +321,17 @@ mod tests {
                     k_split: None
                 }
             );
-            // The shapes preset's weight gradient: 64 x 64 over 768.
+            // The shapes preset's weight gradient: 64 x 64 over 768, its
+            // 32 tiles split six ways (k / 128).
             let p = plan(kernel, 64, 64, 768, 1, true);
             assert_eq!(p.tile, MatmulTile::Skinny16x8, "{kernel:?}");
-            assert_eq!(p.workgroups(64, 64, 768, 1), 64, "{kernel:?}");
+            assert_eq!(p.workgroups(64, 64, 768, 1), 192, "{kernel:?}");
         }
-        // A forced kernel is taken as it is, split where k allows.
+        // A forced kernel is taken as it is, split as far as k allows
+        // (2001 / 128).
         let only = MatmulKernel::Only(MatmulTile::Registers64);
         let p = plan(only, 40, 70, 2001, 1, true);
         assert_eq!(p.tile, MatmulTile::Registers64);
-        assert_eq!(p.k_split.map(|per| 2001usize.div_ceil(per)), Some(7));
+        assert_eq!(p.k_split.map(|per| 2001usize.div_ceil(per)), Some(15));
     }
 }

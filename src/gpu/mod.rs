@@ -25,7 +25,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub use matmul_plan::{
-    MATMUL_MIN_WORKGROUPS, MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan,
+    MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan,
 };
 use memory::BufferPool;
 pub use memory::GpuBuffer;

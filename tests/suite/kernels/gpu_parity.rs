@@ -257,11 +257,11 @@ fn split_k_products_match_cpu_and_repeat_exactly() {
             assert_close(&format!("{tile:?} split-K case {i}"), got, want, 1e-4, 1e-3);
         }
         assert_eq!(got, split_k_cases(&g), "{tile:?}: a second run differs");
-        // 5 x 200 over k = 4096: its tiles, split as many ways as make 64
-        // workgroups, at most 16 (k / 256 and the cap).
+        // 5 x 200 over k = 4096: its tiles, split as many ways as make the
+        // workgroups the kernel wants, at most 16.
         let tiles = tile.tiles(5, 200);
-        let splits = captune::gpu::k_split(tiles, 4096).map(|per| 4096usize.div_ceil(per));
-        let want_splits = 64usize.div_ceil(tiles).min(16);
+        let splits = captune::gpu::k_split(tile, 5, 200, 4096).map(|per| 4096usize.div_ceil(per));
+        let want_splits = tile.wanted_workgroups().div_ceil(tiles).min(16);
         assert_eq!(splits, Some(want_splits), "{tile:?}");
         let counts = g.matmul_workgroups().since(&before);
         assert!(
