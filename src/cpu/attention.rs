@@ -11,7 +11,7 @@
 //! order (scores, their maximum, the sum of their exponentials as the
 //! kernel's workgroup adds them, then the values weighted in key order).
 
-use super::elementwise::exp;
+use super::elementwise::{exp, exp_shifted};
 use super::matmul::matmul;
 use super::softmax::masked_max_and_sum;
 use crate::backend::{AttentionShape, CachedAttention};
@@ -57,15 +57,26 @@ impl<'a> Item<'a> {
                     write_lse[r]
                 }
             };
-            for (j, x) in row.iter_mut().enumerate() {
-                *x = if self.visible(q, j) {
-                    exp(*x - lse)
-                } else {
-                    0.0
-                };
-            }
+            // Every score, then the hidden ones zeroed: a branch per key
+            // would keep the exponentials from vectorising.
+            exp_shifted(lse, row);
+            self.hide(q, row);
         }
         w
+    }
+
+    /// Zeroes query q's weights of the keys it does not see.
+    fn hide(&self, q: usize, row: &mut [f32]) {
+        if self.l.causal {
+            row[q + 1..].fill(0.0);
+        }
+        if let Some(mask) = self.mask {
+            for (x, &m) in row.iter_mut().zip(mask) {
+                if m == 0 {
+                    *x = 0.0;
+                }
+            }
+        }
     }
 }
 

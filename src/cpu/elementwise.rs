@@ -13,7 +13,9 @@ pub(super) fn exp(x: f32) -> f32 {
     // Adding 1.5 * 2^23 rounds to the nearest integer.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 87.0);
-    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    // t = 1.5 * 2^23 + n, so t's low bits hold the integer n.
+    let t = x * std::f32::consts::LOG2_E + ROUND;
+    let n = t - ROUND;
     // x - n ln 2, with ln 2 in two parts.
     let r = x - n * 0.693_359_4 - n * -2.121_944_4e-4;
     let p = ((((1.987_569_2e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
@@ -21,7 +23,10 @@ pub(super) fn exp(x: f32) -> f32 {
         * r
         + 0.5;
     let e = p * (r * r) + r + 1.0;
-    e * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // 2^n built from t's bits: `n as i32` would saturate lane by lane
+    // and keep the loop from vectorising.
+    let biased = t.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    e * f32::from_bits(biased << 23)
 }
 
 /// tanh from one `exp`: 1 - 2 / (e^{2u} + 1), exact at both tails, within
@@ -88,6 +93,11 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2")]
+    pub(super) fn exp_shifted_run(shift: f32, x: &mut [f32]) {
+        super::exp_shifted_run(shift, x)
+    }
+
+    #[target_feature(enable = "avx2")]
     pub(super) fn tanh_run(x: &[f32], y: &mut [f32]) {
         super::tanh_run(x, y)
     }
@@ -100,6 +110,19 @@ mod avx2 {
     pub(super) fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
     }
+}
+
+#[inline(always)]
+fn exp_shifted_run(shift: f32, x: &mut [f32]) {
+    for v in x {
+        *v = exp(*v - shift);
+    }
+}
+
+/// x = e^(x - shift) in place, vectorised (attention's weights from their
+/// scores and log-sum-exp).
+pub(super) fn exp_shifted(shift: f32, x: &mut [f32]) {
+    with_avx2!(exp_shifted_run(shift, x))
 }
 
 pub fn gelu(x: &[f32], y: &mut [f32]) {
