@@ -9,9 +9,10 @@
 //! depend on scheduling.
 
 /// Threads a matmul dispatch should have at least: 64 workgroups of
-/// 256. On an NVIDIA H200, 96 workgroups of the 32-thread kernel left
-/// decoding's 16-row products latency-bound (a 16 x 768 x 3072 product
-/// took 1.2 ms); the kernels of fewer threads need more workgroups.
+/// 256. On an NVIDIA H200, 96 workgroups of the 32-thread kernel left an
+/// SCST baseline's 16-row products latency-bound (16 x 768 x 768 and
+/// 16 x 768 x 3072 took 1.17 ms on average); the kernels of fewer
+/// threads need more workgroups.
 const MIN_THREADS: usize = 64 * 256;
 /// Workgroups enough for the 128 x 128 kernel: on an NVIDIA H200 (the one
 /// real GPU measured kernel by kernel) it ran a 64-row product split into
@@ -76,7 +77,8 @@ impl MatmulTile {
         m.div_ceil(rows) * n.div_ceil(cols)
     }
 
-    /// Threads per workgroup.
+    /// Threads per workgroup: the entry point's `@workgroup_size` in
+    /// shaders/matmul.wgsl.
     pub fn threads(self) -> usize {
         match self {
             MatmulTile::Shared128 | MatmulTile::Registers64 => 256,
