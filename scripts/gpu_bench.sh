@@ -3,7 +3,8 @@
 # an NVIDIA GPU: captune's Vulkan build beside PyTorch eager on CUDA, each
 # pair run alternately on the same card:
 #   - matmul GFLOP/s against PyTorch's FP32 (TF32 off) at square sizes;
-#   - training steps (shapes preset; a GPT-2-small-sized ClipCap);
+#   - training steps (shapes preset; a GPT-2-small-sized ClipCap, also with
+#     the double-buffered 128x128 matmul kernel);
 #   - greedy decoding (both networks), and beam search (GPT-2-sized, captune only);
 #   - an LSTM captioner's training step and greedy decoding (SLE's decoder);
 #   - an SCST step (shapes preset; GPT-2-small-sized; a trained shapes captioner's);
@@ -196,12 +197,12 @@ if (( tiles )); then
     # (CAPTUNE_MATMUL_TILES) beside PyTorch, alternately.
     step matmuls-captune 150 "$captune" --device gpu bench matmuls --sizes "$variant_sizes" --json
     for run in 1 2; do
-        for family in shared registers; do
+        for family in shared buffered registers; do
             step "train-gpt2@$family-captune-$run" 90 env CAPTUNE_MATMUL_TILES=$family "$captune" \
                 --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
         done
         step "train-gpt2-torch-$run" 90 python3 scripts/bench_torch_captioner.py "${gpt2[@]}" --device "$torch_device" --json
-        for family in shared registers; do
+        for family in shared buffered registers; do
             step "scst-gpt2@$family-captune-$run" 90 env CAPTUNE_MATMUL_TILES=$family "$captune" \
                 --device gpu bench scst "${gpt2[@]}" --steps 3 --warmup 1 --json
         done
@@ -247,6 +248,9 @@ for run in $(seq "$runs"); do
         # Every matmul kernel on a GPT-2-small step's products (tiny ones here).
         step matmuls-captune 150 "$captune" --device gpu bench matmuls --sizes "$variant_sizes" --json
     fi
+    # The double-buffered 128x128 kernel end to end, beside this run's pair.
+    step "train-gpt2@buffered-captune-$run" 90 env CAPTUNE_MATMUL_TILES=buffered "$captune" \
+        --device gpu bench train "${gpt2[@]}" --captions synthetic --objectives mle --json
 done
 
 if (( ! quick )); then

@@ -30,10 +30,12 @@
 // workgroups for a product of few output tiles and a long k (a weight
 // gradient, or decoding's few rows).
 //
-// Four variants compute the same thing, by the tile of C a workgroup takes
+// Five variants compute the same thing, by the tile of C a workgroup takes
 // (src/gpu/matmul_plan.rs chooses per product):
 // - `matmul_shared`: 128x128, staged through workgroup memory in k-slices
 //   of 8, 8x8 results per thread. For real GPUs' large products.
+// - `matmul_shared_buffered`: the same with two staging buffers and one
+//   barrier per slice, a candidate for real GPUs (below).
 // - `matmul_registers`: 64x64, each thread owning a 4x4 block of C and
 //   reading A and B straight from storage. Large products on CPU-type
 //   adapters (lavapipe), where workgroup barriers are expensive, and real
@@ -455,6 +457,147 @@ fn matmul_shared(
             c6_hi = fma(vec4<f32>(a_hi.z), b_hi, c6_hi);
             c7_lo = fma(vec4<f32>(a_hi.w), b_lo, c7_lo);
             c7_hi = fma(vec4<f32>(a_hi.w), b_hi, c7_hi);
+        }
+        workgroupBarrier();
+    }
+    let base_c = start(p.c, batch);
+    let col_lo = tile_col + tx * 4u;
+    let col_hi = tile_col + 64u + tx * 4u;
+    let row_lo = tile_row + ty * 4u;
+    let row_hi = tile_row + 64u + ty * 4u;
+    store4(base_c, wid.z, row_lo, col_lo, c0_lo);
+    store4(base_c, wid.z, row_lo, col_hi, c0_hi);
+    store4(base_c, wid.z, row_lo + 1u, col_lo, c1_lo);
+    store4(base_c, wid.z, row_lo + 1u, col_hi, c1_hi);
+    store4(base_c, wid.z, row_lo + 2u, col_lo, c2_lo);
+    store4(base_c, wid.z, row_lo + 2u, col_hi, c2_hi);
+    store4(base_c, wid.z, row_lo + 3u, col_lo, c3_lo);
+    store4(base_c, wid.z, row_lo + 3u, col_hi, c3_hi);
+    store4(base_c, wid.z, row_hi, col_lo, c4_lo);
+    store4(base_c, wid.z, row_hi, col_hi, c4_hi);
+    store4(base_c, wid.z, row_hi + 1u, col_lo, c5_lo);
+    store4(base_c, wid.z, row_hi + 1u, col_hi, c5_hi);
+    store4(base_c, wid.z, row_hi + 2u, col_lo, c6_lo);
+    store4(base_c, wid.z, row_hi + 2u, col_hi, c6_hi);
+    store4(base_c, wid.z, row_hi + 3u, col_lo, c7_lo);
+    store4(base_c, wid.z, row_hi + 3u, col_hi, c7_hi);
+    if (sum_b) {
+        store_sum4(wid.z, col_lo, b_sum_lo);
+        store_sum4(wid.z, col_hi, b_sum_hi);
+    }
+}
+
+// ---- the 128x128 kernel with two staging buffers ----
+//
+// `matmul_shared`'s tile, threads and arithmetic, in the same order, with
+// each slice staged in one of two buffers in turn: a thread stages the
+// next slice into the other buffer while its neighbours may still read
+// this one, so one barrier per slice suffices where `matmul_shared` needs
+// two. Two padded buffers would outgrow WebGPU's 16 KiB of workgroup
+// memory, so each k-row holds its 32 vec4s unpadded, the vec4 at v stored
+// at v ^ k: the threads staging one step of a slice still hit different
+// banks, and the 16 threads reading a k-row still read 16 different
+// vec4s. A candidate for real GPUs, compared kernel by kernel in
+// `captune bench matmuls` and chosen with CAPTUNE_MATMUL_TILES=buffered.
+
+// vec4s per staged slice (SLICE k-rows of 32).
+const BUFFER: u32 = 256u;
+
+var<workgroup> buffered_a: array<vec4<f32>, 512>; // [2][SLICE][32], swizzled
+var<workgroup> buffered_b: array<vec4<f32>, 512>; // [2][SLICE][32], swizzled
+
+// Where vec4 v of k-row k of the buffer starting at `at` is kept.
+fn swizzled(at: u32, k: u32, v: u32) -> u32 {
+    return at + k * 32u + (v ^ k);
+}
+
+// Stages element e of a thread's share in the buffer starting at `at`.
+fn stage_buffered(at: u32, li: u32, e: u32, a_value: f32, b_value: f32) {
+    let at_a = staged(li, e, (p.flags & TRANS_A) == 0u);
+    buffered_a[swizzled(at, at_a.y, at_a.x / 4u)][at_a.x % 4u] = a_value;
+    let at_b = staged(li, e, (p.flags & TRANS_B) != 0u);
+    buffered_b[swizzled(at, at_b.y, at_b.x / 4u)][at_b.x % 4u] = b_value;
+}
+
+fn stage_slice(at: u32, li: u32, s: Slice) {
+    stage_buffered(at, li, 0u, s.a.x, s.b.x);
+    stage_buffered(at, li, 1u, s.a.y, s.b.y);
+    stage_buffered(at, li, 2u, s.a.z, s.b.z);
+    stage_buffered(at, li, 3u, s.a.w, s.b.w);
+}
+
+@compute @workgroup_size(256, 1, 1)
+fn matmul_shared_buffered(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+) {
+    let batch = batch_of(wid.z);
+    let base_a = start(p.a, batch);
+    let base_b = start(p.b, batch);
+    let tile_row = wid.y * TILE;
+    let tile_col = wid.x * TILE;
+    let tx = li % 16u;
+    let ty = li / 16u;
+    var c0_lo = vec4<f32>(0.0);
+    var c0_hi = vec4<f32>(0.0);
+    var c1_lo = vec4<f32>(0.0);
+    var c1_hi = vec4<f32>(0.0);
+    var c2_lo = vec4<f32>(0.0);
+    var c2_hi = vec4<f32>(0.0);
+    var c3_lo = vec4<f32>(0.0);
+    var c3_hi = vec4<f32>(0.0);
+    var c4_lo = vec4<f32>(0.0);
+    var c4_hi = vec4<f32>(0.0);
+    var c5_lo = vec4<f32>(0.0);
+    var c5_hi = vec4<f32>(0.0);
+    var c6_lo = vec4<f32>(0.0);
+    var c6_hi = vec4<f32>(0.0);
+    var c7_lo = vec4<f32>(0.0);
+    var c7_hi = vec4<f32>(0.0);
+    let sum_b = (p.flags & COLUMN_SUMS) != 0u && tile_row == 0u && ty == 0u;
+    var b_sum_lo = vec4<f32>(0.0);
+    var b_sum_hi = vec4<f32>(0.0);
+    let first = k_begin(wid.z);
+    let last = k_end(wid.z);
+    stage_slice(0u, li, fetch(base_a, base_b, tile_row, tile_col, first, li));
+    workgroupBarrier();
+    var current = 0u;
+    for (var k0 = first; k0 < last; k0 += SLICE) {
+        let more = k0 + SLICE < last;
+        var next: Slice;
+        if (more) {
+            next = fetch(base_a, base_b, tile_row, tile_col, k0 + SLICE, li);
+        }
+        for (var kk = 0u; kk < SLICE; kk += 1u) {
+            let a_lo = buffered_a[swizzled(current, kk, ty)];
+            let a_hi = buffered_a[swizzled(current, kk, 16u + ty)];
+            let b_lo = buffered_b[swizzled(current, kk, tx)];
+            let b_hi = buffered_b[swizzled(current, kk, 16u + tx)];
+            if (sum_b) {
+                b_sum_lo += b_lo;
+                b_sum_hi += b_hi;
+            }
+            c0_lo = fma(vec4<f32>(a_lo.x), b_lo, c0_lo);
+            c0_hi = fma(vec4<f32>(a_lo.x), b_hi, c0_hi);
+            c1_lo = fma(vec4<f32>(a_lo.y), b_lo, c1_lo);
+            c1_hi = fma(vec4<f32>(a_lo.y), b_hi, c1_hi);
+            c2_lo = fma(vec4<f32>(a_lo.z), b_lo, c2_lo);
+            c2_hi = fma(vec4<f32>(a_lo.z), b_hi, c2_hi);
+            c3_lo = fma(vec4<f32>(a_lo.w), b_lo, c3_lo);
+            c3_hi = fma(vec4<f32>(a_lo.w), b_hi, c3_hi);
+            c4_lo = fma(vec4<f32>(a_hi.x), b_lo, c4_lo);
+            c4_hi = fma(vec4<f32>(a_hi.x), b_hi, c4_hi);
+            c5_lo = fma(vec4<f32>(a_hi.y), b_lo, c5_lo);
+            c5_hi = fma(vec4<f32>(a_hi.y), b_hi, c5_hi);
+            c6_lo = fma(vec4<f32>(a_hi.z), b_lo, c6_lo);
+            c6_hi = fma(vec4<f32>(a_hi.z), b_hi, c6_hi);
+            c7_lo = fma(vec4<f32>(a_hi.w), b_lo, c7_lo);
+            c7_hi = fma(vec4<f32>(a_hi.w), b_hi, c7_hi);
+        }
+        // The other buffer was last read before the previous barrier.
+        current = BUFFER - current;
+        if (more) {
+            stage_slice(current, li, next);
         }
         workgroupBarrier();
     }

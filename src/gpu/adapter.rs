@@ -46,14 +46,18 @@ pub fn parse_backends(value: &str) -> Result<wgpu::Backends> {
 pub const MATMUL_TILES_ENV: &str = "CAPTUNE_MATMUL_TILES";
 
 /// The large products' kernel family named by `CAPTUNE_MATMUL_TILES`
-/// (`shared`: 128 x 128 tiles through workgroup memory; `registers`: 64 x
-/// 64 tiles in registers), else `default`: for comparing them end to end.
+/// (`shared`: 128 x 128 tiles through workgroup memory; `buffered`: the
+/// same through two staging buffers; `registers`: 64 x 64 tiles in
+/// registers), else `default`: for comparing them end to end.
 pub fn matmul_tiles_from_env(default: MatmulKernel) -> Result<MatmulKernel> {
     match std::env::var(MATMUL_TILES_ENV).as_deref() {
         Err(_) => Ok(default),
         Ok("shared") => Ok(MatmulKernel::Shared),
+        Ok("buffered") => Ok(MatmulKernel::SharedBuffered),
         Ok("registers") => Ok(MatmulKernel::Registers),
-        Ok(other) => bail!("{MATMUL_TILES_ENV}={other}: use shared or registers, or unset it"),
+        Ok(other) => bail!(
+            "{MATMUL_TILES_ENV}={other}: use shared, buffered or registers, or unset it"
+        ),
     }
 }
 

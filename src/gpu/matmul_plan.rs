@@ -33,6 +33,10 @@ const ROW_KERNEL_MAX_M: usize = 4;
 pub enum MatmulTile {
     /// 128 x 128 through workgroup memory (`matmul_shared`): real GPUs.
     Shared128,
+    /// The same through two staging buffers, one barrier per k-slice
+    /// (`matmul_shared_buffered`): a candidate for real GPUs, chosen by
+    /// `CAPTUNE_MATMUL_TILES=buffered` until one has measured it.
+    Shared128Buffered,
     /// 64 x 64 in registers (`matmul_registers`): software adapters, and
     /// real GPUs' products of too few 128 x 128 tiles.
     Registers64,
@@ -45,8 +49,9 @@ pub enum MatmulTile {
 }
 
 impl MatmulTile {
-    pub const ALL: [MatmulTile; 4] = [
+    pub const ALL: [MatmulTile; 5] = [
         MatmulTile::Shared128,
+        MatmulTile::Shared128Buffered,
         MatmulTile::Registers64,
         MatmulTile::Skinny16x8,
         MatmulTile::Row1x64,
@@ -55,6 +60,7 @@ impl MatmulTile {
     pub fn entry(self) -> &'static str {
         match self {
             MatmulTile::Shared128 => "matmul_shared",
+            MatmulTile::Shared128Buffered => "matmul_shared_buffered",
             MatmulTile::Registers64 => "matmul_registers",
             MatmulTile::Skinny16x8 => "matmul_skinny",
             MatmulTile::Row1x64 => "matmul_row",
@@ -64,7 +70,7 @@ impl MatmulTile {
     /// Rows and columns of C per workgroup.
     pub fn size(self) -> (usize, usize) {
         match self {
-            MatmulTile::Shared128 => (128, 128),
+            MatmulTile::Shared128 | MatmulTile::Shared128Buffered => (128, 128),
             MatmulTile::Registers64 => (64, 64),
             MatmulTile::Skinny16x8 => (16, 8),
             MatmulTile::Row1x64 => (1, 64),
@@ -77,11 +83,17 @@ impl MatmulTile {
         m.div_ceil(rows) * n.div_ceil(cols)
     }
 
+    /// The 128 x 128 kernels, which outrun the others on fewer
+    /// workgroups and with most of their rows padding.
+    pub fn is_128(self) -> bool {
+        matches!(self, MatmulTile::Shared128 | MatmulTile::Shared128Buffered)
+    }
+
     /// Threads per workgroup: the entry point's `@workgroup_size` in
     /// shaders/matmul.wgsl.
     pub fn threads(self) -> usize {
         match self {
-            MatmulTile::Shared128 | MatmulTile::Registers64 => 256,
+            MatmulTile::Shared128 | MatmulTile::Shared128Buffered | MatmulTile::Registers64 => 256,
             MatmulTile::Skinny16x8 => 32,
             MatmulTile::Row1x64 => 64,
         }
@@ -102,6 +114,8 @@ pub enum MatmulKernel {
     Registers,
     /// Workgroup-memory tiles for large products: real GPUs.
     Shared,
+    /// The same with the double-buffered 128 x 128 kernel.
+    SharedBuffered,
     /// One kernel for every product (the kernels' tests).
     Only(MatmulTile),
 }
@@ -169,6 +183,11 @@ pub fn plan(
             MatmulTile::Registers64,
             MatmulTile::Skinny16x8,
         ],
+        MatmulKernel::SharedBuffered => &[
+            MatmulTile::Shared128Buffered,
+            MatmulTile::Registers64,
+            MatmulTile::Skinny16x8,
+        ],
         MatmulKernel::Registers => &[MatmulTile::Registers64, MatmulTile::Skinny16x8],
     };
     let smallest = family[family.len() - 1];
@@ -178,16 +197,19 @@ pub fn plan(
     // on an SCST baseline's 16-row products, split either way.
     let fits = |tile: MatmulTile| {
         let (rows, cols) = tile.size();
-        let rows_used = if tile == MatmulTile::Shared128 {
+        let rows_used = if tile.is_128() {
             SHARED_MIN_ROWS
         } else {
             rows
         };
         rows_used <= m && cols <= n
     };
-    let enough = |tile: MatmulTile| match tile {
-        MatmulTile::Shared128 => SHARED_MIN_WORKGROUPS,
-        _ => tile.wanted_workgroups(),
+    let enough = |tile: MatmulTile| {
+        if tile.is_128() {
+            SHARED_MIN_WORKGROUPS
+        } else {
+            tile.wanted_workgroups()
+        }
     };
     family
         .iter()
@@ -208,9 +230,10 @@ mod tests {
         (m, n, k, batch): (usize, usize, usize, usize),
     ) -> f64 {
         let p = plan(kernel, m, n, k, batch, batch == 1);
-        let enough = match p.tile {
-            MatmulTile::Shared128 => SHARED_MIN_WORKGROUPS,
-            _ => p.tile.wanted_workgroups(),
+        let enough = if p.tile.is_128() {
+            SHARED_MIN_WORKGROUPS
+        } else {
+            p.tile.wanted_workgroups()
         };
         p.workgroups(m, n, k, batch) as f64 / enough as f64
     }
@@ -280,6 +303,17 @@ mod tests {
         // A tall product of few columns takes tiles of its width.
         let p = plan(MatmulKernel::Shared, 8192, 8, 64, 1, false);
         assert_eq!(p.tile, MatmulTile::Skinny16x8);
+        // The buffered family plans as the shared one, with its own
+        // 128 x 128 kernel.
+        for (m, n, k) in [(1024, 1024, 1024), (64, 2304, 768), (16, 768, 3072), (8, 768, 768)] {
+            let shared = plan(MatmulKernel::Shared, m, n, k, 1, true);
+            let buffered = plan(MatmulKernel::SharedBuffered, m, n, k, 1, true);
+            let tile = match shared.tile {
+                MatmulTile::Shared128 => MatmulTile::Shared128Buffered,
+                other => other,
+            };
+            assert_eq!(buffered, MatmulPlan { tile, ..shared }, "{m} x {n} x {k}");
+        }
     }
 
     /// Decoding's 64 rows, and an SCST baseline's 16: the 128 x 128 tiles

@@ -191,7 +191,11 @@ fn every_matmul_kernel_matches_cpu() {
     let kernels = MatmulTile::ALL
         .map(MatmulKernel::Only)
         .into_iter()
-        .chain([MatmulKernel::Registers, MatmulKernel::Shared]);
+        .chain([
+            MatmulKernel::Registers,
+            MatmulKernel::Shared,
+            MatmulKernel::SharedBuffered,
+        ]);
     for kernel in kernels {
         g.set_matmul_kernel(kernel);
         let got = matmul_cases(&g);
