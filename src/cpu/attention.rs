@@ -13,7 +13,6 @@
 
 use super::elementwise::{exp, exp_shifted};
 use super::matmul::matmul;
-use super::softmax::masked_max_and_sum;
 use crate::backend::{AttentionShape, CachedAttention};
 use rayon::prelude::*;
 
@@ -47,13 +46,13 @@ impl<'a> Item<'a> {
         let s = self.l.seq;
         let mut w = vec![0.0; self.l.heads * s * s];
         matmul(self.qkv, self.qkv, &mut w, &self.l.products().scores);
+        let mut exps = Vec::with_capacity(s);
         for (r, row) in w.chunks_mut(s).enumerate() {
             let q = r % s;
             let lse = match lse {
                 Some(lse) => lse[r],
                 None => {
-                    let (max, sum) = masked_max_and_sum(row, |j| self.visible(q, j));
-                    write_lse[r] = if sum > 0.0 { max + sum.ln() } else { 0.0 };
+                    write_lse[r] = self.log_sum_exp(q, row, &mut exps);
                     write_lse[r]
                 }
             };
@@ -63,6 +62,23 @@ impl<'a> Item<'a> {
             self.hide(q, row);
         }
         w
+    }
+
+    /// Query q's log-sum-exp over the keys it sees (0 where it sees none):
+    /// the largest score, then the exponentials in one vectorised pass
+    /// (`exps` is scratch), summed in key order with the hidden keys' as
+    /// exact zeros, so the bits are those of a sum over the seen keys.
+    fn log_sum_exp(&self, q: usize, scores: &[f32], exps: &mut Vec<f32>) -> f32 {
+        let max = (0..scores.len())
+            .filter(|&j| self.visible(q, j))
+            .map(|j| scores[j])
+            .fold(f32::MIN, f32::max);
+        exps.clear();
+        exps.extend_from_slice(scores);
+        exp_shifted(max, exps);
+        self.hide(q, exps);
+        let sum: f32 = exps.iter().sum();
+        if sum > 0.0 { max + sum.ln() } else { 0.0 }
     }
 
     /// Zeroes query q's weights of the keys it does not see.
