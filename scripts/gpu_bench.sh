@@ -218,7 +218,7 @@ step kernels-torch 90 python3 scripts/bench_torch_matmul.py --device "$torch_dev
     --sizes "$sizes" --compare "$steps/kernels-captune.out"
 
 if (( quick )); then
-    step matmuls-captune 120 "$captune" --device gpu bench matmuls --sizes tiny --json
+    step matmuls-captune 60 "$captune" --device gpu bench matmuls --sizes tiny --json
 fi
 
 runs=2

@@ -76,11 +76,14 @@ impl Timer for GpuBackend {
     }
 }
 
+/// Seconds of one timing sample of a benchmark's op.
+const SAMPLE_SECONDS: f64 = 0.1;
+
 /// Seconds per call of `f`: one warm-up, then the median of five timings
-/// of enough repetitions to fill about 0.1 s each.
-fn seconds_per_op<B: Timer>(b: &B, f: &mut dyn FnMut()) -> f64 {
+/// of enough repetitions to fill about `sample_seconds` each.
+fn seconds_per_op<B: Timer>(b: &B, sample_seconds: f64, f: &mut dyn FnMut()) -> f64 {
     let once = b.time_reps(1, f).as_secs_f64().max(1e-7);
-    let reps = ((0.1 / once) as usize).clamp(1, 200);
+    let reps = ((sample_seconds / once) as usize).clamp(1, 200);
     let mut samples: Vec<f64> = (0..5)
         .map(|_| b.time_reps(reps, f).as_secs_f64() / reps as f64)
         .collect();
@@ -107,7 +110,7 @@ pub fn kernels<B: Timer>(
         let y = b.tensor(&random(size * size, 2));
         let mut z = b.zeros(size * size);
         let shape = Matmul::new(size, size, size);
-        let seconds = seconds_per_op(b, &mut || b.matmul(&x, &y, &mut z, &shape));
+        let seconds = seconds_per_op(b, SAMPLE_SECONDS, &mut || b.matmul(&x, &y, &mut z, &shape));
         report(&BenchRecord {
             op: "matmul".into(),
             backend: b.kind(),
@@ -123,7 +126,7 @@ pub fn kernels<B: Timer>(
     if elementwise_len > 0 {
         let x = b.tensor(&random(elementwise_len, 3));
         let mut y = b.tensor(&random(elementwise_len, 4));
-        let seconds = seconds_per_op(b, &mut || b.axpby(0.5, &x, 0.5, &mut y));
+        let seconds = seconds_per_op(b, SAMPLE_SECONDS, &mut || b.axpby(0.5, &x, 0.5, &mut y));
         report(&BenchRecord {
             op: "axpby".into(),
             backend: b.kind(),
@@ -167,6 +170,15 @@ pub struct NamedProduct {
 }
 
 impl ProductSizes {
+    /// Seconds of each timing sample: the tiny products rehearse the bench
+    /// on a software adapter, where their times mean nothing.
+    fn sample_seconds(self) -> f64 {
+        match self {
+            ProductSizes::Gpt2Small => SAMPLE_SECONDS,
+            ProductSizes::Tiny => SAMPLE_SECONDS / 10.0,
+        }
+    }
+
     /// Each matmul a step runs, once (forward, input and weight gradients
     /// of the linear layers and the head, and decoding's products at two
     /// batch sizes).
@@ -277,7 +289,9 @@ pub fn matmul_variants(
             let mut c = gpu.tensor(&vec![f32::NAN; shape.m * shape.n]);
             gpu.matmul(&ga, &gb, &mut c, &shape);
             let got = gpu.to_vec(&c);
-            let seconds = seconds_per_op(gpu, &mut || gpu.matmul(&ga, &gb, &mut c, &shape));
+            let seconds = seconds_per_op(gpu, sizes.sample_seconds(), &mut || {
+                gpu.matmul(&ga, &gb, &mut c, &shape)
+            });
             report(&VariantRecord {
                 op: "matmul_variant",
                 product: name,
