@@ -210,7 +210,10 @@ impl ProductSizes {
             product("baseline_proj", Matmul::new(baseline, width, width)),
             product("baseline_fc1", Matmul::new(baseline, hidden, width)),
             product("baseline_fc2", Matmul::new(baseline, width, hidden)),
-            product("baseline_head", Matmul::new(baseline, vocab, width).trans_b()),
+            product(
+                "baseline_head",
+                Matmul::new(baseline, vocab, width).trans_b(),
+            ),
         ]
     }
 }

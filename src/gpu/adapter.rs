@@ -55,9 +55,9 @@ pub fn matmul_tiles_from_env(default: MatmulKernel) -> Result<MatmulKernel> {
         Ok("shared") => Ok(MatmulKernel::Shared),
         Ok("buffered") => Ok(MatmulKernel::SharedBuffered),
         Ok("registers") => Ok(MatmulKernel::Registers),
-        Ok(other) => bail!(
-            "{MATMUL_TILES_ENV}={other}: use shared, buffered or registers, or unset it"
-        ),
+        Ok(other) => {
+            bail!("{MATMUL_TILES_ENV}={other}: use shared, buffered or registers, or unset it")
+        }
     }
 }
 

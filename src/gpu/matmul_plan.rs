@@ -197,11 +197,7 @@ pub fn plan(
     // on an SCST baseline's 16-row products, split either way.
     let fits = |tile: MatmulTile| {
         let (rows, cols) = tile.size();
-        let rows_used = if tile.is_128() {
-            SHARED_MIN_ROWS
-        } else {
-            rows
-        };
+        let rows_used = if tile.is_128() { SHARED_MIN_ROWS } else { rows };
         rows_used <= m && cols <= n
     };
     let enough = |tile: MatmulTile| {
@@ -305,7 +301,12 @@ mod tests {
         assert_eq!(p.tile, MatmulTile::Skinny16x8);
         // The buffered family plans as the shared one, with its own
         // 128 x 128 kernel.
-        for (m, n, k) in [(1024, 1024, 1024), (64, 2304, 768), (16, 768, 3072), (8, 768, 768)] {
+        for (m, n, k) in [
+            (1024, 1024, 1024),
+            (64, 2304, 768),
+            (16, 768, 3072),
+            (8, 768, 768),
+        ] {
             let shared = plan(MatmulKernel::Shared, m, n, k, 1, true);
             let buffered = plan(MatmulKernel::SharedBuffered, m, n, k, 1, true);
             let tile = match shared.tile {

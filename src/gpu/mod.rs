@@ -24,9 +24,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-pub use matmul_plan::{
-    MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan,
-};
+pub use matmul_plan::{MatmulKernel, MatmulPlan, MatmulTile, k_split, plan as matmul_plan};
 use memory::BufferPool;
 pub use memory::GpuBuffer;
 use profile_queries::Profiler;

@@ -188,14 +188,11 @@ fn strided_products_equal_copies_and_packed_products() {
 fn every_matmul_kernel_matches_cpu() {
     let Some(g) = gpu() else { return };
     let want = matmul_cases(&CpuBackend::new());
-    let kernels = MatmulTile::ALL
-        .map(MatmulKernel::Only)
-        .into_iter()
-        .chain([
-            MatmulKernel::Registers,
-            MatmulKernel::Shared,
-            MatmulKernel::SharedBuffered,
-        ]);
+    let kernels = MatmulTile::ALL.map(MatmulKernel::Only).into_iter().chain([
+        MatmulKernel::Registers,
+        MatmulKernel::Shared,
+        MatmulKernel::SharedBuffered,
+    ]);
     for kernel in kernels {
         g.set_matmul_kernel(kernel);
         let got = matmul_cases(&g);

@@ -246,7 +246,12 @@ impl<B: Backend> Decoder<B> for PrefixDecoder<B> {
             &mut ws.d_token_hidden,
             &Matmul::new(rows, w, c.vocab_size),
         );
-        b.heads_to_tokens(&ws.d_token_hidden, &mut ws.d_hidden, &ws.token_layout, false);
+        b.heads_to_tokens(
+            &ws.d_token_hidden,
+            &mut ws.d_hidden,
+            &ws.token_layout,
+            false,
+        );
         b.matmul(
             d_logits,
             &ws.token_hidden,
