@@ -225,39 +225,48 @@ fn add_paraphrases(
 ) {
     let test_ids: Vec<i64> = test.iter().map(|w| w.paraphrase_id).collect();
     let reference_ids: Vec<i64> = reference.iter().map(|w| w.paraphrase_id).collect();
-    let found = |line: &[i64], at: usize, phrase: &[i64]| {
-        phrase.len() <= line.len() - at && line[at..at + phrase.len()] == *phrase
+    for (j, len, i, test_len) in phrase_pairs(table, &reference_ids, &test_ids) {
+        candidates.add(Match {
+            start: j,
+            len,
+            test_start: i,
+            test_len,
+            module: PARAPHRASE,
+        });
+    }
+    for (i, test_len, j, len) in phrase_pairs(table, &test_ids, &reference_ids) {
+        candidates.add(Match {
+            start: j,
+            len,
+            test_start: i,
+            test_len,
+            module: PARAPHRASE,
+        });
+    }
+}
+
+/// Each phrase of `from` the table knows, found in `to` as one of its
+/// paraphrases: (start in `from`, its length, start in `to`, its length),
+/// by start in `from`, then the table's order, then start in `to`.
+fn phrase_pairs(
+    table: &Paraphrases,
+    from: &[i64],
+    to: &[i64],
+) -> Vec<(usize, usize, usize, usize)> {
+    let found = |at: usize, phrase: &[i64]| {
+        phrase.len() <= to.len() - at && to[at..at + phrase.len()] == *phrase
     };
-    for j in 0..reference.len() {
-        for (len, paraphrase) in table.phrases_at(&reference_ids, j) {
-            for i in 0..test.len() {
-                if found(&test_ids, i, paraphrase) {
-                    candidates.add(Match {
-                        start: j,
-                        len,
-                        test_start: i,
-                        test_len: paraphrase.len(),
-                        module: PARAPHRASE,
-                    });
+    let mut pairs = Vec::new();
+    for a in 0..from.len() {
+        for (len, paraphrase) in table.phrases_at(from, a) {
+            for b in 0..to.len() {
+                if found(b, paraphrase) {
+                    pairs.push((a, len, b, paraphrase.len()));
                 }
             }
         }
     }
-    for i in 0..test.len() {
-        for (len, paraphrase) in table.phrases_at(&test_ids, i) {
-            for j in 0..reference.len() {
-                if found(&reference_ids, j, paraphrase) {
-                    candidates.add(Match {
-                        start: j,
-                        len: paraphrase.len(),
-                        test_start: i,
-                        test_len: len,
-                        module: PARAPHRASE,
-                    });
-                }
-            }
-        }
-    }
+    pairs
 }
 
 /// The beam search over the candidates, left to right along the
