@@ -83,14 +83,9 @@ impl<'a> Item<'a> {
 
     /// Zeroes query q's weights of the keys it does not see.
     fn hide(&self, q: usize, row: &mut [f32]) {
-        if self.l.causal {
-            row[q + 1..].fill(0.0);
-        }
-        if let Some(mask) = self.mask {
-            for (x, &m) in row.iter_mut().zip(mask) {
-                if m == 0 {
-                    *x = 0.0;
-                }
+        for (j, x) in row.iter_mut().enumerate() {
+            if !self.visible(q, j) {
+                *x = 0.0;
             }
         }
     }

@@ -4,9 +4,9 @@ use rayon::prelude::*;
 
 const GELU_S: f32 = 0.797_884_6; // sqrt(2 / pi)
 
-/// e^x for GELU, tanh, softmax and attention: Cephes' single-precision polynomial after
-/// range reduction, written without calls or branches so that a loop of it
-/// vectorises (glibc's expf is one call per element, and GELU dominated a
+/// e^x for GELU, tanh, softmax and attention: Cephes' single-precision
+/// polynomial after range reduction, written without calls or branches so
+/// that a loop of it vectorises (glibc's expf is one call per element, and GELU dominated a
 /// CPU training step). Within a few ulp of exp for |x| < 87.
 #[inline(always)]
 pub(super) fn exp(x: f32) -> f32 {

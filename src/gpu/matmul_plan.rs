@@ -104,6 +104,16 @@ impl MatmulTile {
     pub fn wanted_workgroups(self) -> usize {
         MIN_THREADS / self.threads()
     }
+
+    /// The workgroups with which a plan takes this kernel: those it wants,
+    /// or fewer for the 128 x 128 kernels.
+    fn enough_workgroups(self) -> usize {
+        if self.is_128() {
+            SHARED_MIN_WORKGROUPS
+        } else {
+            self.wanted_workgroups()
+        }
+    }
 }
 
 /// Which kernels a backend chooses among.
@@ -200,19 +210,12 @@ pub fn plan(
         let rows_used = if tile.is_128() { SHARED_MIN_ROWS } else { rows };
         rows_used <= m && cols <= n
     };
-    let enough = |tile: MatmulTile| {
-        if tile.is_128() {
-            SHARED_MIN_WORKGROUPS
-        } else {
-            tile.wanted_workgroups()
-        }
-    };
     family
         .iter()
         .copied()
         .filter(|&tile| fits(tile) && tile != smallest)
         .map(planned)
-        .find(|p| p.workgroups(m, n, k, batch) >= enough(p.tile))
+        .find(|p| p.workgroups(m, n, k, batch) >= p.tile.enough_workgroups())
         .unwrap_or_else(|| planned(smallest))
 }
 
@@ -226,12 +229,7 @@ mod tests {
         (m, n, k, batch): (usize, usize, usize, usize),
     ) -> f64 {
         let p = plan(kernel, m, n, k, batch, batch == 1);
-        let enough = if p.tile.is_128() {
-            SHARED_MIN_WORKGROUPS
-        } else {
-            p.tile.wanted_workgroups()
-        };
-        p.workgroups(m, n, k, batch) as f64 / enough as f64
+        p.workgroups(m, n, k, batch) as f64 / p.tile.enough_workgroups() as f64
     }
 
     /// The products of a GPT-2-small ClipCap step (batch 16, 41 positions,
