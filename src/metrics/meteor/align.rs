@@ -225,23 +225,20 @@ fn add_paraphrases(
 ) {
     let test_ids: Vec<i64> = test.iter().map(|w| w.paraphrase_id).collect();
     let reference_ids: Vec<i64> = reference.iter().map(|w| w.paraphrase_id).collect();
-    for (j, len, i, test_len) in phrase_pairs(table, &reference_ids, &test_ids) {
+    let mut add = |start, len, test_start, test_len| {
         candidates.add(Match {
-            start: j,
+            start,
             len,
-            test_start: i,
+            test_start,
             test_len,
             module: PARAPHRASE,
-        });
+        })
+    };
+    for (j, len, i, test_len) in phrase_pairs(table, &reference_ids, &test_ids) {
+        add(j, len, i, test_len);
     }
     for (i, test_len, j, len) in phrase_pairs(table, &test_ids, &reference_ids) {
-        candidates.add(Match {
-            start: j,
-            len,
-            test_start: i,
-            test_len,
-            module: PARAPHRASE,
-        });
+        add(j, len, i, test_len);
     }
 }
 
