@@ -4,7 +4,7 @@ the maker of a random BLIP folder of BLIP-base's shapes to time both on
 (no real weights are needed for speed):
 
     python3 scripts/bench_torch_blip.py make FOLDER
-    python3 scripts/bench_torch_blip.py train FOLDER [--batch 8] [--max-len 21] [--steps 5] [--json]
+    python3 scripts/bench_torch_blip.py train FOLDER [--batch 8] [--max-len 21] [--steps 5] [--train-vision] [--json]
     python3 scripts/bench_torch_blip.py decode FOLDER [--images 16] [--max-len 21] [--json]
 
 `make` writes `BlipForConditionalGeneration(BlipConfig())` (BLIP-base:
@@ -18,7 +18,10 @@ tokenizer.json over synthetic pieces with BERT's special ids and BLIP's
 and its image tokens computed once (random here, [batch, 577, 768]), then
 each step the text decoder's forward over full-length synthetic captions
 ([DEC], max_len - 2 random pieces, [SEP]), the MLE loss, backward,
-gradient clipping at 1 and AdamW. `decode` times greedy decoding of
+gradient clipping at 1 and AdamW. With `--train-vision` (C's
+`train_vision = true`) the whole model trains: each step the batch's
+pixels (random, [batch, 3, 384, 384]) go through the vision tower into the
+decoder, and the backward, clipping and AdamW cover both. `decode` times greedy decoding of
 `--images` images' tokens, 64 at once, with the text decoder's KV cache
 and the image tokens' keys and values computed once (as transformers'
 `generate` does), padding and [DEC] suppressed, up to max_len - 1 pieces.
@@ -74,20 +77,27 @@ def load(folder, dev):
 def train(a, dev):
     model, tokens, width = load(a.folder, dev)
     decoder = model.text_decoder.train()
-    opt = torch.optim.AdamW(decoder.parameters(), lr=1e-5, weight_decay=0.01)
+    trained = list(decoder.parameters())
+    if a.train_vision:
+        trained += list(model.vision_model.train().parameters())
+    opt = torch.optim.AdamW(trained, lr=1e-5, weight_decay=0.01)
     t = a.max_len - 1
     vocab = model.config.text_config.vocab_size
-    image_tokens = torch.randn(a.batch, tokens, width, device=dev) * 0.05
+    side = model.config.vision_config.image_size
+    pixels = torch.randn(a.batch, 3, side, side, device=dev)
+    frozen_tokens = torch.randn(a.batch, tokens, width, device=dev) * 0.05
     words = torch.randint(MASK + 1, DEC, (a.batch, t - 1), device=dev)
     inputs = torch.cat([torch.full((a.batch, 1), DEC, device=dev), words], dim=1)
     targets = torch.cat([words, torch.full((a.batch, 1), SEP, device=dev)], dim=1)
 
     def step():
+        image_tokens = (model.vision_model(pixel_values=pixels).last_hidden_state
+                        if a.train_vision else frozen_tokens)
         logits = decoder(input_ids=inputs, encoder_hidden_states=image_tokens, return_dict=True).logits
         loss = F.cross_entropy(logits.reshape(-1, vocab), targets.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(decoder.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trained, 1.0)
         opt.step()
         return loss
 
@@ -98,7 +108,7 @@ def train(a, dev):
         step().item()
     seconds = (time.perf_counter() - start) / a.steps
     return {"op": "train", "batch": a.batch, "tokens_per_step": a.batch * t,
-            "parameters": sum(p.numel() for p in decoder.parameters()),
+            "parameters": sum(p.numel() for p in trained), "train_vision": a.train_vision,
             "seconds_per_step": seconds, "tokens_per_s": a.batch * t / seconds}
 
 
@@ -136,6 +146,7 @@ def main():
     p.add_argument("--images", type=int, default=16)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--train-vision", action="store_true")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
     if a.mode == "make":

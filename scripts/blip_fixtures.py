@@ -47,7 +47,9 @@ width, the MLP widths are not multiples of the widths, and the start id
 is not 0, 1 or 2, so a loader that confused any of them would fail.
 
 `blip_fixtures.py smile` adds blip_tiny_smile_expected.safetensors, one
-SMILE step on the folder as it is (see `smile`).
+SMILE step on the folder as it is (see `smile`), and `blip_fixtures.py
+vision` blip_tiny_vision_expected.safetensors, one MLE step of the whole
+model, vision tower included (see `vision`).
 """
 
 import json
@@ -286,7 +288,52 @@ def smile():
     print("smile loss", loss.item(), "tensors", len(expected))
 
 
+def vision():
+    """`blip_fixtures.py vision`: blip_tiny_vision_expected.safetensors,
+    one MLE step of the whole model as `captune train --train-vision`
+    takes it: from the stored `pixel_values` through the vision tower
+    (post_layernorm included) into the text decoder, on the stored
+    captions, the main fixture's loss under captune's policy; `loss` and
+    `grad.NAME` for every tensor of the vision tower and the text decoder.
+    """
+    model = BlipForConditionalGeneration.from_pretrained(FOLDER).double().eval()
+    from safetensors.torch import load_file
+
+    stored = load_file(os.path.join(ROOT, "blip_tiny_expected.safetensors"))
+    pixels = stored["pixel_values"].double()
+    lengths = [int(n) for n in stored["lengths"]]
+    fed = stored["input_ids"].long()
+    targets = torch.full(fed.shape, -1, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        targets[i, : n - 1] = fed[i, 1:n]
+        targets[i, n - 1] = SEP
+    model.zero_grad()
+    image_tokens = model.vision_model(pixel_values=pixels).last_hidden_state
+    logits = model.text_decoder(
+        input_ids=fed,
+        attention_mask=torch.ones_like(fed),
+        encoder_hidden_states=image_tokens,
+        return_dict=True,
+    ).logits
+    policy = logits.clone()
+    policy[:, :, [PAD, BOS]] = float("-inf")
+    real = targets >= 0
+    picked = torch.log_softmax(policy, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    loss = -torch.where(real, picked, 0.0).sum() / real.sum()
+    loss.backward()
+    expected = {"loss": loss.detach().reshape(1)}
+    for module in ("vision_model", "text_decoder"):
+        for name, p in getattr(model, module).named_parameters():
+            if p.grad is not None:
+                expected[f"grad.{module}.{name}"] = p.grad.detach().clone()
+    save_file(
+        {k: v.float().contiguous() for k, v in expected.items()},
+        os.path.join(ROOT, "blip_tiny_vision_expected.safetensors"),
+    )
+    print("vision loss", loss.item(), "tensors", len(expected))
+
+
 if __name__ == "__main__":
     import sys
 
-    smile() if sys.argv[1:] == ["smile"] else main()
+    {"smile": smile, "vision": vision}.get(" ".join(sys.argv[1:]), main)()

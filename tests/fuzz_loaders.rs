@@ -331,6 +331,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         mapper_transformer: None,
         decoder: TransformerConfig::new(8, 1, 2, true),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len: 5,
         vocab_size: vocab.len(),

@@ -103,8 +103,8 @@ impl BenchModel {
             return Ok(None);
         };
         let blip = crate::model::blip::read(&dir)?;
-        let ck =
-            super::decoders::blip::blip_checkpoint(b, &dir, blip, m.max_len, m.prompt.as_deref())?;
+        let shape = (m.max_len, m.prompt.as_deref());
+        let ck = super::decoders::blip::blip_checkpoint(b, &dir, blip, shape, m.train_vision)?;
         Ok(Some(ck))
     }
 

@@ -40,6 +40,7 @@ use crate::model::checkpoint;
 use crate::model::layers::Activation;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
+use crate::model::vision::VisionConfig;
 use crate::source::embeddings::{CaptionData, FeatureSource};
 use anyhow::{Result, bail};
 use model::Captioner;
@@ -242,6 +243,12 @@ pub struct CaptionerConfig {
     /// The transformer families' blocks; an LSTM decoder's hidden size
     /// (`width`) and layers.
     pub decoder: TransformerConfig,
+    /// The vision tower a BLIP decoder trains with it (`--train-vision`):
+    /// its image input is then an image's patches, not its tokens, and
+    /// the tower's weights are the captioner's. None where the tokens come
+    /// from a frozen tower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vision: Option<VisionConfig>,
     /// An LSTM decoder's model; none for the transformer families.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lstm: Option<LstmConfig>,
@@ -258,9 +265,13 @@ pub struct CaptionerConfig {
 }
 
 impl CaptionerConfig {
-    /// Values of one image's input: its embedding, or its tokens.
+    /// Values of one image's input: its embedding, its tokens, or the
+    /// patches of a vision tower trained with the decoder.
     pub fn image_input_len(&self) -> usize {
-        self.embed_dim * self.image_tokens.max(1)
+        match &self.vision {
+            Some(v) => v.patches * v.patch_dim,
+            None => self.embed_dim * self.image_tokens.max(1),
+        }
     }
 
     /// A caption's positions fed with tokens: <bos> and the words, not
@@ -310,7 +321,8 @@ impl CaptionerConfig {
             }
         };
         let embeddings = (self.vocab_size as u128 + self.seq_len() as u128) * d;
-        adapter + embeddings + self.decoder.parameter_count()
+        let vision = self.vision.map_or(0, |v| v.parameter_count());
+        adapter + embeddings + self.decoder.parameter_count() + vision
     }
 
     /// Refuses data whose image inputs are not what this captioner reads
@@ -333,6 +345,22 @@ impl CaptionerConfig {
                 );
             }
             return Ok(());
+        }
+        if let Some(v) = &self.vision {
+            return match data.pixels.as_ref().map(|p| p.shape()) {
+                Some(shape) if shape == (v.patches, v.patch_dim) => Ok(()),
+                Some((patches, dim)) => bail!(
+                    "{what} trains a vision tower of {} patches of {} values, but the data's \
+                     image processor makes {patches} of {dim}: it is another BLIP folder's",
+                    v.patches,
+                    v.patch_dim
+                ),
+                None => bail!(
+                    "{what} trains its vision tower and reads image pixels, but the data has none: \
+                     they come from the BLIP folder its record names (features.image_pixels), \
+                     which this checkpoint or run lacks"
+                ),
+            };
         }
         match data.image_tokens.as_ref().map(|t| t.shape()) {
             Some(s) if s.tokens == self.image_tokens && s.dim == self.embed_dim => Ok(()),
@@ -374,6 +402,9 @@ impl CaptionerConfig {
         }
         if self.lstm.is_some() != (self.family == DecoderFamily::Lstm) {
             bail!("lstm is an LSTM decoder's model: family \"lstm\" has one, and only it");
+        }
+        if self.vision.is_some() && self.family != DecoderFamily::Blip {
+            bail!("only a BLIP decoder trains a vision tower with it (vision)");
         }
         match self.family {
             DecoderFamily::Prefix => self.validate_prefix()?,
@@ -493,6 +524,18 @@ impl CaptionerConfig {
         }
         if self.image_tokens == 0 || self.embed_dim == 0 {
             bail!("a BLIP decoder reads image tokens: image_tokens and embed_dim must be positive");
+        }
+        if let Some(v) = &self.vision
+            && (v.tokens() != self.image_tokens || v.transformer.width != self.embed_dim)
+        {
+            bail!(
+                "the vision tower makes {} tokens of {}, but the decoder reads {} of {} \
+                 (image_tokens, embed_dim)",
+                v.tokens(),
+                v.transformer.width,
+                self.image_tokens,
+                self.embed_dim
+            );
         }
         if self.prefix_len > 0 || self.mapper_hidden > 0 || self.mapper_transformer.is_some() {
             bail!("a BLIP decoder has no mapper: prefix_len and mapper_hidden must be 0");

@@ -61,6 +61,7 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
         mapper_transformer: shape.mapper_transformer,
         decoder: c.transformer(),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,

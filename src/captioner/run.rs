@@ -11,7 +11,9 @@ use crate::backend::Backend;
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
-use crate::source::embeddings::FeatureSource;
+use crate::progress::Progress;
+use crate::source::embeddings::{CaptionData, FeatureSource};
+use crate::source::{image_pixels, image_tokens};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -53,6 +55,12 @@ pub struct ModelSection {
     /// predicted (BLIP's captioning checkpoints: "a picture of").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// Train a BLIP decoder's vision tower with it (the SMILE paper's
+    /// fine-tuning): each batch's images go through the tower, whose
+    /// weights become the captioner's; by default the tower is frozen and
+    /// its tokens are computed once.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub train_vision: bool,
 }
 
 impl ModelSection {
@@ -134,6 +142,26 @@ impl ModelSection {
             };
         }
         self.blip_folder()
+    }
+
+    /// Gives a new run's data the image inputs its decoder reads beside
+    /// the embeddings: the tokens of the vision tower named by
+    /// [`ModelSection::token_folder`], computed once and cached, or, for a
+    /// tower trained with the decoder, its folder's pixels.
+    pub fn attach_image_inputs<B: Backend>(
+        &self,
+        b: &B,
+        data: &mut CaptionData,
+        progress: &Progress,
+    ) -> Result<()> {
+        if data.reads_more_than_embeddings() {
+            return Ok(());
+        }
+        match self.token_folder()? {
+            Some(dir) if self.train_vision => image_pixels::attach(data, &dir),
+            Some(dir) => image_tokens::attach(b, data, &dir, progress),
+            None => Ok(()),
+        }
     }
 
     /// The folder of a pretrained decoder that is BLIP's, when it is one.
@@ -269,6 +297,12 @@ impl RunConfig {
             .decoder_folder()
             .and(self.model.lstm())
             .map_err(|e| anyhow::anyhow!("{origin}: [model] {e}"))?;
+        if self.model.train_vision && t.freeze_decoder {
+            bail!(
+                "{origin}: [model] train_vision trains the vision tower, [train] freeze_decoder \
+                 the cross-attention only: choose one"
+            );
+        }
         if t.batch == 0 || t.epochs == 0 {
             bail!("{origin}: [train] batch and epochs must be positive");
         }
@@ -346,6 +380,7 @@ impl RunConfig {
             mapper_transformer: m.mapper_transformer.filter(|_| lstm.is_none()),
             decoder: TransformerConfig::new(m.width, m.layers, heads, true),
             lstm,
+            vision: None,
             prompt: Default::default(),
             max_len: m.max_len,
             vocab_size,

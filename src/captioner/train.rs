@@ -132,10 +132,17 @@ pub fn fresh_checkpoint<B: Backend>(
     if let Some(dir) = config.model.blip_folder()? {
         let blip = crate::model::blip::read(&dir)?;
         let prompt = config.model.prompt.as_deref();
-        return blip_checkpoint(b, &dir, blip, config.model.max_len, prompt);
+        let vision = config.model.train_vision;
+        return blip_checkpoint(b, &dir, blip, (config.model.max_len, prompt), vision);
     }
     if config.model.prompt.is_some() {
         bail!("[model] prompt: only a BLIP decoder (--decoder hf:FOLDER) is fed a prompt");
+    }
+    if config.model.train_vision {
+        bail!(
+            "[model] train_vision: only a BLIP decoder (--decoder hf:FOLDER) trains a vision \
+             tower with it"
+        );
     }
     if let Some(dir) = config.model.decoder_folder()? {
         let m = &config.model;
@@ -575,10 +582,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let data = self.data;
         Ok(TrainingBatch {
             inputs: data.inputs_of(images)?,
-            embeddings: data
-                .image_tokens
-                .is_some()
-                .then(|| data.features_of(images)),
+            embeddings: (data.reads_more_than_embeddings()).then(|| data.features_of(images)),
             sequences: pairs
                 .iter()
                 .map(|&(i, r)| self.encoded[self.corpus_index[&i]][r].clone())

@@ -11,7 +11,6 @@ use captune::device::{self, DeviceChoice};
 use captune::source::DataArgs;
 use captune::source::embeddings::FeatureSource;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
-use captune::source::image_tokens;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -102,7 +101,8 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         }
     }
     let trained_on = recorded(args)?;
-    let mut tokens_from = None;
+    // A new run's [model], which says what image inputs it reads.
+    let mut new_model = None;
     let source = if let Some(dir) = &args.follow {
         Source::Follow(dir.clone())
     } else if let Some(path) = &args.checkpoint {
@@ -113,7 +113,7 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
             None => RunConfig::preset(&args.preset)?,
         };
         if args.init.is_none() {
-            tokens_from = config.model.token_folder()?;
+            new_model = Some(config.model.clone());
         }
         let out = match &args.out {
             Some(out) => {
@@ -153,11 +153,10 @@ pub fn run(device_choice: DeviceChoice, args: &AppArgs) -> Result<()> {
         let (data, judged) = captune::with_backend!(&selection.backend, b => {
             let (mut data, retriever) = embeddings::load(b, &data, &features, trained_on, progress)?;
             // A new run of a decoder that reads image tokens (BLIP's, an
-            // attention LSTM) computes them with its vision tower.
-            if let Some(dir) = &tokens_from
-                && data.image_tokens.is_none()
-            {
-                image_tokens::attach(b, &mut data, dir, progress)?;
+            // attention LSTM) computes them with its vision tower, or
+            // reads its pixels to train it.
+            if let Some(model) = &new_model {
+                model.attach_image_inputs(b, &mut data, progress)?;
             }
             anyhow::Ok((data, retriever.is_some()))
         })?;

@@ -7,7 +7,7 @@ use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::{Checkpoint, DecoderFamily};
 use captune::data::{Dataset, Item, Split};
-use captune::model::blip::{self, BlipVision};
+use captune::model::blip::{self, BlipPatcher, BlipVision};
 use captune::progress::Progress;
 use captune::retriever::frozen::FrozenRetriever;
 use captune::source::embeddings::FeatureSource;
@@ -94,6 +94,20 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     }
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
+    if captioner.ck.model.config.vision.is_some() {
+        // A BLIP trained with its vision tower reads the patches its
+        // folder's processor makes.
+        let Some(dir) = (captioner.trained_on.as_ref()).and_then(|s| s.image_pixels.clone()) else {
+            bail!(
+                "{ck_path} trained its vision tower but does not record the BLIP folder whose \
+                 image processor it reads (`captune train` records it in every checkpoint of a \
+                 run); export it with `captune export --decoder hf:FOLDER` and caption with the \
+                 export (--checkpoint hf:OUT)"
+            );
+        };
+        let patcher = BlipPatcher::of_folder(&dir)?;
+        return caption_files(b, FileInputs::Patches(patcher), &captioner.ck, &files, args);
+    }
     if captioner.ck.model.config.image_tokens > 0 {
         // A trained BLIP or attention LSTM reads the tokens of the tower
         // it was trained with.
@@ -112,7 +126,13 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         };
         let mut folder = blip::read(&dir)?;
         let vision = BlipVision::new(b, &dir, &mut folder)?;
-        return caption_files(b, vision, &captioner.ck, &files, args);
+        return caption_files(
+            b,
+            FileInputs::Tokens(Box::new(vision)),
+            &captioner.ck,
+            &files,
+            args,
+        );
     }
     if captioner.trained_on.is_none() && args.retriever.is_none() {
         eprintln!(
@@ -153,6 +173,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
                 retriever: None,
                 encoder: None,
                 image_tokens: None,
+                image_pixels: None,
                 shapes: None,
             })
     };
@@ -233,15 +254,32 @@ fn caption_with_blip<B: Backend>(
     let mut folder = blip::read(dir)?;
     let vision = BlipVision::new(b, dir, &mut folder)?;
     let prompt = args.prompt.as_deref();
-    let ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
-    caption_files(b, vision, &ck, files, args)
+    let ck = blip_checkpoint(b, dir, folder, (BLIP_CAPTION_IDS + 1, prompt), false)?;
+    caption_files(b, FileInputs::Tokens(Box::new(vision)), &ck, files, args)
 }
 
-/// Captions image files with a BLIP captioner and the vision tower whose
-/// tokens it reads.
+/// How a captioner's image inputs are made from image files: the tokens
+/// of the frozen vision tower it reads, or the patches of the one it
+/// trained.
+enum FileInputs<B: Backend> {
+    Tokens(Box<BlipVision<B>>),
+    Patches(BlipPatcher),
+}
+
+impl<B: Backend> FileInputs<B> {
+    fn of(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
+        match self {
+            FileInputs::Tokens(vision) => vision.tokens_of_files(b, files),
+            FileInputs::Patches(patcher) => patcher.patches_of_files(files),
+        }
+    }
+}
+
+/// Captions image files with a BLIP captioner and what makes its image
+/// inputs.
 fn caption_files<B: Backend>(
     b: &B,
-    mut vision: BlipVision<B>,
+    mut inputs: FileInputs<B>,
     ck: &Checkpoint<B>,
     files: &[PathBuf],
     args: &CaptionArgs,
@@ -251,8 +289,8 @@ fn caption_files<B: Backend>(
     let options = args.decoding.options(&bar);
     for chunk in files.chunks(BLIP_IMAGES_PER_BATCH) {
         let paths: Vec<&Path> = chunk.iter().map(PathBuf::as_path).collect();
-        let tokens = vision.tokens_of_files(b, &paths)?;
-        let generated = generate(b, &ck.model, &tokens, &args.decoding.decode, &options)?;
+        let images = inputs.of(b, &paths)?;
+        let generated = generate(b, &ck.model, &images, &args.decoding.decode, &options)?;
         for g in generated {
             let caption = ck.vocab.decode(&g.ids);
             let file = chunk[g.image].display().to_string();

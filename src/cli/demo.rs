@@ -129,6 +129,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             decoder: None,
             image_feed: None,
             image_tokens: None,
+            train_vision: false,
             prompt: None,
             mapper: None,
             out: out.join(objective),

@@ -54,7 +54,8 @@ pub fn run(args: &ExportArgs) -> Result<()> {
 }
 
 /// The BLIP folder a BLIP captioner came from: `--decoder`, else the
-/// checkpoint's record of the folder whose image tokens it read.
+/// checkpoint's record of the folder whose image tokens (or, for a
+/// trained vision tower, pixels) it read.
 fn blip_folder(args: &ExportArgs, checkpoint: &Path) -> Result<PathBuf> {
     if let Some(spec) = &args.decoder {
         let Some(dir) = spec.strip_prefix("hf:").filter(|d| !d.is_empty()) else {
@@ -62,7 +63,7 @@ fn blip_folder(args: &ExportArgs, checkpoint: &Path) -> Result<PathBuf> {
         };
         return Ok(PathBuf::from(dir));
     }
-    match trained_on(checkpoint)?.and_then(|s| s.image_tokens) {
+    match trained_on(checkpoint)?.and_then(|s| s.image_tokens.or(s.image_pixels)) {
         Some(dir) => Ok(dir),
         None => bail!(
             "{}: no record of the BLIP folder its decoder came from; pass --decoder hf:FOLDER",

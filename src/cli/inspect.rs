@@ -147,7 +147,7 @@ fn inspect_blip<B: Backend>(b: &B, dir: &Path, args: &InspectArgs) -> Result<()>
     let mut folder = blip::read(dir)?;
     let mut vision = BlipVision::new(b, dir, &mut folder)?;
     let prompt = args.prompt.as_deref();
-    let mut ck = blip_checkpoint(b, dir, folder, BLIP_CAPTION_IDS + 1, prompt)?;
+    let mut ck = blip_checkpoint(b, dir, folder, (BLIP_CAPTION_IDS + 1, prompt), false)?;
     let tokens = vision.tokens_of_files(b, &[Path::new(&args.image)])?;
     let ids = ck
         .vocab

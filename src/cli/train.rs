@@ -19,7 +19,6 @@ use captune::retriever::frozen::FrozenRetriever;
 use captune::source::DataArgs;
 use captune::source::embeddings::CaptionData;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn, check_same_encoder};
-use captune::source::image_tokens;
 use std::path::PathBuf;
 
 /// `--objective NAME` and a flag for each objective setting, made from
@@ -151,6 +150,12 @@ pub struct TrainArgs {
     /// image_tokens).
     #[arg(long, value_name = "hf:FOLDER")]
     pub image_tokens: Option<String>,
+    /// With a BLIP decoder: train its vision tower too, as the SMILE paper
+    /// fine-tunes BLIP ([model] train_vision). Each batch's images are
+    /// read and go through the tower at every step; by default the tower
+    /// is frozen and its tokens are computed once and cached.
+    #[arg(long, conflicts_with = "resume")]
+    pub train_vision: bool,
     /// With an LSTM decoder: the projected image embedding is every
     /// layer's initial hidden state (hidden, the default), or the input of
     /// a step before the start token (input) ([model] image_feed).
@@ -239,6 +244,9 @@ impl TrainArgs {
         }
         if let Some(prompt) = &self.prompt {
             c.model.prompt = Some(prompt.clone());
+        }
+        if self.train_vision {
+            c.model.train_vision = true;
         }
         if let Some(kind) = self.mapper {
             c.model.mapper_transformer = match kind {
@@ -387,14 +395,12 @@ pub fn train<B: Backend>(
             let (mut d, r) =
                 embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
             // A new run of a decoder that reads image tokens (BLIP's, an
-            // attention LSTM) computes them with its vision tower (a
-            // resumed or --init run reads those its record names).
+            // attention LSTM) computes them with its vision tower, or
+            // reads its pixels to train it (a resumed or --init run reads
+            // those its record names).
             let new = !args.resume && start.is_none();
-            if new
-                && d.image_tokens.is_none()
-                && let Some(dir) = config.model.token_folder()?
-            {
-                image_tokens::attach(b, &mut d, &dir, &progress)?;
+            if new {
+                config.model.attach_image_inputs(b, &mut d, &progress)?;
             }
             let o = owned.insert((d, r));
             (&o.0, o.1.as_mut())

@@ -248,6 +248,17 @@ fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
 
 /// Reads a BLIP folder's config (checked) and weights.
 pub fn read(dir: &Path) -> Result<Blip> {
+    let (folder, config) = read_config(dir)?;
+    let (weights, weights_path) = folder.weights()?;
+    Ok(Blip {
+        config,
+        weights,
+        weights_path,
+    })
+}
+
+/// Reads a BLIP folder's config, checked.
+fn read_config(dir: &Path) -> Result<(HfFolder, BlipConfig)> {
     let folder = HfFolder::open(dir)?;
     // The model type first: another model's config lacks BLIP's fields,
     // and its type says more than the first field it lacks.
@@ -262,12 +273,7 @@ pub fn read(dir: &Path) -> Result<Blip> {
     }
     let config: BlipConfig = folder.config()?;
     config.check(&folder.config_path())?;
-    let (weights, weights_path) = folder.weights()?;
-    Ok(Blip {
-        config,
-        weights,
-        weights_path,
-    })
+    Ok((folder, config))
 }
 
 /// The text decoder's tensors under captune's names (`decoder.tokens`,
@@ -605,12 +611,77 @@ fn vision_from<F: FnMut(&str) -> Result<Tensor>>(
     Ok(out)
 }
 
-/// BLIP's vision tower with a folder's weights, frozen: image tokens for
-/// the text decoder to cross-attend to.
-pub struct BlipVision<B: Backend> {
-    pub tower: VisionTower,
-    params: Params<B>,
-    works: Vec<VisionWork<B>>,
+/// The inverse of [`vision_tensors`]: the vision tower's tensors under
+/// BLIP's names (`vision_model.*`) from captune's (`ours(name)`).
+pub fn blip_vision_tensors(
+    v: &BlipVisionConfig,
+    mut ours: impl FnMut(&str) -> Result<Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    let theirs = |name: &str| format!("vision_model.{name}");
+    let (w, p) = (v.hidden_size, v.patch_size);
+    let rows = ours("vision.patch_embed.weight")?;
+    let mut conv = vec![0.0; rows.data.len()];
+    for (row, values) in rows.data.chunks(w).enumerate() {
+        // Row (y * p + x) * 3 + c of the product holds conv[o, c, y, x].
+        let (c, pixel) = (row % 3, row / 3);
+        for (o, &value) in values.iter().enumerate() {
+            conv[(o * 3 + c) * p * p + pixel] = value;
+        }
+    }
+    let with_shape = |t: Tensor, shape: &[usize]| Tensor {
+        shape: shape.to_vec(),
+        data: t.data,
+    };
+    let tokens = v.tokens();
+    let mut out = vec![
+        (
+            theirs("embeddings.patch_embedding.weight"),
+            Tensor {
+                shape: vec![w, 3, p, p],
+                data: conv,
+            },
+        ),
+        (
+            theirs("embeddings.patch_embedding.bias"),
+            ours("vision.patch_embed.bias")?,
+        ),
+        (
+            theirs("embeddings.class_embedding"),
+            with_shape(ours("vision.class")?, &[1, 1, w]),
+        ),
+        (
+            theirs("embeddings.position_embedding"),
+            with_shape(ours("vision.positions")?, &[1, tokens, w]),
+        ),
+    ];
+    let mut pair = |mine: &str, blip: &str, dense: bool| -> Result<()> {
+        let weight = ours(&format!("{mine}.weight"))?;
+        let weight = if dense { transposed(&weight) } else { weight };
+        out.push((theirs(&format!("{blip}.weight")), weight));
+        out.push((
+            theirs(&format!("{blip}.bias")),
+            ours(&format!("{mine}.bias"))?,
+        ));
+        Ok(())
+    };
+    for i in 0..v.num_hidden_layers {
+        for (mine, blip) in VISION_LAYER_NAMES {
+            let dense = !matches!(mine, "ln1" | "ln2");
+            pair(
+                &format!("vision.blocks.{i}.{mine}"),
+                &format!("encoder.layers.{i}.{blip}"),
+                dense,
+            )?;
+        }
+    }
+    pair("vision.ln_f", "post_layernorm", false)?;
+    Ok(out)
+}
+
+/// How a BLIP folder's vision tower sees an image: the folder's
+/// processor, then patches of the tower's size.
+#[derive(Clone, Debug)]
+pub struct BlipPatcher {
     /// The folder's preprocessing, which makes the pixels the tower reads.
     pub processor: ImageProcessor,
     /// The pixels of an image's side, and of a patch's.
@@ -618,11 +689,60 @@ pub struct BlipVision<B: Backend> {
     patch: usize,
 }
 
+impl BlipPatcher {
+    /// The processor of the folder `dir`, whose config is `config`,
+    /// checked against its vision tower.
+    pub fn new(dir: &Path, config: &BlipConfig) -> Result<Self> {
+        Ok(BlipPatcher {
+            processor: processor(dir, config)?,
+            side: config.vision_config.image_size,
+            patch: config.vision_config.patch_size,
+        })
+    }
+
+    /// The processor of the BLIP folder `dir`, reading its config only.
+    pub fn of_folder(dir: &Path) -> Result<Self> {
+        Self::new(dir, &read_config(dir)?.1)
+    }
+
+    /// Patches per image and values per patch.
+    pub fn shape(&self) -> (usize, usize) {
+        let side = self.side / self.patch;
+        (side * side, 3 * self.patch * self.patch)
+    }
+
+    /// The patches `[images, patches, patch_dim]` of images' processed
+    /// pixels, one after another.
+    pub fn patches(&self, pixels: &[f32]) -> Vec<f32> {
+        super::vision::patches_of_pixels(pixels, self.side, self.patch)
+    }
+
+    /// The patches of image files, prepared by the processor.
+    pub fn patches_of_files(&self, files: &[&Path]) -> Result<Vec<f32>> {
+        let mut pixels = Vec::new();
+        for file in files {
+            let image = image::open(file)
+                .with_context(|| format!("{}: cannot read the image", file.display()))?;
+            pixels.extend(self.processor.pixels(&image.to_rgb8()));
+        }
+        Ok(self.patches(&pixels))
+    }
+}
+
+/// BLIP's vision tower with a folder's weights, frozen: image tokens for
+/// the text decoder to cross-attend to.
+pub struct BlipVision<B: Backend> {
+    pub tower: VisionTower,
+    params: Params<B>,
+    works: Vec<VisionWork<B>>,
+    pub patcher: BlipPatcher,
+}
+
 impl<B: Backend> BlipVision<B> {
     /// The tower of `blip` (read from the folder `dir`, whose processor
     /// it keeps), its tensors taken out of `blip.weights`.
     pub fn new(b: &B, dir: &Path, blip: &mut Blip) -> Result<Self> {
-        let processor = processor(dir, &blip.config)?;
+        let patcher = BlipPatcher::new(dir, &blip.config)?;
         let v = &blip.config.vision_config;
         let mut params = Params::for_loading();
         let tower = VisionTower::new(&mut params, "vision", v.vision());
@@ -634,9 +754,7 @@ impl<B: Backend> BlipVision<B> {
             tower,
             params,
             works: Vec::new(),
-            processor,
-            side: v.image_size,
-            patch: v.patch_size,
+            patcher,
         })
     }
 
@@ -670,13 +788,7 @@ impl<B: Backend> BlipVision<B> {
     /// The image tokens `[files, tokens, width]` of image files, as the
     /// folder's processor prepares them.
     pub fn tokens_of_files(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
-        let mut pixels = Vec::new();
-        for file in files {
-            let image = image::open(file)
-                .with_context(|| format!("{}: cannot read the image", file.display()))?;
-            pixels.extend(self.processor.pixels(&image.to_rgb8()));
-        }
-        let patches = super::vision::patches_of_pixels(&pixels, self.side, self.patch);
+        let patches = self.patcher.patches_of_files(files)?;
         self.image_tokens(b, &patches)
     }
 }

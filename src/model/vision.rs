@@ -11,9 +11,11 @@ use super::params::{Init, ParamId, Params};
 use super::transformer::{Activations, Transformer, TransformerConfig};
 use crate::backend::{Backend, HeadLayout, TokenIndex};
 use anyhow::Result;
+use serde::{Deserialize, Serialize};
 
 /// The tower's shape.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VisionConfig {
     pub patches: usize,
     /// Values of one patch: channels x side x side.
@@ -29,6 +31,15 @@ impl VisionConfig {
     /// Tokens per image: the patches, after the class vector if any.
     pub fn tokens(&self) -> usize {
         self.patches + usize::from(self.class)
+    }
+
+    /// Weights of a tower of this shape: the patch embedding (and its
+    /// bias), the class vector, the positions and the transformer.
+    pub fn parameter_count(&self) -> u128 {
+        let w = self.transformer.width as u128;
+        let patch = self.patch_dim as u128 * w + u128::from(self.patch_bias) * w;
+        let class = u128::from(self.class) * w;
+        patch + class + self.tokens() as u128 * w + self.transformer.parameter_count()
     }
 }
 

@@ -4,6 +4,7 @@
 //! that later commands default to the same data and refuse embeddings of
 //! another encoder.
 
+use super::image_pixels::PixelRows;
 use super::image_tokens::TokenRows;
 use super::{DataArgs, DataSource, absolute, file_identity};
 use crate::backend::Backend;
@@ -29,6 +30,9 @@ pub struct CaptionData {
     pub dim: usize,
     /// A vision tower's tokens of every item ([`super::image_tokens`]).
     pub image_tokens: Option<TokenRows>,
+    /// The patches a vision tower trained with the decoder reads
+    /// ([`super::image_pixels`]).
+    pub pixels: Option<PixelRows>,
     /// Where the features came from; recorded in the checkpoints trained on them.
     pub source: Option<FeatureSource>,
 }
@@ -40,13 +44,21 @@ impl CaptionData {
             .collect()
     }
 
-    /// The decoder's image inputs of `items`: their tokens when the data
-    /// has them, else their embeddings.
+    /// The decoder's image inputs of `items`: their patches for a vision
+    /// tower trained with it, else their tokens when the data has them,
+    /// else their embeddings.
     pub fn inputs_of(&self, items: &[usize]) -> Result<Vec<f32>> {
-        match &self.image_tokens {
-            Some(tokens) => tokens.of(items),
-            None => Ok(self.features_of(items)),
+        match (&self.pixels, &self.image_tokens) {
+            (Some(pixels), _) => pixels.of(&self.data, items),
+            (None, Some(tokens)) => tokens.of(items),
+            (None, None) => Ok(self.features_of(items)),
         }
+    }
+
+    /// Whether the decoder's image inputs are other than the embeddings
+    /// (tokens or patches), so that a batch carries both.
+    pub fn reads_more_than_embeddings(&self) -> bool {
+        self.pixels.is_some() || self.image_tokens.is_some()
     }
 
     /// The embeddings of `items`, `[items.len(), dim]`.
@@ -91,6 +103,10 @@ pub struct FeatureSource {
     /// captioner reads, when it reads tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_tokens: Option<PathBuf>,
+    /// The BLIP folder whose image processor makes the pixels of a vision
+    /// tower trained with the captioner (`--train-vision`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pixels: Option<PathBuf>,
     /// The shapes world's settings, for `shapes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shapes: Option<ShapesConfig>,
@@ -294,11 +310,16 @@ pub fn load<B: Backend>(
         features: embeddings,
         dim,
         image_tokens: None,
+        pixels: None,
         source: Some(source),
     };
-    // A captioner that reads image tokens reads those of its vision tower.
+    // A captioner that reads image tokens reads those of its vision
+    // tower; one that trains its tower reads its folder's pixels.
     if let Some(folder) = recorded.and_then(|r| r.image_tokens.as_ref()) {
         super::image_tokens::attach(b, &mut data, folder, progress)?;
+    }
+    if let Some(folder) = recorded.and_then(|r| r.image_pixels.as_ref()) {
+        super::image_pixels::attach(&mut data, folder)?;
     }
     Ok((data, retriever))
 }
@@ -313,6 +334,7 @@ fn source_of(data: &DataArgs, dim: usize) -> FeatureSource {
         retriever: None,
         encoder: None,
         image_tokens: None,
+        image_pixels: None,
         shapes: data.is_shapes().then_some(data.shapes),
     }
 }

@@ -7,15 +7,13 @@ use super::embeddings::CaptionData;
 use super::{absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
-use crate::data::Dataset;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
+use crate::data::{Dataset, Item};
 use crate::model::blip::{self, BlipVision};
 use crate::model::hf::HfFolder;
-use crate::model::vision::patches_of_pixels;
 use crate::progress::Progress;
 use crate::tensorfile::fingerprint;
 use anyhow::{Context, Result, bail};
-use rayon::prelude::*;
 use std::path::Path;
 
 /// Images through the vision tower at once.
@@ -127,22 +125,8 @@ fn compute<B: Backend>(
     let n = data.items.len() as u64;
     let bar = progress.start(&format!("image tokens of {n} images with BLIP"), n);
     for chunk in data.items.chunks(IMAGES_PER_BATCH) {
-        let pixels: Vec<Vec<f32>> = chunk
-            .par_iter()
-            .map(|item| {
-                let image = image::open(&item.image).with_context(|| {
-                    format!(
-                        "{}: cannot read the image of {} ({}); fix it or leave the item out of \
-                         the data set",
-                        item.image.display(),
-                        item.id,
-                        data.name
-                    )
-                })?;
-                Ok(vision.processor.pixels(&image.to_rgb8()))
-            })
-            .collect::<Result<_>>()?;
-        let patches = patches_of_pixels(&pixels.concat(), v.image_size, v.patch_size);
+        let items: Vec<&Item> = chunk.iter().collect();
+        let patches = super::image_pixels::patches_of_items(&vision.patcher, data, &items)?;
         out.push(&vision.image_tokens(b, &patches)?)?;
         bar.inc(chunk.len() as u64);
     }

@@ -3,10 +3,12 @@
 //! captions file) and, in [`embeddings`], the embeddings of its images (a
 //! features file, or a retriever with an on-disk cache), recorded with
 //! every captioner trained on them; in [`image_tokens`], the tokens of a
-//! vision tower that a cross-attending decoder reads. This sits above both the caption
+//! vision tower that a cross-attending decoder reads, and in
+//! [`image_pixels`], the patches of one trained with it. This sits above both the caption
 //! data formats (`data`) and the shapes world (`shapes`).
 
 pub mod embeddings;
+pub mod image_pixels;
 pub mod image_tokens;
 
 use crate::data::{Dataset, coco, karpathy};

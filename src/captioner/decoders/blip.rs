@@ -17,6 +17,11 @@
 //!
 //! The cross-attention layers are the adapter between the image and the
 //! language model: what `--freeze-decoder` trains.
+//!
+//! With `CaptionerConfig::vision` (`--train-vision`) the decoder owns the
+//! vision tower too: a row's image input is then its patches, the tower
+//! makes the tokens in every forward, and the blocks' gradient w.r.t.
+//! them flows back through the tower.
 
 use crate::backend::{Backend, Matmul, NO_ROW, TokenIndex};
 use crate::captioner::decoder::{Decoder, Stepper};
@@ -25,11 +30,12 @@ use crate::captioner::{
     CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, Prompt, SpecialIds,
 };
 use crate::data::wordpiece::WordPieceVocab;
-use crate::model::blip::{Blip, BlipConfig, text_decoder_tensors};
+use crate::model::blip::{Blip, BlipConfig, text_decoder_tensors, vision_tensors};
 use crate::model::kv_cache::KvCache;
 use crate::model::layers::{Activation, Dense, Norm, NormStats};
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
+use crate::model::vision::{VisionTower, VisionWork};
 use crate::tensorfile::TensorFile;
 use anyhow::{Context, Result, bail};
 use std::path::Path;
@@ -44,6 +50,8 @@ pub struct BlipDecoder<B: Backend> {
     /// The embeddings' layer norm (`ln_pre`) and the blocks.
     decoder: Transformer,
     head: Head,
+    /// The vision tower trained with the decoder, if it is.
+    vision: Option<VisionTower>,
     /// `[vocab]`: the policy mask.
     policy_mask: B::Tensor,
     workspaces: Workspaces<Workspace<B>>,
@@ -100,6 +108,8 @@ struct Workspace<B: Backend> {
     logits: B::Tensor,
     d_hidden: B::Tensor,
     prompted: Option<Prompted<B>>,
+    /// The trained vision tower's activations.
+    vision: Option<VisionWork<B>>,
 }
 
 /// A workspace's rows when a prompt is fed.
@@ -136,6 +146,7 @@ impl<B: Backend> BlipDecoder<B> {
             norm: Norm::with_eps(&mut p, "head.ln", w, c.decoder.norm_eps),
             bias: p.add("head.bias".into(), &[v], Init::Const(0.0), false),
         };
+        let vision = (c.vision).map(|v| VisionTower::new(&mut p, "vision", v));
         p.finish(b);
         BlipDecoder {
             policy_mask: b.tensor(&policy_mask(c)),
@@ -145,6 +156,7 @@ impl<B: Backend> BlipDecoder<B> {
             positions,
             decoder,
             head,
+            vision,
             workspaces: Workspaces::default(),
         }
     }
@@ -178,13 +190,20 @@ impl<B: Backend> BlipDecoder<B> {
         });
         Ok(Workspace {
             position_ids: TokenIndex::new(b, &ids, c.seq_len())?,
-            // The vision tower is frozen: its tokens need no gradient.
-            decoder: (self.decoder).cross_activations(b, (batch, fed, c.image_tokens), false),
+            // The tokens of a frozen vision tower need no gradient.
+            decoder: (self.decoder).cross_activations(
+                b,
+                (batch, fed, c.image_tokens),
+                self.vision.is_some(),
+            ),
             hidden: b.zeros(batch * fed * w),
             head: HeadActivations::new(b, c, rows, true),
             logits: b.zeros(rows * c.vocab_size),
             d_hidden: b.zeros(batch * fed * w),
             prompted,
+            vision: (self.vision.as_ref())
+                .map(|v| v.work(b, batch, true))
+                .transpose()?,
         })
     }
 
@@ -258,16 +277,19 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         Box::new(BlipStepper::new(b, self, rows, steps))
     }
 
-    /// The images are `[batch, image_tokens, embed_dim]` tokens.
+    /// The images are `[batch, image_tokens, embed_dim]` tokens, or
+    /// `[batch, patches, patch_dim]` patches for a trained vision tower.
     fn forward(&mut self, b: &B, images: &[f32], inputs: &TokenInputs<B>) -> Result<()> {
-        let want = inputs.batch * self.config.image_input_len();
-        if images.len() != want {
+        let c = &self.config;
+        if images.len() != inputs.batch * c.image_input_len() {
+            let per_image = match &c.vision {
+                Some(v) => format!("{} patches of {}", v.patches, v.patch_dim),
+                None => format!("{} tokens of {}", c.image_tokens, c.embed_dim),
+            };
             bail!(
-                "{} image values for {} captions; a BLIP decoder reads {} tokens of {} per image",
+                "{} image values for {} captions; this BLIP decoder reads {per_image} per image",
                 images.len(),
                 inputs.batch,
-                self.config.image_tokens,
-                self.config.embed_dim
             );
         }
         if !self.workspaces.select(inputs) {
@@ -282,7 +304,13 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         }
         let fed =
             (ws.prompted.as_ref()).map_or(&inputs.ids, |p| p.fed.as_ref().expect("set above"));
-        b.write(ws.decoder.memory(), images);
+        match (&self.vision, &mut ws.vision) {
+            (Some(tower), Some(vw)) => {
+                tower.forward(b, &self.params, vw, images);
+                b.axpby(1.0, &vw.hidden, 0.0, ws.decoder.memory());
+            }
+            _ => b.write(ws.decoder.memory(), images),
+        }
         self.embed(b, &fed.ids, &ws.position_ids.ids, ws.decoder.input());
         // Padding only follows a caption's real tokens, so the causal mask
         // already keeps it out of every real position's attention.
@@ -349,6 +377,9 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
         b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
         let fed = (ws.prompted.as_ref()).and_then(|p| p.fed.as_ref());
         b.embedding_backward(d_input, fed.unwrap_or(&inputs.ids), p.grad(self.tokens), w);
+        if let (Some(tower), Some(vw)) = (&self.vision, &mut ws.vision) {
+            tower.backward(b, p, vw, ws.decoder.d_memory());
+        }
     }
 }
 
@@ -359,7 +390,10 @@ struct BlipStepper<'m, B: Backend> {
     model: &'m BlipDecoder<B>,
     rows: usize,
     cache: KvCache<B>,
+    /// The image tokens of a frozen tower's rows (empty with a trained
+    /// tower, which makes them in `vision`).
     memory: B::Tensor,
+    vision: Option<VisionWork<B>>,
     /// positions[p] = [p; rows]: the position ids of fed position p.
     positions: Vec<B::Ids>,
     /// The prompt's ids, each `[id; rows]`.
@@ -377,7 +411,14 @@ impl<'m, B: Backend> BlipStepper<'m, B> {
             model,
             rows,
             cache: model.decoder.memory_kv_cache(b, rows, fed, c.image_tokens),
-            memory: b.zeros(rows * c.image_input_len()),
+            memory: b.zeros(match model.vision {
+                Some(_) => 0,
+                None => rows * c.image_input_len(),
+            }),
+            vision: (model.vision.as_ref()).map(|v| {
+                v.work(b, rows, false)
+                    .expect("a tower's position ids fit its positions")
+            }),
             positions: (0..fed).map(|p| b.ids(&vec![p as u32; rows])).collect(),
             prompt: (c.prompt.ids().iter())
                 .map(|&id| b.ids(&vec![id; rows]))
@@ -390,13 +431,22 @@ impl<'m, B: Backend> BlipStepper<'m, B> {
 }
 
 impl<B: Backend> Stepper<B> for BlipStepper<'_, B> {
-    /// `images` are `[rows, image_tokens, embed_dim]`.
+    /// `images` are `[rows, image_tokens, embed_dim]`, or the rows'
+    /// patches for a trained vision tower.
     fn start(&mut self, b: &B, images: &[f32]) {
         let m = self.model;
-        b.write(&mut self.memory, images);
         self.cache.clear();
-        m.decoder
-            .remember(b, &m.params, &mut self.cache, &self.memory);
+        let memory = match (&m.vision, &mut self.vision) {
+            (Some(tower), Some(vw)) => {
+                tower.forward(b, &m.params, vw, images);
+                &vw.hidden
+            }
+            _ => {
+                b.write(&mut self.memory, images);
+                &self.memory
+            }
+        };
+        m.decoder.remember(b, &m.params, &mut self.cache, memory);
         // The weights hold still while a batch is decoded.
         m.output_bias(b, &mut self.head);
     }
@@ -442,6 +492,7 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
         mapper_transformer: None,
         decoder: blip.text_transformer(),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len,
         vocab_size: t.vocab_size,
@@ -460,13 +511,14 @@ pub const BLIP_CAPTION_IDS: usize = 75;
 
 /// The BLIP folder `dir`'s text decoder (from `blip`, read from it) and
 /// its tokenizer, for captions of at most `max_len` ids (fewer where the
-/// decoder has fewer positions), fed after `prompt` when there is one.
+/// decoder has fewer positions), fed after `prompt` when there is one;
+/// with `vision`, the folder's vision tower too, to train with it.
 pub fn blip_checkpoint<B: Backend>(
     b: &B,
     dir: &Path,
     blip: Blip,
-    max_len: usize,
-    prompt: Option<&str>,
+    (max_len, prompt): (usize, Option<&str>),
+    vision: bool,
 ) -> Result<Checkpoint<B>> {
     let t = &blip.config.text_config;
     let tokenizer = dir.join("tokenizer.json").display().to_string();
@@ -497,32 +549,40 @@ pub fn blip_checkpoint<B: Backend>(
     let text = prompt.unwrap_or_default();
     let prompt = Prompt::new(&pieces).with_context(|| format!("prompt {text:?}"))?;
     let max_len = max_len.min(positions + 1 - prompt.len());
-    let model = from_blip(b, blip, max_len, prompt)?;
+    let model = from_blip(b, blip, max_len, prompt, vision)?;
     Ok(Checkpoint { model, vocab })
 }
 
 /// A captioner with a BLIP folder's text decoder, for captions of
-/// `max_len` ids after `prompt`.
+/// `max_len` ids after `prompt`; with `vision`, its vision tower too.
 pub fn from_blip<B: Backend>(
     b: &B,
-    blip: Blip,
+    mut blip: Blip,
     max_len: usize,
     prompt: Prompt,
+    vision: bool,
 ) -> Result<Captioner<B>> {
+    let v = &blip.config.vision_config;
     let config = CaptionerConfig {
         prompt,
+        vision: vision.then(|| v.vision()),
         ..blip_config(&blip.config, max_len)
     };
     let path = &blip.weights_path;
     let mut model = Captioner::new(b, config, 0)
         .with_context(|| format!("{}: not a BLIP decoder captune computes", path.display()))?;
+    let mut tensors = match vision {
+        true => vision_tensors(v, &mut blip.weights, path)?,
+        false => Vec::new(),
+    };
     let mut weights = blip.weights.tensors;
-    let tensors = text_decoder_tensors(&blip.config.text_config, config.seq_len(), |name| {
+    let text = text_decoder_tensors(&blip.config.text_config, config.seq_len(), |name| {
         weights
             .remove(name)
             .with_context(|| format!("{}: no tensor {name:?}", path.display()))
     })
     .with_context(|| format!("{}", path.display()))?;
+    tensors.extend(text);
     model
         .params_mut()
         .load(b, path, &mut TensorFile::new(tensors))?;

@@ -1,14 +1,15 @@
 //! A BLIP captioner as a Hugging Face folder: the BLIP folder its decoder
-//! came from, with the text decoder's tensors as training left them. The
-//! vision tower, the position rows past the captioner's, the config, the
-//! processor's and tokenizer's files are the folder's, unchanged, so that
+//! came from, with the text decoder's tensors (and the vision tower's,
+//! when it was trained) as training left them. The rest (a frozen vision
+//! tower, the position rows past the captioner's, the config, the
+//! processor's and tokenizer's files) is the folder's, unchanged, so that
 //! `BlipForConditionalGeneration.from_pretrained` loads it as the model it
 //! was, fine-tuned.
 
 use crate::backend::Backend;
 use crate::captioner::decoders::blip::blip_config;
 use crate::captioner::{CaptionerConfig, Checkpoint};
-use crate::model::blip::{self, blip_text_tensors};
+use crate::model::blip::{self, blip_text_tensors, blip_vision_tensors};
 use crate::tensorfile::{self, Tensor};
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
@@ -44,9 +45,11 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
     }
     let folder = blip::read(base)?;
     let c = ck.model.config;
+    let vision = folder.config.vision_config.clone();
     let theirs = CaptionerConfig {
         lstm: None,
         prompt: c.prompt,
+        vision: c.vision.map(|_| vision.vision()),
         ..blip_config(&folder.config, c.max_len)
     };
     if theirs != c {
@@ -73,10 +76,17 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
     let positions = weights
         .get(POSITIONS)
         .with_context(|| format!("{}: no tensor {POSITIONS:?}", base.display()))?;
-    let trained = blip_text_tensors(&folder.config.text_config, positions, |name| {
+    let mut take = |name: &str| {
         ours.remove(name)
             .with_context(|| format!("the captioner has no tensor {name:?}"))
-    })?;
+    };
+    let mut trained = blip_text_tensors(&folder.config.text_config, positions, &mut take)?;
+    // The modules whose every tensor training wrote.
+    let mut modules = vec!["text_decoder."];
+    if c.vision.is_some() {
+        trained.extend(blip_vision_tensors(&vision, &mut take)?);
+        modules.push("vision_model.");
+    }
     if let Some(name) = ours.keys().next() {
         bail!("the captioner's tensor {name:?} has no place in a BLIP folder");
     }
@@ -96,10 +106,12 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: &Path) -> 
         }
     }
     if let Some(name) = weights.keys().find(|n| {
-        n.starts_with("text_decoder.") && !replaced.contains(n) && !TIED.iter().any(|(t, _)| t == n)
+        modules.iter().any(|m| n.starts_with(m))
+            && !replaced.contains(n)
+            && !TIED.iter().any(|(t, _)| t == n)
     }) {
         bail!(
-            "{}: tensor {name:?} is part of the text decoder but not of captune's map; the folder \
+            "{}: tensor {name:?} is part of a trained module but not of captune's map; the folder \
              is not one captune exports",
             base.display()
         );

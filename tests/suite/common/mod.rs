@@ -280,6 +280,7 @@ pub fn tiny_data() -> CaptionData {
         features,
         dim: TINY_DIM,
         image_tokens: None,
+        pixels: None,
         source: None,
     }
 }

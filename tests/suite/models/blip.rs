@@ -14,7 +14,7 @@ use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_ta
 use captune::captioner::{Checkpoint, Prompt, export};
 use captune::cpu::CpuBackend;
 use captune::data::image_processor::ImageProcessor;
-use captune::model::blip::{self, BlipVision, text_decoder_tensors};
+use captune::model::blip::{self, BlipVision, text_decoder_tensors, vision_tensors};
 use captune::model::vision::patches_of_pixels;
 use captune::tensorfile::{self, TensorFile};
 use common::{gpu, relative_difference};
@@ -41,8 +41,15 @@ fn model<B: Backend>(b: &B) -> Captioner<B> {
         blip::read(&folder()).unwrap(),
         MAX_LEN,
         Prompt::default(),
+        false,
     )
     .unwrap()
+}
+
+/// The model with its vision tower, to train it (`--train-vision`).
+fn model_with_vision<B: Backend>(b: &B) -> Captioner<B> {
+    let blip = blip::read(&folder()).unwrap();
+    from_blip(b, blip, MAX_LEN, Prompt::default(), true).unwrap()
 }
 
 /// The fixture's fed ids, each row up to its length.
@@ -60,10 +67,13 @@ fn fed(want: &TensorFile) -> Vec<Vec<u32>> {
 /// Logits, loss and every parameter's gradient (by captune's names) of
 /// one MLE step on the fixture's captions, whose targets are the fed ids
 /// shifted by one and then the end id.
-fn mle_step<B: Backend>(b: &B) -> (Vec<f32>, f64, HashMap<String, Vec<f32>>) {
+fn mle_step<B: Backend>(
+    b: &B,
+    mut m: Captioner<B>,
+    images: &[f32],
+) -> (Vec<f32>, f64, HashMap<String, Vec<f32>>) {
     let want = expected();
-    let mut m = model(b);
-    let (c, images) = (m.config, &want.tensors["image_tokens"].data);
+    let c = m.config;
     let sequences = fed(&want);
     let inputs = TokenInputs::new(b, &c, &sequences).unwrap();
     m.forward(b, images, &inputs).unwrap();
@@ -103,7 +113,8 @@ fn mle_step<B: Backend>(b: &B) -> (Vec<f32>, f64, HashMap<String, Vec<f32>>) {
 
 fn matches_transformers<B: Backend>(b: &B, what: &str) {
     let want = expected();
-    let (logits, loss, grads) = mle_step(b);
+    let images = &want.tensors["image_tokens"].data;
+    let (logits, loss, grads) = mle_step(b, model(b), images);
     // The fed positions' logits: transformers' outside the policy mask.
     let specials = model(b).config.specials;
     let expected_logits = &want.tensors["logits"];
@@ -136,14 +147,24 @@ fn matches_transformers<B: Backend>(b: &B, what: &str) {
 }
 
 /// Every gradient in `grads` (by captune's names) equals the fixture's
-/// `grad.NAME` (by transformers' names) within 1e-4 of its largest.
+/// `grad.NAME` (by transformers' names) within 1e-4 of its largest: the
+/// text decoder's, and the vision tower's where `grads` has them.
 fn same_gradients(fixture: TensorFile, grads: &HashMap<String, Vec<f32>>, what: &str) {
     let config = blip::read(&folder()).unwrap().config;
     let mut fixture = fixture.tensors;
-    let expected_grads = text_decoder_tensors(&config.text_config, MAX_LEN - 1, |name| {
+    let mut expected_grads = text_decoder_tensors(&config.text_config, MAX_LEN - 1, |name| {
         Ok(fixture.remove(&format!("grad.{name}")).unwrap())
     })
     .unwrap();
+    if grads.keys().any(|name| name.starts_with("vision.")) {
+        let mut vision = TensorFile::new(
+            (fixture.into_iter())
+                .filter_map(|(name, t)| Some((name.strip_prefix("grad.")?.to_string(), t))),
+        );
+        let v = &config.vision_config;
+        let tensors = vision_tensors(v, &mut vision, Path::new("fixture")).unwrap();
+        expected_grads.extend(tensors);
+    }
     assert_eq!(
         expected_grads.len(),
         grads.len(),
@@ -170,7 +191,8 @@ fn smile_matches_transformers<B: Backend>(b: &B, what: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data/blip_tiny_smile_expected.safetensors");
     let smile = tensorfile::read(&path).unwrap();
-    let mut ck = blip_checkpoint(b, &folder(), blip::read(&folder()).unwrap(), MAX_LEN, None);
+    let blip = blip::read(&folder()).unwrap();
+    let mut ck = blip_checkpoint(b, &folder(), blip, (MAX_LEN, None), false);
     let ck = ck.as_mut().unwrap();
     let end = ck.model.config.specials.end;
     let sequences: Vec<Vec<u32>> = fed(&want)
@@ -235,6 +257,41 @@ fn a_smile_step_on_blip_matches_pytorch_on_the_cpu() {
 fn a_smile_step_on_blip_matches_pytorch_on_the_gpu() {
     let Some(g) = gpu() else { return };
     smile_matches_transformers(&g, "GPU");
+}
+
+/// One MLE step of the whole model, from pixels through the vision tower
+/// into the decoder (`--train-vision`): its loss and the gradient of every
+/// tensor, the vision tower's included, equal what PyTorch computes in
+/// float64 (scripts/blip_fixtures.py vision).
+fn a_step_through_the_vision_tower_matches_transformers<B: Backend>(b: &B, what: &str) {
+    let want = expected();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/blip_tiny_vision_expected.safetensors");
+    let vision = tensorfile::read(&path).unwrap();
+    let v = blip::read(&folder()).unwrap().config.vision_config;
+    let pixels = &want.tensors["pixel_values"].data;
+    let patches = patches_of_pixels(pixels, v.image_size, v.patch_size);
+    let m = model_with_vision(b);
+    assert_eq!(m.config.image_input_len() * 2, patches.len());
+    let (_, loss, grads) = mle_step(b, m, &patches);
+    let want_loss = vision.tensors["loss"].data[0] as f64;
+    assert!(
+        (loss - want_loss).abs() < 1e-5 * want_loss,
+        "{what}: loss {loss}, transformers {want_loss}"
+    );
+    assert!(grads.keys().any(|n| n == "vision.patch_embed.weight"));
+    same_gradients(vision, &grads, what);
+}
+
+#[test]
+fn a_step_through_the_vision_tower_matches_transformers_on_the_cpu() {
+    a_step_through_the_vision_tower_matches_transformers(&CpuBackend::new(), "CPU");
+}
+
+#[test]
+fn a_step_through_the_vision_tower_matches_transformers_on_the_gpu() {
+    let Some(g) = gpu() else { return };
+    a_step_through_the_vision_tower_matches_transformers(&g, "GPU");
 }
 
 #[test]
@@ -447,7 +504,7 @@ fn a_prompt_longer_than_the_positions_is_refused() {
     let b = CpuBackend::new();
     let refused = |prompt: &str| {
         let blip = blip::read(&folder()).unwrap();
-        match blip_checkpoint::<CpuBackend>(&b, &folder(), blip, 20, Some(prompt)) {
+        match blip_checkpoint::<CpuBackend>(&b, &folder(), blip, (20, Some(prompt)), false) {
             Ok(_) => panic!("{prompt:?} was taken"),
             Err(e) => format!("{e:#}"),
         }
@@ -460,7 +517,8 @@ fn a_prompt_longer_than_the_positions_is_refused() {
     // Sixteen pieces leave a caption the other 16 positions.
     let blip = blip::read(&folder()).unwrap();
     let prompt = ["a"; 16].join(" ");
-    let ck = blip_checkpoint::<CpuBackend>(&b, &folder(), blip, 76, Some(&prompt)).unwrap();
+    let ck =
+        blip_checkpoint::<CpuBackend>(&b, &folder(), blip, (76, Some(&prompt)), false).unwrap();
     assert_eq!(ck.model.config.prompt.ids(), [5; 16]);
     assert_eq!(ck.model.config.max_len, 17);
     assert_eq!(ck.model.config.seq_len(), 32);
@@ -499,11 +557,11 @@ fn a_prompt_is_fed_but_never_predicted() {
     let prompt = [5u32, 8, 9];
     let plain = |b: &CpuBackend| {
         let blip = blip::read(&folder()).unwrap();
-        from_blip(b, blip, MAX_LEN + prompt.len(), Prompt::default()).unwrap()
+        from_blip(b, blip, MAX_LEN + prompt.len(), Prompt::default(), false).unwrap()
     };
     let mut prompted = {
         let blip = blip::read(&folder()).unwrap();
-        from_blip(&b, blip, MAX_LEN, Prompt::new(&prompt).unwrap()).unwrap()
+        from_blip(&b, blip, MAX_LEN, Prompt::new(&prompt).unwrap(), false).unwrap()
     };
     let mut plain = plain(&b);
     let c = prompted.config;
@@ -679,7 +737,8 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
     let c = trained.model.config;
     let exported = blip::read(&hf).unwrap();
-    let back = blip_checkpoint::<CpuBackend>(&b, &hf, exported, c.max_len, Some("a picture of"));
+    let back =
+        blip_checkpoint::<CpuBackend>(&b, &hf, exported, (c.max_len, Some("a picture of")), false);
     let back = back.unwrap();
     assert_eq!(back.model.config, c);
     let (theirs, ours) = (back.model.params(), trained.model.params());
@@ -727,6 +786,114 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `train --train-vision` trains the vision tower with the decoder: no
+/// tokens are cached, the tower's weights move and are the checkpoint's,
+/// the run records the folder whose processor makes its pixels, so that
+/// `eval`, `inspect` and `--resume` read them; the export writes the
+/// trained tower into the folder, and captions from it (through the
+/// tower's tokens) equal the checkpoint's (through its patches).
+#[test]
+fn a_blip_run_trains_its_vision_tower() {
+    let dir = crate::common::fresh_temp("blip-vision-run");
+    let (run, cache) = (dir.join("run"), dir.join("cache"));
+    let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
+    let run_arg = run.display().to_string();
+    let hf = format!("hf:{}", folder().display());
+    let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
+    train.extend(["--decoder", &hf, "--train-vision", "--lr", "1e-3"]);
+    train.extend(["--out", &run_arg]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("train_vision = true"), "{config}");
+    let recorded = format!("image_pixels = {:?}", folder().display().to_string());
+    assert!(config.contains(&recorded), "{config}");
+    assert!(
+        !cache.join("image-tokens").exists(),
+        "a trained tower's tokens are not cached"
+    );
+    let b = CpuBackend::new();
+    let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
+    let frozen = model_with_vision(&b);
+    let c = trained.model.config;
+    assert_eq!(c.vision, frozen.config.vision);
+    let (ours, base) = (trained.model.params(), frozen.params());
+    let moved = |name: &str| {
+        let k = ours.specs.iter().position(|s| s.name == name).unwrap();
+        b.to_vec(&ours.values[k]) != b.to_vec(&base.values[k])
+    };
+    assert!(moved("vision.patch_embed.weight"), "the tower trains");
+    assert!(moved("vision.blocks.0.attn.qkv.weight"), "the tower trains");
+
+    let checkpoint = run.join("checkpoint.safetensors").display().to_string();
+    let eval = ["eval", "--checkpoint", &checkpoint, "--split", "val"];
+    let results = dir.join("results.json").display().to_string();
+    let (ok, _, err) = captune(&[&eval[..], &["--results", &results]].concat());
+    assert!(ok, "{err}");
+    let captions: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(captions.len(), 16, "a caption per validation image");
+    let image = captions[0]["image_id"].to_string().replace('"', "");
+    let inspect = ["inspect", "--checkpoint", &checkpoint, "--image", &image];
+    let (ok, out, err) = captune(&[&inspect[..], &["--caption", "two red balls"]].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("##s"), "{out}");
+    let resume = ["train", "--resume", "--epochs", "1", "--out", &run_arg];
+    let (ok, _, err) = captune(&resume);
+    assert!(ok, "{err}");
+    assert!(!cache.join("image-tokens").exists());
+
+    // The export holds the trained tower; read back, every tensor is the
+    // checkpoint's, bit for bit.
+    let hf = dir.join("hf");
+    let hf_out = hf.display().to_string();
+    let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf_out]);
+    assert!(ok, "{err}");
+    let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
+    let exported = blip::read(&hf).unwrap();
+    let back = blip_checkpoint::<CpuBackend>(&b, &hf, exported, (c.max_len, None), true).unwrap();
+    assert_eq!(back.model.config, trained.model.config);
+    let (theirs, ours) = (back.model.params(), trained.model.params());
+    for (k, spec) in ours.specs.iter().enumerate() {
+        let (got, want) = (b.to_vec(&theirs.values[k]), b.to_vec(&ours.values[k]));
+        assert!(got == want, "{} differs after export", spec.name);
+    }
+    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
+    let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
+    let words = ["--json", "--max-words", "9"];
+    let from_run = ["caption", "--checkpoint", &checkpoint];
+    let (ok, run_captions, err) = captune(&[&from_run[..], &words, &files].concat());
+    assert!(ok, "{err}");
+    let hf_arg = format!("hf:{hf_out}");
+    let (ok, out, err) =
+        captune(&[&["caption", "--checkpoint", &hf_arg][..], &words, &files].concat());
+    assert!(ok, "{err}");
+    assert_eq!(
+        run_captions, out,
+        "the checkpoint and its export caption alike"
+    );
+    if let Some(python) = common::python_with_transformers() {
+        let captions = dir.join("captions.jsonl");
+        std::fs::write(&captions, out).unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_blip_export.py");
+        let check = std::process::Command::new(python)
+            .arg(&script)
+            .arg(&hf)
+            .arg("--captions")
+            .arg(&captions)
+            .args(["--max-words", "9"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&check.stdout);
+        let stderr = String::from_utf8_lossy(&check.stderr);
+        assert!(check.status.success(), "{said}{stderr}");
+        assert_eq!(said.matches("same ").count(), 2, "{said}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A BLIP decoder that training has not changed exports as the folder it
 /// came from, whole: every tensor bit for bit (the position rows past the
 /// captioner's and the vision tower included), its config and its
@@ -737,7 +904,8 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
     let b = CpuBackend::new();
     let base = folder();
     let ck =
-        blip_checkpoint::<CpuBackend>(&b, &base, blip::read(&base).unwrap(), 12, None).unwrap();
+        blip_checkpoint::<CpuBackend>(&b, &base, blip::read(&base).unwrap(), (12, None), false)
+            .unwrap();
     let out = crate::common::fresh_temp("blip-export");
     let e = export::to_hf(&b, &ck, &out, None).unwrap_err();
     assert!(format!("{e:#}").contains("--decoder hf:FOLDER"), "{e:#}");
@@ -826,7 +994,14 @@ fn the_benchmarks_time_a_blip_folder() {
     let bench = BenchModel::new("tiny", Some(&config), 79, None).unwrap();
     for workload in [Workload::Synthetic, Workload::Shapes] {
         let t = train_throughput(&b, &bench, "mle", workload, 1, 2).unwrap();
-        let timed = from_blip(&b, blip::read(&folder()).unwrap(), 9, Prompt::default()).unwrap();
+        let timed = from_blip(
+            &b,
+            blip::read(&folder()).unwrap(),
+            9,
+            Prompt::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(t.parameters, timed.params().count(), "the folder's network");
         assert!(
             t.tokens_per_s > 0.0 && t.tokens_per_step <= 4.0 * 8.0,

@@ -180,6 +180,7 @@ fn captioner_config() -> CaptionerConfig {
         mapper_transformer: None,
         decoder: transformer_config(),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len: 10,
         vocab_size: 23,

@@ -43,6 +43,7 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
         mapper_transformer: None,
         decoder: TransformerConfig::new(12, 2, 3, true),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len: 9,
         vocab_size: VOCAB,

@@ -19,7 +19,7 @@ use captune::model::blip::{self, BlipVision};
 use captune::model::vision::patches_of_pixels;
 use captune::progress::Progress;
 use captune::source::embeddings::CaptionData;
-use captune::source::image_tokens;
+use captune::source::{image_pixels, image_tokens};
 use common::{new_run, tiny_data};
 use std::path::PathBuf;
 
@@ -127,6 +127,21 @@ fn every_objective_trains_a_blip_captioner() {
     common::every_objective_trains(&data, blip_run, "head.ln.weight");
 }
 
+/// With `train_vision`, every objective trains the vision tower too: the
+/// tiny world's images go through the folder's processor at every step,
+/// and the tower's final layer norm moves under each objective.
+#[test]
+fn every_objective_trains_a_blip_vision_tower() {
+    let mut data = tiny_data();
+    image_pixels::attach(&mut data, &blip_folder()).unwrap();
+    let with_vision = |objective: &str| {
+        let mut config = blip_run(objective);
+        config.model.train_vision = true;
+        config
+    };
+    common::every_objective_trains(&data, with_vision, "vision.ln_f.weight");
+}
+
 /// SMILE's first-token shift needs reserved alternatives, which
 /// WordPiece pieces do not have: the run is refused, saying so.
 #[test]
@@ -147,4 +162,23 @@ fn first_token_shift_is_refused_on_blip() {
     drop(trainer);
     std::fs::remove_dir_all(&dir).unwrap();
     assert!(format!("{e:#}").contains("shift"), "{e:#}");
+}
+
+/// `train_vision` trains a BLIP decoder's tower: without a BLIP decoder,
+/// or beside `freeze_decoder` (the cross-attention only), it is refused,
+/// saying why.
+#[test]
+fn train_vision_is_refused_where_there_is_no_tower_to_train() {
+    let b = CpuBackend::new();
+    let mut config = RunConfig::preset("tiny").unwrap();
+    config.model.train_vision = true;
+    let Err(e) = fresh_checkpoint(&b, &tiny_data(), &config) else {
+        panic!("a prefix decoder has no tower to train")
+    };
+    assert!(format!("{e:#}").contains("only a BLIP decoder"), "{e:#}");
+    let mut config = blip_run("mle");
+    config.model.train_vision = true;
+    config.train.freeze_decoder = true;
+    let e = RunConfig::parse(&config.to_toml(), "run.toml").unwrap_err();
+    assert!(format!("{e:#}").contains("choose one"), "{e:#}");
 }

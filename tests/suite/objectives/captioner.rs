@@ -460,6 +460,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         mapper_transformer: None,
         decoder: TransformerConfig::new(8, 2, 2, true),
         lstm: None,
+        vision: None,
         prompt: Default::default(),
         max_len: STEPS + 1,
         vocab_size: vocab,

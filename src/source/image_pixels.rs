@@ -1,0 +1,68 @@
+//! The pixels of a vision tower trained with its decoder
+//! (`--train-vision`): no tokens are cached, since the tower changes at
+//! every step; a batch's images are read, prepared by the BLIP folder's
+//! image processor and cut into the tower's patches when it is drawn.
+
+use super::absolute;
+use super::embeddings::CaptionData;
+use crate::data::{Dataset, Item};
+use crate::model::blip::BlipPatcher;
+use anyhow::{Context, Result};
+use rayon::prelude::*;
+use std::path::Path;
+
+/// Where a data set's images become a trained tower's patches.
+#[derive(Debug)]
+pub struct PixelRows {
+    patcher: BlipPatcher,
+}
+
+impl PixelRows {
+    /// The patches `[items.len(), patches, patch_dim]` of `data`'s `items`.
+    pub fn of(&self, data: &Dataset, items: &[usize]) -> Result<Vec<f32>> {
+        let items: Vec<&Item> = items.iter().map(|&i| &data.items[i]).collect();
+        patches_of_items(&self.patcher, data, &items)
+    }
+
+    /// Patches per image and values per patch.
+    pub fn shape(&self) -> (usize, usize) {
+        self.patcher.shape()
+    }
+}
+
+/// Gives `data` the pixels of the BLIP folder `folder`'s image processor,
+/// and records the folder in its source.
+pub fn attach(data: &mut CaptionData, folder: &Path) -> Result<()> {
+    data.pixels = Some(PixelRows {
+        patcher: BlipPatcher::of_folder(folder)?,
+    });
+    if let Some(source) = &mut data.source {
+        source.image_pixels = Some(absolute(folder));
+    }
+    Ok(())
+}
+
+/// The patches of `items`' images (read in parallel), naming an
+/// unreadable one and its data set.
+pub(super) fn patches_of_items(
+    patcher: &BlipPatcher,
+    data: &Dataset,
+    items: &[&Item],
+) -> Result<Vec<f32>> {
+    let pixels: Vec<Vec<f32>> = items
+        .par_iter()
+        .map(|item| {
+            let image = image::open(&item.image).with_context(|| {
+                format!(
+                    "{}: cannot read the image of {} ({}); fix it or leave the item out of the \
+                     data set",
+                    item.image.display(),
+                    item.id,
+                    data.name
+                )
+            })?;
+            Ok(patcher.processor.pixels(&image.to_rgb8()))
+        })
+        .collect::<Result<_>>()?;
+    Ok(patcher.patches(&pixels.concat()))
+}
