@@ -80,21 +80,7 @@ fn parse(bytes: &[u8], path: &Path) -> Result<TensorFile> {
     let (_, header) = SafeTensors::read_metadata(bytes)?;
     let mut tensors = HashMap::new();
     for (name, view) in file.tensors() {
-        let data = widen(view.dtype(), view.data()).with_context(|| {
-            format!(
-                "{}: tensor {name:?} is {:?}; captune reads float32, float16 and bfloat16 tensors",
-                path.display(),
-                view.dtype()
-            )
-        })?;
-        if let Some(i) = data.iter().position(|x| !x.is_finite()) {
-            bail!(
-                "{}: tensor {name:?} holds {} at element {i}; the file is damaged or came from a run \
-                 that diverged: use an earlier checkpoint",
-                path.display(),
-                data[i]
-            );
-        }
+        let data = finite_values(view.dtype(), view.data(), &name, path)?;
         tensors.insert(
             name,
             Tensor {
@@ -108,6 +94,85 @@ fn parse(bytes: &[u8], path: &Path) -> Result<TensorFile> {
         metadata: header.metadata().clone().unwrap_or_default(),
     })
 }
+
+/// The values of tensor `name` of `path` as float32, refusing other types
+/// and values that are not finite.
+fn finite_values(dtype: Dtype, bytes: &[u8], name: &str, path: &Path) -> Result<Vec<f32>> {
+    let data = widen(dtype, bytes).with_context(|| {
+        format!(
+            "{}: tensor {name:?} is {dtype:?}; captune reads float32, float16 and bfloat16 tensors",
+            path.display(),
+        )
+    })?;
+    if let Some(i) = data.iter().position(|x| !x.is_finite()) {
+        bail!(
+            "{}: tensor {name:?} holds {} at element {i}; the file is damaged or came from a run \
+             that diverged: use an earlier checkpoint",
+            path.display(),
+            data[i]
+        );
+    }
+    Ok(data)
+}
+
+/// Reads the tensors `names` of a safetensors file, where it has them,
+/// and its metadata, and nothing else: a features file may also hold a
+/// data set's image tokens, gigabytes that a reader of its embeddings
+/// does not need.
+pub fn read_only(path: &Path, names: &[&str]) -> Result<TensorFile> {
+    use std::io::{Read, Seek, SeekFrom};
+    let bad = |why: String| anyhow::anyhow!("{}: not a safetensors file ({why})", path.display());
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let size = file.metadata()?.len();
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > MAX_HEADER.min(size.saturating_sub(8)) {
+        return Err(bad(format!("a header of {header_len} bytes")));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header)
+        .map_err(|e| bad(e.to_string()))?;
+    let mut header: HashMap<String, serde_json::Value> =
+        serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
+    let metadata: HashMap<String, String> = match header.remove("__metadata__") {
+        Some(m) => serde_json::from_value(m).map_err(|e| bad(format!("its metadata: {e}")))?,
+        None => HashMap::new(),
+    };
+    let mut tensors = HashMap::new();
+    for &name in names {
+        let Some(entry) = header.remove(name) else {
+            continue;
+        };
+        let info: safetensors::tensor::TensorInfo =
+            serde_json::from_value(entry).map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
+        let (start, end) = info.data_offsets;
+        let elements = info.shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+        let fits = (end.checked_sub(start))
+            .zip(elements)
+            .is_some_and(|(bytes, n)| Some(bytes) == n.checked_mul(info.dtype.bitsize() / 8))
+            && 8 + header_len + end as u64 <= size;
+        if !fits {
+            return Err(bad(format!(
+                "tensor {name:?} of shape {:?} does not fit offsets {start}..{end} of its {size} \
+                 bytes",
+                info.shape
+            )));
+        }
+        let mut bytes = vec![0u8; end - start];
+        file.seek(SeekFrom::Start(8 + header_len + start as u64))?;
+        file.read_exact(&mut bytes)
+            .map_err(|e| bad(e.to_string()))?;
+        let data = finite_values(info.dtype, &bytes, name, path)?;
+        let shape = info.shape;
+        tensors.insert(name.to_string(), Tensor { shape, data });
+    }
+    Ok(TensorFile { tensors, metadata })
+}
+
+/// A header longer than this is not one a safetensors writer made.
+const MAX_HEADER: u64 = 100 << 20;
 
 /// Little-endian tensor bytes of `dtype` as f32; `None` for other dtypes.
 fn widen(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {

@@ -1,14 +1,17 @@
 //! `captune embed`: a data set's image embeddings (a features file)
-//! from a trained retriever, or from a Hugging Face CLIP's image tower.
+//! from a trained retriever, or from a Hugging Face CLIP's image tower;
+//! with `--image-tokens`, a BLIP vision tower's image tokens beside them.
 
 use super::check_new_output;
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
+use captune::data::Dataset;
+use captune::data::features::{ENCODER_ID, Features};
 use captune::progress::Progress;
 use captune::retriever::Checkpoint;
 use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
 use captune::retriever::train::Prepared;
-use captune::source::DataArgs;
+use captune::source::{DataArgs, image_tokens};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -25,6 +28,13 @@ pub struct EmbedArgs {
     /// image processor does.
     #[arg(long, value_name = "FOLDER")]
     pub clip: Option<PathBuf>,
+    /// Also write every image's tokens from this BLIP folder's vision
+    /// tower (hf:FOLDER) into the file, in float16 after the embeddings:
+    /// a BLIP decoder (or an attention LSTM reading that tower's tokens)
+    /// trained on the file reads them instead of computing them into the
+    /// cache. BLIP-base's are 0.9 MB an image.
+    #[arg(long, value_name = "hf:FOLDER")]
+    pub image_tokens: Option<String>,
     /// Output features file (safetensors).
     #[arg(long)]
     pub out: PathBuf,
@@ -60,7 +70,7 @@ pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
     bar.finish_and_clear();
     let bytes = std::fs::read(checkpoint)
         .with_context(|| format!("cannot read {}", checkpoint.display()))?;
-    let features = captune::data::features::Features {
+    let features = Features {
         source: out.to_path_buf(),
         ids: prep.data.items.iter().map(|i| i.id.clone()).collect(),
         dim: ck.model.config.embed_dim,
@@ -74,12 +84,45 @@ pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
         ),
         ("dataset".to_string(), prep.data.name.clone()),
     ]);
-    features.save(out, metadata)?;
-    report(&features, out);
+    write(b, args, &prep.data, &features, metadata)
+}
+
+/// Writes the features file: the embeddings, and the image tokens
+/// `--image-tokens` asks for after them.
+fn write<B: Backend>(
+    b: &B,
+    args: &EmbedArgs,
+    data: &Dataset,
+    features: &Features,
+    mut metadata: HashMap<String, String>,
+) -> Result<()> {
+    match &args.image_tokens {
+        None => features.save(&args.out, metadata)?,
+        Some(spec) => {
+            let Some(folder) = spec.strip_prefix("hf:").filter(|d| !d.is_empty()) else {
+                bail!("--image-tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH");
+            };
+            if let Some(encoder) = &features.encoder {
+                metadata.insert(ENCODER_ID.into(), encoder.clone());
+            }
+            let embeddings = (&features.embeddings[..], features.dim);
+            let progress = Progress::terminal();
+            image_tokens::write_with_embeddings(
+                b,
+                data,
+                Path::new(folder),
+                &args.out,
+                embeddings,
+                metadata,
+                &progress,
+            )?;
+        }
+    }
+    report(features, &args.out);
     Ok(())
 }
 
-fn report(features: &captune::data::features::Features, out: &Path) {
+fn report(features: &Features, out: &Path) {
     println!(
         "wrote {} embeddings of {} dimensions to {}",
         features.ids.len(),
@@ -97,7 +140,7 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
     if !data.report.is_clean() {
         eprintln!("{}", data.report);
     }
-    let features = captune::data::features::Features {
+    let features = Features {
         source: args.out.clone(),
         ids: data.items.iter().map(|i| i.id.clone()).collect(),
         dim: clip.model.config.embed_dim,
@@ -108,7 +151,5 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
         ("encoder".to_string(), format!("CLIP {}", dir.display())),
         ("dataset".to_string(), data.name.clone()),
     ]);
-    features.save(&args.out, metadata)?;
-    report(&features, &args.out);
-    Ok(())
+    write(b, args, &data, &features, metadata)
 }

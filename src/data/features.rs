@@ -71,7 +71,8 @@ impl Features {
             let (shape, data) = read_npy(path)?;
             (read_ids(ids_file)?, shape, data, None)
         } else {
-            let mut file = tensorfile::read(path)?;
+            // Only the embeddings: the file may hold image tokens too.
+            let mut file = tensorfile::read_only(path, &[EMBEDDINGS])?;
             let t = file.take(EMBEDDINGS, path)?;
             let ids: Vec<String> =
                 serde_json::from_str(file.meta(IMAGE_IDS, path)?).with_context(|| {

@@ -7,7 +7,9 @@
 //! The format is safetensors (one float16 tensor `tokens`, metadata
 //! `image_ids` = a JSON array of strings and `encoder_id`), so that any
 //! safetensors reader opens it; captune writes it as a stream and reads
-//! rows at their offsets.
+//! rows at their offsets. A features file may hold the same `tokens` after
+//! its `embeddings`, their encoder then in `tokens_encoder_id` (the
+//! embeddings' is `encoder_id`).
 
 use crate::tensorfile::temporary_suffix;
 use anyhow::{Context, Result, bail};
@@ -21,6 +23,8 @@ use std::sync::Mutex;
 const TOKENS: &str = "tokens";
 const IMAGE_IDS: &str = "image_ids";
 const ENCODER_ID: &str = "encoder_id";
+/// The tokens' encoder in a file whose `encoder_id` is its embeddings'.
+const TOKENS_ENCODER_ID: &str = "tokens_encoder_id";
 /// A header longer than this is not one captune wrote.
 const MAX_HEADER: u64 = 1 << 30;
 
@@ -58,20 +62,53 @@ impl TokensWriter {
     /// Starts the file of `ids`' tokens, each image `shape`, made by
     /// `encoder` (its identity, kept in the file).
     pub fn create(path: &Path, ids: &[String], shape: TokenShape, encoder: &str) -> Result<Self> {
-        let metadata = json!({
-            IMAGE_IDS: serde_json::to_string(ids)?,
-            ENCODER_ID: encoder,
-        });
+        let metadata = HashMap::from([(ENCODER_ID.to_string(), encoder.to_string())]);
+        Self::start(path, ids, shape, &[], metadata)
+    }
+
+    /// Starts a features file: float32 tensors `leading` (the embeddings,
+    /// `[ids.len(), dim]`), then the tokens, made by `encoder`, to come;
+    /// `metadata` (the embeddings' `encoder_id`, the data set) is kept.
+    pub fn beside(
+        path: &Path,
+        ids: &[String],
+        (shape, encoder): (TokenShape, &str),
+        leading: &[(&str, Vec<usize>, &[f32])],
+        mut metadata: HashMap<String, String>,
+    ) -> Result<Self> {
+        metadata.insert(TOKENS_ENCODER_ID.into(), encoder.into());
+        Self::start(path, ids, shape, leading, metadata)
+    }
+
+    fn start(
+        path: &Path,
+        ids: &[String],
+        shape: TokenShape,
+        leading: &[(&str, Vec<usize>, &[f32])],
+        mut metadata: HashMap<String, String>,
+    ) -> Result<Self> {
+        metadata.insert(IMAGE_IDS.into(), serde_json::to_string(ids)?);
+        let mut header = serde_json::Map::new();
+        header.insert("__metadata__".into(), json!(metadata));
+        let mut offset = 0;
+        for (name, dims, values) in leading {
+            let bytes = values.len() * 4;
+            header.insert(
+                name.to_string(),
+                json!({"dtype": "F32", "shape": dims, "data_offsets": [offset, offset + bytes]}),
+            );
+            offset += bytes;
+        }
         let bytes = ids.len() * shape.len() * 2;
-        let header = json!({
-            "__metadata__": metadata,
-            TOKENS: {
+        header.insert(
+            TOKENS.into(),
+            json!({
                 "dtype": "F16",
                 "shape": [ids.len(), shape.tokens, shape.dim],
-                "data_offsets": [0, bytes],
-            },
-        });
-        let mut header = serde_json::to_vec(&header)?;
+                "data_offsets": [offset, offset + bytes],
+            }),
+        );
+        let mut header = serde_json::to_vec(&Value::Object(header))?;
         // The data starts 8-byte aligned, as safetensors' writers keep it.
         header.resize(header.len().next_multiple_of(8), b' ');
         if let Some(dir) = path.parent() {
@@ -84,6 +121,11 @@ impl TokensWriter {
         let mut out = BufWriter::new(file);
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;
+        for (_, _, values) in leading {
+            let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            out.write_all(&bytes)
+                .with_context(|| format!("cannot write {}", temporary.display()))?;
+        }
         Ok(TokensWriter {
             path: path.to_path_buf(),
             temporary,
@@ -163,6 +205,17 @@ pub struct ImageTokens {
 impl ImageTokens {
     /// Opens a file and checks its header against its size.
     pub fn open(path: &Path) -> Result<ImageTokens> {
+        Self::open_if_held(path)?.with_context(|| {
+            format!(
+                "{}: not an image-tokens file (no tensor {TOKENS:?})",
+                path.display()
+            )
+        })
+    }
+
+    /// The image tokens a file holds (a features file may, beside its
+    /// embeddings), or none where it has no `tokens` tensor.
+    pub fn open_if_held(path: &Path) -> Result<Option<ImageTokens>> {
         let bad =
             |why: String| anyhow::anyhow!("{}: not an image-tokens file ({why})", path.display());
         let mut file =
@@ -178,7 +231,9 @@ impl ImageTokens {
         file.read_exact(&mut header)
             .map_err(|e| bad(e.to_string()))?;
         let header: Value = serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
-        let tensor = &header[TOKENS];
+        let Some(tensor) = header.get(TOKENS) else {
+            return Ok(None);
+        };
         if tensor["dtype"] != "F16" {
             return Err(bad(format!(
                 "tensor {TOKENS:?} is not float16: {}",
@@ -216,14 +271,17 @@ impl ImageTokens {
         if ids.len() != images {
             return Err(bad(format!("{} ids for {images} images", ids.len())));
         }
-        Ok(ImageTokens {
+        Ok(Some(ImageTokens {
             path: path.to_path_buf(),
             ids,
             shape: TokenShape { tokens, dim },
-            encoder: metadata[ENCODER_ID].as_str().map(str::to_string),
+            encoder: (metadata.get(TOKENS_ENCODER_ID))
+                .or(metadata.get(ENCODER_ID))
+                .and_then(Value::as_str)
+                .map(str::to_string),
             data_start,
             file: Mutex::new(file),
-        })
+        }))
     }
 
     /// The tokens of the images at `rows` (indices into `ids`), in order,

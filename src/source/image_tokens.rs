@@ -7,6 +7,7 @@ use super::embeddings::CaptionData;
 use super::{absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
+use crate::data::features::EMBEDDINGS;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
 use crate::data::{Dataset, Item};
 use crate::model::blip::{self, BlipVision};
@@ -14,6 +15,7 @@ use crate::model::hf::HfFolder;
 use crate::progress::Progress;
 use crate::tensorfile::fingerprint;
 use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
 use std::path::Path;
 
 /// Images through the vision tower at once.
@@ -40,35 +42,38 @@ impl TokenRows {
 }
 
 /// Gives `data` the image tokens of the BLIP folder `folder`'s vision
-/// tower: from the cache, else computed (with a progress bar) and cached.
+/// tower: from its features file when that holds them (`captune embed
+/// --image-tokens`), else from the cache, else computed (with a progress
+/// bar) and cached.
 pub fn attach<B: Backend>(
     b: &B,
     data: &mut CaptionData,
     folder: &Path,
     progress: &Progress,
 ) -> Result<()> {
-    let weights = blip_weights(folder)?;
-    // The tower's weights, its config and its preprocessing make the tokens.
-    let weights = file_identity(&absolute(&weights));
-    let mut listing = format!("blip-vision\n{weights}\n");
-    for file in ["config.json", "preprocessor_config.json"] {
-        listing.push_str(&format!(
-            "{}\n",
-            file_identity(&absolute(&folder.join(file)))
-        ));
-    }
-    for item in &data.data.items {
-        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
-    }
-    let key = fingerprint(listing.as_bytes());
-    let path = cache::image_tokens(&data.data.name, &key);
-    let encoder = format!("blip-vision:{}", fingerprint(weights.as_bytes()));
-    if !path.is_file() {
-        compute(b, &data.data, folder, &path, &encoder, progress)?;
-    } else {
-        eprintln!("image tokens from the cache: {}", path.display());
-    }
-    let file = ImageTokens::open(&path)?;
+    let encoder = encoder_id(folder)?;
+    let file = match held_by_features(data, &encoder)? {
+        Some(file) => {
+            eprintln!(
+                "image tokens from the features file: {}",
+                file.path.display()
+            );
+            file
+        }
+        None => {
+            let path = cached(data, folder)?;
+            if !path.is_file() {
+                let start = |shape, encoder: &str| {
+                    let ids: Vec<String> = data.data.items.iter().map(|i| i.id.clone()).collect();
+                    TokensWriter::create(&path, &ids, shape, encoder)
+                };
+                compute(b, &data.data, folder, progress, start)?;
+            } else {
+                eprintln!("image tokens from the cache: {}", path.display());
+            }
+            ImageTokens::open(&path)?
+        }
+    };
     let index = file.index();
     let rows = data
         .data
@@ -77,8 +82,9 @@ pub fn attach<B: Backend>(
         .map(|item| {
             index.get(item.id.as_str()).copied().with_context(|| {
                 format!(
-                    "{}: no tokens of image {}; delete the file to compute them again",
-                    path.display(),
+                    "{}: no tokens of image {}; a cached file can be deleted to compute them \
+                     again, a features file written again with `captune embed --image-tokens`",
+                    file.path.display(),
                     item.id
                 )
             })
@@ -89,6 +95,72 @@ pub fn attach<B: Backend>(
         source.image_tokens = Some(absolute(folder));
     }
     Ok(())
+}
+
+/// Writes a features file `out`: `embeddings` (`[items, dim]`, with
+/// `metadata`) and then every item's image tokens from the BLIP folder
+/// `folder`'s vision tower, in item order.
+pub fn write_with_embeddings<B: Backend>(
+    b: &B,
+    data: &Dataset,
+    folder: &Path,
+    out: &Path,
+    (embeddings, dim): (&[f32], usize),
+    metadata: HashMap<String, String>,
+    progress: &Progress,
+) -> Result<()> {
+    let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
+    let leading = [(EMBEDDINGS, vec![ids.len(), dim], embeddings)];
+    let start = |shape, encoder: &str| {
+        TokensWriter::beside(out, &ids, (shape, encoder), &leading, metadata)
+    };
+    compute(b, data, folder, progress, start)
+}
+
+/// The identity of the BLIP folder `folder`'s vision tower as an encoder
+/// of image tokens: its weights file's.
+fn encoder_id(folder: &Path) -> Result<String> {
+    let weights = file_identity(&absolute(&blip_weights(folder)?));
+    Ok(format!("blip-vision:{}", fingerprint(weights.as_bytes())))
+}
+
+/// The tokens of `data`'s features file, when it holds some of `encoder`.
+fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTokens>> {
+    let Some(path) = data.source.as_ref().and_then(|s| s.features.as_ref()) else {
+        return Ok(None);
+    };
+    match ImageTokens::open_if_held(path)? {
+        Some(file) if file.encoder.as_deref() == Some(encoder) => Ok(Some(file)),
+        Some(_) => {
+            eprintln!(
+                "warning: {} holds image tokens of another vision tower; computing the decoder's",
+                path.display()
+            );
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
+/// Where the cache keeps the tokens of `data`'s images through `folder`'s
+/// tower: keyed by the tower's weights, its config and preprocessing, and
+/// the images.
+fn cached(data: &CaptionData, folder: &Path) -> Result<std::path::PathBuf> {
+    let weights = file_identity(&absolute(&blip_weights(folder)?));
+    let mut listing = format!("blip-vision\n{weights}\n");
+    for file in ["config.json", "preprocessor_config.json"] {
+        listing.push_str(&format!(
+            "{}\n",
+            file_identity(&absolute(&folder.join(file)))
+        ));
+    }
+    for item in &data.data.items {
+        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
+    }
+    Ok(cache::image_tokens(
+        &data.data.name,
+        &fingerprint(listing.as_bytes()),
+    ))
 }
 
 /// The BLIP folder's weights file (or index), which must be there.
@@ -104,15 +176,16 @@ fn blip_weights(folder: &Path) -> Result<std::path::PathBuf> {
     Ok(weights)
 }
 
-/// Every item's tokens into the file `path`, in item order.
+/// Every item's tokens through `folder`'s vision tower, in item order,
+/// into the writer `start` makes for their shape and encoder.
 fn compute<B: Backend>(
     b: &B,
     data: &Dataset,
     folder: &Path,
-    path: &Path,
-    encoder: &str,
     progress: &Progress,
+    start: impl FnOnce(TokenShape, &str) -> Result<TokensWriter>,
 ) -> Result<()> {
+    let encoder = encoder_id(folder)?;
     let mut blip = blip::read(folder)?;
     let v = blip.config.vision_config.clone();
     let mut vision = BlipVision::new(b, folder, &mut blip)?;
@@ -120,8 +193,7 @@ fn compute<B: Backend>(
         tokens: v.tokens(),
         dim: v.hidden_size,
     };
-    let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
-    let mut out = TokensWriter::create(path, &ids, shape, encoder)?;
+    let mut out = start(shape, &encoder)?;
     let n = data.items.len() as u64;
     let bar = progress.start(&format!("image tokens of {n} images with BLIP"), n);
     for chunk in data.items.chunks(IMAGES_PER_BATCH) {

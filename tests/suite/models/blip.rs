@@ -894,6 +894,97 @@ fn a_blip_run_trains_its_vision_tower() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `embed --image-tokens hf:BLIP` writes the BLIP vision tower's tokens
+/// into the features file after the embeddings (which read back as plain
+/// `embed`'s, bit for bit); a BLIP run on that file reads its tokens, the
+/// same as those it would compute into the cache, and caches none, and so
+/// does `eval` of the run.
+#[test]
+fn a_features_file_carries_blip_image_tokens() {
+    use captune::data::features::Features;
+    use captune::data::image_tokens::ImageTokens;
+    let dir = crate::common::fresh_temp("blip-features");
+    let cache = dir.join("cache");
+    let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
+    let clip = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-tiny");
+    let (clip, hf) = (
+        clip.display().to_string(),
+        format!("hf:{}", folder().display()),
+    );
+    let (plain, both) = (dir.join("plain.safetensors"), dir.join("both.safetensors"));
+    let embed = |out: &Path, tokens: bool| {
+        let out = out.display().to_string();
+        let mut args = vec!["embed", "--clip", &clip, "--out", &out];
+        if tokens {
+            args.extend(["--image-tokens", &hf]);
+        }
+        args.extend(common::TINY_WORLD_ARGS);
+        let (ok, _, err) = captune(&args);
+        assert!(ok, "{err}");
+    };
+    embed(&plain, false);
+    embed(&both, true);
+    let (a, b) = (
+        Features::load(&plain, None).unwrap(),
+        Features::load(&both, None).unwrap(),
+    );
+    assert_eq!((&a.ids, &a.encoder), (&b.ids, &b.encoder));
+    assert!(a.embeddings == b.embeddings, "the same embeddings");
+    let held = ImageTokens::open(&both).unwrap();
+    assert_eq!(held.ids, a.ids);
+    assert!(held.encoder.as_deref().unwrap().starts_with("blip-vision:"));
+
+    let run = dir.join("run").display().to_string();
+    let features = both.display().to_string();
+    let mut train = vec![
+        "train",
+        "--preset",
+        "tiny",
+        "--epochs",
+        "1",
+        "--decoder",
+        &hf,
+    ];
+    train.extend(["--features", &features, "--out", &run]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    assert!(err.contains("image tokens from the features file"), "{err}");
+    assert!(!cache.join("image-tokens").exists(), "none cached");
+    let checkpoint = dir.join("run/checkpoint.safetensors").display().to_string();
+    let eval = ["eval", "--checkpoint", &checkpoint, "--split", "val"];
+    let (ok, _, err) = captune(&eval);
+    assert!(ok, "{err}");
+    assert!(err.contains("image tokens from the features file"), "{err}");
+
+    // A run on the embeddings alone computes the same tokens into the cache.
+    let other = dir.join("other").display().to_string();
+    let plain = plain.display().to_string();
+    let mut train = vec![
+        "train",
+        "--preset",
+        "tiny",
+        "--epochs",
+        "1",
+        "--decoder",
+        &hf,
+    ];
+    train.extend(["--features", &plain, "--out", &other]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let cached: Vec<PathBuf> = std::fs::read_dir(cache.join("image-tokens"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    let computed = ImageTokens::open(&cached[0]).unwrap();
+    let all: Vec<usize> = (0..held.ids.len()).collect();
+    let index = computed.index();
+    let same_order: Vec<usize> = held.ids.iter().map(|id| index[id.as_str()]).collect();
+    assert!(held.rows(&all).unwrap() == computed.rows(&same_order).unwrap());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A BLIP decoder that training has not changed exports as the folder it
 /// came from, whole: every tensor bit for bit (the position rows past the
 /// captioner's and the vision tower included), its config and its
