@@ -229,6 +229,37 @@ def main():
     print("loss", loss.item(), "tensors", len(expected))
 
 
+def stored_step():
+    """The folder's model in float64, the main fixture's records, and its
+    captions as fed ids and targets (each caption's next pieces, then
+    [SEP]; -1 past its end)."""
+    from safetensors.torch import load_file
+
+    model = BlipForConditionalGeneration.from_pretrained(FOLDER).double().eval()
+    stored = load_file(os.path.join(ROOT, "blip_tiny_expected.safetensors"))
+    lengths = [int(n) for n in stored["lengths"]]
+    fed = stored["input_ids"].long()
+    targets = torch.full(fed.shape, -1, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        targets[i, : n - 1] = fed[i, 1:n]
+        targets[i, n - 1] = SEP
+    return model, stored, fed, targets
+
+
+def policy_logits(model, fed, image_tokens):
+    """The text decoder's logits of the fed ids under captune's policy
+    (the padding and [DEC] at -inf)."""
+    logits = model.text_decoder(
+        input_ids=fed,
+        attention_mask=torch.ones_like(fed),
+        encoder_hidden_states=image_tokens,
+        return_dict=True,
+    ).logits
+    policy = logits.clone()
+    policy[:, :, [PAD, BOS]] = float("-inf")
+    return policy
+
+
 def smile():
     """`blip_fixtures.py smile`: blip_tiny_smile_expected.safetensors, one
     step of SMILE's recipe mix (0.01 MLE + 0.99 SMILE, first token by MLE)
@@ -242,27 +273,10 @@ def smile():
     is the whole policy's (padding and [DEC] at -inf); the mean over the
     captions' real targets.
     """
-    model = BlipForConditionalGeneration.from_pretrained(FOLDER).double().eval()
-    from safetensors.torch import load_file
-
-    stored = load_file(os.path.join(ROOT, "blip_tiny_expected.safetensors"))
-    image_tokens = stored["image_tokens"].double()
-    lengths = [int(n) for n in stored["lengths"]]
-    fed = stored["input_ids"].long()
-    targets = torch.full(fed.shape, -1, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        targets[i, : n - 1] = fed[i, 1:n]
-        targets[i, n - 1] = SEP
+    model, stored, fed, targets = stored_step()
     decoder = model.text_decoder
     decoder.zero_grad()
-    logits = decoder(
-        input_ids=fed,
-        attention_mask=torch.ones_like(fed),
-        encoder_hidden_states=image_tokens,
-        return_dict=True,
-    ).logits
-    policy = logits.clone()
-    policy[:, :, [PAD, BOS]] = float("-inf")
+    policy = policy_logits(model, fed, stored["image_tokens"].double())
     real = targets >= 0
 
     def mean_nll(allowed):
@@ -296,27 +310,11 @@ def vision():
     captions, the main fixture's loss under captune's policy; `loss` and
     `grad.NAME` for every tensor of the vision tower and the text decoder.
     """
-    model = BlipForConditionalGeneration.from_pretrained(FOLDER).double().eval()
-    from safetensors.torch import load_file
-
-    stored = load_file(os.path.join(ROOT, "blip_tiny_expected.safetensors"))
+    model, stored, fed, targets = stored_step()
     pixels = stored["pixel_values"].double()
-    lengths = [int(n) for n in stored["lengths"]]
-    fed = stored["input_ids"].long()
-    targets = torch.full(fed.shape, -1, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        targets[i, : n - 1] = fed[i, 1:n]
-        targets[i, n - 1] = SEP
     model.zero_grad()
     image_tokens = model.vision_model(pixel_values=pixels).last_hidden_state
-    logits = model.text_decoder(
-        input_ids=fed,
-        attention_mask=torch.ones_like(fed),
-        encoder_hidden_states=image_tokens,
-        return_dict=True,
-    ).logits
-    policy = logits.clone()
-    policy[:, :, [PAD, BOS]] = float("-inf")
+    policy = policy_logits(model, fed, image_tokens)
     real = targets >= 0
     picked = torch.log_softmax(policy, -1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     loss = -torch.where(real, picked, 0.0).sum() / real.sum()

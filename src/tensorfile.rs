@@ -125,15 +125,7 @@ pub fn read_only(path: &Path, names: &[&str]) -> Result<TensorFile> {
     let mut file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let size = file.metadata()?.len();
-    let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
-    let header_len = u64::from_le_bytes(len);
-    if header_len > MAX_HEADER.min(size.saturating_sub(8)) {
-        return Err(bad(format!("a header of {header_len} bytes")));
-    }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header)
-        .map_err(|e| bad(e.to_string()))?;
+    let (header_len, header) = read_header(&mut file, size, MAX_HEADER).map_err(bad)?;
     let mut header: HashMap<String, serde_json::Value> =
         serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
     let metadata: HashMap<String, String> = match header.remove("__metadata__") {
@@ -173,6 +165,25 @@ pub fn read_only(path: &Path, names: &[&str]) -> Result<TensorFile> {
 
 /// A header longer than this is not one a safetensors writer made.
 const MAX_HEADER: u64 = 100 << 20;
+
+/// The header of the safetensors file `file` (of `size` bytes, read from
+/// its start): its length and its JSON, at most `max` bytes; or why not.
+pub fn read_header(
+    file: &mut std::fs::File,
+    size: u64,
+    max: u64,
+) -> std::result::Result<(u64, Vec<u8>), String> {
+    use std::io::Read;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let header_len = u64::from_le_bytes(len);
+    if header_len > max.min(size.saturating_sub(8)) {
+        return Err(format!("a header of {header_len} bytes"));
+    }
+    let mut header = vec![0u8; header_len as usize];
+    file.read_exact(&mut header).map_err(|e| e.to_string())?;
+    Ok((header_len, header))
+}
 
 /// Little-endian tensor bytes of `dtype` as f32; `None` for other dtypes.
 fn widen(dtype: Dtype, bytes: &[u8]) -> Option<Vec<f32>> {

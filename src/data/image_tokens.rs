@@ -11,7 +11,7 @@
 //! its `embeddings`, their encoder then in `tokens_encoder_id` (the
 //! embeddings' is `encoder_id`).
 
-use crate::tensorfile::temporary_suffix;
+use crate::tensorfile::{read_header, temporary_suffix};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -221,15 +221,7 @@ impl ImageTokens {
         let mut file =
             File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         let size = file.metadata()?.len();
-        let mut len = [0u8; 8];
-        file.read_exact(&mut len).map_err(|e| bad(e.to_string()))?;
-        let header_len = u64::from_le_bytes(len);
-        if header_len > MAX_HEADER.min(size.saturating_sub(8)) {
-            return Err(bad(format!("a header of {header_len} bytes")));
-        }
-        let mut header = vec![0u8; header_len as usize];
-        file.read_exact(&mut header)
-            .map_err(|e| bad(e.to_string()))?;
+        let (header_len, header) = read_header(&mut file, size, MAX_HEADER).map_err(bad)?;
         let header: Value = serde_json::from_slice(&header).map_err(|e| bad(e.to_string()))?;
         let Some(tensor) = header.get(TOKENS) else {
             return Ok(None);

@@ -374,38 +374,16 @@ pub fn blip_text_tensors(
     };
     table.data[..trained.data.len()].copy_from_slice(&trained.data);
     out.push((theirs("bert.embeddings.position_embeddings.weight"), table));
-    // A dense layer's or a layer norm's weight and bias.
-    type Ours<'a> = &'a mut dyn FnMut(&str) -> Result<Tensor>;
-    let pair = |ours: Ours<'_>, out: &mut Vec<_>, mine: &str, blip: &str, dense: bool| {
-        let weight = ours(&format!("{mine}.weight"))?;
-        let weight = if dense { transposed(&weight) } else { weight };
-        out.push((theirs(&format!("{blip}.weight")), weight));
-        out.push((
-            theirs(&format!("{blip}.bias")),
-            ours(&format!("{mine}.bias"))?,
-        ));
-        anyhow::Ok(())
-    };
-    pair(
-        &mut ours,
-        &mut out,
-        "decoder.ln_pre",
-        "bert.embeddings.LayerNorm",
-        false,
-    )?;
+    let embeddings_norm = ("decoder.ln_pre", &*theirs("bert.embeddings.LayerNorm"));
+    put_pair(&mut ours, &mut out, embeddings_norm, false)?;
     let w = t.hidden_size;
     for i in 0..t.num_hidden_layers {
         let layer = format!("bert.encoder.layer.{i}");
         let mine = |name: &str| format!("decoder.blocks.{i}.{name}");
         for (captune, blip) in TEXT_LAYER_NAMES {
             let dense = !matches!(captune, "ln1" | "cross.ln" | "ln2");
-            pair(
-                &mut ours,
-                &mut out,
-                &mine(captune),
-                &format!("{layer}.{blip}"),
-                dense,
-            )?;
+            let names = (&*mine(captune), &*theirs(&format!("{layer}.{blip}")));
+            put_pair(&mut ours, &mut out, names, dense)?;
         }
         let fused = [
             ("attn.qkv", "attention", &["query", "key", "value"][..]),
@@ -427,22 +405,28 @@ pub fn blip_text_tensors(
             }
         }
     }
-    pair(
-        &mut ours,
-        &mut out,
-        "head.dense",
-        "cls.predictions.transform.dense",
-        true,
-    )?;
-    pair(
-        &mut ours,
-        &mut out,
-        "head.ln",
-        "cls.predictions.transform.LayerNorm",
-        false,
-    )?;
+    let dense = ("head.dense", &*theirs("cls.predictions.transform.dense"));
+    put_pair(&mut ours, &mut out, dense, true)?;
+    let norm = ("head.ln", &*theirs("cls.predictions.transform.LayerNorm"));
+    put_pair(&mut ours, &mut out, norm, false)?;
     out.push((theirs("cls.predictions.bias"), ours("head.bias")?));
     Ok(out)
+}
+
+/// captune's `{mine}.weight` and `.bias` (taken by `ours`) into `out` as
+/// BLIP's `{theirs}.weight` and `.bias`: a dense layer's weight transposed
+/// back to `nn.Linear`'s `[out, in]`, a layer norm's as it is.
+fn put_pair(
+    ours: &mut dyn FnMut(&str) -> Result<Tensor>,
+    out: &mut Vec<(String, Tensor)>,
+    (mine, theirs): (&str, &str),
+    dense: bool,
+) -> Result<()> {
+    let weight = ours(&format!("{mine}.weight"))?;
+    let weight = if dense { transposed(&weight) } else { weight };
+    out.push((format!("{theirs}.weight"), weight));
+    out.push((format!("{theirs}.bias"), ours(&format!("{mine}.bias"))?));
+    Ok(())
 }
 
 /// Columns `from..from + n` of a matrix.
@@ -654,27 +638,16 @@ pub fn blip_vision_tensors(
             with_shape(ours("vision.positions")?, &[1, tokens, w]),
         ),
     ];
-    let mut pair = |mine: &str, blip: &str, dense: bool| -> Result<()> {
-        let weight = ours(&format!("{mine}.weight"))?;
-        let weight = if dense { transposed(&weight) } else { weight };
-        out.push((theirs(&format!("{blip}.weight")), weight));
-        out.push((
-            theirs(&format!("{blip}.bias")),
-            ours(&format!("{mine}.bias"))?,
-        ));
-        Ok(())
-    };
     for i in 0..v.num_hidden_layers {
         for (mine, blip) in VISION_LAYER_NAMES {
             let dense = !matches!(mine, "ln1" | "ln2");
-            pair(
-                &format!("vision.blocks.{i}.{mine}"),
-                &format!("encoder.layers.{i}.{blip}"),
-                dense,
-            )?;
+            let mine = format!("vision.blocks.{i}.{mine}");
+            let blip = theirs(&format!("encoder.layers.{i}.{blip}"));
+            put_pair(&mut ours, &mut out, (&mine, &blip), dense)?;
         }
     }
-    pair("vision.ln_f", "post_layernorm", false)?;
+    let norm = ("vision.ln_f", &*theirs("post_layernorm"));
+    put_pair(&mut ours, &mut out, norm, false)?;
     Ok(out)
 }
 

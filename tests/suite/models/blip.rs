@@ -727,18 +727,32 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
     let log = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
     assert_eq!(log.lines().count(), 2, "an epoch more: {log}");
 
-    // The export is the BLIP folder with the trained text decoder: read
-    // back, its decoder is the checkpoint's, bit for bit.
+    export_is_the_trained_model(captune, (&dir, &run), Some("a picture of"), false);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `captune export RUN --hf` of a trained BLIP run (fed `prompt`, with a
+/// trained tower where `vision`): the export reads back as the run's
+/// checkpoint, bit for bit; captions of two pictures from the checkpoint
+/// and from the export are the same, and so are transformers' `generate`'s
+/// on the export where torch and transformers are installed.
+fn export_is_the_trained_model(
+    captune: impl Fn(&[&str]) -> (bool, String, String),
+    (dir, run): (&Path, &Path),
+    prompt: Option<&str>,
+    vision: bool,
+) {
     let hf = dir.join("hf");
     let hf_out = hf.display().to_string();
+    let run_arg = run.display().to_string();
     let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf_out]);
     assert!(ok, "{err}");
     let b = CpuBackend::new();
-    let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
+    let checkpoint = run.join("checkpoint.safetensors");
+    let trained = Checkpoint::load(&b, &checkpoint).unwrap();
     let c = trained.model.config;
     let exported = blip::read(&hf).unwrap();
-    let back =
-        blip_checkpoint::<CpuBackend>(&b, &hf, exported, (c.max_len, Some("a picture of")), false);
+    let back = blip_checkpoint::<CpuBackend>(&b, &hf, exported, (c.max_len, prompt), vision);
     let back = back.unwrap();
     assert_eq!(back.model.config, c);
     let (theirs, ours) = (back.model.params(), trained.model.params());
@@ -747,23 +761,24 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
         assert!(got == want, "{} differs after export", spec.name);
     }
     assert_eq!(back.vocab, trained.vocab);
-    // The trained checkpoint captions image files through the tower it
-    // recorded, as its export does after the same prompt.
+    // The checkpoint captions image files through the tower it recorded
+    // (or trained), as its export does after the same prompt.
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
     let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
     let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
     let words = ["--json", "--max-words", "9"];
+    let checkpoint = checkpoint.display().to_string();
     let from_run = ["caption", "--checkpoint", &checkpoint];
     let (ok, run_captions, err) = captune(&[&from_run[..], &words, &files].concat());
     assert!(ok, "{err}");
     let hf_arg = format!("hf:{hf_out}");
+    let prompted: Vec<&str> = prompt.map_or(vec![], |p| vec!["--prompt", p]);
     let caption = ["caption", "--checkpoint", &hf_arg];
-    let prompt = ["--prompt", "a picture of"];
-    let (ok, out, err) = captune(&[&caption[..], &words, &prompt, &files].concat());
+    let (ok, out, err) = captune(&[&caption[..], &words, &prompted, &files].concat());
     assert!(ok, "{err}");
     assert_eq!(
         run_captions, out,
-        "the run's checkpoint and its export caption alike"
+        "the checkpoint and its export caption alike"
     );
     // transformers loads it, and its generate gives what captune gives.
     if let Some(python) = common::python_with_transformers() {
@@ -775,7 +790,8 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
             .arg(&hf)
             .arg("--captions")
             .arg(&captions)
-            .args(["--max-words", "9", "--prompt", "a picture of"])
+            .args(["--max-words", "9"])
+            .args(&prompted)
             .output()
             .unwrap();
         let said = String::from_utf8_lossy(&check.stdout);
@@ -783,7 +799,6 @@ fn a_blip_run_trains_evaluates_inspects_and_resumes() {
         assert!(check.status.success(), "{said}{stderr}");
         assert_eq!(said.matches("same ").count(), 2, "{said}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// `train --train-vision` trains the vision tower with the decoder: no
@@ -844,53 +859,7 @@ fn a_blip_run_trains_its_vision_tower() {
     assert!(ok, "{err}");
     assert!(!cache.join("image-tokens").exists());
 
-    // The export holds the trained tower; read back, every tensor is the
-    // checkpoint's, bit for bit.
-    let hf = dir.join("hf");
-    let hf_out = hf.display().to_string();
-    let (ok, _, err) = captune(&["export", &run_arg, "--hf", &hf_out]);
-    assert!(ok, "{err}");
-    let trained = Checkpoint::load(&b, &run.join("checkpoint.safetensors")).unwrap();
-    let exported = blip::read(&hf).unwrap();
-    let back = blip_checkpoint::<CpuBackend>(&b, &hf, exported, (c.max_len, None), true).unwrap();
-    assert_eq!(back.model.config, trained.model.config);
-    let (theirs, ours) = (back.model.params(), trained.model.params());
-    for (k, spec) in ours.specs.iter().enumerate() {
-        let (got, want) = (b.to_vec(&theirs.values[k]), b.to_vec(&ours.values[k]));
-        assert!(got == want, "{} differs after export", spec.name);
-    }
-    let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
-    let (wide, tall) = (images.join("wide.png"), images.join("tall.png"));
-    let files = [wide.to_str().unwrap(), tall.to_str().unwrap()];
-    let words = ["--json", "--max-words", "9"];
-    let from_run = ["caption", "--checkpoint", &checkpoint];
-    let (ok, run_captions, err) = captune(&[&from_run[..], &words, &files].concat());
-    assert!(ok, "{err}");
-    let hf_arg = format!("hf:{hf_out}");
-    let (ok, out, err) =
-        captune(&[&["caption", "--checkpoint", &hf_arg][..], &words, &files].concat());
-    assert!(ok, "{err}");
-    assert_eq!(
-        run_captions, out,
-        "the checkpoint and its export caption alike"
-    );
-    if let Some(python) = common::python_with_transformers() {
-        let captions = dir.join("captions.jsonl");
-        std::fs::write(&captions, out).unwrap();
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_blip_export.py");
-        let check = std::process::Command::new(python)
-            .arg(&script)
-            .arg(&hf)
-            .arg("--captions")
-            .arg(&captions)
-            .args(["--max-words", "9"])
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&check.stdout);
-        let stderr = String::from_utf8_lossy(&check.stderr);
-        assert!(check.status.success(), "{said}{stderr}");
-        assert_eq!(said.matches("same ").count(), 2, "{said}");
-    }
+    export_is_the_trained_model(captune, (&dir, &run), None, true);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -934,21 +903,18 @@ fn a_features_file_carries_blip_image_tokens() {
     assert_eq!(held.ids, a.ids);
     assert!(held.encoder.as_deref().unwrap().starts_with("blip-vision:"));
 
-    let run = dir.join("run").display().to_string();
-    let features = both.display().to_string();
-    let mut train = vec![
-        "train",
-        "--preset",
-        "tiny",
-        "--epochs",
-        "1",
-        "--decoder",
-        &hf,
-    ];
-    train.extend(["--features", &features, "--out", &run]);
-    train.extend(common::TINY_WORLD_ARGS);
-    let (ok, _, err) = captune(&train);
-    assert!(ok, "{err}");
+    // A BLIP run on a features file; what it printed.
+    let train_on = |features: &Path, out: &str| {
+        let (features, out) = (features.display().to_string(), dir.join(out));
+        let out = out.display().to_string();
+        let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
+        train.extend(["--decoder", &hf, "--features", &features, "--out", &out]);
+        train.extend(common::TINY_WORLD_ARGS);
+        let (ok, _, err) = captune(&train);
+        assert!(ok, "{err}");
+        err
+    };
+    let err = train_on(&both, "run");
     assert!(err.contains("image tokens from the features file"), "{err}");
     assert!(!cache.join("image-tokens").exists(), "none cached");
     let checkpoint = dir.join("run/checkpoint.safetensors").display().to_string();
@@ -958,21 +924,7 @@ fn a_features_file_carries_blip_image_tokens() {
     assert!(err.contains("image tokens from the features file"), "{err}");
 
     // A run on the embeddings alone computes the same tokens into the cache.
-    let other = dir.join("other").display().to_string();
-    let plain = plain.display().to_string();
-    let mut train = vec![
-        "train",
-        "--preset",
-        "tiny",
-        "--epochs",
-        "1",
-        "--decoder",
-        &hf,
-    ];
-    train.extend(["--features", &plain, "--out", &other]);
-    train.extend(common::TINY_WORLD_ARGS);
-    let (ok, _, err) = captune(&train);
-    assert!(ok, "{err}");
+    train_on(&plain, "other");
     let cached: Vec<PathBuf> = std::fs::read_dir(cache.join("image-tokens"))
         .unwrap()
         .map(|e| e.unwrap().path())
