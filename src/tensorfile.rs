@@ -144,7 +144,9 @@ pub fn read_only(path: &Path, names: &[&str]) -> Result<TensorFile> {
         let fits = (end.checked_sub(start))
             .zip(elements)
             .is_some_and(|(bytes, n)| Some(bytes) == n.checked_mul(info.dtype.bitsize() / 8))
-            && 8 + header_len + end as u64 <= size;
+            && (8 + header_len)
+                .checked_add(end as u64)
+                .is_some_and(|e| e <= size);
         if !fits {
             return Err(bad(format!(
                 "tensor {name:?} of shape {:?} does not fit offsets {start}..{end} of its {size} \

@@ -327,7 +327,8 @@ impl CaptionerConfig {
 
     /// Refuses data whose image inputs are not what this captioner reads
     /// (`what` names it): embeddings of another size, or no image tokens
-    /// of its vision tower's shape.
+    /// of its vision tower's shape, or no pixels of the shape its trained
+    /// tower reads.
     pub fn check_inputs(&self, data: &CaptionData, what: &str) -> Result<()> {
         let origin = || {
             data.source

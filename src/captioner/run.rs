@@ -184,6 +184,7 @@ impl ModelSection {
         self.width = c.decoder.width;
         self.layers = c.decoder.layers;
         self.heads = c.decoder.heads;
+        self.train_vision = c.vision.is_some();
     }
 }
 

@@ -299,6 +299,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             },
             &ck.model.params().optimizer_layout(),
         );
+        if t.freeze_decoder && ck.model.config.vision.is_some() {
+            bail!(
+                "[train] freeze_decoder trains the cross-attention only, and this captioner \
+                 trains its vision tower: choose one"
+            );
+        }
         if t.freeze_decoder {
             let model = &ck.model;
             opt.train_only(|i| model.is_adapter(i));

@@ -94,7 +94,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     }
     let captioner = Captioner::load(b, &args.checkpoint)?;
     let ck_path = args.checkpoint.display();
-    if captioner.ck.model.config.vision.is_some() {
+    if let Some(v) = captioner.ck.model.config.vision {
         // A BLIP trained with its vision tower reads the patches its
         // folder's processor makes.
         let Some(dir) = (captioner.trained_on.as_ref()).and_then(|s| s.image_pixels.clone()) else {
@@ -106,6 +106,16 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
             );
         };
         let patcher = BlipPatcher::of_folder(&dir)?;
+        if patcher.shape() != (v.patches, v.patch_dim) {
+            let (patches, dim) = patcher.shape();
+            bail!(
+                "{ck_path} trained a vision tower of {} patches of {} values, but {}'s image \
+                 processor now makes {patches} of {dim}: the folder has changed since",
+                v.patches,
+                v.patch_dim,
+                dir.display()
+            );
+        }
         return caption_files(b, FileInputs::Patches(patcher), &captioner.ck, &files, args);
     }
     if captioner.ck.model.config.image_tokens > 0 {

@@ -7,6 +7,7 @@ use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::data::Dataset;
 use captune::data::features::{ENCODER_ID, Features};
+use captune::model::blip::BlipPatcher;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint;
 use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
@@ -43,9 +44,22 @@ pub struct EmbedArgs {
     pub overwrite: bool,
 }
 
-/// Refuses an existing --out before anything slow.
+/// Refuses an existing --out, or an --image-tokens that names no BLIP
+/// folder, before anything slow.
 pub fn check(args: &EmbedArgs) -> Result<()> {
-    check_new_output(&args.out, args.overwrite, "--out")
+    check_new_output(&args.out, args.overwrite, "--out")?;
+    if let Some(spec) = &args.image_tokens {
+        BlipPatcher::of_folder(&token_folder(spec)?)?;
+    }
+    Ok(())
+}
+
+/// The BLIP folder `--image-tokens hf:FOLDER` names.
+fn token_folder(spec: &str) -> Result<PathBuf> {
+    match spec.strip_prefix("hf:").filter(|d| !d.is_empty()) {
+        Some(dir) => Ok(PathBuf::from(dir)),
+        None => bail!("--image-tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH"),
+    }
 }
 
 pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
@@ -99,22 +113,14 @@ fn write<B: Backend>(
     match &args.image_tokens {
         None => features.save(&args.out, metadata)?,
         Some(spec) => {
-            let Some(folder) = spec.strip_prefix("hf:").filter(|d| !d.is_empty()) else {
-                bail!("--image-tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH");
-            };
+            let folder = token_folder(spec)?;
             if let Some(encoder) = &features.encoder {
                 metadata.insert(ENCODER_ID.into(), encoder.clone());
             }
             let embeddings = (&features.embeddings[..], features.dim);
             let progress = Progress::terminal();
             image_tokens::write_with_embeddings(
-                b,
-                data,
-                Path::new(folder),
-                &args.out,
-                embeddings,
-                metadata,
-                &progress,
+                b, data, &folder, &args.out, embeddings, metadata, &progress,
             )?;
         }
     }

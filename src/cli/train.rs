@@ -154,7 +154,7 @@ pub struct TrainArgs {
     /// fine-tunes BLIP ([model] train_vision). Each batch's images are
     /// read and go through the tower at every step; by default the tower
     /// is frozen and its tokens are computed once and cached.
-    #[arg(long, conflicts_with = "resume")]
+    #[arg(long, conflicts_with_all = ["resume", "init"])]
     pub train_vision: bool,
     /// With an LSTM decoder: the projected image embedding is every
     /// layer's initial hidden state (hidden, the default), or the input of

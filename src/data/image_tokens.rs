@@ -11,6 +11,7 @@
 //! its `embeddings`, their encoder then in `tokens_encoder_id` (the
 //! embeddings' is `encoder_id`).
 
+use super::features::EMBEDDINGS;
 use crate::tensorfile::{read_header, temporary_suffix};
 use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
@@ -267,10 +268,13 @@ impl ImageTokens {
             path: path.to_path_buf(),
             ids,
             shape: TokenShape { tokens, dim },
-            encoder: (metadata.get(TOKENS_ENCODER_ID))
-                .or(metadata.get(ENCODER_ID))
-                .and_then(Value::as_str)
-                .map(str::to_string),
+            // In a features file, `encoder_id` is the embeddings' encoder.
+            encoder: match header.get(EMBEDDINGS) {
+                Some(_) => metadata.get(TOKENS_ENCODER_ID),
+                None => metadata.get(ENCODER_ID),
+            }
+            .and_then(Value::as_str)
+            .map(str::to_string),
             data_start,
             file: Mutex::new(file),
         }))

@@ -120,8 +120,14 @@ pub fn write_with_embeddings<B: Backend>(
 /// The identity of the BLIP folder `folder`'s vision tower as an encoder
 /// of image tokens: its weights file's.
 fn encoder_id(folder: &Path) -> Result<String> {
-    let weights = file_identity(&absolute(&blip_weights(folder)?));
+    let weights = weights_identity(folder)?;
     Ok(format!("blip-vision:{}", fingerprint(weights.as_bytes())))
+}
+
+/// The BLIP folder's weights file as the cache knows it: its absolute
+/// path, size and time.
+fn weights_identity(folder: &Path) -> Result<String> {
+    Ok(file_identity(&absolute(&blip_weights(folder)?)))
 }
 
 /// The tokens of `data`'s features file, when it holds some of `encoder`.
@@ -129,11 +135,16 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
     let Some(path) = data.source.as_ref().and_then(|s| s.features.as_ref()) else {
         return Ok(None);
     };
+    // A .npy file holds embeddings only.
+    if path.extension().is_some_and(|e| e == "npy") {
+        return Ok(None);
+    }
     match ImageTokens::open_if_held(path)? {
         Some(file) if file.encoder.as_deref() == Some(encoder) => Ok(Some(file)),
         Some(_) => {
             eprintln!(
-                "warning: {} holds image tokens of another vision tower; computing the decoder's",
+                "warning: {}'s image tokens were not made by this BLIP folder's weights file as it \
+                 is now (another tower, or the file moved or changed since); computing them",
                 path.display()
             );
             Ok(None)
@@ -146,7 +157,7 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
 /// tower: keyed by the tower's weights, its config and preprocessing, and
 /// the images.
 fn cached(data: &CaptionData, folder: &Path) -> Result<std::path::PathBuf> {
-    let weights = file_identity(&absolute(&blip_weights(folder)?));
+    let weights = weights_identity(folder)?;
     let mut listing = format!("blip-vision\n{weights}\n");
     for file in ["config.json", "preprocessor_config.json"] {
         listing.push_str(&format!(

@@ -309,7 +309,8 @@ impl<B: Backend> Decoder<B> for BlipDecoder<B> {
                 tower.forward(b, &self.params, vw, images);
                 b.axpby(1.0, &vw.hidden, 0.0, ws.decoder.memory());
             }
-            _ => b.write(ws.decoder.memory(), images),
+            (None, _) => b.write(ws.decoder.memory(), images),
+            (Some(_), None) => unreachable!("a workspace has a trained tower's buffers"),
         }
         self.embed(b, &fed.ids, &ws.position_ids.ids, ws.decoder.input());
         // Padding only follows a caption's real tokens, so the causal mask

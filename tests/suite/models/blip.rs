@@ -858,6 +858,8 @@ fn a_blip_run_trains_its_vision_tower() {
     let (ok, _, err) = captune(&resume);
     assert!(ok, "{err}");
     assert!(!cache.join("image-tokens").exists());
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("train_vision = true"), "{config}");
 
     export_is_the_trained_model(captune, (&dir, &run), None, true);
     std::fs::remove_dir_all(&dir).unwrap();
