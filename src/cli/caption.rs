@@ -280,7 +280,7 @@ impl<B: Backend> FileInputs<B> {
     fn of(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
         match self {
             FileInputs::Tokens(vision) => vision.tokens_of_files(b, files),
-            FileInputs::Patches(patcher) => patcher.patches_of_files(files),
+            FileInputs::Patches(patcher) => patcher.patches_of_files(files, |_| String::new()),
         }
     }
 }

@@ -16,7 +16,7 @@ use super::hf::HfFolder;
 use super::layers::{Activation, NormEpsilon};
 use super::params::Params;
 use super::transformer::TransformerConfig;
-use super::vision::{VisionConfig, VisionTower, VisionWork, patch_rows};
+use super::vision::{VisionConfig, VisionTower, VisionWork, conv_of_patch_rows, patch_rows};
 use crate::backend::Backend;
 use crate::data::image_processor::ImageProcessor;
 use crate::tensorfile::{Tensor, TensorFile};
@@ -603,15 +603,7 @@ pub fn blip_vision_tensors(
 ) -> Result<Vec<(String, Tensor)>> {
     let theirs = |name: &str| format!("vision_model.{name}");
     let (w, p) = (v.hidden_size, v.patch_size);
-    let rows = ours("vision.patch_embed.weight")?;
-    let mut conv = vec![0.0; rows.data.len()];
-    for (row, values) in rows.data.chunks(w).enumerate() {
-        // Row (y * p + x) * 3 + c of the product holds conv[o, c, y, x].
-        let (c, pixel) = (row % 3, row / 3);
-        for (o, &value) in values.iter().enumerate() {
-            conv[(o * 3 + c) * p * p + pixel] = value;
-        }
-    }
+    let conv = conv_of_patch_rows(&ours("vision.patch_embed.weight")?.data, w, p);
     let with_shape = |t: Tensor, shape: &[usize]| Tensor {
         shape: shape.to_vec(),
         data: t.data,
@@ -690,15 +682,24 @@ impl BlipPatcher {
         super::vision::patches_of_pixels(pixels, self.side, self.patch)
     }
 
-    /// The patches of image files, prepared by the processor.
-    pub fn patches_of_files(&self, files: &[&Path]) -> Result<Vec<f32>> {
-        let mut pixels = Vec::new();
-        for file in files {
-            let image = image::open(file)
-                .with_context(|| format!("{}: cannot read the image", file.display()))?;
-            pixels.extend(self.processor.pixels(&image.to_rgb8()));
-        }
-        Ok(self.patches(&pixels))
+    /// The patches of image files (read in parallel), prepared by the
+    /// processor; an unreadable one is named, followed by `which(i)` for
+    /// the i-th (what the image is, and what to do).
+    pub fn patches_of_files(
+        &self,
+        files: &[&Path],
+        which: impl Fn(usize) -> String + Sync,
+    ) -> Result<Vec<f32>> {
+        use rayon::prelude::*;
+        let pixels: Vec<Vec<f32>> = (files.par_iter().enumerate())
+            .map(|(i, file)| {
+                let image = image::open(file).with_context(|| {
+                    format!("{}: cannot read the image{}", file.display(), which(i))
+                })?;
+                Ok(self.processor.pixels(&image.to_rgb8()))
+            })
+            .collect::<Result<_>>()?;
+        Ok(self.patches(&pixels.concat()))
     }
 }
 
@@ -761,7 +762,7 @@ impl<B: Backend> BlipVision<B> {
     /// The image tokens `[files, tokens, width]` of image files, as the
     /// folder's processor prepares them.
     pub fn tokens_of_files(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
-        let patches = self.patcher.patches_of_files(files)?;
+        let patches = self.patcher.patches_of_files(files, |_| String::new())?;
         self.image_tokens(b, &patches)
     }
 }

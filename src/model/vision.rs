@@ -239,3 +239,17 @@ pub fn patch_rows(conv: &[f32], width: usize, p: usize) -> Vec<f32> {
     }
     out
 }
+
+/// The inverse of [`patch_rows`]: the patch embedding's `[patch_dim,
+/// width]` rows back to a convolution's `[width, 3, p, p]` weight.
+pub fn conv_of_patch_rows(rows: &[f32], width: usize, p: usize) -> Vec<f32> {
+    let mut conv = vec![0.0; rows.len()];
+    for (row, values) in rows.chunks(width).enumerate() {
+        // Row (y * p + x) * 3 + c holds conv[o, c, y, x].
+        let (c, pixel) = (row % 3, row / 3);
+        for (o, &value) in values.iter().enumerate() {
+            conv[(o * 3 + c) * p * p + pixel] = value;
+        }
+    }
+    conv
+}

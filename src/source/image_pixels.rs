@@ -7,8 +7,7 @@ use super::absolute;
 use super::embeddings::CaptionData;
 use crate::data::{Dataset, Item};
 use crate::model::blip::BlipPatcher;
-use anyhow::{Context, Result};
-use rayon::prelude::*;
+use anyhow::Result;
 use std::path::Path;
 
 /// Where a data set's images become a trained tower's patches.
@@ -42,27 +41,18 @@ pub fn attach(data: &mut CaptionData, folder: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The patches of `items`' images (read in parallel), naming an
-/// unreadable one and its data set.
+/// The patches of `items`' images, naming an unreadable one's item and
+/// data set.
 pub(super) fn patches_of_items(
     patcher: &BlipPatcher,
     data: &Dataset,
     items: &[&Item],
 ) -> Result<Vec<f32>> {
-    let pixels: Vec<Vec<f32>> = items
-        .par_iter()
-        .map(|item| {
-            let image = image::open(&item.image).with_context(|| {
-                format!(
-                    "{}: cannot read the image of {} ({}); fix it or leave the item out of the \
-                     data set",
-                    item.image.display(),
-                    item.id,
-                    data.name
-                )
-            })?;
-            Ok(patcher.processor.pixels(&image.to_rgb8()))
-        })
-        .collect::<Result<_>>()?;
-    Ok(patcher.patches(&pixels.concat()))
+    let files: Vec<&Path> = items.iter().map(|item| item.image.as_path()).collect();
+    patcher.patches_of_files(&files, |i| {
+        format!(
+            " of {} ({}); fix it or leave the item out of the data set",
+            items[i].id, data.name
+        )
+    })
 }

@@ -51,7 +51,8 @@ pub fn attach<B: Backend>(
     folder: &Path,
     progress: &Progress,
 ) -> Result<()> {
-    let encoder = encoder_id(folder)?;
+    let weights = weights_identity(folder)?;
+    let encoder = encoder_of(&weights);
     let file = match held_by_features(data, &encoder)? {
         Some(file) => {
             eprintln!(
@@ -61,12 +62,10 @@ pub fn attach<B: Backend>(
             file
         }
         None => {
-            let path = cached(data, folder)?;
+            let path = cached(data, folder, &weights);
             if !path.is_file() {
-                let start = |shape, encoder: &str| {
-                    let ids: Vec<String> = data.data.items.iter().map(|i| i.id.clone()).collect();
-                    TokensWriter::create(&path, &ids, shape, encoder)
-                };
+                let ids: Vec<String> = data.data.items.iter().map(|i| i.id.clone()).collect();
+                let start = |shape| TokensWriter::create(&path, &ids, shape, &encoder);
                 compute(b, &data.data, folder, progress, start)?;
             } else {
                 eprintln!("image tokens from the cache: {}", path.display());
@@ -111,17 +110,15 @@ pub fn write_with_embeddings<B: Backend>(
 ) -> Result<()> {
     let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
     let leading = [(EMBEDDINGS, vec![ids.len(), dim], embeddings)];
-    let start = |shape, encoder: &str| {
-        TokensWriter::beside(out, &ids, (shape, encoder), &leading, metadata)
-    };
+    let encoder = encoder_of(&weights_identity(folder)?);
+    let start = |shape| TokensWriter::beside(out, &ids, (shape, &encoder), &leading, metadata);
     compute(b, data, folder, progress, start)
 }
 
-/// The identity of the BLIP folder `folder`'s vision tower as an encoder
-/// of image tokens: its weights file's.
-fn encoder_id(folder: &Path) -> Result<String> {
-    let weights = weights_identity(folder)?;
-    Ok(format!("blip-vision:{}", fingerprint(weights.as_bytes())))
+/// The identity of a BLIP vision tower as an encoder of image tokens,
+/// from its weights file's ([`weights_identity`]).
+fn encoder_of(weights: &str) -> String {
+    format!("blip-vision:{}", fingerprint(weights.as_bytes()))
 }
 
 /// The BLIP folder's weights file as the cache knows it: its absolute
@@ -154,10 +151,9 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
 }
 
 /// Where the cache keeps the tokens of `data`'s images through `folder`'s
-/// tower: keyed by the tower's weights, its config and preprocessing, and
-/// the images.
-fn cached(data: &CaptionData, folder: &Path) -> Result<std::path::PathBuf> {
-    let weights = weights_identity(folder)?;
+/// tower (whose weights file is `weights`, [`weights_identity`]): keyed by
+/// the tower's weights, its config and preprocessing, and the images.
+fn cached(data: &CaptionData, folder: &Path, weights: &str) -> std::path::PathBuf {
     let mut listing = format!("blip-vision\n{weights}\n");
     for file in ["config.json", "preprocessor_config.json"] {
         listing.push_str(&format!(
@@ -168,10 +164,7 @@ fn cached(data: &CaptionData, folder: &Path) -> Result<std::path::PathBuf> {
     for item in &data.data.items {
         listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
     }
-    Ok(cache::image_tokens(
-        &data.data.name,
-        &fingerprint(listing.as_bytes()),
-    ))
+    cache::image_tokens(&data.data.name, &fingerprint(listing.as_bytes()))
 }
 
 /// The BLIP folder's weights file (or index), which must be there.
@@ -188,15 +181,14 @@ fn blip_weights(folder: &Path) -> Result<std::path::PathBuf> {
 }
 
 /// Every item's tokens through `folder`'s vision tower, in item order,
-/// into the writer `start` makes for their shape and encoder.
+/// into the writer `start` makes for their shape.
 fn compute<B: Backend>(
     b: &B,
     data: &Dataset,
     folder: &Path,
     progress: &Progress,
-    start: impl FnOnce(TokenShape, &str) -> Result<TokensWriter>,
+    start: impl FnOnce(TokenShape) -> Result<TokensWriter>,
 ) -> Result<()> {
-    let encoder = encoder_id(folder)?;
     let mut blip = blip::read(folder)?;
     let v = blip.config.vision_config.clone();
     let mut vision = BlipVision::new(b, folder, &mut blip)?;
@@ -204,7 +196,7 @@ fn compute<B: Backend>(
         tokens: v.tokens(),
         dim: v.hidden_size,
     };
-    let mut out = start(shape, &encoder)?;
+    let mut out = start(shape)?;
     let n = data.items.len() as u64;
     let bar = progress.start(&format!("image tokens of {n} images with BLIP"), n);
     for chunk in data.items.chunks(IMAGES_PER_BATCH) {

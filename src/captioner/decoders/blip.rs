@@ -442,10 +442,11 @@ impl<B: Backend> Stepper<B> for BlipStepper<'_, B> {
                 tower.forward(b, &m.params, vw, images);
                 &vw.hidden
             }
-            _ => {
+            (None, _) => {
                 b.write(&mut self.memory, images);
                 &self.memory
             }
+            (Some(_), None) => unreachable!("a stepper has a trained tower's buffers"),
         };
         m.decoder.remember(b, &m.params, &mut self.cache, memory);
         // The weights hold still while a batch is decoded.
