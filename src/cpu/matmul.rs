@@ -3,7 +3,10 @@
 //! any row and column strides, so operands laid out as attention heads in
 //! token-major rows need no copy.
 
+mod few_rows;
+
 use crate::backend::Matmul;
+use few_rows::{Isa, Product};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
@@ -53,6 +56,14 @@ pub fn matmul(a: &[f32], b: &[f32], c: &mut [f32], s: &Matmul) {
     }
 }
 
+/// Whether a product goes to [`few_rows`]: a single row of A (a head's
+/// query or weights against its keys and values), or a few rows against a
+/// transposed B of a layer's size (a tied output layer, a layer's input
+/// gradient). With B as stored, a few rows are faster on `gemm`.
+fn takes_few_rows(s: &Matmul) -> bool {
+    s.m == 1 || (s.trans_b && s.m <= few_rows::MAX_ROWS && s.n * s.k >= 1 << 16)
+}
+
 /// One product, C = alpha * op(A) op(B) (+ C), at the given item starts.
 ///
 /// # Safety
@@ -71,6 +82,28 @@ unsafe fn product(a: *const f32, b: *const f32, c: *mut f32, s: &Matmul, par: Pa
             }
         }
         return;
+    }
+    if let Some(isa) = Isa::detected()
+        && !s.trans_a
+        && takes_few_rows(s)
+    {
+        let product = Product {
+            m,
+            n,
+            k,
+            a,
+            lda,
+            b,
+            ldb,
+            trans_b: s.trans_b,
+            c,
+            ldc,
+            alpha: s.alpha,
+            accumulate: s.accumulate,
+            parallel: matches!(par, Parallelism::Rayon(_)),
+        };
+        // SAFETY: `isa` was detected on this CPU; the caller's promises.
+        return unsafe { few_rows::run(isa, &product) };
     }
     // gemm computes dst = alpha_dst * dst + beta * lhs * rhs.
     unsafe {
