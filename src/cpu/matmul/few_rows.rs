@@ -1,5 +1,5 @@
 //! Products whose A has few rows: decoding's tied output layer (a row per
-//! caption), an LSTM step's input gradient (a row per sequence), and
+//! caption), an LSTM step's recurrent product (a row per sequence), and
 //! attention over cached image keys (a row per head). There every element
 //! of B is used a few times only, and the `gemm` crate's packing of B into
 //! its own layout at every call costs about as much as the product. These
@@ -17,14 +17,19 @@
 //!
 //! Sixteen lanes are one AVX-512 register or two AVX2 registers; the
 //! arithmetic, and so the bits, are the same either way, and whatever the
-//! split over threads. Other CPUs, and the products these forms do not
-//! fit, stay with `gemm`.
+//! split over threads. Other CPUs (this module is x86-64's only), and the
+//! products these forms do not fit, stay with `gemm`.
 
 use rayon::prelude::*;
 
 /// The most rows of A this module takes: beyond them `gemm`'s packing pays
 /// for itself.
 pub const MAX_ROWS: usize = 64;
+
+/// The fewest elements of a transposed B this module takes for more than
+/// one row of A: a smaller B (an attention head's keys in training, a
+/// small network's layer) stays in cache, where `gemm`'s packing is cheap.
+pub const MIN_B_ELEMENTS: usize = 1 << 16;
 
 /// One product C = alpha * A op(B) (+ C), A's rows contiguous.
 #[derive(Clone, Copy)]
@@ -60,37 +65,24 @@ pub enum Isa {
 
 impl Isa {
     /// The best this CPU has, unless `CAPTUNE_CPU_MATMUL=gemm` asks for
-    /// `gemm` everywhere (to compare the two).
+    /// `gemm` everywhere (to compare the two; any other value is an
+    /// error's worth of a warning, and the kernels run).
     pub fn detected() -> Option<Isa> {
         static ISA: std::sync::OnceLock<Option<Isa>> = std::sync::OnceLock::new();
         *ISA.get_or_init(|| {
-            if std::env::var("CAPTUNE_CPU_MATMUL").is_ok_and(|v| v == "gemm") {
-                return None;
+            match std::env::var("CAPTUNE_CPU_MATMUL").as_deref() {
+                Ok("gemm") => return None,
+                Ok(other) => eprintln!(
+                    "warning: CAPTUNE_CPU_MATMUL={other} is not a choice (only `gemm`, which puts \
+                     every CPU product on the gemm crate); ignored"
+                ),
+                Err(_) => {}
             }
-            Isa::of_this_cpu()
+            Isa::available().into_iter().next()
         })
     }
 
-    #[cfg(target_arch = "x86_64")]
-    fn of_this_cpu() -> Option<Isa> {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            Some(Isa::Avx512)
-        } else if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            Some(Isa::Avx2)
-        } else {
-            None
-        }
-    }
-
-    #[cfg(not(target_arch = "x86_64"))]
-    fn of_this_cpu() -> Option<Isa> {
-        None
-    }
-
-    /// Every ISA this CPU can run.
-    #[cfg(test)]
+    /// Every ISA this CPU can run, the best first.
     pub fn available() -> Vec<Isa> {
         [Isa::Avx512, Isa::Avx2]
             .into_iter()
@@ -98,20 +90,12 @@ impl Isa {
             .collect()
     }
 
-    #[cfg(test)]
     fn runs_here(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        {
-            match self {
-                Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-                Isa::Avx2 => {
-                    std::arch::is_x86_feature_detected!("avx2")
-                        && std::arch::is_x86_feature_detected!("fma")
-                }
-            }
+        use std::arch::is_x86_feature_detected as has;
+        match self {
+            Isa::Avx512 => has!("avx512f"),
+            Isa::Avx2 => has!("avx2") && has!("fma"),
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
     }
 }
 
@@ -124,8 +108,15 @@ impl Isa {
 /// 0..m of C (n elements each, `ldc` apart) are in bounds; C overlaps
 /// neither A nor B, and no other thread touches it.
 pub unsafe fn run(isa: Isa, p: &Product) {
-    assert!(p.trans_b || p.m == 1, "few_rows: B as stored takes one row of A");
-    #[cfg(target_arch = "x86_64")]
+    assert!(
+        p.trans_b || p.m == 1,
+        "few_rows: B as stored takes one row of A"
+    );
+    // C's rows are written from several threads as slices of their own.
+    assert!(
+        p.m > 0 && p.n > 0 && p.k > 0 && (p.m == 1 || p.ldc >= p.n),
+        "few_rows: an empty product, or C's rows overlapping"
+    );
     // SAFETY: the caller's promises, passed on.
     unsafe {
         match isa {
@@ -133,8 +124,6 @@ pub unsafe fn run(isa: Isa, p: &Product) {
             Isa::Avx2 => x86::avx2(p),
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("no few-rows kernels for {isa:?} off x86_64 ({p:p})");
 }
 
 /// Sixteen f32 lanes and what the kernels do with them.
@@ -153,17 +142,15 @@ trait Lanes: Copy {
     unsafe fn sum(self) -> f32;
 }
 
-/// Rows of B fetched ahead of the one being multiplied.
+/// Rows of B the [k, n] form fetches ahead of the one it multiplies (the
+/// [n, k] form fetches the next group's rows instead).
 const AHEAD: usize = 8;
 
 #[inline(always)]
 fn prefetch(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
     // SAFETY: a prefetch never faults, wherever it points.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast());
-    }
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) }
 }
 
 /// Fetches the `floats` elements from `p` on (a cache line per 16).
@@ -193,11 +180,12 @@ type ChunkKernel = unsafe fn(&Product, usize, usize);
 /// A group's kernel of the [n, k] form, compiled for its ISA.
 type GroupKernel = unsafe fn(&Product, usize);
 
-/// Columns of C a task of the [k, n] form keeps (in L1, 4 KiB).
+/// Columns of C a task of the [k, n] form keeps (in L1, 4 KiB): the
+/// size of its sums.
 const CHUNK: usize = 1024;
 
-/// The [k, n] form (one row of A) in chunks of at most [`CHUNK`]
-/// columns, two a thread at least for a parallel product.
+/// The [k, n] form (one row of A) in chunks of 16 to [`CHUNK`] columns,
+/// two a thread where a parallel product's columns allow.
 unsafe fn axpy(p: &Product, kernel: ChunkKernel) {
     let fewest = if p.parallel {
         2 * rayon::current_num_threads()
@@ -231,6 +219,8 @@ unsafe fn axpy_chunk<L: Lanes>(p: &Product, j: usize, width: usize) {
         // bounds (`run`).
         let (x, row) = unsafe { (*p.a.add(q), p.b.add(q * p.ldb + j)) };
         prefetch_span(row.wrapping_add(AHEAD * p.ldb), cols);
+        // SAFETY (the three blocks): the ISA is the kernel's; 16 elements
+        // from v < whole <= cols <= CHUNK are in the row and in `sums`.
         let xv = unsafe { L::splat(x) };
         for v in (0..whole).step_by(16) {
             let sum = sums[v..].as_mut_ptr();
@@ -252,21 +242,28 @@ unsafe fn dot_group<L: Lanes, const TR: usize, const TC: usize>(p: &Product, gro
     let whole = k / 16 * 16;
     let j = group * TC;
     let cols = TC.min(n - j);
-    // A row past the last is read as the last: its sums are not stored.
-    let a_row = |r: usize| p.a.wrapping_add(r.min(m - 1) * p.lda);
-    let b_row = |j: usize| p.b.wrapping_add(j.min(n - 1) * p.ldb);
+    // A row of A past the last is read as the last, and of B likewise:
+    // their sums are not stored.
+    let a_row = |row: usize| p.a.wrapping_add(row.min(m - 1) * p.lda);
+    let b_row = |row: usize| p.b.wrapping_add(row.min(n - 1) * p.ldb);
     let b: [*const f32; TC] = std::array::from_fn(|t| b_row(j + t));
     (0..TC).for_each(|t| prefetch_span(b_row(j + TC + t), k));
     for r in (0..m).step_by(TR) {
         let a: [*const f32; TR] = std::array::from_fn(|t| a_row(r + t));
+        // SAFETY (the blocks below): the ISA is the kernel's; every row
+        // pointer is a row of A or B, k long, and q + 16 <= whole <= k.
         let mut acc = [[unsafe { L::zero() }; TC]; TR];
         for q in (0..whole).step_by(16) {
-            // SAFETY: every row pointer is a row of A or B, k long.
-            let av: [L; TR] = std::array::from_fn(|t| unsafe { L::load(a[t].add(q)) });
-            let bv: [L; TC] = std::array::from_fn(|t| unsafe { L::load(b[t].add(q)) });
-            for (acc, av) in acc.iter_mut().zip(&av) {
-                for (acc, bv) in acc.iter_mut().zip(&bv) {
-                    *acc = unsafe { av.mul_add(*bv, *acc) };
+            // Plain loops, not closures: a closure would be a function
+            // compiled without the kernel's ISA.
+            let mut av = [unsafe { L::zero() }; TR];
+            for (av, a) in av.iter_mut().zip(&a) {
+                *av = unsafe { L::load(a.add(q)) };
+            }
+            for (t, b) in b.iter().enumerate() {
+                let bv = unsafe { L::load(b.add(q)) };
+                for (acc, av) in acc.iter_mut().zip(&av) {
+                    acc[t] = unsafe { av.mul_add(bv, acc[t]) };
                 }
             }
         }
@@ -275,7 +272,6 @@ unsafe fn dot_group<L: Lanes, const TR: usize, const TC: usize>(p: &Product, gro
             for (u, (sum, acc)) in sums.iter_mut().zip(acc).enumerate() {
                 *sum = unsafe { acc.sum() };
                 for q in whole..k {
-                    // SAFETY: q < k, inside both rows.
                     *sum = unsafe { (*a[t].add(q)).mul_add(*b[u].add(q), *sum) };
                 }
             }
@@ -296,7 +292,6 @@ fn write(c: &mut [f32], sums: &[f32], alpha: f32, accumulate: bool) {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{Lanes, Product, axpy, axpy_chunk, dot, dot_group};
     use std::arch::x86_64::*;
@@ -432,129 +427,199 @@ mod tests {
     use super::{Isa, Product, run};
     use rand::{Rng, SeedableRng};
 
-    /// C (m x n, `ldc` apart) of one product on `isa`, from C's `start`.
-    #[allow(clippy::too_many_arguments)]
-    fn product(
-        isa: Isa,
-        (m, n, k): (usize, usize, usize),
-        a: &[f32],
-        b: &[f32],
+    /// A product's operands, with rows padded past their lengths so that
+    /// the strides are not the widths.
+    struct Case {
+        m: usize,
+        n: usize,
+        k: usize,
         trans_b: bool,
-        start: &[f32],
-        (alpha, accumulate, parallel): (f32, bool, bool),
-    ) -> Vec<f32> {
-        let (lda, ldb, ldc) = (k + 3, if trans_b { k + 5 } else { n + 5 }, n + 2);
-        assert!(a.len() >= m * lda && start.len() == m * ldc);
-        assert!(b.len() >= if trans_b { n * ldb } else { k * ldb });
-        let mut c = start.to_vec();
-        let p = Product {
-            m,
-            n,
-            k,
-            a: a.as_ptr(),
-            lda,
-            b: b.as_ptr(),
-            ldb,
-            trans_b,
-            c: c.as_mut_ptr(),
-            ldc,
-            alpha,
-            accumulate,
-            parallel,
-        };
-        // SAFETY: `isa` runs here (Isa::available); the strides above fit
-        // the lengths asserted.
-        unsafe { run(isa, &p) };
-        c
+        a: Vec<f32>,
+        b: Vec<f32>,
+        c: Vec<f32>,
     }
 
-    fn random(len: usize, rng: &mut impl Rng) -> Vec<f32> {
-        (0..len).map(|_| rng.random_range(-1.0..1.0)).collect()
+    impl Case {
+        fn new(m: usize, n: usize, k: usize, trans_b: bool, rng: &mut impl Rng) -> Self {
+            let mut random = |len: usize| (0..len).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let b_len = if trans_b { n * (k + 5) } else { k * (n + 5) };
+            Case {
+                m,
+                n,
+                k,
+                trans_b,
+                a: random(m * (k + 3)),
+                b: random(b_len),
+                c: random(m * (n + 2)),
+            }
+        }
+
+        fn lda(&self) -> usize {
+            self.k + 3
+        }
+
+        fn ldb(&self) -> usize {
+            if self.trans_b { self.k + 5 } else { self.n + 5 }
+        }
+
+        fn ldc(&self) -> usize {
+            self.n + 2
+        }
+
+        fn a(&self, r: usize, q: usize) -> f32 {
+            self.a[r * self.lda() + q]
+        }
+
+        /// op(B)[q][j].
+        fn b(&self, q: usize, j: usize) -> f32 {
+            match self.trans_b {
+                true => self.b[j * self.ldb() + q],
+                false => self.b[q * self.ldb() + j],
+            }
+        }
+
+        /// C after the product on `isa`.
+        fn on(&self, isa: Isa, alpha: f32, accumulate: bool, parallel: bool) -> Vec<f32> {
+            let mut c = self.c.clone();
+            let p = Product {
+                m: self.m,
+                n: self.n,
+                k: self.k,
+                a: self.a.as_ptr(),
+                lda: self.lda(),
+                b: self.b.as_ptr(),
+                ldb: self.ldb(),
+                trans_b: self.trans_b,
+                c: c.as_mut_ptr(),
+                ldc: self.ldc(),
+                alpha,
+                accumulate,
+                parallel,
+            };
+            // SAFETY: `isa` runs here (Isa::available); the strides fit
+            // the operands' lengths (`Case::new`).
+            unsafe { run(isa, &p) };
+            c
+        }
+
+        /// C as the kernels' arithmetic gives it, one operation at a time:
+        /// for B transposed, 16 lanes of fused multiply-add chains over k,
+        /// summed by the tree, then the tail in order; for B as stored, one
+        /// chain over k in order.
+        fn modelled(&self, alpha: f32, accumulate: bool) -> Vec<f32> {
+            let mut c = self.c.clone();
+            let whole = self.k / 16 * 16;
+            for r in 0..self.m {
+                for j in 0..self.n {
+                    let term = |q: usize| (self.a(r, q), self.b(q, j));
+                    let mut sum = 0.0f32;
+                    if self.trans_b {
+                        let mut lanes = [0.0f32; 16];
+                        for q in 0..whole {
+                            let (x, y) = term(q);
+                            lanes[q % 16] = x.mul_add(y, lanes[q % 16]);
+                        }
+                        let mut width = 8;
+                        while width > 0 {
+                            for l in 0..width {
+                                lanes[l] += lanes[l + width];
+                            }
+                            width /= 2;
+                        }
+                        sum = lanes[0];
+                        for q in whole..self.k {
+                            let (x, y) = term(q);
+                            sum = x.mul_add(y, sum);
+                        }
+                    } else {
+                        for q in 0..self.k {
+                            let (x, y) = term(q);
+                            sum = x.mul_add(y, sum);
+                        }
+                    }
+                    let at = &mut c[r * self.ldc() + j];
+                    *at = if accumulate {
+                        *at + alpha * sum
+                    } else {
+                        alpha * sum
+                    };
+                }
+            }
+            c
+        }
     }
 
-    /// Every ISA this CPU has gives each element of C within float
-    /// rounding of the exact product, leaves C's padding alone, and gives
-    /// the same bits as every other ISA and split: over one row and a
-    /// few (B transposed), columns and k of every remainder, both layouts
-    /// of B, alpha, accumulation.
+    /// The shapes of the sweep: one row and a few (B transposed only),
+    /// every remainder of k modulo 16 and of the columns modulo a group,
+    /// and columns past one task's chunk of B as stored.
+    fn shapes() -> Vec<(usize, usize, usize, bool)> {
+        let mut shapes = vec![];
+        for k in 1..=33 {
+            for n in [1, 2, 5, 8, 9, 16, 17] {
+                shapes.push((1, n, k, true));
+                shapes.push((1, n, k, false));
+                shapes.push((3, n, k, true));
+            }
+        }
+        for n in 1..=17 {
+            shapes.push((1, n, 40, false));
+            shapes.push((5, n, 40, true));
+        }
+        shapes.extend([
+            (1, 2100, 33, false),
+            (1, 1030, 7, false),
+            (1, 577, 64, true),
+            (1, 64, 577, false),
+            (8, 65, 64, true),
+            (13, 31, 100, true),
+            (64, 40, 17, true),
+        ]);
+        shapes
+    }
+
+    /// On every ISA this CPU has and on one thread or several, each
+    /// element of C has the bits of the kernels' arithmetic done one
+    /// operation at a time (so every ISA gives the same bits, on any
+    /// machine this runs on), is within float rounding of the exact
+    /// product, and C's padding is untouched; over [`shapes`], both
+    /// layouts of B, alpha and accumulation.
     #[test]
-    fn few_row_products_are_exact_to_rounding_and_the_same_bits_everywhere() {
+    fn few_row_products_have_the_bits_of_their_arithmetic_on_every_isa() {
         let isas = Isa::available();
         if isas.is_empty() {
             eprintln!("skipped: this CPU has neither AVX-512 nor AVX2 with FMA");
             return;
         }
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
-        let shapes = [
-            (1, 1, 1),
-            (1, 17, 15),
-            (1, 64, 577),
-            (1, 577, 64),
-            (1, 2100, 33),
-            (2, 9, 16),
-            (3, 33, 47),
-            (5, 130, 31),
-            (8, 65, 64),
-            (13, 31, 100),
-            (64, 40, 17),
-        ];
-        for (m, n, k) in shapes {
-            for trans_b in [false, true] {
-                let ldb = if trans_b { k + 5 } else { n + 5 };
-                let a = random(m * (k + 3), &mut rng);
-                let b = random(if trans_b { n * ldb } else { k * ldb }, &mut rng);
-                let start = random(m * (n + 2), &mut rng);
-                if !trans_b && m > 1 {
-                    continue;
+        for (m, n, k, trans_b) in shapes() {
+            let case = Case::new(m, n, k, trans_b, &mut rng);
+            for (alpha, accumulate) in [(1.0, false), (0.37, true), (-2.0, false)] {
+                let want = case.modelled(alpha, accumulate);
+                for (r, j) in (0..m).flat_map(|r| (0..n).map(move |j| (r, j))) {
+                    let (mut exact, mut size) = (0.0f64, 0.0f64);
+                    for q in 0..k {
+                        let term = case.a(r, q) as f64 * case.b(q, j) as f64;
+                        exact += term;
+                        size += term.abs();
+                    }
+                    let at = r * case.ldc() + j;
+                    let base = if accumulate { case.c[at] as f64 } else { 0.0 };
+                    let tolerance = 1e-6 * (alpha.abs() as f64 * size + base.abs());
+                    let error = (want[at] as f64 - base - alpha as f64 * exact).abs();
+                    assert!(
+                        error <= tolerance,
+                        "the model at C[{r}][{j}] of {m}x{n}x{k}"
+                    );
                 }
-                for options in [(1.0, false, false), (0.37, true, true), (-2.0, false, true)] {
-                    let (alpha, accumulate, _) = options;
-                    let mut first: Option<Vec<f32>> = None;
-                    for &isa in &isas {
-                        for parallel in [false, true] {
-                            let options = (alpha, accumulate, parallel);
-                            let got = product(isa, (m, n, k), &a, &b, trans_b, &start, options);
-                            let what = format!("{isa:?} {m}x{n}x{k} trans_b {trans_b} {options:?}");
-                            for r in 0..m {
-                                for j in 0..n + 2 {
-                                    let at = r * (n + 2) + j;
-                                    if j >= n {
-                                        assert_eq!(got[at], start[at], "{what}: padding");
-                                        continue;
-                                    }
-                                    let (mut exact, mut size) = (0.0f64, 0.0f64);
-                                    for q in 0..k {
-                                        let bv = if trans_b {
-                                            b[j * ldb + q]
-                                        } else {
-                                            b[q * ldb + j]
-                                        };
-                                        let term = a[r * (k + 3) + q] as f64 * bv as f64;
-                                        exact += term;
-                                        size += term.abs();
-                                    }
-                                    let base = if accumulate { start[at] as f64 } else { 0.0 };
-                                    let want = base + alpha as f64 * exact;
-                                    let tolerance =
-                                        1e-6 * (alpha.abs() as f64 * size + base.abs() + 1e-30);
-                                    assert!(
-                                        (got[at] as f64 - want).abs() <= tolerance,
-                                        "{what}: C[{r}][{j}] = {} for {want}",
-                                        got[at]
-                                    );
-                                }
-                            }
-                            match &first {
-                                None => first = Some(got),
-                                Some(first) => assert!(
-                                    first
-                                        .iter()
-                                        .zip(&got)
-                                        .all(|(x, y)| x.to_bits() == y.to_bits()),
-                                    "{what}: other bits than {:?}'s serial product",
-                                    isas[0]
-                                ),
-                            }
+                for &isa in &isas {
+                    for parallel in [false, true] {
+                        let got = case.on(isa, alpha, accumulate, parallel);
+                        let what = format!(
+                            "{isa:?} {m}x{n}x{k} trans_b {trans_b} alpha {alpha} \
+                             accumulate {accumulate} parallel {parallel}"
+                        );
+                        for (at, (g, w)) in got.iter().zip(&want).enumerate() {
+                            assert_eq!(g.to_bits(), w.to_bits(), "{what}: C element {at}");
                         }
                     }
                 }
