@@ -176,6 +176,12 @@ pub fn attend_cached(
 
 /// One row's step of cached attention, every head: its key and value
 /// appended to the cache, then its query against all the row's keys.
+///
+/// Each score is one fused multiply-add chain over the head's elements
+/// in order, and each output element one over the keys in order, as the
+/// kernel's threads take them; the chains of several keys (or of the
+/// head's elements) run side by side so that neither waits on the last
+/// add's latency.
 #[inline(always)]
 fn attend_row(
     qkv: &[f32],
@@ -184,8 +190,12 @@ fn attend_row(
     out: &mut [f32],
     l: &CachedAttention,
 ) {
+    /// Keys whose scores are computed side by side.
+    const KEYS: usize = 8;
     let (w, d, pos) = (l.width(), l.head_dim, l.position);
     let per_head = l.capacity * d;
+    // The scores, then their exponentials, of one head at a time.
+    let mut weights = vec![0.0f32; pos + 1];
     for h in 0..l.heads {
         let part = |k: usize| &qkv[k * w + h * d..][..d];
         let keys = &mut keys[h * per_head..][..per_head];
@@ -195,25 +205,41 @@ fn attend_row(
         let q = part(0);
         // Plain loops: an iterator's fold would be a function of its own,
         // compiled without FMA, calling the software `fmaf` per term.
-        let mut scores = Vec::with_capacity(pos + 1);
-        for j in 0..=pos {
+        let whole = weights.len() / KEYS * KEYS;
+        for (block, scores) in weights[..whole].chunks_exact_mut(KEYS).enumerate() {
+            let keys = &keys[block * KEYS * d..][..KEYS * d];
+            let mut dots = [0.0f32; KEYS];
+            for i in 0..d {
+                for (t, dot) in dots.iter_mut().enumerate() {
+                    *dot = q[i].mul_add(keys[t * d + i], *dot);
+                }
+            }
+            for (score, dot) in scores.iter_mut().zip(dots) {
+                *score = l.scale * dot;
+            }
+        }
+        for (j, score) in weights.iter_mut().enumerate().skip(whole) {
             let k = &keys[j * d..][..d];
             let mut dot = 0.0f32;
             for i in 0..d {
                 dot = q[i].mul_add(k[i], dot);
             }
-            scores.push(l.scale * dot);
+            *score = l.scale * dot;
         }
-        let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
-        let weights: Vec<f32> = scores.iter().map(|&s| exp(s - max)).collect();
+        let max = weights.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+        for weight in weights.iter_mut() {
+            *weight = exp(*weight - max);
+        }
         let total = workgroup_sum(&weights);
         let out = &mut out[h * d..][..d];
-        for i in 0..d {
-            let mut sum = 0.0f32;
-            for j in 0..weights.len() {
-                sum = weights[j].mul_add(values[j * d + i], sum);
+        out.fill(0.0);
+        for (j, &weight) in weights.iter().enumerate() {
+            for (o, &v) in out.iter_mut().zip(&values[j * d..][..d]) {
+                *o = weight.mul_add(v, *o);
             }
-            out[i] = sum / total;
+        }
+        for o in out.iter_mut() {
+            *o /= total;
         }
     }
 }
