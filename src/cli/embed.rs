@@ -24,9 +24,9 @@ pub struct EmbedArgs {
     #[arg(long, required_unless_present = "clip", conflicts_with = "clip")]
     pub checkpoint: Option<PathBuf>,
     /// A Hugging Face CLIP folder instead (config.json, model.safetensors,
-    /// preprocessor_config.json, as CLIPModel and CLIPImageProcessor save
-    /// them): its image tower embeds each image, preprocessed as CLIP's
-    /// image processor does.
+    /// preprocessor_config.json or processor_config.json, as CLIPModel and
+    /// CLIP's processor save them): its image tower embeds each image,
+    /// preprocessed as CLIP's image processor does.
     #[arg(long, value_name = "FOLDER")]
     pub clip: Option<PathBuf>,
     /// Also write every image's tokens from this BLIP folder's vision

@@ -26,7 +26,8 @@ pub struct ScoreArgs {
     #[arg(long)]
     pub json: bool,
     /// A Hugging Face CLIP folder (config.json, model.safetensors,
-    /// preprocessor_config.json, tokenizer.json): also report CLIPScore and
+    /// preprocessor_config.json or processor_config.json, tokenizer.json):
+    /// also report CLIPScore and
     /// RefCLIPScore as Hessel et al. (2021) define them, reading the
     /// images (on the CPU).
     #[arg(long, value_name = "FOLDER")]

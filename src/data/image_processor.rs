@@ -29,7 +29,8 @@ use std::path::Path;
 /// Fractional bits of Pillow's fixed-point filter weights (8-bit images).
 const PRECISION_BITS: u32 = 32 - 8 - 2;
 
-/// The preprocessing of a CLIP or BLIP folder's `preprocessor_config.json`.
+/// The preprocessing a CLIP or BLIP folder's processor config gives
+/// ([`config_file`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ImageProcessor {
     /// The shortest side after resizing, or (no crop) both sides.
@@ -83,24 +84,60 @@ fn byte_scale() -> f64 {
     1.0 / 255.0
 }
 
+/// Where a folder keeps its image processor's settings: a
+/// `preprocessor_config.json` (an image processor's `save_pretrained`,
+/// and transformers before version 5 for a whole processor), else the
+/// `image_processor` entry of a `processor_config.json` (a whole
+/// processor's `save_pretrained` since transformers 5). The file is the
+/// one whose change makes cached image tokens stale.
+pub fn config_file(dir: &Path) -> std::path::PathBuf {
+    let alone = dir.join("preprocessor_config.json");
+    let within = dir.join("processor_config.json");
+    if !alone.exists() && within.exists() {
+        within
+    } else {
+        alone
+    }
+}
+
 impl ImageProcessor {
-    /// Reads `preprocessor_config.json` in `dir`; an error names the file
-    /// and the field.
+    /// Reads the image processor's settings in `dir` ([`config_file`]); an
+    /// error names the file and the field.
     pub fn load(dir: &Path) -> Result<Self> {
-        let path = dir.join("preprocessor_config.json");
+        let path = config_file(dir);
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
-                "cannot read {}: the folder needs its image processor's config \
-                 (save it with the processor's save_pretrained)",
-                path.display()
+                "cannot read {} (nor processor_config.json beside it): the folder needs its \
+                 image processor's config (save it with the processor's save_pretrained)",
+                dir.join("preprocessor_config.json").display()
             )
         })?;
-        let c: Config = serde_json::from_str(&text).with_context(|| {
-            format!(
-                "{}: not an image processor config captune reads",
-                path.display()
-            )
-        })?;
+        let c: Config = if path.file_name() == Some("processor_config.json".as_ref()) {
+            #[derive(Deserialize)]
+            struct Processor {
+                image_processor: serde_json::Value,
+            }
+            let processor: Processor = serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: no image_processor entry (a processor's config holds its image \
+                     processor's settings there)",
+                    path.display()
+                )
+            })?;
+            serde_json::from_value(processor.image_processor).with_context(|| {
+                format!(
+                    "{}: its image_processor is not an image processor config captune reads",
+                    path.display()
+                )
+            })?
+        } else {
+            serde_json::from_str(&text).with_context(|| {
+                format!(
+                    "{}: not an image processor config captune reads",
+                    path.display()
+                )
+            })?
+        };
         let refuse = |what: &str| {
             bail!(
                 "{}: {what}; captune computes CLIP's and BLIP's preprocessing only",
@@ -287,6 +324,49 @@ fn resize_bicubic(rgb: &[u8], w: usize, h: usize, new_w: usize, new_h: usize) ->
 #[cfg(test)]
 mod tests {
     use super::ImageProcessor;
+
+    /// A processor's settings read from a `processor_config.json`, as
+    /// transformers 5 saves a whole processor, equal those of the same
+    /// settings alone in `preprocessor_config.json`, which wins where
+    /// both are; without an `image_processor` entry the error names the
+    /// file.
+    #[test]
+    fn a_whole_processors_config_gives_its_image_processors_settings() {
+        let dir = std::env::temp_dir().join(format!(
+            "captune-processor-config-{}",
+            crate::tensorfile::temporary_suffix()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let blip = r#"{"size": {"height": 48, "width": 48}, "image_mean": [0.5, 0.4, 0.3],
+            "image_std": [0.2, 0.25, 0.3], "resample": 3, "do_normalize": true}"#;
+        let nested =
+            format!(r#"{{"image_processor": {blip}, "processor_class": "BlipProcessor"}}"#);
+        std::fs::write(dir.join("processor_config.json"), nested).unwrap();
+        let from_processor = ImageProcessor::load(&dir).unwrap();
+        assert_eq!((from_processor.size, from_processor.crop), (48, None));
+        assert_eq!(
+            (from_processor.mean, from_processor.std),
+            ([0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+        );
+        std::fs::write(
+            dir.join("preprocessor_config.json"),
+            blip.replace("48", "40"),
+        )
+        .unwrap();
+        assert_eq!(ImageProcessor::load(&dir).unwrap().size, 40);
+        std::fs::remove_file(dir.join("preprocessor_config.json")).unwrap();
+        std::fs::write(
+            dir.join("processor_config.json"),
+            r#"{"processor_class": "X"}"#,
+        )
+        .unwrap();
+        let error = format!("{:#}", ImageProcessor::load(&dir).unwrap_err());
+        assert!(
+            error.contains("processor_config.json") && error.contains("image_processor"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// An image whose every byte says where it is: (x, y, x + y) mod 256.
     fn positions(w: u32, h: u32) -> image::RgbImage {

@@ -237,9 +237,9 @@ fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
     let side = config.vision_config.image_size;
     if processor.side() as usize != side {
         bail!(
-            "{}: preprocessor_config.json makes {} pixels a side, but config.json's vision tower \
+            "{}: the processor's config makes {} pixels a side, but config.json's vision tower \
              reads {side}: the processor and the model are of different folders",
-            dir.display(),
+            crate::data::image_processor::config_file(dir).display(),
             processor.side()
         );
     }

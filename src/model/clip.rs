@@ -429,7 +429,7 @@ pub fn embed_files<B: Backend>(
     if processor.side() != model.config.image_size {
         bail!(
             "the image processor makes {} pixels a side but the image tower reads {}: \
-             preprocessor_config.json and config.json are of different models",
+             the processor's config and config.json are of different models",
             processor.side(),
             model.config.image_size
         );

@@ -8,6 +8,7 @@ use super::{absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
 use crate::data::features::EMBEDDINGS;
+use crate::data::image_processor;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
 use crate::data::{Dataset, Item};
 use crate::model::blip::{self, BlipVision};
@@ -155,11 +156,11 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
 /// the tower's weights, its config and preprocessing, and the images.
 fn cached(data: &CaptionData, folder: &Path, weights: &str) -> std::path::PathBuf {
     let mut listing = format!("blip-vision\n{weights}\n");
-    for file in ["config.json", "preprocessor_config.json"] {
-        listing.push_str(&format!(
-            "{}\n",
-            file_identity(&absolute(&folder.join(file)))
-        ));
+    for file in [
+        folder.join("config.json"),
+        image_processor::config_file(folder),
+    ] {
+        listing.push_str(&format!("{}\n", file_identity(&absolute(&file))));
     }
     for item in &data.data.items {
         listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));

@@ -423,11 +423,39 @@ fn blip_decoding_over_the_cache_equals_the_full_forward() {
 /// greedy, with 3 beams, and greedy after the prompt "a picture of": the
 /// pieces `generate` gives with the folder (at most 10 new pieces), and
 /// their text as its tokenizer decodes it.
+/// The tiny folder as transformers 5's `BlipProcessor.save_pretrained`
+/// lays it out: the image processor's settings inside
+/// `processor_config.json`, no `preprocessor_config.json`.
+fn folder_with_a_processor_config() -> PathBuf {
+    let dir = common::fresh_temp("blip-processor-config");
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(folder()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+    }
+    let settings: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("preprocessor_config.json")).unwrap())
+            .unwrap();
+    let processor =
+        serde_json::json!({"image_processor": settings, "processor_class": "BlipProcessor"});
+    std::fs::write(dir.join("processor_config.json"), processor.to_string()).unwrap();
+    std::fs::remove_file(dir.join("preprocessor_config.json")).unwrap();
+    dir
+}
+
 #[test]
 fn caption_gives_generate_s_captions_for_a_blip_folder() {
+    let saved_whole = folder_with_a_processor_config();
+    for folder in [folder(), saved_whole.clone()] {
+        captions_equal_generate_s(&folder);
+    }
+    std::fs::remove_dir_all(saved_whole).unwrap();
+}
+
+fn captions_equal_generate_s(folder: &Path) {
     let want = expected();
     let images = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
-    let hf = format!("hf:{}", folder().display());
+    let hf = format!("hf:{}", folder.display());
     let cases = [
         ("greedy", "greedy_ids", None),
         ("beam:3", "beam_ids", None),
@@ -446,7 +474,7 @@ fn caption_gives_generate_s_captions_for_a_blip_folder() {
             .output()
             .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{decode}: {stderr}");
+        assert!(out.status.success(), "{decode} on {hf}: {stderr}");
         let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(|l| serde_json::from_str(l).unwrap())
