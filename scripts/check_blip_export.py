@@ -11,7 +11,8 @@ the pieces captune gave for the same pictures.
 With --same-as, every tensor of the export equals the BLIP folder's bit for
 bit and its config.json is that folder's: what an untrained decoder must
 give. Greedy decoding as captune's: the padding and start ids suppressed,
-at most --max-words pieces and the end. Pixels come from BLIP's PIL image
+max_new_tokens = --max-words + 1, a caption that did not end cut to
+--max-words pieces. Pixels come from BLIP's PIL image
 processor, as captune computes them. It exits with status 1 on any
 difference.
 """
@@ -69,10 +70,11 @@ def generated(folder, captions, max_words, prompt):
     skip = 1 + (len(pieces) if prompt is not None else 0)
     rows = []
     for row in out.tolist():
-        pieces_after = row[skip:]
+        pieces_after = [p for p in row[skip:] if p != pad]
         if sep in pieces_after:
             pieces_after = pieces_after[: pieces_after.index(sep) + 1]
-        rows.append([p for p in pieces_after if p != pad])
+        # captune cuts a caption that did not end to --max-words pieces.
+        rows.append(pieces_after[:max_words] if sep not in pieces_after else pieces_after)
     return rows
 
 

@@ -172,7 +172,8 @@ pub struct DecodeOptions {
 pub struct Generated {
     /// Index of the image in the features given to `generate`.
     pub image: usize,
-    /// Chosen ids after <bos>, ending with <eos> unless cut at the maximum length.
+    /// Chosen ids after <bos>, ending with <eos> unless cut at the maximum
+    /// length or at `DecodeOptions::max_words` words.
     pub ids: Vec<u32>,
     /// Sum of the log-probabilities of the chosen ids under the policy
     /// that chose them (`<pad>`, `<bos>` and a suppressed `<unk>` have
@@ -260,11 +261,13 @@ pub fn generate<B: Backend>(
             c.specials
         );
     }
-    // Steps: the words, then <eos>.
+    // Steps: the words, then <eos>. A caption that has not ended after
+    // them is cut to `words` (its ranking among beams and samples is that
+    // of its whole run, as transformers' `generate` ranks a run of
+    // max_new_tokens = words + 1).
     let positions = c.token_positions();
-    let steps = options
-        .max_words
-        .map_or(positions, |w| (w + 1).min(positions));
+    let words = options.max_words.unwrap_or(positions);
+    let steps = (words + 1).min(positions);
     let d = c.image_input_len();
     if !features.len().is_multiple_of(d) {
         bail!(
@@ -289,11 +292,13 @@ pub fn generate<B: Backend>(
             .collect();
         decoder.stepper.start(b, &rows_features);
         let generated = match *decoding {
-            Decoding::Greedy => choose_on_device(b, &mut decoder, ChoiceRule::Greedy, 0, 0, banned),
+            Decoding::Greedy => {
+                choose_on_device(b, &mut decoder, ChoiceRule::Greedy, 0, 0, banned, words)
+            }
             Decoding::Gumbel { seed, .. } => {
                 let first_row = ((options.first_image + first) * per_row) as u32;
                 let rule = ChoiceRule::Gumbel;
-                choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
+                choose_on_device(b, &mut decoder, rule, seed, first_row, banned, words)
             }
             Decoding::Sample {
                 temperature,
@@ -309,7 +314,7 @@ pub fn generate<B: Backend>(
                 };
                 let first_row = ((options.first_image + first) * per_row) as u32;
                 let rule = ChoiceRule::Sample(sampling);
-                choose_on_device(b, &mut decoder, rule, seed, first_row, banned)
+                choose_on_device(b, &mut decoder, rule, seed, first_row, banned, words)
             }
             Decoding::Beam { width, n_best } => {
                 let shape = BeamShape {
@@ -321,7 +326,7 @@ pub fn generate<B: Backend>(
                     suppress_unk: options.suppress_unk,
                     specials: c.specials,
                 };
-                beam_rows(b, &mut decoder, &shape)
+                beam_rows(b, &mut decoder, &shape, words)
             }
         };
         if let Some(bar) = &options.progress {
@@ -379,7 +384,9 @@ impl<B: Backend> EndCheck<B> {
 }
 
 /// Greedy or sampled continuation of every row at once, chosen on the
-/// device; (ids after <bos>, their total log-probability) per row.
+/// device; (ids after <bos>, their total log-probability) per row, a
+/// caption that did not end cut to `words`.
+#[allow(clippy::too_many_arguments)]
 fn choose_on_device<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
@@ -387,6 +394,7 @@ fn choose_on_device<B: Backend>(
     seed: u64,
     first_row: u32,
     banned: u32,
+    words: usize,
 ) -> Vec<(Vec<u32>, f32)> {
     let (rows, steps) = (decoder.rows, decoder.steps);
     let specials = decoder.specials;
@@ -428,7 +436,7 @@ fn choose_on_device<B: Backend>(
             let n = row
                 .iter()
                 .position(|&t| t == specials.end)
-                .map_or(ran, |end| end + 1);
+                .map_or(ran.min(words), |end| end + 1);
             let logprob = logprobs[r * steps..r * steps + n].iter().sum();
             (row[..n].to_vec(), logprob)
         })
@@ -444,6 +452,7 @@ fn beam_rows<B: Backend>(
     b: &B,
     decoder: &mut Decoder<'_, B>,
     shape: &BeamShape,
+    words: usize,
 ) -> Vec<(Vec<u32>, f32)> {
     let c = shape.candidates();
     let mut candidates = b.ids(&vec![0; c.rows * c.count * 2]);
@@ -468,7 +477,7 @@ fn beam_rows<B: Backend>(
             break;
         }
     }
-    shape.captions(&b.ids_to_vec(&state))
+    shape.captions(&b.ids_to_vec(&state), words)
 }
 
 /// What a beam search covers: `images` images of `width` rows each, beam
@@ -523,8 +532,9 @@ impl BeamShape {
     /// The `n_best` captions of each image (ids after `<bos>`, total
     /// log-probability), best first, from the search's record (the state
     /// of [`Backend::beam_step`]); an image with fewer finished gets
-    /// `<eos>` alone at minus infinity for the rest.
-    pub fn captions(&self, state: &[u32]) -> Vec<(Vec<u32>, f32)> {
+    /// `<eos>` alone at minus infinity for the rest. A caption that did not
+    /// end is cut to `words`, with its beam's log-probability at that word.
+    pub fn captions(&self, state: &[u32], words: usize) -> Vec<(Vec<u32>, f32)> {
         let s = self.at(0);
         let trace = |step: usize, row: usize| &state[(step * s.rows() + row) * 3..][..3];
         let mut out = Vec::with_capacity(self.images * self.n_best);
@@ -539,18 +549,23 @@ impl BeamShape {
                 let [score, step, parent, token] = state[f + 1 + 4 * k..][..4] else {
                     unreachable!("four u32s")
                 };
-                // Walk the trace back from the beam the caption ended.
-                let mut ids = vec![token];
+                // Walk the trace back from the beam the caption ended,
+                // each id with the beam's score after it.
+                let mut ids = vec![(token, f32::from_bits(score))];
                 let mut row = parent as usize;
                 for back in (0..step as usize).rev() {
-                    let [from, token, _] = trace(back, row) else {
+                    let [from, token, score] = trace(back, row) else {
                         unreachable!("three u32s")
                     };
-                    ids.push(*token);
+                    ids.push((*token, f32::from_bits(*score)));
                     row = *from as usize;
                 }
                 ids.reverse();
-                out.push((ids, f32::from_bits(score)));
+                if ids.len() > words && ids[words].0 != self.specials.end {
+                    ids.truncate(words);
+                }
+                let score = ids.last().map_or(0.0, |&(_, score)| score);
+                out.push((ids.into_iter().map(|(id, _)| id).collect(), score));
             }
         }
         out

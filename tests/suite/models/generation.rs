@@ -823,7 +823,7 @@ fn beam_steps_equal_the_host_search() {
             "some caption ends before the last step: {want:?}"
         );
         let cpu = beam_record(&CpuBackend::new(), &shape, &step_pairs);
-        assert_eq!(shape.captions(&cpu), want, "cpu: {images} x {width}");
+        assert_eq!(shape.captions(&cpu, steps), want, "cpu: {images} x {width}");
         if let Some(g) = gpu() {
             let on_gpu = beam_record(&g, &shape, &step_pairs);
             assert_eq!(on_gpu, cpu, "gpu record: {images} x {width}");

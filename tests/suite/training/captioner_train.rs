@@ -404,14 +404,43 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         "sampling varies"
     );
 
-    // A word limit cuts every caption, <eos> or not.
+    // A word limit keeps at most that many words, then <eos> if the
+    // caption ended there: greedy's captions are the unlimited ones' first
+    // two words, and every kept caption's log-probability is that of its
+    // ids, the cut ones' too.
+    let two_words = |ids: &[u32]| {
+        let words = ids.iter().filter(|&&id| id != EOS).count();
+        words <= 2
+            && ids
+                .iter()
+                .position(|&id| id == EOS)
+                .is_none_or(|end| end == words)
+    };
     let short = generate(&c, &ck.model, &features, &Decoding::Greedy, &words(2)).unwrap();
+    let beam_short = Decoding::Beam {
+        width: 3,
+        n_best: 2,
+    };
+    let beam_short = generate(&c, &ck.model, &features, &beam_short, &words(2)).unwrap();
+    assert!(
+        short.iter().any(|s| s.ids.len() == 2 && s.ids[1] != EOS),
+        "some caption is cut: {:?}",
+        short.iter().map(|s| &s.ids).collect::<Vec<_>>()
+    );
     for (s, g) in short.iter().zip(&greedy) {
-        assert!(s.ids.len() <= 3, "{:?}", s.ids);
-        assert_eq!(
-            s.ids[..],
-            g.ids[..s.ids.len()],
-            "a prefix of the unlimited caption"
+        assert!(two_words(&s.ids), "{:?}", s.ids);
+        let cut = (g.ids.len()).min(if g.ids.get(2) == Some(&EOS) { 3 } else { 2 });
+        assert_eq!(s.ids[..], g.ids[..cut], "the unlimited caption, cut");
+    }
+    for s in short.iter().chain(&beam_short) {
+        assert!(two_words(&s.ids), "{:?}", s.ids);
+        let f = &features[s.image * DIM..(s.image + 1) * DIM];
+        let forced = teacher_forced_logprob(&c, &mut ck.model, &ck.vocab, f, s);
+        assert!(
+            (forced - s.logprob).abs() < 1e-3,
+            "{:?}: decoded {} vs forced {forced}",
+            s.ids,
+            s.logprob
         );
     }
 
