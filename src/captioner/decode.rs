@@ -267,7 +267,7 @@ pub fn generate<B: Backend>(
     // max_new_tokens = words + 1).
     let positions = c.token_positions();
     let words = options.max_words.unwrap_or(positions);
-    let steps = (words + 1).min(positions);
+    let steps = words.saturating_add(1).min(positions);
     let d = c.image_input_len();
     if !features.len().is_multiple_of(d) {
         bail!(
@@ -532,8 +532,12 @@ impl BeamShape {
     /// The `n_best` captions of each image (ids after `<bos>`, total
     /// log-probability), best first, from the search's record (the state
     /// of [`Backend::beam_step`]); an image with fewer finished gets
-    /// `<eos>` alone at minus infinity for the rest. A caption that did not
-    /// end is cut to `words`, with its beam's log-probability at that word.
+    /// `<eos>` alone at minus infinity for the rest.
+    ///
+    /// A caption that did not end is cut to `words`, with its beam's
+    /// log-probability at that word, keeping its rank in the search (so a
+    /// cut caption may be less likely than one after it); a beam's
+    /// continuations cut to the same words are one caption, the first.
     pub fn captions(&self, state: &[u32], words: usize) -> Vec<(Vec<u32>, f32)> {
         let s = self.at(0);
         let trace = |step: usize, row: usize| &state[(step * s.rows() + row) * 3..][..3];
@@ -541,11 +545,8 @@ impl BeamShape {
         for image in 0..self.images {
             let f = s.finished_start() + image * s.finished_stride();
             let count = state[f] as usize;
-            for k in 0..self.n_best {
-                if k >= count {
-                    out.push((vec![self.specials.end], f32::NEG_INFINITY));
-                    continue;
-                }
+            let first = out.len();
+            for k in 0..count.min(self.n_best) {
                 let [score, step, parent, token] = state[f + 1 + 4 * k..][..4] else {
                     unreachable!("four u32s")
                 };
@@ -565,8 +566,13 @@ impl BeamShape {
                     ids.truncate(words);
                 }
                 let score = ids.last().map_or(0.0, |&(_, score)| score);
-                out.push((ids.into_iter().map(|(id, _)| id).collect(), score));
+                let ids: Vec<u32> = ids.into_iter().map(|(id, _)| id).collect();
+                if !out[first..].iter().any(|(kept, _)| *kept == ids) {
+                    out.push((ids, score));
+                }
             }
+            let missing = first + self.n_best - out.len();
+            out.extend((0..missing).map(|_| (vec![self.specials.end], f32::NEG_INFINITY)));
         }
         out
     }

@@ -20,8 +20,8 @@ pub struct DecodeArgs {
     #[arg(long, default_value = "greedy", value_parser = Decoding::parse)]
     pub decode: Decoding,
     /// Stop captions after this many words (default: the model's maximum).
-    #[arg(long)]
-    pub max_words: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_words: Option<u32>,
     /// Never emit <unk>: the decoder chooses among the other words.
     #[arg(long)]
     pub suppress_unk: bool,
@@ -106,7 +106,7 @@ impl MeteorArgs {
 impl DecodeArgs {
     pub fn options(&self, progress: &indicatif::ProgressBar) -> DecodeOptions {
         DecodeOptions {
-            max_words: self.max_words,
+            max_words: self.max_words.map(|w| w as usize),
             suppress_unk: self.suppress_unk,
             progress: Some(progress.clone()),
             first_image: 0,

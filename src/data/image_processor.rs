@@ -107,24 +107,22 @@ impl ImageProcessor {
         let path = config_file(dir);
         let text = std::fs::read_to_string(&path).with_context(|| {
             format!(
-                "cannot read {} (nor processor_config.json beside it): the folder needs its \
-                 image processor's config (save it with the processor's save_pretrained)",
-                dir.join("preprocessor_config.json").display()
+                "cannot read {} (a folder needs preprocessor_config.json or \
+                 processor_config.json: save it with the processor's save_pretrained)",
+                path.display()
             )
         })?;
         let c: Config = if path.file_name() == Some("processor_config.json".as_ref()) {
-            #[derive(Deserialize)]
-            struct Processor {
-                image_processor: serde_json::Value,
-            }
-            let processor: Processor = serde_json::from_str(&text).with_context(|| {
-                format!(
+            let processor: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not JSON", path.display()))?;
+            let Some(settings) = processor.get("image_processor") else {
+                bail!(
                     "{}: no image_processor entry (a processor's config holds its image \
                      processor's settings there)",
                     path.display()
-                )
-            })?;
-            serde_json::from_value(processor.image_processor).with_context(|| {
+                );
+            };
+            serde_json::from_value(settings.clone()).with_context(|| {
                 format!(
                     "{}: its image_processor is not an image processor config captune reads",
                     path.display()

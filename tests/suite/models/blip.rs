@@ -419,10 +419,6 @@ fn blip_decoding_over_the_cache_equals_the_full_forward() {
     }
 }
 
-/// `captune caption --checkpoint hf:FOLDER --json` on the two pictures,
-/// greedy, with 3 beams, and greedy after the prompt "a picture of": the
-/// pieces `generate` gives with the folder (at most 10 new pieces), and
-/// their text as its tokenizer decodes it.
 /// The tiny folder as transformers 5's `BlipProcessor.save_pretrained`
 /// lays it out: the image processor's settings inside
 /// `processor_config.json`, no `preprocessor_config.json`.
@@ -443,6 +439,11 @@ fn folder_with_a_processor_config() -> PathBuf {
     dir
 }
 
+/// `captune caption --checkpoint hf:FOLDER --json` on the two pictures,
+/// greedy, with 3 beams, and greedy after the prompt "a picture of": the
+/// pieces `generate` gives with the folder (at most 10 new pieces), and
+/// their text as its tokenizer decodes it; for the folder as committed
+/// and as transformers 5 saves a whole processor.
 #[test]
 fn caption_gives_generate_s_captions_for_a_blip_folder() {
     let saved_whole = folder_with_a_processor_config();

@@ -831,6 +831,56 @@ fn beam_steps_equal_the_host_search() {
     }
 }
 
+/// A search none of whose captions ends, cut to one word fewer than its
+/// steps (as `--max-words` runs it): every caption is cut, with its beam's
+/// score at the cut, and a beam's continuations cut to the same words are
+/// one caption, the rest padded at minus infinity.
+#[test]
+fn captions_cut_at_a_word_limit_are_distinct_and_scored_at_the_cut() {
+    let shape = BeamShape {
+        images: 1,
+        width: 3,
+        n_best: 3,
+        steps: 3,
+        vocab: 8,
+        suppress_unk: false,
+        specials: SpecialIds::WORDS,
+    };
+    let c = shape.candidates();
+    // Every row offers its words in the same order, at scores -1/4, -2/4,
+    // ..., and never <eos>: the best beam's continuations rank first.
+    let words: Vec<u32> = (0..c.vocab as u32)
+        .filter(|&j| c.allowed(j) && j != EOS)
+        .collect();
+    let pairs: Vec<u32> = (0..c.rows)
+        .flat_map(|_| {
+            (0..c.count).flat_map(|n| match words.get(n) {
+                Some(&id) => [id, (-(n as f32 + 1.0) / 4.0).to_bits()],
+                None => [u32::MAX, f32::NEG_INFINITY.to_bits()],
+            })
+        })
+        .collect();
+    let record = beam_record(&CpuBackend::new(), &shape, &vec![pairs; shape.steps]);
+    let whole = shape.captions(&record, shape.steps);
+    assert!(whole.iter().all(|(ids, _)| ids.len() == 3), "{whole:?}");
+    assert_eq!(
+        whole[0].0[..2],
+        whole[1].0[..2],
+        "the best beam's two continuations"
+    );
+    let cut = shape.captions(&record, 2);
+    let (w0, w1) = (words[0], words[1]);
+    assert_eq!(
+        cut,
+        vec![
+            (vec![w0, w0], -0.5),
+            (vec![w0, w1], -0.75),
+            (vec![EOS], f32::NEG_INFINITY),
+        ],
+        "from {whole:?}"
+    );
+}
+
 #[test]
 fn beam_search_over_the_cache_equals_recomputation() {
     let check = |what: &str, (cached, reference): (Vec<Generated>, Vec<(Vec<u32>, f32)>)| {
