@@ -12,8 +12,9 @@
 //! - B stored `[k, n]` (op(B) = B), one row of A only: each row of B,
 //!   times A's value at that k, added to C's row held in L1 a chunk at a
 //!   time. Every element of C is a fused multiply-add chain over k in
-//!   order. (With more rows, `gemm`'s packing of B pays for itself: it
-//!   was measured faster.)
+//!   order. (With more rows, `gemm`'s packing of B pays for itself: a
+//!   register-blocked kernel for them made BLIP-base-shaped decoding
+//!   slower than `gemm` did.)
 //!
 //! Sixteen lanes are one AVX-512 register or two AVX2 registers; the
 //! arithmetic, and so the bits, are the same either way, and whatever the

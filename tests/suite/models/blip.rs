@@ -419,16 +419,21 @@ fn blip_decoding_over_the_cache_equals_the_full_forward() {
     }
 }
 
+/// Every file of the folder `from` into a new folder `to`.
+fn copy_folder(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+}
+
 /// The tiny folder as transformers 5's `BlipProcessor.save_pretrained`
 /// lays it out: the image processor's settings inside
 /// `processor_config.json`, no `preprocessor_config.json`.
 fn folder_with_a_processor_config() -> PathBuf {
     let dir = common::fresh_temp("blip-processor-config");
-    std::fs::create_dir_all(&dir).unwrap();
-    for entry in std::fs::read_dir(folder()).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_folder(&folder(), &dir);
     let settings: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("preprocessor_config.json")).unwrap())
             .unwrap();
@@ -1016,11 +1021,7 @@ fn an_untrained_blip_exports_as_its_folder_bit_for_bit() {
     // embedding there too; one with a text tensor outside the map, or the
     // export written over its own folder, is refused.
     let copy = out.with_extension("base");
-    std::fs::create_dir_all(&copy).unwrap();
-    for entry in std::fs::read_dir(&base).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
-    }
+    copy_folder(&base, &copy);
     let write = |extra: &[(&str, Vec<usize>)]| {
         let mut file = tensorfile::read(&base.join("model.safetensors")).unwrap();
         for (name, shape) in extra {

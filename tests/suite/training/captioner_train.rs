@@ -428,7 +428,6 @@ fn decoding_is_consistent_and_agrees_between_gpu_and_cpu() {
         short.iter().map(|s| &s.ids).collect::<Vec<_>>()
     );
     for (s, g) in short.iter().zip(&greedy) {
-        assert!(two_words(&s.ids), "{:?}", s.ids);
         let cut = (g.ids.len()).min(if g.ids.get(2) == Some(&EOS) { 3 } else { 2 });
         assert_eq!(s.ids[..], g.ids[..cut], "the unlimited caption, cut");
     }
