@@ -48,7 +48,7 @@ pub struct ModelSection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_feed: Option<ImageFeed>,
     /// The vision tower whose image tokens an attention LSTM reads,
-    /// `hf:BLIP_FOLDER`.
+    /// `hf:FOLDER` (a Hugging Face BLIP or CLIP folder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_tokens: Option<String>,
     /// Text a BLIP decoder is fed after the start of every caption, never
@@ -131,14 +131,16 @@ impl ModelSection {
         }))
     }
 
-    /// The BLIP folder whose vision tower gives the image tokens the
-    /// decoder reads, when it reads tokens: a BLIP decoder's own folder, or
+    /// The folder whose vision tower gives the image tokens the decoder
+    /// reads, when it reads tokens: a BLIP decoder's own folder, or
     /// an attention LSTM's `image_tokens`.
     pub fn token_folder(&self) -> Result<Option<PathBuf>> {
         if let Some(spec) = &self.image_tokens {
             return match spec.strip_prefix("hf:") {
                 Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
-                _ => bail!("image_tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH"),
+                _ => bail!(
+                    "image_tokens {spec:?}: name a Hugging Face BLIP or CLIP folder as hf:PATH"
+                ),
             };
         }
         self.blip_folder()

@@ -167,8 +167,8 @@ pub fn fresh_checkpoint<B: Backend>(
         // An attention LSTM reads the data's image tokens.
         let Some(tokens) = &data.image_tokens else {
             bail!(
-                "an attention LSTM reads image tokens, and the data has none: name the BLIP \
-                 folder whose vision tower makes them ([model] image_tokens = \"hf:FOLDER\", \
+                "an attention LSTM reads image tokens, and the data has none: name the BLIP or \
+                 CLIP folder whose vision tower makes them ([model] image_tokens = \"hf:FOLDER\", \
                  or --image-tokens)"
             );
         };

@@ -7,7 +7,9 @@ use captune::captioner::decode::generate;
 use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::{Checkpoint, DecoderFamily};
 use captune::data::{Dataset, Item, Split};
-use captune::model::blip::{self, BlipPatcher, BlipVision};
+use captune::model::blip::{self, BlipVision};
+use captune::model::token_tower::TokenTower;
+use captune::model::vision::Patcher;
 use captune::progress::Progress;
 use captune::retriever::frozen::FrozenRetriever;
 use captune::source::embeddings::FeatureSource;
@@ -105,7 +107,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
                  export (--checkpoint hf:OUT)"
             );
         };
-        let patcher = BlipPatcher::of_folder(&dir)?;
+        let patcher = blip::patcher(&dir)?;
         if patcher.shape() != (v.patches, v.patch_dim) {
             let (patches, dim) = patcher.shape();
             bail!(
@@ -124,7 +126,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         let Some(dir) = (captioner.trained_on.as_ref()).and_then(|s| s.image_tokens.clone()) else {
             if captioner.ck.model.config.family == DecoderFamily::Lstm {
                 bail!(
-                    "{ck_path} reads a BLIP vision tower's image tokens but does not record its \
+                    "{ck_path} reads a vision tower's image tokens but does not record its \
                      folder (`captune train` records it in every checkpoint of a run)"
                 );
             }
@@ -134,15 +136,21 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
                  the export (--checkpoint hf:OUT)"
             );
         };
-        let mut folder = blip::read(&dir)?;
-        let vision = BlipVision::new(b, &dir, &mut folder)?;
-        return caption_files(
-            b,
-            FileInputs::Tokens(Box::new(vision)),
-            &captioner.ck,
-            &files,
-            args,
-        );
+        let tower = TokenTower::open(b, &dir)?;
+        let c = &captioner.ck.model.config;
+        let shape = tower.shape();
+        if (shape.tokens, shape.dim) != (c.image_tokens, c.embed_dim) {
+            bail!(
+                "{ck_path} reads {} image tokens of {} values, but the tower of {} now makes {} \
+                 of {}: the folder has changed since it was trained",
+                c.image_tokens,
+                c.embed_dim,
+                dir.display(),
+                shape.tokens,
+                shape.dim
+            );
+        }
+        return caption_files(b, FileInputs::Tokens(tower), &captioner.ck, &files, args);
     }
     if captioner.trained_on.is_none() && args.retriever.is_none() {
         eprintln!(
@@ -262,24 +270,24 @@ fn caption_with_blip<B: Backend>(
     args: &CaptionArgs,
 ) -> Result<()> {
     let mut folder = blip::read(dir)?;
-    let vision = BlipVision::new(b, dir, &mut folder)?;
+    let tower = TokenTower::Blip(Box::new(BlipVision::new(b, dir, &mut folder)?));
     let prompt = args.prompt.as_deref();
     let ck = blip_checkpoint(b, dir, folder, (BLIP_CAPTION_IDS + 1, prompt), false)?;
-    caption_files(b, FileInputs::Tokens(Box::new(vision)), &ck, files, args)
+    caption_files(b, FileInputs::Tokens(tower), &ck, files, args)
 }
 
 /// How a captioner's image inputs are made from image files: the tokens
 /// of the frozen vision tower it reads, or the patches of the one it
 /// trained.
 enum FileInputs<B: Backend> {
-    Tokens(Box<BlipVision<B>>),
-    Patches(BlipPatcher),
+    Tokens(TokenTower<B>),
+    Patches(Patcher),
 }
 
 impl<B: Backend> FileInputs<B> {
     fn of(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
         match self {
-            FileInputs::Tokens(vision) => vision.tokens_of_files(b, files),
+            FileInputs::Tokens(tower) => tower.tokens_of_files(b, files),
             FileInputs::Patches(patcher) => patcher.patches_of_files(files, |_| String::new()),
         }
     }

@@ -1,13 +1,14 @@
 //! `captune embed`: a data set's image embeddings (a features file)
 //! from a trained retriever, or from a Hugging Face CLIP's image tower;
-//! with `--image-tokens`, a BLIP vision tower's image tokens beside them.
+//! with `--image-tokens`, a BLIP or CLIP vision tower's image tokens
+//! beside them.
 
 use super::check_new_output;
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::data::Dataset;
 use captune::data::features::{ENCODER_ID, Features};
-use captune::model::blip::BlipPatcher;
+use captune::model::token_tower::TowerKind;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint;
 use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
@@ -29,11 +30,11 @@ pub struct EmbedArgs {
     /// preprocessed as CLIP's image processor does.
     #[arg(long, value_name = "FOLDER")]
     pub clip: Option<PathBuf>,
-    /// Also write every image's tokens from this BLIP folder's vision
-    /// tower (hf:FOLDER) into the file, in float16 after the embeddings:
-    /// a BLIP decoder (or an attention LSTM reading that tower's tokens)
-    /// trained on the file reads them instead of computing them into the
-    /// cache. BLIP-base's are 0.9 MB an image.
+    /// Also write every image's tokens from this BLIP or CLIP folder's
+    /// vision tower (hf:FOLDER) into the file, in float16 after the
+    /// embeddings: a BLIP decoder (or an attention LSTM reading that
+    /// tower's tokens) trained on the file reads them instead of computing
+    /// them into the cache. BLIP-base's are 0.9 MB an image.
     #[arg(long, value_name = "hf:FOLDER")]
     pub image_tokens: Option<String>,
     /// Output features file (safetensors).
@@ -44,21 +45,24 @@ pub struct EmbedArgs {
     pub overwrite: bool,
 }
 
-/// Refuses an existing --out, or an --image-tokens that names no BLIP
-/// folder, before anything slow.
+/// Refuses an existing --out, or an --image-tokens that names no BLIP or
+/// CLIP folder, before anything slow.
 pub fn check(args: &EmbedArgs) -> Result<()> {
     check_new_output(&args.out, args.overwrite, "--out")?;
     if let Some(spec) = &args.image_tokens {
-        BlipPatcher::of_folder(&token_folder(spec)?)?;
+        let dir = token_folder(spec)?;
+        TowerKind::of_folder(&dir)?.patcher(&dir)?;
     }
     Ok(())
 }
 
-/// The BLIP folder `--image-tokens hf:FOLDER` names.
+/// The BLIP or CLIP folder `--image-tokens hf:FOLDER` names.
 fn token_folder(spec: &str) -> Result<PathBuf> {
     match spec.strip_prefix("hf:").filter(|d| !d.is_empty()) {
         Some(dir) => Ok(PathBuf::from(dir)),
-        None => bail!("--image-tokens {spec:?}: name a Hugging Face BLIP folder as hf:PATH"),
+        None => {
+            bail!("--image-tokens {spec:?}: name a Hugging Face BLIP or CLIP folder as hf:PATH")
+        }
     }
 }
 

@@ -14,6 +14,7 @@ use captune::captioner::inspect::{TokenScore, score_caption};
 use captune::captioner::objectives::{self, OBJECTIVES};
 use captune::data::tokenize::ptb_tokenize;
 use captune::model::blip::{self, BlipVision};
+use captune::model::token_tower::TokenTower;
 use captune::progress::Progress;
 use captune::source::DataArgs;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
@@ -145,10 +146,10 @@ fn inspect_blip<B: Backend>(b: &B, dir: &Path, args: &InspectArgs) -> Result<()>
         );
     }
     let mut folder = blip::read(dir)?;
-    let mut vision = BlipVision::new(b, dir, &mut folder)?;
+    let mut tower = TokenTower::Blip(Box::new(BlipVision::new(b, dir, &mut folder)?));
     let prompt = args.prompt.as_deref();
     let mut ck = blip_checkpoint(b, dir, folder, (BLIP_CAPTION_IDS + 1, prompt), false)?;
-    let tokens = vision.tokens_of_files(b, &[Path::new(&args.image)])?;
+    let tokens = tower.tokens_of_files(b, &[Path::new(&args.image)])?;
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;

@@ -145,9 +145,9 @@ pub struct TrainArgs {
     /// checkpoints carry it from then on.
     #[arg(long, value_name = "hf:FOLDER|lstm:MODEL", conflicts_with = "resume")]
     pub decoder: Option<String>,
-    /// With an attention LSTM (lstm:att2in, lstm:updown): the BLIP folder, hf:FOLDER,
-    /// whose vision tower makes the image tokens it reads ([model]
-    /// image_tokens).
+    /// With an attention LSTM (lstm:att2in, lstm:updown): the Hugging Face
+    /// BLIP or CLIP folder, hf:FOLDER, whose vision tower makes the image
+    /// tokens it reads ([model] image_tokens).
     #[arg(long, value_name = "hf:FOLDER")]
     pub image_tokens: Option<String>,
     /// With a BLIP decoder: train its vision tower too, as the SMILE paper

@@ -16,9 +16,10 @@ use super::hf::HfFolder;
 use super::layers::{Activation, NormEpsilon};
 use super::params::Params;
 use super::transformer::TransformerConfig;
-use super::vision::{VisionConfig, VisionTower, VisionWork, conv_of_patch_rows, patch_rows};
+use super::vision::{
+    Patcher, VisionConfig, VisionTower, VisionWork, conv_of_patch_rows, patch_rows,
+};
 use crate::backend::Backend;
-use crate::data::image_processor::ImageProcessor;
 use crate::tensorfile::{Tensor, TensorFile};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
@@ -228,22 +229,6 @@ pub struct Blip {
     pub weights: TensorFile,
     /// Where the weights came from, for errors.
     pub weights_path: PathBuf,
-}
-
-/// The image processor of the BLIP folder `dir` (read as `config`),
-/// which must make the pixels its vision tower reads.
-fn processor(dir: &Path, config: &BlipConfig) -> Result<ImageProcessor> {
-    let processor = ImageProcessor::load(dir)?;
-    let side = config.vision_config.image_size;
-    if processor.side() as usize != side {
-        bail!(
-            "{}: the processor's config makes {} pixels a side, but config.json's vision tower \
-             reads {side}: the processor and the model are of different folders",
-            crate::data::image_processor::config_file(dir).display(),
-            processor.side()
-        );
-    }
-    Ok(processor)
 }
 
 /// Reads a BLIP folder's config (checked) and weights.
@@ -643,64 +628,12 @@ pub fn blip_vision_tensors(
     Ok(out)
 }
 
-/// How a BLIP folder's vision tower sees an image: the folder's
-/// processor, then patches of the tower's size.
-#[derive(Clone, Debug)]
-pub struct BlipPatcher {
-    /// The folder's preprocessing, which makes the pixels the tower reads.
-    pub processor: ImageProcessor,
-    /// The pixels of an image's side, and of a patch's.
-    side: usize,
-    patch: usize,
-}
-
-impl BlipPatcher {
-    /// The processor of the folder `dir`, whose config is `config`,
-    /// checked against its vision tower.
-    pub fn new(dir: &Path, config: &BlipConfig) -> Result<Self> {
-        Ok(BlipPatcher {
-            processor: processor(dir, config)?,
-            side: config.vision_config.image_size,
-            patch: config.vision_config.patch_size,
-        })
-    }
-
-    /// The processor of the BLIP folder `dir`, reading its config only.
-    pub fn of_folder(dir: &Path) -> Result<Self> {
-        Self::new(dir, &read_config(dir)?.1)
-    }
-
-    /// Patches per image and values per patch.
-    pub fn shape(&self) -> (usize, usize) {
-        let side = self.side / self.patch;
-        (side * side, 3 * self.patch * self.patch)
-    }
-
-    /// The patches `[images, patches, patch_dim]` of images' processed
-    /// pixels, one after another.
-    pub fn patches(&self, pixels: &[f32]) -> Vec<f32> {
-        super::vision::patches_of_pixels(pixels, self.side, self.patch)
-    }
-
-    /// The patches of image files (read in parallel), prepared by the
-    /// processor; an unreadable one is named, followed by `which(i)` for
-    /// the i-th (what the image is, and what to do).
-    pub fn patches_of_files(
-        &self,
-        files: &[&Path],
-        which: impl Fn(usize) -> String + Sync,
-    ) -> Result<Vec<f32>> {
-        use rayon::prelude::*;
-        let pixels: Vec<Vec<f32>> = (files.par_iter().enumerate())
-            .map(|(i, file)| {
-                let image = image::open(file).with_context(|| {
-                    format!("{}: cannot read the image{}", file.display(), which(i))
-                })?;
-                Ok(self.processor.pixels(&image.to_rgb8()))
-            })
-            .collect::<Result<_>>()?;
-        Ok(self.patches(&pixels.concat()))
-    }
+/// How the BLIP folder `dir`'s vision tower sees an image, reading its
+/// config only.
+pub fn patcher(dir: &Path) -> Result<Patcher> {
+    let config = read_config(dir)?.1;
+    let v = &config.vision_config;
+    Patcher::new(dir, v.image_size, v.patch_size)
 }
 
 /// BLIP's vision tower with a folder's weights, frozen: image tokens for
@@ -709,15 +642,15 @@ pub struct BlipVision<B: Backend> {
     pub tower: VisionTower,
     params: Params<B>,
     works: Vec<VisionWork<B>>,
-    pub patcher: BlipPatcher,
+    pub patcher: Patcher,
 }
 
 impl<B: Backend> BlipVision<B> {
     /// The tower of `blip` (read from the folder `dir`, whose processor
     /// it keeps), its tensors taken out of `blip.weights`.
     pub fn new(b: &B, dir: &Path, blip: &mut Blip) -> Result<Self> {
-        let patcher = BlipPatcher::new(dir, &blip.config)?;
         let v = &blip.config.vision_config;
+        let patcher = Patcher::new(dir, v.image_size, v.patch_size)?;
         let mut params = Params::for_loading();
         let tower = VisionTower::new(&mut params, "vision", v.vision());
         params.finish_frozen(b);
@@ -757,13 +690,6 @@ impl<B: Backend> BlipVision<B> {
         let work = &mut self.works[at];
         self.tower.forward(b, &self.params, work, patches);
         Ok(b.to_vec(&work.hidden))
-    }
-
-    /// The image tokens `[files, tokens, width]` of image files, as the
-    /// folder's processor prepares them.
-    pub fn tokens_of_files(&mut self, b: &B, files: &[&Path]) -> Result<Vec<f32>> {
-        let patches = self.patcher.patches_of_files(files, |_| String::new())?;
-        self.image_tokens(b, &patches)
     }
 }
 

@@ -16,7 +16,7 @@
 use super::hf::HfFolder;
 use super::layers::Activation;
 use super::transformer::TransformerConfig;
-use super::vision::{patch_rows, patches_of_pixels};
+use super::vision::{Patcher, patch_rows, patches_of_pixels};
 use crate::backend::Backend;
 use crate::data::image_processor::ImageProcessor;
 use crate::retriever::model::Retriever;
@@ -209,13 +209,19 @@ const BLOCK_NAMES: [(&str, &str, bool); 10] = [
     ("mlp.fc2.bias", "mlp.fc2.bias", false),
 ];
 
+/// Reads a CLIP folder's config.json, checked.
+fn read_config(folder: &HfFolder) -> Result<ClipConfig> {
+    let config: ClipConfig = folder.config()?;
+    config.check(&folder.config_path())?;
+    Ok(config)
+}
+
 /// Reads a CLIP folder, checking every tensor's presence and shape against
 /// its config.json.
 pub fn read(dir: &Path) -> Result<Clip> {
     let folder = HfFolder::open(dir)?;
-    let config: ClipConfig = folder.config()?;
+    let config = read_config(&folder)?;
     let config_path = folder.config_path();
-    config.check(&config_path)?;
     let retriever = config.retriever();
     let (mut file, path) = folder.weights()?;
     let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
@@ -402,6 +408,56 @@ impl Clip {
             "read gives only the retriever's tensors"
         );
         Ok(model)
+    }
+}
+
+/// How the CLIP folder `dir`'s image tower sees an image, reading its
+/// config only.
+pub fn patcher(dir: &Path) -> Result<Patcher> {
+    let v = read_config(&HfFolder::open(dir)?)?.vision_config;
+    Patcher::new(dir, v.image_size as usize, v.patch_size as usize)
+}
+
+/// A CLIP folder's image tower, frozen, as a maker of image tokens: every
+/// token of its last layer through `post_layernorm` (which transformers
+/// applies to the class token alone, before the projection), `[images, 1
+/// + patches, width]`.
+pub struct ClipVision<B: Backend> {
+    retriever: Retriever<B>,
+    pub patcher: Patcher,
+}
+
+impl<B: Backend> ClipVision<B> {
+    /// The image tower and processor of the CLIP folder `dir`.
+    pub fn new(b: &B, dir: &Path) -> Result<Self> {
+        let clip = read(dir)?;
+        let v = &clip.config.vision_config;
+        let patcher = Patcher::new(dir, v.image_size as usize, v.patch_size as usize)?;
+        let retriever = clip.into_retriever(b, 1)?;
+        Ok(ClipVision { retriever, patcher })
+    }
+
+    /// Tokens per image and values per token.
+    pub fn shape(&self) -> (usize, usize) {
+        let c = &self.retriever.config;
+        (c.image_positions(), c.image.width)
+    }
+
+    /// The image tokens `[images, tokens, width]` of `patches` (`[images,
+    /// patches, patch_dim]`).
+    pub fn image_tokens(&mut self, b: &B, patches: &[f32]) -> Result<Vec<f32>> {
+        let c = &self.retriever.config;
+        let per_image = c.patches_per_image() * c.patch_dim();
+        if patches.is_empty() || !patches.len().is_multiple_of(per_image) {
+            bail!(
+                "{} patch values are not whole images of {} patches of {}",
+                patches.len(),
+                c.patches_per_image(),
+                c.patch_dim()
+            );
+        }
+        self.retriever.encode_images(b, patches)?;
+        Ok(b.to_vec(self.retriever.image_tokens()))
     }
 }
 

@@ -10,5 +10,6 @@ pub mod hf;
 pub mod kv_cache;
 pub mod layers;
 pub mod params;
+pub mod token_tower;
 pub mod transformer;
 pub mod vision;

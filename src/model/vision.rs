@@ -10,8 +10,10 @@ use super::layers::Dense;
 use super::params::{Init, ParamId, Params};
 use super::transformer::{Activations, Transformer, TransformerConfig};
 use crate::backend::{Backend, HeadLayout, TokenIndex};
-use anyhow::Result;
+use crate::data::image_processor::{self, ImageProcessor};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 /// The tower's shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -197,6 +199,71 @@ impl VisionTower {
             }
             _ => self.patch_embed.backward(b, p, d_input, &w.patches, None),
         }
+    }
+}
+
+/// How a vision tower sees an image file: its folder's image processor,
+/// then patches of the tower's size.
+#[derive(Clone, Debug)]
+pub struct Patcher {
+    /// The folder's preprocessing, which makes the pixels the tower reads.
+    pub processor: ImageProcessor,
+    /// The pixels of an image's side, and of a patch's.
+    side: usize,
+    patch: usize,
+}
+
+impl Patcher {
+    /// The image processor of the folder `dir`, which must make the
+    /// `side` pixels a side that its tower, of `patch`-pixel patches,
+    /// reads.
+    pub fn new(dir: &Path, side: usize, patch: usize) -> Result<Self> {
+        let processor = ImageProcessor::load(dir)?;
+        if processor.side() as usize != side {
+            bail!(
+                "{}: the processor's config makes {} pixels a side, but config.json's vision \
+                 tower reads {side}: the processor and the model are of different folders",
+                image_processor::config_file(dir).display(),
+                processor.side()
+            );
+        }
+        Ok(Patcher {
+            processor,
+            side,
+            patch,
+        })
+    }
+
+    /// Patches per image and values per patch.
+    pub fn shape(&self) -> (usize, usize) {
+        let side = self.side / self.patch;
+        (side * side, 3 * self.patch * self.patch)
+    }
+
+    /// The patches `[images, patches, patch_dim]` of images' processed
+    /// pixels, one after another.
+    pub fn patches(&self, pixels: &[f32]) -> Vec<f32> {
+        patches_of_pixels(pixels, self.side, self.patch)
+    }
+
+    /// The patches of image files (read in parallel), prepared by the
+    /// processor; an unreadable one is named, followed by `which(i)` for
+    /// the i-th (what the image is, and what to do).
+    pub fn patches_of_files(
+        &self,
+        files: &[&Path],
+        which: impl Fn(usize) -> String + Sync,
+    ) -> Result<Vec<f32>> {
+        use rayon::prelude::*;
+        let pixels: Vec<Vec<f32>> = (files.par_iter().enumerate())
+            .map(|(i, file)| {
+                let image = image::open(file).with_context(|| {
+                    format!("{}: cannot read the image{}", file.display(), which(i))
+                })?;
+                Ok(self.processor.pixels(&image.to_rgb8()))
+            })
+            .collect::<Result<_>>()?;
+        Ok(self.patches(&pixels.concat()))
     }
 }
 

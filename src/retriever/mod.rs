@@ -102,7 +102,6 @@ impl RetrieverConfig {
         image + text + 1
     }
 
-    /// Floats per patch: RGB values of a patch x patch square.
     /// The image tower's ViT.
     pub fn vision(&self) -> VisionConfig {
         VisionConfig {
@@ -114,6 +113,7 @@ impl RetrieverConfig {
         }
     }
 
+    /// Floats per patch: RGB values of a patch x patch square.
     pub fn patch_dim(&self) -> usize {
         (3 * self.patch * self.patch) as usize
     }

@@ -277,6 +277,12 @@ impl<B: Backend> Retriever<B> {
         &self.text_work[self.text_current].embeddings
     }
 
+    /// The image tower's every token after its final norm, `[batch,
+    /// tokens, width]`, from the last `encode_images`.
+    pub fn image_tokens(&self) -> &B::Tensor {
+        &self.image_work[self.image_current].vision.hidden
+    }
+
     /// image_embeddings = the image tower on `[batch, patches, patch_dim]`
     /// patches, for any batch size.
     pub fn encode_images(&mut self, b: &B, patches: &[f32]) -> Result<()> {

@@ -99,7 +99,7 @@ pub struct FeatureSource {
     /// features file's `encoder` metadata); unknown for plain `.npy` files.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoder: Option<String>,
-    /// The BLIP folder whose vision tower made the image tokens the
+    /// The BLIP or CLIP folder whose vision tower made the image tokens the
     /// captioner reads, when it reads tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image_tokens: Option<PathBuf>,

@@ -6,14 +6,15 @@
 use super::absolute;
 use super::embeddings::CaptionData;
 use crate::data::{Dataset, Item};
-use crate::model::blip::BlipPatcher;
+use crate::model::blip;
+use crate::model::vision::Patcher;
 use anyhow::Result;
 use std::path::Path;
 
 /// Where a data set's images become a trained tower's patches.
 #[derive(Debug)]
 pub struct PixelRows {
-    patcher: BlipPatcher,
+    patcher: Patcher,
 }
 
 impl PixelRows {
@@ -33,7 +34,7 @@ impl PixelRows {
 /// and records the folder in its source.
 pub fn attach(data: &mut CaptionData, folder: &Path) -> Result<()> {
     data.pixels = Some(PixelRows {
-        patcher: BlipPatcher::of_folder(folder)?,
+        patcher: blip::patcher(folder)?,
     });
     if let Some(source) = &mut data.source {
         source.image_pixels = Some(absolute(folder));
@@ -44,7 +45,7 @@ pub fn attach(data: &mut CaptionData, folder: &Path) -> Result<()> {
 /// The patches of `items`' images, naming an unreadable one's item and
 /// data set.
 pub(super) fn patches_of_items(
-    patcher: &BlipPatcher,
+    patcher: &Patcher,
     data: &Dataset,
     items: &[&Item],
 ) -> Result<Vec<f32>> {

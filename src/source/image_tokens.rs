@@ -1,7 +1,8 @@
-//! The image tokens a cross-attending decoder reads (BLIP's): every image
-//! of a data set through a BLIP folder's frozen vision tower, once, into
-//! an image-tokens file in the on-disk cache, keyed by the folder's
-//! weights and the images; then read a batch's rows at a time.
+//! The image tokens an attending decoder reads (BLIP's, an attention
+//! LSTM's): every image of a data set through a BLIP or CLIP folder's
+//! frozen vision tower ([`TokenTower`]), once, into an image-tokens file
+//! in the on-disk cache, keyed by the folder's weights and the images;
+//! then read a batch's rows at a time.
 
 use super::embeddings::CaptionData;
 use super::{absolute, file_identity};
@@ -11,8 +12,8 @@ use crate::data::features::EMBEDDINGS;
 use crate::data::image_processor;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};
 use crate::data::{Dataset, Item};
-use crate::model::blip::{self, BlipVision};
 use crate::model::hf::HfFolder;
+use crate::model::token_tower::{TokenTower, TowerKind};
 use crate::progress::Progress;
 use crate::tensorfile::fingerprint;
 use anyhow::{Context, Result, bail};
@@ -42,8 +43,8 @@ impl TokenRows {
     }
 }
 
-/// Gives `data` the image tokens of the BLIP folder `folder`'s vision
-/// tower: from its features file when that holds them (`captune embed
+/// Gives `data` the image tokens of the BLIP or CLIP folder `folder`'s
+/// vision tower: from its features file when that holds them (`captune embed
 /// --image-tokens`), else from the cache, else computed (with a progress
 /// bar) and cached.
 pub fn attach<B: Backend>(
@@ -52,8 +53,9 @@ pub fn attach<B: Backend>(
     folder: &Path,
     progress: &Progress,
 ) -> Result<()> {
+    let kind = TowerKind::of_folder(folder)?;
     let weights = weights_identity(folder)?;
-    let encoder = encoder_of(&weights);
+    let encoder = encoder_of(kind, &weights);
     let file = match held_by_features(data, &encoder)? {
         Some(file) => {
             eprintln!(
@@ -63,7 +65,7 @@ pub fn attach<B: Backend>(
             file
         }
         None => {
-            let path = cached(data, folder, &weights);
+            let path = cached(data, (folder, kind), &weights);
             if !path.is_file() {
                 let ids: Vec<String> = data.data.items.iter().map(|i| i.id.clone()).collect();
                 let start = |shape| TokensWriter::create(&path, &ids, shape, &encoder);
@@ -98,8 +100,8 @@ pub fn attach<B: Backend>(
 }
 
 /// Writes a features file `out`: `embeddings` (`[items, dim]`, with
-/// `metadata`) and then every item's image tokens from the BLIP folder
-/// `folder`'s vision tower, in item order.
+/// `metadata`) and then every item's image tokens from the BLIP or CLIP
+/// folder `folder`'s vision tower, in item order.
 pub fn write_with_embeddings<B: Backend>(
     b: &B,
     data: &Dataset,
@@ -111,21 +113,21 @@ pub fn write_with_embeddings<B: Backend>(
 ) -> Result<()> {
     let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
     let leading = [(EMBEDDINGS, vec![ids.len(), dim], embeddings)];
-    let encoder = encoder_of(&weights_identity(folder)?);
+    let encoder = encoder_of(TowerKind::of_folder(folder)?, &weights_identity(folder)?);
     let start = |shape| TokensWriter::beside(out, &ids, (shape, &encoder), &leading, metadata);
     compute(b, data, folder, progress, start)
 }
 
-/// The identity of a BLIP vision tower as an encoder of image tokens,
-/// from its weights file's ([`weights_identity`]).
-fn encoder_of(weights: &str) -> String {
-    format!("blip-vision:{}", fingerprint(weights.as_bytes()))
+/// The identity of a vision tower as an encoder of image tokens, from
+/// its kind and its weights file's ([`weights_identity`]).
+fn encoder_of(kind: TowerKind, weights: &str) -> String {
+    format!("{}:{}", kind.name(), fingerprint(weights.as_bytes()))
 }
 
-/// The BLIP folder's weights file as the cache knows it: its absolute
+/// The folder's weights file as the cache knows it: its absolute
 /// path, size and time.
 fn weights_identity(folder: &Path) -> Result<String> {
-    Ok(file_identity(&absolute(&blip_weights(folder)?)))
+    Ok(file_identity(&absolute(&tower_weights(folder)?)))
 }
 
 /// The tokens of `data`'s features file, when it holds some of `encoder`.
@@ -141,7 +143,7 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
         Some(file) if file.encoder.as_deref() == Some(encoder) => Ok(Some(file)),
         Some(_) => {
             eprintln!(
-                "warning: {}'s image tokens were not made by this BLIP folder's weights file as it \
+                "warning: {}'s image tokens were not made by this folder's weights file as it \
                  is now (another tower, or the file moved or changed since); computing them",
                 path.display()
             );
@@ -152,10 +154,15 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
 }
 
 /// Where the cache keeps the tokens of `data`'s images through `folder`'s
-/// tower (whose weights file is `weights`, [`weights_identity`]): keyed by
-/// the tower's weights, its config and preprocessing, and the images.
-fn cached(data: &CaptionData, folder: &Path, weights: &str) -> std::path::PathBuf {
-    let mut listing = format!("blip-vision\n{weights}\n");
+/// tower of `kind` (whose weights file is `weights`, [`weights_identity`]):
+/// keyed by the tower's weights, its config and preprocessing, and the
+/// images.
+fn cached(
+    data: &CaptionData,
+    (folder, kind): (&Path, TowerKind),
+    weights: &str,
+) -> std::path::PathBuf {
+    let mut listing = format!("{}\n{weights}\n", kind.name());
     for file in [
         folder.join("config.json"),
         image_processor::config_file(folder),
@@ -168,13 +175,13 @@ fn cached(data: &CaptionData, folder: &Path, weights: &str) -> std::path::PathBu
     cache::image_tokens(&data.data.name, &fingerprint(listing.as_bytes()))
 }
 
-/// The BLIP folder's weights file (or index), which must be there.
-fn blip_weights(folder: &Path) -> Result<std::path::PathBuf> {
+/// The folder's weights file (or index), which must be there.
+fn tower_weights(folder: &Path) -> Result<std::path::PathBuf> {
     let weights = HfFolder::open(folder)?.weights_file();
     if !weights.is_file() {
         bail!(
-            "{}: no model.safetensors; the image tokens come from a BLIP folder saved with \
-             save_pretrained",
+            "{}: no model.safetensors; the image tokens come from a BLIP or CLIP folder saved \
+             with save_pretrained",
             folder.display()
         );
     }
@@ -190,20 +197,14 @@ fn compute<B: Backend>(
     progress: &Progress,
     start: impl FnOnce(TokenShape) -> Result<TokensWriter>,
 ) -> Result<()> {
-    let mut blip = blip::read(folder)?;
-    let v = blip.config.vision_config.clone();
-    let mut vision = BlipVision::new(b, folder, &mut blip)?;
-    let shape = TokenShape {
-        tokens: v.tokens(),
-        dim: v.hidden_size,
-    };
-    let mut out = start(shape)?;
+    let mut tower = TokenTower::open(b, folder)?;
+    let mut out = start(tower.shape())?;
     let n = data.items.len() as u64;
-    let bar = progress.start(&format!("image tokens of {n} images with BLIP"), n);
+    let bar = progress.start(&format!("image tokens of {n} images"), n);
     for chunk in data.items.chunks(IMAGES_PER_BATCH) {
         let items: Vec<&Item> = chunk.iter().collect();
-        let patches = super::image_pixels::patches_of_items(&vision.patcher, data, &items)?;
-        out.push(&vision.image_tokens(b, &patches)?)?;
+        let patches = super::image_pixels::patches_of_items(tower.patcher(), data, &items)?;
+        out.push(&tower.image_tokens(b, &patches)?)?;
         bar.inc(chunk.len() as u64);
     }
     bar.finish_and_clear();

@@ -20,6 +20,7 @@ use captune::cpu::CpuBackend;
 use captune::data::clip_text::ClipTokenizer;
 use captune::data::image_processor::ImageProcessor;
 use captune::data::vocab::EOS;
+use captune::model::token_tower::TokenTower;
 use captune::model::{clip, vision};
 use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
 use captune::retriever::model::TextBatch;
@@ -185,6 +186,51 @@ fn preprocessing_gives_the_image_processor_s_pixels() {
     check(embeddings(&CpuBackend::new(), &patches), "cpu");
     if let Some(g) = common::gpu() {
         check(embeddings(&g, &patches), "gpu");
+    }
+}
+
+/// The image tower's tokens, every token through `post_layernorm` (the
+/// tokens an attention LSTM reads), equal transformers' on both backends,
+/// from pixels and from the pictures through the folder's processor.
+#[test]
+fn the_image_tower_s_tokens_equal_transformers() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/clip_tiny_tokens_expected.safetensors");
+    let want = tensorfile::read(&path).unwrap();
+    let pixels = &expected().tensors["pixel_values"].data;
+    let check = |got: Vec<f32>, name: &str, what: &str| {
+        let d = common::relative_difference(&got, &want.tensors[name].data);
+        assert!(d < 1e-5, "{what}: {name} differ by {d} of their largest");
+    };
+    let pictures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/clip-images");
+    let files = [pictures.join("wide.png"), pictures.join("tall.png")];
+    let files: Vec<&Path> = files.iter().map(|f| f.as_path()).collect();
+    let cpu = CpuBackend::new();
+    let mut tower = TokenTower::open(&cpu, &folder()).unwrap();
+    let shape = tower.shape();
+    assert_eq!(
+        (shape.tokens, shape.dim),
+        (17, 32),
+        "16 patches after the class token"
+    );
+    let patches = vision::patches_of_pixels(pixels, 32, 8);
+    check(
+        tower.image_tokens(&cpu, &patches).unwrap(),
+        "image_tokens",
+        "cpu",
+    );
+    check(
+        tower.tokens_of_files(&cpu, &files).unwrap(),
+        "processed_tokens",
+        "cpu",
+    );
+    if let Some(g) = common::gpu() {
+        let mut tower = TokenTower::open(&g, &folder()).unwrap();
+        check(
+            tower.image_tokens(&g, &patches).unwrap(),
+            "image_tokens",
+            "gpu",
+        );
     }
 }
 

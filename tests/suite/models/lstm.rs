@@ -272,22 +272,32 @@ fn an_lstm_run_trains_evaluates_inspects_and_resumes() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `train --decoder lstm:updown --image-tokens hf:FOLDER`: the tokens are
+/// `train --decoder lstm:updown --image-tokens hf:BLIP`: the tokens are
 /// computed once into the cache, recorded with the run, and read again
-/// by `eval` and `inspect` without being named.
+/// by `eval`, `inspect` and `caption` without being named.
 #[test]
 fn a_top_down_run_reads_its_recorded_image_tokens() {
-    let dir = common::fresh_temp("updown-run");
+    an_attention_run_reads_its_recorded_image_tokens("lstm:updown", "blip-tiny");
+}
+
+/// The same for Att2in over a CLIP folder's image tower.
+#[test]
+fn an_att2in_run_reads_a_clip_tower_s_image_tokens() {
+    an_attention_run_reads_its_recorded_image_tokens("lstm:att2in", "clip-tiny");
+}
+
+fn an_attention_run_reads_its_recorded_image_tokens(decoder: &str, tower: &str) {
+    let dir = common::fresh_temp(&format!("{}-run", &decoder[5..]));
     let (run, cache) = (dir.join("run"), dir.join("cache"));
     let captune = |args: &[&str]| crate::common::captune_on_cpu(&cache, args);
-    let blip = format!("hf:{}", data("blip-tiny").display());
+    let folder = format!("hf:{}", data(tower).display());
     let run_arg = run.display().to_string();
     let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
     train.extend([
         "--decoder",
-        "lstm:updown",
+        decoder,
         "--image-tokens",
-        &blip,
+        &folder,
         "--out",
         &run_arg,
     ]);
@@ -295,7 +305,10 @@ fn a_top_down_run_reads_its_recorded_image_tokens() {
     let (ok, _, err) = captune(&train);
     assert!(ok, "{err}");
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    assert!(config.contains("decoder = \"lstm:updown\""), "{config}");
+    assert!(
+        config.contains(&format!("decoder = \"{decoder}\"")),
+        "{config}"
+    );
     let cached = std::fs::read_dir(cache.join("image-tokens"))
         .unwrap()
         .count();
@@ -327,6 +340,16 @@ fn a_top_down_run_reads_its_recorded_image_tokens() {
             .nth(1)
             .is_some_and(|l| l.trim_start().starts_with("a ")),
         "{out}"
+    );
+
+    // An image file goes through the recorded tower to a caption.
+    let picture = data("clip-images").join("wide.png").display().to_string();
+    let (ok, out, err) = captune(&["caption", "--checkpoint", &checkpoint, &picture]);
+    assert!(ok, "{err}");
+    let caption = out.lines().next().and_then(|l| l.strip_prefix(&picture));
+    assert!(
+        caption.is_some_and(|c| c.starts_with('\t') && c.trim().len() > 1),
+        "a caption of {picture}: {out}"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
