@@ -16,6 +16,24 @@ pub struct Tensor {
     pub data: Vec<f32>,
 }
 
+impl Tensor {
+    /// A matrix `[rows, cols]` as `[cols, rows]`: PyTorch's `nn.Linear`
+    /// weight `[out, in]` as captune's `[in, out]`, and back.
+    pub fn transposed(&self) -> Tensor {
+        let (rows, cols) = (self.shape[0], self.shape[1]);
+        let mut data = vec![0.0; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                data[c * rows + r] = self.data[r * cols + c];
+            }
+        }
+        Tensor {
+            shape: vec![cols, rows],
+            data,
+        }
+    }
+}
+
 pub struct TensorFile {
     pub tensors: HashMap<String, Tensor>,
     pub metadata: HashMap<String, String>,

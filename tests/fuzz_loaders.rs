@@ -336,6 +336,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         max_len: 5,
         vocab_size: vocab.len(),
         specials: SpecialIds::WORDS,
+        prefix_predicts_first: false,
     };
     Checkpoint {
         model: Captioner::new(b, config, 0).unwrap(),

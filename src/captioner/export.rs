@@ -148,6 +148,14 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
     // which n_positions no longer says when the GPT-2's are kept.
     config["captune_prefix_len"] = json!(c.prefix_len);
     config["captune_caption_positions"] = json!(c.token_positions());
+    if c.prefix_predicts_first {
+        config[PREFIX_PREDICTS_FIRST] = json!(true);
+    }
+    if let CaptionVocab::Pieces(v) = &ck.vocab
+        && v.bpe.end_token() != END
+    {
+        config[CAPTION_END] = json!(v.bpe.end_token());
+    }
     write_json(out, "config.json", &config)?;
     write_json(out, "generation_config.json", &generation)?;
     match &ck.vocab {
@@ -165,6 +173,13 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
         CaptionVocab::WordPieces(_) => unreachable!("exported above"),
     }
 }
+
+/// config.json's mark of a decoder in ClipCap's own layout: no start is
+/// fed, the prefix's last position predicts the first piece.
+pub const PREFIX_PREDICTS_FIRST: &str = "captune_prefix_predicts_first";
+/// config.json's piece a GPT-2 decoder's captions end at, where it is not
+/// `<|endoftext|>` (ClipCap's own ".").
+pub const CAPTION_END: &str = "captune_caption_end";
 
 /// What an export keeps of the GPT-2 folder a decoder came from.
 struct Base {

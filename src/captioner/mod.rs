@@ -6,6 +6,7 @@
 //! in `objectives`, caption generation in `decode`.
 
 pub mod bench;
+pub mod clipcap;
 pub mod collapse;
 pub mod decode;
 pub mod decoder;
@@ -262,6 +263,11 @@ pub struct CaptionerConfig {
     /// Checkpoints from before this field hold a word vocabulary's.
     #[serde(default = "word_specials")]
     pub specials: SpecialIds,
+    /// ClipCap's own layout (Mokady et al.'s released checkpoints): no
+    /// start token is fed; the prefix's last position predicts a
+    /// caption's first token. A prefix decoder only, with prefix_len >= 2.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub prefix_predicts_first: bool,
 }
 
 impl CaptionerConfig {
@@ -280,10 +286,12 @@ impl CaptionerConfig {
         self.max_len - 1
     }
 
-    /// Decoder sequence length: the prefix, the start, the prompt, then
-    /// the caption's other token positions.
+    /// Decoder sequence length: the prefix, the start (unless the prefix
+    /// predicts the first token), the prompt, then the caption's other
+    /// token positions.
     pub fn seq_len(&self) -> usize {
         self.prefix_len + self.prompt.len() + self.token_positions()
+            - usize::from(self.prefix_predicts_first)
     }
 
     /// Parameters of a captioner of this shape (see `docs/checkpoints.md`).
@@ -404,6 +412,9 @@ impl CaptionerConfig {
         if self.lstm.is_some() != (self.family == DecoderFamily::Lstm) {
             bail!("lstm is an LSTM decoder's model: family \"lstm\" has one, and only it");
         }
+        if self.prefix_predicts_first && self.family != DecoderFamily::Prefix {
+            bail!("only a prefix decoder predicts the first token from its prefix");
+        }
         if self.vision.is_some() && self.family != DecoderFamily::Blip {
             bail!("only a BLIP decoder trains a vision tower with it (vision)");
         }
@@ -459,6 +470,12 @@ impl CaptionerConfig {
         }
         if self.prefix_len == 0 || self.embed_dim == 0 || self.mapper_hidden == 0 {
             bail!("prefix_len, embed_dim and mapper_hidden must be positive");
+        }
+        if self.prefix_predicts_first && self.prefix_len < 2 {
+            bail!(
+                "a prefix that predicts the first token stands its last vector where the start \
+                 would be, so it needs prefix_len >= 2"
+            );
         }
         if let Some(t) = &self.mapper_transformer {
             if t.clip_len == 0 || t.layers == 0 || t.heads == 0 {

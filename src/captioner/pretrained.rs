@@ -22,6 +22,7 @@ use super::{
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
 use crate::model::gpt2::{self, Gpt2};
+use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::tensorfile;
 use anyhow::{Result, bail};
@@ -65,6 +66,7 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
         prompt: Default::default(),
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,
+        prefix_predicts_first: false,
         specials: SpecialIds {
             start: end,
             end,
@@ -95,9 +97,17 @@ pub fn from_folder<B: Backend>(
     shape: PrefixShape,
     seed: u64,
 ) -> Result<Checkpoint<B>> {
-    let bpe = BpeVocab::load(dir)?;
+    let mut bpe = BpeVocab::load(dir)?;
     let gpt2 = gpt2::read(dir, "decoder")?;
-    let mut model = from_gpt2(b, gpt2, shape, bpe.end(), seed)?;
+    // An export of ClipCap's own checkpoint keeps its layout and its end.
+    let layout: ExportedLayout = HfFolder::open(dir)?.config()?;
+    if let Some(end) = &layout.end {
+        bpe = bpe.ending_at(end)?;
+    }
+    let mut config = gpt2_config(&gpt2, shape, bpe.end())?;
+    config.prefix_predicts_first = layout.prefix_predicts_first;
+    config.validate()?;
+    let mut model = with_gpt2_weights(b, gpt2, config, seed)?;
     let mapper = dir.join(MAPPER_FILE);
     if mapper.is_file() {
         load_mapper(b, &mut model, &mapper)?;
@@ -105,6 +115,15 @@ pub fn from_folder<B: Backend>(
     let vocab = CaptionVocab::from_tokenizer(bpe, model.config.vocab_size)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     Ok(Checkpoint { model, vocab })
+}
+
+/// What an export's config.json says of a decoder in ClipCap's own layout.
+#[derive(serde::Deserialize)]
+struct ExportedLayout {
+    #[serde(default, rename = "captune_prefix_predicts_first")]
+    prefix_predicts_first: bool,
+    #[serde(default, rename = "captune_caption_end")]
+    end: Option<String>,
 }
 
 /// Replaces `model`'s mapper with the one in `path` (as `captune export`
@@ -162,6 +181,17 @@ pub fn from_gpt2<B: Backend>(
     seed: u64,
 ) -> Result<Captioner<B>> {
     let config = gpt2_config(&gpt2, shape, end)?;
+    with_gpt2_weights(b, gpt2, config, seed)
+}
+
+/// A captioner of `config` (a GPT-2 decoder's, [`gpt2_config`]) with
+/// `gpt2`'s weights in its decoder and a fresh mapper (from `seed`).
+pub fn with_gpt2_weights<B: Backend>(
+    b: &B,
+    gpt2: Gpt2,
+    config: CaptionerConfig,
+    seed: u64,
+) -> Result<Captioner<B>> {
     let mut model = Captioner::new(b, config, seed)?;
     let mut weights = gpt2.weights;
     let (w, rows) = (config.decoder.width, config.seq_len());

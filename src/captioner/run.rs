@@ -39,10 +39,16 @@ pub struct ModelSection {
     pub max_len: usize,
     /// Another decoder than the prefix transformer: a pretrained one,
     /// `hf:FOLDER` (a Hugging Face GPT-2 or BLIP folder), which replaces
-    /// width, layers and heads, and its tokenizer the word vocabulary; or
-    /// an LSTM, `lstm:fc`, `width` wide with `layers` layers.
+    /// width, layers and heads, and its tokenizer the word vocabulary;
+    /// ClipCap's own checkpoint, `clipcap:FILE` (with `gpt2`), which also
+    /// replaces the prefix; or an LSTM, `lstm:fc`, `width` wide with
+    /// `layers` layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder: Option<String>,
+    /// The Hugging Face GPT-2 folder whose config.json and tokenizer.json
+    /// a `clipcap:FILE` decoder was trained with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpt2: Option<PathBuf>,
     /// Where an LSTM decoder takes the image: "hidden" (its initial
     /// hidden state, the default) or "input" (a step before the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,16 +75,38 @@ impl ModelSection {
         let Some(spec) = &self.decoder else {
             return Ok(None);
         };
-        if self.lstm()?.is_some() {
+        if self.lstm()?.is_some() || self.clipcap()?.is_some() {
             return Ok(None);
         }
         match spec.strip_prefix("hf:") {
             Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
             _ => bail!(
                 "decoder {spec:?}: name a Hugging Face GPT-2 or BLIP folder as hf:PATH \
-                 (config.json, model.safetensors and tokenizer.json in it), or an LSTM as \
-                 lstm:fc"
+                 (config.json, model.safetensors and tokenizer.json in it), ClipCap's own \
+                 checkpoint as clipcap:FILE.pt, or an LSTM as lstm:fc"
             ),
+        }
+    }
+
+    /// ClipCap's own checkpoint that `decoder = "clipcap:FILE"` names, and
+    /// the GPT-2 folder (`gpt2`) it was trained with.
+    pub fn clipcap(&self) -> Result<Option<(PathBuf, PathBuf)>> {
+        let file = self
+            .decoder
+            .as_deref()
+            .and_then(|d| d.strip_prefix("clipcap:"));
+        match (file, &self.gpt2) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => bail!(
+                "gpt2 names the GPT-2 folder of ClipCap's own checkpoint (decoder = \
+                 \"clipcap:FILE\"); this decoder is not one"
+            ),
+            (Some(""), _) => bail!("decoder clipcap: name ClipCap's checkpoint as clipcap:FILE.pt"),
+            (Some(file), None) => bail!(
+                "decoder clipcap:{file} needs the Hugging Face GPT-2 folder it was trained with, \
+                 for its config.json and tokenizer.json: --gpt2 FOLDER ([model] gpt2)"
+            ),
+            (Some(file), Some(dir)) => Ok(Some((PathBuf::from(file), dir.clone()))),
         }
     }
 
@@ -298,6 +326,7 @@ impl RunConfig {
         let t = &self.train;
         self.model
             .decoder_folder()
+            .and(self.model.clipcap())
             .and(self.model.lstm())
             .map_err(|e| anyhow::anyhow!("{origin}: [model] {e}"))?;
         if self.model.train_vision && t.freeze_decoder {
@@ -387,6 +416,7 @@ impl RunConfig {
             prompt: Default::default(),
             max_len: m.max_len,
             vocab_size,
+            prefix_predicts_first: false,
             specials: super::SpecialIds::WORDS,
         }
     }

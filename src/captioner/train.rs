@@ -144,6 +144,9 @@ pub fn fresh_checkpoint<B: Backend>(
              tower with it"
         );
     }
+    if let Some((file, dir)) = config.model.clipcap()? {
+        return super::clipcap::read(b, &file, &dir, config.model.max_len);
+    }
     if let Some(dir) = config.model.decoder_folder()? {
         let m = &config.model;
         let shape = PrefixShape {

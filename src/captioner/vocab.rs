@@ -18,6 +18,9 @@ use std::path::Path;
 
 /// Metadata key of a pretrained vocabulary's tokenizer (its `tokenizer.json`).
 pub const TOKENIZER_KEY: &str = "tokenizer";
+/// The piece a pretrained vocabulary's captions end at, where it is not
+/// the tokenizer's own end (ClipCap's ".").
+pub const CAPTION_END_KEY: &str = "caption_end";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CaptionVocab {
@@ -322,6 +325,10 @@ impl StoredVocab for CaptionVocab {
             CaptionVocab::Words(v) => checkpoint::store_words(v.words.words(), metadata),
             CaptionVocab::Pieces(v) => {
                 metadata.insert(TOKENIZER_KEY.into(), v.bpe.json().to_string());
+                let end = v.bpe.end_token();
+                if end != crate::data::bpe::END {
+                    metadata.insert(CAPTION_END_KEY.into(), end);
+                }
                 Ok(())
             }
             CaptionVocab::WordPieces(v) => {
@@ -341,7 +348,10 @@ impl StoredVocab for CaptionVocab {
                     let pieces = WordPieceVocab::from_json(json.clone(), &origin)?;
                     return CaptionVocab::from_wordpiece(pieces, ids, &origin);
                 }
-                let bpe = BpeVocab::from_json(json.clone(), &origin)?;
+                let mut bpe = BpeVocab::from_json(json.clone(), &origin)?;
+                if let Some(end) = file.metadata.get(CAPTION_END_KEY) {
+                    bpe = bpe.ending_at(end)?;
+                }
                 CaptionVocab::from_tokenizer(bpe, ids)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
             }

@@ -127,6 +127,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             labelled: None,
             init,
             decoder: None,
+            gpt2: None,
             image_feed: None,
             image_tokens: None,
             train_vision: false,

@@ -93,7 +93,11 @@ fn base_folder(args: &ExportArgs, ck: &Checkpoint<CpuBackend>) -> Result<Option<
     }
     let config = RunFolder::new(&args.run).config();
     let recorded = match args.run.is_dir() && config.is_file() {
-        true => RunConfig::load(&config)?.model.decoder_folder()?,
+        true => {
+            let model = RunConfig::load(&config)?.model;
+            // ClipCap's own checkpoint came with the GPT-2 folder it was trained with.
+            model.decoder_folder()?.or(model.gpt2)
+        }
         false => None,
     };
     match recorded {

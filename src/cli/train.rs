@@ -139,12 +139,21 @@ pub struct TrainArgs {
     /// Hugging Face GPT-2 or BLIP folder (config.json, model.safetensors,
     /// tokenizer.json), whose network and tokenizer replace [model]'s
     /// width, layers and heads and the word vocabulary (a GPT-2 gets a new
-    /// mapper: see --mapper). Or an LSTM captioner, [model] width wide:
-    /// lstm:fc ([model] layers layers), or lstm:att2in or lstm:updown
-    /// (attention over image tokens: see --image-tokens). The run's
-    /// checkpoints carry it from then on.
-    #[arg(long, value_name = "hf:FOLDER|lstm:MODEL", conflicts_with = "resume")]
+    /// mapper: see --mapper). ClipCap's own checkpoint, clipcap:FILE.pt
+    /// (its GPT-2 and mapper, with --gpt2), decoding as ClipCap does. Or an
+    /// LSTM captioner, [model] width wide: lstm:fc ([model] layers layers),
+    /// or lstm:att2in or lstm:updown (attention over image tokens: see
+    /// --image-tokens). The run's checkpoints carry it from then on.
+    #[arg(
+        long,
+        value_name = "hf:FOLDER|clipcap:FILE|lstm:MODEL",
+        conflicts_with = "resume"
+    )]
     pub decoder: Option<String>,
+    /// With --decoder clipcap:FILE: the Hugging Face GPT-2 folder it was
+    /// trained with, for its config.json and tokenizer.json ([model] gpt2).
+    #[arg(long, value_name = "FOLDER", conflicts_with = "resume")]
+    pub gpt2: Option<PathBuf>,
     /// With an attention LSTM (lstm:att2in, lstm:updown): the Hugging Face
     /// BLIP or CLIP folder, hf:FOLDER, whose vision tower makes the image
     /// tokens it reads ([model] image_tokens).
@@ -235,6 +244,9 @@ impl TrainArgs {
         let before = c.train.clone();
         if let Some(decoder) = &self.decoder {
             c.model.decoder = Some(decoder.clone());
+        }
+        if let Some(dir) = &self.gpt2 {
+            c.model.gpt2 = Some(dir.clone());
         }
         if let Some(feed) = self.image_feed {
             c.model.image_feed = Some(feed);

@@ -29,10 +29,11 @@ impl std::fmt::Debug for BpeVocab {
     }
 }
 
-/// Two vocabularies are the same when their tokenizers' JSON is.
+/// Two vocabularies are the same when their tokenizers' JSON and their
+/// captions' end are.
 impl PartialEq for BpeVocab {
     fn eq(&self, other: &Self) -> bool {
-        self.json == other.json
+        self.json == other.json && self.end == other.end
     }
 }
 
@@ -115,9 +116,26 @@ impl BpeVocab {
         self.len() == 0
     }
 
-    /// The id of [`END`]: a caption's start, end and padding.
+    /// The id of [`END`], or of the token given to [`BpeVocab::ending_at`]:
+    /// a caption's start and end.
     pub fn end(&self) -> u32 {
         self.end
+    }
+
+    /// The same tokenizer with captions started and ended by the one piece
+    /// `token` instead of [`END`] (ClipCap's released checkpoints end
+    /// captions at ".").
+    pub fn ending_at(mut self, token: &str) -> Result<BpeVocab> {
+        self.end = self
+            .tokenizer
+            .token_to_id(token)
+            .with_context(|| format!("{}: no piece {token:?} to end captions at", self.origin))?;
+        Ok(self)
+    }
+
+    /// The piece captions end at.
+    pub fn end_token(&self) -> String {
+        self.tokenizer.id_to_token(self.end).unwrap_or_default()
     }
 
     /// `<|endoftext|> pieces <|endoftext|>`, the pieces truncated so that

@@ -380,7 +380,7 @@ pub fn blip_text_tensors(
             for (k, part) in parts.iter().enumerate() {
                 let name = format!("{layer}.{attention}.self.{part}");
                 let columns = columns(&weight, k * w, w);
-                out.push((theirs(&format!("{name}.weight")), transposed(&columns)));
+                out.push((theirs(&format!("{name}.weight")), columns.transposed()));
                 let bias = bias.data[k * w..(k + 1) * w].to_vec();
                 let bias = Tensor {
                     shape: vec![w],
@@ -408,7 +408,7 @@ fn put_pair(
     dense: bool,
 ) -> Result<()> {
     let weight = ours(&format!("{mine}.weight"))?;
-    let weight = if dense { transposed(&weight) } else { weight };
+    let weight = if dense { weight.transposed() } else { weight };
     out.push((format!("{theirs}.weight"), weight));
     out.push((format!("{theirs}.bias"), ours(&format!("{mine}.bias"))?));
     Ok(())
@@ -460,7 +460,7 @@ impl<F: FnMut(&str) -> Result<Tensor>> Source<F> {
         let (weight, outputs) = match dense {
             Some((inputs, outputs)) => {
                 let weight = self.get(&format!("{theirs}.weight"), &[outputs, inputs])?;
-                (transposed(&weight), outputs)
+                (weight.transposed(), outputs)
             }
             None => (self.get(&format!("{theirs}.weight"), &[w])?, w),
         };
@@ -690,21 +690,6 @@ impl<B: Backend> BlipVision<B> {
         let work = &mut self.works[at];
         self.tower.forward(b, &self.params, work, patches);
         Ok(b.to_vec(&work.hidden))
-    }
-}
-
-/// `[rows, cols]` to `[cols, rows]`.
-fn transposed(t: &Tensor) -> Tensor {
-    let (rows, cols) = (t.shape[0], t.shape[1]);
-    let mut data = vec![0.0; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            data[c * rows + r] = t.data[r * cols + c];
-        }
-    }
-    Tensor {
-        shape: vec![cols, rows],
-        data,
     }
 }
 

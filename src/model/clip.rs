@@ -262,11 +262,7 @@ pub fn read(dir: &Path) -> Result<Clip> {
                     shape.clone()
                 };
                 let t = take(&format!("{layer}.{clip}"), &want)?;
-                let data = if linear {
-                    transpose(&t.data, want[0], want[1])
-                } else {
-                    t.data
-                };
+                let data = if linear { t.transposed().data } else { t.data };
                 put(format!("{ours}.blocks.{i}.{name}"), shape, data);
             }
             // q, k and v, each [out, in], as the fused [in, 3 out].
@@ -304,7 +300,7 @@ pub fn read(dir: &Path) -> Result<Clip> {
         put(
             format!("{ours}.proj.weight"),
             vec![w, e],
-            transpose(&t.data, e, w),
+            t.transposed().data,
         );
     }
     let (t, v) = (&config.text_config, &config.vision_config);
@@ -371,17 +367,6 @@ fn block_shape(name: &str, w: usize, h: usize) -> Vec<usize> {
         "mlp.fc2.weight" => vec![h, w],
         _ => vec![w],
     }
-}
-
-/// `[rows, cols]` to `[cols, rows]`.
-fn transpose(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let mut out = vec![0.0; data.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            out[c * rows + r] = data[r * cols + c];
-        }
-    }
-    out
 }
 
 impl Clip {

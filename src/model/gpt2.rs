@@ -148,10 +148,17 @@ pub struct Gpt2 {
 /// Reads a GPT-2 folder, checking every tensor's presence and shape
 /// against its config.json; `prefix` is the captune module name.
 pub fn read(dir: &Path, prefix: &str) -> Result<Gpt2> {
+    let (mut file, path) = HfFolder::open(dir)?.weights()?;
+    from_tensors(dir, &mut file, &path, prefix)
+}
+
+/// A GPT-2 of the folder `dir`'s config.json whose tensors are taken out
+/// of `file` (read from `path`) by the names `GPT2LMHeadModel` saves,
+/// each checked against the config; what it does not name is left there.
+pub fn from_tensors(dir: &Path, file: &mut TensorFile, path: &Path, prefix: &str) -> Result<Gpt2> {
     let folder = HfFolder::open(dir)?;
     let config: Gpt2Config = folder.config()?;
     config.check(&folder.config_path())?;
-    let (mut file, path) = folder.weights()?;
     let config_path = folder.config_path();
     let (w, v, n, layers) = (
         config.n_embd,

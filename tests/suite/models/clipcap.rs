@@ -16,10 +16,11 @@ use crate::common;
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
 use captune::captioner::decoders::prefix::is_mapper_param;
+use captune::captioner::model::Captioner;
 use captune::captioner::model::{MASKED_LOGIT, TokenInputs, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
-use captune::captioner::{CaptionVocab, MapperTransformer};
+use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, clipcap};
 use captune::cpu::CpuBackend;
 use captune::model::gpt2;
 use captune::tensorfile::{self, TensorFile};
@@ -31,10 +32,11 @@ const MLP_STEP: &str = "clipcap_step_expected.safetensors";
 /// The transformer mapper's step.
 const TRANSFORMER_STEP: &str = "clipcap_transformer_step_expected.safetensors";
 
-fn expected(file: &str) -> TensorFile {
+/// The fixture at `path` in tests/data.
+fn expected(path: &str) -> TensorFile {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/data")
-        .join(file);
+        .join(path);
     tensorfile::read(&path).unwrap()
 }
 
@@ -72,8 +74,13 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
             b.write(value, &want.tensors[&spec.name].data);
         }
     }
+    step_of(b, &mut model, want, shape.max_len)
+}
+
+/// One MLE step of `model` on the fixture's features and ids (captions of
+/// at most `max_len` positions).
+fn step_of<B: Backend>(b: &B, model: &mut Captioner<B>, want: &TensorFile, max_len: usize) -> Step {
     let c = model.config;
-    let max_len = shape.max_len;
     let sequences = common::padded_ids(&want.tensors["ids"].data, max_len);
     let inputs = TokenInputs::new(b, &c, &sequences).unwrap();
     let steps = inputs.positions;
@@ -116,6 +123,12 @@ fn clipcap_step<B: Backend>(b: &B, want: &TensorFile) -> Step {
 fn matches_transformers<B: Backend>(b: &B, file: &str, what: &str) {
     let want = expected(file);
     let got = clipcap_step(b, &want);
+    assert_same_step(&got, &want, what);
+}
+
+/// `got` has the fixture's logits (and the padding column masked), loss
+/// and gradients, the padding row none.
+fn assert_same_step(got: &Step, want: &TensorFile, what: &str) {
     let expected_logits = &want.tensors["logits"];
     let v = expected_logits.shape[1];
     let rows = expected_logits.shape[0];
@@ -272,10 +285,139 @@ fn decodes_as_transformers<B: Backend>(b: &B, what: &str) {
     );
 }
 
+/// ClipCap's own checkpoints, made by its authors' code
+/// (`scripts/clipcap_original_fixtures.py`: ClipCaptionModel with its MLP
+/// or transformer mapper, saved with the attention buffers released
+/// checkpoints hold), read with the tiny GPT-2 folder's config and
+/// tokenizer: no start is fed and "." ends a caption; the logits that
+/// predict each piece and the stop, the loss, every gradient and the
+/// greedy captions are ClipCap's.
+fn reads_clipcap_s_own_checkpoint<B: Backend>(b: &B, kind: &str, what: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let original = dir.join("clipcap-original");
+    let want = tensorfile::read(&original.join(format!("{kind}_expected.safetensors"))).unwrap();
+    let max_len: usize = want.metadata["max_len"].parse().unwrap();
+    let stop: u32 = want.metadata["stop"].parse().unwrap();
+    let file = original.join(format!("{kind}.pt"));
+    let mut ck = clipcap::read(b, &file, &dir.join("gpt2-tiny"), max_len).unwrap();
+    let c = ck.model.config;
+    assert!(c.prefix_predicts_first, "{what}");
+    assert_eq!((c.specials.start, c.specials.end), (stop, stop), "{what}");
+    assert_eq!((c.embed_dim, c.prefix_len), (128, 4), "{what}");
+    let mapper = c
+        .mapper_transformer
+        .map(|t| (t.clip_len, t.layers, t.heads));
+    match kind {
+        "mlp" => assert_eq!((mapper, c.mapper_hidden), (None, 64), "{what}"),
+        _ => assert_eq!((mapper, c.mapper_hidden), (Some((3, 2, 8)), 64), "{what}"),
+    }
+    let got = step_of(b, &mut ck.model, &want, max_len);
+    assert_same_step(&got, &want, &format!("{what}, {kind}"));
+
+    let features = &want.tensors["features"].data;
+    let greedy = generate(
+        b,
+        &ck.model,
+        features,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    let expected = common::padded_ids(&want.tensors["greedy"].data, max_len - 1);
+    for (i, (got, want)) in greedy.iter().zip(&expected).enumerate() {
+        assert_eq!(&got.ids, want, "{what}, {kind}: greedy caption {i}");
+    }
+    assert_eq!(ck.vocab.decode(&greedy[1].ids), "two girls play", "{what}");
+}
+
+#[test]
+fn clipcap_s_own_checkpoints_read_and_decode_as_clipcap_on_both_backends() {
+    for kind in ["mlp", "transformer"] {
+        reads_clipcap_s_own_checkpoint(&CpuBackend::new(), kind, "CPU");
+        if let Some(g) = common::gpu() {
+            reads_clipcap_s_own_checkpoint(&g, kind, "GPU");
+        }
+    }
+}
+
 #[test]
 fn greedy_and_beam_captions_match_transformers_on_both_backends() {
     decodes_as_transformers(&CpuBackend::new(), "CPU");
     if let Some(g) = common::gpu() {
         decodes_as_transformers(&g, "GPU");
     }
+}
+
+/// `train --decoder clipcap:FILE.pt --gpt2 FOLDER` fine-tunes ClipCap's
+/// own checkpoint on a tiny world: the run records both, its checkpoints
+/// keep ClipCap's layout (no start fed, captions ending at "."), and
+/// `eval`, `--resume` and `caption` read them. Without --gpt2 it is
+/// refused, naming the flag.
+#[test]
+fn a_run_starts_from_clipcap_s_own_checkpoint() {
+    let dir = common::fresh_temp("clipcap-original-run");
+    let (run, cache) = (dir.join("run"), dir.join("cache"));
+    let captune = |args: &[&str]| common::captune_on_cpu(&cache, args);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let decoder = format!("clipcap:{}", data.join("clipcap-original/mlp.pt").display());
+    let gpt2 = data.join("gpt2-tiny").display().to_string();
+    let run_arg = run.display().to_string();
+    let mut train = vec!["train", "--preset", "tiny", "--epochs", "1"];
+    train.extend(["--decoder", &decoder, "--out", &run_arg]);
+    train.extend(common::TINY_WORLD_ARGS);
+    let (ok, _, err) = captune(&train);
+    assert!(!ok && err.contains("--gpt2 FOLDER"), "{err}");
+    train.extend(["--gpt2", &gpt2]);
+    let (ok, _, err) = captune(&train);
+    assert!(ok, "{err}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains(&format!("gpt2 = {gpt2:?}")), "{config}");
+    let checkpoint = run.join("checkpoint.safetensors");
+    let metadata = tensorfile::read_metadata(&checkpoint).unwrap();
+    let model: serde_json::Value = serde_json::from_str(&metadata["captioner_config"]).unwrap();
+    assert_eq!(model["prefix_predicts_first"], serde_json::json!(true));
+    assert_eq!(metadata["caption_end"], ".");
+
+    let checkpoint = checkpoint.display().to_string();
+    let eval = ["eval", "--checkpoint", &checkpoint, "--split", "val"];
+    let (ok, out, err) = captune(&eval);
+    assert!(ok && out.contains("CIDEr-D"), "{err}");
+    let resume = ["train", "--resume", "--epochs", "1", "--out", &run_arg];
+    let (ok, _, err) = captune(&resume);
+    assert!(ok, "{err}");
+    let picture = data.join("clip-images/wide.png").display().to_string();
+    let (ok, out, err) = captune(&["caption", "--checkpoint", &checkpoint, &picture]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with(&format!("{picture}\t")), "{out}");
+
+    // The export keeps the layout: read back, it decodes as the run does.
+    let export = dir.join("export");
+    let export_arg = export.display().to_string();
+    let (ok, _, err) = captune(&["export", &run_arg, "--hf", &export_arg]);
+    assert!(ok, "{err}");
+    let b = CpuBackend::new();
+    let trained = Checkpoint::load(&b, Path::new(&checkpoint)).unwrap();
+    let c = trained.model.config;
+    let shape = PrefixShape {
+        embed_dim: c.embed_dim,
+        prefix_len: c.prefix_len,
+        mapper_hidden: c.mapper_hidden,
+        mapper_transformer: c.mapper_transformer,
+        max_len: c.max_len,
+    };
+    let exported = pretrained::from_folder(&b, &export, shape, 0).unwrap();
+    assert_eq!(exported.model.config, c);
+    assert_eq!(exported.vocab, trained.vocab);
+    let features = &expected("clipcap-original/mlp_expected.safetensors").tensors["features"];
+    let decode = |ck: &Checkpoint<CpuBackend>| {
+        let options = DecodeOptions::default();
+        let captions = generate(&b, &ck.model, &features.data, &Decoding::Greedy, &options);
+        captions
+            .unwrap()
+            .into_iter()
+            .map(|g| g.ids)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(decode(&exported), decode(&trained));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

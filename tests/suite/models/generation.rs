@@ -185,6 +185,7 @@ fn captioner_config() -> CaptionerConfig {
         max_len: 10,
         vocab_size: 23,
         specials: SpecialIds::WORDS,
+        prefix_predicts_first: false,
     }
 }
 
@@ -203,8 +204,9 @@ fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
     }
 }
 
-/// Every decoder family that runs incrementally its own way.
-fn every_family() -> [CaptionerConfig; 5] {
+/// Every decoder family that runs incrementally its own way, and the
+/// prefix decoder in ClipCap's layout (no start fed).
+fn every_family() -> [CaptionerConfig; 6] {
     let updown = CaptionerConfig {
         image_tokens: 4,
         decoder: TransformerConfig::new(12, 1, 1, true),
@@ -221,8 +223,13 @@ fn every_family() -> [CaptionerConfig; 5] {
         }),
         ..updown
     };
+    let clipcap = CaptionerConfig {
+        prefix_predicts_first: true,
+        ..captioner_config()
+    };
     [
         captioner_config(),
+        clipcap,
         lstm_config(ImageFeed::Hidden),
         lstm_config(ImageFeed::Input),
         updown,

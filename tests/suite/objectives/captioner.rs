@@ -465,6 +465,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         max_len: STEPS + 1,
         vocab_size: vocab,
         specials: SpecialIds::WORDS,
+        prefix_predicts_first: false,
     }
 }
 

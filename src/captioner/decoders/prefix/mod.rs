@@ -9,7 +9,10 @@
 //! The prefix and the token embeddings are placed into the decoder's
 //! `[batch, prefix + tokens, width]` input by strided copies (the
 //! attention-head layout ops with one "head" per batch item), and the
-//! token positions are read back the same way.
+//! token positions are read back the same way. In ClipCap's own layout
+//! (`prefix_predicts_first`) no start is fed: the prefix's last vector
+//! takes the start's place, written over it, so the same rows predict
+//! the same tokens.
 //!
 //! The weights live once in [`PrefixDecoder`]; the activations of each
 //! batch shape (rows, token positions) it has run live in a
@@ -49,6 +52,10 @@ struct Workspace<B: Backend> {
     position_ids: TokenIndex<B>,
     prefix_layout: HeadLayout,
     token_layout: HeadLayout,
+    /// Where the prefix predicts the first token: each sequence's first
+    /// token position (the start's, which the prefix's last vector
+    /// holds), and `[batch, width]` zeros, its embedding's gradient.
+    start_slot: Option<(HeadLayout, B::Tensor)>,
     decoder: Activations<B>,
     mapper: MapperActivations<B>,
     token_embed: B::Tensor,
@@ -101,7 +108,9 @@ impl<B: Backend> Workspace<B> {
     fn new(b: &B, m: &PrefixDecoder<B>, batch: usize, positions: usize) -> Result<Self> {
         let c = &m.config;
         let (w, k, t) = (c.decoder.width, c.prefix_len, positions);
-        let s = k + t;
+        // The start's place is the prefix's last vector's in ClipCap's layout.
+        let shift = usize::from(c.prefix_predicts_first);
+        let s = k + t - shift;
         let position_ids: Vec<u32> = (0..batch).flat_map(|_| 0..s as u32).collect();
         let one_run_per_item = |head_dim, col_offset| HeadLayout {
             batch,
@@ -114,7 +123,14 @@ impl<B: Backend> Workspace<B> {
         Ok(Workspace {
             position_ids: TokenIndex::new(b, &position_ids, c.seq_len())?,
             prefix_layout: one_run_per_item(k * w, 0),
-            token_layout: one_run_per_item(t * w, k * w),
+            token_layout: one_run_per_item(t * w, (k - shift) * w),
+            start_slot: c.prefix_predicts_first.then(|| {
+                let first = HeadLayout {
+                    row_stride: t * w,
+                    ..one_run_per_item(w, 0)
+                };
+                (first, b.zeros(batch * w))
+            }),
             decoder: m.decoder.activations(b, batch, s),
             mapper: MapperActivations::new(b, &m.mapper, c, batch, true),
             token_embed: b.zeros(batch * t * w),
@@ -211,8 +227,9 @@ impl<B: Backend> Decoder<B> for PrefixDecoder<B> {
             false,
         );
         let input = ws.decoder.input();
-        b.heads_to_tokens(&ws.mapper.prefix, input, &ws.prefix_layout, false);
+        // The prefix last: in ClipCap's layout its last vector replaces the start.
         b.heads_to_tokens(&ws.token_embed, input, &ws.token_layout, false);
+        b.heads_to_tokens(&ws.mapper.prefix, input, &ws.prefix_layout, false);
         b.embedding(
             p.value(self.positions),
             &ws.position_ids.ids,
@@ -263,6 +280,10 @@ impl<B: Backend> Decoder<B> for PrefixDecoder<B> {
             .backward(b, p, &mut ws.decoder, None, &ws.d_hidden);
         b.embedding_backward(d_input, &ws.position_ids, p.grad(self.positions), w);
         b.tokens_to_heads(d_input, &mut ws.d_token_embed, &ws.token_layout);
+        if let Some((first, zeros)) = &ws.start_slot {
+            // That position's gradient is the prefix's, not the start's.
+            b.heads_to_tokens(zeros, &mut ws.d_token_embed, first, false);
+        }
         b.embedding_backward(&ws.d_token_embed, &inputs.ids, p.grad(self.tokens), w);
         b.tokens_to_heads(d_input, &mut ws.d_prefix, &ws.prefix_layout);
         self.mapper.backward(b, p, &mut ws.mapper, &ws.d_prefix);
