@@ -272,6 +272,7 @@ fn features_seed(dir: &Path) -> (Vec<u8>, Vec<u8>) {
         dim: 4,
         embeddings: (0..12).map(|i| i as f32 - 5.5).collect(),
         encoder: Some("captune-retriever:0123456789abcdef".into()),
+        norms: Some(vec![1.5, 2.0, 0.5]),
     };
     features
         .save(&dir.join("seed.safetensors"), HashMap::new())
@@ -337,6 +338,7 @@ fn tiny_captioner(b: &CpuBackend) -> Checkpoint<CpuBackend> {
         vocab_size: vocab.len(),
         specials: SpecialIds::WORDS,
         prefix_predicts_first: false,
+        raw_embeddings: false,
     };
     Checkpoint {
         model: Captioner::new(b, config, 0).unwrap(),

@@ -730,11 +730,12 @@ impl<B: Backend> ScstWorkload<B> {
                 data.data.name
             );
         }
+        let features = data.inputs_of(&items, &ck.model.config)?;
         Ok(ScstWorkload {
             name,
             ck,
             corpus,
-            features: data.inputs_of(&items)?,
+            features,
         })
     }
 }

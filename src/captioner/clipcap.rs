@@ -18,7 +18,9 @@
 //! fused qkv (columns q, k, v, as `to_keys_values` orders keys before
 //! values). A converted captioner reads and decodes as ClipCap does: no
 //! start token is fed (the prefix's last position predicts the first
-//! piece), and captions end at ".", which its training captions end with.
+//! piece), captions end at ".", which its training captions end with,
+//! and an MLP reads image embeddings unnormalised, as its authors feed
+//! CLIP's.
 
 use super::model::Captioner;
 use super::pretrained::{PrefixShape, gpt2_config, with_gpt2_weights};
@@ -79,6 +81,9 @@ pub fn read<B: Backend>(
     let bpe = BpeVocab::load(gpt2_dir)?.ending_at(STOP)?;
     let mut config = gpt2_config(&gpt2, shape, bpe.end())?;
     config.prefix_predicts_first = true;
+    // The MLP was trained on CLIP's embeddings as they come (predict.py);
+    // the transformer mapper on L2-normalised ones (its notebook).
+    config.raw_embeddings = shape.mapper_transformer.is_none();
     config.validate()?;
     let mut model = with_gpt2_weights(b, gpt2, config, 0)?;
     put_mapper(b, &mut model, ours);

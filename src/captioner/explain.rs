@@ -55,7 +55,7 @@ impl<B: Backend> ExplainContext<'_, B> {
 
     /// The image as the decoder reads it.
     pub fn inputs(&self) -> Result<Vec<f32>> {
-        self.data.inputs_of(&[self.item])
+        self.data.inputs_of(&[self.item], &self.model.config)
     }
 
     /// The image's reference captions as PTB tokens.
@@ -92,7 +92,7 @@ impl<B: Backend> ExplainContext<'_, B> {
             chosen.extend(new);
         }
         Ok(Images {
-            inputs: data.inputs_of(&chosen)?,
+            inputs: data.inputs_of(&chosen, &self.model.config)?,
             embeddings: data.features_of(&chosen),
             ids: chosen
                 .iter()

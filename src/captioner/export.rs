@@ -151,6 +151,9 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
     if c.prefix_predicts_first {
         config[PREFIX_PREDICTS_FIRST] = json!(true);
     }
+    if c.raw_embeddings {
+        config[RAW_EMBEDDINGS] = json!(true);
+    }
     if let CaptionVocab::Pieces(v) = &ck.vocab
         && v.bpe.end_token() != END
     {
@@ -177,6 +180,9 @@ pub fn to_hf<B: Backend>(b: &B, ck: &Checkpoint<B>, out: &Path, base: Option<&Pa
 /// config.json's mark of a decoder in ClipCap's own layout: no start is
 /// fed, the prefix's last position predicts the first piece.
 pub const PREFIX_PREDICTS_FIRST: &str = "captune_prefix_predicts_first";
+/// config.json's mark of a mapper that reads image embeddings
+/// unnormalised (ClipCap's MLP checkpoints).
+pub const RAW_EMBEDDINGS: &str = "captune_raw_embeddings";
 /// config.json's piece a GPT-2 decoder's captions end at, where it is not
 /// `<|endoftext|>` (ClipCap's own ".").
 pub const CAPTION_END: &str = "captune_caption_end";

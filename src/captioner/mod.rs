@@ -268,6 +268,11 @@ pub struct CaptionerConfig {
     /// caption's first token. A prefix decoder only, with prefix_len >= 2.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub prefix_predicts_first: bool,
+    /// The image embeddings are read as their encoder gives them, not
+    /// L2-normalised (ClipCap's MLP checkpoints were trained so). A
+    /// decoder that reads one embedding only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw_embeddings: bool,
 }
 
 impl CaptionerConfig {
@@ -353,6 +358,9 @@ impl CaptionerConfig {
                     data.dim
                 );
             }
+            if self.raw_embeddings {
+                data.norms_for_raw()?;
+            }
             return Ok(());
         }
         if let Some(v) = &self.vision {
@@ -414,6 +422,9 @@ impl CaptionerConfig {
         }
         if self.prefix_predicts_first && self.family != DecoderFamily::Prefix {
             bail!("only a prefix decoder predicts the first token from its prefix");
+        }
+        if self.raw_embeddings && (self.image_tokens > 0 || self.vision.is_some()) {
+            bail!("raw_embeddings is for a decoder that reads one image embedding");
         }
         if self.vision.is_some() && self.family != DecoderFamily::Blip {
             bail!("only a BLIP decoder trains a vision tower with it (vision)");

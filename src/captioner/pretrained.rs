@@ -67,6 +67,7 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,
         prefix_predicts_first: false,
+        raw_embeddings: false,
         specials: SpecialIds {
             start: end,
             end,
@@ -106,6 +107,7 @@ pub fn from_folder<B: Backend>(
     }
     let mut config = gpt2_config(&gpt2, shape, bpe.end())?;
     config.prefix_predicts_first = layout.prefix_predicts_first;
+    config.raw_embeddings = layout.raw_embeddings;
     config.validate()?;
     let mut model = with_gpt2_weights(b, gpt2, config, seed)?;
     let mapper = dir.join(MAPPER_FILE);
@@ -124,6 +126,8 @@ struct ExportedLayout {
     prefix_predicts_first: bool,
     #[serde(default, rename = "captune_caption_end")]
     end: Option<String>,
+    #[serde(default, rename = "captune_raw_embeddings")]
+    raw_embeddings: bool,
 }
 
 /// Replaces `model`'s mapper with the one in `path` (as `captune export`

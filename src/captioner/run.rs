@@ -417,6 +417,7 @@ impl RunConfig {
             max_len: m.max_len,
             vocab_size,
             prefix_predicts_first: false,
+            raw_embeddings: false,
             specials: super::SpecialIds::WORDS,
         }
     }

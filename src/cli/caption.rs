@@ -220,12 +220,18 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         report: Default::default(),
     };
     let progress = Progress::terminal();
-    let features = retriever.embed_dataset(b, &mut data, &progress)?;
+    let (mut features, norms) = retriever.embed_dataset(b, &mut data, &progress)?;
     if !data.report.is_clean() {
         eprintln!("{}", data.report);
     }
     let all: Vec<usize> = (0..data.items.len()).collect();
     let ck = &captioner.ck;
+    if ck.model.config.raw_embeddings {
+        // As the encoder gave them: the captioner was trained on those.
+        for (row, norm) in features.chunks_exact_mut(embed_dim).zip(&norms) {
+            row.iter_mut().for_each(|x| *x *= norm);
+        }
+    }
     let decode = &args.decoding.decode;
     let bar = progress.start("captioning", all.len() as u64);
     let generated = generate(

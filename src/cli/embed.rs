@@ -11,6 +11,7 @@ use captune::data::features::{ENCODER_ID, Features};
 use captune::model::token_tower::TowerKind;
 use captune::progress::Progress;
 use captune::retriever::Checkpoint;
+use captune::retriever::eval::unit_rows_and_norms;
 use captune::retriever::frozen::{CLIP_BATCH, FrozenRetriever, clip_folder};
 use captune::retriever::train::Prepared;
 use captune::source::{DataArgs, image_tokens};
@@ -83,9 +84,10 @@ pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
     let all: Vec<usize> = (0..prep.data.items.len()).collect();
     let bar = captune::progress::Progress::terminal()
         .start(&format!("embedding {} images", all.len()), all.len() as u64);
-    let embeddings =
-        captune::retriever::eval::embed_images(b, &mut ck.model, &prep.images, &all, &bar)?;
+    let raw =
+        captune::retriever::eval::embed_images_raw(b, &mut ck.model, &prep.images, &all, &bar)?;
     bar.finish_and_clear();
+    let (embeddings, norms) = unit_rows_and_norms(raw, ck.model.config.embed_dim);
     let bytes = std::fs::read(checkpoint)
         .with_context(|| format!("cannot read {}", checkpoint.display()))?;
     let features = Features {
@@ -94,6 +96,7 @@ pub fn run<B: Backend>(b: &B, args: &EmbedArgs) -> Result<()> {
         dim: ck.model.config.embed_dim,
         embeddings,
         encoder: Some(captune::data::features::retriever_encoder_id(&bytes)),
+        norms: Some(norms),
     };
     let metadata = HashMap::from([
         (
@@ -146,7 +149,7 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
     let dir = clip_folder(dir).unwrap_or(dir);
     let mut clip = FrozenRetriever::clip(b, dir, CLIP_BATCH)?;
     let mut data = args.data.load()?;
-    let embeddings = clip.embed_dataset(b, &mut data, &Progress::terminal())?;
+    let (embeddings, norms) = clip.embed_dataset(b, &mut data, &Progress::terminal())?;
     if !data.report.is_clean() {
         eprintln!("{}", data.report);
     }
@@ -156,6 +159,7 @@ fn run_clip<B: Backend>(b: &B, args: &EmbedArgs, dir: &Path) -> Result<()> {
         dim: clip.model.config.embed_dim,
         embeddings,
         encoder: Some(captune::model::clip::encoder_id(dir)?),
+        norms: Some(norms),
     };
     let metadata = HashMap::from([
         ("encoder".to_string(), format!("CLIP {}", dir.display())),

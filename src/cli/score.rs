@@ -184,7 +184,7 @@ fn clip_scores(dir: &Path, items: &[&Item], candidates: &[&str]) -> Result<Corpu
         items: items.iter().map(|&i| i.clone()).collect(),
         report: Default::default(),
     };
-    let images = clip.embed_dataset(&b, &mut data, &Progress::hidden())?;
+    let (images, _) = clip.embed_dataset(&b, &mut data, &Progress::hidden())?;
     if let Some(why) = data.report.warnings.first() {
         bail!("{why}: CLIPScore reads every image's file");
     }

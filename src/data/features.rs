@@ -4,7 +4,12 @@
 //! which `captune embed` writes and any other encoder can too; or as
 //! `.npy` (float32) with a text file of ids, one per line. Rows are
 //! L2-normalised on loading (rows already of unit length are kept as
-//! they are), so raw and normalised features give the model the same input.
+//! they are), so raw and normalised features give retrieval and most
+//! captioners the same input. Each row's norm before that is kept where
+//! it is known: a float32 tensor `norms` `[N]` beside the embeddings
+//! (which captune writes), else the norms of rows loaded unnormalised;
+//! a captioner trained on embeddings as their encoder gives them
+//! (ClipCap's MLP) reads the rows times their norms.
 
 use super::{Dataset, LoadReport};
 use crate::tensorfile;
@@ -22,9 +27,14 @@ pub struct Features {
     /// Which encoder made them, when the file says (metadata `encoder_id`,
     /// else `encoder`).
     pub encoder: Option<String>,
+    /// `[ids.len()]`: each row's L2 norm as its encoder gave it, where
+    /// known (see the module's doc).
+    pub norms: Option<Vec<f32>>,
 }
 
 pub const EMBEDDINGS: &str = "embeddings";
+/// Tensor: each embedding's norm before it was normalised.
+pub const NORMS: &str = "norms";
 pub const IMAGE_IDS: &str = "image_ids";
 /// Metadata: the encoder's identity, compared with a captioner's record.
 pub const ENCODER_ID: &str = "encoder_id";
@@ -51,17 +61,18 @@ impl Features {
         if let Some(encoder) = &self.encoder {
             metadata.insert(ENCODER_ID.into(), encoder.clone());
         }
-        tensorfile::write(
-            path,
-            &[(EMBEDDINGS, vec![self.ids.len(), self.dim], &self.embeddings)],
-            metadata,
-        )
+        let n = self.ids.len();
+        let mut tensors = vec![(EMBEDDINGS, vec![n, self.dim], &self.embeddings[..])];
+        if let Some(norms) = &self.norms {
+            tensors.push((NORMS, vec![n], norms));
+        }
+        tensorfile::write(path, &tensors, metadata)
     }
 
     /// Reads a safetensors file, or a `.npy` file with its ids in `ids_file`.
     pub fn load(path: &Path, ids_file: Option<&Path>) -> Result<Features> {
         let is_npy = path.extension().is_some_and(|e| e == "npy");
-        let (ids, shape, embeddings, encoder) = if is_npy {
+        let (ids, shape, embeddings, encoder, norms) = if is_npy {
             let Some(ids_file) = ids_file else {
                 bail!(
                     "{}: a .npy features file needs its image ids: pass --features-ids FILE (one id per line)",
@@ -69,11 +80,12 @@ impl Features {
                 );
             };
             let (shape, data) = read_npy(path)?;
-            (read_ids(ids_file)?, shape, data, None)
+            (read_ids(ids_file)?, shape, data, None, None)
         } else {
             // Only the embeddings: the file may hold image tokens too.
-            let mut file = tensorfile::read_only(path, &[EMBEDDINGS])?;
+            let mut file = tensorfile::read_only(path, &[EMBEDDINGS, NORMS])?;
             let t = file.take(EMBEDDINGS, path)?;
+            let norms = file.tensors.remove(NORMS);
             let ids: Vec<String> =
                 serde_json::from_str(file.meta(IMAGE_IDS, path)?).with_context(|| {
                     format!(
@@ -84,7 +96,7 @@ impl Features {
             let encoder = [ENCODER_ID, ENCODER]
                 .iter()
                 .find_map(|k| file.metadata.get(*k).cloned());
-            (ids, t.shape, t.data, encoder)
+            (ids, t.shape, t.data, encoder, norms)
         };
         let [n, dim] = shape[..] else {
             bail!(
@@ -105,12 +117,24 @@ impl Features {
         if dim == 0 {
             bail!("{}: embeddings have no dimensions", path.display());
         }
+        let norms = match norms {
+            Some(t) if t.shape != [n] || t.data.iter().any(|&x| !(x.is_finite() && x > 0.0)) => {
+                bail!(
+                    "{}: tensor {NORMS:?} must be [{n}] positive numbers, one per embedding \
+                     (shape {:?}); write the file again with `captune embed`",
+                    path.display(),
+                    t.shape
+                )
+            }
+            t => t.map(|t| t.data),
+        };
         let mut features = Features {
             source: path.to_path_buf(),
             ids,
             dim,
             embeddings,
             encoder,
+            norms,
         };
         features.normalise()?;
         Ok(features)
@@ -118,9 +142,13 @@ impl Features {
 
     /// L2-normalises every row. Rows already of unit length (as `embed`
     /// and the embedding cache write them) stay bit for bit as they are,
-    /// so loading them back changes nothing. A zero or non-finite row is
-    /// an error naming the file and the image.
+    /// so loading them back changes nothing. Where the norms are not
+    /// known yet and some row was not of unit length, they become the
+    /// rows' norms. A zero or non-finite row is an error naming the file
+    /// and the image.
     pub fn normalise(&mut self) -> Result<()> {
+        let mut norms = Vec::with_capacity(self.ids.len());
+        let mut all_unit = true;
         for (row, e) in self.embeddings.chunks_exact_mut(self.dim).enumerate() {
             let norm = e.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
             if !norm.is_finite() || norm == 0.0 {
@@ -132,17 +160,23 @@ impl Features {
                 );
             }
             if (norm - 1.0).abs() > 1e-6 {
+                all_unit = false;
                 e.iter_mut()
                     .for_each(|x| *x = (f64::from(*x) / norm) as f32);
             }
+            norms.push(norm as f32);
+        }
+        if self.norms.is_none() && !all_unit {
+            self.norms = Some(norms);
         }
         Ok(())
     }
 
-    /// The embeddings of `data`'s items in item order; items without one
-    /// are removed from `data` and reported. None at all is an error: the
-    /// file's ids are not the data set's.
-    pub fn align(&self, data: &mut Dataset) -> Result<Vec<f32>> {
+    /// The embeddings of `data`'s items in item order, and their norms
+    /// where known; items without one are removed from `data` and
+    /// reported. None at all is an error: the file's ids are not the data
+    /// set's.
+    pub fn align(&self, data: &mut Dataset) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
         let index: HashMap<&str, usize> = self
             .ids
             .iter()
@@ -150,10 +184,14 @@ impl Features {
             .map(|(i, id)| (id.as_str(), i))
             .collect();
         let mut out = Vec::with_capacity(data.items.len() * self.dim);
+        let mut norms = self.norms.as_ref().map(|_| Vec::new());
         let mut report = LoadReport::default();
         data.items.retain(|item| match index.get(item.id.as_str()) {
             Some(&row) => {
                 out.extend_from_slice(self.row(row));
+                if let (Some(kept), Some(all)) = (&mut norms, &self.norms) {
+                    kept.push(all[row]);
+                }
                 true
             }
             None => {
@@ -176,7 +214,7 @@ impl Features {
             );
         }
         data.report.merge(report);
-        Ok(out)
+        Ok((out, norms))
     }
 }
 

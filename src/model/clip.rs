@@ -446,7 +446,8 @@ impl<B: Backend> ClipVision<B> {
     }
 }
 
-/// What [`embed_files`] gives: the unit-norm embeddings `[kept, embed_dim]`
+/// What [`embed_files`] gives: the embeddings `[kept, embed_dim]` as CLIP
+/// gives them (`get_image_features`, not normalised)
 /// of the images it could read, their indices among the paths, and why
 /// each other one was skipped.
 pub struct Embedded {
@@ -510,8 +511,6 @@ pub fn embed_files<B: Backend>(
         }
         progress.inc(chunk.len() as u64);
     }
-    let dim = model.config.embed_dim;
-    out.embeddings = crate::retriever::eval::unit_rows(std::mem::take(&mut out.embeddings), dim);
     Ok(out)
 }
 

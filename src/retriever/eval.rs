@@ -23,8 +23,8 @@ pub struct Recall {
 }
 
 /// Runs `encode` over `count` items in batches of the model's size (the
-/// last one padded by repeating its final item) and returns the unit-norm
-/// embeddings `[count, embed_dim]`.
+/// last one padded by repeating its final item) and returns the
+/// embeddings `[count, embed_dim]` as the model gives them.
 fn embed_in_batches<B: Backend>(
     model: &mut Retriever<B>,
     count: usize,
@@ -40,19 +40,40 @@ fn embed_in_batches<B: Backend>(
         out.extend_from_slice(&e[..real * dim]);
         progress.inc(real as u64);
     }
-    Ok(unit_rows(out, dim))
+    Ok(out)
 }
 
 /// Embeddings `[rows, dim]` made unit-norm on the host, by the same
 /// normalisation the contrastive loss applies.
 pub fn unit_rows(rows: Vec<f32>, dim: usize) -> Vec<f32> {
+    unit_rows_and_norms(rows, dim).0
+}
+
+/// As [`unit_rows`], with each row's norm before.
+pub fn unit_rows_and_norms(rows: Vec<f32>, dim: usize) -> (Vec<f32>, Vec<f32>) {
     let (mut unit, mut norms) = (vec![0.0; rows.len()], vec![0.0; rows.len() / dim]);
     CpuBackend::new().l2_normalize(&rows, &mut unit, &mut norms, dim);
-    unit
+    (unit, norms)
 }
 
 /// The unit-norm embeddings of `images[items]`, advancing `progress` by one for each.
 pub fn embed_images<B: Backend>(
+    b: &B,
+    model: &mut Retriever<B>,
+    images: &Images,
+    items: &[usize],
+    progress: &ProgressBar,
+) -> Result<Vec<f32>> {
+    let dim = model.config.embed_dim;
+    Ok(unit_rows(
+        embed_images_raw(b, model, images, items, progress)?,
+        dim,
+    ))
+}
+
+/// The embeddings of `images[items]` as the model gives them, before
+/// they are made unit-norm.
+pub fn embed_images_raw<B: Backend>(
     b: &B,
     model: &mut Retriever<B>,
     images: &Images,
@@ -89,12 +110,13 @@ pub fn embed_ids<B: Backend>(
     ids: &[Vec<u32>],
 ) -> Result<Vec<f32>> {
     let config = model.config;
-    embed_in_batches(model, ids.len(), &ProgressBar::hidden(), |m, idx| {
+    let raw = embed_in_batches(model, ids.len(), &ProgressBar::hidden(), |m, idx| {
         let chosen: Vec<Vec<u32>> = idx.iter().map(|&k| ids[k].clone()).collect();
         let batch = TextBatch::new(b, &config, &chosen)?;
         m.encode_texts(b, &batch)?;
         Ok(b.to_vec(m.text_embeddings()))
-    })
+    })?;
+    Ok(unit_rows(raw, config.embed_dim))
 }
 
 /// `caption_image[j]` is the image (row of `images`) caption j describes.

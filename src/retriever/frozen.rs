@@ -7,7 +7,7 @@
 //! and its image processor.
 
 use super::Checkpoint;
-use super::eval::{embed_ids, embed_images};
+use super::eval::{embed_ids, embed_images_raw, unit_rows_and_norms};
 use super::model::Retriever;
 use crate::backend::Backend;
 use crate::data::clip_text::ClipTokenizer;
@@ -373,10 +373,21 @@ impl<B: Backend> FrozenRetriever<B> {
         }
     }
 
-    /// The unit image embeddings `[items, embed_dim]` of `data`'s images,
-    /// advancing a bar of `progress`. Items whose image cannot be read are
-    /// removed from `data` and reported in it, as `images::load` does.
+    /// The unit image embeddings `[items, embed_dim]` of `data`'s images
+    /// and each one's norm as the model gave it, advancing a bar of
+    /// `progress`. Items whose image cannot be read are removed from
+    /// `data` and reported in it, as `images::load` does.
     pub fn embed_dataset(
+        &mut self,
+        b: &B,
+        data: &mut Dataset,
+        progress: &Progress,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        let raw = self.embed_dataset_raw(b, data, progress)?;
+        Ok(unit_rows_and_norms(raw, self.model.config.embed_dim))
+    }
+
+    fn embed_dataset_raw(
         &mut self,
         b: &B,
         data: &mut Dataset,
@@ -391,7 +402,7 @@ impl<B: Backend> FrozenRetriever<B> {
                 let all: Vec<usize> = (0..data.items.len()).collect();
                 let bar =
                     progress.start(&format!("embedding {} images", all.len()), all.len() as u64);
-                let embeddings = embed_images(b, &mut self.model, &images, &all, &bar)?;
+                let embeddings = embed_images_raw(b, &mut self.model, &images, &all, &bar)?;
                 bar.finish_and_clear();
                 Ok(embeddings)
             }

@@ -9,13 +9,14 @@ use super::image_tokens::TokenRows;
 use super::{DataArgs, DataSource, absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
+use crate::captioner::CaptionerConfig;
 use crate::data::features::Features;
 use crate::data::{Dataset, Split};
 use crate::progress::Progress;
 use crate::retriever::frozen::{self, FrozenRetriever};
 use crate::shapes::ShapesConfig;
 use crate::tensorfile::fingerprint;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +29,10 @@ pub struct CaptionData {
     /// with, and a prefix decoder's image input.
     pub features: Vec<f32>,
     pub dim: usize,
+    /// `[items]`: each embedding's norm as its encoder gave it, where
+    /// known; a captioner that reads embeddings unnormalised
+    /// (`raw_embeddings`, ClipCap's MLP) reads `features` times these.
+    pub norms: Option<Vec<f32>>,
     /// A vision tower's tokens of every item ([`super::image_tokens`]).
     pub image_tokens: Option<TokenRows>,
     /// The patches a vision tower trained with the decoder reads
@@ -47,12 +52,36 @@ impl CaptionData {
     /// The decoder's image inputs of `items`: their patches for a vision
     /// tower trained with it, else their tokens when the data has them,
     /// else their embeddings.
-    pub fn inputs_of(&self, items: &[usize]) -> Result<Vec<f32>> {
+    pub fn inputs_of(&self, items: &[usize], c: &CaptionerConfig) -> Result<Vec<f32>> {
         match (&self.pixels, &self.image_tokens) {
             (Some(pixels), _) => pixels.of(&self.data, items),
             (None, Some(tokens)) => tokens.of(items),
+            (None, None) if c.raw_embeddings => {
+                let norms = self.norms_for_raw()?;
+                let mut rows = self.features_of(items);
+                for (row, &i) in rows.chunks_exact_mut(self.dim).zip(items) {
+                    row.iter_mut().for_each(|x| *x *= norms[i]);
+                }
+                Ok(rows)
+            }
             (None, None) => Ok(self.features_of(items)),
         }
+    }
+
+    /// The embeddings' norms, which a captioner reading them unnormalised
+    /// needs; an error says how to get them where they are not known.
+    pub fn norms_for_raw(&self) -> Result<&[f32]> {
+        self.norms.as_deref().with_context(|| {
+            format!(
+                "this captioner reads image embeddings as their encoder gives them, not \
+                 L2-normalised (ClipCap's MLP was trained so), but {} holds unit-length rows \
+                 with no record of their norms: write the features with `captune embed`, which \
+                 records them, or compute them with --retriever",
+                self.source
+                    .as_ref()
+                    .map_or("the features".into(), |s| s.origin())
+            )
+        })
     }
 
     /// Whether the decoder's image inputs are other than the embeddings
@@ -253,7 +282,7 @@ pub fn load<B: Backend>(
         Some(r) => Some(FrozenRetriever::load(b, &r.path, 128)?.known_as(r.encoder.clone())),
         None => None,
     };
-    let (embeddings, dim, mut source) = match (&features_file, retriever.as_mut()) {
+    let ((embeddings, norms), dim, mut source) = match (&features_file, retriever.as_mut()) {
         (Some(path), _) => {
             let f = Features::load(path, features.features_ids.as_deref())?;
             let embeddings = f.align(&mut dataset)?;
@@ -309,6 +338,7 @@ pub fn load<B: Backend>(
         data: dataset,
         features: embeddings,
         dim,
+        norms,
         image_tokens: None,
         pixels: None,
         source: Some(source),
@@ -368,17 +398,17 @@ pub fn check_same_encoder(t: TrainedOn<'_>, now: &FeatureSource) -> Result<()> {
     Ok(())
 }
 
-/// The embeddings of `data`'s images by the retriever `r` (identity
-/// `encoder`), from the cache when they are there; else computed (with
-/// progress bars) and cached. Items whose image cannot be read are
-/// removed from `data`, as `images::load` does.
+/// The unit embeddings of `data`'s images by the retriever `r` (identity
+/// `encoder`) and their norms, from the cache when they are there; else
+/// computed (with progress bars) and cached. Items whose image cannot be
+/// read are removed from `data`, as `images::load` does.
 fn embed_cached<B: Backend>(
     b: &B,
     r: &mut FrozenRetriever<B>,
     encoder: &str,
     data: &mut Dataset,
     progress: &Progress,
-) -> Result<Vec<f32>> {
+) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     let mut listing = format!("{encoder}\n{}\n", r.image_reading());
     for item in &data.items {
         listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
@@ -386,22 +416,25 @@ fn embed_cached<B: Backend>(
     let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
     if cached.is_file() {
         match Features::load(&cached, None).and_then(|f| f.align(data)) {
-            Ok(embeddings) => {
+            // Embeddings cached before their norms were kept are made again.
+            Ok((embeddings, Some(norms))) => {
                 eprintln!("image embeddings from the cache: {}", cached.display());
-                return Ok(embeddings);
+                return Ok((embeddings, Some(norms)));
             }
+            Ok((_, None)) => {}
             Err(e) => {
                 eprintln!("warning: ignoring the cached embeddings ({e:#}); computing them again")
             }
         }
     }
-    let embeddings = r.embed_dataset(b, data, progress)?;
+    let (embeddings, norms) = r.embed_dataset(b, data, progress)?;
     let mut features = Features {
         source: cached.clone(),
         ids: data.items.iter().map(|i| i.id.clone()).collect(),
         dim: r.model.config.embed_dim,
         embeddings,
         encoder: Some(encoder.to_string()),
+        norms: Some(norms),
     };
     // As loading them back from the cache would: the same bits either way.
     features.normalise()?;
@@ -409,5 +442,5 @@ fn embed_cached<B: Backend>(
     if let Err(e) = features.save(&cached, metadata) {
         eprintln!("warning: cannot cache the image embeddings ({e:#})");
     }
-    Ok(features.embeddings)
+    Ok((features.embeddings, features.norms))
 }

@@ -499,6 +499,7 @@ pub fn blip_config(blip: &BlipConfig, max_len: usize) -> CaptionerConfig {
         max_len,
         vocab_size: t.vocab_size,
         prefix_predicts_first: false,
+        raw_embeddings: false,
         specials: SpecialIds {
             start: t.bos_token_id,
             end: t.sep_token_id,

@@ -755,7 +755,10 @@ fn a_live_run_with_a_clip_retriever_fills_its_panels() {
     let mut data = tiny_data();
     let mut frozen = FrozenRetriever::load(&cpu, &clip, 16).unwrap();
     let hidden = captune::progress::Progress::hidden();
-    data.features = frozen.embed_dataset(&cpu, &mut data.data, &hidden).unwrap();
+    data.features = frozen
+        .embed_dataset(&cpu, &mut data.data, &hidden)
+        .unwrap()
+        .0;
     data.dim = frozen.model.config.embed_dim;
     let out = temp("live-clip");
     let mut config = tiny_config();

@@ -279,6 +279,7 @@ pub fn tiny_data() -> CaptionData {
         data,
         features,
         dim: TINY_DIM,
+        norms: None,
         image_tokens: None,
         pixels: None,
         source: None,

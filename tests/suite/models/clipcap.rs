@@ -302,6 +302,8 @@ fn reads_clipcap_s_own_checkpoint<B: Backend>(b: &B, kind: &str, what: &str) {
     let mut ck = clipcap::read(b, &file, &dir.join("gpt2-tiny"), max_len).unwrap();
     let c = ck.model.config;
     assert!(c.prefix_predicts_first, "{what}");
+    // The MLP reads CLIP's embeddings as they come, the transformer mapper normalised ones.
+    assert_eq!(c.raw_embeddings, kind == "mlp", "{what}");
     assert_eq!((c.specials.start, c.specials.end), (stop, stop), "{what}");
     assert_eq!((c.embed_dim, c.prefix_len), (128, 4), "{what}");
     let mapper = c
@@ -420,4 +422,31 @@ fn a_run_starts_from_clipcap_s_own_checkpoint() {
     };
     assert_eq!(decode(&exported), decode(&trained));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A captioner that reads image embeddings unnormalised (ClipCap's MLP)
+/// gets the data's unit rows times the norms their encoder gave them;
+/// another gets the unit rows; without recorded norms it is refused,
+/// saying how to get them.
+#[test]
+fn an_mlp_from_clipcap_reads_embeddings_as_their_encoder_gave_them() {
+    let b = CpuBackend::new();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let file = dir.join("clipcap-original/mlp.pt");
+    let ck = clipcap::read(&b, &file, &dir.join("gpt2-tiny"), 12).unwrap();
+    let mut c = ck.model.config;
+    let mut data = common::tiny_data();
+    let items = [1, 3];
+    let unit = data.features_of(&items);
+    let err = format!("{:#}", data.inputs_of(&items, &c).unwrap_err());
+    assert!(err.contains("captune embed"), "{err}");
+    let norms: Vec<f32> = (0..data.data.items.len()).map(|i| 2.0 + i as f32).collect();
+    data.norms = Some(norms);
+    let raw = data.inputs_of(&items, &c).unwrap();
+    let want: Vec<f32> = (unit.chunks(data.dim).zip([3.0, 5.0]))
+        .flat_map(|(row, norm)| row.iter().map(move |x| x * norm))
+        .collect();
+    assert_eq!(raw, want);
+    c.raw_embeddings = false;
+    assert_eq!(data.inputs_of(&items, &c).unwrap(), unit);
 }

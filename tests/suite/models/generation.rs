@@ -186,6 +186,7 @@ fn captioner_config() -> CaptionerConfig {
         vocab_size: 23,
         specials: SpecialIds::WORDS,
         prefix_predicts_first: false,
+        raw_embeddings: false,
     }
 }
 

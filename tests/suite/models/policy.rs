@@ -49,6 +49,7 @@ fn random_captioner<B: Backend>(b: &B, specials: SpecialIds) -> Captioner<B> {
         vocab_size: VOCAB,
         specials,
         prefix_predicts_first: false,
+        raw_embeddings: false,
     };
     let mut model = Captioner::new(b, config, 5).unwrap();
     // Weights larger than the initialisation: every id, <pad> and <bos>

@@ -466,6 +466,7 @@ fn tiny_config(vocab: usize) -> CaptionerConfig {
         vocab_size: vocab,
         specials: SpecialIds::WORDS,
         prefix_predicts_first: false,
+        raw_embeddings: false,
     }
 }
 

@@ -199,6 +199,7 @@ fn features_round_trip_through_safetensors_and_npy() {
         dim: 2,
         embeddings: vec![3.0, 4.0, 0.0, 2.0, 5.0, 12.0],
         encoder: Some("my-encoder".into()),
+        norms: None,
     };
     let unit = vec![0.6, 0.8, 0.0, 1.0, 5.0 / 13.0, 12.0 / 13.0];
     let path = temp("f.safetensors");
@@ -207,14 +208,17 @@ fn features_round_trip_through_safetensors_and_npy() {
     assert_eq!((back.ids.clone(), back.dim), (features.ids.clone(), 2));
     assert_close("normalised", &back.embeddings, &unit, 1e-6, 0.0);
     assert_eq!(back.encoder.as_deref(), Some("my-encoder"));
+    // The rows' norms as they came, kept for a captioner that reads them so.
+    assert_eq!(back.norms.as_deref(), Some(&[5.0, 2.0, 13.0][..]));
     // Aligning with a data set keeps its items that have an embedding, in item order.
     let mut data = tiny_world();
     data.items.truncate(3);
     data.items[0].id = "c".into();
     data.items[1].id = "a".into();
     data.items[2].id = "zzz".into();
-    let aligned = back.align(&mut data).unwrap();
+    let (aligned, norms) = back.align(&mut data).unwrap();
     assert_eq!(aligned, [&unit[4..6], &unit[0..2]].concat());
+    assert_eq!(norms.as_deref(), Some(&[13.0, 5.0][..]));
     assert_eq!(data.items.len(), 2);
     assert_eq!(data.report.skipped_items, 1);
     assert!(
@@ -245,6 +249,31 @@ fn features_round_trip_through_safetensors_and_npy() {
     std::fs::write(&ids, "a\nb\n").unwrap();
     let err = Features::load(&npy, Some(&ids)).unwrap_err().to_string();
     assert!(err.contains("3 embeddings but 2 image ids"), "{err}");
+    // Unit rows keep the norms the file records, and have none without.
+    let unit_rows = Features {
+        embeddings: unit.clone(),
+        norms: Some(vec![5.0, 2.0, 13.0]),
+        ..back
+    };
+    unit_rows.save(&path, HashMap::new()).unwrap();
+    let again = Features::load(&path, None).unwrap();
+    assert_eq!(again.embeddings, unit);
+    assert_eq!(again.norms, unit_rows.norms);
+    Features {
+        norms: None,
+        ..unit_rows
+    }
+    .save(&path, HashMap::new())
+    .unwrap();
+    assert_eq!(Features::load(&path, None).unwrap().norms, None);
+    let ids_meta = HashMap::from([("image_ids".to_string(), r#"["a","b","c"]"#.to_string())]);
+    let tensors = [
+        ("embeddings", vec![3, 2], &unit[..]),
+        ("norms", vec![2], &[5.0, 2.0][..]),
+    ];
+    captune::tensorfile::write(&path, &tensors, ids_meta).unwrap();
+    let err = format!("{:#}", Features::load(&path, None).unwrap_err());
+    assert!(err.contains("\"norms\" must be [3]"), "{err}");
     for f in [path, npy, ids] {
         std::fs::remove_file(f).unwrap();
     }
