@@ -58,6 +58,8 @@ enum Command {
     Report(cli::report::ReportArgs),
     /// A captioner as a Hugging Face folder: a GPT-2 transformers loads, its tokenizer, its mapper.
     Export(cli::export::ExportArgs),
+    /// A published checkpoint (ClipCap's own .pt) as the folder export writes.
+    Convert(cli::convert::ConvertArgs),
     /// Benchmarks.
     Bench {
         #[command(subcommand)]
@@ -144,6 +146,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::App(args) => cli::app::run(single_device(&cli.device)?, &args),
         Command::Report(args) => cli::report::run(&args),
         Command::Export(args) => cli::export::run(&args),
+        Command::Convert(args) => cli::convert::run(&args),
         Command::Bench { what } => cli::bench::run(&cli.device, what),
     }
 }

@@ -25,7 +25,7 @@ use crate::model::gpt2::{self, Gpt2};
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::tensorfile;
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use std::path::Path;
 
 /// The prefix and caption a GPT-2 decoder is given: what a run config's
@@ -117,6 +117,56 @@ pub fn from_folder<B: Backend>(
     let vocab = CaptionVocab::from_tokenizer(bpe, model.config.vocab_size)
         .map_err(|e| anyhow::anyhow!("{}: {e}", dir.display()))?;
     Ok(Checkpoint { model, vocab })
+}
+
+/// The captioner `captune export` (or `captune convert`) wrote to the
+/// folder `dir`, as it was: the prefix's and the mapper's shape from its
+/// `mapper.safetensors`' metadata, its caption positions from config.json.
+pub fn from_export<B: Backend>(b: &B, dir: &Path) -> Result<Checkpoint<B>> {
+    let mapper = dir.join(MAPPER_FILE);
+    if !mapper.is_file() {
+        bail!(
+            "{}: no {MAPPER_FILE}, so not a captioner `captune export` or `captune convert` \
+             wrote (a GPT-2 folder alone starts a run: train --decoder hf:FOLDER)",
+            dir.display()
+        );
+    }
+    let meta = tensorfile::read_metadata(&mapper)?;
+    let number = |key: &str| -> Result<usize> {
+        let text = meta
+            .get(key)
+            .with_context(|| format!("{}: no metadata {key:?}", mapper.display()))?;
+        text.parse().with_context(|| {
+            format!(
+                "{}: metadata {key:?} is {text:?}, not a count",
+                mapper.display()
+            )
+        })
+    };
+    let mapper_transformer = match meta.get("mapper").map(String::as_str) {
+        Some("transformer") => Some(MapperTransformer {
+            clip_len: number("clip_len")?,
+            layers: number("layers")?,
+            heads: number("heads")?,
+        }),
+        _ => None,
+    };
+    let positions: ExportedPositions = HfFolder::open(dir)?.config()?;
+    let shape = PrefixShape {
+        embed_dim: number("embed_dim")?,
+        prefix_len: number("prefix_len")?,
+        mapper_hidden: number("mapper_hidden")?,
+        mapper_transformer,
+        max_len: positions.caption_positions + 1,
+    };
+    from_folder(b, dir, shape, 0)
+}
+
+/// Caption positions an export's config.json records.
+#[derive(serde::Deserialize)]
+struct ExportedPositions {
+    #[serde(rename = "captune_caption_positions")]
+    caption_positions: usize,
 }
 
 /// What an export's config.json says of a decoder in ClipCap's own layout.

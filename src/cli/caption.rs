@@ -1,6 +1,6 @@
 //! `captune caption`: caption image files.
 
-use super::captioner::{Captioner, DecodeArgs};
+use super::captioner::{Captioner, DecodeArgs, blip_checkpoint_folder};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
 use captune::captioner::decode::generate;
@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct CaptionArgs {
-    /// A captune captioner checkpoint, or hf:FOLDER for a Hugging Face
-    /// BLIP captioner (BlipForConditionalGeneration saved with
-    /// save_pretrained, its processor beside it).
+    /// A captune captioner checkpoint, hf:FOLDER for a Hugging Face BLIP
+    /// captioner (BlipForConditionalGeneration saved with save_pretrained,
+    /// its processor beside it), or hf:DIR for a folder `captune export`
+    /// or `captune convert` wrote (with --retriever).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// The retriever whose image tower embeds the images: a retriever
@@ -87,9 +88,8 @@ fn image_files(args: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let files = image_files(&args.images)?;
-    let spec = args.checkpoint.to_string_lossy();
-    if let Some(dir) = spec.strip_prefix("hf:") {
-        return caption_with_blip(b, Path::new(dir), &files, args);
+    if let Some(dir) = blip_checkpoint_folder(&args.checkpoint)? {
+        return caption_with_blip(b, &dir, &files, args);
     }
     if args.prompt.is_some() {
         bail!("--prompt is for a BLIP folder (--checkpoint hf:FOLDER)");

@@ -4,14 +4,15 @@
 
 use anyhow::{Context, Result};
 use captune::backend::Backend;
-use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding};
+use captune::captioner::{Checkpoint, pretrained};
 use captune::data::Split;
 use captune::metrics::fluency::Perplexity;
 use captune::metrics::meteor::{HOW_TO_GET, Meteor, MeteorData};
 use captune::model::gpt2_lm::Gpt2Lm;
+use captune::model::hf::HfFolder;
 use captune::source::embeddings::{CaptionData, FeatureSource};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// How captions are decoded, for `eval` and `caption`.
 #[derive(clap::Args)]
@@ -124,8 +125,27 @@ pub struct Captioner<B: Backend> {
     pub trained_on: Option<FeatureSource>,
 }
 
+/// The BLIP folder `hf:FOLDER` names as a checkpoint, when it names one
+/// (another `hf:` folder is an export, which [`Captioner::load`] reads).
+pub fn blip_checkpoint_folder(checkpoint: &Path) -> Result<Option<PathBuf>> {
+    let Some(dir) = checkpoint.to_str().and_then(|s| s.strip_prefix("hf:")) else {
+        return Ok(None);
+    };
+    let dir = PathBuf::from(dir);
+    let is_blip = HfFolder::open(&dir)?.model_type()? == "blip";
+    Ok(is_blip.then_some(dir))
+}
+
 impl<B: Backend> Captioner<B> {
+    /// A checkpoint file, or `hf:DIR`: a captioner `captune export` or
+    /// `captune convert` wrote, which records no features.
     pub fn load(b: &B, path: &Path) -> Result<Self> {
+        if let Some(dir) = path.to_str().and_then(|s| s.strip_prefix("hf:")) {
+            return Ok(Captioner {
+                ck: pretrained::from_export(b, Path::new(dir))?,
+                trained_on: None,
+            });
+        }
         Ok(Captioner {
             ck: Checkpoint::load(b, path)?,
             trained_on: captune::captioner::trained_on(path)?,

@@ -21,6 +21,9 @@ pub struct EvalArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub features: FeatureArgs,
+    /// A captioner checkpoint, or hf:DIR for a folder `captune export` or
+    /// `captune convert` wrote (give the data and its features or
+    /// retriever: it records none).
     #[arg(long)]
     pub checkpoint: PathBuf,
     #[arg(long, value_parser = parse_split, default_value = "test")]
@@ -46,8 +49,10 @@ pub struct EvalArgs {
 
 pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     let path = args.results.clone().unwrap_or_else(|| {
-        args.checkpoint
-            .with_file_name(format!("results-{}.json", args.split.name()))
+        // Beside the checkpoint file, or the folder hf:DIR names.
+        let spec = args.checkpoint.to_string_lossy();
+        let checkpoint = PathBuf::from(spec.strip_prefix("hf:").unwrap_or(&spec));
+        checkpoint.with_file_name(format!("results-{}.json", args.split.name()))
     });
     check_new_output(&path, args.overwrite, "--results")?;
     let mut timings = Timings::default();

@@ -4,7 +4,7 @@
 //! punished (its reward, baseline and advantage, what they were measured
 //! against, and each token's term of the loss).
 
-use super::captioner::Captioner;
+use super::captioner::{Captioner, blip_checkpoint_folder};
 use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
@@ -26,8 +26,9 @@ pub struct InspectArgs {
     pub data: DataArgs,
     #[command(flatten)]
     pub features: FeatureArgs,
-    /// A captioner checkpoint, or a Hugging Face BLIP folder as it is
-    /// (hf:FOLDER), which scores the caption of an image file.
+    /// A captioner checkpoint, a Hugging Face BLIP folder as it is
+    /// (hf:FOLDER), which scores the caption of an image file, or a folder
+    /// `captune export` or `captune convert` wrote (hf:DIR).
     #[arg(long)]
     pub checkpoint: PathBuf,
     /// The image id in the data set; with hf:FOLDER, an image file.
@@ -59,8 +60,8 @@ pub struct InspectArgs {
 }
 
 pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
-    if let Some(dir) = args.checkpoint.to_str().and_then(|s| s.strip_prefix("hf:")) {
-        return inspect_blip(b, Path::new(dir), args);
+    if let Some(dir) = blip_checkpoint_folder(&args.checkpoint)? {
+        return inspect_blip(b, &dir, args);
     }
     if args.prompt.is_some() {
         bail!(

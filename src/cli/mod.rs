@@ -4,6 +4,7 @@ pub mod app;
 pub mod bench;
 pub mod caption;
 pub mod captioner;
+pub mod convert;
 pub mod data;
 pub mod demo;
 pub mod embed;

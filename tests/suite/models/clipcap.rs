@@ -450,3 +450,48 @@ fn an_mlp_from_clipcap_reads_embeddings_as_their_encoder_gave_them() {
     c.raw_embeddings = false;
     assert_eq!(data.inputs_of(&items, &c).unwrap(), unit);
 }
+
+/// `captune convert --clipcap FILE.pt --gpt2 FOLDER` writes the folder
+/// `captune export` writes; read back as `hf:DIR` it is the checkpoint as
+/// read directly (config, vocabulary, greedy captions), and `eval
+/// --checkpoint hf:DIR` scores it on a tiny world, its results beside the
+/// folder.
+#[test]
+fn convert_writes_clipcap_s_checkpoint_as_an_export() {
+    let dir = common::fresh_temp("clipcap-convert");
+    let cache = dir.join("cache");
+    let captune = |args: &[&str]| common::captune_on_cpu(&cache, args);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let file = data.join("clipcap-original/mlp.pt");
+    let (gpt2, out) = (data.join("gpt2-tiny"), dir.join("out"));
+    let (file_arg, gpt2_arg) = (file.display().to_string(), gpt2.display().to_string());
+    let out_arg = out.display().to_string();
+    let convert = ["convert", "--clipcap", &file_arg, "--gpt2", &gpt2_arg];
+    let (ok, _, err) = captune(&[&convert[..], &["--max-len", "12", "--out", &out_arg]].concat());
+    assert!(ok, "{err}");
+    let b = CpuBackend::new();
+    let direct = clipcap::read(&b, &file, &gpt2, 12).unwrap();
+    let converted = pretrained::from_export(&b, &out).unwrap();
+    assert_eq!(converted.model.config, direct.model.config);
+    assert_eq!(converted.vocab, direct.vocab);
+    let want = expected("clipcap-original/mlp_expected.safetensors");
+    let decode = |ck: &Checkpoint<CpuBackend>| {
+        let options = DecodeOptions::default();
+        let features = &want.tensors["features"].data;
+        let captions = generate(&b, &ck.model, features, &Decoding::Greedy, &options);
+        captions
+            .unwrap()
+            .into_iter()
+            .map(|g| g.ids)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(decode(&converted), decode(&direct));
+
+    let hf = format!("hf:{out_arg}");
+    let mut eval = vec!["eval", "--checkpoint", &hf, "--split", "val"];
+    eval.extend(common::TINY_WORLD_ARGS);
+    let (ok, stdout, err) = captune(&eval);
+    assert!(ok && stdout.contains("CIDEr-D"), "{err}");
+    assert!(dir.join("results-val.json").is_file(), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
