@@ -1,11 +1,12 @@
 //! `captune convert`: a published checkpoint in the folder `captune
-//! export` writes, which `--decoder hf:DIR`, `caption`, `eval` and
-//! `inspect` read.
+//! export` writes, which `--decoder hf:DIR` and `--checkpoint hf:DIR` read:
+//! ClipCap's own (`--clipcap`) or BLIP's own (`--blip`).
 
 use super::check_new_output;
 use anyhow::Result;
 use captune::captioner::{clipcap, export};
 use captune::cpu::CpuBackend;
+use captune::model::blip_original;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -13,17 +14,34 @@ pub struct ConvertArgs {
     /// ClipCap's own checkpoint (Mokady et al., 2021): the torch.save of a
     /// ClipCaptionModel's state dict, such as its released coco_weights.pt,
     /// MLP or transformer mapper. Read without running its pickle.
-    #[arg(long, value_name = "FILE.pt")]
-    pub clipcap: PathBuf,
-    /// The Hugging Face GPT-2 folder it was trained with: its config.json
-    /// and tokenizer.json (its weights are the checkpoint's).
-    #[arg(long, value_name = "FOLDER")]
-    pub gpt2: PathBuf,
-    /// Caption positions, as [model] max_len counts them: ClipCap's own
-    /// decoding takes at most 67 pieces.
+    #[arg(
+        long,
+        value_name = "FILE.pt",
+        required_unless_present = "blip",
+        conflicts_with = "blip",
+        requires = "gpt2"
+    )]
+    pub clipcap: Option<PathBuf>,
+    /// With --clipcap: the Hugging Face GPT-2 folder it was trained with,
+    /// for its config.json and tokenizer.json (its weights are the
+    /// checkpoint's).
+    #[arg(long, value_name = "FOLDER", requires = "clipcap")]
+    pub gpt2: Option<PathBuf>,
+    /// With --clipcap: caption positions, as [model] max_len counts them
+    /// (ClipCap's own decoding takes at most 67 pieces).
     #[arg(long, default_value_t = 68, value_parser = clap::value_parser!(u32).range(3..))]
     pub max_len: u32,
-    /// The folder to write (as `captune export --hf` writes one).
+    /// BLIP's own captioning checkpoint (Li et al., 2022), as its code
+    /// saves it ({"model": state_dict}: model_base_caption_capfilt_large.pth,
+    /// or SMILE's released model). Read without running its pickle.
+    #[arg(long, value_name = "FILE.pth", requires = "blip_config")]
+    pub blip: Option<PathBuf>,
+    /// With --blip: a Hugging Face BLIP folder of the checkpoint's sizes
+    /// (Salesforce/blip-image-captioning-base saved with save_pretrained,
+    /// for BLIP-base), for its config, tokenizer and image processor.
+    #[arg(long, value_name = "FOLDER", requires = "blip")]
+    pub blip_config: Option<PathBuf>,
+    /// The folder to write.
     #[arg(long)]
     pub out: PathBuf,
     /// Replace --out if it exists.
@@ -33,12 +51,22 @@ pub struct ConvertArgs {
 
 pub fn run(args: &ConvertArgs) -> Result<()> {
     check_new_output(&args.out, args.overwrite, "--out")?;
-    let b = CpuBackend::new();
-    let ck = clipcap::read(&b, &args.clipcap, &args.gpt2, args.max_len as usize)?;
-    export::to_hf(&b, &ck, &args.out, Some(&args.gpt2))?;
+    let from = match (&args.clipcap, &args.gpt2, &args.blip, &args.blip_config) {
+        (Some(file), Some(gpt2), _, _) => {
+            let b = CpuBackend::new();
+            let ck = clipcap::read(&b, file, gpt2, args.max_len as usize)?;
+            export::to_hf(&b, &ck, &args.out, Some(gpt2))?;
+            file
+        }
+        (_, _, Some(file), Some(config)) => {
+            blip_original::convert(file, config, &args.out)?;
+            file
+        }
+        _ => unreachable!("clap requires --clipcap with --gpt2, or --blip with --blip-config"),
+    };
     eprintln!(
-        "converted {} to {} (read it with --decoder hf:{} or --checkpoint hf:{})",
-        args.clipcap.display(),
+        "converted {} to {} (read it as --decoder hf:{} or --checkpoint hf:{})",
+        from.display(),
         args.out.display(),
         args.out.display(),
         args.out.display()

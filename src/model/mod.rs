@@ -2,6 +2,7 @@
 //! transformer, and the retriever built from them.
 
 pub mod blip;
+pub mod blip_original;
 pub mod checkpoint;
 pub mod clip;
 pub mod gpt2;

@@ -1162,3 +1162,89 @@ fn inspect_scores_a_caption_of_an_image_file_under_a_blip_folder() {
     let (ok, _, err) = inspect(&["a dog", "--objective", "scst"]);
     assert!(!ok && err.contains("--objective scst"), "{err}");
 }
+
+/// BLIP's own checkpoint layout (`scripts/blip_original_fixtures.py`: its
+/// authors' ViT and BERT decoder at blip-tiny's sizes, saved as their code
+/// saves a captioner): `captune convert --blip FILE.pth --blip-config
+/// FOLDER` writes a BLIP folder whose vision tower, text decoder and greedy
+/// decoding of the two pictures are the authors' code's: the logits of
+/// two captions fed after [DEC] within 1e-5 of their largest, the same
+/// greedy pieces. A checkpoint of another model is refused by name.
+#[test]
+fn convert_writes_blip_s_own_checkpoint_as_a_blip_folder() {
+    let dir = common::fresh_temp("blip-convert");
+    let (out, cache) = (dir.join("out"), dir.join("cache"));
+    let captune = |args: &[&str]| common::captune_on_cpu(&cache, args);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let original = data.join("blip-original");
+    let (file, config) = (original.join("model.pth"), folder());
+    let args = |file: &Path, out: &Path| {
+        let (file, config, out) = (file.display(), config.display(), out.display());
+        captune(&[
+            "convert",
+            "--blip",
+            &file.to_string(),
+            "--blip-config",
+            &config.to_string(),
+            "--out",
+            &out.to_string(),
+        ])
+    };
+    let (ok, _, err) = args(&file, &out);
+    assert!(ok, "{err}");
+    let want = tensorfile::read(&original.join("expected.safetensors")).unwrap();
+    let b = CpuBackend::new();
+    let mut blip = blip::read(&out).unwrap();
+    let mut vision = BlipVision::new(&b, &out, &mut blip).unwrap();
+    let pixels = &expected().tensors["processed_pixels"].data;
+    let images = vision
+        .image_tokens(&b, &patches_of_pixels(pixels, 32, 8))
+        .unwrap();
+    let max_new = want.tensors["greedy_ids"].shape[1];
+    let mut m = from_blip(&b, blip, max_new + 1, Prompt::default(), false).unwrap();
+    let c = m.config;
+
+    let ids = &want.tensors["input_ids"];
+    let fed: Vec<Vec<u32>> = (ids.data.chunks(ids.shape[1]))
+        .map(|row| {
+            let n = row.iter().rposition(|&x| x != 0.0).map_or(0, |p| p + 1);
+            row[..n].iter().map(|&x| x as u32).collect()
+        })
+        .collect();
+    let inputs = TokenInputs::new(&b, &c, &fed).unwrap();
+    m.forward(&b, &images, &inputs).unwrap();
+    let logits = b.to_vec(m.logits());
+    let expected_logits = &want.tensors["logits"];
+    let (t, v) = (expected_logits.shape[1], c.vocab_size);
+    let (mut got, mut wanted) = (Vec::new(), Vec::new());
+    for (i, s) in fed.iter().enumerate() {
+        for p in 0..s.len() {
+            for j in (0..v).filter(|&j| !c.specials.is_masked(j as u32)) {
+                got.push(logits[(i * inputs.positions + p) * v + j]);
+                wanted.push(expected_logits.data[(i * t + p) * v + j]);
+            }
+        }
+    }
+    let d = relative_difference(&got, &wanted);
+    assert!(d < 1e-5, "logits differ by {d} of their largest");
+    let greedy = generate(
+        &b,
+        &m,
+        &images,
+        &Decoding::Greedy,
+        &DecodeOptions::default(),
+    )
+    .unwrap();
+    let want_greedy = common::padded_ids(&want.tensors["greedy_ids"].data, max_new);
+    for (i, (g, w)) in greedy.iter().zip(&want_greedy).enumerate() {
+        assert_eq!(&g.ids, w, "greedy caption {i}");
+    }
+
+    let clipcap = data.join("clipcap-original/mlp.pt");
+    let (ok, _, err) = args(&clipcap, &dir.join("other"));
+    assert!(
+        !ok && err.contains("\"clip_project.model.0.bias\" is neither the vision tower's"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
