@@ -2,12 +2,13 @@
 //! else `~/.cache/captune`): generated shapes worlds, the shapes retriever
 //! the binary carries, image embeddings, retrievers' embeddings of
 //! reference captions, CIDEr-D statistics of training references, image
-//! tokens and image neighbours (DiscriTune's hard negatives). Everything in it can be deleted; it is made again
-//! when needed.
+//! tokens, image neighbours (DiscriTune's hard negatives) and BLIP's own
+//! checkpoints converted. Everything in it can be deleted; it is made
+//! again when needed.
 
 use crate::tensorfile;
 use anyhow::Result;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The cache's root folder.
@@ -88,4 +89,25 @@ fn file_name(data_name: &str) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect()
+}
+
+/// A file's path (as given), size and modification time: what says in a
+/// cache's key that it changed.
+pub fn file_identity(path: &Path) -> String {
+    let meta = std::fs::metadata(path).ok();
+    let modified = meta
+        .as_ref()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let len = meta.map_or(0, |m| m.len());
+    format!("{}\t{len}\t{modified}", path.display())
+}
+
+/// Where a published checkpoint converted to the folder captune reads is
+/// kept (BLIP's own `.pth` that `--decoder blip:FILE` names); `key` is
+/// the fingerprint of the checkpoint and of the folder it was converted
+/// with.
+pub fn converted(key: &str) -> PathBuf {
+    root().join("converted").join(key)
 }

@@ -41,14 +41,18 @@ pub struct ModelSection {
     /// `hf:FOLDER` (a Hugging Face GPT-2 or BLIP folder), which replaces
     /// width, layers and heads, and its tokenizer the word vocabulary;
     /// ClipCap's own checkpoint, `clipcap:FILE` (with `gpt2`), which also
-    /// replaces the prefix; or an LSTM, `lstm:fc`, `width` wide with
-    /// `layers` layers.
+    /// replaces the prefix; BLIP's own, `blip:FILE` (with `blip_config`);
+    /// or an LSTM, `lstm:fc`, `width` wide with `layers` layers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decoder: Option<String>,
     /// The Hugging Face GPT-2 folder whose config.json and tokenizer.json
     /// a `clipcap:FILE` decoder was trained with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpt2: Option<PathBuf>,
+    /// The Hugging Face BLIP folder of a `blip:FILE` decoder's sizes, whose
+    /// config, tokenizer and image processor it is read with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blip_config: Option<PathBuf>,
     /// Where an LSTM decoder takes the image: "hidden" (its initial
     /// hidden state, the default) or "input" (a step before the start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -78,12 +82,24 @@ impl ModelSection {
         if self.lstm()?.is_some() || self.clipcap()?.is_some() {
             return Ok(None);
         }
+        if let Some(file) = spec.strip_prefix("blip:").filter(|f| !f.is_empty()) {
+            let Some(config) = &self.blip_config else {
+                bail!(
+                    "decoder blip:{file} needs a Hugging Face BLIP folder of its sizes, for the \
+                     config, tokenizer and image processor: --blip-config FOLDER ([model] \
+                     blip_config)"
+                );
+            };
+            let converted = crate::model::blip_original::converted_folder(Path::new(file), config)?;
+            return Ok(Some(converted));
+        }
         match spec.strip_prefix("hf:") {
             Some(dir) if !dir.is_empty() => Ok(Some(PathBuf::from(dir))),
             _ => bail!(
                 "decoder {spec:?}: name a Hugging Face GPT-2 or BLIP folder as hf:PATH \
                  (config.json, model.safetensors and tokenizer.json in it), ClipCap's own \
-                 checkpoint as clipcap:FILE.pt, or an LSTM as lstm:fc"
+                 checkpoint as clipcap:FILE.pt, BLIP's own as blip:FILE.pth, or an LSTM as \
+                 lstm:fc"
             ),
         }
     }
@@ -329,6 +345,13 @@ impl RunConfig {
             .and(self.model.clipcap())
             .and(self.model.lstm())
             .map_err(|e| anyhow::anyhow!("{origin}: [model] {e}"))?;
+        let blip_file = (self.model.decoder.as_deref()).is_some_and(|d| d.starts_with("blip:"));
+        if self.model.blip_config.is_some() && !blip_file {
+            bail!(
+                "{origin}: [model] blip_config is the BLIP folder of BLIP's own checkpoint \
+                 (decoder = \"blip:FILE\"); this decoder is not one"
+            );
+        }
         if self.model.train_vision && t.freeze_decoder {
             bail!(
                 "{origin}: [model] train_vision trains the vision tower, [train] freeze_decoder \

@@ -128,6 +128,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             init,
             decoder: None,
             gpt2: None,
+            blip_config: None,
             image_feed: None,
             image_tokens: None,
             train_vision: false,

@@ -140,13 +140,15 @@ pub struct TrainArgs {
     /// tokenizer.json), whose network and tokenizer replace [model]'s
     /// width, layers and heads and the word vocabulary (a GPT-2 gets a new
     /// mapper: see --mapper). ClipCap's own checkpoint, clipcap:FILE.pt
-    /// (its GPT-2 and mapper, with --gpt2), decoding as ClipCap does. Or an
+    /// (its GPT-2 and mapper, with --gpt2), decoding as ClipCap does.
+    /// BLIP's own checkpoint, blip:FILE.pth (with --blip-config), converted
+    /// once into the cache. Or an
     /// LSTM captioner, [model] width wide: lstm:fc ([model] layers layers),
     /// or lstm:att2in or lstm:updown (attention over image tokens: see
     /// --image-tokens). The run's checkpoints carry it from then on.
     #[arg(
         long,
-        value_name = "hf:FOLDER|clipcap:FILE|lstm:MODEL",
+        value_name = "hf:FOLDER|clipcap:FILE|blip:FILE|lstm:MODEL",
         conflicts_with = "resume"
     )]
     pub decoder: Option<String>,
@@ -154,6 +156,10 @@ pub struct TrainArgs {
     /// trained with, for its config.json and tokenizer.json ([model] gpt2).
     #[arg(long, value_name = "FOLDER", conflicts_with = "resume")]
     pub gpt2: Option<PathBuf>,
+    /// With --decoder blip:FILE: a Hugging Face BLIP folder of its sizes,
+    /// for the config, tokenizer and image processor ([model] blip_config).
+    #[arg(long, value_name = "FOLDER", conflicts_with = "resume")]
+    pub blip_config: Option<PathBuf>,
     /// With an attention LSTM (lstm:att2in, lstm:updown): the Hugging Face
     /// BLIP or CLIP folder, hf:FOLDER, whose vision tower makes the image
     /// tokens it reads ([model] image_tokens).
@@ -247,6 +253,9 @@ impl TrainArgs {
         }
         if let Some(dir) = &self.gpt2 {
             c.model.gpt2 = Some(dir.clone());
+        }
+        if let Some(dir) = &self.blip_config {
+            c.model.blip_config = Some(dir.clone());
         }
         if let Some(feed) = self.image_feed {
             c.model.image_feed = Some(feed);

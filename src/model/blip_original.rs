@@ -14,11 +14,12 @@
 //! folder's config then says (transformers' BLIP config defaults to 1e-5).
 
 use super::hf::HfFolder;
-use crate::tensorfile::{self, Tensor, TensorFile};
+use crate::cache::{self, file_identity};
+use crate::tensorfile::{self, Tensor, TensorFile, fingerprint, temporary_suffix};
 use crate::torch_checkpoint;
 use anyhow::{Context, Result, bail};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The layer-norm epsilon of the authors' ViT (`partial(nn.LayerNorm,
 /// eps=1e-6)` in its vit.py).
@@ -131,4 +132,33 @@ pub fn convert(checkpoint: &Path, config_dir: &Path, out: &Path) -> Result<()> {
     tensorfile::write(&out.join("model.safetensors"), &tensors, HashMap::new())?;
     // Read back as any BLIP folder: every tensor there, of its shape.
     super::blip::read(out).map(drop)
+}
+
+/// The folder BLIP's checkpoint `checkpoint` converts to with the BLIP
+/// folder `config_dir` ([`convert`]), in the cache: converted the first
+/// time (into a temporary folder, then renamed), read from there after.
+pub fn converted_folder(checkpoint: &Path, config_dir: &Path) -> Result<PathBuf> {
+    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let mut listing = format!("blip-original\n{}\n", file_identity(&absolute(checkpoint)));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(config_dir)
+        .with_context(|| format!("cannot read the folder {}", config_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    files.sort();
+    for file in files {
+        listing.push_str(&format!("{}\n", file_identity(&absolute(&file))));
+    }
+    let dir = cache::converted(&fingerprint(listing.as_bytes()));
+    if !dir.join("model.safetensors").is_file() {
+        let partial = dir.with_extension(temporary_suffix());
+        eprintln!(
+            "converting {} into {} (once)",
+            checkpoint.display(),
+            dir.display()
+        );
+        convert(checkpoint, config_dir, &partial)?;
+        std::fs::rename(&partial, &dir)
+            .with_context(|| format!("cannot rename {} to {}", partial.display(), dir.display()))?;
+    }
+    Ok(dir)
 }

@@ -6,9 +6,10 @@
 
 use super::image_pixels::PixelRows;
 use super::image_tokens::TokenRows;
-use super::{DataArgs, DataSource, absolute, file_identity};
+use super::{DataArgs, DataSource, absolute};
 use crate::backend::Backend;
 use crate::cache;
+use crate::cache::file_identity;
 use crate::captioner::CaptionerConfig;
 use crate::data::features::Features;
 use crate::data::{Dataset, Split};

@@ -4,10 +4,11 @@
 //! in the on-disk cache, keyed by the folder's weights and the images;
 //! then read a batch's rows at a time.
 
+use super::absolute;
 use super::embeddings::CaptionData;
-use super::{absolute, file_identity};
 use crate::backend::Backend;
 use crate::cache;
+use crate::cache::file_identity;
 use crate::data::features::EMBEDDINGS;
 use crate::data::image_processor;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};

@@ -41,19 +41,6 @@ impl std::str::FromStr for DataSource {
     }
 }
 
-/// A file's path (as given), size and modification time: what says in a
-/// cache's key that it changed.
-pub(crate) fn file_identity(path: &Path) -> String {
-    let meta = std::fs::metadata(path).ok();
-    let modified = meta
-        .as_ref()
-        .and_then(|m| m.modified().ok())
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| d.as_nanos());
-    let len = meta.map_or(0, |m| m.len());
-    format!("{}\t{len}\t{modified}", path.display())
-}
-
 /// `path` from the root, so that a record of it holds from any working folder.
 pub fn absolute(path: &Path) -> PathBuf {
     std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())

@@ -1248,3 +1248,47 @@ fn convert_writes_blip_s_own_checkpoint_as_a_blip_folder() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `train --decoder blip:FILE.pth --blip-config FOLDER` starts a run from
+/// BLIP's own checkpoint, converted once into the cache (a second run
+/// reuses it); the run records both, and `eval` follows. Without
+/// --blip-config it is refused, naming the flag.
+#[test]
+fn a_run_starts_from_blip_s_own_checkpoint() {
+    let dir = common::fresh_temp("blip-original-run");
+    let cache = dir.join("cache");
+    let captune = |args: &[&str]| common::captune_on_cpu(&cache, args);
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let decoder = format!("blip:{}", data.join("blip-original/model.pth").display());
+    let config = folder().display().to_string();
+    let run = |name: &str, with_config: bool| {
+        let out = dir.join(name).display().to_string();
+        let mut args = vec!["train", "--preset", "tiny", "--epochs", "1", "--lr", "1e-4"];
+        args.extend(["--decoder", &decoder, "--out", &out]);
+        if with_config {
+            args.extend(["--blip-config", &config]);
+        }
+        args.extend(common::TINY_WORLD_ARGS);
+        captune(&args)
+    };
+    let (ok, _, err) = run("refused", false);
+    assert!(!ok && err.contains("--blip-config FOLDER"), "{err}");
+    let (ok, _, err) = run("run", true);
+    assert!(ok, "{err}");
+    assert!(err.contains("converting"), "{err}");
+    let recorded = std::fs::read_to_string(dir.join("run/config.toml")).unwrap();
+    assert!(
+        recorded.contains(&format!("blip_config = {config:?}")),
+        "{recorded}"
+    );
+    let converted = std::fs::read_dir(cache.join("converted")).unwrap().count();
+    assert_eq!(converted, 1, "one converted folder");
+    let (ok, _, err) = run("again", true);
+    assert!(ok && !err.contains("converting"), "{err}");
+
+    let checkpoint = dir.join("run/checkpoint.safetensors").display().to_string();
+    let eval = ["eval", "--checkpoint", &checkpoint, "--split", "val"];
+    let (ok, out, err) = captune(&eval);
+    assert!(ok && out.contains("CIDEr-D"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
