@@ -645,6 +645,45 @@ fn pytorch_checkpoints() {
     );
 }
 
+/// ClipCap's own checkpoints read into a captioner (with the tiny GPT-2's
+/// config and tokenizer), and BLIP's own converted to a BLIP folder: the
+/// weight maps on top of the PyTorch reader
+/// (tests/data/clipcap-original, tests/data/blip-original).
+#[test]
+fn clipcap_and_blip_checkpoints() {
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    let read = |files: &[&str]| -> Vec<Vec<u8>> {
+        files
+            .iter()
+            .map(|f| std::fs::read(data.join(f)).unwrap())
+            .collect()
+    };
+    let dir = scratch("published");
+    let b = CpuBackend::new();
+    let gpt2 = data.join("gpt2-tiny");
+    let seeds = read(&["clipcap-original/mlp.pt", "clipcap-original/transformer.pt"]);
+    let target = dir.join("fuzz-input-clipcap.pt");
+    let (_, loaded, refused) = fuzz("clipcap checkpoint", &seeds, &target, |p| {
+        captune::captioner::clipcap::read(&b, p, &gpt2, 12).map(|_| ())
+    });
+    assert!(
+        loaded > 0 && refused > 0,
+        "clipcap: {loaded} loaded, {refused} refused"
+    );
+    let (blip, out) = (data.join("blip-tiny"), dir.join("converted"));
+    let seeds = read(&["blip-original/model.pth"]);
+    let target = dir.join("fuzz-input-blip.pth");
+    let (_, loaded, refused) = fuzz("blip checkpoint", &seeds, &target, |p| {
+        let converted = captune::model::blip_original::convert(p, &blip, &out);
+        let _ = std::fs::remove_dir_all(&out);
+        converted
+    });
+    assert!(
+        loaded > 0 && refused > 0,
+        "blip: {loaded} loaded, {refused} refused"
+    );
+}
+
 /// METEOR's data (tests/data/meteor/tiny, made up in METEOR's layout): the
 /// jar's deflated resources, then the gzipped paraphrase table, each
 /// damaged in a copy of the folder while the other stays whole, read and

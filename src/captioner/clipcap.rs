@@ -86,7 +86,7 @@ pub fn read<B: Backend>(
     config.raw_embeddings = shape.mapper_transformer.is_none();
     config.validate()?;
     let mut model = with_gpt2_weights(b, gpt2, config, 0)?;
-    put_mapper(b, &mut model, ours);
+    put_mapper(b, &mut model, ours, path)?;
     let vocab = CaptionVocab::from_tokenizer(bpe, config.vocab_size)?;
     Ok(Checkpoint { model, vocab })
 }
@@ -100,22 +100,12 @@ fn mapper_tensors(
     max_len: usize,
 ) -> Result<(PrefixShape, TensorFile)> {
     let mut take = |name: &str| take_from(&mut theirs, name);
-    let matrix = |t: &Tensor, name: &str| -> Result<()> {
-        if t.shape.len() != 2 {
-            bail!(
-                "mapper tensor \"clip_project.{name}\" has shape {:?}, not a matrix",
-                t.shape
-            );
-        }
-        Ok(())
-    };
     let mut ours = TensorFile::new([]);
     let mut put = |name: &str, t: Tensor| ours.tensors.insert(format!("mapper.{name}"), t);
     let mlp = take("model.0.weight").ok();
     let shape = if let Some(fc1) = mlp {
-        let fc2 = take("model.2.weight")?;
-        matrix(&fc1, "model.0.weight")?;
-        matrix(&fc2, "model.2.weight")?;
+        let fc1 = matrix(fc1, "model.0.weight")?;
+        let fc2 = matrix(take("model.2.weight")?, "model.2.weight")?;
         let (hidden, embed_dim, out) = (fc1.shape[0], fc1.shape[1], fc2.shape[0]);
         if fc2.shape[1] != hidden || out % width != 0 {
             bail!(
@@ -136,8 +126,7 @@ fn mapper_tensors(
             max_len,
         }
     } else {
-        let linear = take("linear.weight")?;
-        matrix(&linear, "linear.weight")?;
+        let linear = matrix(take("linear.weight")?, "linear.weight")?;
         let constants = take("prefix_const")?;
         let (out, embed_dim) = (linear.shape[0], linear.shape[1]);
         if out % width != 0 || constants.shape.len() != 2 || constants.shape[1] != width {
@@ -180,16 +169,16 @@ fn mapper_tensors(
             put(&ours("attn.qkv.weight"), qkv.transposed());
             put(
                 &ours("attn.proj.weight"),
-                take(&block("attn.project.weight"))?.transposed(),
+                matrix(take(&block("attn.project.weight"))?, "attn.project.weight")?.transposed(),
             );
             put(&ours("attn.proj.bias"), take(&block("attn.project.bias"))?);
-            let fc1 = take(&block("mlp.fc1.weight"))?;
+            let fc1 = matrix(take(&block("mlp.fc1.weight"))?, "mlp.fc1.weight")?;
             hidden = fc1.shape[0];
             put(&ours("mlp.fc1.weight"), fc1.transposed());
             put(&ours("mlp.fc1.bias"), take(&block("mlp.fc1.bias"))?);
             put(
                 &ours("mlp.fc2.weight"),
-                take(&block("mlp.fc2.weight"))?.transposed(),
+                matrix(take(&block("mlp.fc2.weight"))?, "mlp.fc2.weight")?.transposed(),
             );
             put(&ours("mlp.fc2.bias"), take(&block("mlp.fc2.bias"))?);
             layers += 1;
@@ -218,6 +207,17 @@ fn mapper_tensors(
     Ok((shape, ours))
 }
 
+/// `t`, the mapper tensor `name`, which must be a matrix.
+fn matrix(t: Tensor, name: &str) -> Result<Tensor> {
+    if t.shape.len() != 2 {
+        bail!(
+            "mapper tensor \"clip_project.{name}\" has shape {:?}, not a matrix",
+            t.shape
+        );
+    }
+    Ok(t)
+}
+
 /// The mapper tensor `name` (ClipCap's, without `clip_project.`), taken.
 fn take_from(theirs: &mut TensorFile, name: &str) -> Result<Tensor> {
     theirs
@@ -227,17 +227,26 @@ fn take_from(theirs: &mut TensorFile, name: &str) -> Result<Tensor> {
 }
 
 /// Writes the mapper tensors `ours` (captune's names) into `model`,
-/// whose config was made from their shapes.
-fn put_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, mut ours: TensorFile) {
+/// whose config was made from the main ones' shapes: each must have its
+/// parameter's shape.
+fn put_mapper<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    mut ours: TensorFile,
+    path: &Path,
+) -> Result<()> {
     let params = model.params_mut();
     for (spec, value) in params.specs.iter().zip(&mut params.values) {
         if let Some(t) = ours.tensors.remove(&spec.name) {
-            assert_eq!(
-                t.data.len(),
-                spec.len(),
-                "{}: shapes read from it",
-                spec.name
-            );
+            if t.shape != spec.shape {
+                bail!(
+                    "{}: the mapper's {} is {:?} here, but the other tensors make it {:?}",
+                    path.display(),
+                    spec.name,
+                    t.shape,
+                    spec.shape
+                );
+            }
             b.write(value, &t.data);
         }
     }
@@ -245,4 +254,5 @@ fn put_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, mut ours: TensorFile)
         ours.tensors.is_empty(),
         "every mapper tensor has a parameter"
     );
+    Ok(())
 }

@@ -131,7 +131,13 @@ pub fn convert(checkpoint: &Path, config_dir: &Path, out: &Path) -> Result<()> {
         .collect();
     tensorfile::write(&out.join("model.safetensors"), &tensors, HashMap::new())?;
     // Read back as any BLIP folder: every tensor there, of its shape.
-    super::blip::read(out).map(drop)
+    super::blip::read(out).map(drop).with_context(|| {
+        format!(
+            "{}: converted with {}, it is not a BLIP of that folder's sizes",
+            checkpoint.display(),
+            config_dir.display()
+        )
+    })
 }
 
 /// The folder BLIP's checkpoint `checkpoint` converts to with the BLIP
