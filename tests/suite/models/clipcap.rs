@@ -316,20 +316,10 @@ fn reads_clipcap_s_own_checkpoint<B: Backend>(b: &B, kind: &str, what: &str) {
     let got = step_of(b, &mut ck.model, &want, max_len);
     assert_same_step(&got, &want, &format!("{what}, {kind}"));
 
-    let features = &want.tensors["features"].data;
-    let greedy = generate(
-        b,
-        &ck.model,
-        features,
-        &Decoding::Greedy,
-        &DecodeOptions::default(),
-    )
-    .unwrap();
+    let greedy = greedy_ids(b, &ck, &want.tensors["features"].data);
     let expected = common::padded_ids(&want.tensors["greedy"].data, max_len - 1);
-    for (i, (got, want)) in greedy.iter().zip(&expected).enumerate() {
-        assert_eq!(&got.ids, want, "{what}, {kind}: greedy caption {i}");
-    }
-    assert_eq!(ck.vocab.decode(&greedy[1].ids), "two girls play", "{what}");
+    assert_eq!(greedy, expected, "{what}, {kind}: greedy captions");
+    assert_eq!(ck.vocab.decode(&greedy[1]), "two girls play", "{what}");
 }
 
 #[test]
@@ -399,28 +389,8 @@ fn a_run_starts_from_clipcap_s_own_checkpoint() {
     assert!(ok, "{err}");
     let b = CpuBackend::new();
     let trained = Checkpoint::load(&b, Path::new(&checkpoint)).unwrap();
-    let c = trained.model.config;
-    let shape = PrefixShape {
-        embed_dim: c.embed_dim,
-        prefix_len: c.prefix_len,
-        mapper_hidden: c.mapper_hidden,
-        mapper_transformer: c.mapper_transformer,
-        max_len: c.max_len,
-    };
-    let exported = pretrained::from_folder(&b, &export, shape, 0).unwrap();
-    assert_eq!(exported.model.config, c);
-    assert_eq!(exported.vocab, trained.vocab);
-    let features = &expected("clipcap-original/mlp_expected.safetensors").tensors["features"];
-    let decode = |ck: &Checkpoint<CpuBackend>| {
-        let options = DecodeOptions::default();
-        let captions = generate(&b, &ck.model, &features.data, &Decoding::Greedy, &options);
-        captions
-            .unwrap()
-            .into_iter()
-            .map(|g| g.ids)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(decode(&exported), decode(&trained));
+    let exported = pretrained::from_export(&b, &export).unwrap();
+    assert_same_captioner(&b, &exported, &trained);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -472,26 +442,45 @@ fn convert_writes_clipcap_s_checkpoint_as_an_export() {
     let b = CpuBackend::new();
     let direct = clipcap::read(&b, &file, &gpt2, 12).unwrap();
     let converted = pretrained::from_export(&b, &out).unwrap();
-    assert_eq!(converted.model.config, direct.model.config);
-    assert_eq!(converted.vocab, direct.vocab);
-    let want = expected("clipcap-original/mlp_expected.safetensors");
-    let decode = |ck: &Checkpoint<CpuBackend>| {
-        let options = DecodeOptions::default();
-        let features = &want.tensors["features"].data;
-        let captions = generate(&b, &ck.model, features, &Decoding::Greedy, &options);
-        captions
-            .unwrap()
-            .into_iter()
-            .map(|g| g.ids)
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(decode(&converted), decode(&direct));
+    assert_same_captioner(&b, &converted, &direct);
 
     let hf = format!("hf:{out_arg}");
     let mut eval = vec!["eval", "--checkpoint", &hf, "--split", "val"];
     eval.extend(common::TINY_WORLD_ARGS);
     let (ok, stdout, err) = captune(&eval);
     assert!(ok && stdout.contains("CIDEr-D"), "{err}");
-    assert!(dir.join("results-val.json").is_file(), "{stdout}");
+    let results = std::fs::read_to_string(dir.join("results-val.json")).unwrap();
+    let results: Vec<serde_json::Value> = serde_json::from_str(&results).unwrap();
+    // caption and inspect read the folder too.
+    let picture = data.join("clip-images/wide.png").display().to_string();
+    let (ok, out, err) = captune(&["caption", "--checkpoint", &hf, &picture]);
+    assert!(ok && out.starts_with(&format!("{picture}\t")), "{err}");
+    let image = results[0]["image_id"].to_string().replace('"', "");
+    let mut inspect = vec!["inspect", "--checkpoint", &hf, "--image", &image];
+    inspect.extend(["--caption", "a red circle"]);
+    inspect.extend(common::TINY_WORLD_ARGS);
+    let (ok, out, err) = captune(&inspect);
+    assert!(ok && out.lines().count() > 2, "{err}{out}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `got` is `want` read back: the same config and vocabulary, and the
+/// same greedy captions of the ClipCap fixture's embeddings.
+fn assert_same_captioner(
+    b: &CpuBackend,
+    got: &Checkpoint<CpuBackend>,
+    want: &Checkpoint<CpuBackend>,
+) {
+    assert_eq!(got.model.config, want.model.config);
+    assert_eq!(got.vocab, want.vocab);
+    let fixture = expected("clipcap-original/mlp_expected.safetensors");
+    let features = &fixture.tensors["features"].data;
+    assert_eq!(greedy_ids(b, got, features), greedy_ids(b, want, features));
+}
+
+/// The greedy captions' ids of `ck` for `features`.
+fn greedy_ids<B: Backend>(b: &B, ck: &Checkpoint<B>, features: &[f32]) -> Vec<Vec<u32>> {
+    let options = DecodeOptions::default();
+    let captions = generate(b, &ck.model, features, &Decoding::Greedy, &options).unwrap();
+    captions.into_iter().map(|g| g.ids).collect()
 }
