@@ -58,7 +58,7 @@ enum Command {
     Report(cli::report::ReportArgs),
     /// A captioner as a Hugging Face folder: a GPT-2 transformers loads, its tokenizer, its mapper.
     Export(cli::export::ExportArgs),
-    /// A published checkpoint (ClipCap's own .pt) as the folder export writes.
+    /// A published checkpoint as a folder captune reads: ClipCap's own .pt (as export writes it), BLIP's own .pth (as a BLIP folder).
     Convert(cli::convert::ConvertArgs),
     /// Benchmarks.
     Bench {

@@ -553,6 +553,19 @@ pub fn decode_throughput<B: Backend>(
                 );
             }
             file.normalise()?;
+            if ck.model.config.raw_embeddings {
+                // As the encoder gave them, which this captioner reads.
+                let Some(norms) = &file.norms else {
+                    anyhow::bail!(
+                        "{}: this captioner reads image embeddings as their encoder gives them, \
+                         and the file records no norms: write it with `captune embed`",
+                        path.display()
+                    );
+                };
+                for (row, norm) in file.embeddings.chunks_exact_mut(dim).zip(norms) {
+                    row.iter_mut().for_each(|x| *x *= norm);
+                }
+            }
             let rows = images.min(file.ids.len());
             file.embeddings.truncate(rows * dim);
             file.embeddings

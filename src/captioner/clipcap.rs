@@ -23,7 +23,7 @@
 //! CLIP's.
 
 use super::model::Captioner;
-use super::pretrained::{PrefixShape, gpt2_config, with_gpt2_weights};
+use super::pretrained::{PrefixShape, Reading, gpt2_config, with_gpt2_weights};
 use super::{CaptionVocab, Checkpoint, MapperTransformer};
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
@@ -58,7 +58,10 @@ pub fn read<B: Backend>(
     let shown = path.display();
     let file = torch_checkpoint::read_state_dict(path, None)?;
     let (mut gpt, mut mapper) = (TensorFile::new([]), TensorFile::new([]));
-    for (name, tensor) in file.tensors {
+    let mut tensors: Vec<(String, Tensor)> = file.tensors.into_iter().collect();
+    // In name order, so that an error names the same tensor every time.
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, tensor) in tensors {
         if let Some(rest) = name.strip_prefix("gpt.") {
             gpt.tensors.insert(rest.to_string(), tensor);
         } else if let Some(rest) = name.strip_prefix("clip_project.") {
@@ -72,19 +75,24 @@ pub fn read<B: Backend>(
     }
     let gpt2 = gpt2::from_tensors(gpt2_dir, &mut gpt, path, "decoder")
         .with_context(|| format!("{shown}: its GPT-2 (gpt.) against {}", gpt2_dir.display()))?;
-    if let Some(name) = gpt.tensors.keys().find(|n| !is_unused_gpt2_tensor(n)) {
+    if let Some(name) = (gpt.tensors.keys())
+        .filter(|n| !is_unused_gpt2_tensor(n))
+        .min()
+    {
         bail!("{shown}: GPT-2 tensor \"gpt.{name}\" has no place in GPT-2");
     }
     let width = gpt2.config.n_embd;
     let (shape, ours) =
         mapper_tensors(mapper, width, max_len).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?;
     let bpe = BpeVocab::load(gpt2_dir)?.ending_at(STOP)?;
-    let mut config = gpt2_config(&gpt2, shape, bpe.end())?;
-    config.prefix_predicts_first = true;
-    // The MLP was trained on CLIP's embeddings as they come (predict.py);
-    // the transformer mapper on L2-normalised ones (its notebook).
-    config.raw_embeddings = shape.mapper_transformer.is_none();
-    config.validate()?;
+    let reading = Reading {
+        prefix_predicts_first: true,
+        // The MLP was trained on CLIP's embeddings as they come
+        // (predict.py); the transformer mapper on L2-normalised ones (its
+        // notebook).
+        raw_embeddings: shape.mapper_transformer.is_none(),
+    };
+    let config = gpt2_config(&gpt2, shape, bpe.end(), reading)?;
     let mut model = with_gpt2_weights(b, gpt2, config, 0)?;
     put_mapper(b, &mut model, ours, path)?;
     let vocab = CaptionVocab::from_tokenizer(bpe, config.vocab_size)?;
@@ -201,7 +209,7 @@ fn mapper_tensors(
             max_len,
         }
     };
-    if let Some(name) = theirs.tensors.keys().next() {
+    if let Some(name) = theirs.tensors.keys().min() {
         bail!("mapper tensor \"clip_project.{name}\" has no place in ClipCap's mapper");
     }
     Ok((shape, ours))

@@ -43,11 +43,26 @@ pub struct PrefixShape {
     pub max_len: usize,
 }
 
+/// How a GPT-2 captioner reads its input: captune's way (the default), or
+/// as ClipCap's own checkpoints do ([`super::clipcap`]): no start fed,
+/// and for its MLP, embeddings unnormalised.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reading {
+    pub prefix_predicts_first: bool,
+    pub raw_embeddings: bool,
+}
+
 /// The captioner config of a GPT-2 decoder with `shape`'s prefix: GPT-2's
-/// network, its ids and one more for the padding, `<|endoftext|>`
-/// (`end`) as start and end, and ClipCap's activation for the mapper
-/// (tanh in the MLP, ReLU in the transformer's blocks).
-pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<CaptionerConfig> {
+/// network, its ids and one more for the padding, `end` (`<|endoftext|>`,
+/// or ClipCap's ".") as start and end, ClipCap's activation for the mapper
+/// (tanh in the MLP, ReLU in the transformer's blocks), read `reading`'s
+/// way.
+pub fn gpt2_config(
+    gpt2: &Gpt2,
+    shape: PrefixShape,
+    end: u32,
+    reading: Reading,
+) -> Result<CaptionerConfig> {
     let c = &gpt2.config;
     let config = CaptionerConfig {
         family: DecoderFamily::Prefix,
@@ -66,8 +81,8 @@ pub fn gpt2_config(gpt2: &Gpt2, shape: PrefixShape, end: u32) -> Result<Captione
         prompt: Default::default(),
         max_len: shape.max_len,
         vocab_size: c.vocab_size + 1,
-        prefix_predicts_first: false,
-        raw_embeddings: false,
+        prefix_predicts_first: reading.prefix_predicts_first,
+        raw_embeddings: reading.raw_embeddings,
         specials: SpecialIds {
             start: end,
             end,
@@ -105,10 +120,11 @@ pub fn from_folder<B: Backend>(
     if let Some(end) = &layout.end {
         bpe = bpe.ending_at(end)?;
     }
-    let mut config = gpt2_config(&gpt2, shape, bpe.end())?;
-    config.prefix_predicts_first = layout.prefix_predicts_first;
-    config.raw_embeddings = layout.raw_embeddings;
-    config.validate()?;
+    let reading = Reading {
+        prefix_predicts_first: layout.prefix_predicts_first,
+        raw_embeddings: layout.raw_embeddings,
+    };
+    let config = gpt2_config(&gpt2, shape, bpe.end(), reading)?;
     let mut model = with_gpt2_weights(b, gpt2, config, seed)?;
     let mapper = dir.join(MAPPER_FILE);
     if mapper.is_file() {
@@ -234,7 +250,7 @@ pub fn from_gpt2<B: Backend>(
     end: u32,
     seed: u64,
 ) -> Result<Captioner<B>> {
-    let config = gpt2_config(&gpt2, shape, end)?;
+    let config = gpt2_config(&gpt2, shape, end, Reading::default())?;
     with_gpt2_weights(b, gpt2, config, seed)
 }
 

@@ -153,9 +153,14 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
         return caption_files(b, FileInputs::Tokens(tower), &captioner.ck, &files, args);
     }
     if captioner.trained_on.is_none() && args.retriever.is_none() {
+        let why = match args.checkpoint.to_string_lossy().starts_with("hf:") {
+            true => "a folder records no features",
+            false => "it predates the record",
+        };
         eprintln!(
-            "warning: {ck_path} does not record its features (it predates the record); \
-             embedding with the shapes retriever; pass --retriever for another"
+            "warning: {ck_path} does not record its features ({why}); embedding with the \
+             shapes retriever; pass --retriever with the encoder of the features it was \
+             trained on"
         );
     }
     let Some(file) = default_retriever(

@@ -22,9 +22,11 @@ pub struct ConvertArgs {
         requires = "gpt2"
     )]
     pub clipcap: Option<PathBuf>,
-    /// With --clipcap: the Hugging Face GPT-2 folder it was trained with,
-    /// for its config.json and tokenizer.json (its weights are the
-    /// checkpoint's).
+    /// With --clipcap: the Hugging Face GPT-2 folder it was trained with
+    /// (config.json, tokenizer.json and model.safetensors): its config
+    /// and tokenizer; the weights are the checkpoint's, but for the
+    /// positions past the captioner's, which the written folder keeps from
+    /// this one.
     #[arg(long, value_name = "FOLDER", requires = "clipcap")]
     pub gpt2: Option<PathBuf>,
     /// With --clipcap: caption positions, as [model] max_len counts them

@@ -104,7 +104,17 @@ pub fn convert(checkpoint: &Path, config_dir: &Path, out: &Path) -> Result<()> {
     }
     let weights = renamed(checkpoint)?;
     let mut config: serde_json::Value = folder.config()?;
-    config["vision_config"]["layer_norm_eps"] = serde_json::json!(VISION_NORM_EPS);
+    let Some(vision) = config
+        .get_mut("vision_config")
+        .and_then(|v| v.as_object_mut())
+    else {
+        bail!(
+            "{}: no vision_config object; --blip-config names a BLIP folder saved with \
+             save_pretrained",
+            folder.config_path().display()
+        );
+    };
+    vision.insert("layer_norm_eps".into(), serde_json::json!(VISION_NORM_EPS));
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     for entry in std::fs::read_dir(config_dir)
         .with_context(|| format!("cannot read the folder {}", config_dir.display()))?

@@ -77,7 +77,8 @@ impl CaptionData {
                 "this captioner reads image embeddings as their encoder gives them, not \
                  L2-normalised (ClipCap's MLP was trained so), but {} holds unit-length rows \
                  with no record of their norms: write the features with `captune embed`, which \
-                 records them, or compute them with --retriever",
+                 records them, or compute them with --retriever (embeddings cached before \
+                 norms were kept have none: delete `features/` in the cache folder)",
                 self.source
                     .as_ref()
                     .map_or("the features".into(), |s| s.origin())
@@ -417,12 +418,11 @@ fn embed_cached<B: Backend>(
     let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
     if cached.is_file() {
         match Features::load(&cached, None).and_then(|f| f.align(data)) {
-            // Embeddings cached before their norms were kept are made again.
-            Ok((embeddings, Some(norms))) => {
+            // Those cached before their norms were kept have none.
+            Ok(aligned) => {
                 eprintln!("image embeddings from the cache: {}", cached.display());
-                return Ok((embeddings, Some(norms)));
+                return Ok(aligned);
             }
-            Ok((_, None)) => {}
             Err(e) => {
                 eprintln!("warning: ignoring the cached embeddings ({e:#}); computing them again")
             }

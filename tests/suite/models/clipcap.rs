@@ -20,7 +20,7 @@ use captune::captioner::model::Captioner;
 use captune::captioner::model::{MASKED_LOGIT, TokenInputs, teacher_targets};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::pretrained::{self, PrefixShape};
-use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, clipcap};
+use captune::captioner::{CaptionVocab, Checkpoint, MapperTransformer, clipcap, export};
 use captune::cpu::CpuBackend;
 use captune::model::gpt2;
 use captune::tensorfile::{self, TensorFile};
@@ -443,6 +443,10 @@ fn convert_writes_clipcap_s_checkpoint_as_an_export() {
     let direct = clipcap::read(&b, &file, &gpt2, 12).unwrap();
     let converted = pretrained::from_export(&b, &out).unwrap();
     assert_same_captioner(&b, &converted, &direct);
+    // Exported without the GPT-2 folder, the positions are the captioner's alone.
+    let bare = dir.join("bare");
+    export::to_hf(&b, &direct, &bare, None).unwrap();
+    assert_same_captioner(&b, &pretrained::from_export(&b, &bare).unwrap(), &direct);
 
     let hf = format!("hf:{out_arg}");
     let mut eval = vec!["eval", "--checkpoint", &hf, "--split", "val"];

@@ -45,7 +45,7 @@ impl<'m, B: Backend> PrefixStepper<'m, B> {
         PrefixStepper {
             model,
             rows,
-            cache: model.decoder.kv_cache(b, rows, k + steps),
+            cache: model.decoder.kv_cache(b, rows, prefilled + steps),
             prefill: model.decoder.prefill(b, rows, prefilled),
             prefix_positions: b.ids(
                 &(0..rows)
