@@ -562,9 +562,7 @@ pub fn decode_throughput<B: Backend>(
                         path.display()
                     );
                 };
-                for (row, norm) in file.embeddings.chunks_exact_mut(dim).zip(norms) {
-                    row.iter_mut().for_each(|x| *x *= norm);
-                }
+                crate::data::features::times_norms(&mut file.embeddings, dim, norms);
             }
             let rows = images.min(file.ids.len());
             file.embeddings.truncate(rows * dim);

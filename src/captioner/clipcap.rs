@@ -22,8 +22,7 @@
 //! and an MLP reads image embeddings unnormalised, as its authors feed
 //! CLIP's.
 
-use super::model::Captioner;
-use super::pretrained::{PrefixShape, Reading, gpt2_config, with_gpt2_weights};
+use super::pretrained::{PrefixShape, Reading, gpt2_config, with_gpt2_weights, write_mapper};
 use super::{CaptionVocab, Checkpoint, MapperTransformer};
 use crate::backend::Backend;
 use crate::data::bpe::BpeVocab;
@@ -94,7 +93,7 @@ pub fn read<B: Backend>(
     };
     let config = gpt2_config(&gpt2, shape, bpe.end(), reading)?;
     let mut model = with_gpt2_weights(b, gpt2, config, 0)?;
-    put_mapper(b, &mut model, ours, path)?;
+    write_mapper(b, &mut model, ours, path)?;
     let vocab = CaptionVocab::from_tokenizer(bpe, config.vocab_size)?;
     Ok(Checkpoint { model, vocab })
 }
@@ -232,35 +231,4 @@ fn take_from(theirs: &mut TensorFile, name: &str) -> Result<Tensor> {
         .tensors
         .remove(name)
         .with_context(|| format!("no mapper tensor \"clip_project.{name}\""))
-}
-
-/// Writes the mapper tensors `ours` (captune's names) into `model`,
-/// whose config was made from the main ones' shapes: each must have its
-/// parameter's shape.
-fn put_mapper<B: Backend>(
-    b: &B,
-    model: &mut Captioner<B>,
-    mut ours: TensorFile,
-    path: &Path,
-) -> Result<()> {
-    let params = model.params_mut();
-    for (spec, value) in params.specs.iter().zip(&mut params.values) {
-        if let Some(t) = ours.tensors.remove(&spec.name) {
-            if t.shape != spec.shape {
-                bail!(
-                    "{}: the mapper's {} is {:?} here, but the other tensors make it {:?}",
-                    path.display(),
-                    spec.name,
-                    t.shape,
-                    spec.shape
-                );
-            }
-            b.write(value, &t.data);
-        }
-    }
-    assert!(
-        ours.tensors.is_empty(),
-        "every mapper tensor has a parameter"
-    );
-    Ok(())
 }

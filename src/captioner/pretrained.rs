@@ -24,7 +24,7 @@ use crate::data::bpe::BpeVocab;
 use crate::model::gpt2::{self, Gpt2};
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
-use crate::tensorfile;
+use crate::tensorfile::{self, TensorFile};
 use anyhow::{Context, Result, bail};
 use std::path::Path;
 
@@ -199,7 +199,7 @@ struct ExportedLayout {
 /// Replaces `model`'s mapper with the one in `path` (as `captune export`
 /// writes it), which must have the model's shape.
 fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Result<()> {
-    let mut file = tensorfile::read(path)?;
+    let file = tensorfile::read(path)?;
     for (key, want) in mapper_metadata(&model.config) {
         let held = match (key, file.metadata.get(key)) {
             // Exports from before transformer mappers hold an MLP.
@@ -216,6 +216,18 @@ fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Resu
             );
         }
     }
+    write_mapper(b, model, file, path)
+}
+
+/// Writes the mapper tensors of `file` (read from `path`, under captune's
+/// names) into `model`: every mapper parameter, each of its shape, and
+/// nothing else.
+pub fn write_mapper<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    mut file: TensorFile,
+    path: &Path,
+) -> Result<()> {
     let params = model.params_mut();
     for (spec, value) in params.specs.iter().zip(&mut params.values) {
         if !is_mapper_param(&spec.name) {
@@ -235,7 +247,7 @@ fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Resu
         }
         b.write(value, &tensor.data);
     }
-    if let Some(name) = file.tensors.keys().next() {
+    if let Some(name) = file.tensors.keys().min() {
         bail!("{}: tensor {name:?} is not the mapper's", path.display());
     }
     Ok(())

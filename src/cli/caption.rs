@@ -233,9 +233,7 @@ pub fn caption<B: Backend>(b: &B, args: &CaptionArgs) -> Result<()> {
     let ck = &captioner.ck;
     if ck.model.config.raw_embeddings {
         // As the encoder gave them: the captioner was trained on those.
-        for (row, norm) in features.chunks_exact_mut(embed_dim).zip(&norms) {
-            row.iter_mut().for_each(|x| *x *= norm);
-        }
+        captune::data::features::times_norms(&mut features, embed_dim, &norms);
     }
     let decode = &args.decoding.decode;
     let bar = progress.start("captioning", all.len() as u64);

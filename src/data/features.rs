@@ -41,6 +41,14 @@ pub const ENCODER_ID: &str = "encoder_id";
 /// Metadata: a free description of the encoder (any tool may write it).
 pub const ENCODER: &str = "encoder";
 
+/// Rows `[n, dim]` of unit length back to their encoder's scale: each
+/// row times its norm (a captioner that reads embeddings unnormalised).
+pub fn times_norms<'a>(rows: &mut [f32], dim: usize, norms: impl IntoIterator<Item = &'a f32>) {
+    for (row, norm) in rows.chunks_exact_mut(dim).zip(norms) {
+        row.iter_mut().for_each(|x| *x *= norm);
+    }
+}
+
 /// The identity of a captune retriever as an encoder: its weights' fingerprint.
 pub fn retriever_encoder_id(checkpoint_bytes: &[u8]) -> String {
     format!(

@@ -8,10 +8,9 @@ use super::image_pixels::PixelRows;
 use super::image_tokens::TokenRows;
 use super::{DataArgs, DataSource, absolute};
 use crate::backend::Backend;
-use crate::cache;
-use crate::cache::file_identity;
+use crate::cache::{self, file_identity};
 use crate::captioner::CaptionerConfig;
-use crate::data::features::Features;
+use crate::data::features::{Features, times_norms};
 use crate::data::{Dataset, Split};
 use crate::progress::Progress;
 use crate::retriever::frozen::{self, FrozenRetriever};
@@ -60,9 +59,7 @@ impl CaptionData {
             (None, None) if c.raw_embeddings => {
                 let norms = self.norms_for_raw()?;
                 let mut rows = self.features_of(items);
-                for (row, &i) in rows.chunks_exact_mut(self.dim).zip(items) {
-                    row.iter_mut().for_each(|x| *x *= norms[i]);
-                }
+                times_norms(&mut rows, self.dim, items.iter().map(|&i| &norms[i]));
                 Ok(rows)
             }
             (None, None) => Ok(self.features_of(items)),
