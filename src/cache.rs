@@ -91,6 +91,12 @@ fn file_name(data_name: &str) -> String {
         .collect()
 }
 
+/// `path` from the root, so that a record of it (or a cache key made
+/// of it) holds from any working folder.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// A file's path (as given), size and modification time: what says in a
 /// cache's key that it changed.
 pub fn file_identity(path: &Path) -> String {

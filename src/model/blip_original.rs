@@ -14,7 +14,7 @@
 //! folder's config then says (transformers' BLIP config defaults to 1e-5).
 
 use super::hf::HfFolder;
-use crate::cache::{self, file_identity};
+use crate::cache::{self, absolute, file_identity};
 use crate::tensorfile::{self, Tensor, TensorFile, fingerprint, temporary_suffix};
 use crate::torch_checkpoint;
 use anyhow::{Context, Result, bail};
@@ -154,7 +154,6 @@ pub fn convert(checkpoint: &Path, config_dir: &Path, out: &Path) -> Result<()> {
 /// folder `config_dir` ([`convert`]), in the cache: converted the first
 /// time (into a temporary folder, then renamed), read from there after.
 pub fn converted_folder(checkpoint: &Path, config_dir: &Path) -> Result<PathBuf> {
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     let mut listing = format!("blip-original\n{}\n", file_identity(&absolute(checkpoint)));
     let mut files: Vec<PathBuf> = std::fs::read_dir(config_dir)
         .with_context(|| format!("cannot read the folder {}", config_dir.display()))?

@@ -31,10 +31,9 @@ pub fn clip_folder(path: &Path) -> Option<&Path> {
 
 /// `path` with its file or folder made absolute (after `clip:` for a CLIP).
 pub fn absolute(path: &Path) -> PathBuf {
-    let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
     match clip_folder(path) {
-        Some(dir) => PathBuf::from(format!("{CLIP_PREFIX}{}", absolute(dir).display())),
-        None => absolute(path),
+        Some(dir) => PathBuf::from(format!("{CLIP_PREFIX}{}", cache::absolute(dir).display())),
+        None => cache::absolute(path),
     }
 }
 

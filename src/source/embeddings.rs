@@ -6,9 +6,9 @@
 
 use super::image_pixels::PixelRows;
 use super::image_tokens::TokenRows;
-use super::{DataArgs, DataSource, absolute};
+use super::{DataArgs, DataSource};
 use crate::backend::Backend;
-use crate::cache::{self, file_identity};
+use crate::cache::{self, absolute, file_identity};
 use crate::captioner::CaptionerConfig;
 use crate::data::features::{Features, times_norms};
 use crate::data::{Dataset, Split};

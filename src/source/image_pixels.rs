@@ -3,8 +3,8 @@
 //! every step; a batch's images are read, prepared by the BLIP folder's
 //! image processor and cut into the tower's patches when it is drawn.
 
-use super::absolute;
 use super::embeddings::CaptionData;
+use crate::cache::absolute;
 use crate::data::{Dataset, Item};
 use crate::model::blip;
 use crate::model::vision::Patcher;

@@ -4,11 +4,9 @@
 //! in the on-disk cache, keyed by the folder's weights and the images;
 //! then read a batch's rows at a time.
 
-use super::absolute;
 use super::embeddings::CaptionData;
 use crate::backend::Backend;
-use crate::cache;
-use crate::cache::file_identity;
+use crate::cache::{self, absolute, file_identity};
 use crate::data::features::EMBEDDINGS;
 use crate::data::image_processor;
 use crate::data::image_tokens::{ImageTokens, TokenShape, TokensWriter};

@@ -11,6 +11,7 @@ pub mod embeddings;
 pub mod image_pixels;
 pub mod image_tokens;
 
+use crate::cache::absolute;
 use crate::data::{Dataset, coco, karpathy};
 use crate::shapes::{self, ShapesConfig};
 use anyhow::{Result, bail};
@@ -39,11 +40,6 @@ impl std::str::FromStr for DataSource {
             )),
         }
     }
-}
-
-/// `path` from the root, so that a record of it holds from any working folder.
-pub fn absolute(path: &Path) -> PathBuf {
-    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
 }
 
 impl std::fmt::Display for DataSource {
