@@ -1,8 +1,10 @@
-// One time step of an LSTM layer, PyTorch's gate order (input, forget,
-// cell, output). One thread per (row, hidden unit), on a 2-D grid. The
-// gates' pre-activations of row r start at gates_offset + r * gates_stride
-// (i, f, g, o, `hidden` each); the cell and hidden states of row r are read
-// at prev + r * state_stride and written at next + r * state_stride.
+// One time step of an LSTM layer. One thread per (row, hidden unit), on a
+// 2-D grid. The gates' pre-activations of row r start at gates_offset +
+// r * gates_stride, `hidden` each: PyTorch's (input, forget, cell input,
+// output), or with `maxout` self-critical training's (input, forget,
+// output, then two candidates whose larger is the cell input, no tanh).
+// The cell and hidden states of row r are read at prev + r * state_stride
+// and written at next + r * state_stride.
 
 struct Params {
     rows: u32,
@@ -12,7 +14,7 @@ struct Params {
     prev: u32,
     next: u32,
     state_stride: u32,
-    _pad: u32,
+    maxout: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,8 +30,10 @@ fn sigmoid(x: f32) -> f32 {
 @group(0) @binding(2) var<storage, read_write> cells: array<f32>;
 @group(0) @binding(3) var<storage, read_write> hidden_states: array<f32>;
 
-// The gates become their activations; c_next = f c_prev + i g,
-// h_next = o tanh(c_next).
+// The gates become their activations (with maxout: i, f, o, the cell
+// input and its first candidate's share of the gradient, all of it when
+// the larger, half at a tie as PyTorch's torch.max splits it);
+// c_next = f c_prev + i c_in, h_next = o tanh(c_next).
 @compute @workgroup_size(256)
 fn lstm_cell(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
@@ -41,12 +45,24 @@ fn lstm_cell(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let g = p.gates_offset + r * p.gates_stride + j;
     let i = sigmoid(gates[g]);
     let f = sigmoid(gates[g + h]);
-    let c_in = stable_tanh(gates[g + 2u * h]);
-    let o = sigmoid(gates[g + 3u * h]);
+    var c_in: f32;
+    var o: f32;
+    if (p.maxout == 1u) {
+        o = sigmoid(gates[g + 2u * h]);
+        let a = gates[g + 3u * h];
+        let b = gates[g + 4u * h];
+        c_in = max(a, b);
+        gates[g + 2u * h] = o;
+        gates[g + 3u * h] = c_in;
+        gates[g + 4u * h] = select(select(0.0, 0.5, a == b), 1.0, a > b);
+    } else {
+        c_in = stable_tanh(gates[g + 2u * h]);
+        o = sigmoid(gates[g + 3u * h]);
+        gates[g + 2u * h] = c_in;
+        gates[g + 3u * h] = o;
+    }
     gates[g] = i;
     gates[g + h] = f;
-    gates[g + 2u * h] = c_in;
-    gates[g + 3u * h] = o;
     let c = f * cells[p.prev + r * p.state_stride + j] + i * c_in;
     let next = p.next + r * p.state_stride + j;
     cells[next] = c;
@@ -73,15 +89,24 @@ fn lstm_cell_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let g = p.gates_offset + r * p.gates_stride + j;
     let i = activations[g];
     let f = activations[g + h];
-    let c_in = activations[g + 2u * h];
-    let o = activations[g + 3u * h];
+    let maxout = p.maxout == 1u;
+    let c_in = activations[g + select(2u, 3u, maxout) * h];
+    let o = activations[g + select(3u, 2u, maxout) * h];
     let next = p.next + r * p.state_stride + j;
     let t = stable_tanh(cell_states[next]);
     let dh = d_hidden[next];
     let dc = d_cell[e] + dh * o * (1.0 - t * t);
     d_gates[g] = dc * c_in * i * (1.0 - i);
     d_gates[g + h] = dc * cell_states[p.prev + r * p.state_stride + j] * f * (1.0 - f);
-    d_gates[g + 2u * h] = dc * i * (1.0 - c_in * c_in);
-    d_gates[g + 3u * h] = dh * t * o * (1.0 - o);
+    let d_o = dh * t * o * (1.0 - o);
+    if (maxout) {
+        let share = activations[g + 4u * h];
+        d_gates[g + 2u * h] = d_o;
+        d_gates[g + 3u * h] = dc * i * share;
+        d_gates[g + 4u * h] = dc * i * (1.0 - share);
+    } else {
+        d_gates[g + 2u * h] = dc * i * (1.0 - c_in * c_in);
+        d_gates[g + 3u * h] = d_o;
+    }
     d_cell[e] = dc * f;
 }

@@ -34,7 +34,7 @@ pub mod word_marks;
 pub use prompt::Prompt;
 pub use vocab::CaptionVocab;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, CellGates};
 use crate::cpu::CpuBackend;
 use crate::data::vocab::{BOS, EOS, PAD};
 use crate::model::checkpoint;
@@ -161,6 +161,15 @@ pub struct LstmConfig {
     /// attending).
     #[serde(default)]
     pub image_feed: ImageFeed,
+    /// The FC model's cell: PyTorch's, or self-critical training's maxout
+    /// cell (its FC model's, which `captune convert --self-critical`
+    /// reads).
+    #[serde(default, skip_serializing_if = "is_default_cell")]
+    pub cell: CellGates,
+}
+
+fn is_default_cell(cell: &CellGates) -> bool {
+    *cell == CellGates::default()
 }
 
 /// The LSTM captioners.
@@ -329,7 +338,10 @@ impl CaptionerConfig {
                     }
                     // The image projection, the word table, each layer's
                     // two matrices and two biases, the output layer.
-                    _ => e * d + d + v * d + l * (8 * d * d + 8 * d) + output,
+                    _ => {
+                        let gates = self.lstm.map_or(4, |l| l.cell.chunks()) as u128 * d;
+                        e * d + d + v * d + l * (2 * gates * d + 2 * gates) + output
+                    }
                 };
             }
         };
@@ -524,6 +536,9 @@ impl CaptionerConfig {
             }
             LstmModel::Att2in | LstmModel::UpDown if self.image_tokens == 0 => {
                 bail!("an attention LSTM attends over image tokens: image_tokens must be positive")
+            }
+            LstmModel::Att2in | LstmModel::UpDown if lstm.cell != CellGates::Lstm => {
+                bail!("only the FC model has a choice of cell (cell = \"maxout\")")
             }
             LstmModel::Att2in | LstmModel::UpDown
                 if self.decoder.layers != 1 || lstm.image_feed != ImageFeed::Hidden =>

@@ -7,7 +7,7 @@ use super::objective::Objective;
 use super::objectives;
 use super::objectives::settings::Settings;
 use super::{CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, MapperTransformer};
-use crate::backend::Backend;
+use crate::backend::{Backend, CellGates};
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
@@ -172,6 +172,7 @@ impl ModelSection {
         Ok(Some(LstmConfig {
             model,
             image_feed: self.image_feed.unwrap_or_default(),
+            cell: CellGates::Lstm,
         }))
     }
 

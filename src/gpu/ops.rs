@@ -6,8 +6,8 @@ use super::matmul_plan::{self, MatmulPlan};
 use super::{GpuBackend, GpuIds, GpuTensor, PendingRead, describe};
 use crate::backend::{
     AdamWStep, AttentionShape, Backend, BackendKind, BeamStep, CachedAttention, Candidates,
-    ChoiceRule, DeviceCounters, HeadLayout, LstmStep, Matmul, Reduce, SoftmaxRows, Storage,
-    TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
+    CellGates, ChoiceRule, DeviceCounters, HeadLayout, LstmStep, Matmul, Reduce, SoftmaxRows,
+    Storage, TokenChoice, TokenIndex, VocabSubsets, WorkgroupCounts,
 };
 use bytemuck::{Pod, Zeroable};
 
@@ -285,7 +285,7 @@ struct LstmParams {
     prev: u32,
     next: u32,
     state_stride: u32,
-    _pad: u32,
+    maxout: u32,
 }
 
 impl LstmParams {
@@ -298,7 +298,7 @@ impl LstmParams {
             prev: u(s.prev),
             next: u(s.next),
             state_stride: u(s.state_stride),
-            _pad: 0,
+            maxout: u32::from(s.cell == CellGates::Maxout),
         }
     }
 }

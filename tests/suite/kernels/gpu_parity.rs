@@ -5,8 +5,8 @@
 use crate::common;
 
 use captune::backend::{
-    AdamWStep, Backend, CachedAttention, ChoiceRule, HeadLayout, LstmStep, Matmul, NO_ROW, Operand,
-    Reduce, Sampling, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
+    AdamWStep, Backend, CachedAttention, CellGates, ChoiceRule, HeadLayout, LstmStep, Matmul,
+    NO_ROW, Operand, Reduce, Sampling, SoftmaxRows, Storage, TokenChoice, TokenIndex, VocabSubsets,
 };
 use captune::cpu::CpuBackend;
 use captune::gpu::{MatmulKernel, MatmulTile};
@@ -832,43 +832,45 @@ fn normalize_pool_scale_and_clamp_match_cpu() {
     parity!(rows_cases, 1e-5, 1e-6);
 }
 
-/// Two steps forward over strided sequences, then both back, and a
-/// decoding-style step between two slots of one state row.
+/// For each cell: two steps forward over strided sequences, then both
+/// back, and a decoding-style step between two slots of one state row.
+/// The maxout cell's candidates tie in some units (the gradient's split).
 fn lstm_cases<B: Backend>(b: &B) -> Vec<Vec<f32>> {
     let (rows, hidden, steps) = (3, 37, 2);
-    let mut gates = b.tensor(&random(rows * steps * 4 * hidden, 1));
-    let mut cells = b.tensor(&random(rows * (steps + 1) * hidden, 2));
-    let mut states = b.tensor(&random(rows * (steps + 1) * hidden, 3));
-    for t in 0..steps {
-        let step = LstmStep::of_sequence(rows, hidden, steps, t);
-        b.lstm_cell(&mut gates, &mut cells, &mut states, &step);
+    let mut out = Vec::new();
+    for cell in [CellGates::Lstm, CellGates::Maxout] {
+        let g = cell.chunks() * hidden;
+        let mut pre = random(rows * steps * g, 1);
+        if cell == CellGates::Maxout {
+            for unit in (0..pre.len() - g).step_by(g + 3).filter(|u| u % g < hidden) {
+                pre[unit + 4 * hidden] = pre[unit + 3 * hidden];
+            }
+        }
+        let mut gates = b.tensor(&pre);
+        let mut cells = b.tensor(&random(rows * (steps + 1) * hidden, 2));
+        let mut states = b.tensor(&random(rows * (steps + 1) * hidden, 3));
+        for t in 0..steps {
+            let step = LstmStep::of_sequence(cell, rows, hidden, steps, t);
+            b.lstm_cell(&mut gates, &mut cells, &mut states, &step);
+        }
+        let d_hidden = b.tensor(&random(rows * (steps + 1) * hidden, 4));
+        let mut d_cell = b.tensor(&random(rows * hidden, 5));
+        let mut d_gates = b.zeros(rows * steps * g);
+        for t in (0..steps).rev() {
+            let step = LstmStep::of_sequence(cell, rows, hidden, steps, t);
+            b.lstm_cell_backward(&gates, &cells, &d_hidden, &mut d_cell, &mut d_gates, &step);
+        }
+        let mut one = b.tensor(&random(rows * g, 6));
+        let (mut c, mut h) = (
+            b.tensor(&random(rows * 2 * hidden, 7)),
+            b.zeros(rows * 2 * hidden),
+        );
+        let back = LstmStep::between_slots(cell, rows, hidden, 1);
+        b.lstm_cell(&mut one, &mut c, &mut h, &back);
+        let tensors = [&gates, &cells, &states, &d_cell, &d_gates, &one, &c, &h];
+        out.extend(tensors.iter().map(|t| b.to_vec(t)));
     }
-    let d_hidden = b.tensor(&random(rows * (steps + 1) * hidden, 4));
-    let mut d_cell = b.tensor(&random(rows * hidden, 5));
-    let mut d_gates = b.zeros(rows * steps * 4 * hidden);
-    for t in (0..steps).rev() {
-        let step = LstmStep::of_sequence(rows, hidden, steps, t);
-        b.lstm_cell_backward(&gates, &cells, &d_hidden, &mut d_cell, &mut d_gates, &step);
-    }
-    let mut one = b.tensor(&random(rows * 4 * hidden, 6));
-    let (mut c, mut h) = (
-        b.tensor(&random(rows * 2 * hidden, 7)),
-        b.zeros(rows * 2 * hidden),
-    );
-    let back = LstmStep {
-        rows,
-        hidden,
-        gates_offset: 0,
-        gates_stride: 4 * hidden,
-        prev: hidden,
-        next: 0,
-        state_stride: 2 * hidden,
-    };
-    b.lstm_cell(&mut one, &mut c, &mut h, &back);
-    [&gates, &cells, &states, &d_cell, &d_gates, &one, &c, &h]
-        .iter()
-        .map(|t| b.to_vec(t))
-        .collect()
+    out
 }
 
 #[test]

@@ -4,7 +4,9 @@
 
 use crate::common;
 
-use captune::backend::{Backend, LstmStep, Matmul, SoftmaxRows, TokenIndex, VocabSubsets};
+use captune::backend::{
+    Backend, CellGates, LstmStep, Matmul, SoftmaxRows, TokenIndex, VocabSubsets,
+};
 use captune::cpu::CpuBackend;
 use captune::index::FULL_VOCAB;
 use captune::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
@@ -572,39 +574,45 @@ fn l2_normalize_and_mean_pool_backward_match_finite_differences() {
 
 /// Step 1 of two, so that the gates, the states and the rows all sit at
 /// an offset with a stride; the loss reads h_next and c_next (the second
-/// as a later step would, through `d_cell`).
+/// as a later step would, through `d_cell`). Both cells.
 #[test]
 fn lstm_cell_backward_matches_finite_differences() {
     let b = CpuBackend::new();
     let (rows, hidden, steps) = (3, 5, 2);
-    let step = LstmStep::of_sequence(rows, hidden, steps, 1);
-    let gates = random(rows * steps * 4 * hidden, 1);
-    let cells = random(rows * (steps + 1) * hidden, 2);
-    let (r_hidden, r_cell) = (random(cells.len(), 3), random(rows * hidden, 4));
-    let loss = |gates: &[f32], cells: &[f32]| {
-        let (mut g, mut c, mut h) = (gates.to_vec(), cells.to_vec(), vec![0.0; cells.len()]);
-        b.lstm_cell(&mut g, &mut c, &mut h, &step);
-        let next = |x: &[f32]| -> Vec<f32> {
-            (0..rows)
-                .flat_map(|r| x[step.next + r * step.state_stride..][..hidden].to_vec())
-                .collect()
+    for cell in [CellGates::Lstm, CellGates::Maxout] {
+        let step = LstmStep::of_sequence(cell, rows, hidden, steps, 1);
+        let gates = random(rows * steps * step.row(), 1);
+        let cells = random(rows * (steps + 1) * hidden, 2);
+        let (r_hidden, r_cell) = (random(cells.len(), 3), random(rows * hidden, 4));
+        let loss = |gates: &[f32], cells: &[f32]| {
+            let (mut g, mut c, mut h) = (gates.to_vec(), cells.to_vec(), vec![0.0; cells.len()]);
+            b.lstm_cell(&mut g, &mut c, &mut h, &step);
+            let next = |x: &[f32]| -> Vec<f32> {
+                (0..rows)
+                    .flat_map(|r| x[step.next + r * step.state_stride..][..hidden].to_vec())
+                    .collect()
+            };
+            let r_next = next(&r_hidden);
+            dot(&next(&h), &r_next) + dot(&next(&c), &r_cell)
         };
-        let r_next = next(&r_hidden);
-        dot(&next(&h), &r_next) + dot(&next(&c), &r_cell)
-    };
-    let (mut activated, mut c, mut h) = (gates.clone(), cells.clone(), vec![0.0; cells.len()]);
-    b.lstm_cell(&mut activated, &mut c, &mut h, &step);
-    let mut d_cell = r_cell.clone();
-    let mut d_gates = vec![0.0; gates.len()];
-    b.lstm_cell_backward(&activated, &c, &r_hidden, &mut d_cell, &mut d_gates, &step);
-    // Only step 1's gates reach the loss; d_gates is written there alone.
-    check("lstm d_gates", &gates, &d_gates, |g| loss(g, &cells));
-    let mut d_cells = vec![0.0; cells.len()];
-    for r in 0..rows {
-        let at = step.prev + r * step.state_stride;
-        d_cells[at..at + hidden].copy_from_slice(&d_cell[r * hidden..][..hidden]);
+        let (mut activated, mut c, mut h) = (gates.clone(), cells.clone(), vec![0.0; cells.len()]);
+        b.lstm_cell(&mut activated, &mut c, &mut h, &step);
+        let mut d_cell = r_cell.clone();
+        let mut d_gates = vec![0.0; gates.len()];
+        b.lstm_cell_backward(&activated, &c, &r_hidden, &mut d_cell, &mut d_gates, &step);
+        // Only step 1's gates reach the loss; d_gates is written there alone.
+        check(&format!("{cell:?} d_gates"), &gates, &d_gates, |g| {
+            loss(g, &cells)
+        });
+        let mut d_cells = vec![0.0; cells.len()];
+        for r in 0..rows {
+            let at = step.prev + r * step.state_stride;
+            d_cells[at..at + hidden].copy_from_slice(&d_cell[r * hidden..][..hidden]);
+        }
+        check(&format!("{cell:?} d_cell_prev"), &cells, &d_cells, |c| {
+            loss(&gates, c)
+        });
     }
-    check("lstm d_cell_prev", &cells, &d_cells, |c| loss(&gates, c));
 }
 
 /// Queries read from and contexts written to strided rows, as a decoder

@@ -7,7 +7,9 @@
 
 use crate::common;
 
-use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, TokenChoice};
+use captune::backend::{
+    Backend, Candidates, CellGates, ChoiceRule, Sampling, Storage, TokenChoice,
+};
 use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
@@ -192,6 +194,10 @@ fn captioner_config() -> CaptionerConfig {
 
 /// Two stacked LSTM layers at the same sizes, fed the image `feed`'s way.
 fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
+    lstm_config_of(feed, CellGates::Lstm)
+}
+
+fn lstm_config_of(feed: ImageFeed, cell: CellGates) -> CaptionerConfig {
     CaptionerConfig {
         family: DecoderFamily::Lstm,
         prefix_len: 0,
@@ -200,20 +206,23 @@ fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
         lstm: Some(LstmConfig {
             model: LstmModel::Fc,
             image_feed: feed,
+            cell,
         }),
         ..captioner_config()
     }
 }
 
-/// Every decoder family that runs incrementally its own way, and the
-/// prefix decoder in ClipCap's layout (no start fed).
-fn every_family() -> [CaptionerConfig; 6] {
+/// Every decoder family that runs incrementally its own way, the prefix
+/// decoder in ClipCap's layout (no start fed), and self-critical
+/// training's FC model (the maxout cell, the image as an input).
+fn every_family() -> [CaptionerConfig; 7] {
     let updown = CaptionerConfig {
         image_tokens: 4,
         decoder: TransformerConfig::new(12, 1, 1, true),
         lstm: Some(LstmConfig {
             model: LstmModel::UpDown,
             image_feed: ImageFeed::Hidden,
+            cell: CellGates::Lstm,
         }),
         ..lstm_config(ImageFeed::Hidden)
     };
@@ -221,6 +230,7 @@ fn every_family() -> [CaptionerConfig; 6] {
         lstm: Some(LstmConfig {
             model: LstmModel::Att2in,
             image_feed: ImageFeed::Hidden,
+            cell: CellGates::Lstm,
         }),
         ..updown
     };
@@ -233,6 +243,7 @@ fn every_family() -> [CaptionerConfig; 6] {
         clipcap,
         lstm_config(ImageFeed::Hidden),
         lstm_config(ImageFeed::Input),
+        lstm_config_of(ImageFeed::Input, CellGates::Maxout),
         updown,
         att2in,
     ]

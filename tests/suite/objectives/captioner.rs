@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use captune::backend::Backend;
+use captune::backend::{Backend, CellGates};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{
@@ -480,6 +480,7 @@ fn tiny_lstm_config(vocab: usize, feed: ImageFeed) -> CaptionerConfig {
         lstm: Some(LstmConfig {
             model: LstmModel::Fc,
             image_feed: feed,
+            cell: CellGates::Lstm,
         }),
         ..tiny_config(vocab)
     }
@@ -494,6 +495,7 @@ fn tiny_updown_config(vocab: usize) -> CaptionerConfig {
         lstm: Some(LstmConfig {
             model: LstmModel::UpDown,
             image_feed: ImageFeed::Hidden,
+            cell: CellGates::Lstm,
         }),
         ..tiny_lstm_config(vocab, ImageFeed::Hidden)
     }
@@ -507,6 +509,7 @@ fn every_family(vocab: usize) -> [CaptionerConfig; 5] {
         lstm: Some(LstmConfig {
             model: LstmModel::Att2in,
             image_feed: ImageFeed::Hidden,
+            cell: CellGates::Lstm,
         }),
         ..updown
     };

@@ -16,7 +16,7 @@ use super::network::{Network, Recurrent};
 use super::output::Output;
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
-use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
+use crate::backend::{Backend, CellGates, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
 use crate::captioner::model::TokenInputs;
@@ -497,7 +497,7 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
             &mut self.gates,
             &recurrent,
         );
-        let step = LstmStep::between_slots(rows, h, prev);
+        let step = LstmStep::between_slots(CellGates::Lstm, rows, h, prev);
         b.lstm_cell(&mut self.gates, &mut self.cells, &mut self.states, &step);
         self.current = next;
         let (bias, logits) = (&self.logit_bias, &mut self.logits);

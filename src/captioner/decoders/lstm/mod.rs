@@ -4,8 +4,9 @@
 //! sequence-level exploration paper, Chen and Jin, 2020) or the input of
 //! a step before the start token (self-critical training's FC model,
 //! Rennie et al., 2017); then the word embedding (`embed`), stacked LSTM
-//! layers (`core.lstm`, PyTorch's `nn.LSTM` parameters and gate order) and
-//! an untied output layer (`logit`) plus the policy mask. No dropout.
+//! layers (`core.lstm`, PyTorch's `nn.LSTM` parameters and gate order, or
+//! self-critical training's maxout cell of five chunks) and an untied
+//! output layer (`logit`) plus the policy mask. No dropout.
 //!
 //! Weights are stored as PyTorch stores them (`[outputs, inputs]`), so a
 //! PyTorch checkpoint's tensors carry over by name.
@@ -24,7 +25,7 @@ mod stepper;
 mod tokens;
 pub mod updown;
 
-use crate::backend::{Backend, HeadLayout, LstmStep, Matmul, Operand};
+use crate::backend::{Backend, CellGates, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::decoder::Stepper;
 use crate::captioner::model::TokenInputs;
 use crate::captioner::{CaptionerConfig, ImageFeed};
@@ -48,9 +49,9 @@ pub struct Lstm<B: Backend> {
     output: Output<B>,
 }
 
-/// One layer's `nn.LSTM` parameters: `[4 hidden, inputs]`,
-/// `[4 hidden, hidden]` and two `[4 hidden]` biases, gates in the order
-/// input, forget, cell, output.
+/// One layer's `nn.LSTM` parameters: `[gates, inputs]`, `[gates,
+/// hidden]` and two `[gates]` biases, `gates` = the cell's chunks times
+/// the hidden size.
 struct LayerParams {
     weight_ih: ParamId,
     weight_hh: ParamId,
@@ -67,6 +68,9 @@ struct Sizes {
     positions: usize,
     steps: usize,
     hidden: usize,
+    cell: CellGates,
+    /// Pre-activations per row of gates: the cell's chunks times `hidden`.
+    gates: usize,
     /// Steps before the first token: 1 when the image is fed as an input.
     lead: usize,
 }
@@ -74,11 +78,14 @@ struct Sizes {
 impl Sizes {
     fn new(c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
         let lead = usize::from(c.lstm.map(|l| l.image_feed) == Some(ImageFeed::Input));
+        let cell = c.lstm.map(|l| l.cell).unwrap_or_default();
         Sizes {
             batch,
             positions,
             steps: positions + lead,
             hidden: c.decoder.width,
+            cell,
+            gates: cell.chunks() * c.decoder.width,
             lead,
         }
     }
@@ -107,24 +114,24 @@ impl Sizes {
     }
 
     fn step(&self, t: usize) -> LstmStep {
-        LstmStep::of_sequence(self.batch, self.hidden, self.steps, t)
+        LstmStep::of_sequence(self.cell, self.batch, self.hidden, self.steps, t)
     }
 
     /// The product of step t's previous hidden states (`[batch, hidden]`,
-    /// strided) and a `[hidden, 4 hidden]` operand into step t's gates:
-    /// `Matmul::new(batch, 4 hidden, hidden)` with the operands placed.
+    /// strided) and a `[hidden, gates]` operand into step t's gates:
+    /// `Matmul::new(batch, gates, hidden)` with the operands placed.
     fn recurrent(&self, t: usize) -> Matmul {
-        let h = self.hidden;
-        Matmul::new(self.batch, 4 * h, h)
+        let (h, g) = (self.hidden, self.gates);
+        Matmul::new(self.batch, g, h)
             .with_a(strided(t * h, (self.steps + 1) * h))
-            .with_c(strided(t * 4 * h, self.steps * 4 * h))
+            .with_c(strided(t * g, self.steps * g))
     }
 
     /// The gradient of step t's previous hidden states from its gates'.
     fn recurrent_backward(&self, t: usize) -> Matmul {
-        let h = self.hidden;
-        Matmul::new(self.batch, h, 4 * h)
-            .with_a(strided(t * 4 * h, self.steps * 4 * h))
+        let (h, g) = (self.hidden, self.gates);
+        Matmul::new(self.batch, h, g)
+            .with_a(strided(t * g, self.steps * g))
             .with_c(strided(t * h, (self.steps + 1) * h))
     }
 }
@@ -138,8 +145,8 @@ fn strided(offset: usize, row_stride: usize) -> Operand {
     }
 }
 
-/// One layer's activations: the gates' activations `[batch, steps, 4
-/// hidden]`, the cell and hidden states `[batch, steps + 1, hidden]`.
+/// One layer's activations: the gates' activations `[batch, steps,
+/// gates]`, the cell and hidden states `[batch, steps + 1, hidden]`.
 struct LayerActivations<B: Backend> {
     gates: B::Tensor,
     cells: B::Tensor,
@@ -159,7 +166,7 @@ pub struct Workspace<B: Backend> {
     /// (after the image when it is an input), then each layer's outputs.
     inputs: Vec<B::Tensor>,
     layers: Vec<LayerActivations<B>>,
-    /// `[4 hidden]` per layer: its two biases summed.
+    /// `[gates]` per layer: its two biases summed.
     gate_bias: Vec<B::Tensor>,
     /// `[batch, positions, hidden]`: the top layer's outputs at the token
     /// positions, the output layer's input.
@@ -187,7 +194,7 @@ pub struct Workspace<B: Backend> {
 impl<B: Backend> Workspace<B> {
     fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
         let z = Sizes::new(c, batch, positions);
-        let (h, s) = (z.hidden, z.steps);
+        let (h, s, g) = (z.hidden, z.steps, z.gates);
         let layers = c.decoder.layers;
         Workspace {
             sizes: z,
@@ -197,19 +204,19 @@ impl<B: Backend> Workspace<B> {
             inputs: (0..layers).map(|_| b.zeros(batch * s * h)).collect(),
             layers: (0..layers)
                 .map(|_| LayerActivations {
-                    gates: b.zeros(batch * s * 4 * h),
+                    gates: b.zeros(batch * s * g),
                     cells: b.zeros(batch * (s + 1) * h),
                     states: b.zeros(batch * (s + 1) * h),
                 })
                 .collect(),
-            gate_bias: (0..layers).map(|_| b.zeros(4 * h)).collect(),
+            gate_bias: (0..layers).map(|_| b.zeros(g)).collect(),
             top: b.zeros(batch * positions * h),
             logit_bias: b.zeros(c.vocab_size),
             logits: b.zeros(batch * positions * c.vocab_size),
             d_top: b.zeros(batch * positions * h),
             d_states: b.zeros(batch * (s + 1) * h),
             d_cell: b.zeros(batch * h),
-            d_gates: b.zeros(batch * s * 4 * h),
+            d_gates: b.zeros(batch * s * g),
             previous: b.zeros(batch * s * h),
             d_inputs: b.zeros(batch * s * h),
             d_image: b.zeros(batch * h),
@@ -223,6 +230,7 @@ impl<B: Backend> Lstm<B> {
     pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
         let (h, e, v) = (c.decoder.width, c.embed_dim, c.vocab_size);
+        let g = Sizes::new(c, 0, 0).gates;
         let mut p = Params::new(seed);
         let fc_embed = (
             p.add("fc_embed.weight".into(), &[h, e], spread(e), true),
@@ -233,10 +241,10 @@ impl<B: Backend> Lstm<B> {
             .map(|l| {
                 let name = |what: &str| format!("core.lstm.{what}_l{l}");
                 LayerParams {
-                    weight_ih: p.add(name("weight_ih"), &[4 * h, h], spread(h), true),
-                    weight_hh: p.add(name("weight_hh"), &[4 * h, h], spread(h), true),
-                    bias_ih: p.add(name("bias_ih"), &[4 * h], Init::Const(0.0), false),
-                    bias_hh: p.add(name("bias_hh"), &[4 * h], Init::Const(0.0), false),
+                    weight_ih: p.add(name("weight_ih"), &[g, h], spread(h), true),
+                    weight_hh: p.add(name("weight_hh"), &[g, h], spread(h), true),
+                    bias_ih: p.add(name("bias_ih"), &[g], Init::Const(0.0), false),
+                    bias_hh: p.add(name("bias_hh"), &[g], Init::Const(0.0), false),
                 }
             })
             .collect();
@@ -312,7 +320,7 @@ impl<B: Backend> Network<B> for Lstm<B> {
 
     fn forward(&self, b: &B, features: &[f32], inputs: &TokenInputs<B>, ws: &mut Workspace<B>) {
         let (p, z) = (&self.params, ws.sizes);
-        let (h, s) = (z.hidden, z.steps);
+        let (h, s, g) = (z.hidden, z.steps, z.gates);
         b.write(&mut ws.features, features);
         self.project_image(b, &ws.features, &mut ws.image, z.batch);
         b.embedding(
@@ -340,7 +348,7 @@ impl<B: Backend> Network<B> for Lstm<B> {
                 p.value(layer.weight_ih),
                 &ws.gate_bias[l],
                 &mut a.gates,
-                &Matmul::new(z.batch * s, 4 * h, h).trans_b(),
+                &Matmul::new(z.batch * s, g, h).trans_b(),
             );
             // Slot 0: the image, or zero states (never written).
             if self.image_is_state() {
@@ -378,7 +386,7 @@ impl<B: Backend> Network<B> for Lstm<B> {
         ws: &mut Workspace<B>,
     ) {
         let z = ws.sizes;
-        let (h, s) = (z.hidden, z.steps);
+        let (h, s, g) = (z.hidden, z.steps, z.gates);
         let rows = z.batch * z.positions;
         let image_is_state = self.image_is_state();
         let p = &mut self.params;
@@ -423,7 +431,7 @@ impl<B: Backend> Network<B> for Lstm<B> {
             }
             let products = z.batch * s;
             let weight_grad =
-                |inputs: usize| Matmul::new(4 * h, inputs, products).trans_a().accumulate();
+                |inputs: usize| Matmul::new(g, inputs, products).trans_a().accumulate();
             b.tokens_to_heads(&a.states, &mut ws.previous, &z.slots(0, s));
             b.matmul(
                 &ws.d_gates,
@@ -437,13 +445,13 @@ impl<B: Backend> Network<B> for Lstm<B> {
                 p.grad(layer.weight_ih),
                 &weight_grad(h),
             );
-            b.column_sum(&ws.d_gates, products, 4 * h, p.grad(layer.bias_ih), true);
-            b.column_sum(&ws.d_gates, products, 4 * h, p.grad(layer.bias_hh), true);
+            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_ih), true);
+            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_hh), true);
             b.matmul(
                 &ws.d_gates,
                 p.value(layer.weight_ih),
                 &mut ws.d_inputs,
-                &Matmul::new(products, h, 4 * h),
+                &Matmul::new(products, h, g),
             );
         }
         // The first layer's input: the token embeddings, after the image

@@ -2,7 +2,7 @@
 //! states in two slots per row, `[rows, 2, hidden]`, read from one and
 //! written to the other in turn, so a step copies nothing.
 
-use super::{Lstm, strided};
+use super::{Lstm, Sizes, strided};
 use crate::backend::{Backend, HeadLayout, LstmStep, Matmul};
 use crate::captioner::decoder::Stepper;
 
@@ -29,8 +29,9 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
     pub(super) fn new(b: &B, net: &'m Lstm<B>, rows: usize) -> Self {
         let c = &net.config;
         let h = c.decoder.width;
+        let g = Sizes::new(c, rows, 0).gates;
         let layers = net.layers.len();
-        let mut gate_bias: Vec<_> = (0..layers).map(|_| b.zeros(4 * h)).collect();
+        let mut gate_bias: Vec<_> = (0..layers).map(|_| b.zeros(g)).collect();
         net.gate_biases(b, &mut gate_bias);
         let mut logit_bias = b.zeros(c.vocab_size);
         net.output.bias(b, &net.params, &mut logit_bias);
@@ -41,7 +42,7 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
             cells: (0..layers).map(|_| b.zeros(rows * 2 * h)).collect(),
             states: (0..layers).map(|_| b.zeros(rows * 2 * h)).collect(),
             spare: b.zeros(rows * 2 * h),
-            gates: b.zeros(rows * 4 * h),
+            gates: b.zeros(rows * g),
             gate_bias,
             features: b.zeros(rows * c.embed_dim),
             input: b.zeros(rows * h),
@@ -59,7 +60,9 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
     fn step(&mut self, b: &B) {
         let (h, rows, p) = (self.hidden(), self.rows, &self.net.params);
         let (prev, next) = (self.current, 1 - self.current);
-        let step = LstmStep::between_slots(rows, h, prev);
+        let cell = self.net.config.lstm.map(|l| l.cell).unwrap_or_default();
+        let step = LstmStep::between_slots(cell, rows, h, prev);
+        let g = step.row();
         for (l, layer) in self.net.layers.iter().enumerate() {
             // The layer's input: the step's, or the layer below's new states.
             let (below, this) = self.states.split_at_mut(l);
@@ -72,14 +75,14 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
                 p.value(layer.weight_ih),
                 &self.gate_bias[l],
                 &mut self.gates,
-                &Matmul::new(rows, 4 * h, h).trans_b().with_a(from),
+                &Matmul::new(rows, g, h).trans_b().with_a(from),
             );
             let states = &mut this[0];
             b.matmul(
                 states,
                 p.value(layer.weight_hh),
                 &mut self.gates,
-                &Matmul::new(rows, 4 * h, h)
+                &Matmul::new(rows, g, h)
                     .trans_b()
                     .accumulate()
                     .with_a(strided(prev * h, 2 * h)),

@@ -21,7 +21,7 @@ use super::network::{Network, Recurrent};
 use super::output::Output;
 use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
 use super::{Sizes, strided};
-use crate::backend::{Backend, LstmStep, Matmul, Operand};
+use crate::backend::{Backend, CellGates, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
 use crate::captioner::model::TokenInputs;
@@ -646,7 +646,7 @@ impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
         let (p, h) = (&net.params, net.hidden());
         let (prev, next) = (self.current, 1 - self.current);
         let (was, now) = (strided(prev * h, 2 * h), strided(next * h, 2 * h));
-        let step = LstmStep::between_slots(rows, h, prev);
+        let step = LstmStep::between_slots(CellGates::Lstm, rows, h, prev);
         let gates = Matmul::new(rows, 4 * h, h).trans_b();
         let (att, lang) = (&net.att_lstm, &net.lang_lstm);
         b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
