@@ -648,7 +648,8 @@ fn pytorch_checkpoints() {
 /// ClipCap's own checkpoints read into a captioner (with the tiny GPT-2's
 /// config and tokenizer), and BLIP's own converted to a BLIP folder: the
 /// weight maps on top of the PyTorch reader
-/// (tests/data/clipcap-original, tests/data/blip-original).
+/// (tests/data/clipcap-original, tests/data/blip-original,
+/// tests/data/self-critical: its model and its vocabulary in turn).
 #[test]
 fn clipcap_and_blip_checkpoints() {
     let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
@@ -682,6 +683,26 @@ fn clipcap_and_blip_checkpoints() {
         loaded > 0 && refused > 0,
         "blip: {loaded} loaded, {refused} refused"
     );
+    let (model, vocab) = (
+        data.join("self-critical/fc.pth"),
+        data.join("self-critical/cocotalk.json"),
+    );
+    use captune::captioner::self_critical;
+    for (what, seed, other) in [("model", &model, &vocab), ("vocabulary", &vocab, &model)] {
+        let target = dir.join(format!("fuzz-input-self-critical-{what}"));
+        let (_, loaded, refused) = fuzz(what, &[std::fs::read(seed).unwrap()], &target, |p| {
+            let (m, v) = if seed == &model {
+                (p, other.as_path())
+            } else {
+                (other.as_path(), p)
+            };
+            self_critical::read(&b, m, v, 10).map(|_| ())
+        });
+        assert!(
+            loaded > 0 && refused > 0,
+            "self-critical {what}: {loaded} loaded, {refused} refused"
+        );
+    }
 }
 
 /// METEOR's data (tests/data/meteor/tiny, made up in METEOR's layout): the

@@ -27,6 +27,7 @@ pub mod records;
 pub mod reward;
 pub mod run;
 pub mod run_folder;
+pub mod self_critical;
 pub mod train;
 pub mod vocab;
 pub mod word_marks;

@@ -225,12 +225,24 @@ fn load_mapper<B: Backend>(b: &B, model: &mut Captioner<B>, path: &Path) -> Resu
 pub fn write_mapper<B: Backend>(
     b: &B,
     model: &mut Captioner<B>,
+    file: TensorFile,
+    path: &Path,
+) -> Result<()> {
+    write_params(b, model, file, path, is_mapper_param)
+}
+
+/// The parameters of `model` that `which` names, from `file`, which must
+/// hold those tensors in their shapes and no other.
+pub fn write_params<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
     mut file: TensorFile,
     path: &Path,
+    which: impl Fn(&str) -> bool,
 ) -> Result<()> {
     let params = model.params_mut();
     for (spec, value) in params.specs.iter().zip(&mut params.values) {
-        if !is_mapper_param(&spec.name) {
+        if !which(&spec.name) {
             continue;
         }
         let Some(tensor) = file.tensors.remove(&spec.name) else {
@@ -238,7 +250,7 @@ pub fn write_mapper<B: Backend>(
         };
         if tensor.shape != spec.shape {
             bail!(
-                "{}: tensor {:?} has shape {:?}, the mapper's is {:?}",
+                "{}: tensor {:?} has shape {:?}, the captioner's is {:?}",
                 path.display(),
                 spec.name,
                 tensor.shape,
@@ -248,7 +260,10 @@ pub fn write_mapper<B: Backend>(
         b.write(value, &tensor.data);
     }
     if let Some(name) = file.tensors.keys().min() {
-        bail!("{}: tensor {name:?} is not the mapper's", path.display());
+        bail!(
+            "{}: tensor {name:?} has no place in the captioner",
+            path.display()
+        );
     }
     Ok(())
 }

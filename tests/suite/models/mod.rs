@@ -15,4 +15,5 @@ mod golden;
 mod gpt2;
 mod lstm;
 mod policy;
+mod self_critical;
 mod torch_checkpoint;
