@@ -162,15 +162,55 @@ pub struct LstmConfig {
     /// attending).
     #[serde(default)]
     pub image_feed: ImageFeed,
-    /// The FC model's cell: PyTorch's, or self-critical training's maxout
-    /// cell (its FC model's, which `captune convert --self-critical`
-    /// reads).
-    #[serde(default, skip_serializing_if = "is_default_cell")]
-    pub cell: CellGates,
+    /// The papers' model, or the model as self-critical.pytorch's code
+    /// computes it (what `captune convert --self-critical` writes).
+    #[serde(default, skip_serializing_if = "LstmVariant::is_papers")]
+    pub variant: LstmVariant,
 }
 
-fn is_default_cell(cell: &CellGates) -> bool {
-    *cell == CellGates::default()
+impl LstmConfig {
+    /// The papers' `model`, fed the image `image_feed`'s way.
+    pub fn new(model: LstmModel, image_feed: ImageFeed) -> Self {
+        LstmConfig {
+            model,
+            image_feed,
+            variant: LstmVariant::Papers,
+        }
+    }
+
+    /// The cell's gates: self-critical's FC and Att2in2 models have its
+    /// maxout cell, every other one PyTorch's.
+    pub fn cell(&self) -> CellGates {
+        match (self.variant, self.model) {
+            (LstmVariant::SelfCritical, LstmModel::Fc | LstmModel::Att2in) => CellGates::Maxout,
+            _ => CellGates::Lstm,
+        }
+    }
+
+    /// A ReLU after the word embedding (self-critical's attention models).
+    pub fn word_relu(&self) -> bool {
+        self.variant == LstmVariant::SelfCritical && self.model.reads_tokens()
+    }
+}
+
+/// Whose version of an LSTM model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LstmVariant {
+    /// As the papers and docs/lstm.md state it.
+    #[default]
+    Papers,
+    /// As self-critical.pytorch computes it: its FC model's maxout cell;
+    /// its Att2in2's maxout cell with the context in both candidates and
+    /// a ReLU after the word embedding; its top-down model's ReLU after
+    /// the word embedding and v̄ = ReLU(`fc_embed`(the tokens' mean)).
+    SelfCritical,
+}
+
+impl LstmVariant {
+    fn is_papers(&self) -> bool {
+        *self == LstmVariant::Papers
+    }
 }
 
 /// The LSTM captioners.
@@ -324,25 +364,35 @@ impl CaptionerConfig {
             (DecoderFamily::Blip, _) => d * d + d + 2 * d + self.vocab_size as u128,
             (DecoderFamily::Lstm, _) => {
                 let (l, v) = (self.decoder.layers as u128, self.vocab_size as u128);
+                let lstm = self.lstm.expect("an LSTM decoder has its model");
                 let output = v * d + v;
+                // A row of gates: four or five chunks of d.
+                let gates = lstm.cell().chunks() as u128 * d;
                 // Every attention model: the tokens' embedding and keys, the
                 // word table, the query and the scores.
                 let attention = e * d + d + d * d + d + v * d + d * d + d + d;
-                return match self.lstm.map(|l| l.model) {
-                    // One cell, and the context into its g gate.
-                    Some(LstmModel::Att2in) => attention + 8 * d * d + 8 * d + d * d + d + output,
+                return match lstm.model {
+                    // One cell, and the context into its g gate (into the
+                    // maxout cell's two candidates).
+                    LstmModel::Att2in => {
+                        let context = (gates - 3 * d) * (d + 1);
+                        attention + 2 * gates * d + 2 * gates + context + output
+                    }
                     // The attention cell ([h2; v̄; word] in) and the
-                    // language cell ([v̂; h1] in).
-                    Some(LstmModel::UpDown) => {
+                    // language cell ([v̂; h1] in); self-critical's v̄ has a
+                    // projection of its own.
+                    LstmModel::UpDown => {
                         let cell = |inputs: u128| 4 * d * inputs + 4 * d * d + 8 * d;
-                        attention + cell(3 * d) + cell(2 * d) + output
+                        let pooled = if lstm.variant == LstmVariant::SelfCritical {
+                            e * d + d
+                        } else {
+                            0
+                        };
+                        attention + cell(3 * d) + cell(2 * d) + pooled + output
                     }
                     // The image projection, the word table, each layer's
                     // two matrices and two biases, the output layer.
-                    _ => {
-                        let gates = self.lstm.map_or(4, |l| l.cell.chunks()) as u128 * d;
-                        e * d + d + v * d + l * (2 * gates * d + 2 * gates) + output
-                    }
+                    LstmModel::Fc => e * d + d + v * d + l * (2 * gates * d + 2 * gates) + output,
                 };
             }
         };
@@ -537,9 +587,6 @@ impl CaptionerConfig {
             }
             LstmModel::Att2in | LstmModel::UpDown if self.image_tokens == 0 => {
                 bail!("an attention LSTM attends over image tokens: image_tokens must be positive")
-            }
-            LstmModel::Att2in | LstmModel::UpDown if lstm.cell != CellGates::Lstm => {
-                bail!("only the FC model has a choice of cell (cell = \"maxout\")")
             }
             LstmModel::Att2in | LstmModel::UpDown
                 if self.decoder.layers != 1 || lstm.image_feed != ImageFeed::Hidden =>

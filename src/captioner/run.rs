@@ -7,7 +7,7 @@ use super::objective::Objective;
 use super::objectives;
 use super::objectives::settings::Settings;
 use super::{CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, MapperTransformer};
-use crate::backend::{Backend, CellGates};
+use crate::backend::Backend;
 use crate::model::hf::HfFolder;
 use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
@@ -169,11 +169,10 @@ impl ModelSection {
                  lstm:fc reads one image embedding"
             );
         }
-        Ok(Some(LstmConfig {
+        Ok(Some(LstmConfig::new(
             model,
-            image_feed: self.image_feed.unwrap_or_default(),
-            cell: CellGates::Lstm,
-        }))
+            self.image_feed.unwrap_or_default(),
+        )))
     }
 
     /// The folder whose vision tower gives the image tokens the decoder

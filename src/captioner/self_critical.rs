@@ -30,7 +30,7 @@ use super::model::Captioner;
 use super::pretrained::write_params;
 use super::{
     CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, ImageFeed, LstmConfig, LstmModel,
-    SpecialIds,
+    LstmVariant, SpecialIds,
 };
 use crate::backend::{Backend, CellGates};
 use crate::data::vocab::{BOS, EOS, SPECIALS, UNK};
@@ -193,9 +193,8 @@ fn fc_config(shape: FcShape, vocab_size: usize, max_len: usize) -> CaptionerConf
         decoder: TransformerConfig::new(shape.hidden, 1, 1, true),
         vision: None,
         lstm: Some(LstmConfig {
-            model: LstmModel::Fc,
-            image_feed: ImageFeed::Input,
-            cell: CellGates::Maxout,
+            variant: LstmVariant::SelfCritical,
+            ..LstmConfig::new(LstmModel::Fc, ImageFeed::Input)
         }),
         prompt: Default::default(),
         max_len,

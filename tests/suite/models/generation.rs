@@ -7,14 +7,12 @@
 
 use crate::common;
 
-use captune::backend::{
-    Backend, Candidates, CellGates, ChoiceRule, Sampling, Storage, TokenChoice,
-};
+use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, TokenChoice};
 use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
 use captune::captioner::{
-    CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, SpecialIds,
+    CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, LstmVariant, SpecialIds,
 };
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
@@ -194,58 +192,51 @@ fn captioner_config() -> CaptionerConfig {
 
 /// Two stacked LSTM layers at the same sizes, fed the image `feed`'s way.
 fn lstm_config(feed: ImageFeed) -> CaptionerConfig {
-    lstm_config_of(feed, CellGates::Lstm)
-}
-
-fn lstm_config_of(feed: ImageFeed, cell: CellGates) -> CaptionerConfig {
     CaptionerConfig {
         family: DecoderFamily::Lstm,
         prefix_len: 0,
         mapper_hidden: 0,
         decoder: TransformerConfig::new(12, 2, 1, true),
-        lstm: Some(LstmConfig {
-            model: LstmModel::Fc,
-            image_feed: feed,
-            cell,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::Fc, feed)),
         ..captioner_config()
     }
 }
 
 /// Every decoder family that runs incrementally its own way, the prefix
 /// decoder in ClipCap's layout (no start fed), and self-critical
-/// training's FC model (the maxout cell, the image as an input).
-fn every_family() -> [CaptionerConfig; 7] {
+/// training's three LSTMs.
+fn every_family() -> [CaptionerConfig; 9] {
     let updown = CaptionerConfig {
         image_tokens: 4,
         decoder: TransformerConfig::new(12, 1, 1, true),
-        lstm: Some(LstmConfig {
-            model: LstmModel::UpDown,
-            image_feed: ImageFeed::Hidden,
-            cell: CellGates::Lstm,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::UpDown, ImageFeed::Hidden)),
         ..lstm_config(ImageFeed::Hidden)
     };
     let att2in = CaptionerConfig {
-        lstm: Some(LstmConfig {
-            model: LstmModel::Att2in,
-            image_feed: ImageFeed::Hidden,
-            cell: CellGates::Lstm,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::Att2in, ImageFeed::Hidden)),
         ..updown
     };
     let clipcap = CaptionerConfig {
         prefix_predicts_first: true,
         ..captioner_config()
     };
+    let self_critical = |c: CaptionerConfig| CaptionerConfig {
+        lstm: c.lstm.map(|l| LstmConfig {
+            variant: LstmVariant::SelfCritical,
+            ..l
+        }),
+        ..c
+    };
     [
         captioner_config(),
         clipcap,
         lstm_config(ImageFeed::Hidden),
         lstm_config(ImageFeed::Input),
-        lstm_config_of(ImageFeed::Input, CellGates::Maxout),
+        self_critical(lstm_config(ImageFeed::Input)),
         updown,
         att2in,
+        self_critical(updown),
+        self_critical(att2in),
     ]
 }
 

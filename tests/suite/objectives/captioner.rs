@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use captune::backend::{Backend, CellGates};
+use captune::backend::Backend;
 use captune::captioner::model::{Captioner, TokenInputs};
 use captune::captioner::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{
@@ -14,7 +14,7 @@ use captune::captioner::objectives::token::{
 };
 use captune::captioner::records::read_log;
 use captune::captioner::{
-    CaptionVocab, CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel,
+    CaptionVocab, CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, LstmVariant,
     MapperTransformer, SpecialIds,
 };
 use captune::cpu::CpuBackend;
@@ -477,11 +477,7 @@ fn tiny_lstm_config(vocab: usize, feed: ImageFeed) -> CaptionerConfig {
         prefix_len: 0,
         mapper_hidden: 0,
         decoder: TransformerConfig::new(7, 2, 1, true),
-        lstm: Some(LstmConfig {
-            model: LstmModel::Fc,
-            image_feed: feed,
-            cell: CellGates::Lstm,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::Fc, feed)),
         ..tiny_config(vocab)
     }
 }
@@ -492,26 +488,25 @@ fn tiny_updown_config(vocab: usize) -> CaptionerConfig {
         embed_dim: 5,
         image_tokens: 3,
         decoder: TransformerConfig::new(6, 1, 1, true),
-        lstm: Some(LstmConfig {
-            model: LstmModel::UpDown,
-            image_feed: ImageFeed::Hidden,
-            cell: CellGates::Lstm,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::UpDown, ImageFeed::Hidden)),
         ..tiny_lstm_config(vocab, ImageFeed::Hidden)
     }
 }
 
-/// The prefix transformer, the LSTM fed the image either way, and both
-/// attention LSTMs.
-fn every_family(vocab: usize) -> [CaptionerConfig; 5] {
+/// The prefix transformer, the LSTM fed the image either way, both
+/// attention LSTMs, and the three as self-critical.pytorch computes them.
+fn every_family(vocab: usize) -> [CaptionerConfig; 8] {
     let updown = tiny_updown_config(vocab);
     let att2in = CaptionerConfig {
-        lstm: Some(LstmConfig {
-            model: LstmModel::Att2in,
-            image_feed: ImageFeed::Hidden,
-            cell: CellGates::Lstm,
-        }),
+        lstm: Some(LstmConfig::new(LstmModel::Att2in, ImageFeed::Hidden)),
         ..updown
+    };
+    let self_critical = |c: CaptionerConfig| CaptionerConfig {
+        lstm: c.lstm.map(|l| LstmConfig {
+            variant: LstmVariant::SelfCritical,
+            ..l
+        }),
+        ..c
     };
     [
         tiny_config(vocab),
@@ -519,6 +514,9 @@ fn every_family(vocab: usize) -> [CaptionerConfig; 5] {
         tiny_lstm_config(vocab, ImageFeed::Input),
         updown,
         att2in,
+        self_critical(tiny_lstm_config(vocab, ImageFeed::Input)),
+        self_critical(updown),
+        self_critical(att2in),
     ]
 }
 

@@ -11,16 +11,20 @@
 //! from zero states, the tokens embedded and keyed as the top-down model
 //! does ([`super::tokens`]). The context's product writes the g gate's
 //! columns of the gates in place.
+//!
+//! Self-critical training's Att2in2 (its code's) has its maxout cell: five
+//! chunks of gates, and the context, `a2c` `[2h, h]`, in both of the cell
+//! input's candidates; and a ReLU after the word embedding.
 
 use super::network::{Network, Recurrent};
 use super::output::Output;
-use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
+use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, Words, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, CellGates, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
 use crate::captioner::model::TokenInputs;
-use crate::model::params::{Init, ParamId, Params};
+use crate::model::params::{ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 
 pub type Att2inDecoder<B> = Recurrent<B, Att2in<B>>;
@@ -29,9 +33,10 @@ pub struct Att2in<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
     image_layers: TokenLayers,
-    embed: ParamId,
+    words: Words,
     lstm: Cell,
-    /// `[h, h]`: the context into the g gate.
+    /// `[h, h]`: the context into the g gate (`[2h, h]` into the maxout
+    /// cell's two candidates).
     a2c: Linear,
     h2att: Linear,
     /// `[1, h]`.
@@ -39,15 +44,21 @@ pub struct Att2in<B: Backend> {
     output: Output<B>,
 }
 
-/// The g gate's columns `[2h, 3h)` of a `[4h]` row.
-fn g_gate(h: usize) -> HeadLayout {
+/// The columns of a row of gates that the context enters: the g gate's
+/// `[2h, 3h)` of PyTorch's cell, the candidates' `[3h, 5h)` of the maxout
+/// cell.
+fn context_columns(cell: CellGates, h: usize) -> HeadLayout {
+    let (col_offset, head_dim) = match cell {
+        CellGates::Lstm => (2 * h, h),
+        CellGates::Maxout => (3 * h, 2 * h),
+    };
     HeadLayout {
         batch: 1,
         seq: 1,
         heads: 1,
-        head_dim: h,
-        row_stride: 4 * h,
-        col_offset: 2 * h,
+        head_dim,
+        row_stride: cell.chunks() * h,
+        col_offset,
     }
 }
 
@@ -56,11 +67,13 @@ pub struct Workspace<B: Backend> {
     image: Image<B>,
     image_grads: ImageGrads<B>,
     attention: AdditiveAttention<B>,
+    /// `[batch, positions, h]`: the words' vectors, and before their ReLU.
     tokens: B::Tensor,
+    words_pre: B::Tensor,
     gates: B::Tensor,
     cells: B::Tensor,
     states: B::Tensor,
-    /// `[4h]`: the cell's biases and the context's in the g gate.
+    /// A row of gates: the cell's biases and the context's.
     bias: B::Tensor,
     query: B::Tensor,
     d_query: B::Tensor,
@@ -76,17 +89,17 @@ pub struct Workspace<B: Backend> {
     d_gates: B::Tensor,
     packed: B::Tensor,
     d_tokens: B::Tensor,
-    /// `[4h]` and `[h]`: the gates' gradient summed over the rows, and its
-    /// g gate's part (the context bias's gradient).
+    /// A row of gates, and the context's columns: the gates' gradient
+    /// summed over the rows, and the context's part (its bias's gradient).
     gate_sums: B::Tensor,
-    g_sums: B::Tensor,
+    context_sums: B::Tensor,
 }
 
 impl<B: Backend> Workspace<B> {
     fn new(b: &B, c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
         // No step before the first token: the image is attended to.
         let z = Sizes::new(c, batch, positions);
-        let (h, t, v) = (z.hidden, positions, c.vocab_size);
+        let (h, t, v, g) = (z.hidden, positions, c.vocab_size, z.gates);
         let shape = AdditiveShape {
             batch,
             tokens: c.image_tokens,
@@ -99,10 +112,11 @@ impl<B: Backend> Workspace<B> {
             image_grads: ImageGrads::new(b, c, batch),
             attention: AdditiveAttention::new(b, shape),
             tokens: b.zeros(batch * t * h),
-            gates: b.zeros(batch * t * 4 * h),
+            words_pre: b.zeros(batch * t * h),
+            gates: b.zeros(batch * t * g),
             cells: b.zeros(batch * (t + 1) * h),
             states: b.zeros(batch * (t + 1) * h),
-            bias: b.zeros(4 * h),
+            bias: b.zeros(g),
             query: b.zeros(batch * h),
             d_query: b.zeros(batch * h),
             contexts: b.zeros(batch * t * h),
@@ -113,11 +127,11 @@ impl<B: Backend> Workspace<B> {
             d_top: b.zeros(batch * t * h),
             d_states: b.zeros(batch * (t + 1) * h),
             d_cell: b.zeros(batch * h),
-            d_gates: b.zeros(batch * t * 4 * h),
+            d_gates: b.zeros(batch * t * g),
             packed: b.zeros(batch * t * h),
             d_tokens: b.zeros(batch * t * h),
-            gate_sums: b.zeros(4 * h),
-            g_sums: b.zeros(h),
+            gate_sums: b.zeros(g),
+            context_sums: b.zeros(context_columns(z.cell, h).head_dim),
         }
     }
 }
@@ -126,12 +140,13 @@ impl<B: Backend> Att2in<B> {
     /// Fresh weights from `seed`, for a validated `config`.
     pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
-        let (h, v) = (c.decoder.width, c.vocab_size);
+        let h = c.decoder.width;
         let mut p = Params::new(seed);
         let image_layers = TokenLayers::new(&mut p, c);
-        let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
-        let lstm = Cell::new(&mut p, "core.lstm", h, h);
-        let a2c = linear(&mut p, "core.a2c", h, h);
+        let words = Words::new(&mut p, c);
+        let cell = c.lstm.map(|l| l.cell()).unwrap_or_default();
+        let lstm = Cell::new(&mut p, "core.lstm", h, h, cell);
+        let a2c = linear(&mut p, "core.a2c", context_columns(cell, h).head_dim, h);
         let h2att = linear(&mut p, "core.attention.h2att", h, h);
         let alpha_net = p.add(
             "core.attention.alpha_net.weight".into(),
@@ -145,7 +160,7 @@ impl<B: Backend> Att2in<B> {
             config,
             params: p,
             image_layers,
-            embed,
+            words,
             lstm,
             a2c,
             h2att,
@@ -158,11 +173,20 @@ impl<B: Backend> Att2in<B> {
         self.config.decoder.width
     }
 
-    /// `[4h]`: the cell's two biases, and the context's in the g gate.
+    fn cell(&self) -> CellGates {
+        self.config.lstm.map(|l| l.cell()).unwrap_or_default()
+    }
+
+    /// The columns the context enters.
+    fn context_columns(&self) -> HeadLayout {
+        context_columns(self.cell(), self.hidden())
+    }
+
+    /// A row of gates: the cell's two biases, and the context's.
     fn gate_bias(&self, b: &B, out: &mut B::Tensor) {
         let p = &self.params;
         self.lstm.bias(b, p, out);
-        b.heads_to_tokens(p.value(self.a2c.1), out, &g_gate(self.hidden()), true);
+        b.heads_to_tokens(p.value(self.a2c.1), out, &self.context_columns(), true);
     }
 
     /// `[rows, h]` queries of the hidden states `states` (rows at `at`).
@@ -175,7 +199,8 @@ impl<B: Backend> Att2in<B> {
         b.matmul_bias(states, p.value(w), p.value(bias), out, &shape);
     }
 
-    /// The context rows `context` into the g gates of the gate rows `gates`.
+    /// The context rows `context` into their columns of the gate rows
+    /// `gates`.
     fn context_into_gates(
         &self,
         b: &B,
@@ -183,13 +208,13 @@ impl<B: Backend> Att2in<B> {
         gates: (&mut B::Tensor, Rows),
         rows: usize,
     ) {
-        let h = self.hidden();
+        let (h, columns) = (self.hidden(), self.context_columns());
         let (at, into) = (context.1, gates.1);
-        let shape = Matmul::new(rows, h, h)
+        let shape = Matmul::new(rows, columns.head_dim, h)
             .trans_b()
             .accumulate()
             .with_a(strided(at.offset, at.stride))
-            .with_c(strided(into.offset + 2 * h, into.stride));
+            .with_c(strided(into.offset + columns.col_offset, into.stride));
         b.matmul(context.0, self.params.value(self.a2c.0), gates.0, &shape);
     }
 }
@@ -222,15 +247,11 @@ impl<B: Backend> Network<B> for Att2in<B> {
         let (c, p, z) = (&self.config, &self.params, ws.sizes);
         let (h, t) = (z.hidden, z.positions);
         (self.image_layers).forward(b, p, c, features, &mut ws.image);
-        b.embedding(
-            p.value(self.embed),
-            &inputs.ids.ids,
-            &mut ws.tokens,
-            h,
-            false,
-        );
+        let (pre, tokens) = (&mut ws.words_pre, &mut ws.tokens);
+        (self.words).forward(b, p, &inputs.ids.ids, pre, tokens, h);
         self.gate_bias(b, &mut ws.bias);
-        let words = Matmul::new(z.batch * t, 4 * h, h).trans_b();
+        let g = z.gates;
+        let words = Matmul::new(z.batch * t, g, h).trans_b();
         b.matmul_bias(
             &ws.tokens,
             p.value(self.lstm.weight_ih),
@@ -253,8 +274,8 @@ impl<B: Backend> Network<B> for Att2in<B> {
             ws.attention
                 .forward(b, weights, query, (&mut ws.contexts, context));
             let gates_at = Rows {
-                offset: step * 4 * h,
-                stride: t * 4 * h,
+                offset: step * g,
+                stride: t * g,
             };
             self.context_into_gates(
                 b,
@@ -287,8 +308,9 @@ impl<B: Backend> Network<B> for Att2in<B> {
         ws: &mut Workspace<B>,
     ) {
         let z = ws.sizes;
-        let (h, t) = (z.hidden, z.positions);
+        let (h, t, g) = (z.hidden, z.positions, z.gates);
         let rows = z.batch * t;
+        let columns = self.context_columns();
         let p = &mut self.params;
         (self.output).backward(b, p, d_logits, &ws.top, &mut ws.d_top, rows);
         b.fill(&mut ws.d_states, 0.0);
@@ -314,9 +336,9 @@ impl<B: Backend> Network<B> for Att2in<B> {
                     &recurrent,
                 );
             }
-            // The context's gradient from its g gate's.
-            let g_at = strided(step * 4 * h + 2 * h, t * 4 * h);
-            let to_context = Matmul::new(z.batch, h, h).with_a(g_at);
+            // The context's gradient from its columns'.
+            let at = strided(step * g + columns.col_offset, t * g);
+            let to_context = Matmul::new(z.batch, h, columns.head_dim).with_a(at);
             b.matmul(
                 &ws.d_gates,
                 p.value(self.a2c.0),
@@ -353,7 +375,7 @@ impl<B: Backend> Network<B> for Att2in<B> {
         }
         let p = &mut self.params;
         let cell = &self.lstm;
-        let weight_grad = Matmul::new(4 * h, h, rows).trans_a().accumulate();
+        let weight_grad = Matmul::new(g, h, rows).trans_a().accumulate();
         b.tokens_to_heads(&ws.states, &mut ws.packed, &z.slots(0, t));
         b.matmul(
             &ws.d_gates,
@@ -367,27 +389,29 @@ impl<B: Backend> Network<B> for Att2in<B> {
             p.grad(cell.weight_ih),
             &weight_grad,
         );
-        b.column_sum(&ws.d_gates, rows, 4 * h, &mut ws.gate_sums, false);
+        b.column_sum(&ws.d_gates, rows, g, &mut ws.gate_sums, false);
         b.axpby(1.0, &ws.gate_sums, 1.0, p.grad(cell.bias_ih));
         b.axpby(1.0, &ws.gate_sums, 1.0, p.grad(cell.bias_hh));
-        // The context layer: its weight from the g gates' gradients, its
+        // The context layer: its weight from its columns' gradients, its
         // bias their sum.
         let (w, bias) = self.a2c;
-        let d_a2c = Matmul::new(h, h, rows)
+        let d_a2c = Matmul::new(columns.head_dim, h, rows)
             .trans_a()
             .accumulate()
-            .with_a(strided(2 * h, 4 * h));
+            .with_a(strided(columns.col_offset, g));
         b.matmul(&ws.d_gates, &ws.contexts, p.grad(w), &d_a2c);
-        b.tokens_to_heads(&ws.gate_sums, &mut ws.g_sums, &g_gate(h));
-        b.axpby(1.0, &ws.g_sums, 1.0, p.grad(bias));
-        let to_words = Matmul::new(rows, h, 4 * h);
+        b.tokens_to_heads(&ws.gate_sums, &mut ws.context_sums, &columns);
+        b.axpby(1.0, &ws.context_sums, 1.0, p.grad(bias));
+        let to_words = Matmul::new(rows, h, g);
         b.matmul(
             &ws.d_gates,
             p.value(cell.weight_ih),
             &mut ws.d_tokens,
             &to_words,
         );
-        b.embedding_backward(&ws.d_tokens, &inputs.ids, p.grad(self.embed), h);
+        // d_top is spent (it went into d_states): the words' scratch.
+        let scratch = &mut ws.d_top;
+        (self.words).backward(b, p, &inputs.ids, &ws.words_pre, &ws.d_tokens, scratch, h);
         (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
     }
 
@@ -412,6 +436,7 @@ struct Att2inStepper<'m, B: Backend> {
     states: B::Tensor,
     spare: B::Tensor,
     word: B::Tensor,
+    word_pre: B::Tensor,
     gates: B::Tensor,
     query: B::Tensor,
     context: B::Tensor,
@@ -423,7 +448,8 @@ impl<'m, B: Backend> Att2inStepper<'m, B> {
     fn new(b: &B, net: &'m Att2in<B>, rows: usize) -> Self {
         let c = &net.config;
         let h = net.hidden();
-        let mut bias = b.zeros(4 * h);
+        let g = net.cell().chunks() * h;
+        let mut bias = b.zeros(g);
         net.gate_bias(b, &mut bias);
         let mut logit_bias = b.zeros(c.vocab_size);
         net.output.bias(b, &net.params, &mut logit_bias);
@@ -444,7 +470,8 @@ impl<'m, B: Backend> Att2inStepper<'m, B> {
             states: b.zeros(rows * 2 * h),
             spare: b.zeros(rows * 2 * h),
             word: b.zeros(rows * h),
-            gates: b.zeros(rows * 4 * h),
+            word_pre: b.zeros(rows * h),
+            gates: b.zeros(rows * g),
             query: b.zeros(rows * h),
             context: b.zeros(rows * h),
             logit_bias,
@@ -475,8 +502,9 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
         let (query, context) = ((&self.query, Rows::packed(h)), Rows::packed(h));
         self.attention
             .forward(b, weights, query, (&mut self.context, context));
-        b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
-        let gates = Matmul::new(rows, 4 * h, h).trans_b();
+        (net.words).forward(b, p, ids, &mut self.word_pre, &mut self.word, h);
+        let step = LstmStep::between_slots(net.cell(), rows, h, prev);
+        let gates = Matmul::new(rows, step.row(), h).trans_b();
         b.matmul_bias(
             &self.word,
             p.value(net.lstm.weight_ih),
@@ -487,7 +515,7 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
         net.context_into_gates(
             b,
             (&self.context, context),
-            (&mut self.gates, Rows::packed(4 * h)),
+            (&mut self.gates, Rows::packed(step.row())),
             rows,
         );
         let recurrent = gates.accumulate().with_a(strided(was.offset, was.stride));
@@ -497,7 +525,6 @@ impl<B: Backend> Stepper<B> for Att2inStepper<'_, B> {
             &mut self.gates,
             &recurrent,
         );
-        let step = LstmStep::between_slots(CellGates::Lstm, rows, h, prev);
         b.lstm_cell(&mut self.gates, &mut self.cells, &mut self.states, &step);
         self.current = next;
         let (bias, logits) = (&self.logit_bias, &mut self.logits);

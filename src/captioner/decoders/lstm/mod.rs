@@ -78,7 +78,7 @@ struct Sizes {
 impl Sizes {
     fn new(c: &CaptionerConfig, batch: usize, positions: usize) -> Self {
         let lead = usize::from(c.lstm.map(|l| l.image_feed) == Some(ImageFeed::Input));
-        let cell = c.lstm.map(|l| l.cell).unwrap_or_default();
+        let cell = c.lstm.map(|l| l.cell()).unwrap_or_default();
         Sizes {
             batch,
             positions,

@@ -60,7 +60,7 @@ impl<'m, B: Backend> LstmStepper<'m, B> {
     fn step(&mut self, b: &B) {
         let (h, rows, p) = (self.hidden(), self.rows, &self.net.params);
         let (prev, next) = (self.current, 1 - self.current);
-        let cell = self.net.config.lstm.map(|l| l.cell).unwrap_or_default();
+        let cell = self.net.config.lstm.map(|l| l.cell()).unwrap_or_default();
         let step = LstmStep::between_slots(cell, rows, h, prev);
         let g = step.row();
         for (l, layer) in self.net.layers.iter().enumerate() {

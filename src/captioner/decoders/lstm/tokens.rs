@@ -1,11 +1,12 @@
 //! What the attention LSTMs share: image tokens embedded, v_n =
 //! ReLU(`att_embed`(x_n)), and projected once to attention keys, k_n =
-//! `ctx2att`(v_n), with v̄ their mean; and the layers they are built of,
-//! in PyTorch's layouts (`[outputs, inputs]`) and initial spreads.
+//! `ctx2att`(v_n), with v̄ their mean (or, as self-critical's top-down
+//! model has it, v̄ = ReLU(`fc_embed`(the mean of the x_n))); the word
+//! embedding; and the layers they are built of, in PyTorch's layouts
+//! (`[outputs, inputs]`) and initial spreads.
 
-use crate::backend::Backend;
-use crate::backend::Matmul;
-use crate::captioner::CaptionerConfig;
+use crate::backend::{Backend, CellGates, Matmul, TokenIndex};
+use crate::captioner::{CaptionerConfig, LstmModel, LstmVariant};
 use crate::model::params::{Init, ParamId, Params};
 
 /// PyTorch's U(-1/sqrt(fan), 1/sqrt(fan)) spread, as a normal.
@@ -29,7 +30,8 @@ pub(super) fn linear<B: Backend>(
     )
 }
 
-/// `nn.LSTMCell`'s parameters, `hidden` wide.
+/// `nn.LSTMCell`'s parameters, `hidden` wide (for the maxout cell, five
+/// chunks of gates where PyTorch's has four).
 pub(super) struct Cell {
     pub weight_ih: ParamId,
     pub weight_hh: ParamId,
@@ -38,16 +40,22 @@ pub(super) struct Cell {
 }
 
 impl Cell {
-    pub fn new<B: Backend>(p: &mut Params<B>, name: &str, inputs: usize, hidden: usize) -> Self {
-        let h = hidden;
+    pub fn new<B: Backend>(
+        p: &mut Params<B>,
+        name: &str,
+        inputs: usize,
+        hidden: usize,
+        cell: CellGates,
+    ) -> Self {
+        let (h, g) = (hidden, cell.chunks() * hidden);
         let mut add = |what: &str, shape: &[usize], init, decay| {
             p.add(format!("{name}.{what}"), shape, init, decay)
         };
         Cell {
-            weight_ih: add("weight_ih", &[4 * h, inputs], spread(h), true),
-            weight_hh: add("weight_hh", &[4 * h, h], spread(h), true),
-            bias_ih: add("bias_ih", &[4 * h], Init::Const(0.0), false),
-            bias_hh: add("bias_hh", &[4 * h], Init::Const(0.0), false),
+            weight_ih: add("weight_ih", &[g, inputs], spread(h), true),
+            weight_hh: add("weight_hh", &[g, h], spread(h), true),
+            bias_ih: add("bias_ih", &[g], Init::Const(0.0), false),
+            bias_hh: add("bias_hh", &[g], Init::Const(0.0), false),
         }
     }
 
@@ -57,10 +65,71 @@ impl Cell {
     }
 }
 
-/// The token embedding and the keys' projection.
+/// The word embedding `embed` (`[vocab, h]`), followed by a ReLU in
+/// self-critical's attention models.
+pub(super) struct Words {
+    pub table: ParamId,
+    relu: bool,
+}
+
+impl Words {
+    pub fn new<B: Backend>(p: &mut Params<B>, c: &CaptionerConfig) -> Self {
+        let shape = [c.vocab_size, c.decoder.width];
+        Words {
+            table: p.add("embed.weight".into(), &shape, Init::Normal(0.1), false),
+            relu: c.lstm.is_some_and(|l| l.word_relu()),
+        }
+    }
+
+    /// `out` = the vectors of `ids`, `h` each; `pre` keeps them before the
+    /// ReLU, where there is one.
+    pub fn forward<B: Backend>(
+        &self,
+        b: &B,
+        p: &Params<B>,
+        ids: &B::Ids,
+        pre: &mut B::Tensor,
+        out: &mut B::Tensor,
+        h: usize,
+    ) {
+        if self.relu {
+            b.embedding(p.value(self.table), ids, pre, h, false);
+            b.relu(pre, out);
+        } else {
+            b.embedding(p.value(self.table), ids, out, h, false);
+        }
+    }
+
+    /// The table's gradient from `d_out`, the one w.r.t. the vectors;
+    /// `scratch` is of its size.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward<B: Backend>(
+        &self,
+        b: &B,
+        p: &mut Params<B>,
+        ids: &TokenIndex<B>,
+        pre: &B::Tensor,
+        d_out: &B::Tensor,
+        scratch: &mut B::Tensor,
+        h: usize,
+    ) {
+        let d_vectors = if self.relu {
+            b.relu_backward(pre, d_out, scratch);
+            &*scratch
+        } else {
+            d_out
+        };
+        b.embedding_backward(d_vectors, ids, p.grad(self.table), h);
+    }
+}
+
+/// The token embedding and the keys' projection; in self-critical's
+/// top-down model, the pooled feature's projection too.
 pub(super) struct TokenLayers {
     att_embed: Linear,
     ctx2att: Linear,
+    /// `[h, embed_dim]`: v̄ = ReLU(`fc_embed`(mean of the x_n)).
+    fc_embed: Option<Linear>,
 }
 
 /// A batch's image side: its tokens embedded, their keys and mean.
@@ -74,6 +143,10 @@ pub(super) struct Image<B: Backend> {
     pub keys: B::Tensor,
     /// `[rows, h]`: v̄.
     pub mean: B::Tensor,
+    /// With `fc_embed`: `[rows, embed_dim]`, the tokens' mean, and `[rows,
+    /// h]`, its projection before the ReLU.
+    raw_mean: B::Tensor,
+    mean_pre: B::Tensor,
 }
 
 impl<B: Backend> Image<B> {
@@ -86,6 +159,8 @@ impl<B: Backend> Image<B> {
             values: b.zeros(n * h),
             keys: b.zeros(n * h),
             mean: b.zeros(rows * h),
+            raw_mean: b.zeros(rows * c.embed_dim),
+            mean_pre: b.zeros(rows * h),
         }
     }
 }
@@ -96,6 +171,8 @@ pub(super) struct ImageGrads<B: Backend> {
     pub d_keys: B::Tensor,
     pub d_values: B::Tensor,
     d_pre: B::Tensor,
+    /// `[rows, h]`: the gradient w.r.t. `fc_embed`'s output.
+    d_mean_pre: B::Tensor,
 }
 
 impl<B: Backend> ImageGrads<B> {
@@ -105,6 +182,7 @@ impl<B: Backend> ImageGrads<B> {
             d_keys: b.zeros(n),
             d_values: b.zeros(n),
             d_pre: b.zeros(n),
+            d_mean_pre: b.zeros(rows * c.decoder.width),
         }
     }
 
@@ -117,16 +195,22 @@ impl<B: Backend> ImageGrads<B> {
 impl TokenLayers {
     pub fn new<B: Backend>(p: &mut Params<B>, c: &CaptionerConfig) -> Self {
         let h = c.decoder.width;
+        let pooled = c.lstm.is_some_and(|l| {
+            l.variant == LstmVariant::SelfCritical && l.model == LstmModel::UpDown
+        });
         TokenLayers {
             att_embed: linear(p, "att_embed", h, c.embed_dim),
             ctx2att: linear(p, "ctx2att", h, h),
+            fc_embed: pooled.then(|| linear(p, "fc_embed", h, c.embed_dim)),
         }
     }
 
     /// Whether parameter `name` is one of these layers: the adapter
     /// between the image and the decoder.
     pub fn is_adapter(name: &str) -> bool {
-        name.starts_with("att_embed.") || name.starts_with("ctx2att.")
+        ["att_embed.", "ctx2att.", "fc_embed."]
+            .iter()
+            .any(|layer| name.starts_with(layer))
     }
 
     /// The image side from `features` (`[rows, tokens, embed_dim]`).
@@ -159,7 +243,45 @@ impl TokenLayers {
             &mut image.keys,
             &keys,
         );
-        b.mean_pool(&image.values, &mut image.mean, c.image_tokens, h);
+        match self.fc_embed {
+            Some((w, bias)) => {
+                let e = c.embed_dim;
+                b.mean_pool(&image.features, &mut image.raw_mean, c.image_tokens, e);
+                let shape = Matmul::new(image.rows, h, e).trans_b();
+                let (raw, pre) = (&image.raw_mean, &mut image.mean_pre);
+                b.matmul_bias(raw, p.value(w), p.value(bias), pre, &shape);
+                b.relu(&image.mean_pre, &mut image.mean);
+            }
+            None => b.mean_pool(&image.values, &mut image.mean, c.image_tokens, h),
+        }
+    }
+
+    /// The gradient w.r.t. v̄, `d_mean` `[rows, h]`, taken back: into the
+    /// values' gradient, or `fc_embed`'s.
+    pub fn mean_backward<B: Backend>(
+        &self,
+        b: &B,
+        p: &mut Params<B>,
+        c: &CaptionerConfig,
+        image: &Image<B>,
+        d_mean: &B::Tensor,
+        grads: &mut ImageGrads<B>,
+    ) {
+        let h = c.decoder.width;
+        match self.fc_embed {
+            Some((w, bias)) => {
+                b.relu_backward(&image.mean_pre, d_mean, &mut grads.d_mean_pre);
+                let weight_grad = Matmul::new(h, c.embed_dim, image.rows)
+                    .trans_a()
+                    .accumulate();
+                b.matmul(&grads.d_mean_pre, &image.raw_mean, p.grad(w), &weight_grad);
+                b.column_sum(&grads.d_mean_pre, image.rows, h, p.grad(bias), true);
+            }
+            None => {
+                let tokens = c.image_tokens;
+                b.mean_pool_backward(d_mean, &mut grads.d_values, tokens, h, true);
+            }
+        }
     }
 
     /// The layers' gradients from those w.r.t. the keys and the values.

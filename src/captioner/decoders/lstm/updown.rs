@@ -19,13 +19,13 @@
 
 use super::network::{Network, Recurrent};
 use super::output::Output;
-use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, linear, spread};
+use super::tokens::{Cell, Image, ImageGrads, Linear, TokenLayers, Words, linear, spread};
 use super::{Sizes, strided};
 use crate::backend::{Backend, CellGates, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
 use crate::captioner::model::TokenInputs;
-use crate::model::params::{Init, ParamId, Params};
+use crate::model::params::{ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 
 pub type UpDownDecoder<B> = Recurrent<B, UpDown<B>>;
@@ -34,7 +34,7 @@ pub struct UpDown<B: Backend> {
     config: CaptionerConfig,
     params: Params<B>,
     image_layers: TokenLayers,
-    embed: ParamId,
+    words: Words,
     /// Input `[h2_prev; v̄; word]`: `[4h, 3h]`.
     att_lstm: Cell,
     h2att: Linear,
@@ -57,7 +57,9 @@ pub struct Workspace<B: Backend> {
     attention: AdditiveAttention<B>,
     /// `[positions]` ones: broadcasts a row over the positions, sums over them.
     ones: B::Tensor,
+    /// `[batch, positions, h]`: the words' vectors, and before their ReLU.
     tokens: B::Tensor,
+    words_pre: B::Tensor,
     gates1: B::Tensor,
     cells1: B::Tensor,
     states1: B::Tensor,
@@ -106,6 +108,7 @@ impl<B: Backend> Workspace<B> {
             attention: AdditiveAttention::new(b, attention_shape(c, batch)),
             ones: b.tensor(&vec![1.0; t]),
             tokens: b.zeros(batch * t * h),
+            words_pre: b.zeros(batch * t * h),
             gates1: b.zeros(batch * t * 4 * h),
             cells1: b.zeros(batch * (t + 1) * h),
             states1: b.zeros(batch * (t + 1) * h),
@@ -151,11 +154,11 @@ impl<B: Backend> UpDown<B> {
     /// Fresh weights from `seed`, for a validated `config`.
     pub fn new(b: &B, config: CaptionerConfig, seed: u64) -> Self {
         let c = &config;
-        let (h, v) = (c.decoder.width, c.vocab_size);
+        let h = c.decoder.width;
         let mut p = Params::new(seed);
         let image_layers = TokenLayers::new(&mut p, c);
-        let embed = p.add("embed.weight".into(), &[v, h], Init::Normal(0.1), false);
-        let att_lstm = Cell::new(&mut p, "core.att_lstm", 3 * h, h);
+        let words = Words::new(&mut p, c);
+        let att_lstm = Cell::new(&mut p, "core.att_lstm", 3 * h, h, CellGates::Lstm);
         let h2att = linear(&mut p, "core.attention.h2att", h, h);
         let alpha_net = p.add(
             "core.attention.alpha_net.weight".into(),
@@ -163,14 +166,14 @@ impl<B: Backend> UpDown<B> {
             spread(h),
             true,
         );
-        let lang_lstm = Cell::new(&mut p, "core.lang_lstm", 2 * h, h);
+        let lang_lstm = Cell::new(&mut p, "core.lang_lstm", 2 * h, h, CellGates::Lstm);
         let output = Output::new(b, &mut p, c);
         p.finish(b);
         UpDown {
             config,
             params: p,
             image_layers,
-            embed,
+            words,
             att_lstm,
             h2att,
             alpha_net,
@@ -251,13 +254,8 @@ impl<B: Backend> Network<B> for UpDown<B> {
         let (h, t) = (z.hidden, z.positions);
         let state_row = (t + 1) * h;
         self.image(b, features, &mut ws.image);
-        b.embedding(
-            p.value(self.embed),
-            &inputs.ids.ids,
-            &mut ws.tokens,
-            h,
-            false,
-        );
+        let (pre, tokens) = (&mut ws.words_pre, &mut ws.tokens);
+        (self.words).forward(b, p, &inputs.ids.ids, pre, tokens, h);
         self.att_lstm.bias(b, p, &mut ws.bias1);
         self.lang_lstm.bias(b, p, &mut ws.bias2);
         // The attention LSTM's word and v̄ parts, for every position at once.
@@ -359,7 +357,7 @@ impl<B: Backend> Network<B> for UpDown<B> {
     ) {
         let z = ws.sizes;
         let (h, t) = (z.hidden, z.positions);
-        let (tokens, rows) = (self.config.image_tokens, z.batch * t);
+        let rows = z.batch * t;
         let state_row = (t + 1) * h;
         // The output layer.
         let p = &mut self.params;
@@ -524,7 +522,9 @@ impl<B: Backend> Network<B> for UpDown<B> {
             &mut ws.d_tokens,
             &to_words,
         );
-        b.embedding_backward(&ws.d_tokens, &inputs.ids, p.grad(self.embed), h);
+        // d_top is spent (it went into d_states2): the words' scratch.
+        let scratch = &mut ws.d_top;
+        (self.words).backward(b, p, &inputs.ids, &ws.words_pre, &ws.d_tokens, scratch, h);
         // v̄: its gates' gradient summed over the positions.
         let over_positions = Matmul::batched(z.batch, 1, 4 * h, t).with_a(Operand::packed(0));
         b.matmul(
@@ -550,9 +550,10 @@ impl<B: Backend> Network<B> for UpDown<B> {
             &mut ws.d_mean,
             &to_mean,
         );
-        // The image side: v̄ is the values' mean, the keys their projection.
-        b.mean_pool_backward(&ws.d_mean, &mut ws.image_grads.d_values, tokens, h, true);
-        (self.image_layers).backward(b, p, &self.config, &ws.image, &mut ws.image_grads);
+        // The image side: v̄, then the keys and values.
+        let (c, grads) = (&self.config, &mut ws.image_grads);
+        (self.image_layers).mean_backward(b, p, c, &ws.image, &ws.d_mean, grads);
+        (self.image_layers).backward(b, p, c, &ws.image, grads);
     }
 
     fn logits(ws: &Workspace<B>) -> &B::Tensor {
@@ -583,6 +584,7 @@ struct UpDownStepper<'m, B: Backend> {
     states2: B::Tensor,
     spare: B::Tensor,
     word: B::Tensor,
+    word_pre: B::Tensor,
     gates: B::Tensor,
     query: B::Tensor,
     context: B::Tensor,
@@ -615,6 +617,7 @@ impl<'m, B: Backend> UpDownStepper<'m, B> {
             states2: state(),
             spare: state(),
             word: b.zeros(rows * h),
+            word_pre: b.zeros(rows * h),
             gates: b.zeros(rows * 4 * h),
             query: b.zeros(rows * h),
             context: b.zeros(rows * h),
@@ -649,7 +652,7 @@ impl<B: Backend> Stepper<B> for UpDownStepper<'_, B> {
         let step = LstmStep::between_slots(CellGates::Lstm, rows, h, prev);
         let gates = Matmul::new(rows, 4 * h, h).trans_b();
         let (att, lang) = (&net.att_lstm, &net.lang_lstm);
-        b.embedding(p.value(net.embed), ids, &mut self.word, h, false);
+        (net.words).forward(b, p, ids, &mut self.word_pre, &mut self.word, h);
         b.axpby(1.0, &self.mean_gates, 0.0, &mut self.gates);
         let added = gates.accumulate();
         b.matmul(
