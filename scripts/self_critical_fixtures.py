@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Makes tests/data/self-critical: self-critical.pytorch's own checkpoints,
-as its code saves them, of tiny random models, and what that code
-computes with them in float64, for tests/suite/models/self_critical.rs to
-compare captune's conversion of them with, so that CI needs no torch.
+as its code saves them, of tiny random models (its FCModel, Att2in2Model
+and UpDownModel), and what that code computes with them in float64, for
+tests/suite/models/self_critical.rs to compare captune's conversion of
+them with, so that CI needs no torch.
 
 The models are run from the repository (https://github.com/ruotianluo/
 self-critical.pytorch, given with --repo): its `captioning.models`
 classes as they are, nothing shimmed. For each model, `NAME.pth` is
 `torch.save(model.state_dict())` and `NAME_expected.safetensors` holds:
 
-- `features` [3, FC]: the image features fed (`fc_feats`);
+- `features` [3, FC]: the FC model's image features (`fc_feats`); or
+  `features` [3, TOKENS, FC]: an attention model's region features
+  (`att_feats`), their mean its `fc_feats`;
 - `targets` [3, SEQ + 1]: each image's caption in the step, in
   self-critical's ids (words 1 to V), then 0 (its end), then -1;
 - `loss`: its LanguageModelCriterion on the model's `_forward` with the
@@ -17,10 +20,11 @@ classes as they are, nothing shimmed. For each model, `NAME.pth` is
   -log p), and `grad.NAME`: the gradient of every parameter, under
   self-critical's names;
 - `greedy` [3, SEQ]: its greedy captions, words until its end, then -1:
-  from its own `img_embed`, `core` and `get_logprobs_state`, step by
-  step as its `_sample` runs them (whose greedy branch fails for the FC
-  model at this commit: it stores one log-probability per row where it
-  keeps a distribution).
+  an attention model's `_sample`; for the FC model, from its own
+  `img_embed`, `core` and `get_logprobs_state`, step by step as its
+  `_sample` runs them (whose greedy branch fails for the FC model at this
+  commit: it stores one log-probability per row where it keeps a
+  distribution).
 
 `cocotalk.json` is the vocabulary as its prepro_labels.py writes it
 (`ix_to_word`), with its `UNK`. Each model is trained a little on the
@@ -44,7 +48,7 @@ from safetensors.torch import save_file
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "self-critical"
 WORDS = ["a", "dog", "runs", "on", "grass", "two", "girls", "play", "UNK", "man", "sits"]
 CAPTIONS = ["a dog runs on grass", "two girls play", "a man UNK"]
-FC, HIDDEN, SEQ = 24, 16, 8
+FC, HIDDEN, SEQ, TOKENS = 24, 16, 8, 5
 TRAIN_STEPS = 50
 
 
@@ -77,9 +81,16 @@ def labels():
     return torch.tensor(rows), ids
 
 
+def inputs(features):
+    """`fc_feats` and `att_feats` of the image features."""
+    if features.dim() == 2:
+        return features, None
+    return features.mean(1), features
+
+
 def loss_of(model, features, seq, ids):
     """LanguageModelCriterion: -log p of each word and the end, averaged."""
-    logprobs = model(features, None, seq)
+    logprobs = model(*inputs(features), seq)
     picked = [logprobs[r, t, i] for r, row in enumerate(ids) for t, i in enumerate(row)]
     return -torch.stack(picked).mean()
 
@@ -98,10 +109,10 @@ def fc_greedy(model, features):
     return torch.stack(rows, 1)
 
 
-def make(name, model_class, repo_models):
+def make(name, model_class, tokens=None):
     torch.manual_seed(0)
     model = model_class(options())
-    features = torch.randn(3, FC) * 2.0
+    features = torch.randn(3, FC) * 2.0 if tokens is None else torch.randn(3, tokens, FC)
     seq, ids = labels()
     optimiser = torch.optim.Adam(model.parameters(), lr=0.01)
     model.train()
@@ -118,7 +129,10 @@ def make(name, model_class, repo_models):
     loss = loss_of(model, features, seq, ids)
     loss.backward()
     with torch.no_grad():
-        greedy = fc_greedy(model, features)
+        if tokens is None:
+            greedy = fc_greedy(model, features)
+        else:
+            greedy, _ = model(*inputs(features), mode="sample", opt={"sample_method": "greedy"})
     targets = torch.full((3, SEQ + 1), -1.0, dtype=torch.float64)
     for r, row in enumerate(ids):
         targets[r, : len(row)] = torch.tensor(row, dtype=torch.float64)
@@ -149,7 +163,9 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     vocab = {"ix_to_word": {str(i + 1): w for i, w in enumerate(WORDS)}, "images": []}
     (OUT / "cocotalk.json").write_text(json.dumps(vocab, indent=1) + "\n")
-    make("fc", repo_models.FCModel, repo_models)
+    make("fc", repo_models.FCModel)
+    make("att2in2", repo_models.Att2in2Model, TOKENS)
+    make("updown", repo_models.UpDownModel, TOKENS)
 
 
 if __name__ == "__main__":

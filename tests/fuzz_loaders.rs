@@ -683,26 +683,31 @@ fn clipcap_and_blip_checkpoints() {
         loaded > 0 && refused > 0,
         "blip: {loaded} loaded, {refused} refused"
     );
-    let (model, vocab) = (
-        data.join("self-critical/fc.pth"),
-        data.join("self-critical/cocotalk.json"),
-    );
     use captune::captioner::self_critical;
-    for (what, seed, other) in [("model", &model, &vocab), ("vocabulary", &vocab, &model)] {
-        let target = dir.join(format!("fuzz-input-self-critical-{what}"));
-        let (_, loaded, refused) = fuzz(what, &[std::fs::read(seed).unwrap()], &target, |p| {
-            let (m, v) = if seed == &model {
-                (p, other.as_path())
-            } else {
-                (other.as_path(), p)
-            };
-            self_critical::read(&b, m, v, 10).map(|_| ())
+    let vocab = data.join("self-critical/cocotalk.json");
+    for (model, tokens) in [("fc", None), ("updown", Some(5))] {
+        let model = data.join(format!("self-critical/{model}.pth"));
+        let seeds = [std::fs::read(&model).unwrap()];
+        let target = dir.join("fuzz-input-self-critical.pth");
+        let (_, loaded, refused) = fuzz("self-critical model", &seeds, &target, |p| {
+            self_critical::read(&b, p, &vocab, 10, tokens).map(|_| ())
         });
         assert!(
             loaded > 0 && refused > 0,
-            "self-critical {what}: {loaded} loaded, {refused} refused"
+            "self-critical {}: {loaded} loaded, {refused} refused",
+            model.display()
         );
     }
+    let seeds = [std::fs::read(&vocab).unwrap()];
+    let target = dir.join("fuzz-input-cocotalk.json");
+    let model = data.join("self-critical/fc.pth");
+    let (_, loaded, refused) = fuzz("self-critical vocabulary", &seeds, &target, |p| {
+        self_critical::read(&b, &model, p, 10, None).map(|_| ())
+    });
+    assert!(
+        loaded > 0 && refused > 0,
+        "self-critical vocabulary: {loaded} loaded, {refused} refused"
+    );
 }
 
 /// METEOR's data (tests/data/meteor/tiny, made up in METEOR's layout): the

@@ -5,26 +5,31 @@
 //! ([`crate::torch_checkpoint`]), with the vocabulary its data
 //! preparation wrote (`ix_to_word` of `cocotalk.json`).
 //!
-//! Its `FCModel` is captune's FC model with self-critical's maxout cell,
-//! the image fed as the input of a step before the start, read as its
-//! features come (unnormalised). The map, its names to captune's:
+//! Three of its models are captune's LSTM models as self-critical computes
+//! them ([`LstmVariant::SelfCritical`]): `FCModel` (the image fed as the
+//! input of a step before the start, its features read as they come,
+//! unnormalised), `Att2in2Model` and `UpDownModel`. The map, its names to
+//! captune's:
 //!
 //! | self-critical | captune |
 //! | --- | --- |
-//! | `img_embed.{weight,bias}` | `fc_embed.{weight,bias}` |
-//! | `core.i2h.{weight,bias}` | `core.lstm.{weight,bias}_ih_l0` |
-//! | `core.h2h.{weight,bias}` | `core.lstm.{weight,bias}_hh_l0` |
-//! | `embed.weight` | `embed.weight`, rows moved |
-//! | `logit.{weight,bias}` | `logit.{weight,bias}`, rows moved |
+//! | `img_embed.*` (FC) | `fc_embed.*` |
+//! | `core.i2h.{weight,bias}` | `core.lstm.{weight,bias}_ih` (`_ih_l0` for FC) |
+//! | `core.h2h.{weight,bias}` | `core.lstm.{weight,bias}_hh` (`_hh_l0` for FC) |
+//! | `embed.0.weight`, `att_embed.0.*`, `fc_embed.0.*` | without the `.0` |
+//! | `core.attention.alpha_net.bias` | none: it adds the same to every score |
+//! | every other tensor | the same name |
 //!
-//! Its vocabulary has one id, 0, for the start, the end and the padding,
-//! then the words 1 to V; captune's has `<pad>`, `<bos>`, `<eos>` and
-//! `<unk>`, then the words. Id 0's embedding becomes `<bos>`'s and its
-//! logit `<eos>`'s; the word `UNK` (its stand-in for rare words) becomes
-//! `<unk>`; the other words follow in its order. Rows captune has and
-//! self-critical does not (`<pad>`, `<eos>`'s embedding, `<bos>`'s logit:
-//! never fed or predicted) are zero; without an `UNK`, `<unk>`'s logit
-//! gets a bias of -1e4, so it is never chosen and moves no probability.
+//! and the rows of `embed.weight`, `logit.weight` and `logit.bias` move to
+//! captune's vocabulary. Its vocabulary has one id, 0, for the start, the
+//! end and the padding, then the words 1 to V; captune's has `<pad>`,
+//! `<bos>`, `<eos>` and `<unk>`, then the words. Id 0's embedding becomes
+//! `<bos>`'s and its logit `<eos>`'s; the word `UNK` (its stand-in for
+//! rare words) becomes `<unk>`; the other words follow in its order. Rows
+//! captune has and self-critical does not (`<pad>`, `<eos>`'s embedding,
+//! `<bos>`'s logit: never fed or predicted) are zero; without an `UNK`,
+//! `<unk>`'s logit gets a bias of -1e4, so it is never chosen and moves
+//! no probability.
 
 use super::model::Captioner;
 use super::pretrained::write_params;
@@ -32,7 +37,7 @@ use super::{
     CaptionVocab, CaptionerConfig, Checkpoint, DecoderFamily, ImageFeed, LstmConfig, LstmModel,
     LstmVariant, SpecialIds,
 };
-use crate::backend::{Backend, CellGates};
+use crate::backend::Backend;
 use crate::data::vocab::{BOS, EOS, SPECIALS, UNK};
 use crate::model::transformer::TransformerConfig;
 use crate::tensorfile::{Tensor, TensorFile};
@@ -121,9 +126,11 @@ impl TheirVocab {
     }
 }
 
-/// The FC model's sizes, read from its tensors.
+/// Which of its models a state dict holds, and its sizes.
 #[derive(Clone, Copy, Debug)]
-struct FcShape {
+struct Shape {
+    model: LstmModel,
+    /// Its `fc_feat_size` (FC) or `att_feat_size`.
     features: usize,
     hidden: usize,
 }
@@ -131,61 +138,136 @@ struct FcShape {
 /// A captioner from self-critical's `model.pth` at `path` with its
 /// vocabulary `vocab`, captions of at most `max_len` positions (as
 /// `[model] max_len` counts them: its `max_length` words, the start and
-/// the end).
-pub fn read<B: Backend>(b: &B, path: &Path, vocab: &Path, max_len: usize) -> Result<Checkpoint<B>> {
+/// the end). An attention model reads `image_tokens` tokens per image.
+pub fn read<B: Backend>(
+    b: &B,
+    path: &Path,
+    vocab: &Path,
+    max_len: usize,
+    image_tokens: Option<usize>,
+) -> Result<Checkpoint<B>> {
     let shown = path.display();
     let theirs = torch_checkpoint::read_state_dict(path, None)?;
     let words = TheirVocab::read(vocab)?;
-    let shape = fc_shape(&theirs).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?;
+    let shape = shape(&theirs).map_err(|e| anyhow::anyhow!("{shown}: {e}"))?;
+    let image_tokens = match (shape.model, image_tokens) {
+        (LstmModel::Fc, None) => 0,
+        (LstmModel::Fc, Some(_)) => {
+            bail!("{shown}: its FCModel reads one feature vector per image, no image tokens")
+        }
+        (_, Some(n)) if n > 0 => n,
+        (model, _) => bail!(
+            "{shown}: an attention model ({}): give the number of image tokens (regions) per \
+             image its features have (convert's --tokens)",
+            their_name(model)
+        ),
+    };
     let ours = convert(theirs, &words)
         .map_err(|e| anyhow::anyhow!("{shown} with {}: {e}", vocab.display()))?;
     let vocab = words.ours();
-    let config = fc_config(shape, vocab.len(), max_len);
+    let config = config(shape, image_tokens, vocab.len(), max_len);
     let mut model = Captioner::new(b, config, 0)?;
     write_params(b, &mut model, ours, path, |_| true)?;
     Ok(Checkpoint { model, vocab })
 }
 
-/// The FC model's sizes from `img_embed` and `core.h2h`; other models of
-/// self-critical's zoo are refused, naming what is converted.
-fn fc_shape(theirs: &TensorFile) -> Result<FcShape> {
-    let Some(img_embed) = theirs.tensors.get("img_embed.weight") else {
-        bail!(
-            "no tensor \"img_embed.weight\": not self-critical's FCModel, the one of its models \
-             captune converts (its attention models, AoA and transformers are not)"
-        );
-    };
-    let h2h = theirs
-        .tensors
-        .get("core.h2h.weight")
-        .context("no tensor \"core.h2h.weight\" (FCModel's LSTMCore)")?;
-    let (h, cell) = (h2h.shape.get(1).copied().unwrap_or(0), CellGates::Maxout);
-    if h2h.shape != [cell.chunks() * h, h] || img_embed.shape.len() != 2 {
-        bail!(
-            "core.h2h.weight {:?} and img_embed.weight {:?} are not FCModel's maxout LSTM's \
-             ([5 rnn_size, rnn_size] and [input_encoding_size, fc_feat_size])",
-            h2h.shape,
-            img_embed.shape
-        );
+fn their_name(model: LstmModel) -> &'static str {
+    match model {
+        LstmModel::Fc => "FCModel",
+        LstmModel::Att2in => "Att2in2Model",
+        LstmModel::UpDown => "UpDownModel",
     }
-    if img_embed.shape[0] != h {
-        bail!(
-            "input_encoding_size {} differs from rnn_size {h}: captune's FC model embeds words \
-             and the image at its hidden size",
-            img_embed.shape[0]
-        );
+}
+
+/// The model: FC (`img_embed`), Att2in2 (`core.a2c`) or top-down
+/// (`core.att_lstm`); what captune has no place for is refused by name.
+fn model(theirs: &TensorFile) -> Result<LstmModel> {
+    let has = |name: &str| theirs.tensors.contains_key(name);
+    if has("att_embed.0.running_mean") || has("att_embed.1.weight") {
+        bail!("its att_embed has a batch norm (use_bn), which captune's models do not");
     }
-    Ok(FcShape {
-        features: img_embed.shape[1],
-        hidden: h,
+    if has("logit.0.weight") {
+        bail!("its output has more than one layer (logit_layers), which captune's has not");
+    }
+    Ok(if has("img_embed.weight") {
+        LstmModel::Fc
+    } else if has("core.a2c.weight") && has("att_embed.0.weight") {
+        LstmModel::Att2in
+    } else if has("core.att_lstm.weight_ih") {
+        LstmModel::UpDown
+    } else {
+        bail!(
+            "none of the self-critical models captune converts (FCModel, Att2in2Model, \
+             UpDownModel); its AoA, transformer, ShowTell and other models are not"
+        )
     })
 }
 
-fn fc_config(shape: FcShape, vocab_size: usize, max_len: usize) -> CaptionerConfig {
+/// `[rows, cols]` of the matrix `name`.
+fn matrix(theirs: &TensorFile, name: &str) -> Result<(usize, usize)> {
+    let t = theirs
+        .tensors
+        .get(name)
+        .with_context(|| format!("no tensor {name:?}"))?;
+    match t.shape[..] {
+        [rows, cols] => Ok((rows, cols)),
+        ref other => bail!("tensor {name:?} has shape {other:?}, not a matrix"),
+    }
+}
+
+/// The model's sizes. captune's LSTMs embed words and attend at their
+/// hidden size: the checkpoint's input_encoding_size and att_hid_size
+/// must be its rnn_size.
+fn shape(theirs: &TensorFile) -> Result<Shape> {
+    let model = model(theirs)?;
+    let (recurrent, features, word) = match model {
+        LstmModel::Fc => ("core.h2h.weight", "img_embed.weight", "embed.weight"),
+        LstmModel::Att2in => ("core.h2h.weight", "att_embed.0.weight", "embed.0.weight"),
+        LstmModel::UpDown => (
+            "core.att_lstm.weight_hh",
+            "att_embed.0.weight",
+            "embed.0.weight",
+        ),
+    };
+    let hidden = matrix(theirs, recurrent)?.1;
+    let features = matrix(theirs, features)?.1;
+    let mut widths = vec![("input_encoding_size", matrix(theirs, word)?.1)];
+    if model.reads_tokens() {
+        widths.push(("att_hid_size", matrix(theirs, "ctx2att.weight")?.0));
+    }
+    if let Some((what, width)) = widths.into_iter().find(|&(_, w)| w != hidden) {
+        bail!(
+            "its {what} {width} differs from its rnn_size {hidden}: captune's LSTMs embed and \
+             attend at their hidden size"
+        );
+    }
+    if model == LstmModel::UpDown {
+        let pooled = matrix(theirs, "fc_embed.0.weight")?.1;
+        if pooled != features {
+            bail!(
+                "its fc_feat_size {pooled} differs from its att_feat_size {features}: captune's \
+                 pooled feature is the tokens' mean"
+            );
+        }
+    }
+    Ok(Shape {
+        model,
+        features,
+        hidden,
+    })
+}
+
+fn config(shape: Shape, image_tokens: usize, vocab_size: usize, max_len: usize) -> CaptionerConfig {
+    let fc = shape.model == LstmModel::Fc;
+    let feed = if fc {
+        ImageFeed::Input
+    } else {
+        ImageFeed::Hidden
+    };
     CaptionerConfig {
         family: DecoderFamily::Lstm,
         embed_dim: shape.features,
-        image_tokens: 0,
+        image_tokens,
         prefix_len: 0,
         mapper_hidden: 0,
         mapper_activation: Default::default(),
@@ -194,57 +276,79 @@ fn fc_config(shape: FcShape, vocab_size: usize, max_len: usize) -> CaptionerConf
         vision: None,
         lstm: Some(LstmConfig {
             variant: LstmVariant::SelfCritical,
-            ..LstmConfig::new(LstmModel::Fc, ImageFeed::Input)
+            ..LstmConfig::new(shape.model, feed)
         }),
         prompt: Default::default(),
         max_len,
         vocab_size,
         specials: SpecialIds::WORDS,
         prefix_predicts_first: false,
-        // Its features are a CNN's pooled outputs, fed as they come.
-        raw_embeddings: true,
+        // The FC model's features are a CNN's pooled outputs, fed as they
+        // come.
+        raw_embeddings: fc,
     }
 }
 
-/// self-critical's FCModel tensors (weights, or their gradients) under
-/// captune's names, with the vocabulary's rows moved.
-pub fn convert(mut theirs: TensorFile, vocab: &TheirVocab) -> Result<TensorFile> {
-    let mut ours = TensorFile::new([]);
-    let renames = [
-        ("img_embed.weight", "fc_embed.weight"),
-        ("img_embed.bias", "fc_embed.bias"),
-        ("core.i2h.weight", "core.lstm.weight_ih_l0"),
-        ("core.i2h.bias", "core.lstm.bias_ih_l0"),
-        ("core.h2h.weight", "core.lstm.weight_hh_l0"),
-        ("core.h2h.bias", "core.lstm.bias_hh_l0"),
-    ];
-    for (from, to) in renames {
-        let tensor = take(&mut theirs, from)?;
-        ours.tensors.insert(to.into(), tensor);
+/// captune's name for self-critical's tensor `theirs` of `model`, or none
+/// for one captune has no place for.
+fn our_name(model: LstmModel, theirs: &str) -> Option<String> {
+    if theirs == "core.attention.alpha_net.bias" {
+        return None;
     }
+    let layer = if model == LstmModel::Fc { "_l0" } else { "" };
+    for (from, side) in [("core.i2h.", "ih"), ("core.h2h.", "hh")] {
+        if let Some(what) = theirs.strip_prefix(from) {
+            return Some(format!("core.lstm.{what}_{side}{layer}"));
+        }
+    }
+    if let Some(what) = theirs.strip_prefix("img_embed.") {
+        return Some(format!("fc_embed.{what}"));
+    }
+    for sequential in ["embed.0.", "att_embed.0.", "fc_embed.0."] {
+        if let Some(what) = theirs.strip_prefix(sequential) {
+            return Some(format!("{}{what}", &sequential[..sequential.len() - 2]));
+        }
+    }
+    Some(theirs.to_string())
+}
+
+/// self-critical's tensors (weights, or their gradients) under captune's
+/// names, with the vocabulary's rows moved.
+pub fn convert(theirs: TensorFile, vocab: &TheirVocab) -> Result<TensorFile> {
+    let model = model(&theirs)?;
     let (embed_rows, logit_rows) = vocab.rows();
     let ids = vocab.words.len() + 1;
-    for (name, rows) in [
-        ("embed.weight", &embed_rows),
-        ("logit.weight", &logit_rows),
-        ("logit.bias", &logit_rows),
-    ] {
-        let tensor = take(&mut theirs, name)?;
-        if tensor.shape.first() != Some(&ids) {
-            bail!(
+    let mut ours = TensorFile::new([]);
+    let mut tensors: Vec<(String, Tensor)> = theirs.tensors.into_iter().collect();
+    // In name order, so that an error names the same tensor every time.
+    tensors.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, tensor) in tensors {
+        let Some(to) = our_name(model, &name) else {
+            continue;
+        };
+        let rows = match to.as_str() {
+            "embed.weight" => Some(&embed_rows),
+            "logit.weight" | "logit.bias" => Some(&logit_rows),
+            _ => None,
+        };
+        let tensor = match rows {
+            Some(_) if tensor.shape.first() != Some(&ids) => bail!(
                 "{name} has {:?} rows, not the vocabulary's {} words and id 0",
                 tensor.shape.first(),
                 ids - 1
-            );
+            ),
+            Some(rows) => {
+                let mut moved = moved_rows(&tensor, rows);
+                if to == "logit.bias" && !vocab.has_unk() {
+                    moved.data[UNK as usize] = NEVER;
+                }
+                moved
+            }
+            None => tensor,
+        };
+        if ours.tensors.insert(to.clone(), tensor).is_some() {
+            bail!("two of its tensors would both be {to:?}");
         }
-        let mut moved = moved_rows(&tensor, rows);
-        if name == "logit.bias" && !vocab.has_unk() {
-            moved.data[UNK as usize] = NEVER;
-        }
-        ours.tensors.insert(name.into(), moved);
-    }
-    if let Some(name) = theirs.tensors.keys().min() {
-        bail!("tensor {name:?} has no place in captune's FC model");
     }
     Ok(ours)
 }
@@ -261,11 +365,4 @@ fn moved_rows(tensor: &Tensor, rows: &[Option<usize>]) -> Tensor {
     let mut shape = tensor.shape.clone();
     shape[0] = rows.len();
     Tensor { shape, data }
-}
-
-fn take(theirs: &mut TensorFile, name: &str) -> Result<Tensor> {
-    theirs
-        .tensors
-        .remove(name)
-        .with_context(|| format!("no tensor {name:?}"))
 }

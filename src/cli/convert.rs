@@ -1,7 +1,7 @@
 //! `captune convert`: a published checkpoint in the folder `captune
 //! export` writes, which `--decoder hf:DIR` and `--checkpoint hf:DIR` read:
 //! ClipCap's own (`--clipcap`) or BLIP's own (`--blip`); or, for
-//! self-critical training's FC model (`--self-critical`), a captune
+//! self-critical training's LSTMs (`--self-critical`), a captune
 //! checkpoint.
 
 use super::check_new_output;
@@ -52,16 +52,20 @@ pub struct ConvertArgs {
     /// for BLIP-base), for its config, tokenizer and image processor.
     #[arg(long, value_name = "FOLDER", requires = "blip")]
     pub blip_config: Option<PathBuf>,
-    /// Self-critical training's own FC model (self-critical.pytorch's
-    /// FCModel): the torch.save of its state dict (model.pth), read
-    /// without running its pickle. --out is then the captune checkpoint
-    /// to write.
+    /// Self-critical training's own LSTM (self-critical.pytorch's
+    /// FCModel, Att2in2Model or UpDownModel): the torch.save of its state
+    /// dict (model.pth), read without running its pickle. --out is then
+    /// the captune checkpoint to write.
     #[arg(long, value_name = "FILE.pth", requires = "vocab")]
     pub self_critical: Option<PathBuf>,
     /// With --self-critical: the vocabulary of its data, the cocotalk.json
     /// its prepro_labels.py wrote (ix_to_word).
     #[arg(long, value_name = "FILE.json", requires = "self_critical")]
     pub vocab: Option<PathBuf>,
+    /// With --self-critical and an attention model: the image tokens
+    /// (regions) per image of the features it reads.
+    #[arg(long, value_name = "N", requires = "self_critical")]
+    pub tokens: Option<usize>,
     /// The folder to write (with --self-critical, the checkpoint file).
     #[arg(long)]
     pub out: PathBuf,
@@ -75,15 +79,20 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     let max_len = |default: u32| args.max_len.unwrap_or(default) as usize;
     if let (Some(file), Some(vocab)) = (&args.self_critical, &args.vocab) {
         let b = CpuBackend::new();
-        let ck = self_critical::read(&b, file, vocab, max_len(18))?;
+        let ck = self_critical::read(&b, file, vocab, max_len(18), args.tokens)?;
         ck.save(&b, &args.out, Default::default())?;
-        eprintln!(
-            "converted {} to {} (read it as --checkpoint {} or start a run with --init {})",
-            file.display(),
-            args.out.display(),
-            args.out.display(),
-            args.out.display()
-        );
+        let (from, to) = (file.display(), args.out.display());
+        if ck.model.config.image_tokens > 0 {
+            eprintln!(
+                "converted {from} to {to}: an attention model, trained on region features, \
+                 which captune has no input for yet (docs/lstm.md)"
+            );
+        } else {
+            eprintln!(
+                "converted {from} to {to} (read it as --checkpoint {to} with its features, or \
+                 start a run with --init {to})"
+            );
+        }
         return Ok(());
     }
     let from = match (&args.clipcap, &args.gpt2, &args.blip, &args.blip_config) {
