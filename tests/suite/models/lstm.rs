@@ -4,7 +4,9 @@
 //! either way, top-down attention and Att2in over image tokens: one MLE step's
 //! loss and every parameter's gradient, the greedy captions and the two
 //! best of a beam search, on both backends; and one SCST step of each
-//! model for the samples captune draws.
+//! model for the samples captune draws. The FC model fed the image as its
+//! hidden state runs its first layer through the word table (3 captions
+//! of 7 positions, 12 ids), fed the image as an input without it.
 
 use super::golden::{self, Golden, data};
 use crate::common;

@@ -13,7 +13,11 @@
 //!
 //! A layer runs its input-to-gates product for all positions at once, then
 //! one position at a time: the hidden-to-gates product of the previous
-//! state added in place, and the cell kernel. States live in
+//! state added in place, and the cell kernel. Where a batch has more
+//! positions than the vocabulary has ids, the first layer's products go
+//! through the word table instead: each id's gates, embed W_ih^T + b,
+//! computed once and gathered per position; and back, the gates'
+//! gradients summed per id, then multiplied once per id. States live in
 //! `[batch, steps + 1, hidden]` tensors whose slot 0 is the initial
 //! state, so step t reads slot t and writes slot t + 1; the rows a next
 //! layer or the output layer reads are copied out packed.
@@ -73,6 +77,8 @@ struct Sizes {
     gates: usize,
     /// Steps before the first token: 1 when the image is fed as an input.
     lead: usize,
+    /// The first layer's gates come from the word table ([`Sizes::new`]).
+    word_table: bool,
 }
 
 impl Sizes {
@@ -87,6 +93,9 @@ impl Sizes {
             cell,
             gates: cell.chunks() * c.decoder.width,
             lead,
+            // A product per id is cheaper than one per position; the
+            // image as the first input is a row no id gives.
+            word_table: lead == 0 && c.vocab_size < batch * positions,
         }
     }
 
@@ -162,6 +171,10 @@ pub struct Workspace<B: Backend> {
     image: B::Tensor,
     /// `[batch, positions, hidden]`: the token embeddings.
     tokens: B::Tensor,
+    /// `[vocab, gates]` with the word table: each id's first-layer gates
+    /// (with their biases), and the gradient summed per id.
+    word_gates: B::Tensor,
+    d_word_gates: B::Tensor,
     /// Layer l's input `[batch, steps, hidden]`: the token embeddings
     /// (after the image when it is an input), then each layer's outputs.
     inputs: Vec<B::Tensor>,
@@ -196,11 +209,14 @@ impl<B: Backend> Workspace<B> {
         let z = Sizes::new(c, batch, positions);
         let (h, s, g) = (z.hidden, z.steps, z.gates);
         let layers = c.decoder.layers;
+        let table = if z.word_table { c.vocab_size * g } else { 0 };
         Workspace {
             sizes: z,
             features: b.zeros(batch * c.embed_dim),
             image: b.zeros(batch * h),
             tokens: b.zeros(batch * positions * h),
+            word_gates: b.zeros(table),
+            d_word_gates: b.zeros(table),
             inputs: (0..layers).map(|_| b.zeros(batch * s * h)).collect(),
             layers: (0..layers)
                 .map(|_| LayerActivations {
@@ -323,33 +339,39 @@ impl<B: Backend> Network<B> for Lstm<B> {
         let (h, s, g) = (z.hidden, z.steps, z.gates);
         b.write(&mut ws.features, features);
         self.project_image(b, &ws.features, &mut ws.image, z.batch);
-        b.embedding(
-            p.value(self.embed),
-            &inputs.ids.ids,
-            &mut ws.tokens,
-            h,
-            false,
-        );
-        if z.lead == 0 {
-            b.axpby(1.0, &ws.tokens, 0.0, &mut ws.inputs[0]);
-        } else {
-            let row = s * h;
-            b.heads_to_tokens(&ws.image, &mut ws.inputs[0], &z.columns(0, h, row), false);
-            let tokens = z.columns(h, z.positions * h, row);
-            b.heads_to_tokens(&ws.tokens, &mut ws.inputs[0], &tokens, false);
+        // The first layer's input, unless its gates come from the word table.
+        if !z.word_table {
+            let embed = p.value(self.embed);
+            b.embedding(embed, &inputs.ids.ids, &mut ws.tokens, h, false);
+            if z.lead == 0 {
+                b.axpby(1.0, &ws.tokens, 0.0, &mut ws.inputs[0]);
+            } else {
+                let row = s * h;
+                let image = z.columns(0, h, row);
+                b.heads_to_tokens(&ws.image, &mut ws.inputs[0], &image, false);
+                let tokens = z.columns(h, z.positions * h, row);
+                b.heads_to_tokens(&ws.tokens, &mut ws.inputs[0], &tokens, false);
+            }
         }
         self.gate_biases(b, &mut ws.gate_bias);
         let last = self.layers.len() - 1;
         for (l, layer) in self.layers.iter().enumerate() {
             let (done, rest) = ws.inputs.split_at_mut(l + 1);
             let a = &mut ws.layers[l];
-            b.matmul_bias(
-                &done[l],
-                p.value(layer.weight_ih),
-                &ws.gate_bias[l],
-                &mut a.gates,
-                &Matmul::new(z.batch * s, g, h).trans_b(),
-            );
+            if l == 0 && z.word_table {
+                let words = Matmul::new(self.config.vocab_size, g, h).trans_b();
+                let (embed, w_ih) = (p.value(self.embed), p.value(layer.weight_ih));
+                b.matmul_bias(embed, w_ih, &ws.gate_bias[l], &mut ws.word_gates, &words);
+                b.embedding(&ws.word_gates, &inputs.ids.ids, &mut a.gates, g, false);
+            } else {
+                b.matmul_bias(
+                    &done[l],
+                    p.value(layer.weight_ih),
+                    &ws.gate_bias[l],
+                    &mut a.gates,
+                    &Matmul::new(z.batch * s, g, h).trans_b(),
+                );
+            }
             // Slot 0: the image, or zero states (never written).
             if self.image_is_state() {
                 b.heads_to_tokens(&ws.image, &mut a.states, &z.slots(0, 1), false);
@@ -439,14 +461,30 @@ impl<B: Backend> Network<B> for Lstm<B> {
                 p.grad(layer.weight_hh),
                 &weight_grad(h),
             );
+            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_ih), true);
+            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_hh), true);
+            if l == 0 && z.word_table {
+                // The gates' gradients summed per id, then the word
+                // table's products once per id.
+                let v = self.config.vocab_size;
+                b.fill(&mut ws.d_word_gates, 0.0);
+                b.embedding_backward(&ws.d_gates, &inputs.ids, &mut ws.d_word_gates, g);
+                let (values, d_weight) = p.for_backward_one(layer.weight_ih);
+                let weight_grad = Matmul::new(g, h, v).trans_a().accumulate();
+                let embed = &values[self.embed.0];
+                b.matmul(&ws.d_word_gates, embed, d_weight, &weight_grad);
+                let (values, d_embed) = p.for_backward_one(self.embed);
+                let w_ih = &values[layer.weight_ih.0];
+                let to_words = Matmul::new(v, h, g).accumulate();
+                b.matmul(&ws.d_word_gates, w_ih, d_embed, &to_words);
+                continue;
+            }
             b.matmul(
                 &ws.d_gates,
                 &ws.inputs[l],
                 p.grad(layer.weight_ih),
                 &weight_grad(h),
             );
-            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_ih), true);
-            b.column_sum(&ws.d_gates, products, g, p.grad(layer.bias_hh), true);
             b.matmul(
                 &ws.d_gates,
                 p.value(layer.weight_ih),
@@ -455,9 +493,11 @@ impl<B: Backend> Network<B> for Lstm<B> {
             );
         }
         // The first layer's input: the token embeddings, after the image
-        // when it is an input.
-        let d_tokens = if z.lead == 0 {
-            &ws.d_inputs
+        // when it is an input (with the word table, done above).
+        let d_tokens = if z.word_table {
+            None
+        } else if z.lead == 0 {
+            Some(&ws.d_inputs)
         } else {
             let row = s * h;
             b.tokens_to_heads(&ws.d_inputs, &mut ws.d_slot, &z.columns(0, h, row));
@@ -467,9 +507,11 @@ impl<B: Backend> Network<B> for Lstm<B> {
                 &mut ws.d_top,
                 &z.columns(h, z.positions * h, row),
             );
-            &ws.d_top
+            Some(&ws.d_top)
         };
-        b.embedding_backward(d_tokens, &inputs.ids, p.grad(self.embed), h);
+        if let Some(d_tokens) = d_tokens {
+            b.embedding_backward(d_tokens, &inputs.ids, p.grad(self.embed), h);
+        }
         let c = &self.config;
         b.matmul(
             &ws.d_image,
