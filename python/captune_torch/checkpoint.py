@@ -58,6 +58,16 @@ def load_checkpoint(path) -> Checkpoint:
         raise CheckpointError(
             f"{path}: a {family} captioner; captune_torch trains the prefix decoder (captune's own, "
             "or a GPT-2 as ClipCap) and the FC LSTM: train this one with `captune train`")
+    variant = (config.get("lstm") or {}).get("variant")
+    unlike = [what for what, held in (
+        ("self-critical.pytorch's variant of the LSTM", variant not in (None, "papers")),
+        ("ClipCap's own layout (no start token fed)", config.get("prefix_predicts_first")),
+        ("unnormalised image embeddings", config.get("raw_embeddings")),
+    ) if held]
+    if unlike:
+        raise CheckpointError(
+            f"{path}: a captioner with {unlike[0]}, which captune_torch does not compute: train "
+            "this one with `captune train`")
     for name, t in tensors.items():
         if not torch.isfinite(t).all():
             raise CheckpointError(f"{path}: tensor {name} holds NaN or an infinity")

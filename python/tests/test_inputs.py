@@ -89,6 +89,18 @@ class Inputs(unittest.TestCase):
             "format": "captune captioner", "captioner_config": '{"family": "lstm", "lstm": {"model": "updown"}}'})
         with self.assertRaisesRegex(CheckpointError, "updown.safetensors: a lstm:updown captioner; .*captune train"):
             load_checkpoint(updown)
+        converted = self.path / "fc-sc.safetensors"
+        save_file({"logit.bias": torch.zeros(3)}, str(converted), metadata={
+            "format": "captune captioner",
+            "captioner_config": '{"family": "lstm", "lstm": {"model": "fc", "variant": "self-critical"}}'})
+        with self.assertRaisesRegex(CheckpointError, "fc-sc.safetensors: .*self-critical.pytorch's variant.*captune train"):
+            load_checkpoint(converted)
+        clipcap = self.path / "clipcap.safetensors"
+        save_file({"mapper.fc1.bias": torch.zeros(3)}, str(clipcap), metadata={
+            "format": "captune captioner",
+            "captioner_config": '{"prefix_predicts_first": true, "raw_embeddings": true}'})
+        with self.assertRaisesRegex(CheckpointError, "clipcap.safetensors: .*ClipCap's own layout"):
+            load_checkpoint(clipcap)
         bad = self.path / "dataset.json"
         bad.write_text('{"images": [\n  {"split": "train",}\n]}')
         with self.assertRaisesRegex(DataError, r"dataset.json: malformed JSON at line 2 column"):
