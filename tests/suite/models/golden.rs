@@ -10,12 +10,12 @@
 use crate::common;
 
 use captune::backend::Backend;
-use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::TokenInputs;
+use captune::captioner::model::{Captioner, TokenInputs, teacher_targets};
 use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::objectives::{self, settings::Settings};
+use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::images::Images;
 use captune::data::vocab::PAD;
@@ -45,6 +45,32 @@ struct Step {
     moments: Vec<(String, Vec<f32>, Vec<f32>)>,
 }
 
+/// One MLE step of `model` on the image inputs `features` and the
+/// captions `sequences` (each its start, its tokens and its end): the
+/// loss, every parameter's gradient left in `model`. The logits are the
+/// model's, `inputs.positions` per caption.
+pub(super) fn mle_step<B: Backend>(
+    b: &B,
+    model: &mut Captioner<B>,
+    vocab: &CaptionVocab,
+    features: &[f32],
+    sequences: &[Vec<u32>],
+) -> f32 {
+    let c = model.config;
+    let inputs = TokenInputs::new(b, &c, sequences).unwrap();
+    let steps = inputs.positions;
+    let targets = teacher_targets(sequences, steps, c.specials.pad);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let objective = TokenObjective::mle();
+    let batch = BatchTargets::new(b, &objective, vocab, &c, &targets, steps, &mut rng).unwrap();
+    let mut losses = Losses::new(b, objective, inputs.rows(), c.vocab_size);
+    model.forward(b, features, &inputs).unwrap();
+    losses.forward_backward(b, model.logits(), &batch, true);
+    model.params_mut().zero_grads(b);
+    model.backward(b, &inputs, &losses.d_logits);
+    losses.read(b, &batch).loss
+}
+
 fn ids(file: &TensorFile, name: &str) -> Vec<u32> {
     file.tensors[name].data.iter().map(|&x| x as u32).collect()
 }
@@ -64,20 +90,9 @@ fn one_step<B: Backend>(b: &B, expected: &TensorFile) -> Step {
                 .collect()
         })
         .collect();
-    let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let objective = TokenObjective::mle();
-    let batch = BatchTargets::new(b, &objective, &ck.vocab, &c, &targets, steps, &mut rng).unwrap();
-    let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
-    let model = &mut ck.model;
-    model
-        .forward(b, &expected.tensors["features"].data, &token_inputs)
-        .unwrap();
-    losses.forward_backward(b, model.logits(), &batch, true);
-    model.params_mut().zero_grads(b);
-    model.backward(b, &token_inputs, &losses.d_logits);
-    let loss = losses.read(b, &batch).loss;
-    finish(b, loss, model.params_mut(), expected)
+    let features = &expected.tensors["features"].data;
+    let loss = mle_step(b, &mut ck.model, &ck.vocab, features, &sequences);
+    finish(b, loss, ck.model.params_mut(), expected)
 }
 
 /// One step of the retriever's contrastive training on the golden batch.

@@ -14,13 +14,10 @@ use crate::common;
 use captune::backend::Backend;
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::TokenInputs;
 use captune::captioner::objective::TrainingBatch;
-use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::PAD;
 use captune::tensorfile::{self, TensorFile};
-use rand::SeedableRng;
 
 const MODELS: [&str; 4] = ["fc_hidden", "fc_input", "updown", "att2in"];
 
@@ -43,24 +40,14 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
                 .collect()
         })
         .collect();
-    let token_inputs = TokenInputs::new(b, &c, &sequences).unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let objective = TokenObjective::mle();
-    let batch = BatchTargets::new(b, &objective, &ck.vocab, &c, &targets, steps, &mut rng).unwrap();
-    let mut losses = Losses::new(b, objective, token_inputs.rows(), c.vocab_size);
     let features = &expected.tensors["features"].data;
-    let model = &mut ck.model;
-    model.forward(b, features, &token_inputs).unwrap();
-    losses.forward_backward(b, model.logits(), &batch, true);
-    model.params_mut().zero_grads(b);
-    model.backward(b, &token_inputs, &losses.d_logits);
-    let loss = losses.read(b, &batch).loss;
+    let loss = golden::mle_step(b, &mut ck.model, &ck.vocab, features, &sequences);
     let want = expected.tensors["loss"].data[0];
     assert!(
         (loss - want).abs() <= 1e-5 * want,
         "{what}: loss {loss} against PyTorch's {want}"
     );
-    let params = model.params();
+    let params = ck.model.params();
     for (spec, grad) in params.specs.iter().zip(&params.grads) {
         let want = &expected.tensors[&format!("grad.{}", spec.name)].data;
         let got = b.to_vec(grad);

@@ -6,19 +6,16 @@
 //! moved by the same conversion) and its greedy captions, on the CPU and
 //! on the GPU; its word `UNK` decodes as `<unk>`.
 
-use super::golden::data;
+use super::golden::{self, data};
 use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::TokenInputs;
-use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::self_critical::{self, TheirVocab};
 use captune::captioner::{CaptionVocab, Checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, PAD, UNK};
 use captune::tensorfile::{self, Tensor, TensorFile};
-use rand::SeedableRng;
 
 /// Its `max_length` of 8 words, the start and the end.
 const MAX_LEN: usize = 10;
@@ -80,18 +77,8 @@ fn agrees_with_self_critical<B: Backend>(
             std::iter::once(BOS).chain(real).collect()
         })
         .collect();
-    let inputs = TokenInputs::new(b, &c, &sequences).unwrap();
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
-    let objective = TokenObjective::mle();
-    let batch = BatchTargets::new(b, &objective, &ck.vocab, &c, &targets, steps, &mut rng).unwrap();
-    let mut losses = Losses::new(b, objective, inputs.rows(), c.vocab_size);
     let features = &expected.tensors["features"].data;
-    let model = &mut ck.model;
-    model.forward(b, features, &inputs).unwrap();
-    losses.forward_backward(b, model.logits(), &batch, true);
-    model.params_mut().zero_grads(b);
-    model.backward(b, &inputs, &losses.d_logits);
-    let loss = losses.read(b, &batch).loss;
+    let loss = golden::mle_step(b, &mut ck.model, &ck.vocab, features, &sequences);
     let want = expected.tensors["loss"].data[0];
     assert!(
         (loss - want).abs() <= 1e-5 * want,
@@ -109,7 +96,7 @@ fn agrees_with_self_critical<B: Backend>(
     }
     let vocab = TheirVocab::read(&fixture("cocotalk.json")).unwrap();
     let want_grads = self_critical::convert(their_grads, &vocab).unwrap();
-    let params = model.params();
+    let params = ck.model.params();
     for (spec, grad) in params.specs.iter().zip(&params.grads) {
         let off =
             common::relative_difference(&b.to_vec(grad), &want_grads.tensors[&spec.name].data);
@@ -124,7 +111,7 @@ fn agrees_with_self_critical<B: Backend>(
     }
     let greedy = generate(
         b,
-        model,
+        &ck.model,
         features,
         &Decoding::Greedy,
         &DecodeOptions::default(),
