@@ -43,7 +43,7 @@ done
 python3 - "$OUT" <<'PY'
 import json, sys
 out = sys.argv[1]
-keys = ["CIDEr-D", "BLEU-4", "ROUGE-L", "div1", "div2", "mbleu4", "vocabulary_usage", "mean_length",
+keys = ["CIDEr-D", "BLEU-4", "ROUGE-L", "METEOR", "div1", "div2", "mbleu4", "vocabulary_usage", "mean_length",
         "self_retrieval_r1", "fact_precision", "fact_recall"]
 cell = lambda v: "-" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 for decoding in ["greedy", "sampled"]:

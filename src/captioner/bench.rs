@@ -104,7 +104,7 @@ impl BenchModel {
         };
         let blip = crate::model::blip::read(&dir)?;
         let shape = (m.max_len, m.prompt.as_deref());
-        let ck = super::decoders::blip::blip_checkpoint(b, &dir, blip, shape, m.train_vision)?;
+        let ck = super::blip::blip_checkpoint(b, &dir, blip, shape, m.train_vision)?;
         Ok(Some(ck))
     }
 

@@ -23,7 +23,6 @@
 //! [`STOP_AFTER`] logged steps in a row the run stops (unless the run
 //! says otherwise), keeping its last good checkpoint.
 
-use super::objective::ObjectiveInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -108,11 +107,12 @@ struct First {
 }
 
 impl CollapseGuard {
-    /// For a run of `objective` (None: one of the caller's, whose reward
-    /// is not known) on a model whose captions have at most `max_words`.
-    pub fn new(objective: Option<&ObjectiveInfo>, max_words: usize) -> Self {
+    /// For a run whose objective's reward is watched as `reward` (its
+    /// `ObjectiveInfo::reward`; None where it has none or it is not known)
+    /// on a model whose captions have at most `max_words`.
+    pub fn new(reward: Option<RewardWatch>, max_words: usize) -> Self {
         CollapseGuard {
-            reward: objective.and_then(|o| o.reward),
+            reward,
             max_words,
             seen: GuardState::default(),
         }

@@ -6,11 +6,11 @@
 //! reads the image or where its weights sit.
 //!
 //! Every family speaks the captioner's policy: logits over the whole
-//! vocabulary with [`super::model::MASKED_LOGIT`] at the ids no caption
+//! vocabulary with [`super::inputs::MASKED_LOGIT`] at the ids no caption
 //! contains (`SpecialIds::masked`), so that losses, samples and
 //! explanations all read the distribution captions are generated from.
 
-use super::model::TokenInputs;
+use super::inputs::TokenInputs;
 use crate::backend::Backend;
 use crate::model::params::Params;
 use anyhow::Result;

@@ -5,8 +5,8 @@
 //! ask through `Objective::explain`, so they know no objective by name.
 
 use super::CaptionVocab;
+use super::corpus::TrainingCorpus;
 use super::model::Captioner;
-use super::objective::TrainingCorpus;
 use crate::backend::Backend;
 use crate::retriever::frozen::FrozenRetriever;
 use crate::retriever::neighbours::nearest;

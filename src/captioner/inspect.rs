@@ -5,7 +5,8 @@
 //! probability under each, and the top-5 predictions of each.
 
 use super::CaptionVocab;
-use super::model::{Captioner, TokenInputs};
+use super::inputs::TokenInputs;
+use super::model::Captioner;
 use crate::backend::Backend;
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};

@@ -6,14 +6,17 @@
 //! in `objectives`, caption generation in `decode`.
 
 pub mod bench;
+pub mod blip;
 pub mod clipcap;
 pub mod collapse;
+pub mod corpus;
 pub mod decode;
 pub mod decoder;
 pub mod decoders;
 pub mod evaluate;
 pub mod explain;
 pub mod export;
+pub mod inputs;
 pub mod inspect;
 pub mod labelled;
 pub mod listener;

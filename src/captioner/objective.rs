@@ -13,11 +13,11 @@
 
 use super::CaptionVocab;
 use super::collapse::RewardWatch;
+pub use super::corpus::TrainingCorpus;
 use super::explain::{ExplainContext, Explanation};
 use super::model::Captioner;
 use super::objectives::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::Backend;
-use crate::data::{Dataset, Split};
 use crate::retriever::frozen::FrozenRetriever;
 use anyhow::{Result, bail};
 use rand_chacha::ChaCha8Rng;
@@ -149,54 +149,6 @@ pub struct TrainingBatch {
     /// Under a labelled fraction, a batch of unlabelled images (no
     /// `sequences`) carries a batch of labelled ones for an MLE mix.
     pub labelled: Option<Box<TrainingBatch>>,
-}
-
-/// The training split as objectives see it beyond one batch: every
-/// training image's references, over which statistics (CIDEr-D's
-/// document frequencies) are computed once.
-#[derive(Clone, Debug, Default)]
-pub struct TrainingCorpus {
-    /// The data set's name (part of the on-disk cache's key).
-    pub name: String,
-    /// Every training image's reference captions as PTB tokens, by the
-    /// index `TrainingBatch::images` gives.
-    pub references: Vec<Vec<Vec<String>>>,
-    /// Every training image's embedding `[images, embed_dim]` (unit
-    /// rows), in the same order; empty where no objective needs them.
-    pub image_embeddings: Vec<f32>,
-}
-
-impl TrainingCorpus {
-    /// A corpus called `name` (the on-disk caches' key) of images with
-    /// these `references` (PTB tokens), without image embeddings.
-    pub fn new(name: impl Into<String>, references: Vec<Vec<Vec<String>>>) -> Self {
-        TrainingCorpus {
-            name: name.into(),
-            references,
-            image_embeddings: Vec::new(),
-        }
-    }
-
-    /// With every image's unit embedding, `[images, dim]` in corpus order.
-    pub fn with_image_embeddings(mut self, embeddings: Vec<f32>) -> Self {
-        self.image_embeddings = embeddings;
-        self
-    }
-
-    /// The training split of `data`, and the item of each corpus image.
-    pub fn training_split(data: &Dataset) -> (TrainingCorpus, Vec<usize>) {
-        let items: Vec<usize> = (0..data.items.len())
-            .filter(|&i| data.items[i].split == Split::Train)
-            .collect();
-        let references = items
-            .iter()
-            .map(|&i| {
-                let captions = &data.items[i].captions;
-                captions.iter().map(|c| c.tokens.clone()).collect()
-            })
-            .collect();
-        (TrainingCorpus::new(data.name.clone(), references), items)
-    }
 }
 
 impl TrainingBatch {

@@ -3,9 +3,9 @@
 //! as the uninterrupted run would have: batch order and random subsets
 //! are drawn from generators seeded by epoch and step.
 
+use super::blip::blip_checkpoint;
 use super::collapse::CollapseGuard;
 use super::decode::{DecodeOptions, Decoding, generate};
-use super::decoders::blip::blip_checkpoint;
 use super::evaluate::{CaptionMetrics, Judge, evaluate};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
@@ -329,7 +329,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             config.features = data.source.clone();
         }
         let mut objective = config.objective(ck.model.config.vocab_size)?;
-        let mut guard = CollapseGuard::new(Some(info), ck.model.config.token_positions());
+        let mut guard = CollapseGuard::new(info.reward, ck.model.config.token_positions());
         let Position { step, epoch } = if begin == Begin::Resume {
             let position = run.recover()?;
             let saved = run_folder::load_optimizer(b, &mut opt, &run.optimizer())?;
@@ -463,7 +463,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.config = RunConfig::parse(&self.config.to_toml(), "the changed run config")?;
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
-        self.guard = CollapseGuard::new(Some(info), positions);
+        self.guard = CollapseGuard::new(info.reward, positions);
         if needs.image_embeddings && self.corpus.image_embeddings.is_empty() {
             let all_train = self.data.items(Split::Train);
             self.corpus.image_embeddings = self.data.features_of(&all_train);

@@ -3,8 +3,8 @@
 use super::captioner::{Captioner, DecodeArgs, blip_checkpoint_folder};
 use anyhow::{Context, Result, bail};
 use captune::backend::Backend;
+use captune::captioner::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::decode::generate;
-use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::{Checkpoint, DecoderFamily};
 use captune::data::{Dataset, Item, Split};
 use captune::model::blip::{self, BlipVision};

@@ -8,7 +8,7 @@ use super::captioner::{Captioner, blip_checkpoint_folder};
 use super::train::ObjectiveArgs;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
-use captune::captioner::decoders::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
+use captune::captioner::blip::{BLIP_CAPTION_IDS, blip_checkpoint};
 use captune::captioner::explain::{ExplainContext, Explanation};
 use captune::captioner::inspect::{TokenScore, score_caption};
 use captune::captioner::objectives::{self, OBJECTIVES};

@@ -7,7 +7,7 @@
 //! was, fine-tuned.
 
 use crate::backend::Backend;
-use crate::captioner::decoders::blip::blip_config;
+use crate::captioner::blip::blip_config;
 use crate::captioner::{CaptionerConfig, Checkpoint};
 use crate::model::blip::{self, blip_text_tensors, blip_vision_tensors};
 use crate::tensorfile::{self, Tensor};

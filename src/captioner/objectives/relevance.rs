@@ -13,10 +13,10 @@ use super::settings::{Setting, SettingKind, Settings};
 use crate::backend::Backend;
 use crate::captioner::collapse::{RewardWatch, repetition};
 use crate::captioner::decode::{DecodeOptions, Decoding, generate};
+use crate::captioner::inputs::TokenInputs;
 use crate::captioner::listener::{
     Relaxation, RelaxedListener, VocabMap, frozen_retriever, negative_cosine,
 };
-use crate::captioner::model::TokenInputs;
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, SeriesGroup, StepContext, TrainsOn,
 };

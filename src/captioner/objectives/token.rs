@@ -10,7 +10,7 @@
 
 use super::settings::{Setting, SettingKind, SettingValue, Settings};
 use crate::backend::{Backend, Reduce, VocabSubsets};
-use crate::captioner::model::{TokenInputs, teacher_targets};
+use crate::captioner::inputs::{TokenInputs, teacher_targets};
 use crate::captioner::objective::{
     MLE_WEIGHT, Needs, Objective, ObjectiveInfo, StepContext, TrainsOn,
 };

@@ -8,9 +8,10 @@
 use crate::common;
 
 use captune::backend::Backend;
+use captune::captioner::blip::{blip_checkpoint, from_blip};
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::decoders::blip::{blip_checkpoint, from_blip};
-use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::inputs::{MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::model::Captioner;
 use captune::captioner::{Checkpoint, Prompt, export};
 use captune::cpu::CpuBackend;
 use captune::data::image_processor::ImageProcessor;

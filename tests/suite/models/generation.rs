@@ -9,7 +9,8 @@ use crate::common;
 
 use captune::backend::{Backend, Candidates, ChoiceRule, Sampling, Storage, TokenChoice};
 use captune::captioner::decode::{BeamShape, DecodeOptions, Decoding, Generated, generate};
-use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::inputs::TokenInputs;
+use captune::captioner::model::Captioner;
 use captune::captioner::objectives::token::{BatchTargets, Losses, ObjectiveKind, TokenObjective};
 use captune::captioner::{
     CaptionerConfig, DecoderFamily, ImageFeed, LstmConfig, LstmModel, LstmVariant, SpecialIds,

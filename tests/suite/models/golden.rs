@@ -11,7 +11,8 @@ use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::{Captioner, TokenInputs, teacher_targets};
+use captune::captioner::inputs::{TokenInputs, teacher_targets};
+use captune::captioner::model::Captioner;
 use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::objectives::{self, settings::Settings};

@@ -13,7 +13,8 @@ use crate::common;
 
 use captune::backend::{Backend, Storage};
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
-use captune::captioner::model::{Captioner, MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::inputs::{MASKED_LOGIT, TokenInputs, teacher_targets};
+use captune::captioner::model::Captioner;
 use captune::captioner::objectives::reinforce::Surrogate;
 use captune::captioner::{CaptionerConfig, DecoderFamily, SpecialIds};
 use captune::cpu::CpuBackend;

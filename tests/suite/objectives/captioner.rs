@@ -6,7 +6,8 @@
 use crate::common;
 
 use captune::backend::Backend;
-use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::inputs::TokenInputs;
+use captune::captioner::model::Captioner;
 use captune::captioner::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives::token::{
     self, BatchTargets, FirstToken, Losses, ObjectiveKind, RANDOM_SUBSET_SIZE, TokenLevel,

@@ -6,7 +6,7 @@ use crate::common;
 
 use captune::app::{CaptuneApp, Source};
 use captune::backend::{Backend, VocabSubsets};
-use captune::captioner::model::{TokenInputs, teacher_targets};
+use captune::captioner::inputs::{TokenInputs, teacher_targets};
 use captune::captioner::objective::{Objective, StepContext};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;

@@ -9,7 +9,8 @@ use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, generate};
-use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::inputs::TokenInputs;
+use captune::captioner::model::Captioner;
 use captune::captioner::objective::{StepContext, TrainingBatch, TrainingCorpus};
 use captune::captioner::objectives;
 use captune::captioner::objectives::reinforce::Surrogate;

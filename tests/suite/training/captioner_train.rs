@@ -7,7 +7,8 @@ use crate::common;
 
 use captune::backend::Backend;
 use captune::captioner::decode::{DecodeOptions, Decoding, Generated, generate};
-use captune::captioner::model::{Captioner, TokenInputs};
+use captune::captioner::inputs::TokenInputs;
+use captune::captioner::model::Captioner;
 use captune::captioner::objectives::settings::SettingValue;
 use captune::captioner::objectives::token::{BatchTargets, Losses, TokenObjective};
 use captune::captioner::records::{Event, Flow};

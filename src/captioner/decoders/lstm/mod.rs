@@ -31,7 +31,7 @@ pub mod updown;
 
 use crate::backend::{Backend, CellGates, HeadLayout, LstmStep, Matmul, Operand};
 use crate::captioner::decoder::Stepper;
-use crate::captioner::model::TokenInputs;
+use crate::captioner::inputs::TokenInputs;
 use crate::captioner::{CaptionerConfig, ImageFeed};
 use crate::model::params::{Init, ParamId, Params};
 use network::{Network, Recurrent};

@@ -5,7 +5,7 @@
 use crate::backend::Backend;
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::{Decoder, Stepper};
-use crate::captioner::model::{TokenInputs, Workspaces};
+use crate::captioner::inputs::{TokenInputs, Workspaces};
 use crate::model::params::Params;
 use anyhow::Result;
 use std::marker::PhantomData;

@@ -4,7 +4,7 @@
 use super::tokens::{Linear, linear};
 use crate::backend::{Backend, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
-use crate::captioner::model::policy_mask;
+use crate::captioner::inputs::policy_mask;
 use crate::model::params::Params;
 
 pub(super) struct Output<B: Backend> {

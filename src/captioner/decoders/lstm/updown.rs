@@ -24,7 +24,7 @@ use super::{Sizes, strided};
 use crate::backend::{Backend, CellGates, LstmStep, Matmul, Operand};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::Stepper;
-use crate::captioner::model::TokenInputs;
+use crate::captioner::inputs::TokenInputs;
 use crate::model::params::{ParamId, Params};
 use crate::ops::additive_attention::{AdditiveAttention, AdditiveShape, Rows};
 

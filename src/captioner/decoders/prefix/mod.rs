@@ -3,7 +3,7 @@
 //! transformer reads `[prefix ; <bos> w1 .. wn]` plus learned positions,
 //! and the logits of the token positions come from the tied token
 //! embedding: logits = h E^T + m, with m the policy mask
-//! ([`super::super::model::policy_mask`]). captune's own decoder and a
+//! ([`super::super::inputs::policy_mask`]). captune's own decoder and a
 //! Hugging Face GPT-2 read as ClipCap are both this family.
 //!
 //! The prefix and the token embeddings are placed into the decoder's
@@ -27,7 +27,7 @@ mod stepper;
 use crate::backend::{Backend, HeadLayout, Matmul, TokenIndex};
 use crate::captioner::CaptionerConfig;
 use crate::captioner::decoder::{Decoder, Stepper};
-use crate::captioner::model::{TokenInputs, Workspaces, policy_mask};
+use crate::captioner::inputs::{TokenInputs, Workspaces, policy_mask};
 use crate::model::params::{Init, ParamId, Params};
 use crate::model::transformer::{Activations, Transformer};
 use anyhow::Result;
