@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes tests/data/self-critical: self-critical.pytorch's own checkpoints,
-as its code saves them, of tiny random models (its FCModel, Att2in2Model
-and UpDownModel), and what that code computes with them in float64, for
+as its code saves them, of tiny random models (its FCModel, NewFCModel,
+Att2in2Model and UpDownModel), and what that code computes with them in float64, for
 tests/suite/models/self_critical.rs to compare captune's conversion of
 them with, so that CI needs no torch.
 
@@ -20,7 +20,7 @@ classes as they are, nothing shimmed. For each model, `NAME.pth` is
   -log p), and `grad.NAME`: the gradient of every parameter, under
   self-critical's names;
 - `greedy` [3, SEQ]: its greedy captions, words until its end, then -1:
-  an attention model's `_sample`; for the FC model, from its own
+  its `_sample` (greedy); for FCModel, from its own
   `img_embed`, `core` and `get_logprobs_state`, step by step as its
   `_sample` runs them (whose greedy branch fails for the FC model at this
   commit: it stores one log-probability per row where it keeps a
@@ -129,7 +129,7 @@ def make(name, model_class, tokens=None):
     loss = loss_of(model, features, seq, ids)
     loss.backward()
     with torch.no_grad():
-        if tokens is None:
+        if model_class.__name__ == "FCModel":
             greedy = fc_greedy(model, features)
         else:
             greedy, _ = model(*inputs(features), mode="sample", opt={"sample_method": "greedy"})
@@ -164,6 +164,7 @@ def main():
     vocab = {"ix_to_word": {str(i + 1): w for i, w in enumerate(WORDS)}, "images": []}
     (OUT / "cocotalk.json").write_text(json.dumps(vocab, indent=1) + "\n")
     make("fc", repo_models.FCModel)
+    make("newfc", repo_models.NewFCModel)
     make("att2in2", repo_models.Att2in2Model, TOKENS)
     make("updown", repo_models.UpDownModel, TOKENS)
 

@@ -1386,9 +1386,12 @@ pub trait Backend: 'static {
     );
 
     // ---- recurrent cells ----
-    /// One LSTM step: the gates at `step` become their activations
-    /// (sigmoid, sigmoid, tanh, sigmoid), then c_next = f c_prev + i g and
-    /// h_next = o tanh(c_next).
+    /// One LSTM step: the gates at `step` become their activations, then
+    /// c_next = f c_prev + i c_in and h_next = o tanh(c_next). PyTorch's
+    /// cell (`CellGates::Lstm`): (i, f, c_in, o) = (sigmoid, sigmoid, tanh,
+    /// sigmoid); the maxout cell (`CellGates::Maxout`): i, f, o sigmoids,
+    /// c_in the larger of the last two chunks (kept with the first
+    /// candidate's share of its gradient).
     fn lstm_cell(
         &self,
         gates: &mut Self::Tensor,

@@ -5,17 +5,17 @@
 //! ([`crate::torch_checkpoint`]), with the vocabulary its data
 //! preparation wrote (`ix_to_word` of `cocotalk.json`).
 //!
-//! Three of its models are captune's LSTM models as self-critical computes
-//! them ([`LstmVariant::SelfCritical`]): `FCModel` (the image fed as the
-//! input of a step before the start, its features read as they come,
-//! unnormalised), `Att2in2Model` and `UpDownModel`. The map, its names to
-//! captune's:
+//! Its models that are captune's LSTM models as self-critical computes
+//! them ([`LstmVariant::SelfCritical`]): `FCModel` and `NewFCModel` (the
+//! same network: the image fed as the input of a step before the start,
+//! its features read as they come, unnormalised), `Att2in2Model` and
+//! `UpDownModel`. The map, its names to captune's:
 //!
 //! | self-critical | captune |
 //! | --- | --- |
 //! | `img_embed.*` (FC) | `fc_embed.*` |
-//! | `core.i2h.{weight,bias}` | `core.lstm.{weight,bias}_ih` (`_ih_l0` for FC) |
-//! | `core.h2h.{weight,bias}` | `core.lstm.{weight,bias}_hh` (`_hh_l0` for FC) |
+//! | `core.i2h.{weight,bias}`, `_core.i2h.*` (new FC) | `core.lstm.{weight,bias}_ih` (`_ih_l0` for FC) |
+//! | `core.h2h.{weight,bias}`, `_core.h2h.*` (new FC) | `core.lstm.{weight,bias}_hh` (`_hh_l0` for FC) |
 //! | `embed.0.weight`, `att_embed.0.*`, `fc_embed.0.*` | without the `.0` |
 //! | `core.attention.alpha_net.bias` | none: it adds the same to every score |
 //! | every other tensor | the same name |
@@ -79,7 +79,9 @@ impl TheirVocab {
             let Some(word) = word.as_str().filter(|w| !w.is_empty()) else {
                 bail!("{shown}: ix_to_word[{key:?}] is not a word");
             };
-            by_id.insert(id, word.to_string());
+            if by_id.insert(id, word.to_string()).is_some() {
+                bail!("{shown}: word id {id} appears twice in ix_to_word (as {key:?})");
+            }
         }
         if by_id.keys().copied().ne(1..=by_id.len()) {
             bail!(
@@ -94,6 +96,12 @@ impl TheirVocab {
         }
         if let Some(w) = words.iter().find(|w| SPECIALS.contains(&w.as_str())) {
             bail!("{shown}: the word {w:?} is one of captune's special tokens");
+        }
+        // captune's word vocabulary marks first-token alternatives so.
+        if let Some(w) = words.iter().find(|w| w.starts_with("##")) {
+            bail!(
+                "{shown}: the word {w:?} starts with \"##\", which captune's vocabulary reserves"
+            );
         }
         Ok(TheirVocab { words })
     }
@@ -166,6 +174,17 @@ pub fn read<B: Backend>(
         .map_err(|e| anyhow::anyhow!("{shown} with {}: {e}", vocab.display()))?;
     let vocab = words.ours();
     let config = config(shape, image_tokens, vocab.len(), max_len);
+    // Its sizes come from tensor shapes alone: refuse a file whose values
+    // cannot fill the network they describe before making it.
+    let held: usize = ours.tensors.values().map(|t| t.data.len()).sum();
+    if held as u128 != config.parameter_count() {
+        bail!(
+            "{shown}: its tensors hold {held} values, but the {} its shapes describe has {}: \
+             the file is damaged or not one of its models",
+            their_name(shape.model),
+            config.parameter_count()
+        );
+    }
     let mut model = Captioner::new(b, config, 0)?;
     write_params(b, &mut model, ours, path, |_| true)?;
     Ok(Checkpoint { model, vocab })
@@ -173,32 +192,48 @@ pub fn read<B: Backend>(
 
 fn their_name(model: LstmModel) -> &'static str {
     match model {
-        LstmModel::Fc => "FCModel",
+        LstmModel::Fc => "FCModel (or NewFCModel)",
         LstmModel::Att2in => "Att2in2Model",
         LstmModel::UpDown => "UpDownModel",
     }
 }
 
-/// The model: FC (`img_embed`), Att2in2 (`core.a2c`) or top-down
-/// (`core.att_lstm`); what captune has no place for is refused by name.
+/// The model: FC (`img_embed` and `core.i2h`), the new FC (`fc_embed`
+/// and `_core.i2h`), Att2in2 (`core.a2c` and `core.i2h`) or top-down
+/// (`core.att_lstm` and `core.lang_lstm`); what captune has no place for
+/// is refused by name.
 fn model(theirs: &TensorFile) -> Result<LstmModel> {
     let has = |name: &str| theirs.tensors.contains_key(name);
-    if has("att_embed.0.running_mean") || has("att_embed.1.weight") {
+    let has_prefix = |prefix: &str| theirs.tensors.keys().any(|n| n.starts_with(prefix));
+    let batch_norm = theirs.tensors.keys().any(|n| {
+        n.strip_prefix("att_embed.")
+            .and_then(|rest| rest.split('.').next())
+            .is_some_and(|layer| layer != "0")
+    });
+    if batch_norm || has("att_embed.0.running_mean") {
         bail!("its att_embed has a batch norm (use_bn), which captune's models do not");
     }
     if has("logit.0.weight") {
         bail!("its output has more than one layer (logit_layers), which captune's has not");
     }
-    Ok(if has("img_embed.weight") {
+    if has_prefix("refiner.") || has_prefix("core.att2ctx.") {
+        bail!("it is an AoA model, which captune does not convert");
+    }
+    if has("core.weight_ih_l0") {
+        bail!("it is a ShowTell model (an nn.LSTM core), which captune does not convert");
+    }
+    Ok(if has("img_embed.weight") && has("core.i2h.weight") {
         LstmModel::Fc
-    } else if has("core.a2c.weight") && has("att_embed.0.weight") {
+    } else if has("fc_embed.weight") && has("_core.i2h.weight") {
+        LstmModel::Fc
+    } else if has("core.a2c.weight") && has("core.i2h.weight") && has("att_embed.0.weight") {
         LstmModel::Att2in
-    } else if has("core.att_lstm.weight_ih") {
+    } else if has("core.att_lstm.weight_ih") && has("core.lang_lstm.weight_ih") {
         LstmModel::UpDown
     } else {
         bail!(
-            "none of the self-critical models captune converts (FCModel, Att2in2Model, \
-             UpDownModel); its AoA, transformer, ShowTell and other models are not"
+            "none of the self-critical models captune converts (FCModel, NewFCModel, \
+             Att2in2Model, UpDownModel); its transformers and other models are not"
         )
     })
 }
@@ -220,7 +255,9 @@ fn matrix(theirs: &TensorFile, name: &str) -> Result<(usize, usize)> {
 /// must be its rnn_size.
 fn shape(theirs: &TensorFile) -> Result<Shape> {
     let model = model(theirs)?;
+    let new_fc = theirs.tensors.contains_key("_core.h2h.weight");
     let (recurrent, features, word) = match model {
+        LstmModel::Fc if new_fc => ("_core.h2h.weight", "fc_embed.weight", "embed.weight"),
         LstmModel::Fc => ("core.h2h.weight", "img_embed.weight", "embed.weight"),
         LstmModel::Att2in => ("core.h2h.weight", "att_embed.0.weight", "embed.0.weight"),
         LstmModel::UpDown => (
@@ -296,6 +333,8 @@ fn our_name(model: LstmModel, theirs: &str) -> Option<String> {
         return None;
     }
     let layer = if model == LstmModel::Fc { "_l0" } else { "" };
+    // The new FC model keeps FCModel's core as `_core`.
+    let theirs = theirs.strip_prefix('_').unwrap_or(theirs);
     for (from, side) in [("core.i2h.", "ih"), ("core.h2h.", "hh")] {
         if let Some(what) = theirs.strip_prefix(from) {
             return Some(format!("core.lstm.{what}_{side}{layer}"));
@@ -333,8 +372,9 @@ pub fn convert(theirs: TensorFile, vocab: &TheirVocab) -> Result<TensorFile> {
         };
         let tensor = match rows {
             Some(_) if tensor.shape.first() != Some(&ids) => bail!(
-                "{name} has {:?} rows, not the vocabulary's {} words and id 0",
-                tensor.shape.first(),
+                "{name} has {} rows, but the vocabulary has {} words and id 0: is it this \
+                 model's cocotalk.json?",
+                tensor.shape.first().copied().unwrap_or(0),
                 ids - 1
             ),
             Some(rows) => {

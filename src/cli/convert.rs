@@ -35,7 +35,11 @@ pub struct ConvertArgs {
     /// the end included). Default: 68 with --clipcap (ClipCap's own
     /// decoding takes at most 67 pieces), 18 with --self-critical (its
     /// max_length of 16 words).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(3..))]
+    #[arg(
+        long,
+        value_parser = clap::value_parser!(u32).range(3..),
+        conflicts_with = "blip"
+    )]
     pub max_len: Option<u32>,
     /// BLIP's own captioning checkpoint (Li et al., 2022), as its code
     /// saves it ({"model": state_dict}: model_base_caption_capfilt_large.pth,
@@ -53,7 +57,7 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "FOLDER", requires = "blip")]
     pub blip_config: Option<PathBuf>,
     /// Self-critical training's own LSTM (self-critical.pytorch's
-    /// FCModel, Att2in2Model or UpDownModel): the torch.save of its state
+    /// FCModel, NewFCModel, Att2in2Model or UpDownModel): the torch.save of its state
     /// dict (model.pth), read without running its pickle. --out is then
     /// the captune checkpoint to write.
     #[arg(long, value_name = "FILE.pth", requires = "vocab")]
@@ -64,8 +68,13 @@ pub struct ConvertArgs {
     pub vocab: Option<PathBuf>,
     /// With --self-critical and an attention model: the image tokens
     /// (regions) per image of the features it reads.
-    #[arg(long, value_name = "N", requires = "self_critical")]
-    pub tokens: Option<usize>,
+    #[arg(
+        long,
+        value_name = "N",
+        requires = "self_critical",
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    pub tokens: Option<u64>,
     /// The folder to write (with --self-critical, the checkpoint file).
     #[arg(long)]
     pub out: PathBuf,
@@ -79,7 +88,13 @@ pub fn run(args: &ConvertArgs) -> Result<()> {
     let max_len = |default: u32| args.max_len.unwrap_or(default) as usize;
     if let (Some(file), Some(vocab)) = (&args.self_critical, &args.vocab) {
         let b = CpuBackend::new();
-        let ck = self_critical::read(&b, file, vocab, max_len(18), args.tokens)?;
+        let ck = self_critical::read(
+            &b,
+            file,
+            vocab,
+            max_len(18),
+            args.tokens.map(|n| n as usize),
+        )?;
         ck.save(&b, &args.out, Default::default())?;
         let (from, to) = (file.display(), args.out.display());
         if ck.model.config.image_tokens > 0 {

@@ -1,5 +1,5 @@
 //! Self-critical training's own checkpoints, converted: each tiny random
-//! model (FCModel, Att2in2Model, UpDownModel) that
+//! model (FCModel, NewFCModel, Att2in2Model, UpDownModel) that
 //! scripts/self_critical_fixtures.py trained and ran with
 //! self-critical.pytorch's own classes (float64) gives, through captune's
 //! conversion, its MLE loss, every parameter's gradient (its gradients
@@ -21,8 +21,12 @@ use captune::tensorfile::{self, Tensor, TensorFile};
 const MAX_LEN: usize = 10;
 
 /// Each fixture, and the image tokens its features have (none for FC).
-const MODELS: [(&str, Option<usize>); 3] =
-    [("fc", None), ("att2in2", Some(5)), ("updown", Some(5))];
+const MODELS: [(&str, Option<usize>); 4] = [
+    ("fc", None),
+    ("newfc", None),
+    ("att2in2", Some(5)),
+    ("updown", Some(5)),
+];
 
 fn fixture(name: &str) -> std::path::PathBuf {
     data(&format!("self-critical/{name}"))
@@ -163,6 +167,8 @@ fn a_bad_vocabulary_is_refused_by_name() {
         (r#"{"ix_to_word": {"1": "a", "2": "a"}}"#, "has two ids"),
         (r#"{"ix_to_word": {"0": "a"}}"#, "not a word id"),
         (r#"{"ix_to_word": {"1": "<eos>"}}"#, "special tokens"),
+        ("{\"ix_to_word\": {\"1\": \"##s\"}}", "reserves"),
+        (r#"{"ix_to_word": {"1": "a", "01": "b"}}"#, "appears twice"),
         (r#"[1, 2]"#, "ix_to_word"),
     ] {
         std::fs::write(&path, json).unwrap();
@@ -237,5 +243,39 @@ fn convert_writes_a_checkpoint_that_loads() {
     let (a, b_) = (loaded.model.params(), read.model.params());
     for ((spec, x), y) in a.specs.iter().zip(&a.values).zip(&b_.values) {
         assert_eq!(b.to_vec(x), b.to_vec(y), "{}", spec.name);
+    }
+}
+
+/// Models of its zoo that captune does not convert are named, whatever
+/// tensors they share with those it does.
+#[test]
+fn other_models_are_refused_by_name() {
+    let vocab = TheirVocab::read(&fixture("cocotalk.json")).unwrap();
+    let tensor = || Tensor {
+        shape: vec![1, 1],
+        data: vec![0.0],
+    };
+    for (names, says) in [
+        (&["img_embed.weight", "core.weight_ih_l0"][..], "ShowTell"),
+        (
+            &["core.att_lstm.weight_ih", "refiner.layers.0.w"][..],
+            "AoA",
+        ),
+        (
+            &["att_embed.0.weight", "att_embed.3.bias", "core.a2c.weight"][..],
+            "use_bn",
+        ),
+        (&["logit.0.weight"][..], "logit_layers"),
+        (
+            &["encoder.layers.0.w"][..],
+            "none of the self-critical models",
+        ),
+    ] {
+        let file = TensorFile::new(names.iter().map(|n| (n.to_string(), tensor())));
+        let err = self_critical::convert(file, &vocab)
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains(says), "{names:?}: {err}");
     }
 }
