@@ -222,9 +222,9 @@ fn model(theirs: &TensorFile) -> Result<LstmModel> {
     if has("core.weight_ih_l0") {
         bail!("it is a ShowTell model (an nn.LSTM core), which captune does not convert");
     }
-    Ok(if has("img_embed.weight") && has("core.i2h.weight") {
-        LstmModel::Fc
-    } else if has("fc_embed.weight") && has("_core.i2h.weight") {
+    let fc = has("img_embed.weight") && has("core.i2h.weight");
+    let new_fc = has("fc_embed.weight") && has("_core.i2h.weight");
+    Ok(if fc || new_fc {
         LstmModel::Fc
     } else if has("core.a2c.weight") && has("core.i2h.weight") && has("att_embed.0.weight") {
         LstmModel::Att2in
