@@ -338,7 +338,7 @@ fn score(
         .encode(&ptb_tokenize(&request.caption), ck.model.config.max_len)
         .map_err(|e| format!("{e:#}"))?;
     let inputs = data
-        .inputs_of(&[request.item], &ck.model.config)
+        .inputs_of(&[request.item], ck.model.config.embedding_reading())
         .map_err(|e| format!("{e:#}"))?;
     score_caption(cpu, &mut ck.model, &ck.vocab, &inputs, &ids).map_err(|e| format!("{e:#}"))
 }

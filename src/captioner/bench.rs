@@ -741,7 +741,7 @@ impl<B: Backend> ScstWorkload<B> {
                 data.data.name
             );
         }
-        let features = data.inputs_of(&items, &ck.model.config)?;
+        let features = data.inputs_of(&items, ck.model.config.embedding_reading())?;
         Ok(ScstWorkload {
             name,
             ck,

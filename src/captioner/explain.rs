@@ -55,7 +55,8 @@ impl<B: Backend> ExplainContext<'_, B> {
 
     /// The image as the decoder reads it.
     pub fn inputs(&self) -> Result<Vec<f32>> {
-        self.data.inputs_of(&[self.item], &self.model.config)
+        self.data
+            .inputs_of(&[self.item], self.model.config.embedding_reading())
     }
 
     /// The image's reference captions as PTB tokens.
@@ -92,7 +93,7 @@ impl<B: Backend> ExplainContext<'_, B> {
             chosen.extend(new);
         }
         Ok(Images {
-            inputs: data.inputs_of(&chosen, &self.model.config)?,
+            inputs: data.inputs_of(&chosen, self.model.config.embedding_reading())?,
             embeddings: data.features_of(&chosen),
             ids: chosen
                 .iter()

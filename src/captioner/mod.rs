@@ -46,7 +46,7 @@ use crate::model::layers::Activation;
 use crate::model::params::Params;
 use crate::model::transformer::TransformerConfig;
 use crate::model::vision::VisionConfig;
-use crate::source::embeddings::{CaptionData, FeatureSource};
+use crate::source::embeddings::{CaptionData, EmbeddingReading, FeatureSource};
 use anyhow::{Result, bail};
 use model::Captioner;
 use serde::{Deserialize, Serialize};
@@ -329,6 +329,15 @@ pub struct CaptionerConfig {
 }
 
 impl CaptionerConfig {
+    /// How the decoder reads image embeddings.
+    pub fn embedding_reading(&self) -> EmbeddingReading {
+        if self.raw_embeddings {
+            EmbeddingReading::Raw
+        } else {
+            EmbeddingReading::Unit
+        }
+    }
+
     /// Values of one image's input: its embedding, its tokens, or the
     /// patches of a vision tower trained with the decoder.
     pub fn image_input_len(&self) -> usize {

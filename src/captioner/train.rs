@@ -590,7 +590,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> Result<TrainingBatch> {
         let data = self.data;
         Ok(TrainingBatch {
-            inputs: data.inputs_of(images, &self.ck.model.config)?,
+            inputs: data.inputs_of(images, self.ck.model.config.embedding_reading())?,
             // Retrieval compares the unit embeddings, whatever the decoder reads.
             embeddings: (data.reads_more_than_embeddings() || self.ck.model.config.raw_embeddings)
                 .then(|| data.features_of(images)),
@@ -891,7 +891,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
             &options,
         )?;
         for (&i, samples) in self.sample_items.iter().zip(sampled) {
-            let inputs = self.data.inputs_of(&[i], &self.ck.model.config)?;
+            let inputs = self
+                .data
+                .inputs_of(&[i], self.ck.model.config.embedding_reading())?;
             let generated = generate(b, &self.ck.model, &inputs, &Decoding::Greedy, &options)?;
             let ids: Vec<u32> = std::iter::once(self.ck.model.config.specials.start)
                 .chain(generated[0].ids.iter().copied())
@@ -1096,7 +1098,7 @@ pub fn caption_items<B: Backend>(
             first_image: first,
             ..options.clone()
         };
-        let inputs = data.inputs_of(chunk, &ck.model.config)?;
+        let inputs = data.inputs_of(chunk, ck.model.config.embedding_reading())?;
         let generated = generate(b, &ck.model, &inputs, decoding, &options)?;
         for g in generated {
             out[first + g.image].push(g.text(&ck.vocab));

@@ -85,7 +85,7 @@ pub fn inspect<B: Backend>(b: &B, args: &InspectArgs) -> Result<()> {
     let ids = ck
         .vocab
         .encode(&ptb_tokenize(&args.caption), ck.model.config.max_len)?;
-    let inputs = data.inputs_of(&[i], &ck.model.config)?;
+    let inputs = data.inputs_of(&[i], ck.model.config.embedding_reading())?;
     let scores = score_caption(b, &mut ck.model, &ck.vocab, &inputs, &ids)?;
     let explained = match &args.objective.objective {
         None => None,

@@ -9,7 +9,6 @@ use super::image_tokens::TokenRows;
 use super::{DataArgs, DataSource};
 use crate::backend::Backend;
 use crate::cache::{self, absolute, file_identity};
-use crate::captioner::CaptionerConfig;
 use crate::data::features::{Features, times_norms};
 use crate::data::{Dataset, Split};
 use crate::progress::Progress;
@@ -42,6 +41,15 @@ pub struct CaptionData {
     pub source: Option<FeatureSource>,
 }
 
+/// How a decoder reads image embeddings: as unit rows (captune's way), or
+/// as their encoder gave them (ClipCap's MLP checkpoints, self-critical's
+/// FC models).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmbeddingReading {
+    Unit,
+    Raw,
+}
+
 impl CaptionData {
     pub fn items(&self, split: Split) -> Vec<usize> {
         (0..self.data.items.len())
@@ -51,12 +59,12 @@ impl CaptionData {
 
     /// The decoder's image inputs of `items`: their patches for a vision
     /// tower trained with it, else their tokens when the data has them,
-    /// else their embeddings.
-    pub fn inputs_of(&self, items: &[usize], c: &CaptionerConfig) -> Result<Vec<f32>> {
+    /// else their embeddings, read `reading`'s way.
+    pub fn inputs_of(&self, items: &[usize], reading: EmbeddingReading) -> Result<Vec<f32>> {
         match (&self.pixels, &self.image_tokens) {
             (Some(pixels), _) => pixels.of(&self.data, items),
             (None, Some(tokens)) => tokens.of(items),
-            (None, None) if c.raw_embeddings => {
+            (None, None) if reading == EmbeddingReading::Raw => {
                 let norms = self.norms_for_raw()?;
                 let mut rows = self.features_of(items);
                 times_norms(&mut rows, self.dim, items.iter().map(|&i| &norms[i]));

@@ -408,17 +408,20 @@ fn an_mlp_from_clipcap_reads_embeddings_as_their_encoder_gave_them() {
     let mut data = common::tiny_data();
     let items = [1, 3];
     let unit = data.features_of(&items);
-    let err = format!("{:#}", data.inputs_of(&items, &c).unwrap_err());
+    let err = format!(
+        "{:#}",
+        data.inputs_of(&items, c.embedding_reading()).unwrap_err()
+    );
     assert!(err.contains("captune embed"), "{err}");
     let norms: Vec<f32> = (0..data.data.items.len()).map(|i| 2.0 + i as f32).collect();
     data.norms = Some(norms);
-    let raw = data.inputs_of(&items, &c).unwrap();
+    let raw = data.inputs_of(&items, c.embedding_reading()).unwrap();
     let want: Vec<f32> = (unit.chunks(data.dim).zip([3.0, 5.0]))
         .flat_map(|(row, norm)| row.iter().map(move |x| x * norm))
         .collect();
     assert_eq!(raw, want);
     c.raw_embeddings = false;
-    assert_eq!(data.inputs_of(&items, &c).unwrap(), unit);
+    assert_eq!(data.inputs_of(&items, c.embedding_reading()).unwrap(), unit);
 }
 
 /// `captune convert --clipcap FILE.pt --gpt2 FOLDER` writes the folder
