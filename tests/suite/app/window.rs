@@ -69,14 +69,24 @@ fn virtual_display() -> Option<VirtualDisplay> {
             );
         }
     };
+    let mut display = VirtualDisplay { server, name };
+    // Xvfb opens its socket when it is ready; on a loaded 2-core machine
+    // (the rest of the suite beside it) that has taken over 5 s.
     let socket = PathBuf::from(format!("/tmp/.X11-unix/X{number}"));
-    for _ in 0..100 {
-        if socket.exists() {
-            break;
+    let started = std::time::Instant::now();
+    while !socket.exists() {
+        if let Ok(Some(status)) = display.server.try_wait() {
+            panic!("Xvfb {} exited at start ({status})", display.name);
         }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "Xvfb {} opened no socket ({}) within 60 s",
+            display.name,
+            socket.display()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    Some(VirtualDisplay { server, name })
+    Some(display)
 }
 
 #[test]
