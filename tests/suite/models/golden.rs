@@ -72,6 +72,26 @@ pub(super) fn mle_step<B: Backend>(
     losses.read(b, &batch).loss
 }
 
+/// Asserts that every gradient in `params` is within `tolerance` of
+/// `want(name)`'s, relative to that tensor's largest (f32 against a
+/// float64 fixture); `what` and `whose` name the case and the reference.
+pub(super) fn assert_gradients_close<'w, B: Backend>(
+    b: &B,
+    params: &Params<B>,
+    want: impl Fn(&str) -> &'w [f32],
+    tolerance: f32,
+    (what, whose): (&str, &str),
+) {
+    for (spec, grad) in params.specs.iter().zip(&params.grads) {
+        let off = common::relative_difference(&b.to_vec(grad), want(&spec.name));
+        assert!(
+            off <= tolerance,
+            "{what}: gradient of {} is {off} off {whose}",
+            spec.name
+        );
+    }
+}
+
 fn ids(file: &TensorFile, name: &str) -> Vec<u32> {
     file.tensors[name].data.iter().map(|&x| x as u32).collect()
 }

@@ -47,21 +47,13 @@ fn agrees_with_pytorch<B: Backend>(b: &B, backend: &str, model: &str) {
         (loss - want).abs() <= 1e-5 * want,
         "{what}: loss {loss} against PyTorch's {want}"
     );
-    let params = ck.model.params();
-    for (spec, grad) in params.specs.iter().zip(&params.grads) {
-        let want = &expected.tensors[&format!("grad.{}", spec.name)].data;
-        let got = b.to_vec(grad);
-        // Relative to the tensor's largest gradient, as the tests against
-        // transformers' float64 fixtures compare: the FC model's are
-        // within 2e-6 of it; top-down attention's, summed in f32 over the
-        // positions and the tokens, within 2e-5.
-        let off = common::relative_difference(&got, want);
-        assert!(
-            off <= 5e-5,
-            "{what}: gradient of {} is {off} off PyTorch's",
-            spec.name
-        );
-    }
+    // Relative to the tensor's largest gradient, as the tests against
+    // transformers' float64 fixtures compare: the FC model's are within
+    // 2e-6 of it; top-down attention's, summed in f32 over the positions
+    // and the tokens, within 2e-5.
+    let want = |name: &str| expected.tensors[&format!("grad.{name}")].data.as_slice();
+    let whose = (what.as_str(), "PyTorch's");
+    golden::assert_gradients_close(b, ck.model.params(), want, 5e-5, whose);
     let generated = generate(
         b,
         &ck.model,
