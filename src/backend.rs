@@ -376,6 +376,11 @@ impl Matmul {
     }
 
     /// Elements each operand must hold.
+    /// Multiply-adds of the whole product, every batch item.
+    pub fn multiply_adds(&self) -> usize {
+        self.batch * self.m * self.n * self.k
+    }
+
     pub fn required_lens(&self) -> (usize, usize, usize) {
         let dims = self.stored_dims();
         let strides = self.row_strides();
@@ -1108,11 +1113,12 @@ pub trait Backend: 'static {
         None
     }
     /// Starts timing each kernel's dispatches (on a GPU with timestamp
-    /// queries); false, and nothing started, elsewhere.
+    /// queries) or each op (on the CPU); false, and nothing started,
+    /// where the backend cannot.
     fn start_kernel_profile(&self) -> bool {
         false
     }
-    /// Runs what is recorded and returns each kernel's device time since
+    /// Runs what is recorded and returns each kernel's time since
     /// `start_kernel_profile`; `None` where no profile is on.
     fn finish_kernel_profile(&self) -> Option<crate::kernel_profile::KernelProfile> {
         None

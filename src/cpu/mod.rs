@@ -15,6 +15,7 @@ mod lstm;
 mod matmul;
 mod normalize;
 mod pool;
+mod profile;
 mod reduce;
 mod softmax;
 
@@ -50,6 +51,18 @@ fn subsets(s: &VocabSubsets<CpuBackend>) -> logprob::Subsets<'_> {
         row_subset: &s.row_subset,
         bits: &s.bits,
         words: s.words,
+    }
+}
+
+/// A product's name in a profile, by which operand is transposed: a
+/// layer's forward product, an input gradient and a weight gradient are
+/// told apart.
+fn matmul_entry(s: &Matmul) -> &'static str {
+    match (s.trans_a, s.trans_b) {
+        (false, false) => "matmul",
+        (false, true) => "matmul_bt",
+        (true, false) => "matmul_at",
+        (true, true) => "matmul_at_bt",
     }
 }
 
@@ -105,15 +118,27 @@ impl Backend for CpuBackend {
 
     fn flush(&self) {}
 
+    fn start_kernel_profile(&self) -> bool {
+        profile::start();
+        true
+    }
+
+    fn finish_kernel_profile(&self) -> Option<crate::kernel_profile::KernelProfile> {
+        profile::finish()
+    }
+
     fn fill(&self, x: &mut Vec<f32>, value: f32) {
+        let _op = profile::op("elementwise", "fill", x.len());
         x.fill(value);
     }
 
     fn scale(&self, x: &mut Vec<f32>, alpha: f32) {
+        let _op = profile::op("elementwise", "scale", x.len());
         x.iter_mut().for_each(|v| *v *= alpha);
     }
 
     fn axpby(&self, alpha: f32, x: &Vec<f32>, beta: f32, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "axpby", y.len());
         for (yi, &xi) in y.iter_mut().zip(x) {
             *yi = if beta == 0.0 {
                 alpha * xi
@@ -124,54 +149,66 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, alpha: f32, a: &Vec<f32>, beta: f32, b: &Vec<f32>, out: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "add", out.len());
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = alpha * x + beta * y;
         }
     }
 
     fn mul(&self, alpha: f32, a: &Vec<f32>, b: &Vec<f32>, out: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "mul", out.len());
         for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
             *o = alpha * x * y;
         }
     }
 
     fn add_bias(&self, y: &mut Vec<f32>, bias: &Vec<f32>) {
+        let _op = profile::op("elementwise", "add_bias", y.len());
         elementwise::add_bias(y, bias);
     }
 
     fn gelu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "gelu", y.len());
         elementwise::gelu(x, y);
     }
 
     fn tanh(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "tanh", y.len());
         elementwise::tanh_forward(x, y);
     }
 
     fn tanh_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "tanh_backward", dx.len());
         elementwise::tanh_backward(x, dy, dx);
     }
 
     fn quick_gelu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "quick_gelu", y.len());
         elementwise::quick_gelu_forward(x, y);
     }
 
     fn quick_gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "quick_gelu_backward", dx.len());
         elementwise::quick_gelu_backward(x, dy, dx);
     }
 
     fn gelu_erf(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "gelu_erf", y.len());
         elementwise::gelu_erf_forward(x, y);
     }
 
     fn gelu_erf_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "gelu_erf_backward", dx.len());
         elementwise::gelu_erf_backward(x, dy, dx);
     }
 
     fn relu(&self, x: &Vec<f32>, y: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "relu", y.len());
         elementwise::relu_forward(x, y);
     }
 
     fn relu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>) {
+        let _op = profile::op("elementwise", "relu_backward", dx.len());
         elementwise::relu_backward(x, dy, dx);
     }
 
@@ -183,6 +220,7 @@ impl Backend for CpuBackend {
         c: &mut Vec<f32>,
         shape: &Matmul,
     ) {
+        let _op = profile::op("matmul", "matmul_gelu_backward", shape.multiply_adds());
         shape.check_gelu_backward(pre.len());
         matmul::matmul(a, b, c, shape);
         let len = shape.m * shape.n;
@@ -190,18 +228,22 @@ impl Backend for CpuBackend {
     }
 
     fn gelu_backward(&self, x: &Vec<f32>, dy: &Vec<f32>, dx: &mut Vec<f32>, accumulate: bool) {
+        let _op = profile::op("elementwise", "gelu_backward", dx.len());
         elementwise::gelu_backward(x, dy, dx, accumulate);
     }
 
     fn scale_by_exp(&self, log_scale: &Vec<f32>, x: &Vec<f32>, y: &mut Vec<f32>, accumulate: bool) {
+        let _op = profile::op("elementwise", "scale_by_exp", y.len());
         elementwise::scale_by_exp(log_scale[0], x, y, accumulate);
     }
 
     fn clamp(&self, x: &mut Vec<f32>, lo: f32, hi: f32) {
+        let _op = profile::op("elementwise", "clamp", x.len());
         x.iter_mut().for_each(|v| *v = v.clamp(lo, hi));
     }
 
     fn l2_normalize(&self, x: &Vec<f32>, y: &mut Vec<f32>, norm: &mut Vec<f32>, cols: usize) {
+        let _op = profile::op("normalize", "l2_normalize", y.len());
         normalize::forward(x, y, norm, cols);
     }
 
@@ -214,6 +256,7 @@ impl Backend for CpuBackend {
         cols: usize,
         accumulate: bool,
     ) {
+        let _op = profile::op("normalize", "l2_normalize_backward", dx.len());
         normalize::backward(y, norm, dy, dx, cols, accumulate);
     }
 
@@ -224,6 +267,7 @@ impl Backend for CpuBackend {
         hidden: &mut Vec<f32>,
         step: &LstmStep,
     ) {
+        let _op = profile::op("lstm", "lstm_cell", gates.len());
         lstm::cell(gates, cells, hidden, step);
     }
 
@@ -236,10 +280,12 @@ impl Backend for CpuBackend {
         d_gates: &mut Vec<f32>,
         step: &LstmStep,
     ) {
+        let _op = profile::op("lstm", "lstm_cell_backward", d_gates.len());
         lstm::cell_backward(gates, cells, d_hidden, d_cell, d_gates, step);
     }
 
     fn mean_pool(&self, x: &Vec<f32>, y: &mut Vec<f32>, group: usize, cols: usize) {
+        let _op = profile::op("pool", "mean_pool", y.len());
         pool::mean_pool(x, y, group, cols);
     }
 
@@ -251,14 +297,17 @@ impl Backend for CpuBackend {
         cols: usize,
         accumulate: bool,
     ) {
+        let _op = profile::op("pool", "mean_pool_backward", dx.len());
         pool::mean_pool_backward(dy, dx, group, cols, accumulate);
     }
 
     fn matmul(&self, a: &Vec<f32>, b: &Vec<f32>, c: &mut Vec<f32>, shape: &Matmul) {
+        let _op = profile::op("matmul", matmul_entry(shape), shape.multiply_adds());
         matmul::matmul(a, b, c, shape);
     }
 
     fn reduce_parts(&self, parts: &[&Vec<f32>], op: Reduce, out: &mut Vec<f32>, out_index: usize) {
+        let _op = profile::op("reduce", "reduce_parts", parts.len());
         out[out_index] = reduce::reduce_parts(parts, op);
     }
 
@@ -270,6 +319,7 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         accumulate: bool,
     ) {
+        let _op = profile::op("reduce", "column_sum", out.len());
         reduce::column_sum(x, rows, cols, out, accumulate);
     }
 
@@ -284,6 +334,7 @@ impl Backend for CpuBackend {
         cols: usize,
         eps: f32,
     ) {
+        let _op = profile::op("layernorm", "layer_norm", y.len());
         layernorm::forward(
             x,
             gamma,
@@ -307,6 +358,7 @@ impl Backend for CpuBackend {
         cols: usize,
         accumulate_dx: bool,
     ) {
+        let _op = profile::op("layernorm", "layer_norm_backward", dx.len());
         let grads = layernorm::LayerNormGrads { dx, dgamma, dbeta };
         layernorm::backward(dy, x, gamma, mean, rstd, grads, cols, accumulate_dx);
     }
@@ -318,6 +370,7 @@ impl Backend for CpuBackend {
         rows: &SoftmaxRows,
         key_mask: Option<&Vec<u32>>,
     ) {
+        let _op = profile::op("softmax", "softmax", y.len());
         softmax::forward(x, y, rows, key_mask.map(|m| m.as_slice()));
     }
 
@@ -329,6 +382,7 @@ impl Backend for CpuBackend {
         cols: usize,
         accumulate: bool,
     ) {
+        let _op = profile::op("softmax", "softmax_backward", dx.len());
         softmax::backward(y, dy, dx, cols, accumulate);
     }
 
@@ -340,6 +394,7 @@ impl Backend for CpuBackend {
         lse: &mut Vec<f32>,
         l: &AttentionShape,
     ) {
+        let _op = profile::op("attention", "attention", out.len());
         l.check((qkv.len(), out.len(), lse.len()), key_mask.map(|m| m.len()));
         attention::forward(qkv, key_mask.map(|m| &m[..]), out, lse, l);
     }
@@ -354,6 +409,7 @@ impl Backend for CpuBackend {
         dqkv: &mut Vec<f32>,
         l: &AttentionShape,
     ) {
+        let _op = profile::op("attention", "attention_backward", dqkv.len());
         let sizes = (qkv.len(), out.len(), lse.len(), d_out.len(), dqkv.len());
         l.check_backward(sizes, key_mask.map(|m| m.len()));
         attention::backward(qkv, key_mask.map(|m| &m[..]), out, lse, d_out, dqkv, l);
@@ -367,11 +423,13 @@ impl Backend for CpuBackend {
         out: &mut Vec<f32>,
         l: &CachedAttention,
     ) {
+        let _op = profile::op("attention", "attend_cached", out.len());
         l.check((qkv.len(), keys.len(), values.len(), out.len()));
         attention::attend_cached(qkv, keys, values, out, l);
     }
 
     fn tokens_to_heads(&self, src: &Vec<f32>, dst: &mut Vec<f32>, layout: &HeadLayout) {
+        let _op = profile::op("heads", "tokens_to_heads", dst.len());
         heads::tokens_to_heads(src, dst, layout);
     }
 
@@ -382,6 +440,7 @@ impl Backend for CpuBackend {
         layout: &HeadLayout,
         accumulate: bool,
     ) {
+        let _op = profile::op("heads", "heads_to_tokens", dst.len());
         heads::heads_to_tokens(src, dst, layout, accumulate);
     }
 
@@ -393,6 +452,7 @@ impl Backend for CpuBackend {
         dim: usize,
         accumulate: bool,
     ) {
+        let _op = profile::op("embedding", "embedding", out.len());
         embedding::forward(table, ids, out, dim, accumulate);
     }
 
@@ -403,6 +463,7 @@ impl Backend for CpuBackend {
         dtable: &mut Vec<f32>,
         dim: usize,
     ) {
+        let _op = profile::op("embedding", "embedding_backward", dtable.len());
         embedding::backward(dout, &ids.unique, &ids.offsets, &ids.order, dtable, dim);
     }
 
@@ -413,6 +474,7 @@ impl Backend for CpuBackend {
         entropy: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) {
+        let _op = profile::op("logprob", "softmax_entropy", entropy.len());
         logprob::softmax_entropy(logits, vocab, entropy, lse);
     }
 
@@ -426,6 +488,7 @@ impl Backend for CpuBackend {
         dlogits: &mut Vec<f32>,
         accumulate: bool,
     ) {
+        let _op = profile::op("logprob", "softmax_entropy_backward", dlogits.len());
         logprob::softmax_entropy_backward(
             logits, vocab, entropy, lse, d_entropy, dlogits, accumulate,
         );
@@ -440,6 +503,7 @@ impl Backend for CpuBackend {
         alpha: f32,
         coef: &mut Vec<f32>,
     ) {
+        let _op = profile::op("elementwise", "spread_sequence_weights", coef.len());
         for (i, (c, &id)) in coef.iter_mut().zip(ids).enumerate() {
             *c = if id != pad {
                 alpha * weights[i / per_sequence]
@@ -457,10 +521,12 @@ impl Backend for CpuBackend {
         history: &mut Vec<u32>,
         logprobs: &mut Vec<f32>,
     ) {
+        let _op = profile::op("choose", "choose_tokens", next.len());
         choose::choose_tokens(logits, choice, next, history, logprobs);
     }
 
     fn top_candidates(&self, logits: &Vec<f32>, c: &Candidates, candidates: &mut Vec<u32>) {
+        let _op = profile::op("choose", "top_candidates", candidates.len());
         c.check((logits.len(), candidates.len()));
         choose::top_candidates(logits, c, candidates);
     }
@@ -473,6 +539,7 @@ impl Backend for CpuBackend {
         next: &mut Vec<u32>,
         state: &mut Vec<u32>,
     ) {
+        let _op = profile::op("beam", "beam_step", next.len());
         step.check((candidates.len(), parents.len(), next.len(), state.len()));
         beam::beam_step(candidates, step, parents, next, state);
     }
@@ -487,6 +554,7 @@ impl Backend for CpuBackend {
         tau: f32,
         out: &mut Vec<f32>,
     ) {
+        let _op = profile::op("choose", "gumbel_logits", out.len());
         assert!(
             out.len() == logits.len() && logits.len().is_multiple_of(vocab * positions),
             "gumbel_logits: shapes do not fit"
@@ -503,6 +571,7 @@ impl Backend for CpuBackend {
         logp: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) {
+        let _op = profile::op("logprob", "log_softmax_gather", logits.len());
         logprob::forward(logits, targets, &self::subsets(subsets), vocab, logp, lse);
     }
 
@@ -517,6 +586,7 @@ impl Backend for CpuBackend {
         dlogits: &mut Vec<f32>,
         accumulate: bool,
     ) {
+        let _op = profile::op("logprob", "log_softmax_gather_backward", dlogits.len());
         logprob::backward(
             logits,
             targets,
@@ -538,6 +608,7 @@ impl Backend for CpuBackend {
         grad_sumsq: &Vec<f32>,
         step: &AdamWStep,
     ) {
+        let _op = profile::op("adamw", "adamw", param.len());
         adamw::step(param, grad, m, v, grad_sumsq[0], step);
     }
 }

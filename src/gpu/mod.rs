@@ -790,6 +790,7 @@ impl GpuBackend {
         Some(profile::summarise(
             &dispatches,
             self.queue.get_timestamp_period() as f64,
+            profile::SizeMeaning::Workgroups,
         ))
     }
 
