@@ -38,6 +38,12 @@ def record(command):
     return value[0] if isinstance(value, list) else value
 
 
+def rate(value):
+    """A rate as results.md writes it: whole numbers with separators, or
+    three significant figures below 100 (steps/s, images/s)."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
@@ -80,7 +86,7 @@ def main():
         return
     med = lambda side: statistics.median(q[side] for q in pairs)
     mem = (f"{result['memory_ratio']['median']:.2f}" if memory else "-")
-    print(f"\n| {a.label} | {a.pairs} | {med('captune'):,.0f} | {med('pytorch'):,.0f} | "
+    print(f"\n| {a.label} | {a.pairs} | {rate(med('captune'))} | {rate(med('pytorch'))} | "
           f"**{ratio['median']:.2f}** ({ratio['min']:.2f}-{ratio['max']:.2f}) | {mem} |")
 
 

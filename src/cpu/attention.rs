@@ -49,6 +49,11 @@ impl<'a> Item<'a> {
         let mut exps = Vec::with_capacity(s);
         for (r, row) in w.chunks_mut(s).enumerate() {
             let q = r % s;
+            // A causal query's keys after it are hidden: zeroed, not
+            // exponentiated. (Their exact zeros change no sum below.)
+            let reach = if self.l.causal { q + 1 } else { s };
+            let (row, after) = row.split_at_mut(reach);
+            after.fill(0.0);
             let lse = match lse {
                 Some(lse) => lse[r],
                 None => {
