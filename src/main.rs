@@ -90,7 +90,17 @@ fn main() {
         ))
     });
     let cli = Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit());
-    if let Err(e) = run(cli) {
+    let outcome = if matches!(cli.command, Command::App(_)) {
+        // The app keeps the main thread for its window; its trainer runs
+        // in a pool of its own.
+        run(cli.command, &cli.device)
+    } else {
+        // On a worker of rayon's pool, so that the CPU backend's parallel
+        // ops start inside it: handing every op from the main thread to the
+        // pool and back took a quarter of a small model's decoding time.
+        rayon::scope(|_| run(cli.command, &cli.device))
+    };
+    if let Err(e) = outcome {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -124,29 +134,29 @@ fn single_device(devices: &[DeviceChoice]) -> Result<DeviceChoice> {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
-    match cli.command {
-        Command::Info(args) => cli::info::run(single_device(&cli.device)?, &args),
+fn run(command: Command, devices: &[DeviceChoice]) -> Result<()> {
+    match command {
+        Command::Info(args) => cli::info::run(single_device(devices)?, &args),
         Command::Data { what } => cli::data::run(what),
         Command::Retriever { what } => {
-            on_device!(&cli.device, b => cli::retriever::run(b, what))
+            on_device!(devices, b => cli::retriever::run(b, what))
         }
         Command::Embed(args) => {
             cli::embed::check(&args)?;
-            on_device!(&cli.device, b => cli::embed::run(b, &args))
+            on_device!(devices, b => cli::embed::run(b, &args))
         }
         Command::Train(args) => {
-            on_device!(&cli.device, b => cli::train::train(b, &args, None).map(|_| ()))
+            on_device!(devices, b => cli::train::train(b, &args, None).map(|_| ()))
         }
-        Command::Eval(args) => on_device!(&cli.device, b => cli::eval::eval(b, &args)),
+        Command::Eval(args) => on_device!(devices, b => cli::eval::eval(b, &args)),
         Command::Score(args) => cli::score::score(&args),
-        Command::Caption(args) => on_device!(&cli.device, b => cli::caption::caption(b, &args)),
-        Command::Inspect(args) => on_device!(&cli.device, b => cli::inspect::inspect(b, &args)),
-        Command::Demo(args) => on_device!(&cli.device, b => cli::demo::demo(b, &args)),
-        Command::App(args) => cli::app::run(single_device(&cli.device)?, &args),
+        Command::Caption(args) => on_device!(devices, b => cli::caption::caption(b, &args)),
+        Command::Inspect(args) => on_device!(devices, b => cli::inspect::inspect(b, &args)),
+        Command::Demo(args) => on_device!(devices, b => cli::demo::demo(b, &args)),
+        Command::App(args) => cli::app::run(single_device(devices)?, &args),
         Command::Report(args) => cli::report::run(&args),
         Command::Export(args) => cli::export::run(&args),
         Command::Convert(args) => cli::convert::run(&args),
-        Command::Bench { what } => cli::bench::run(&cli.device, what),
+        Command::Bench { what } => cli::bench::run(devices, what),
     }
 }
