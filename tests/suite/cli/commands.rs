@@ -318,7 +318,26 @@ fn bench_decode_and_train_count_what_a_gpu_pays_for() {
                 }
             } else {
                 assert!(r[counters].is_null(), "the CPU counts nothing: {r}");
-                assert!(r["kernels"].is_null(), "nor profiles: {r}");
+                // `--profile` on the CPU: each op's wall time, summing to
+                // the profile's, products among them, and every group
+                // sized by its work (a product's multiply-adds).
+                let profile = &r["kernels"];
+                let ops = profile["kernels"].as_array().unwrap();
+                let seconds = |k: &serde_json::Value| k["seconds"].as_f64().unwrap();
+                let sum: f64 = ops.iter().map(seconds).sum();
+                assert!((sum - seconds(profile)).abs() <= 1e-9 * sum.max(1.0), "{r}");
+                let matmuls: Vec<_> = (ops.iter())
+                    .filter(|k| k["kernel"].as_str().unwrap().starts_with("matmul/"))
+                    .collect();
+                assert!(!matmuls.is_empty(), "a step has products: {r}");
+                assert!(
+                    (profile["groups"].as_array().unwrap().iter()).all(|g| g["work"]
+                        .as_u64()
+                        .unwrap()
+                        > 0
+                        && g["workgroups"].is_null()),
+                    "{r}"
+                );
             }
         }
     }
