@@ -109,6 +109,7 @@ impl LiveRun {
                 let (setup, status, models, repaint) = (&setup, &shared, &models, &repaint);
                 let outcome = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
+                    .start_handler(|_| yield_to_the_window())
                     .build()
                     .map_err(anyhow::Error::from)
                     .and_then(|pool| {
@@ -289,5 +290,17 @@ fn train_live<B: Backend>(b: &B, setup: &LiveSetup, link: &Link<'_>) -> Result<S
         if logged || epoch_ended {
             repaint();
         }
+    }
+}
+
+/// Lowers the calling thread's scheduling priority (nice 4) where the OS
+/// keeps one per thread (Linux), so that a training step never delays a
+/// frame: training and drawing share the cores, and a step can wait.
+fn yield_to_the_window() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority with PRIO_PROCESS and id 0 changes only the
+    // calling thread's nice value on Linux; a failure leaves it as it was.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, 4);
     }
 }
