@@ -392,6 +392,8 @@ impl Clip {
             weights.tensors.is_empty(),
             "read gives only the retriever's tensors"
         );
+        drop(weights);
+        crate::tensorfile::release_freed_memory();
         Ok(model)
     }
 }
