@@ -97,7 +97,7 @@ fn main() {
     } else {
         // On a worker of rayon's pool, so that the CPU backend's parallel
         // ops start inside it: handing every op from the main thread to the
-        // pool and back took a quarter of a small model's decoding time.
+        // pool and back took over a third of a small model's decoding time.
         rayon::scope(|_| run(cli.command, &cli.device))
     };
     if let Err(e) = outcome {
