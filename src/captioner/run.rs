@@ -13,7 +13,6 @@ use crate::model::layers::Activation;
 use crate::model::transformer::TransformerConfig;
 use crate::progress::Progress;
 use crate::source::embeddings::{CaptionData, FeatureSource};
-use crate::source::{image_pixels, image_tokens};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -204,8 +203,8 @@ impl ModelSection {
             return Ok(());
         }
         match self.token_folder()? {
-            Some(dir) if self.train_vision => image_pixels::attach(data, &dir),
-            Some(dir) => image_tokens::attach(b, data, &dir, progress),
+            Some(dir) if self.train_vision => data.attach_pixels(&dir),
+            Some(dir) => data.attach_image_tokens(b, &dir, progress),
             None => Ok(()),
         }
     }

@@ -74,6 +74,35 @@ impl CaptionData {
         }
     }
 
+    /// Gives the data the image tokens of the BLIP or CLIP folder
+    /// `folder`'s vision tower ([`super::image_tokens::rows`]), and records
+    /// the folder in its source.
+    pub fn attach_image_tokens<B: Backend>(
+        &mut self,
+        b: &B,
+        folder: &Path,
+        progress: &Progress,
+    ) -> Result<()> {
+        let features = self.source.as_ref().and_then(|s| s.features.as_deref());
+        let rows = super::image_tokens::rows(b, &self.data, features, folder, progress)?;
+        self.image_tokens = Some(rows);
+        if let Some(source) = &mut self.source {
+            source.image_tokens = Some(absolute(folder));
+        }
+        Ok(())
+    }
+
+    /// Gives the data the pixels of the BLIP folder `folder`'s image
+    /// processor, for a vision tower trained with the decoder, and records
+    /// the folder in its source.
+    pub fn attach_pixels(&mut self, folder: &Path) -> Result<()> {
+        self.pixels = Some(super::image_pixels::rows(folder)?);
+        if let Some(source) = &mut self.source {
+            source.image_pixels = Some(absolute(folder));
+        }
+        Ok(())
+    }
+
     /// The embeddings' norms, which a captioner reading them unnormalised
     /// needs; an error says how to get them where they are not known.
     pub fn norms_for_raw(&self) -> Result<&[f32]> {
@@ -353,10 +382,10 @@ pub fn load<B: Backend>(
     // A captioner that reads image tokens reads those of its vision
     // tower; one that trains its tower reads its folder's pixels.
     if let Some(folder) = recorded.and_then(|r| r.image_tokens.as_ref()) {
-        super::image_tokens::attach(b, &mut data, folder, progress)?;
+        data.attach_image_tokens(b, folder, progress)?;
     }
     if let Some(folder) = recorded.and_then(|r| r.image_pixels.as_ref()) {
-        super::image_pixels::attach(&mut data, folder)?;
+        data.attach_pixels(folder)?;
     }
     Ok((data, retriever))
 }

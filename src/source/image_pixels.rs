@@ -3,8 +3,6 @@
 //! every step; a batch's images are read, prepared by the BLIP folder's
 //! image processor and cut into the tower's patches when it is drawn.
 
-use super::embeddings::CaptionData;
-use crate::cache::absolute;
 use crate::data::{Dataset, Item};
 use crate::model::blip;
 use crate::model::vision::Patcher;
@@ -30,16 +28,12 @@ impl PixelRows {
     }
 }
 
-/// Gives `data` the pixels of the BLIP folder `folder`'s image processor,
-/// and records the folder in its source.
-pub fn attach(data: &mut CaptionData, folder: &Path) -> Result<()> {
-    data.pixels = Some(PixelRows {
+/// The pixels of the BLIP folder `folder`'s image processor
+/// ([`super::CaptionData::attach_pixels`] gives them to a data set).
+pub fn rows(folder: &Path) -> Result<PixelRows> {
+    Ok(PixelRows {
         patcher: blip::patcher(folder)?,
-    });
-    if let Some(source) = &mut data.source {
-        source.image_pixels = Some(absolute(folder));
-    }
-    Ok(())
+    })
 }
 
 /// The patches of `items`' images, naming an unreadable one's item and

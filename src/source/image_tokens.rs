@@ -4,7 +4,6 @@
 //! in the on-disk cache, keyed by the folder's weights and the images;
 //! then read a batch's rows at a time.
 
-use super::embeddings::CaptionData;
 use crate::backend::Backend;
 use crate::cache::{self, absolute, file_identity};
 use crate::data::features::EMBEDDINGS;
@@ -42,20 +41,22 @@ impl TokenRows {
     }
 }
 
-/// Gives `data` the image tokens of the BLIP or CLIP folder `folder`'s
-/// vision tower: from its features file when that holds them (`captune embed
-/// --image-tokens`), else from the cache, else computed (with a progress
-/// bar) and cached.
-pub fn attach<B: Backend>(
+/// The image tokens of `data`'s items through the BLIP or CLIP folder
+/// `folder`'s vision tower ([`super::CaptionData::attach_image_tokens`]
+/// gives them to a data set): from the features file `features` when
+/// that holds them (`captune embed --image-tokens`), else from the cache,
+/// else computed (with a progress bar) and cached.
+pub fn rows<B: Backend>(
     b: &B,
-    data: &mut CaptionData,
+    data: &Dataset,
+    features: Option<&Path>,
     folder: &Path,
     progress: &Progress,
-) -> Result<()> {
+) -> Result<TokenRows> {
     let kind = TowerKind::of_folder(folder)?;
     let weights = weights_identity(folder)?;
     let encoder = encoder_of(kind, &weights);
-    let file = match held_by_features(data, &encoder)? {
+    let file = match held_by_features(features, &encoder)? {
         Some(file) => {
             eprintln!(
                 "image tokens from the features file: {}",
@@ -66,9 +67,9 @@ pub fn attach<B: Backend>(
         None => {
             let path = cached(data, (folder, kind), &weights);
             if !path.is_file() {
-                let ids: Vec<String> = data.data.items.iter().map(|i| i.id.clone()).collect();
+                let ids: Vec<String> = data.items.iter().map(|i| i.id.clone()).collect();
                 let start = |shape| TokensWriter::create(&path, &ids, shape, &encoder);
-                compute(b, &data.data, folder, progress, start)?;
+                compute(b, data, folder, progress, start)?;
             } else {
                 eprintln!("image tokens from the cache: {}", path.display());
             }
@@ -77,7 +78,6 @@ pub fn attach<B: Backend>(
     };
     let index = file.index();
     let rows = data
-        .data
         .items
         .iter()
         .map(|item| {
@@ -91,11 +91,7 @@ pub fn attach<B: Backend>(
             })
         })
         .collect::<Result<Vec<usize>>>()?;
-    data.image_tokens = Some(TokenRows { file, rows });
-    if let Some(source) = &mut data.source {
-        source.image_tokens = Some(absolute(folder));
-    }
-    Ok(())
+    Ok(TokenRows { file, rows })
 }
 
 /// Writes a features file `out`: `embeddings` (`[items, dim]`, with
@@ -129,9 +125,10 @@ fn weights_identity(folder: &Path) -> Result<String> {
     Ok(file_identity(&absolute(&tower_weights(folder)?)))
 }
 
-/// The tokens of `data`'s features file, when it holds some of `encoder`.
-fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTokens>> {
-    let Some(path) = data.source.as_ref().and_then(|s| s.features.as_ref()) else {
+/// The tokens of the features file `features`, when it holds some of
+/// `encoder`.
+fn held_by_features(features: Option<&Path>, encoder: &str) -> Result<Option<ImageTokens>> {
+    let Some(path) = features else {
         return Ok(None);
     };
     // A .npy file holds embeddings only.
@@ -156,11 +153,7 @@ fn held_by_features(data: &CaptionData, encoder: &str) -> Result<Option<ImageTok
 /// tower of `kind` (whose weights file is `weights`, [`weights_identity`]):
 /// keyed by the tower's weights, its config and preprocessing, and the
 /// images.
-fn cached(
-    data: &CaptionData,
-    (folder, kind): (&Path, TowerKind),
-    weights: &str,
-) -> std::path::PathBuf {
+fn cached(data: &Dataset, (folder, kind): (&Path, TowerKind), weights: &str) -> std::path::PathBuf {
     let mut listing = format!("{}\n{weights}\n", kind.name());
     for file in [
         folder.join("config.json"),
@@ -168,10 +161,10 @@ fn cached(
     ] {
         listing.push_str(&format!("{}\n", file_identity(&absolute(&file))));
     }
-    for item in &data.data.items {
+    for item in &data.items {
         listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
     }
-    cache::image_tokens(&data.data.name, &fingerprint(listing.as_bytes()))
+    cache::image_tokens(&data.name, &fingerprint(listing.as_bytes()))
 }
 
 /// The folder's weights file (or index), which must be there.

@@ -358,7 +358,7 @@ fn a_live_blip_run_fills_its_panels_and_the_inspector_scores_pieces() {
     let mut data = tiny_data();
     let b = CpuBackend::new();
     let progress = captune::progress::Progress::hidden();
-    captune::source::image_tokens::attach(&b, &mut data, &blip, &progress).unwrap();
+    data.attach_image_tokens(&b, &blip, &progress).unwrap();
     let mut h = harness_on(data, live_cpu_run(config, &out, true));
     step_until(&mut h, "the end of the run", |a| {
         a.live_status().is_some_and(|s| s.state == State::Finished)

@@ -19,7 +19,6 @@ use captune::model::blip::{self, BlipVision};
 use captune::model::vision::patches_of_pixels;
 use captune::progress::Progress;
 use captune::source::embeddings::CaptionData;
-use captune::source::{image_pixels, image_tokens};
 use common::{new_run, tiny_data};
 use std::path::PathBuf;
 
@@ -40,7 +39,8 @@ fn blip_run(objective: &str) -> RunConfig {
 /// The tiny world with the BLIP folder's image tokens.
 fn blip_data(b: &CpuBackend) -> CaptionData {
     let mut data = tiny_data();
-    image_tokens::attach(b, &mut data, &blip_folder(), &Progress::hidden()).unwrap();
+    data.attach_image_tokens(b, &blip_folder(), &Progress::hidden())
+        .unwrap();
     data
 }
 
@@ -136,7 +136,7 @@ fn every_objective_trains_a_blip_captioner() {
 #[test]
 fn every_objective_trains_a_blip_vision_tower() {
     let mut data = tiny_data();
-    image_pixels::attach(&mut data, &blip_folder()).unwrap();
+    data.attach_pixels(&blip_folder()).unwrap();
     let with_vision = |objective: &str| {
         let mut config = blip_run(objective);
         config.model.train_vision = true;

@@ -13,7 +13,6 @@ use captune::captioner::{DecoderFamily, ImageFeed, LstmModel};
 use captune::cpu::CpuBackend;
 use captune::progress::Progress;
 use captune::source::embeddings::CaptionData;
-use captune::source::image_tokens;
 use common::tiny_data;
 use std::path::PathBuf;
 
@@ -24,7 +23,8 @@ fn blip_folder() -> PathBuf {
 /// The tiny world with the tiny BLIP folder's image tokens.
 fn token_data(b: &CpuBackend) -> CaptionData {
     let mut data = tiny_data();
-    image_tokens::attach(b, &mut data, &blip_folder(), &Progress::hidden()).unwrap();
+    data.attach_image_tokens(b, &blip_folder(), &Progress::hidden())
+        .unwrap();
     data
 }
 
