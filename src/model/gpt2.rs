@@ -240,3 +240,78 @@ pub fn gpt2_name(name: &str) -> Option<String> {
     };
     Some(format!("transformer.{theirs}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Gpt2Config;
+    use std::path::Path;
+
+    /// A config.json that leaves out the fields with defaults reads as
+    /// transformers' GPT2Config fills them (the tanh GELU, epsilon 1e-5,
+    /// attention scaled by 1/sqrt(head size), tied embeddings), which
+    /// captune's decoder computes.
+    #[test]
+    fn a_config_without_its_defaulted_fields_reads_as_transformers_fills_them() {
+        let json = r#"{"model_type": "gpt2", "vocab_size": 50, "n_positions": 16,
+                       "n_embd": 8, "n_layer": 1, "n_head": 2}"#;
+        let c: Gpt2Config = serde_json::from_str(json).unwrap();
+        assert_eq!(c.activation_function, "gelu_new");
+        assert_eq!(c.layer_norm_epsilon, 1e-5);
+        assert!(c.scale_attn_weights && c.tie_word_embeddings);
+        assert!(!c.scale_attn_by_inverse_layer_idx && !c.add_cross_attention);
+        assert_eq!(c.n_inner, None);
+        c.check(Path::new("config.json")).unwrap();
+    }
+
+    /// Each option captune's decoder does not compute is refused, naming
+    /// its field; the values it does compute are not.
+    #[test]
+    fn each_option_the_decoder_lacks_is_refused_by_name() {
+        let read = |extra: &str| -> Gpt2Config {
+            let json = format!(
+                r#"{{"model_type": "gpt2", "vocab_size": 50, "n_positions": 16,
+                    "n_embd": 8, "n_layer": 1, "n_head": 2{extra}}}"#
+            );
+            serde_json::from_str(&json).unwrap()
+        };
+        let path = Path::new("config.json");
+        for fine in [
+            r#", "activation_function": "gelu_pytorch_tanh""#,
+            r#", "layer_norm_epsilon": 1e-5, "n_inner": 32"#,
+        ] {
+            read(fine).check(path).unwrap();
+        }
+        for (extra, field) in [
+            (r#", "activation_function": "relu""#, "activation_function"),
+            (r#", "layer_norm_epsilon": 1e-6"#, "layer_norm_epsilon"),
+            (r#", "layer_norm_epsilon": 1e-4"#, "layer_norm_epsilon"),
+            (r#", "n_inner": 16"#, "n_inner"),
+            (r#", "scale_attn_weights": false"#, "attention scaling"),
+            (
+                r#", "scale_attn_by_inverse_layer_idx": true"#,
+                "attention scaling",
+            ),
+            (r#", "add_cross_attention": true"#, "add_cross_attention"),
+            (r#", "tie_word_embeddings": false"#, "tie_word_embeddings"),
+        ] {
+            let e = read(extra).check(path).unwrap_err().to_string();
+            assert!(e.contains(field), "{extra}: {e}");
+        }
+        for (json, field) in [
+            (
+                r#"{"model_type": "gpt_neo", "vocab_size": 50, "n_positions": 16,
+                    "n_embd": 8, "n_layer": 1, "n_head": 2}"#,
+                "model_type",
+            ),
+            (
+                r#"{"model_type": "gpt2", "vocab_size": 50, "n_positions": 16,
+                    "n_embd": 8, "n_layer": 1, "n_head": 3}"#,
+                "n_head",
+            ),
+        ] {
+            let c: Gpt2Config = serde_json::from_str(json).unwrap();
+            let e = c.check(path).unwrap_err().to_string();
+            assert!(e.contains(field), "{json}: {e}");
+        }
+    }
+}
