@@ -375,12 +375,12 @@ impl Matmul {
         ]
     }
 
-    /// Elements each operand must hold.
     /// Multiply-adds of the whole product, every batch item.
     pub fn multiply_adds(&self) -> usize {
         self.batch * self.m * self.n * self.k
     }
 
+    /// Elements each operand must hold.
     pub fn required_lens(&self) -> (usize, usize, usize) {
         let dims = self.stored_dims();
         let strides = self.row_strides();

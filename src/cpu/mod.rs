@@ -307,7 +307,7 @@ impl Backend for CpuBackend {
     }
 
     fn reduce_parts(&self, parts: &[&Vec<f32>], op: Reduce, out: &mut Vec<f32>, out_index: usize) {
-        let _op = profile::op("reduce", "reduce_parts", parts.len());
+        let _op = profile::op("reduce", "reduce_parts", 1);
         out[out_index] = reduce::reduce_parts(parts, op);
     }
 
@@ -571,7 +571,7 @@ impl Backend for CpuBackend {
         logp: &mut Vec<f32>,
         lse: &mut Vec<f32>,
     ) {
-        let _op = profile::op("logprob", "log_softmax_gather", logits.len());
+        let _op = profile::op("logprob", "log_softmax_gather", logp.len());
         logprob::forward(logits, targets, &self::subsets(subsets), vocab, logp, lse);
     }
 
