@@ -60,13 +60,22 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     timings.lap("loading the checkpoint");
     let progress = Progress::terminal();
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
-    let (data, mut retriever) =
-        embeddings::load(b, &args.data, &args.features, trained_on, &progress)?;
+    // METEOR's resources load beside the data, and before the captions,
+    // so that a --meteor without the data fails at once.
+    let (loaded, meteor) = std::thread::scope(|s| {
+        let meteor = s.spawn(|| args.meteor.scorer());
+        let loaded = embeddings::load(b, &args.data, &args.features, trained_on, &progress);
+        (
+            loaded,
+            meteor
+                .join()
+                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        )
+    });
+    let (data, mut retriever) = loaded?;
+    let mut meteor = meteor?;
     captioner.check_dim(&args.checkpoint, &data)?;
-    timings.lap("loading the data, features and retriever");
-    // Before the captions, so that a --meteor without the data fails at once.
-    let mut meteor = args.meteor.scorer()?;
-    timings.lap("loading METEOR's resources");
+    timings.lap("loading the data, features, retriever and METEOR's resources");
     let items = data.items(args.split);
     if items.is_empty() {
         bail!(

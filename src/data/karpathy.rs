@@ -11,20 +11,70 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use std::path::{Path, PathBuf};
 
-#[derive(Deserialize)]
 struct Entry {
     filename: String,
-    #[serde(default)]
     filepath: Option<String>,
-    #[serde(default)]
     imgid: Option<serde_json::Value>,
-    #[serde(default)]
     cocoid: Option<serde_json::Value>,
     split: String,
     sentences: Vec<Sentence>,
     /// Every other field (`sentids`, the shapes world's `scene`...).
-    #[serde(flatten)]
     extensions: Extensions,
+}
+
+/// By hand: `#[serde(flatten)]` for the extensions would buffer each
+/// entry first, and their text (`RawValue`) cannot be read back from
+/// that buffer.
+impl<'de> Deserialize<'de> for Entry {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(EntryVisitor)
+    }
+}
+
+struct EntryVisitor;
+
+impl<'de> serde::de::Visitor<'de> for EntryVisitor {
+    type Value = Entry;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an image entry (an object)")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Entry, A::Error> {
+        use serde::de::Error;
+        fn once<T, E: Error>(slot: &mut Option<T>, field: &'static str, v: T) -> Result<(), E> {
+            match slot.replace(v) {
+                Some(_) => Err(E::duplicate_field(field)),
+                None => Ok(()),
+            }
+        }
+        let (mut filename, mut filepath, mut imgid, mut cocoid) = (None, None, None, None);
+        let (mut split, mut sentences) = (None, None);
+        let mut extensions = Extensions::new();
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match &*key {
+                "filename" => once(&mut filename, "filename", map.next_value()?)?,
+                "filepath" => once(&mut filepath, "filepath", map.next_value()?)?,
+                "imgid" => once(&mut imgid, "imgid", map.next_value()?)?,
+                "cocoid" => once(&mut cocoid, "cocoid", map.next_value()?)?,
+                "split" => once(&mut split, "split", map.next_value()?)?,
+                "sentences" => once(&mut sentences, "sentences", map.next_value()?)?,
+                _ => {
+                    extensions.insert(key.into_owned(), map.next_value()?);
+                }
+            }
+        }
+        Ok(Entry {
+            filename: filename.ok_or_else(|| A::Error::missing_field("filename"))?,
+            // `null` reads as absent, as serde's default for an Option.
+            filepath: filepath.flatten(),
+            imgid: imgid.flatten(),
+            cocoid: cocoid.flatten(),
+            split: split.ok_or_else(|| A::Error::missing_field("split"))?,
+            sentences: sentences.ok_or_else(|| A::Error::missing_field("sentences"))?,
+            extensions,
+        })
+    }
 }
 
 #[derive(Deserialize)]
@@ -164,8 +214,8 @@ fn entry(
         ));
         return None;
     };
-    let image = resolve(image_dir, entry.filepath.as_deref(), &entry.filename);
-    if require_images && !image.is_file() {
+    let (image, found) = resolve(image_dir, entry.filepath.as_deref(), &entry.filename);
+    if require_images && !found && !image.is_file() {
         report.skip_item(format!(
             "{}: {label}: image {} not found (pass the image folder with --images); skipped",
             path.display(),
@@ -194,12 +244,13 @@ fn entry(
     })
 }
 
-fn resolve(dir: &Path, filepath: Option<&str>, filename: &str) -> PathBuf {
+/// Where an entry's image is, and whether it was already found there.
+fn resolve(dir: &Path, filepath: Option<&str>, filename: &str) -> (PathBuf, bool) {
     if let Some(sub) = filepath {
         let nested = dir.join(sub).join(filename);
         if nested.is_file() {
-            return nested;
+            return (nested, true);
         }
     }
-    dir.join(filename)
+    (dir.join(filename), false)
 }

@@ -246,7 +246,7 @@ pub fn load(config: &ShapesConfig) -> Result<Dataset> {
                 dir.display()
             );
         };
-        Scene::deserialize(value).with_context(|| {
+        serde_json::from_str::<Scene>(value.get()).with_context(|| {
             format!(
                 "{}: image {}: the scene does not parse; delete {} to generate the world again",
                 file.display(),
@@ -264,7 +264,7 @@ const SCENE_KEY: &str = "scene";
 
 /// The scene of a shapes-world item (`None` for any other data set's).
 pub fn scene(item: &crate::data::Item) -> Option<Scene> {
-    Scene::deserialize(item.extensions.get(SCENE_KEY)?).ok()
+    serde_json::from_str(item.extensions.get(SCENE_KEY)?.get()).ok()
 }
 
 #[cfg(test)]

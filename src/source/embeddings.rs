@@ -6,9 +6,9 @@
 
 use super::image_pixels::PixelRows;
 use super::image_tokens::TokenRows;
-use super::{DataArgs, DataSource};
+use super::{DataArgs, DataSource, images_listing};
 use crate::backend::Backend;
-use crate::cache::{self, absolute, file_identity};
+use crate::cache::{self, absolute};
 use crate::data::features::{Features, times_norms};
 use crate::data::{Dataset, Split};
 use crate::progress::Progress;
@@ -446,9 +446,7 @@ fn embed_cached<B: Backend>(
     progress: &Progress,
 ) -> Result<(Vec<f32>, Option<Vec<f32>>)> {
     let mut listing = format!("{encoder}\n{}\n", r.image_reading());
-    for item in &data.items {
-        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
-    }
+    listing.push_str(&images_listing(data));
     let cached = cache::features(&data.name, &fingerprint(listing.as_bytes()));
     if cached.is_file() {
         match Features::load(&cached, None).and_then(|f| f.align(data)) {

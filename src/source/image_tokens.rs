@@ -161,9 +161,7 @@ fn cached(data: &Dataset, (folder, kind): (&Path, TowerKind), weights: &str) -> 
     ] {
         listing.push_str(&format!("{}\n", file_identity(&absolute(&file))));
     }
-    for item in &data.items {
-        listing.push_str(&format!("{}\t{}\n", item.id, file_identity(&item.image)));
-    }
+    listing.push_str(&super::images_listing(data));
     cache::image_tokens(&data.name, &fingerprint(listing.as_bytes()))
 }
 

@@ -15,6 +15,7 @@ use crate::cache::absolute;
 use crate::data::{Dataset, coco, karpathy};
 use crate::shapes::{self, ShapesConfig};
 use anyhow::{Result, bail};
+use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,4 +130,19 @@ impl DataArgs {
     pub fn is_shapes(&self) -> bool {
         self.source() == DataSource::Shapes
     }
+}
+
+/// A line per image of `data`, its id and its file's identity: what a
+/// cache of something computed from the images is keyed by. A file
+/// system call per image, so on every thread.
+fn images_listing(data: &Dataset) -> String {
+    (data.items.par_iter())
+        .map(|item| {
+            format!(
+                "{}\t{}\n",
+                item.id,
+                crate::cache::file_identity(&item.image)
+            )
+        })
+        .collect()
 }
