@@ -71,13 +71,33 @@ unsafe impl GlobalAlloc for Bounded {
 #[global_allocator]
 static ALLOCATOR: Bounded = Bounded;
 
-fn scratch(name: &str) -> PathBuf {
+/// A test's own folder of inputs, removed when the test passes; a
+/// failing one leaves it, with the input that crashed a loader.
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            return;
+        }
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn scratch(name: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!(
         "captune-fuzz-{name}-{}",
         captune::tensorfile::temporary_suffix()
     ));
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 /// One way to damage a file.
