@@ -9,12 +9,32 @@
 //! [`Backend::submit`] (the end of a training step) or at [`Backend::flush`].
 //! Buffers come from a pool ([`memory`]) and bind groups from a cache, so
 //! a step that repeats the previous one's shapes creates neither.
+//!
+//! Each kernel family's ops are in the file named after its shader (as on
+//! the CPU, in `src/cpu/`); `ops` implements [`crate::backend::Backend`]
+//! over them.
 
+mod adamw;
 pub mod adapter;
+mod attention;
+mod beam;
+mod choose;
+mod elementwise;
+mod embedding;
+mod heads;
+mod layernorm;
+mod logprob;
+mod lstm;
+mod matmul;
 mod matmul_plan;
 mod memory;
+mod normalize;
 mod ops;
+mod pool;
 mod profile_queries;
+mod reduce;
+mod sequence;
+mod softmax;
 
 use crate::backend::{DeviceCounters, WorkgroupCounts};
 use crate::kernel_profile::{self as profile, KernelProfile};
@@ -44,6 +64,11 @@ impl crate::backend::Storage for GpuIds {
     fn len(&self) -> usize {
         self.0.len
     }
+}
+
+/// A size or index as the kernels take it.
+fn u(x: usize) -> u32 {
+    u32::try_from(x).expect("size exceeds u32: the WGSL kernels index with u32")
 }
 
 /// wgpu's runtime checks on captune's own shaders: the bounds checks

@@ -84,27 +84,41 @@ fn string_literals(text: &str, count: usize) -> Vec<&str> {
 
 #[test]
 fn every_entry_point_the_gpu_backend_dispatches_exists() {
-    // The GPU backend names kernels as `dispatch("family", "entry", ..)`, or
-    // `elementwise("entry", ..)` for the elementwise family.
-    let rust =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gpu/ops.rs"))
-            .unwrap();
+    // The GPU backend's family files name kernels as
+    // `gpu.dispatch("family", "entry", ..)`, or `elementwise(gpu, "entry",
+    // ..)` in the elementwise family's.
+    let gpu = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/gpu");
+    let mut files: Vec<_> = std::fs::read_dir(&gpu)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    let sources: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
     let mut kernels: Vec<(&str, &str)> = Vec::new();
-    for (i, _) in rust.match_indices("self.dispatch(") {
-        let call = &rust[i..i + rust[i..].find(';').unwrap()];
-        // The elementwise helper passes its entry through a variable: its callers count below.
-        if let [family, entry] = string_literals(call, 2)[..] {
-            kernels.push((family, entry));
+    for rust in &sources {
+        for (i, _) in rust.match_indices("gpu.dispatch(") {
+            let call = &rust[i..i + rust[i..].find(';').unwrap()];
+            // The elementwise helper passes its entry through a variable: its callers count below.
+            if let [family, entry] = string_literals(call, 2)[..] {
+                kernels.push((family, entry));
+            }
         }
     }
-    for (i, _) in rust.match_indices("self.elementwise(") {
-        kernels.push(("elementwise", string_literals(&rust[i..], 1)[0]));
+    let elementwise = std::fs::read_to_string(gpu.join("elementwise.rs")).unwrap();
+    for (i, _) in elementwise.match_indices("elementwise(") {
+        if !elementwise[..i].ends_with("fn ") {
+            kernels.push(("elementwise", string_literals(&elementwise[i..], 1)[0]));
+        }
     }
     for &(family, entry) in &kernels {
         let module = naga::front::wgsl::parse_str(captune::shaders::source(family)).unwrap();
         assert!(
             module.entry_points.iter().any(|e| e.name == entry),
-            "src/gpu/ops.rs dispatches {family}/{entry}, which shaders/{family}.wgsl does not define"
+            "src/gpu/ dispatches {family}/{entry}, which shaders/{family}.wgsl does not define"
         );
     }
     let entry_points: usize = captune::shaders::SHADERS
