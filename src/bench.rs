@@ -1,10 +1,14 @@
 //! `captune bench kernels`: matmul GFLOP/s and elementwise GB/s per backend.
 //! GPU times come from timestamp queries around one compute pass where the
 //! adapter has them (else from submission to completion); CPU times are the
-//! median of repeated runs after a warm-up. Also the process's peak
-//! memory, which every benchmark and the app's frame report give.
+//! median of repeated runs after a warm-up. Also what every benchmark
+//! records beside its figures: the process's peak memory (which the app's
+//! frame report gives too), the device's counters and its products'
+//! workgroups per step.
 
-use crate::backend::{Backend, BackendKind, Matmul};
+use crate::backend::{
+    Backend, BackendKind, DeviceCounters, Matmul, WorkgroupCounts, WorkgroupSummary,
+};
 use crate::gpu::GpuBackend;
 use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
@@ -327,4 +331,75 @@ fn relative_error(got: &[f32], expected: &[f32]) -> f64 {
         return f64::INFINITY;
     }
     (diff / norm.max(f64::MIN_POSITIVE)).sqrt()
+}
+
+/// What a benchmark's process held: its peak resident memory since
+/// [`MemoryUse::reset`] (Linux's VmHWM), and on the GPU the device memory
+/// the backend holds (its pool keeps buffers for reuse, so after another
+/// record on the same device this includes what that one made). Each is
+/// None where there is nothing to read.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MemoryUse {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mib: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_memory_mib: Option<f64>,
+}
+
+impl MemoryUse {
+    /// Starts the process's peak resident memory afresh (Linux: writing 5
+    /// to /proc/self/clear_refs), so that a record after another in the
+    /// same process reports its own peak; elsewhere nothing happens.
+    pub fn reset() {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+
+    pub fn now<B: Backend>(b: &B) -> MemoryUse {
+        MemoryUse {
+            peak_memory_mib: peak_memory_mib(),
+            device_memory_mib: b
+                .device_memory_bytes()
+                .map(|bytes| bytes as f64 / (1024.0 * 1024.0)),
+        }
+    }
+}
+
+impl std::fmt::Display for MemoryUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(m) = self.peak_memory_mib {
+            write!(f, ", peak memory {m:.0} MiB")?;
+        }
+        if let Some(m) = self.device_memory_mib {
+            write!(f, ", device memory {m:.0} MiB")?;
+        }
+        Ok(())
+    }
+}
+
+/// The matmul dispatches since `before` (`Backend::matmul_workgroups`),
+/// per one of `n` (rounded up), with their fewest and median workgroups
+/// and, per one of `n`, the kernels they ran.
+pub fn matmul_summary<B: Backend>(
+    b: &B,
+    before: Option<WorkgroupCounts>,
+    n: usize,
+) -> Option<WorkgroupSummary> {
+    let summary = b.matmul_workgroups()?.since(&before?).summary()?;
+    let per = |count: u64| count.div_ceil(n.max(1) as u64);
+    Some(WorkgroupSummary {
+        matmul_dispatches: per(summary.matmul_dispatches),
+        kernels: (summary.kernels.into_iter())
+            .map(|(kernel, count)| (kernel, per(count)))
+            .collect(),
+        ..summary
+    })
+}
+
+/// The counters from `before` to `after`, per one of `n` (rounded up).
+pub fn per(
+    after: Option<DeviceCounters>,
+    before: Option<DeviceCounters>,
+    n: usize,
+) -> Option<DeviceCounters> {
+    Some(after?.since(&before?).per(n))
 }

@@ -18,7 +18,8 @@ use super::objective::{Objective, StepContext, TrainingBatch, TrainingCorpus};
 use super::objectives::{self, settings::Settings};
 use super::run::RunConfig;
 use super::train::optimise;
-use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupCounts, WorkgroupSummary};
+use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupSummary};
+use crate::bench::{MemoryUse, matmul_summary, per};
 use crate::data::Split;
 use crate::data::tokenize::ptb_tokenize;
 use crate::kernel_profile::KernelProfile;
@@ -138,49 +139,6 @@ impl BenchModel {
 /// `n` values in [-0.1, 0.1): random image inputs.
 fn random_inputs(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-0.1..0.1)).collect()
-}
-
-/// What a benchmark's process held: its peak resident memory since
-/// [`MemoryUse::reset`] (Linux's VmHWM), and on the GPU the device memory
-/// the backend holds (its pool keeps buffers for reuse, so after another
-/// record on the same device this includes what that one made). Each is
-/// None where there is nothing to read.
-#[derive(Clone, Debug, Serialize)]
-pub struct MemoryUse {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub peak_memory_mib: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub device_memory_mib: Option<f64>,
-}
-
-impl MemoryUse {
-    /// Starts the process's peak resident memory afresh (Linux: writing 5
-    /// to /proc/self/clear_refs), so that a record after another in the
-    /// same process reports its own peak; elsewhere nothing happens.
-    pub fn reset() {
-        let _ = std::fs::write("/proc/self/clear_refs", "5");
-    }
-
-    pub fn now<B: Backend>(b: &B) -> MemoryUse {
-        MemoryUse {
-            peak_memory_mib: crate::bench::peak_memory_mib(),
-            device_memory_mib: b
-                .device_memory_bytes()
-                .map(|bytes| bytes as f64 / (1024.0 * 1024.0)),
-        }
-    }
-}
-
-impl std::fmt::Display for MemoryUse {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some(m) = self.peak_memory_mib {
-            write!(f, ", peak memory {m:.0} MiB")?;
-        }
-        if let Some(m) = self.device_memory_mib {
-            write!(f, ", device memory {m:.0} MiB")?;
-        }
-        Ok(())
-    }
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -416,25 +374,6 @@ pub fn train_throughput<B: Backend>(
     })
 }
 
-/// The matmul dispatches since `before` (`Backend::matmul_workgroups`),
-/// per one of `n` (rounded up), with their fewest and median workgroups
-/// and, per one of `n`, the kernels they ran.
-pub fn matmul_summary<B: Backend>(
-    b: &B,
-    before: Option<WorkgroupCounts>,
-    n: usize,
-) -> Option<WorkgroupSummary> {
-    let summary = b.matmul_workgroups()?.since(&before?).summary()?;
-    let per = |count: u64| count.div_ceil(n.max(1) as u64);
-    Some(WorkgroupSummary {
-        matmul_dispatches: per(summary.matmul_dispatches),
-        kernels: (summary.kernels.into_iter())
-            .map(|(kernel, count)| (kernel, per(count)))
-            .collect(),
-        ..summary
-    })
-}
-
 /// `work` run once more under a kernel profile, where `wanted` and the
 /// backend can profile: its device time by kernel.
 fn kernel_profile<B: Backend>(
@@ -448,15 +387,6 @@ fn kernel_profile<B: Backend>(
     let done = work();
     let profile = b.finish_kernel_profile();
     done.map(|()| profile)
-}
-
-/// The counters from `before` to `after`, per one of `n` (rounded up).
-pub fn per(
-    after: Option<DeviceCounters>,
-    before: Option<DeviceCounters>,
-    n: usize,
-) -> Option<DeviceCounters> {
-    Some(after?.since(&before?).per(n))
 }
 
 #[derive(Clone, Debug, Serialize)]

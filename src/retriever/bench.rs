@@ -6,7 +6,7 @@
 
 use super::model::Retriever;
 use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupSummary};
-use crate::captioner::bench::{MemoryUse, matmul_summary, per};
+use crate::bench::{MemoryUse, matmul_summary, per};
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
