@@ -17,9 +17,9 @@ use captune::data::features::Features;
 use captune::data::vocab::Vocab;
 use captune::data::{Dataset, Item, Split, coco, images, karpathy};
 use captune::model::layers::Activation;
+use captune::model::retriever::RetrieverConfig;
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
-use captune::retriever::RetrieverConfig;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -460,11 +460,11 @@ fn checkpoints_and_optimizer_state() {
         max_len: 5,
         vocab_size: vocab.len(),
         embed_dim: 4,
-        image_pool: captune::retriever::ImagePool::Mean,
+        image_pool: captune::model::retriever::ImagePool::Mean,
         biases: true,
     };
     let retriever = captune::retriever::Checkpoint {
-        model: captune::retriever::model::Retriever::new(&b, config, 1, 0).unwrap(),
+        model: captune::model::retriever::Retriever::new(&b, config, 1, 0).unwrap(),
         vocab,
     };
     assert_eq!(

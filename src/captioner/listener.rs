@@ -7,10 +7,10 @@
 
 use super::{CaptionVocab, SpecialIds};
 use crate::backend::{Backend, Matmul, NO_ROW, SoftmaxRows};
-use crate::retriever::RetrieverConfig;
+use crate::model::retriever::RetrieverConfig;
+use crate::model::retriever::{Retriever, TextBatch};
 use crate::retriever::eval::embed_ids;
 use crate::retriever::frozen::{CaptionReader, Framing, FrozenRetriever};
-use crate::retriever::model::{Retriever, TextBatch};
 use anyhow::{Result, bail};
 
 /// Captioner id -> the retriever's pieces of the word it spells

@@ -74,7 +74,7 @@ impl RetrieverShape {
         use captune::model::transformer::TransformerConfig;
         let vocab = captune::retriever::train::vocab_for(data, self.min_count)?;
         let tower = |layers, causal| TransformerConfig::new(self.width, layers, self.heads, causal);
-        let config = captune::retriever::RetrieverConfig {
+        let config = captune::model::retriever::RetrieverConfig {
             image_size: self.image_size,
             patch: self.patch,
             image: tower(self.image_layers, false),
@@ -82,11 +82,11 @@ impl RetrieverShape {
             max_len: self.max_len,
             vocab_size: vocab.len(),
             embed_dim: self.embed_dim,
-            image_pool: captune::retriever::ImagePool::Mean,
+            image_pool: captune::model::retriever::ImagePool::Mean,
             biases: true,
         };
         Ok(captune::retriever::Checkpoint {
-            model: captune::retriever::model::Retriever::new(b, config, batch, seed)?,
+            model: captune::model::retriever::Retriever::new(b, config, batch, seed)?,
             vocab,
         })
     }

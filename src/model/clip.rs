@@ -15,12 +15,11 @@
 
 use super::hf::HfFolder;
 use super::layers::Activation;
+use super::retriever::{ImagePool, Retriever, RetrieverConfig};
 use super::transformer::TransformerConfig;
 use super::vision::{Patcher, patch_rows, patches_of_pixels};
 use crate::backend::Backend;
 use crate::data::image_processor::ImageProcessor;
-use crate::retriever::model::Retriever;
-use crate::retriever::{ImagePool, RetrieverConfig};
 use crate::tensorfile::{Tensor, TensorFile};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;

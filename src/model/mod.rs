@@ -11,6 +11,7 @@ pub mod hf;
 pub mod kv_cache;
 pub mod layers;
 pub mod params;
+pub mod retriever;
 pub mod token_tower;
 pub mod transformer;
 pub mod vision;

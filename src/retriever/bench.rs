@@ -4,9 +4,9 @@
 //! preprocessed images, so that decoding and resizing, which are not the
 //! model's work, stay out of the figure on both sides.
 
-use super::model::Retriever;
 use crate::backend::{Backend, BackendKind, DeviceCounters, WorkgroupSummary};
 use crate::bench::{MemoryUse, matmul_summary, per};
+use crate::model::retriever::Retriever;
 use anyhow::Result;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -1,12 +1,12 @@
 //! Retrieval recall: embed a split's images and captions, rank by cosine.
 
-use super::model::{Retriever, TextBatch};
 use super::patchify;
 use crate::backend::{Backend, Matmul};
 use crate::cpu::CpuBackend;
 use crate::data::Caption;
 use crate::data::images::Images;
 use crate::data::vocab::Vocab;
+use crate::model::retriever::{Retriever, TextBatch};
 use anyhow::Result;
 use indicatif::ProgressBar;
 use serde::Serialize;

@@ -8,13 +8,13 @@
 
 use super::Checkpoint;
 use super::eval::{embed_ids, embed_images_raw, unit_rows_and_norms};
-use super::model::Retriever;
 use crate::backend::Backend;
 use crate::data::clip_text::ClipTokenizer;
 use crate::data::image_processor::ImageProcessor;
 use crate::data::vocab::{BOS, EOS, UNK, Vocab};
 use crate::data::{Dataset, images};
 use crate::model::clip;
+use crate::model::retriever::Retriever;
 use crate::progress::Progress;
 use crate::{cache, tensorfile};
 use anyhow::{Context, Result, bail};

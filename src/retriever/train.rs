@@ -3,12 +3,12 @@
 //! after every step as CLIP does, a checkpoint after every epoch.
 
 use super::eval::{self, Recall};
-use super::model::TextBatch;
 use super::{Checkpoint, patchify};
 use crate::backend::Backend;
 use crate::data::images::{self, Images};
 use crate::data::vocab::Vocab;
 use crate::data::{Caption, Dataset, Split};
+use crate::model::retriever::TextBatch;
 use crate::optim::{AdamW, AdamWConfig, warmup_cosine};
 use crate::progress::Progress;
 use anyhow::{Result, bail};
@@ -178,7 +178,7 @@ pub fn train<B: Backend>(
             b.clamp(
                 ck.model.params.value_mut(log_scale),
                 0.0,
-                super::model::MAX_LOG_SCALE,
+                crate::model::retriever::MAX_LOG_SCALE,
             );
             step += 1;
             if step % o.log_every.max(1) == 0 || step == total {

@@ -383,7 +383,7 @@ pub fn tiny_retriever_checkpoint<B: Backend>(
 ) -> captune::retriever::Checkpoint<B> {
     let vocab = captune::data::vocab::Vocab::build(&data.data, 1);
     let tower = |causal| captune::model::transformer::TransformerConfig::new(16, 1, 2, causal);
-    let config = captune::retriever::RetrieverConfig {
+    let config = captune::model::retriever::RetrieverConfig {
         image_size: 32,
         patch: 8,
         image: tower(false),
@@ -391,11 +391,11 @@ pub fn tiny_retriever_checkpoint<B: Backend>(
         max_len: 24,
         vocab_size: vocab.len(),
         embed_dim: TINY_DIM,
-        image_pool: captune::retriever::ImagePool::Mean,
+        image_pool: captune::model::retriever::ImagePool::Mean,
         biases: true,
     };
     captune::retriever::Checkpoint {
-        model: captune::retriever::model::Retriever::new(b, config, batch, 5).unwrap(),
+        model: captune::model::retriever::Retriever::new(b, config, batch, 5).unwrap(),
         vocab,
     }
 }

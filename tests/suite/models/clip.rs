@@ -20,10 +20,10 @@ use captune::cpu::CpuBackend;
 use captune::data::clip_text::ClipTokenizer;
 use captune::data::image_processor::ImageProcessor;
 use captune::data::vocab::EOS;
+use captune::model::retriever::TextBatch;
 use captune::model::token_tower::TokenTower;
 use captune::model::{clip, vision};
 use captune::retriever::frozen::{CLIP_PREFIX, FrozenRetriever};
-use captune::retriever::model::TextBatch;
 use captune::tensorfile;
 use std::path::{Path, PathBuf};
 

@@ -26,12 +26,13 @@ use captune::captioner::train::{Trainer, fresh_checkpoint};
 use captune::cpu::CpuBackend;
 use captune::data::vocab::{BOS, EOS, Vocab};
 use captune::gpu::GpuBackend;
+use captune::model::retriever::Retriever;
+use captune::model::retriever::RetrieverConfig;
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
+use captune::retriever::Checkpoint as RetrieverCheckpoint;
 use captune::retriever::frozen::{CaptionReader, FrozenRetriever};
-use captune::retriever::model::Retriever;
 use captune::retriever::neighbours::Neighbours;
-use captune::retriever::{Checkpoint as RetrieverCheckpoint, RetrieverConfig};
 use captune::source::embeddings::CaptionData;
 use common::{TINY_DIM, assert_close, gpu, new_run, tiny_data, tiny_retriever};
 use rand::SeedableRng;
@@ -414,7 +415,7 @@ fn relaxed_setup<B: Backend>(b: &B) -> (Listening<B>, Vec<Vec<u32>>, usize, usiz
         max_len: 6,
         vocab_size: vocab.len(),
         embed_dim: 8,
-        image_pool: captune::retriever::ImagePool::Mean,
+        image_pool: captune::model::retriever::ImagePool::Mean,
         biases: true,
     };
     let ck = RetrieverCheckpoint {

@@ -9,11 +9,12 @@ use captune::cpu::CpuBackend;
 use captune::data::features::Features;
 use captune::data::karpathy;
 use captune::data::{Dataset, Split};
+use captune::model::retriever::RetrieverConfig;
+use captune::model::retriever::{Retriever, TextBatch};
 use captune::model::transformer::TransformerConfig;
 use captune::optim::{AdamW, AdamWConfig};
-use captune::retriever::model::{Retriever, TextBatch};
 use captune::retriever::train::{self, Prepared, TrainOptions};
-use captune::retriever::{Checkpoint, RetrieverConfig, patchify};
+use captune::retriever::{Checkpoint, patchify};
 use captune::shapes::{self, Domain, ShapesConfig};
 use common::{assert_close, gpu};
 use std::collections::HashMap;
@@ -53,7 +54,7 @@ fn tiny_config(vocab_size: usize) -> RetrieverConfig {
         max_len: 24,
         vocab_size,
         embed_dim: 32,
-        image_pool: captune::retriever::ImagePool::Mean,
+        image_pool: captune::model::retriever::ImagePool::Mean,
         biases: true,
     }
 }
@@ -73,7 +74,7 @@ fn clip_shaped(c: RetrieverConfig) -> RetrieverConfig {
             ..clip(c.image)
         },
         text: clip(c.text),
-        image_pool: captune::retriever::ImagePool::Class,
+        image_pool: captune::model::retriever::ImagePool::Class,
         biases: false,
         ..c
     }
