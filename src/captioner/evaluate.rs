@@ -1,8 +1,11 @@
-//! Every caption metric captune reports for a set of generated captions:
-//! the reference-based scores (pycocoevalcap's), diversity, and, given the
+//! Captioning a split's images and scoring the captions: every caption
+//! metric captune reports for a set of generated captions, the
+//! reference-based scores (pycocoevalcap's), diversity, and, given the
 //! retriever, self-retrieval, P@1 among 100, CLIPScore-style relevance and
 //! RefCompare; on the shapes world, fact precision and recall.
 
+use super::Checkpoint;
+use super::decode::{DecodeOptions, Decoding, IMAGES_PER_BATCH, generate};
 use crate::backend::Backend;
 use crate::data::Item;
 use crate::metrics::clipscore::{PROMPT, corpus_scores};
@@ -12,6 +15,7 @@ use crate::metrics::{CocoScores, coco_scores};
 use crate::retriever::eval::recall;
 use crate::retriever::frozen::FrozenRetriever;
 use crate::shapes::{self, Scene, facts};
+use crate::source::embeddings::CaptionData;
 use anyhow::Result;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -231,6 +235,74 @@ pub fn retrieval_scores(
         clipscore: clip / n,
         refcompare: better / n,
     }
+}
+
+/// Captions `items` with `decoding` and scores them (with the retriever's
+/// metrics when one is given).
+pub fn evaluate_items<B: Backend>(
+    b: &B,
+    ck: &Checkpoint<B>,
+    data: &CaptionData,
+    items: &[usize],
+    decoding: &Decoding,
+    retriever: Option<&mut FrozenRetriever<B>>,
+) -> Result<CaptionMetrics> {
+    let generated = caption_items(b, ck, data, items, decoding, &DecodeOptions::default())?;
+    score_captions(b, data, items, &generated, retriever, None)
+}
+
+/// Every metric of `captions[k]` (the captions of item `items[k]`), with
+/// the retriever's and METEOR when they are given.
+pub fn score_captions<B: Backend>(
+    b: &B,
+    data: &CaptionData,
+    items: &[usize],
+    captions: &[Vec<String>],
+    retriever: Option<&mut FrozenRetriever<B>>,
+    meteor: Option<&mut Meteor>,
+) -> Result<CaptionMetrics> {
+    let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
+    let tokens: Vec<Vec<Vec<String>>> = captions
+        .iter()
+        .map(|g| g.iter().map(|c| words(c)).collect())
+        .collect();
+    let image_embeddings = data.features_of(items);
+    let judge = retriever.map(|r| Judge {
+        retriever: r,
+        image_embeddings: &image_embeddings,
+        data_name: &data.data.name,
+    });
+    evaluate(b, &chosen, &tokens, judge, meteor)
+}
+
+pub(super) fn words(caption: &str) -> Vec<String> {
+    caption.split_whitespace().map(str::to_string).collect()
+}
+
+/// The captions of `items`, `decoding.per_image()` each.
+pub fn caption_items<B: Backend>(
+    b: &B,
+    ck: &Checkpoint<B>,
+    data: &CaptionData,
+    items: &[usize],
+    decoding: &Decoding,
+    options: &DecodeOptions,
+) -> Result<Vec<Vec<String>>> {
+    let mut out = vec![Vec::new(); items.len()];
+    // A batch's inputs at a time: image tokens are too large for all at once.
+    let batch = IMAGES_PER_BATCH;
+    for (first, chunk) in (0..items.len()).step_by(batch).zip(items.chunks(batch)) {
+        let options = DecodeOptions {
+            first_image: first,
+            ..options.clone()
+        };
+        let inputs = data.inputs_of(chunk, ck.model.config.embedding_reading())?;
+        let generated = generate(b, &ck.model, &inputs, decoding, &options)?;
+        for g in generated {
+            out[first + g.image].push(g.text(&ck.vocab));
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 use super::blip::blip_checkpoint;
 use super::collapse::CollapseGuard;
 use super::decode::{DecodeOptions, Decoding, generate};
-use super::evaluate::{CaptionMetrics, Judge, evaluate};
+use super::evaluate::{CaptionMetrics, caption_items, score_captions, words};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
 use super::listener::frozen_retriever;
@@ -1037,74 +1037,6 @@ pub fn validate_saved<B: Backend>(
     }
     trainer.validate_now(b, |e| progress.suspend(|| on_event(e)))?;
     Ok(())
-}
-
-/// Captions `items` with `decoding` and scores them (with the retriever's
-/// metrics when one is given).
-pub fn evaluate_items<B: Backend>(
-    b: &B,
-    ck: &Checkpoint<B>,
-    data: &CaptionData,
-    items: &[usize],
-    decoding: &Decoding,
-    retriever: Option<&mut FrozenRetriever<B>>,
-) -> Result<CaptionMetrics> {
-    let generated = caption_items(b, ck, data, items, decoding, &DecodeOptions::default())?;
-    score_captions(b, data, items, &generated, retriever, None)
-}
-
-/// Every metric of `captions[k]` (the captions of item `items[k]`), with
-/// the retriever's and METEOR when they are given.
-pub fn score_captions<B: Backend>(
-    b: &B,
-    data: &CaptionData,
-    items: &[usize],
-    captions: &[Vec<String>],
-    retriever: Option<&mut FrozenRetriever<B>>,
-    meteor: Option<&mut Meteor>,
-) -> Result<CaptionMetrics> {
-    let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
-    let tokens: Vec<Vec<Vec<String>>> = captions
-        .iter()
-        .map(|g| g.iter().map(|c| words(c)).collect())
-        .collect();
-    let image_embeddings = data.features_of(items);
-    let judge = retriever.map(|r| Judge {
-        retriever: r,
-        image_embeddings: &image_embeddings,
-        data_name: &data.data.name,
-    });
-    evaluate(b, &chosen, &tokens, judge, meteor)
-}
-
-fn words(caption: &str) -> Vec<String> {
-    caption.split_whitespace().map(str::to_string).collect()
-}
-
-/// The captions of `items`, `decoding.per_image()` each.
-pub fn caption_items<B: Backend>(
-    b: &B,
-    ck: &Checkpoint<B>,
-    data: &CaptionData,
-    items: &[usize],
-    decoding: &Decoding,
-    options: &DecodeOptions,
-) -> Result<Vec<Vec<String>>> {
-    let mut out = vec![Vec::new(); items.len()];
-    // A batch's inputs at a time: image tokens are too large for all at once.
-    let batch = super::decode::IMAGES_PER_BATCH;
-    for (first, chunk) in (0..items.len()).step_by(batch).zip(items.chunks(batch)) {
-        let options = DecodeOptions {
-            first_image: first,
-            ..options.clone()
-        };
-        let inputs = data.inputs_of(chunk, ck.model.config.embedding_reading())?;
-        let generated = generate(b, &ck.model, &inputs, decoding, &options)?;
-        for g in generated {
-            out[first + g.image].push(g.text(&ck.vocab));
-        }
-    }
-    Ok(out)
 }
 
 /// What a checkpoint trained on `data` records besides its weights: where

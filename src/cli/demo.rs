@@ -9,11 +9,11 @@ use super::train::{self, ObjectiveArgs, TrainArgs};
 use anyhow::Result;
 use captune::backend::Backend;
 use captune::captioner::decode::Decoding;
+use captune::captioner::evaluate as captioner_evaluate;
 use captune::captioner::evaluate::CaptionMetrics;
 use captune::captioner::objective::MLE_WEIGHT;
 use captune::captioner::objectives::settings::{SettingValue, Settings};
 use captune::captioner::run_folder::RunFolder;
-use captune::captioner::train::{self as captioner_train};
 use captune::data::Split;
 use captune::retriever::train::Prepared;
 use captune::shapes::ShapesConfig;
@@ -163,7 +163,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
         .collect();
     let mut scored = Vec::new();
     for ck in [&mle, &smile] {
-        let metrics = captioner_train::evaluate_items(
+        let metrics = captioner_evaluate::evaluate_items(
             b,
             ck,
             &data,
@@ -171,7 +171,7 @@ pub fn demo<B: Backend>(b: &B, args: &DemoArgs) -> Result<()> {
             &Decoding::Greedy,
             Some(&mut retriever),
         )?;
-        let examples = captioner_train::caption_items(
+        let examples = captioner_evaluate::caption_items(
             b,
             ck,
             &data,

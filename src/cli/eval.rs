@@ -7,7 +7,7 @@ use super::captioner::{
 use super::check_new_output;
 use anyhow::{Result, bail};
 use captune::backend::Backend;
-use captune::captioner::train;
+use captune::captioner::evaluate;
 use captune::data::Split;
 use captune::progress::Progress;
 use captune::source::DataArgs;
@@ -89,7 +89,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         items.len() as u64,
     );
     let options = args.decoding.options(&bar);
-    let captions = train::caption_items(
+    let captions = evaluate::caption_items(
         b,
         &captioner.ck,
         &data,
@@ -110,7 +110,7 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
         .collect();
     captune::tensorfile::write_atomic(&path, serde_json::to_string_pretty(&results)?.as_bytes())?;
     timings.lap("writing the results");
-    let mut metrics = train::score_captions(
+    let mut metrics = evaluate::score_captions(
         b,
         &data,
         &items,

@@ -10,9 +10,9 @@ use crate::common;
 
 use captune::captioner::Checkpoint;
 use captune::captioner::decode::{DecodeOptions, Decoding};
+use captune::captioner::evaluate::{caption_items, score_captions};
 use captune::captioner::records::{Event, Flow};
 use captune::captioner::run::RunConfig;
-use captune::captioner::train::{caption_items, score_captions};
 use captune::captioner::{CaptionVocab, model::Captioner};
 use captune::cpu::CpuBackend;
 use captune::data::Split;
