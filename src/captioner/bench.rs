@@ -262,7 +262,7 @@ fn workload_batches(
                 .map(|c| vocab.encode(c, max_len))
                 .collect::<Result<_>>()?;
             // Batched by length, as training batches them.
-            let ordered = super::train::batches_by_length(encoded, batch, Vec::len, rng);
+            let ordered = super::epoch_plan::batches_by_length(encoded, batch, Vec::len, rng);
             (vocab, ordered.chunks(batch).map(<[_]>::to_vec).collect())
         }
     })

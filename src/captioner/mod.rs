@@ -13,6 +13,7 @@ pub mod corpus;
 pub mod decode;
 pub mod decoder;
 pub mod decoders;
+mod epoch_plan;
 pub mod evaluate;
 pub mod explain;
 pub mod export;

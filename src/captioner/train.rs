@@ -6,14 +6,13 @@
 use super::blip::blip_checkpoint;
 use super::collapse::CollapseGuard;
 use super::decode::{DecodeOptions, Decoding, generate};
+use super::epoch_plan::EpochPlan;
 use super::evaluate::{CaptionMetrics, caption_items, score_captions, words};
 use super::inspect::score_caption;
 use super::labelled::LabelledSplit;
 use super::listener::frozen_retriever;
 use super::model::Captioner;
-use super::objective::{
-    Needs, Objective, ObjectiveInfo, StepContext, TrainingBatch, TrainingCorpus, TrainsOn,
-};
+use super::objective::{Needs, Objective, ObjectiveInfo, StepContext, TrainsOn};
 use super::objectives;
 use super::objectives::settings::Settings;
 use super::pretrained::{self, PrefixShape};
@@ -31,8 +30,8 @@ use crate::retriever::frozen::FrozenRetriever;
 use crate::source::embeddings::CaptionData;
 use crate::tensorfile;
 use anyhow::{Result, bail};
-use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
+
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::path::Path;
@@ -80,37 +79,6 @@ pub(crate) fn optimise<B: Backend>(
     opt.step(b, &mut values, &grads);
     b.submit();
     Ok(())
-}
-
-/// Batches drawn from this many batches' worth of captions at once are
-/// formed among captions of similar length.
-const LENGTH_POOL_BATCHES: usize = 16;
-
-/// `items` (already shuffled) in whole batches of `batch`, each batch of
-/// captions of similar length: every pool of `LENGTH_POOL_BATCHES`
-/// batches is sorted by length and cut into batches, and the batches are
-/// shuffled. A batch is trimmed to its longest caption, so this keeps
-/// padding out of most of the compute (shapes-world captions average
-/// about 13 words, but a random batch of 64 holds one of about 50). The
-/// sort is stable, so it depends only on the shuffle. Items past the last
-/// whole batch are left out, as before.
-pub(crate) fn batches_by_length<T: Clone>(
-    items: Vec<T>,
-    batch: usize,
-    length: impl Fn(&T) -> usize,
-    rng: &mut ChaCha8Rng,
-) -> Vec<T> {
-    let whole = items.len() / batch * batch;
-    let mut batches: Vec<Vec<T>> = items[..whole]
-        .chunks(batch * LENGTH_POOL_BATCHES)
-        .flat_map(|pool| {
-            let mut pool = pool.to_vec();
-            pool.sort_by_key(&length);
-            pool.chunks(batch).map(<[T]>::to_vec).collect::<Vec<_>>()
-        })
-        .collect();
-    batches.shuffle(rng);
-    batches.concat()
 }
 
 /// Stochastic captions per image: in each sample record, and for the
@@ -196,39 +164,14 @@ pub struct Trainer<'d, B: Backend> {
     run: RunFolder,
     opt: AdamW<B>,
     objective: Box<dyn Objective<B>>,
-    /// Which training images keep their captions.
-    split: LabelledSplit,
-    /// What the configured objective learns from.
-    trains_on: TrainsOn,
-    /// The images an epoch passes over: the labelled ones, or the
-    /// unlabelled ones for an objective that learns from images alone.
-    train_items: Vec<usize>,
-    /// Every training image's references (none for unlabelled ones).
-    corpus: TrainingCorpus,
-    /// Item -> its position in the corpus.
-    corpus_index: HashMap<usize, usize>,
-    /// Each training image's captions encoded (`start ids end`), by the
-    /// corpus's image index.
-    encoded: Vec<Vec<Vec<u32>>>,
-    /// The labelled images in one pass's order, each with its reference,
-    /// and the pass: the batches an MLE mix beside unlabelled images
-    /// reads, drawn by step (see `labelled_batch`).
-    labelled_pass: Option<(usize, Vec<(usize, usize)>)>,
+    /// The images it trains on and the batches its steps read.
+    plan: EpochPlan,
     sample_items: Vec<usize>,
     eval_items: Vec<usize>,
     total: usize,
     step: usize,
     /// Epochs completed.
     epoch: usize,
-    /// This epoch's images, each with its reference (none for images
-    /// without captions), batch after batch, and the batches of it done
-    /// so far.
-    order: Vec<(usize, Option<usize>)>,
-    /// Target tokens per caption of this epoch's pairs, on average.
-    mean_tokens: f32,
-    batches_done: usize,
-    /// Draws this epoch's order and references.
-    rng: ChaCha8Rng,
     since: Instant,
     tokens: usize,
     /// Where validation reports its progress (hidden unless set).
@@ -260,8 +203,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let info = objectives::find(&t.objective)?;
         let trains_on = info.trains_on;
         let needs = needs_met(info, &t.settings, retriever.as_deref_mut(), data.dim)?;
-        let train_items = split.images_for(trains_on).to_vec();
-        if train_items.len() < t.batch {
+        let train_items = split.images_for(trains_on).len();
+        if train_items < t.batch {
             let which = if split.is_full() {
                 String::new()
             } else {
@@ -276,7 +219,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 "{}: {}{which} training images, fewer than one batch of {}; lower [train] \
                  batch{}",
                 data.data.name,
-                train_items.len(),
+                train_items,
                 t.batch,
                 if split.is_full() {
                     ""
@@ -285,7 +228,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 }
             );
         }
-        let total = train_items.len() / t.batch * t.epochs;
+        let total = train_items / t.batch * t.epochs;
         if t.warmup >= total {
             eprintln!(
                 "warning: [train] warmup ({} steps) is not shorter than the run ({total} steps); \
@@ -351,30 +294,16 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
-        debug_assert_eq!(corpus_items, all_train);
-        if needs.image_embeddings {
-            corpus.image_embeddings = data.features_of(&corpus_items);
-        }
-        let corpus_index: HashMap<usize, usize> = corpus_items
-            .iter()
-            .enumerate()
-            .map(|(p, &i)| (i, p))
-            .collect();
-        for i in &split.unlabelled {
-            corpus.references[corpus_index[i]].clear();
-        }
-        let max_len = ck.model.config.max_len;
-        let encoded = corpus_items
-            .iter()
-            .map(|&i| {
-                let captions = &data.data.items[i].captions;
-                captions
-                    .iter()
-                    .map(|c| ck.vocab.encode(&c.tokens, max_len))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let plan = EpochPlan::new(
+            data,
+            &ck.vocab,
+            ck.model.config.max_len,
+            split,
+            trains_on,
+            needs.image_embeddings,
+            t.batch,
+            t.seed,
+        )?;
         Ok(Trainer {
             ck,
             data,
@@ -383,22 +312,12 @@ impl<'d, B: Backend> Trainer<'d, B> {
             run,
             opt,
             objective,
-            split,
-            trains_on,
-            train_items,
-            corpus,
-            corpus_index,
-            encoded,
-            labelled_pass: None,
+            plan,
             sample_items: val_items.iter().copied().take(t.sample_images).collect(),
             eval_items: val_items.iter().copied().take(t.eval_images).collect(),
             total,
             step,
             epoch,
-            order: Vec::new(),
-            mean_tokens: 1.0,
-            batches_done: 0,
-            rng: ChaCha8Rng::seed_from_u64(0),
             since: Instant::now(),
             tokens: 0,
             progress: Progress::hidden(),
@@ -447,13 +366,13 @@ impl<'d, B: Backend> Trainer<'d, B> {
     pub fn set_objective(&mut self, name: &str, settings: &Settings, lr: f32) -> Result<()> {
         let info = objectives::find(name)?;
         let trains_on = info.trains_on;
-        if trains_on != self.trains_on && !self.split.is_full() {
+        if trains_on != self.plan.trains_on && !self.plan.split.is_full() {
             bail!(
                 "{name} trains on the {} images and this run on the {}; with [train] labelled {} \
                  start it as a new run from this one's checkpoint (`captune train --init`)",
                 images_of(trains_on),
-                images_of(self.trains_on),
-                self.split.fraction
+                images_of(self.plan.trains_on),
+                self.plan.split.fraction
             );
         }
         let dim = self.data.dim;
@@ -464,9 +383,9 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
         self.guard = CollapseGuard::new(info.reward, positions);
-        if needs.image_embeddings && self.corpus.image_embeddings.is_empty() {
+        if needs.image_embeddings && self.plan.corpus.image_embeddings.is_empty() {
             let all_train = self.data.items(Split::Train);
-            self.corpus.image_embeddings = self.data.features_of(&all_train);
+            self.plan.corpus.image_embeddings = self.data.features_of(&all_train);
         }
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
@@ -487,7 +406,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
         mut on_event: impl FnMut(Event<'_>) -> Flow,
     ) -> Result<Flow> {
         let t = self.config.train.clone();
-        let batch = self.next_batch()?;
+        let batch =
+            (self.plan).next_batch(self.data, &self.ck.model.config, self.epoch, self.step)?;
         let tokens = batch.references().tokens();
         self.tokens += tokens;
         // Steps that log read every loss; the others compute only the objective's.
@@ -500,7 +420,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             model: &mut self.ck.model,
             vocab: &self.ck.vocab,
             batch: &batch,
-            corpus: &self.corpus,
+            corpus: &self.plan.corpus,
             // Batches of short captions would otherwise weigh each of their
             // tokens more than batches of long ones (a loss is a per-token
             // mean): weigh the gradient by the batch's share of tokens.
@@ -508,7 +428,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
             gradient_weight: if batch.labelled.is_some() {
                 1.0
             } else {
-                tokens as f32 / (t.batch as f32 * self.mean_tokens)
+                tokens as f32 / (t.batch as f32 * self.plan.mean_tokens())
             },
             retriever: self.retriever.as_deref_mut(),
             rng: &mut rng,
@@ -516,7 +436,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
         };
         optimise(&mut self.opt, self.objective.as_mut(), &mut cx)?;
         self.step += 1;
-        self.batches_done += 1;
+        let epoch_done = self.plan.batch_done();
         crate::killpoint::here("batch", || {});
         if logs {
             let line = self.log_line(b)?;
@@ -528,110 +448,10 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 return Ok(Flow::Stop);
             }
         }
-        if self.batches_done == self.train_items.len() / t.batch {
+        if epoch_done {
             return self.end_epoch(b, on_event);
         }
         Ok(Flow::Continue)
-    }
-
-    /// The next batch of (image, reference) pairs; at an epoch's start,
-    /// draws the epoch's order (seeded by the epoch, so a resumed run
-    /// draws the same).
-    fn next_batch(&mut self) -> Result<TrainingBatch> {
-        let (batch, seed) = (self.config.train.batch, self.config.train.seed);
-        let items = &self.data.data.items;
-        if self.batches_done == 0 {
-            self.rng =
-                ChaCha8Rng::seed_from_u64(seed ^ (self.epoch as u64).wrapping_mul(0x9e37_79b9));
-            let mut images = self.train_items.clone();
-            images.shuffle(&mut self.rng);
-            if self.reads_references() {
-                let picks: Vec<(usize, Option<usize>)> = images
-                    .into_iter()
-                    .map(|i| (i, Some(self.rng.random_range(0..items[i].captions.len()))))
-                    .collect();
-                let words = |&(i, r): &(usize, Option<usize>)| {
-                    r.map_or(0, |r| items[i].captions[r].tokens.len())
-                };
-                self.order = batches_by_length(picks, batch, words, &mut self.rng);
-                // Each caption's targets: its tokens, then the end.
-                let (encoded, index) = (&self.encoded, &self.corpus_index);
-                let targets = |&(i, r): &(usize, Option<usize>)| {
-                    r.map_or(0, |r| encoded[index[&i]][r].len() - 1)
-                };
-                self.mean_tokens = self.order.iter().map(targets).sum::<usize>() as f32
-                    / self.order.len().max(1) as f32;
-            } else {
-                self.order = images.into_iter().map(|i| (i, None)).collect();
-            }
-        }
-        let chunk = &self.order[self.batches_done * batch..(self.batches_done + 1) * batch];
-        let pairs: Vec<(usize, usize)> = chunk
-            .iter()
-            .filter_map(|&(i, r)| r.map(|r| (i, r)))
-            .collect();
-        let images: Vec<usize> = chunk.iter().map(|&(i, _)| i).collect();
-        let mut assembled = self.batch_of(&images, &pairs)?;
-        if !self.reads_references() {
-            let labelled = self.labelled_batch()?;
-            assembled.labelled = Some(Box::new(labelled));
-        }
-        Ok(assembled)
-    }
-
-    /// Whether this run's batches carry references: not when the
-    /// objective learns from images alone and trains on unlabelled ones.
-    fn reads_references(&self) -> bool {
-        !self.split.trains_unlabelled(self.trains_on)
-    }
-
-    /// The batch of `images`, with the references of `pairs` (image,
-    /// reference index): all of them or none.
-    fn batch_of(&self, images: &[usize], pairs: &[(usize, usize)]) -> Result<TrainingBatch> {
-        let data = self.data;
-        Ok(TrainingBatch {
-            inputs: data.inputs_of(images, self.ck.model.config.embedding_reading())?,
-            // Retrieval compares the unit embeddings, whatever the decoder reads.
-            embeddings: (data.reads_more_than_embeddings() || self.ck.model.config.raw_embeddings)
-                .then(|| data.features_of(images)),
-            sequences: pairs
-                .iter()
-                .map(|&(i, r)| self.encoded[self.corpus_index[&i]][r].clone())
-                .collect(),
-            images: images.iter().map(|i| self.corpus_index[i]).collect(),
-            labelled: None,
-        })
-    }
-
-    /// The step's batch of labelled images (with one reference each) for
-    /// an MLE mix beside unlabelled images: positions `step * batch ..`
-    /// of an endless sequence of passes over the labelled images, each
-    /// pass in its own order, seeded by the run's seed and the pass, so
-    /// a resumed run draws the same.
-    fn labelled_batch(&mut self) -> Result<TrainingBatch> {
-        let (batch, seed) = (self.config.train.batch, self.config.train.seed);
-        let n = self.split.labelled.len();
-        let mut pairs = Vec::with_capacity(batch);
-        for position in self.step * batch..(self.step + 1) * batch {
-            let pass = position / n;
-            if self.labelled_pass.as_ref().is_none_or(|(p, _)| *p != pass) {
-                let mut rng = ChaCha8Rng::seed_from_u64(
-                    seed ^ 0x6c61_6265_6c6c_6564 ^ (pass as u64).wrapping_mul(0x9e37_79b9),
-                );
-                let mut images = self.split.labelled.clone();
-                images.shuffle(&mut rng);
-                let items = &self.data.data.items;
-                let order = images
-                    .into_iter()
-                    .map(|i| (i, rng.random_range(0..items[i].captions.len())))
-                    .collect();
-                self.labelled_pass = Some((pass, order));
-            }
-            let (_, order) = self.labelled_pass.as_ref().expect("drawn above");
-            pairs.push(order[position % n]);
-        }
-        let images: Vec<usize> = pairs.iter().map(|&(i, _)| i).collect();
-        self.batch_of(&images, &pairs)
     }
 
     /// The log line of the step just taken (one readback); a loss that is
@@ -783,7 +603,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
     /// and validates again (see `run_folder`).
     fn end_epoch(&mut self, b: &B, mut on_event: impl FnMut(Event<'_>) -> Flow) -> Result<Flow> {
         self.epoch += 1;
-        self.batches_done = 0;
+        self.plan.next_epoch();
         if self.write_samples(b, &mut on_event)? == Flow::Stop {
             // Stopped before the metrics: the state stays at the last
             // epoch, and a resume trains and validates this one again.
@@ -1051,39 +871,4 @@ pub fn checkpoint_metadata(data: &CaptionData) -> HashMap<String, String> {
             )
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn length_batches_hold_every_item_once_among_similar_lengths() {
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        // 1000 items of lengths 1..=50, shuffled; batches of 8.
-        let mut items: Vec<usize> = (0..1000).collect();
-        items.shuffle(&mut rng);
-        let length = |&i: &usize| 1 + i % 50;
-        let out = batches_by_length(items.clone(), 8, length, &mut rng);
-        assert_eq!(out.len(), 1000 / 8 * 8);
-        let mut seen = out.clone();
-        seen.sort();
-        seen.dedup();
-        assert_eq!(seen.len(), out.len(), "no item twice");
-        // A pool of 128 items spreads 50 lengths: a batch of 8 spans few.
-        let spread: Vec<usize> = out
-            .chunks(8)
-            .map(|b| b.iter().map(length).max().unwrap() - b.iter().map(length).min().unwrap())
-            .collect();
-        assert!(spread.iter().all(|&s| s <= 8), "{spread:?}");
-        // Random batches of 8 would span about 35 lengths.
-        let random_spread = items[..8].iter().map(length).max().unwrap()
-            - items[..8].iter().map(length).min().unwrap();
-        assert!(random_spread > 8);
-        // The same shuffle and generator state give the same batches (resume relies on it).
-        let mut rng = ChaCha8Rng::seed_from_u64(3);
-        let mut items: Vec<usize> = (0..1000).collect();
-        items.shuffle(&mut rng);
-        assert_eq!(batches_by_length(items, 8, length, &mut rng), out);
-    }
 }
