@@ -29,7 +29,7 @@ const LENGTH_POOL_BATCHES: usize = 16;
 /// about 13 words, but a random batch of 64 holds one of about 50). The
 /// sort is stable, so it depends only on the shuffle. Items past the last
 /// whole batch are left out, as before.
-pub(crate) fn batches_by_length<T: Clone>(
+pub(super) fn batches_by_length<T: Clone>(
     items: Vec<T>,
     batch: usize,
     length: impl Fn(&T) -> usize,
@@ -51,11 +51,11 @@ pub(crate) fn batches_by_length<T: Clone>(
 /// The images a run trains on and the batches its steps read.
 pub(super) struct EpochPlan {
     /// Which training images keep their captions.
-    pub split: LabelledSplit,
+    pub(super) split: LabelledSplit,
     /// What the configured objective learns from.
-    pub trains_on: TrainsOn,
+    pub(super) trains_on: TrainsOn,
     /// Every training image's references (none for unlabelled ones).
-    pub corpus: TrainingCorpus,
+    pub(super) corpus: TrainingCorpus,
     /// The images an epoch passes over: the labelled ones, or the
     /// unlabelled ones for an objective that learns from images alone.
     train_items: Vec<usize>,
@@ -86,7 +86,7 @@ impl EpochPlan {
     /// for an objective that `trains_on`, in batches of `batch`; the
     /// corpus carries the images' embeddings where `image_embeddings`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(super) fn new(
         data: &CaptionData,
         vocab: &CaptionVocab,
         max_len: usize,
@@ -137,25 +137,25 @@ impl EpochPlan {
     }
 
     /// Target tokens per caption of this epoch's pairs, on average.
-    pub fn mean_tokens(&self) -> f32 {
+    pub(super) fn mean_tokens(&self) -> f32 {
         self.mean_tokens
     }
 
     /// Counts the batch just trained; whether it was the epoch's last.
-    pub fn batch_done(&mut self) -> bool {
+    pub(super) fn batch_done(&mut self) -> bool {
         self.batches_done += 1;
         self.batches_done == self.train_items.len() / self.batch
     }
 
     /// The next batch starts an epoch.
-    pub fn next_epoch(&mut self) {
+    pub(super) fn next_epoch(&mut self) {
         self.batches_done = 0;
     }
 
     /// The next batch of (image, reference) pairs, for the step `step` of
     /// epoch `epoch` (epochs completed); at an epoch's start, draws the
     /// epoch's order.
-    pub fn next_batch(
+    pub(super) fn next_batch(
         &mut self,
         data: &CaptionData,
         config: &CaptionerConfig,

@@ -65,16 +65,16 @@ pub struct CaptionMetrics {
 
 /// The retriever and the evaluated images' embeddings (L2-normalised, one
 /// row per item).
-pub struct Judge<'r, B: Backend> {
-    pub retriever: &'r mut FrozenRetriever<B>,
-    pub image_embeddings: &'r [f32],
+struct Judge<'r, B: Backend> {
+    retriever: &'r mut FrozenRetriever<B>,
+    image_embeddings: &'r [f32],
     /// The data set's name, under which the references' embeddings are cached.
-    pub data_name: &'r str,
+    data_name: &'r str,
 }
 
 /// `generated[i]` are item i's captions (tokens); the first is the one
 /// scored against references (by METEOR too, when given) and retrieved.
-pub fn evaluate<B: Backend>(
+fn evaluate<B: Backend>(
     b: &B,
     items: &[&Item],
     generated: &[Vec<Vec<String>>],
@@ -261,7 +261,7 @@ pub fn score_captions<B: Backend>(
     retriever: Option<&mut FrozenRetriever<B>>,
     meteor: Option<&mut Meteor>,
 ) -> Result<CaptionMetrics> {
-    let chosen: Vec<&crate::data::Item> = items.iter().map(|&i| &data.data.items[i]).collect();
+    let chosen: Vec<&Item> = items.iter().map(|&i| &data.data.items[i]).collect();
     let tokens: Vec<Vec<Vec<String>>> = captions
         .iter()
         .map(|g| g.iter().map(|c| words(c)).collect())

@@ -30,7 +30,6 @@ use crate::retriever::frozen::FrozenRetriever;
 use crate::source::embeddings::CaptionData;
 use crate::tensorfile;
 use anyhow::{Result, bail};
-
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
@@ -203,8 +202,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
         let info = objectives::find(&t.objective)?;
         let trains_on = info.trains_on;
         let needs = needs_met(info, &t.settings, retriever.as_deref_mut(), data.dim)?;
-        let train_items = split.images_for(trains_on).len();
-        if train_items < t.batch {
+        let train_images = split.images_for(trains_on).len();
+        if train_images < t.batch {
             let which = if split.is_full() {
                 String::new()
             } else {
@@ -219,7 +218,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 "{}: {}{which} training images, fewer than one batch of {}; lower [train] \
                  batch{}",
                 data.data.name,
-                train_items,
+                train_images,
                 t.batch,
                 if split.is_full() {
                     ""
@@ -228,7 +227,7 @@ impl<'d, B: Backend> Trainer<'d, B> {
                 }
             );
         }
-        let total = train_items / t.batch * t.epochs;
+        let total = train_images / t.batch * t.epochs;
         if t.warmup >= total {
             eprintln!(
                 "warning: [train] warmup ({} steps) is not shorter than the run ({total} steps); \

@@ -81,7 +81,13 @@ impl MeteorArgs {
     /// asked for by a folder, its data is not found (a note says how to
     /// get it). A folder given without the data is an error.
     pub fn scorer(&self) -> Result<Option<Meteor>> {
-        let data = match self.meteor.as_deref() {
+        self.data()?.map(|data| Meteor::load(&data)).transpose()
+    }
+
+    /// Where METEOR's data is, as [`MeteorArgs::scorer`] finds it (with
+    /// its note), without reading it.
+    pub fn data(&self) -> Result<Option<MeteorData>> {
+        Ok(Some(match self.meteor.as_deref() {
             Some(OFF) => return Ok(None),
             Some(dir) => MeteorData::at(Path::new(dir))
                 .context("--meteor (or CAPTUNE_METEOR) names no METEOR data")?,
@@ -99,8 +105,7 @@ impl MeteorArgs {
                     return Ok(None);
                 }
             },
-        };
-        Meteor::load(&data).map(Some)
+        }))
     }
 }
 

@@ -9,6 +9,7 @@ use anyhow::{Result, bail};
 use captune::backend::Backend;
 use captune::captioner::evaluate;
 use captune::data::Split;
+use captune::metrics::meteor::Meteor;
 use captune::progress::Progress;
 use captune::source::DataArgs;
 use captune::source::embeddings::{self, FeatureArgs, TrainedOn};
@@ -60,21 +61,21 @@ pub fn eval<B: Backend>(b: &B, args: &EvalArgs) -> Result<()> {
     timings.lap("loading the checkpoint");
     let progress = Progress::terminal();
     let trained_on = TrainedOn::of(&args.checkpoint, &captioner.trained_on);
-    // METEOR's resources load beside the data, and before the captions,
-    // so that a --meteor without the data fails at once.
+    // Before the captions, so that a --meteor without the data fails at
+    // once; its resources are read beside the data set.
+    let meteor_data = args.meteor.data()?;
     let (loaded, meteor) = std::thread::scope(|s| {
-        let meteor = s.spawn(|| args.meteor.scorer());
+        let meteor = s.spawn(|| meteor_data.as_ref().map(Meteor::load).transpose());
         let loaded = embeddings::load(b, &args.data, &args.features, trained_on, &progress);
+        let meteor = meteor.join();
         (
             loaded,
-            meteor
-                .join()
-                .unwrap_or_else(|p| std::panic::resume_unwind(p)),
+            meteor.unwrap_or_else(|p| std::panic::resume_unwind(p)),
         )
     });
     let (data, mut retriever) = loaded?;
-    let mut meteor = meteor?;
     captioner.check_dim(&args.checkpoint, &data)?;
+    let mut meteor = meteor?;
     timings.lap("loading the data, features, retriever and METEOR's resources");
     let items = data.items(args.split);
     if items.is_empty() {

@@ -51,8 +51,8 @@ impl<'de> serde::de::Visitor<'de> for EntryVisitor {
         let (mut filename, mut filepath, mut imgid, mut cocoid) = (None, None, None, None);
         let (mut split, mut sentences) = (None, None);
         let mut extensions = Extensions::new();
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match &*key {
+        while let Some(key) = map.next_key::<String>()? {
+            match key.as_str() {
                 "filename" => once(&mut filename, "filename", map.next_value()?)?,
                 "filepath" => once(&mut filepath, "filepath", map.next_value()?)?,
                 "imgid" => once(&mut imgid, "imgid", map.next_value()?)?,
@@ -60,7 +60,7 @@ impl<'de> serde::de::Visitor<'de> for EntryVisitor {
                 "split" => once(&mut split, "split", map.next_value()?)?,
                 "sentences" => once(&mut sentences, "sentences", map.next_value()?)?,
                 _ => {
-                    extensions.insert(key.into_owned(), map.next_value()?);
+                    extensions.insert(key, map.next_value()?);
                 }
             }
         }

@@ -4,6 +4,7 @@
 //! in the on-disk cache, keyed by the folder's weights and the images;
 //! then read a batch's rows at a time.
 
+use super::images_listing;
 use crate::backend::Backend;
 use crate::cache::{self, absolute, file_identity};
 use crate::data::features::EMBEDDINGS;
@@ -161,7 +162,7 @@ fn cached(data: &Dataset, (folder, kind): (&Path, TowerKind), weights: &str) -> 
     ] {
         listing.push_str(&format!("{}\n", file_identity(&absolute(&file))));
     }
-    listing.push_str(&super::images_listing(data));
+    listing.push_str(&images_listing(data));
     cache::image_tokens(&data.name, &fingerprint(listing.as_bytes()))
 }
 

@@ -156,3 +156,37 @@ pub fn build<B: Backend>(
     };
     Ok(mixed(own, settings, vocab))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_from_a_checkpoint_takes_its_objectives_fine_tuning_rate() {
+        let config_lr = 1e-3;
+        let scst = find("scst").unwrap().fine_tune_lr.unwrap();
+        assert_ne!(scst, config_lr);
+        assert_eq!(default_lr("scst", true, config_lr), scst);
+        // From fresh weights, or for an objective without one: the config's.
+        assert_eq!(default_lr("scst", false, config_lr), config_lr);
+        assert_eq!(find("mle").unwrap().fine_tune_lr, None);
+        assert_eq!(default_lr("mle", true, config_lr), config_lr);
+        assert_eq!(default_lr("no-such-objective", true, config_lr), config_lr);
+    }
+
+    #[test]
+    fn series_groups_hold_every_objectives_groups_once_in_order() {
+        let titles: Vec<&str> = series_groups().iter().map(|g| g.title).collect();
+        for o in OBJECTIVES {
+            for g in o.plots {
+                assert!(titles.contains(&g.title), "{}: {}", o.name, g.title);
+            }
+        }
+        let mut unique = titles.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), titles.len(), "{titles:?}");
+        let first = OBJECTIVES.iter().find_map(|o| o.plots.first()).unwrap();
+        assert_eq!(titles[0], first.title);
+    }
+}

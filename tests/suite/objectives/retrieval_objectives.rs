@@ -723,6 +723,35 @@ fn a_clip_relevance_step_scores_its_own_captions() {
     }
 }
 
+/// An objective is mixed with MLE only at a positive `mle_weight`: at 0
+/// its log has no `mle` value (a mix weighted 0 would add one, and an MLE
+/// pass to every step).
+#[test]
+fn an_objective_mixes_mle_only_at_a_positive_weight() {
+    let c = CpuBackend::new();
+    let data = unit_data();
+    let mut logs_mle = Vec::new();
+    for weight in [0.0, 0.2] {
+        let mut ck = fresh_checkpoint(&c, &data, &tiny_run()).unwrap();
+        let mut retriever = tiny_retriever(&c, &data, 4);
+        let (corpus, batch) = corpus_and_batch(&data, &ck.vocab, &[0, 3, 7, 12]);
+        let settings = Settings::from([("mle_weight".to_string(), SettingValue::Number(weight))]);
+        let report = train_steps(
+            &c,
+            &mut ck,
+            &mut retriever,
+            &corpus,
+            &batch,
+            "clip-relevance",
+            &settings,
+            1e-3,
+            1,
+        );
+        logs_mle.push(report.iter().any(|(name, _)| *name == "mle"));
+    }
+    assert_eq!(logs_mle, [false, true]);
+}
+
 #[test]
 fn one_clip_relevance_step_agrees_gpu_vs_cpu() {
     let Some(g) = gpu() else { return };
