@@ -83,24 +83,18 @@ pub(super) struct EpochPlan {
 
 impl EpochPlan {
     /// The plan of a run over `data`'s training split as `split` labels it,
-    /// for an objective that `trains_on`, in batches of `batch`; the
-    /// corpus carries the images' embeddings where `image_embeddings`.
-    #[allow(clippy::too_many_arguments)]
+    /// for an objective that `trains_on`, in batches of `batch`.
     pub(super) fn new(
         data: &CaptionData,
         vocab: &CaptionVocab,
         max_len: usize,
         split: LabelledSplit,
         trains_on: TrainsOn,
-        image_embeddings: bool,
         batch: usize,
         seed: u64,
     ) -> Result<Self> {
         let (mut corpus, corpus_items) = TrainingCorpus::training_split(&data.data);
         debug_assert_eq!(corpus_items, data.items(Split::Train));
-        if image_embeddings {
-            corpus.image_embeddings = data.features_of(&corpus_items);
-        }
         let corpus_index: HashMap<usize, usize> = corpus_items
             .iter()
             .enumerate()
@@ -134,6 +128,14 @@ impl EpochPlan {
             batch,
             seed,
         })
+    }
+
+    /// Gives the corpus its images' embeddings (for an objective that
+    /// compares captions with images), where it has none yet.
+    pub(super) fn embed_images(&mut self, data: &CaptionData) {
+        if self.corpus.image_embeddings.is_empty() {
+            self.corpus.image_embeddings = data.features_of(&data.items(Split::Train));
+        }
     }
 
     /// Target tokens per caption of this epoch's pairs, on average.

@@ -293,16 +293,18 @@ impl<'d, B: Backend> Trainer<'d, B> {
             start
         };
         let val_items = data.items(Split::Val);
-        let plan = EpochPlan::new(
+        let mut plan = EpochPlan::new(
             data,
             &ck.vocab,
             ck.model.config.max_len,
             split,
             trains_on,
-            needs.image_embeddings,
             t.batch,
             t.seed,
         )?;
+        if needs.image_embeddings {
+            plan.embed_images(data);
+        }
         Ok(Trainer {
             ck,
             data,
@@ -382,9 +384,8 @@ impl<'d, B: Backend> Trainer<'d, B> {
         self.objective = self.config.objective(self.ck.model.config.vocab_size)?;
         let positions = self.ck.model.config.token_positions();
         self.guard = CollapseGuard::new(info.reward, positions);
-        if needs.image_embeddings && self.plan.corpus.image_embeddings.is_empty() {
-            let all_train = self.data.items(Split::Train);
-            self.plan.corpus.image_embeddings = self.data.features_of(&all_train);
+        if needs.image_embeddings {
+            self.plan.embed_images(self.data);
         }
         tensorfile::write_atomic(&self.run.config(), self.config.to_toml().as_bytes())
     }
